@@ -1,0 +1,205 @@
+"""Gradient checks: every backward of the NumPy twin against float64 centred differences.
+
+    python -m andrea_numba.gradcheck          # one row per checked tensor
+    python -m andrea_numba.gradcheck --json   # {"ok": bool, "checks": [{"op", "tensor", "rel_err", "ok"}]}
+
+An op maps inputs to outputs. With a random upstream gradient G for each output, the scalar
+    f(inputs) = sum over outputs of sum(G * output)
+has d f / d input = exactly what the op's backward returns when handed G as grad_output. So we
+perturb every element of every input and parameter by +-h and compare
+    numeric[i] = (f(x + h e_i) - f(x - h e_i)) / (2h)
+with the analytic gradient. Relative error (CS231n), taken over the whole tensor:
+    rel_err = max_i |a_i - n_i| / max(1e-8, max_i (|a_i| + |n_i|))
+above 1e-2 the backward is wrong, around 1e-4 suspicious, at 1e-7 or below right (in float64).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import reference as R
+
+from .config import load_config
+from .layout import init_params
+
+TOL = 1e-7          # a row passes at or below this relative error
+H = 1e-5            # centred-difference step in float64
+
+
+def rel_error(a, n) -> float:
+    """max|a - n| / max(1e-8, max(|a| + |n|)) over all elements of the tensor."""
+    a, n = np.asarray(a, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - n)) / max(1e-8, float(np.max(np.abs(a) + np.abs(n)))))
+
+
+def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = H, order: int = 2) -> np.ndarray:
+    """Centred difference of the scalar f() with respect to every element of x (x is perturbed
+    in place and restored). f must read x each time it is called.
+      order 2: (f(x+h) - f(x-h)) / 2h                                  error O(h^2)
+      order 4: (-f(x+2h) + 8 f(x+h) - 8 f(x-h) + f(x-2h)) / 12h        error O(h^4)
+    Order 4 is for deep compositions (the whole model), where the O(h^2) error of a step large
+    enough to beat rounding is itself near 1e-7."""
+    grad = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)    # views: writes reach x and grad
+
+    def f_at(i, value):
+        flat[i] = value
+        return f()
+
+    for i in range(flat.size):
+        old = flat[i]
+        if order == 2:
+            gflat[i] = (f_at(i, old + h) - f_at(i, old - h)) / (2 * h)
+        else:
+            gflat[i] = (-f_at(i, old + 2 * h) + 8 * f_at(i, old + h)
+                        - 8 * f_at(i, old - h) + f_at(i, old - 2 * h)) / (12 * h)
+        flat[i] = old
+    return grad
+
+
+@dataclass
+class OpCase:
+    """One op prepared for a gradient check.
+    inputs: the differentiable tensors (inputs and parameters) by name;
+    forward(**inputs) -> tuple of outputs; backward(*upstream, **inputs) -> dict name -> gradient."""
+    op: str
+    inputs: dict
+    forward: Callable
+    backward: Callable
+
+
+def op_cases(seed: int = 0) -> list[OpCase]:
+    """The eight op pairs at small float64 shapes (B=2, T=5, C=8, H=2, V=7: token ids repeat)."""
+    rng = np.random.default_rng(seed)
+    B, T, C, NH, V = 2, 5, 8, 2, 7
+    r = lambda *s: rng.standard_normal(s)
+    tokens = rng.integers(0, V, size=(B, T))
+    targets = rng.integers(0, V, size=(B, T))
+    att_fwd = lambda q, k, v: (R.attn_fwd(q, k, v, NH)[0],)
+
+    def att_bwd(dy, q, k, v):
+        att = R.attn_fwd(q, k, v, NH)[1]
+        return dict(zip("qkv", R.attn_bwd(dy, q, k, v, att, NH)))
+
+    def ln_bwd(dout, x, g, b):
+        _, mean, rstd = R.layernorm_fwd(x, g, b)
+        return dict(zip(("x", "g", "b"), R.layernorm_bwd(dout, x, mean, rstd, g)))
+
+    def mlp_bwd(dout, x, w_1, w_2):
+        _, h_pre, h = R.mlp_fwd(x, w_1, w_2)
+        return dict(zip(("x", "w_1", "w_2"), R.mlp_bwd(dout, x, h_pre, h, w_1, w_2)))
+
+    def loss_bwd(dloss, x, wte):
+        probs = R.loss_fwd(x, wte, targets)[2]
+        return dict(zip(("x", "wte"), R.loss_bwd(dloss, x, wte, probs, targets)))
+
+    return [
+        OpCase("embed", dict(wte=r(V, C), wpe=r(T + 2, C)),
+               lambda wte, wpe: (R.embed_fwd(tokens, wte, wpe),),
+               lambda dout, wte, wpe: dict(zip(("wte", "wpe"), R.embed_bwd(dout, tokens, wte, wpe)))),
+        OpCase("layernorm", dict(x=r(B, T, C), g=1 + 0.1 * r(C), b=0.1 * r(C)),
+               lambda x, g, b: (R.layernorm_fwd(x, g, b)[0],), ln_bwd),
+        OpCase("attn_qkv", dict(x=r(B, T, C), w_q=r(C, C), w_k=r(C, C), w_v=r(C, C)),
+               R.attn_qkv_fwd,
+               lambda dq, dk, dv, x, w_q, w_k, w_v: dict(zip(
+                   ("x", "w_q", "w_k", "w_v"), R.attn_qkv_bwd(dq, dk, dv, x, w_q, w_k, w_v)))),
+        OpCase("attn", dict(q=r(B, T, C), k=r(B, T, C), v=r(B, T, C)), att_fwd, att_bwd),
+        OpCase("attn_out", dict(y=r(B, T, C), w_o=r(C, C)),
+               lambda y, w_o: (R.attn_out_fwd(y, w_o),),
+               lambda dout, y, w_o: dict(zip(("y", "w_o"), R.attn_out_bwd(dout, y, w_o)))),
+        OpCase("mlp", dict(x=r(B, T, C), w_1=0.5 * r(C, 4 * C), w_2=0.5 * r(4 * C, C)),
+               lambda x, w_1, w_2: (R.mlp_fwd(x, w_1, w_2)[0],), mlp_bwd),
+        OpCase("residual", dict(x=r(B, T, C), f=r(B, T, C)),
+               lambda x, f: (R.residual_add(x, f),),
+               lambda dout, x, f: dict(zip(("x", "f"), R.residual_add_bwd(dout)))),
+        OpCase("loss", dict(x=r(B, T, C), wte=r(V, C)),
+               lambda x, wte: (R.loss_fwd(x, wte, targets)[0],), loss_bwd),
+    ]
+
+
+def check_op(case: OpCase, seed: int = 0) -> list[dict]:
+    """Rows {"op", "tensor", "rel_err", "ok"} for every differentiable tensor of one op."""
+    rng = np.random.default_rng(seed + 1)
+    outs = case.forward(**case.inputs)
+    upstream = [rng.standard_normal(np.shape(o)) for o in outs]       # one G per output
+    f = lambda: float(sum(np.sum(g * o) for g, o in zip(upstream, case.forward(**case.inputs))))
+    analytic = case.backward(*upstream, **case.inputs)
+    rows = []
+    for name, x in case.inputs.items():
+        err = rel_error(analytic[name], numerical_gradient(f, x))
+        rows.append({"op": case.op, "tensor": name, "rel_err": err, "ok": err <= TOL})
+    return rows
+
+
+def check_model(size: str = "tiny", seed: int = 0, batch: int = 2) -> list[dict]:
+    """The whole model's flat gradient (every parameter) against centred differences, one row per
+    tensor of the layout plus one row for the whole flat vector."""
+    from .layout import param_layout
+
+    cfg = load_config(size)
+    m = cfg.model
+    rng = np.random.default_rng(seed)
+    # a larger init than GPT-2's 0.02 so every path carries gradients well above rounding noise
+    params = init_params(m, seed).astype(np.float64)
+    params += 0.1 * rng.standard_normal(params.shape)
+    T = min(cfg.train.seq_len, m.context_length)
+    tokens = rng.integers(0, m.vocab_size, size=(batch, T))
+    targets = rng.integers(0, m.vocab_size, size=(batch, T))
+    loss, acts = R.model_forward(params, m, tokens, targets)
+    analytic = R.model_backward(params, m, acts)
+    numeric = numerical_gradient(lambda: float(R.model_forward(params, m, tokens, targets)[0]), params,
+                                 h=1e-4, order=4)
+    rows = []
+    for s in param_layout(m):
+        err = rel_error(analytic[s.offset:s.end], numeric[s.offset:s.end])
+        rows.append({"op": "model", "tensor": s.name, "rel_err": err, "ok": err <= TOL})
+    err = rel_error(analytic, numeric)
+    rows.append({"op": "model", "tensor": "flat gradient", "rel_err": err, "ok": err <= TOL})
+    return rows
+
+
+def run_all(seed: int = 0, progress: bool = False) -> list[dict]:
+    rows = []
+    for case in op_cases(seed):
+        rows += check_op(case, seed)
+        if progress:
+            print(f"  checked {case.op}", file=sys.stderr, flush=True)
+    rows += check_model("tiny", seed)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'op':<10} {'tensor':<16} {'rel_err':>10}  result", "-" * 46]
+    for r in rows:
+        lines.append(f"{r['op']:<10} {r['tensor']:<16} {r['rel_err']:>10.2e}  {'pass' if r['ok'] else 'FAIL'}")
+    n_bad = sum(not r["ok"] for r in rows)
+    lines.append("-" * 46)
+    lines.append(f"{len(rows) - n_bad}/{len(rows)} tensors pass at rel_err <= {TOL:.0e} (float64, h={H:.0e})")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m andrea_numba.gradcheck",
+                                 description="Check every backward of the NumPy twin against "
+                                             "float64 centred differences.")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    args = ap.parse_args(argv)
+    rows = run_all(args.seed, progress=not args.json)
+    ok = all(r["ok"] for r in rows)
+    if args.json:
+        print(json.dumps({"ok": ok, "checks": rows}, indent=1))
+    else:
+        print(format_table(rows))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Scaled dot-product causal self-attention: the NumPy twin of k_attn_fwd / k_attn_bwd.
+
+Per batch b and head h (hs = C / H; q_h is the slice q[b, :, h*hs:(h+1)*hs]):
+    s[t, u]   = q_h[t] . k_h[u] / sqrt(hs)         for u <= t, -inf for u > t (causal mask)
+    att[t, :] = softmax(s[t, :])                   saved for backward
+    y_h[t]    = sum_u att[t, u] v_h[u]             heads written side by side into y [B, T, C]
+
+Backward, with dy_h the matching slice of dy:
+    datt = dy_h @ v_h^T                 dv_h = att^T @ dy_h
+    ds   = att * (datt - sum_u(datt * att))        (softmax backward, row by row)
+    dq_h = ds @ k_h / sqrt(hs)          dk_h = ds^T @ q_h / sqrt(hs)
+Masked entries have att = 0, so they pass no gradient.
+"""
+import math
+
+import numpy as np
+
+
+def _heads(x, n_head):
+    """[B, T, C] -> [B, H, T, hs]"""
+    B, T, C = x.shape
+    return x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+
+
+def _merge(xh):
+    """[B, H, T, hs] -> [B, T, C]"""
+    B, H, T, hs = xh.shape
+    return xh.transpose(0, 2, 1, 3).reshape(B, T, H * hs)
+
+
+def attn_fwd(q, k, v, n_head):
+    """q, k, v [B, T, C] -> y [B, T, C]; saved for backward: att [B, H, T, T] (softmax probabilities)."""
+    T, C = q.shape[1], q.shape[2]
+    scale = 1.0 / math.sqrt(C // n_head)
+    qh, kh, vh = _heads(q, n_head), _heads(k, n_head), _heads(v, n_head)
+    s = (qh @ kh.transpose(0, 1, 3, 2)) * scale                    # [B, H, T, T]
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)             # u > t
+    s = np.where(future, -np.inf, s)
+    s = s - s.max(axis=-1, keepdims=True)
+    e = np.exp(s)
+    att = e / e.sum(axis=-1, keepdims=True)                        # [B, H, T, T]
+    y = _merge(att @ vh)                                           # [B, T, C]
+    return y, att
+
+
+def attn_bwd(dy, q, k, v, att, n_head):
+    """dy [B, T, C] -> (dq, dk, dv), each [B, T, C]."""
+    C = q.shape[2]
+    scale = 1.0 / math.sqrt(C // n_head)
+    qh, kh, vh, dyh = (_heads(a, n_head) for a in (q, k, v, dy))
+    datt = dyh @ vh.transpose(0, 1, 3, 2)                          # [B, H, T, T]
+    dvh = att.transpose(0, 1, 3, 2) @ dyh                          # [B, H, T, hs]
+    ds = att * (datt - (datt * att).sum(axis=-1, keepdims=True))   # [B, H, T, T]
+    dqh = (ds @ kh) * scale                                        # [B, H, T, hs]
+    dkh = (ds.transpose(0, 1, 3, 2) @ qh) * scale
+    return _merge(dqh), _merge(dkh), _merge(dvh)
