@@ -1,0 +1,74 @@
+"""What every kernel module shares: the simulator switch, launch sizes, a deterministic block sum.
+
+Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) runs every thread as a Python thread: fine for
+correctness, slow per thread. So each launch configuration has two values, one for a real GPU and a
+much smaller one for the simulator. The kernels themselves are written for any block size
+(block-stride loops), so the same code runs in both places.
+
+Determinism: no kernel uses atomics on floats. A reduction is either a sequential loop in one
+thread or `block_sum`, a shared-memory tree whose order depends only on the block size, so the same
+inputs and launch give bit-identical results.
+"""
+import math
+
+from numba import config as numba_config
+from numba import cuda, float32
+
+SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
+
+MAX_BLOCK = 1024          # the largest block any kernel here is launched with (shared scratch size)
+ELEMENTWISE_THREADS = 32 if SIMULATOR else 256
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: blocks needed to cover a elements with b per block."""
+    return (a + b - 1) // b
+
+
+def pow2_threads(n: int, gpu_max: int = 256, sim_max: int = 4) -> int:
+    """Threads per block for a row-wise kernel over rows of n elements: a power of two (block_sum
+    needs one), at most gpu_max on a GPU and sim_max in the simulator."""
+    cap = sim_max if SIMULATOR else gpu_max
+    return min(cap, 1 << max(0, math.ceil(math.log2(max(1, n)))))
+
+
+def elementwise_launch(n: int):
+    """(blocks, threads) for one thread per element of an n-element array."""
+    return cdiv(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS
+
+
+@cuda.jit(device=True)
+def block_sum(buf, val):
+    """Sum `val` over the threads of a block (blockDim.x a power of two): a tree in shared memory
+    `buf` (at least blockDim.x floats). Every thread gets the total. Fixed order: deterministic.
+        step s = n/2, n/4, ..., 1:  buf[i] += buf[i + s] for i < s"""
+    tid = cuda.threadIdx.x
+    buf[tid] = val
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            buf[tid] += buf[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    total = buf[0]
+    cuda.syncthreads()              # buf may be reused right after
+    return total
+
+
+@cuda.jit(device=True)
+def block_max(buf, val):
+    """Maximum of `val` over the threads of a block, same tree as block_sum."""
+    tid = cuda.threadIdx.x
+    buf[tid] = val
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            buf[tid] = max(buf[tid], buf[tid + s])
+        cuda.syncthreads()
+        s //= 2
+    total = buf[0]
+    cuda.syncthreads()
+    return total
+

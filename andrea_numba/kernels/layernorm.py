@@ -1,0 +1,96 @@
+"""Layer normalisation: k_layernorm_fwd / k_layernorm_bwd. NumPy twin: reference/layernorm.py.
+
+Arrays are 2-D: N = B*T rows of C channels (callers pass x.reshape(N, C)).
+
+    mean = (1/C) sum_c x_c          rstd = 1 / sqrt((1/C) sum_c (x_c - mean)^2 + eps)
+    out  = (x - mean) * rstd * g + b
+
+Backward, xhat = (x - mean) * rstd, dxhat = dout * g:
+    dx = rstd * (dxhat - mean_c(dxhat) - xhat * mean_c(dxhat * xhat))     per row
+    dg += sum over rows of dout * xhat,  db += sum over rows of dout        per channel
+"""
+import math
+
+from numba import cuda, float32
+
+from .common import MAX_BLOCK, SIMULATOR, block_sum, cdiv, pow2_threads
+
+
+@cuda.jit
+def k_layernorm_fwd(out, mean, rstd, x, g, b, eps):
+    """One block per row; the block's threads stride over the C channels and meet in block_sum."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    row = cuda.blockIdx.x
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    C = x.shape[1]
+    inv_c = float32(1.0) / float32(C)          # keep the arithmetic in float32
+    s = float32(0.0)
+    for c in range(tid, C, nt):
+        s += x[row, c]
+    mu = block_sum(buf, s) * inv_c
+    s = float32(0.0)
+    for c in range(tid, C, nt):
+        d = x[row, c] - mu
+        s += d * d
+    r = float32(1.0) / math.sqrt(block_sum(buf, s) * inv_c + eps)
+    for c in range(tid, C, nt):
+        out[row, c] = (x[row, c] - mu) * r * g[c] + b[c]
+    if tid == 0:
+        mean[row] = mu
+        rstd[row] = r
+
+
+@cuda.jit
+def k_layernorm_bwd(dx, dout, x, mean, rstd, g):
+    """grad_input: one block per row, two block sums (mean of dxhat and of dxhat * xhat)."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    row = cuda.blockIdx.x
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    C = x.shape[1]
+    inv_c = float32(1.0) / float32(C)
+    mu, r = mean[row], rstd[row]
+    s1 = float32(0.0)
+    s2 = float32(0.0)
+    for c in range(tid, C, nt):
+        dxhat = dout[row, c] * g[c]
+        s1 += dxhat
+        s2 += dxhat * (x[row, c] - mu) * r
+    m1 = block_sum(buf, s1) * inv_c
+    m2 = block_sum(buf, s2) * inv_c
+    for c in range(tid, C, nt):
+        xhat = (x[row, c] - mu) * r
+        dx[row, c] = r * (dout[row, c] * g[c] - m1 - xhat * m2)
+
+
+@cuda.jit
+def k_layernorm_bwd_params(dg, db, dout, x, mean, rstd):
+    """Parameter gradients: one thread per channel c sums its column over all N rows, in row
+    order (deterministic), and adds into dg[c], db[c]. Consecutive threads read consecutive c."""
+    c = cuda.grid(1)
+    if c >= x.shape[1]:
+        return
+    sg = float32(0.0)
+    sb = float32(0.0)
+    for row in range(x.shape[0]):
+        d = dout[row, c]
+        sg += d * (x[row, c] - mean[row]) * rstd[row]
+        sb += d
+    dg[c] += sg
+    db[c] += sb
+
+
+def _row_threads(C):
+    return pow2_threads(C, gpu_max=256, sim_max=4)
+
+
+def layernorm_fwd(out, mean, rstd, x, g, b, eps, stream=0):
+    """out, x [N, C]; mean, rstd [N]; g, b [C]. Launch: N blocks of up to 256 threads."""
+    k_layernorm_fwd[x.shape[0], _row_threads(x.shape[1]), stream](out, mean, rstd, x, g, b, float32(eps))
+
+
+def layernorm_bwd(dx, dg, db, dout, x, mean, rstd, g, stream=0):
+    """dx = grad_input (written); dg, db += parameter gradients."""
+    N, C = x.shape
+    k_layernorm_bwd[N, _row_threads(C), stream](dx, dout, x, mean, rstd, g)
+    threads = 32 if SIMULATOR else 128
+    k_layernorm_bwd_params[cdiv(C, threads), threads, stream](dg, db, dout, x, mean, rstd)
