@@ -18,6 +18,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     sys.exit("ptxcheck compiles for a real GPU: run it without NUMBA_ENABLE_CUDASIM=1")
 
 import numba.cuda.dispatcher as _dispatcher  # noqa: E402
+import numpy as np  # noqa: E402
 from numba import cuda, typeof  # noqa: E402
 from numba.core import types as nbtypes  # noqa: E402
 
@@ -25,15 +26,35 @@ CC = (9, 0)
 COMPILED = {}          # kernel name -> {argument signature: float64 instructions in its PTX}
 
 
+class HostArray(np.ndarray):
+    """A NumPy array that answers the device-array calls the engine makes (no GPU needed)."""
+
+    def copy_to_device(self, src, stream=0):
+        self[...] = src
+
+    def copy_to_host(self, stream=0):
+        return np.array(self)
+
+
+def _host_array(a):
+    return np.array(a).view(HostArray)
+
+
 @contextlib.contextmanager
 def compile_only():
-    """Inside: kernel launches compile to PTX for sm_90 and run nothing. Pass NumPy arrays."""
-    orig_dev, orig_cfg = _dispatcher.get_current_device, _dispatcher.CUDADispatcher.configure
+    """Inside: kernel launches compile to PTX for sm_90 and run nothing; device allocations and
+    copies become NumPy arrays, so whole programs (the harness, GPUModel) can run through."""
+    saved = [(_dispatcher, "get_current_device"), (_dispatcher.CUDADispatcher, "configure"),
+             (cuda, "to_device"), (cuda, "device_array"), (cuda, "synchronize")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name in saved]
     _dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=CC)
+    cuda.to_device = lambda a, stream=0: _host_array(a)
+    cuda.device_array = lambda shape, dtype=np.float32, stream=0: _host_array(np.zeros(shape, dtype))
+    cuda.synchronize = lambda: None
 
     def configure(self, griddim, blockdim, stream=0, sharedmem=0):
         def launch(*args):
-            sig = nbtypes.void(*(typeof(a) for a in args))
+            sig = nbtypes.void(*(typeof(np.asarray(a) if isinstance(a, np.ndarray) else a) for a in args))
             ptx, _ = cuda.compile_ptx(self.py_func, sig, cc=CC)
             # float64 instructions in a float32 kernel usually mean an int or Python float
             # promoted the arithmetic: slow on the GPU and a different rounding from the twin
@@ -45,12 +66,16 @@ def compile_only():
     try:
         yield
     finally:
-        _dispatcher.get_current_device, _dispatcher.CUDADispatcher.configure = orig_dev, orig_cfg
+        for obj, name, value in saved:
+            setattr(obj, name, value)
 
 
 def main():
+    import warnings
+
     from andrea_numba import check
-    with compile_only():
+    with compile_only(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # the harness compares garbage here: nothing ran
         check.launch_every_kernel()
     for name in sorted(COMPILED):
         sigs = COMPILED[name]

@@ -29,13 +29,13 @@ def loss_fwd(x, wte, targets):
 
 
 def loss_bwd(dloss, x, wte, probs, targets):
-    """dloss (scalar) -> (dx [B, T, C], dwte [V, C])."""
-    B, T, V = probs.shape
-    C = x.shape[-1]
+    """dloss (scalar) -> (dx [B, T, C], dwte [V, C]). Leading axes may also be one axis N = B*T."""
+    V, C = probs.shape[-1], x.shape[-1]
+    n_pos = probs.size // V                                   # B*T positions
     dlogits = probs.copy()
     np.put_along_axis(dlogits, targets[..., None],
                       np.take_along_axis(probs, targets[..., None], axis=-1) - 1, axis=-1)
-    dlogits *= float(dloss) / (B * T)                         # a Python float keeps the dtype
+    dlogits *= float(dloss) / n_pos                           # a Python float keeps the dtype
     dx = dlogits @ wte                                        # [B, T, C]
     dwte = dlogits.reshape(-1, V).T @ x.reshape(-1, C)        # [V, C]
     return dx, dwte

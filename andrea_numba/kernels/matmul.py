@@ -11,11 +11,13 @@ The three shapes a linear layer y = x @ W needs:
 v1, k_matmul_v1: one thread per output element, a plain loop over K. Every thread reads a whole
 row of a and a whole column of b from global memory: easy to read, slow.
 
-v2, make_matmul_v2(...): shared-memory tiling with register blocking. A block computes a BM x BN
+v2, k_matmul_v2: shared-memory tiling with register blocking. A block computes a BM x BN
 tile of out. It walks K in steps of BK: its threads copy a BM x BK tile of op(a) and a BK x BN tile
 of op(b) into shared memory (each element read from global memory once per block, not once per
 thread), wait (syncthreads), and each thread multiplies them into a TM x TN patch of sums kept in
 registers. Each output is summed by one thread in fixed k order: deterministic, no atomics.
+The tile loop is a device function (tile_mma_nn / _nt / _tn), so the linear ops' own kernels
+(k_attn_qkv_fwd, k_mlp_fwd, ...) reuse it and differ only in what they do with the sums.
 """
 from numba import cuda, float32
 
@@ -54,37 +56,36 @@ def matmul_v1(out, a, b, trans_a=False, trans_b=False, accumulate=False, stream=
 # ---------------------------------------------------------------------------------------------
 # v2: shared-memory tiles, TM x TN outputs per thread
 
-# (BM, BN, BK, TM, TN): a block computes BM x BN outputs with (BM/TM) * (BN/TN) threads
+# A block computes BM x BN outputs with (BM/TM) * (BN/TN) threads, walking K in steps of BK.
 TILES_GPU = (64, 64, 16, 4, 4)        # 256 threads, 8 KiB of shared memory
 TILES_SIM = (16, 16, 8, 4, 4)         # 16 threads: the simulator pays per thread
+BM, BN, BK, TM, TN = TILES_SIM if SIMULATOR else TILES_GPU
+TX = BN // TN                         # threads along a row of the tile
+THREADS = (BM // TM) * TX             # threads per block
 
 
-def make_matmul_v2(trans_a: bool, trans_b: bool, BM: int, BN: int, BK: int, TM: int, TN: int):
-    """Build the tiled kernel for one choice of transposes and tile sizes. They are compile-time
-    constants of the kernel (Numba freezes closure variables), so the branches on them vanish."""
-    TX = BN // TN                     # threads along a row of the tile
-    NT = (BM // TM) * TX              # threads per block
+def make_tile_mma(trans_a: bool, trans_b: bool):
+    """Build the device function that adds this thread's TM x TN share of the block's tile of
+    op(a) @ op(b) into `acc` (a local TM x TN array). The block's tile is rows
+    blockIdx.y*BM.., columns blockIdx.x*BN.. The transposes are compile-time constants (Numba
+    freezes closure variables), so the branches on them vanish from the compiled code. Kernels
+    call it and then write acc out their own way (plain, accumulated, through GELU, ...)."""
 
-    @cuda.jit
-    def k_matmul_v2(out, a, b, accumulate):
+    @cuda.jit(device=True)
+    def tile_mma(acc, a, b):
         sa = cuda.shared.array((BK, BM), float32)     # op(a) tile, stored k-major: sa[k, m]
         sb = cuda.shared.array((BK, BN), float32)     # op(b) tile: sb[k, n]
-        acc = cuda.local.array((TM, TN), float32)     # this thread's outputs, in registers
         ra = cuda.local.array(TM, float32)
         rb = cuda.local.array(TN, float32)
         tid = cuda.threadIdx.x
-        tx = tid % TX
-        ty = tid // TX
-        row0 = cuda.blockIdx.y * BM
-        col0 = cuda.blockIdx.x * BN
-        M, N = out.shape
+        tx, ty = tid % TX, tid // TX
+        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        M = a.shape[1] if trans_a else a.shape[0]
         K = a.shape[0] if trans_a else a.shape[1]
-        for i in range(TM):
-            for j in range(TN):
-                acc[i, j] = 0.0
+        N = b.shape[0] if trans_b else b.shape[1]
         for k0 in range(0, K, BK):
             # copy the tiles; consecutive threads read consecutive addresses of the stored array
-            for e in range(tid, BM * BK, NT):
+            for e in range(tid, BM * BK, THREADS):
                 if trans_a:                           # a stored [K, M]
                     kk, mm = e // BM, e % BM
                 else:                                 # a stored [M, K]
@@ -94,7 +95,7 @@ def make_matmul_v2(trans_a: bool, trans_b: bool, BM: int, BN: int, BK: int, TM: 
                     sa[kk, mm] = a[c, r] if trans_a else a[r, c]
                 else:
                     sa[kk, mm] = 0.0
-            for e in range(tid, BN * BK, NT):
+            for e in range(tid, BN * BK, THREADS):
                 if trans_b:                           # b stored [N, K]
                     nn, kk = e // BK, e % BK
                 else:                                 # b stored [K, N]
@@ -105,7 +106,7 @@ def make_matmul_v2(trans_a: bool, trans_b: bool, BM: int, BN: int, BK: int, TM: 
                 else:
                     sb[kk, nn] = 0.0
             cuda.syncthreads()
-            # thread (ty, tx) owns rows ty + i*(BM/TM) and columns tx + j*TX of the tile
+            # acc[i, j] += sum_k op(a)[row i, k] * op(b)[k, col j] over this K step
             for kk in range(BK):
                 for i in range(TM):
                     ra[i] = sa[kk, ty + i * (BM // TM)]
@@ -115,30 +116,76 @@ def make_matmul_v2(trans_a: bool, trans_b: bool, BM: int, BN: int, BK: int, TM: 
                     for j in range(TN):
                         acc[i, j] += ra[i] * rb[j]
             cuda.syncthreads()
-        for i in range(TM):
-            r = row0 + ty + i * (BM // TM)
-            for j in range(TN):
-                c = col0 + tx + j * TX
-                if r < M and c < N:
-                    if accumulate:
-                        out[r, c] += acc[i, j]
-                    else:
-                        out[r, c] = acc[i, j]
+
+    return tile_mma
+
+
+tile_mma_nn = make_tile_mma(False, False)     # a @ b
+tile_mma_nt = make_tile_mma(False, True)      # a @ b^T
+tile_mma_tn = make_tile_mma(True, False)      # a^T @ b
+tile_mma_tt = make_tile_mma(True, True)       # a^T @ b^T
+TILE_MMA = {(False, False): tile_mma_nn, (False, True): tile_mma_nt,
+            (True, False): tile_mma_tn, (True, True): tile_mma_tt}
+
+
+@cuda.jit(device=True)
+def tile_row(i):
+    """Row of out that acc[i, :] of this thread belongs to (rows ty, ty + BM/TM, ...)."""
+    return cuda.blockIdx.y * BM + cuda.threadIdx.x // TX + i * (BM // TM)
+
+
+@cuda.jit(device=True)
+def tile_col(j):
+    """Column of out that acc[:, j] of this thread belongs to (consecutive threads: consecutive columns)."""
+    return cuda.blockIdx.x * BN + cuda.threadIdx.x % TX + j * TX
+
+
+@cuda.jit(device=True)
+def tile_zero(acc):
+    for i in range(TM):
+        for j in range(TN):
+            acc[i, j] = 0.0
+
+
+@cuda.jit(device=True)
+def tile_store(out, acc, accumulate):
+    """out (+)= acc for this thread's outputs that fall inside out."""
+    for i in range(TM):
+        r = tile_row(i)
+        for j in range(TN):
+            c = tile_col(j)
+            if r < out.shape[0] and c < out.shape[1]:
+                if accumulate:
+                    out[r, c] += acc[i, j]
+                else:
+                    out[r, c] = acc[i, j]
+
+
+def tile_grid(M, N, z=1):
+    """Grid covering an M x N output with BM x BN tiles (z copies along blockIdx.z)."""
+    return (cdiv(N, BN), cdiv(M, BM), z)
+
+
+def make_matmul_v2(trans_a: bool, trans_b: bool):
+    tile_mma = TILE_MMA[(trans_a, trans_b)]
+
+    @cuda.jit
+    def k_matmul_v2(out, a, b, accumulate):
+        """out (+)= op(a) @ op(b), one BM x BN tile per block."""
+        acc = cuda.local.array((TM, TN), float32)
+        tile_zero(acc)
+        tile_mma(acc, a, b)
+        tile_store(out, acc, accumulate)
 
     return k_matmul_v2
 
 
-_V2 = {}                  # (trans_a, trans_b) -> compiled kernel
+_V2 = {key: make_matmul_v2(*key) for key in TILE_MMA}
 
 
 def matmul_v2(out, a, b, trans_a=False, trans_b=False, accumulate=False, stream=0):
-    BM, BN, BK, TM, TN = TILES_SIM if SIMULATOR else TILES_GPU
-    key = (bool(trans_a), bool(trans_b))
-    if key not in _V2:
-        _V2[key] = make_matmul_v2(*key, BM, BN, BK, TM, TN)
     M, N = out.shape
-    blocks = (cdiv(N, BN), cdiv(M, BM))
-    _V2[key][blocks, (BM // TM) * (BN // TN), stream](out, a, b, accumulate)
+    _V2[(bool(trans_a), bool(trans_b))][tile_grid(M, N), THREADS, stream](out, a, b, accumulate)
 
 
 VERSIONS = {1: matmul_v1, 2: matmul_v2}

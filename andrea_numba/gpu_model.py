@@ -1,0 +1,178 @@
+"""The whole model on the GPU: forward to the loss and backward to the flat gradient, chained from
+the kernels of andrea_numba.kernels over device buffers allocated once.
+
+    model = GPUModel(model_config, B, T)        # allocates every buffer, once
+    model.params.copy_to_device(flat_params)     # flat float32 vector, layout of andrea_numba.layout
+    model.forward(tokens, targets)               # [B, T] int32 host or device arrays
+    model.backward()                             # grads += d loss / d params
+    model.read_loss()                            # the only host round trip: 4 bytes
+
+The saved activations have the names of the NumPy twin (reference/model.py) and are stacked over
+layers: acts["ln1"][l] is block l's LN1 output. Nothing is allocated after __init__:
+forward and backward only launch kernels on the buffers of `buffer_specs`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from .config import ModelConfig
+from .kernels import attn, attn_out, attn_qkv, embed, layernorm, loss, mlp, residual
+from .kernels.optim import zero
+from .layout import n_params, views
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    name: str
+    shape: tuple
+    dtype: type
+    kind: str          # "params", "grads", "activations" (saved for backward), "scratch"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+
+def buffer_specs(m: ModelConfig, B: int, T: int) -> list[BufferSpec]:
+    """Every device buffer of a forward + backward at batch B x T (the optimiser's m and v live
+    with the trainer). One line per tensor, llm.c style."""
+    L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
+    N, F, P = B * T, 4 * m.d_model, n_params(m)
+    f32, i32 = np.float32, np.int32
+    S = lambda name, shape, kind, dtype=f32: BufferSpec(name, shape, dtype, kind)
+    return [
+        S("params", (P,), "params"),                 # flat parameter vector
+        S("grads", (P,), "grads"),                   # flat gradient, same layout
+        S("tokens", (B, T), "activations", i32),     # input token ids
+        S("targets", (N,), "activations", i32),      # next-token ids
+        S("x", (L + 1, N, C), "activations"),        # residual stream: x[l] enters block l, x[L] leaves
+        S("ln1", (L, N, C), "activations"),          # LN1 output
+        S("ln1_mean", (L, N), "activations"),
+        S("ln1_rstd", (L, N), "activations"),
+        S("q", (L, N, C), "activations"),
+        S("k", (L, N, C), "activations"),
+        S("v", (L, N, C), "activations"),
+        S("att", (L, B, H, T, T), "activations"),   # softmax probabilities
+        S("y", (L, N, C), "activations"),            # attention output, heads side by side
+        S("x_mid", (L, N, C), "activations"),        # residual stream between attention and MLP
+        S("ln2", (L, N, C), "activations"),
+        S("ln2_mean", (L, N), "activations"),
+        S("ln2_rstd", (L, N), "activations"),
+        S("h_pre", (L, N, F), "activations"),        # MLP hidden before GELU
+        S("h", (L, N, F), "activations"),            # after GELU
+        S("lnf", (N, C), "activations"),
+        S("lnf_mean", (N,), "activations"),
+        S("lnf_rstd", (N,), "activations"),
+        S("losses", (N,), "activations"),            # per-position cross-entropy
+        S("probs", (N, V), "activations"),           # softmax of the logits; backward turns it into dlogits
+        S("loss", (1,), "activations"),              # mean loss
+        S("branch", (N, C), "scratch"),              # output of attn_out / mlp before the residual add
+        S("d_x", (N, C), "scratch"),                 # gradient of the residual stream
+        S("d_a", (N, C), "scratch"),
+        S("d_b", (N, C), "scratch"),
+        S("d_c", (N, C), "scratch"),
+        S("d_ln", (N, C), "scratch"),                # gradient of a LayerNorm output
+        S("d_y", (N, C), "scratch"),
+        S("d_q", (N, C), "scratch"),
+        S("d_k", (N, C), "scratch"),
+        S("d_v", (N, C), "scratch"),
+        S("d_h_pre", (N, F), "scratch"),
+        S("d_att", (B, H, T, T), "scratch"),
+        S("embed_links", (2, N), "scratch", i32),    # embed_bwd's per-token lists
+    ]
+
+
+class GPUModel:
+    def __init__(self, m: ModelConfig, B: int, T: int, stream=0):
+        assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
+        self.m, self.B, self.T, self.N = m, B, T, B * T
+        self.stream = stream
+        self.specs = buffer_specs(m, B, T)
+        self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype) for s in self.specs}
+        self.params, self.grads = self.buf["params"], self.buf["grads"]
+        self.P = views(self.params, m)               # named device views into the flat vectors
+        self.G = views(self.grads, m)
+        zero(self.grads, stream)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+    def forward(self, tokens, targets):
+        """tokens, targets [B, T] int32 (host arrays are copied into the model's buffers)."""
+        b, P, m, s = self.buf, self.P, self.m, self.stream
+        B, T, N, C = self.B, self.T, self.N, m.d_model
+        for name, arr in (("tokens", tokens), ("targets", targets)):
+            dst = b[name]
+            src = arr.reshape(dst.shape)
+            if isinstance(src, np.ndarray):
+                dst.copy_to_device(np.ascontiguousarray(src, dtype=np.int32), stream=s)
+            else:
+                dst.copy_to_device(src, stream=s)
+        x, eps, H = b["x"], m.ln_eps, m.n_head
+        embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], s)
+        for l in range(m.n_layer):
+            p = f"h{l}."
+            layernorm.layernorm_fwd(b["ln1"][l], b["ln1_mean"][l], b["ln1_rstd"][l], x[l],
+                                    P[p + "ln1.g"], P[p + "ln1.b"], eps, s)
+            attn_qkv.attn_qkv_fwd(b["q"][l], b["k"][l], b["v"][l], b["ln1"][l],
+                                  P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], s)
+            attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], b["q"][l].reshape(B, T, C),
+                          b["k"][l].reshape(B, T, C), b["v"][l].reshape(B, T, C), H, s)
+            attn_out.attn_out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], s)
+            residual.residual_add(_flat(b["x_mid"][l]), _flat(x[l]), _flat(b["branch"]), s)
+            layernorm.layernorm_fwd(b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], b["x_mid"][l],
+                                    P[p + "ln2.g"], P[p + "ln2.b"], eps, s)
+            mlp.mlp_fwd(b["branch"], b["h_pre"][l], b["h"][l], b["ln2"][l],
+                        P[p + "mlp.w_1"], P[p + "mlp.w_2"], s)
+            residual.residual_add(_flat(x[l + 1]), _flat(b["x_mid"][l]), _flat(b["branch"]), s)
+        layernorm.layernorm_fwd(b["lnf"], b["lnf_mean"], b["lnf_rstd"], x[m.n_layer],
+                                P["lnf.g"], P["lnf.b"], eps, s)
+        loss.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], s)
+
+    def backward(self):
+        """Adds d(mean loss)/d(params) into grads (+=: call zero_grads between optimiser steps).
+        Uses the activations of the last forward; turns probs into dlogits in place."""
+        b, P, G, m, s = self.buf, self.P, self.G, self.m, self.stream
+        B, T, C, H = self.B, self.T, m.d_model, m.n_head
+        x = b["x"]
+        d_x, d_a, d_b, d_c, d_ln = b["d_x"], b["d_a"], b["d_b"], b["d_c"], b["d_ln"]
+        loss.loss_bwd(d_ln, G["wte"], b["probs"], b["probs"], b["lnf"], P["wte"], b["targets"], 1.0, s)
+        layernorm.layernorm_bwd(d_x, G["lnf.g"], G["lnf.b"], d_ln, x[m.n_layer],
+                                b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], s)
+        for l in reversed(range(m.n_layer)):
+            p = f"h{l}."
+            # x[l+1] = x_mid + mlp(LN2(x_mid))
+            residual.residual_add_bwd(_flat(d_a), _flat(d_b), _flat(d_x), s)
+            mlp.mlp_bwd(d_ln, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], d_b, b["ln2"][l],
+                        b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], s)
+            layernorm.layernorm_bwd(d_b, G[p + "ln2.g"], G[p + "ln2.b"], d_ln, b["x_mid"][l],
+                                    b["ln2_mean"][l], b["ln2_rstd"][l], P[p + "ln2.g"], s)
+            residual.residual_add(_flat(d_a), _flat(d_a), _flat(d_b), s)     # both paths into x_mid
+            # x_mid = x[l] + W_O(attn(qkv(LN1(x[l]))))
+            residual.residual_add_bwd(_flat(d_c), _flat(d_b), _flat(d_a), s)
+            attn_out.attn_out_bwd(b["d_y"], G[p + "attn.w_o"], d_b, b["y"][l], P[p + "attn.w_o"], s)
+            attn.attn_bwd(b["d_q"].reshape(B, T, C), b["d_k"].reshape(B, T, C), b["d_v"].reshape(B, T, C),
+                          b["d_y"].reshape(B, T, C), b["q"][l].reshape(B, T, C), b["k"][l].reshape(B, T, C),
+                          b["v"][l].reshape(B, T, C), b["att"][l], b["d_att"], H, s)
+            attn_qkv.attn_qkv_bwd(d_ln, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"],
+                                  b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
+                                  P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], s)
+            layernorm.layernorm_bwd(d_b, G[p + "ln1.g"], G[p + "ln1.b"], d_ln, x[l],
+                                    b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"], s)
+            residual.residual_add(_flat(d_x), _flat(d_c), _flat(d_b), s)     # both paths into x[l]
+        embed.embed_bwd(G["wte"], G["wpe"], d_x.reshape(B, T, C), b["tokens"], b["embed_links"], s)
+
+    def zero_grads(self):
+        zero(self.grads, self.stream)
+
+    def read_loss(self) -> float:
+        """Mean loss of the last forward (copies 4 bytes to the host)."""
+        return float(self.buf["loss"].copy_to_host(stream=self.stream)[0])
+
+
+def _flat(a):
+    return a.reshape(a.size)

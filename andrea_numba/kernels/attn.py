@@ -1,0 +1,455 @@
+"""Causal self-attention: k_attn_fwd / k_attn_bwd (+ k_attn_bwd_dkdv). NumPy twin: reference/attn.py.
+
+q, k, v, y, dy, dq, dk, dv are [B, T, C] with the H heads side by side (head h owns channels
+h*hs .. h*hs + hs - 1, hs = C / H); att (saved by the forward) and scratch are [B, H, T, T].
+Per (b, h), with q, k, v the head's [T, hs] slices and scale = 1 / sqrt(hs):
+
+    s[t, u]   = scale * q[t] . k[u]      for u <= t    (u > t: masked, att = 0 exactly)
+    att[t, :] = softmax(s[t, :])                       saved for backward
+    y[t]      = sum_u att[t, u] v[u]
+
+Backward:
+    datt[t, u] = dy[t] . v[u]                        dv[u] = sum_t att[t, u] dy[t]
+    ds[t, u]   = att[t, u] (datt[t, u] - sum_u' datt[t, u'] att[t, u'])
+    dq[t]      = scale * sum_u ds[t, u] k[u]         dk[u] = scale * sum_t ds[t, u] q[t]
+
+v1: one thread per (b, h, row); plain loops, everything from global memory. Easy to read, slow.
+
+v2 (used): a block per (b, h, tile of BQ rows), BQ x TPR threads: thread (r, lane) works on row
+r of the tile, and its TPR lanes split that row's key columns (or its hs output channels). The
+block walks the keys in tiles of BK rows, copying each K (or V) tile into shared memory once for
+all BQ query rows. The rows of att go to global memory as they are computed (they are needed for
+backward anyway) and are re-read in later passes by the very thread that wrote them. Row maxima
+and sums over a row's TPR lanes go through shared memory (row_max / row_sum): fixed order.
+    forward   k_attn_fwd        query tiles: scores -> max -> exp, sum -> normalise, y = att @ v
+    backward  k_attn_bwd        query tiles: datt, rowdot -> ds (into scratch), dq = ds @ k
+              k_attn_bwd_dkdv   key tiles:   dv = att^T @ dy, dk = ds^T @ q (reads scratch)
+No atomics anywhere: each output element is summed by one thread in a fixed order.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .common import SIMULATOR, cdiv
+
+NEG_INF = float32(-np.inf)
+
+
+@cuda.jit(device=True)
+def _split(B, H, T, idx):
+    """(b, h, t) of flat index idx over [B, H, T] (t fastest)."""
+    return idx // (H * T), (idx // T) % H, idx % T
+
+
+# ---------------------------------------------------------------------------------------------
+# v1: one thread per query (or key) row of one head
+
+@cuda.jit
+def k_attn_fwd_v1(y, att, q, k, v, scale):
+    """Thread (b, h, t): s[u] = scale q[t].k[u] for u <= t, att[t] = softmax(s), y[t] = att[t] @ v."""
+    B, T, C = q.shape
+    H = att.shape[1]
+    hs = C // H
+    idx = cuda.grid(1)
+    if idx >= B * H * T:
+        return
+    b, h, t = _split(B, H, T, idx)
+    c0 = h * hs
+    m = NEG_INF
+    for u in range(t + 1):                      # scores, and their maximum
+        s = float32(0.0)
+        for d in range(hs):
+            s += q[b, t, c0 + d] * k[b, u, c0 + d]
+        s *= scale
+        att[b, h, t, u] = s
+        m = max(m, s)
+    tot = float32(0.0)
+    for u in range(t + 1):                      # exponentials and their sum
+        e = math.exp(att[b, h, t, u] - m)
+        att[b, h, t, u] = e
+        tot += e
+    for u in range(t + 1):                      # normalise
+        att[b, h, t, u] = att[b, h, t, u] / tot
+    for u in range(t + 1, T):                   # the masked future: exact zeros
+        att[b, h, t, u] = 0.0
+    for d in range(hs):                         # y[t] = sum_u att[t, u] v[u]
+        acc = float32(0.0)
+        for u in range(t + 1):
+            acc += att[b, h, t, u] * v[b, u, c0 + d]
+        y[b, t, c0 + d] = acc
+
+
+@cuda.jit
+def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale):
+    """Thread (b, h, t): datt[u] = dy[t].v[u], ds = att (datt - rowdot) into scratch[b, h, t, u]
+    for u <= t, dq[t] = scale * ds @ k."""
+    B, T, C = dy.shape
+    H = att.shape[1]
+    hs = C // H
+    idx = cuda.grid(1)
+    if idx >= B * H * T:
+        return
+    b, h, t = _split(B, H, T, idx)
+    c0 = h * hs
+    rowdot = float32(0.0)
+    for u in range(t + 1):
+        da = float32(0.0)
+        for d in range(hs):
+            da += dy[b, t, c0 + d] * v[b, u, c0 + d]
+        scratch[b, h, t, u] = da
+        rowdot += da * att[b, h, t, u]
+    for u in range(t + 1):
+        scratch[b, h, t, u] = att[b, h, t, u] * (scratch[b, h, t, u] - rowdot)
+    for d in range(hs):
+        acc = float32(0.0)
+        for u in range(t + 1):
+            acc += scratch[b, h, t, u] * k[b, u, c0 + d]
+        dq[b, t, c0 + d] = acc * scale
+
+
+@cuda.jit
+def k_attn_bwd_dkdv_v1(dk, dv, dy, q, att, scratch, scale):
+    """Thread (b, h, u): dv[u] = sum_{t>=u} att[t, u] dy[t], dk[u] = scale sum_{t>=u} ds[t, u] q[t]."""
+    B, T, C = dy.shape
+    H = att.shape[1]
+    hs = C // H
+    idx = cuda.grid(1)
+    if idx >= B * H * T:
+        return
+    b, h, u = _split(B, H, T, idx)
+    c0 = h * hs
+    for d in range(hs):
+        sv = float32(0.0)
+        sk = float32(0.0)
+        for t in range(u, T):
+            sv += att[b, h, t, u] * dy[b, t, c0 + d]
+            sk += scratch[b, h, t, u] * q[b, t, c0 + d]
+        dv[b, u, c0 + d] = sv
+        dk[b, u, c0 + d] = sk * scale
+
+
+def _v1_launch(B, H, T):
+    threads = 32 if SIMULATOR else 128
+    return cdiv(B * H * T, threads), threads
+
+
+def _check(q, n_head):
+    B, T, C = q.shape
+    assert C % n_head == 0, "C must be a multiple of n_head"
+    return B, T, C, C // n_head
+
+
+def attn_fwd_v1(y, att, q, k, v, n_head, stream=0):
+    B, T, C, hs = _check(q, n_head)
+    blocks, threads = _v1_launch(B, n_head, T)
+    k_attn_fwd_v1[blocks, threads, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)))
+
+
+def attn_bwd_v1(dq, dk, dv, dy, q, k, v, att, scratch, n_head, stream=0):
+    B, T, C, hs = _check(q, n_head)
+    scale = np.float32(1.0 / math.sqrt(hs))
+    blocks, threads = _v1_launch(B, n_head, T)
+    k_attn_bwd_v1[blocks, threads, stream](dq, scratch, dy, k, v, att, scale)
+    k_attn_bwd_dkdv_v1[blocks, threads, stream](dk, dv, dy, q, att, scratch, scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# v2: query tiles (and key tiles) in shared memory
+
+# BQ rows per block, TPR threads per row (a power of two), BK rows per key (or query) tile.
+# BK is a multiple of TPR, so column c of a tile always belongs to lane c % TPR.
+# The simulator pays for every syncthreads of every block, so there: few, wide tiles (T = 16 is
+# one tile; T = 37 still walks three), and only 2 lanes per row.
+BQ, TPR = (16, 2) if SIMULATOR else (16, 16)    # 32 threads in the simulator, 256 on a GPU
+BK_CHOICES = (16,) if SIMULATOR else (64, 32, 16)
+SHARED_LIMIT = 48 * 1024                        # bytes of static shared memory per block
+
+
+def _shared_bytes(hs, bk):
+    """Shared memory of the larger of the v2 kernels for head size hs and key tile bk."""
+    rows = BQ * hs + bk * (hs + 1) + BQ * bk + BQ * TPR       # k_attn_fwd, k_attn_bwd
+    cols = 2 * bk * hs + 2 * BQ * (bk + 1)                    # k_attn_bwd_dkdv
+    return 4 * max(rows, cols)
+
+
+@cuda.jit(device=True)
+def row_max(red, r, lane, val):
+    """Maximum of val over the TPR lanes of row r (red: shared [BQ, TPR]); all threads call it.
+    Every thread of the row reads the TPR partials in lane order: a fixed order, two syncs."""
+    red[r, lane] = val
+    cuda.syncthreads()
+    out = red[r, 0]
+    for j in range(1, red.shape[1]):
+        out = max(out, red[r, j])
+    cuda.syncthreads()              # red may be reused right after
+    return out
+
+
+@cuda.jit(device=True)
+def row_sum(red, r, lane, val):
+    """Sum of val over the TPR lanes of row r: red[r, 0] + red[r, 1] + ... in lane order."""
+    red[r, lane] = val
+    cuda.syncthreads()
+    out = red[r, 0]
+    for j in range(1, red.shape[1]):
+        out += red[r, j]
+    cuda.syncthreads()
+    return out
+
+
+def make_attn_kernels(HS: int, BK: int):
+    """Build the three v2 kernels for head size HS and key tile BK (compile-time constants, so
+    shared arrays have exact sizes and the small loops over CPT / DPT unroll into registers)."""
+    NT = BQ * TPR                   # threads per block
+    CPT = BK // TPR                 # tile columns per thread
+    DPT = cdiv(HS, TPR)             # output channels per thread: d = lane + i * TPR
+    HSP, BKP = HS + 1, BK + 1       # padded rows: a column of the tile spans all 32 banks
+
+    @cuda.jit
+    def k_attn_fwd(y, att, q, k, v, scale):
+        """Block (query tile, b*H + h). Pass 1: s = scale q k^T into att, row max. Pass 2:
+        att = exp(s - max) (masked: 0), row sum. Pass 3: att /= sum, y = att @ v."""
+        sq = cuda.shared.array((BQ, HS), float32)          # the tile's q rows
+        skv = cuda.shared.array((BK, HSP), float32)     # a K or V tile (+1: no bank conflicts)
+        sp = cuda.shared.array((BQ, BK), float32)          # a tile of att
+        red = cuda.shared.array((BQ, TPR), float32)
+        acc = cuda.local.array(CPT, float32)
+        yacc = cuda.local.array(DPT, float32)
+        T = q.shape[1]
+        H = att.shape[1]
+        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        c0 = h * HS
+        t0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * BQ   # the longest rows (largest t) first
+        tid = cuda.threadIdx.x
+        r, lane = tid // TPR, tid % TPR
+        t = t0 + r
+        t_end = min(T, t0 + BQ)                            # keys 0 .. t_end - 1 are needed
+        for e in range(tid, BQ * HS, NT):
+            i, d = e // HS, e % HS
+            sq[i, d] = q[b, t0 + i, c0 + d] if t0 + i < T else float32(0.0)
+        # pass 1: scores
+        m = NEG_INF
+        for u0 in range(0, t_end, BK):
+            for e in range(tid, BK * HS, NT):
+                j, d = e // HS, e % HS
+                skv[j, d] = k[b, u0 + j, c0 + d] if u0 + j < T else float32(0.0)
+            cuda.syncthreads()
+            for i in range(CPT):
+                acc[i] = 0.0
+            for d in range(HS):
+                qd = sq[r, d]
+                for i in range(CPT):
+                    acc[i] += qd * skv[lane + i * TPR, d]
+            for i in range(CPT):
+                u = u0 + lane + i * TPR
+                if t < T and u <= t:
+                    s = acc[i] * scale
+                    att[b, h, t, u] = s
+                    m = max(m, s)
+            cuda.syncthreads()
+        m = row_max(red, r, lane, m)
+        # pass 2: exponentials, the whole row (u > t: exact zeros)
+        tot = float32(0.0)
+        if t < T:
+            for u in range(lane, T, TPR):
+                if u <= t:
+                    e = math.exp(att[b, h, t, u] - m)
+                    att[b, h, t, u] = e
+                    tot += e
+                else:
+                    att[b, h, t, u] = 0.0
+        tot = row_sum(red, r, lane, tot)
+        # pass 3: normalise, y[t] = sum_u att[t, u] v[u]
+        for i in range(DPT):
+            yacc[i] = 0.0
+        for u0 in range(0, t_end, BK):
+            for e in range(tid, BK * HS, NT):
+                j, d = e // HS, e % HS
+                skv[j, d] = v[b, u0 + j, c0 + d] if u0 + j < T else float32(0.0)
+            for i in range(CPT):
+                c = lane + i * TPR
+                u = u0 + c
+                p = float32(0.0)
+                if t < T and u <= t:
+                    p = att[b, h, t, u] / tot
+                    att[b, h, t, u] = p
+                sp[r, c] = p
+            cuda.syncthreads()
+            for c in range(BK):
+                p = sp[r, c]
+                for i in range(DPT):
+                    d = lane + i * TPR
+                    if d < HS:
+                        yacc[i] += p * skv[c, d]
+            cuda.syncthreads()
+        if t < T:
+            for i in range(DPT):
+                d = lane + i * TPR
+                if d < HS:
+                    y[b, t, c0 + d] = yacc[i]
+
+    @cuda.jit
+    def k_attn_bwd(dq, scratch, dy, k, v, att, scale):
+        """Block (query tile, b*H + h). Pass 1: datt = dy v^T into scratch, rowdot = sum_u datt att.
+        Pass 2: ds = att (datt - rowdot) into scratch (u <= t only), dq = scale ds @ k."""
+        sdy = cuda.shared.array((BQ, HS), float32)         # the tile's dy rows
+        skv = cuda.shared.array((BK, HSP), float32)     # a V or K tile
+        sp = cuda.shared.array((BQ, BK), float32)          # a tile of ds
+        red = cuda.shared.array((BQ, TPR), float32)
+        acc = cuda.local.array(CPT, float32)
+        dacc = cuda.local.array(DPT, float32)
+        T = dy.shape[1]
+        H = att.shape[1]
+        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        c0 = h * HS
+        t0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * BQ
+        tid = cuda.threadIdx.x
+        r, lane = tid // TPR, tid % TPR
+        t = t0 + r
+        t_end = min(T, t0 + BQ)
+        for e in range(tid, BQ * HS, NT):
+            i, d = e // HS, e % HS
+            sdy[i, d] = dy[b, t0 + i, c0 + d] if t0 + i < T else float32(0.0)
+        # pass 1: datt and the row dot product
+        rowdot = float32(0.0)
+        for u0 in range(0, t_end, BK):
+            for e in range(tid, BK * HS, NT):
+                j, d = e // HS, e % HS
+                skv[j, d] = v[b, u0 + j, c0 + d] if u0 + j < T else float32(0.0)
+            cuda.syncthreads()
+            for i in range(CPT):
+                acc[i] = 0.0
+            for d in range(HS):
+                g = sdy[r, d]
+                for i in range(CPT):
+                    acc[i] += g * skv[lane + i * TPR, d]
+            for i in range(CPT):
+                u = u0 + lane + i * TPR
+                if t < T and u <= t:
+                    scratch[b, h, t, u] = acc[i]
+                    rowdot += acc[i] * att[b, h, t, u]
+            cuda.syncthreads()
+        rowdot = row_sum(red, r, lane, rowdot)
+        # pass 2: ds, and dq = scale * ds @ k
+        for i in range(DPT):
+            dacc[i] = 0.0
+        for u0 in range(0, t_end, BK):
+            for e in range(tid, BK * HS, NT):
+                j, d = e // HS, e % HS
+                skv[j, d] = k[b, u0 + j, c0 + d] if u0 + j < T else float32(0.0)
+            for i in range(CPT):
+                c = lane + i * TPR
+                u = u0 + c
+                g = float32(0.0)
+                if t < T and u <= t:
+                    g = att[b, h, t, u] * (scratch[b, h, t, u] - rowdot)
+                    scratch[b, h, t, u] = g
+                sp[r, c] = g
+            cuda.syncthreads()
+            for c in range(BK):
+                g = sp[r, c]
+                for i in range(DPT):
+                    d = lane + i * TPR
+                    if d < HS:
+                        dacc[i] += g * skv[c, d]
+            cuda.syncthreads()
+        if t < T:
+            for i in range(DPT):
+                d = lane + i * TPR
+                if d < HS:
+                    dq[b, t, c0 + d] = dacc[i] * scale
+
+    @cuda.jit
+    def k_attn_bwd_dkdv(dk, dv, dy, q, att, scratch, scale):
+        """Block (key tile of BQ rows u, b*H + h); walks the queries t >= u in tiles of BK:
+        dv[u] = sum_t att[t, u] dy[t], dk[u] = scale sum_t ds[t, u] q[t] (ds from scratch)."""
+        sdy = cuda.shared.array((BK, HS), float32)         # a tile of dy rows
+        sq = cuda.shared.array((BK, HS), float32)          # the same tile of q rows
+        sa = cuda.shared.array((BQ, BKP), float32)      # att^T tile: sa[key, query]
+        sds = cuda.shared.array((BQ, BKP), float32)     # ds^T tile
+        vacc = cuda.local.array(DPT, float32)
+        kacc = cuda.local.array(DPT, float32)
+        T = dy.shape[1]
+        H = att.shape[1]
+        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        c0 = h * HS
+        u0 = cuda.blockIdx.x * BQ                          # the longest columns (small u) first
+        tid = cuda.threadIdx.x
+        r, lane = tid // TPR, tid % TPR
+        u = u0 + r
+        for i in range(DPT):
+            vacc[i] = 0.0
+            kacc[i] = 0.0
+        for t0 in range(u0, T, BK):
+            for e in range(tid, BK * HS, NT):
+                j, d = e // HS, e % HS
+                inside = t0 + j < T
+                sdy[j, d] = dy[b, t0 + j, c0 + d] if inside else float32(0.0)
+                sq[j, d] = q[b, t0 + j, c0 + d] if inside else float32(0.0)
+            for e in range(tid, BK * BQ, NT):              # consecutive threads: consecutive u
+                j, i = e // BQ, e % BQ
+                tt, uu = t0 + j, u0 + i
+                if tt < T and uu <= tt:                    # scratch holds ds only where u <= t
+                    sa[i, j] = att[b, h, tt, uu]
+                    sds[i, j] = scratch[b, h, tt, uu]
+                else:
+                    sa[i, j] = 0.0
+                    sds[i, j] = 0.0
+            cuda.syncthreads()
+            for j in range(BK):
+                a = sa[r, j]
+                g = sds[r, j]
+                for i in range(DPT):
+                    d = lane + i * TPR
+                    if d < HS:
+                        vacc[i] += a * sdy[j, d]
+                        kacc[i] += g * sq[j, d]
+            cuda.syncthreads()
+        if u < T:
+            for i in range(DPT):
+                d = lane + i * TPR
+                if d < HS:
+                    dv[b, u, c0 + d] = vacc[i]
+                    dk[b, u, c0 + d] = kacc[i] * scale
+
+    return k_attn_fwd, k_attn_bwd, k_attn_bwd_dkdv
+
+
+_V2 = {}                  # hs -> (k_attn_fwd, k_attn_bwd, k_attn_bwd_dkdv, BK), or None: use v1
+
+
+def _v2_kernels(hs):
+    if hs not in _V2:
+        fits = [bk for bk in BK_CHOICES if _shared_bytes(hs, bk) <= SHARED_LIMIT]
+        _V2[hs] = (*make_attn_kernels(hs, fits[0]), fits[0]) if fits else None
+    return _V2[hs]
+
+
+def attn_fwd_v2(y, att, q, k, v, n_head, stream=0):
+    """Grid (T/BQ query tiles, B*H), BQ*TPR threads. Head sizes too big for the shared tiles
+    (hs > 367 on a GPU) fall back to v1."""
+    B, T, C, hs = _check(q, n_head)
+    kern = _v2_kernels(hs)
+    if kern is None:
+        return attn_fwd_v1(y, att, q, k, v, n_head, stream)
+    grid = (cdiv(T, BQ), B * n_head)
+    kern[0][grid, BQ * TPR, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)))
+
+
+def attn_bwd_v2(dq, dk, dv, dy, q, k, v, att, scratch, n_head, stream=0):
+    """k_attn_bwd (writes ds into scratch, and dq), then k_attn_bwd_dkdv (dk, dv); both on grid
+    (T/BQ tiles, B*H) with BQ*TPR threads."""
+    B, T, C, hs = _check(q, n_head)
+    kern = _v2_kernels(hs)
+    if kern is None:
+        return attn_bwd_v1(dq, dk, dv, dy, q, k, v, att, scratch, n_head, stream)
+    scale = np.float32(1.0 / math.sqrt(hs))
+    grid = (cdiv(T, BQ), B * n_head)
+    kern[1][grid, BQ * TPR, stream](dq, scratch, dy, k, v, att, scale)
+    kern[2][grid, BQ * TPR, stream](dk, dv, dy, q, att, scratch, scale)
+
+
+VERSIONS = {1: (attn_fwd_v1, attn_bwd_v1), 2: (attn_fwd_v2, attn_bwd_v2)}
+attn_fwd = attn_fwd_v2        # what the engine uses
+attn_bwd = attn_bwd_v2

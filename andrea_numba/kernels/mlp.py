@@ -1,0 +1,107 @@
+"""MLP with GELU: k_mlp_fwd / k_mlp_bwd. NumPy twin: reference/mlp.py.
+
+Arrays are 2-D: N = B*T rows, F = 4C hidden units. x [N, C] is LN2's output, w_1 [C, F], w_2 [F, C].
+
+    h_pre = x @ W_1                  saved
+    h     = gelu(h_pre)              saved; gelu(z) = 0.5 z (1 + tanh(k (z + 0.044715 z^3))), k = sqrt(2/pi)
+    out   = h @ W_2
+
+Backward:
+    dh_pre = (dout @ W_2^T) * gelu'(h_pre)       (the GELU derivative is applied as the tile is stored)
+    dW_2 += h^T @ dout        dW_1 += x^T @ dh_pre        dx = dh_pre @ W_1^T
+"""
+import math
+
+from numba import cuda, float32
+
+from .matmul import (THREADS, TM, TN, tile_col, tile_grid, tile_mma_nn, tile_mma_nt, tile_mma_tn,
+                     tile_row, tile_store, tile_zero)
+
+GELU_K = float32(math.sqrt(2.0 / math.pi))
+GELU_C = float32(0.044715)
+
+
+@cuda.jit(device=True)
+def gelu(z):
+    return float32(0.5) * z * (float32(1.0) + math.tanh(GELU_K * (z + GELU_C * z * z * z)))
+
+
+@cuda.jit(device=True)
+def gelu_grad(z):
+    """d gelu / dz = 0.5 (1 + tanh u) + 0.5 z (1 - tanh^2 u) k (1 + 3 * 0.044715 z^2)"""
+    th = math.tanh(GELU_K * (z + GELU_C * z * z * z))
+    return (float32(0.5) * (float32(1.0) + th)
+            + float32(0.5) * z * (float32(1.0) - th * th) * GELU_K * (float32(1.0) + float32(3.0) * GELU_C * z * z))
+
+
+@cuda.jit
+def k_mlp_fwd(h_pre, h, x, w_1):
+    """h_pre = x @ W_1 and h = gelu(h_pre), written together from the same registers."""
+    acc = cuda.local.array((TM, TN), float32)
+    tile_zero(acc)
+    tile_mma_nn(acc, x, w_1)
+    for i in range(TM):
+        r = tile_row(i)
+        for j in range(TN):
+            c = tile_col(j)
+            if r < h.shape[0] and c < h.shape[1]:
+                h_pre[r, c] = acc[i, j]
+                h[r, c] = gelu(acc[i, j])
+
+
+@cuda.jit
+def k_mlp_fwd_out(out, h, w_2):
+    """out = h @ W_2."""
+    acc = cuda.local.array((TM, TN), float32)
+    tile_zero(acc)
+    tile_mma_nn(acc, h, w_2)
+    tile_store(out, acc, False)
+
+
+@cuda.jit
+def k_mlp_bwd(dh_pre, dout, h_pre, w_2):
+    """dh_pre = (dout @ W_2^T) * gelu'(h_pre): back through W_2 and the GELU in one pass."""
+    acc = cuda.local.array((TM, TN), float32)
+    tile_zero(acc)
+    tile_mma_nt(acc, dout, w_2)
+    for i in range(TM):
+        r = tile_row(i)
+        for j in range(TN):
+            c = tile_col(j)
+            if r < dh_pre.shape[0] and c < dh_pre.shape[1]:
+                dh_pre[r, c] = acc[i, j] * gelu_grad(h_pre[r, c])
+
+
+@cuda.jit
+def k_mlp_bwd_dx(dx, dh_pre, w_1):
+    """grad_input: dx = dh_pre @ W_1^T."""
+    acc = cuda.local.array((TM, TN), float32)
+    tile_zero(acc)
+    tile_mma_nt(acc, dh_pre, w_1)
+    tile_store(dx, acc, False)
+
+
+@cuda.jit
+def k_mlp_bwd_dw(dw, a, d):
+    """parameter gradient: dW += a^T @ d (dW_2: a = h, d = dout; dW_1: a = x, d = dh_pre)."""
+    acc = cuda.local.array((TM, TN), float32)
+    tile_zero(acc)
+    tile_mma_tn(acc, a, d)
+    tile_store(dw, acc, True)
+
+
+def mlp_fwd(out, h_pre, h, x, w_1, w_2, stream=0):
+    """out, x [N, C]; h_pre, h [N, F]: saved for backward."""
+    N, F = h.shape
+    k_mlp_fwd[tile_grid(N, F), THREADS, stream](h_pre, h, x, w_1)
+    k_mlp_fwd_out[tile_grid(N, out.shape[1]), THREADS, stream](out, h, w_2)
+
+
+def mlp_bwd(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, stream=0):
+    """dx (written) [N, C]; dw_1, dw_2 (+=); dh_pre [N, F] is scratch (written, then read)."""
+    N, C = dx.shape
+    F = h.shape[1]
+    k_mlp_bwd_dw[tile_grid(F, C), THREADS, stream](dw_2, h, dout)
+    k_mlp_bwd[tile_grid(N, F), THREADS, stream](dh_pre, dout, h_pre, w_2)
+    k_mlp_bwd_dw[tile_grid(C, F), THREADS, stream](dw_1, x, dh_pre)
+    k_mlp_bwd_dx[tile_grid(N, C), THREADS, stream](dx, dh_pre, w_1)

@@ -1,0 +1,139 @@
+"""Time one forward + backward of the whole model on the GPU, beside PyTorch for the same shapes.
+
+    python bench/step_time.py                      # 12M at 16 x 512 and 120M at 8 x 1024
+    python bench/step_time.py --sizes 12M --json out.json
+
+Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
+(it is not a dependency of the project), the same GPT written in PyTorch in fp32 (TF32 off, as
+our kernels) and in bf16 autocast. Also the time of each kernel family inside one step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+from numba import cuda
+
+from andrea_numba.config import load_config
+from andrea_numba.gpu_model import GPUModel
+from andrea_numba.layout import init_params, n_params
+
+SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
+
+
+def time_ours(m, B, T, iters):
+    model = GPUModel(m, B, T)
+    model.params.copy_to_device(init_params(m, 0))
+    rng = np.random.default_rng(0)
+    tokens = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
+    targets = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
+    model.forward(tokens, targets)          # compile every kernel
+    model.backward()
+    cuda.synchronize()
+    fwd, bwd = [], []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        model.forward(tokens, targets)
+        cuda.synchronize()
+        t1 = time.perf_counter()
+        model.backward()
+        cuda.synchronize()
+        t2 = time.perf_counter()
+        fwd.append(t1 - t0)
+        bwd.append(t2 - t1)
+    return float(np.median(fwd)), float(np.median(bwd)), model.read_loss(), model.nbytes
+
+
+def time_torch(m, B, T, iters, bf16):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    C, H = m.d_model, m.n_head
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+            self.qkv = nn.Linear(C, 3 * C, bias=False)
+            self.o = nn.Linear(C, C, bias=False)
+            self.fc1, self.fc2 = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
+
+        def forward(self, x):
+            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+            x = x + self.o(y)
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(m.vocab_size, C), nn.Embedding(m.context_length, C)
+            self.blocks = nn.ModuleList(Block() for _ in range(m.n_layer))
+            self.lnf = nn.LayerNorm(C)
+
+        def forward(self, idx, tgt):
+            x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+            for b in self.blocks:
+                x = b(x)
+            logits = self.lnf(x) @ self.wte.weight.T
+            return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
+
+    dev = "cuda"
+    model = GPT().to(dev)
+    idx = torch.randint(0, m.vocab_size, (B, T), device=dev)
+    tgt = torch.randint(0, m.vocab_size, (B, T), device=dev)
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else torch.autocast("cuda", enabled=False)
+    times = []
+    for i in range(iters + 3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with ctx:
+            loss = model(idx, tgt)
+        loss.backward()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=False)
+    return float(np.median(times))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", nargs="+", default=["12M", "120M"])
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--json", help="write the results here too")
+    args = ap.parse_args(argv)
+    rows = []
+    for size in args.sizes:
+        m = load_config(size).model
+        B, T = SHAPES[size]
+        fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters)
+        row = {"size": size, "B": B, "T": T, "params": n_params(m), "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3,
+               "tokens_per_s": B * T / (fwd + bwd), "loss": loss, "buffers_GB": nbytes / 1e9}
+        try:
+            row["torch_fp32_ms"] = time_torch(m, B, T, args.iters, bf16=False) * 1e3
+            row["torch_bf16_ms"] = time_torch(m, B, T, args.iters, bf16=True) * 1e3
+        except ImportError:
+            pass
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    head = f"{'size':<6} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} {'torch fp32 ms':>14} {'torch bf16 ms':>14}"
+    print(head)
+    for r in rows:
+        print(f"{r['size']:<6} {r['B']:>4} x {r['T']:<4} {r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} "
+              f"{r['tokens_per_s']:>9.0f} {r.get('torch_fp32_ms', float('nan')):>14.1f} "
+              f"{r.get('torch_bf16_ms', float('nan')):>14.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
