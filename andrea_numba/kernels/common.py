@@ -16,6 +16,8 @@ from numba import config as numba_config
 from numba import cuda, float32
 
 SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
+# Small test launches (tiny model, the harness) are meant to be small: no warning per launch.
+numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = False
 if SIMULATOR:
     # The simulator's threads wait at every syncthreads() for the interpreter to switch to the
     # others; Python switches every 5 ms by default. Switching every 50 us makes kernels with
