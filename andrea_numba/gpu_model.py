@@ -104,7 +104,7 @@ class GPUModel:
     def forward(self, tokens, targets):
         """tokens, targets [B, T] int32 (host arrays are copied into the model's buffers)."""
         b, P, m, s = self.buf, self.P, self.m, self.stream
-        B, T, N, C = self.B, self.T, self.N, m.d_model
+        B, T, C = self.B, self.T, m.d_model
         for name, arr in (("tokens", tokens), ("targets", targets)):
             dst = b[name]
             src = arr.reshape(dst.shape)

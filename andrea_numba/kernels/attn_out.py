@@ -6,8 +6,7 @@ Arrays are 2-D: N = B*T rows. y [N, C] is the attention output (heads side by si
 """
 from numba import cuda, float32
 
-from .matmul import (THREADS, TM, TN, tile_grid, tile_mma_nn, tile_mma_nt, tile_mma_tn,
-                     tile_store, tile_zero)
+from .matmul import THREADS, TM, TN, matmul, tile_grid, tile_mma_nn, tile_mma_nt, tile_store, tile_zero
 
 
 @cuda.jit
@@ -28,15 +27,6 @@ def k_attn_out_bwd(dy, dout, w_o):
     tile_store(dy, acc, False)
 
 
-@cuda.jit
-def k_attn_out_bwd_dw(dw_o, y, dout):
-    """parameter gradient: dW_O += y^T @ dout (a sum over the N rows)."""
-    acc = cuda.local.array((TM, TN), float32)
-    tile_zero(acc)
-    tile_mma_tn(acc, y, dout)
-    tile_store(dw_o, acc, True)
-
-
 def attn_out_fwd(out, y, w_o, stream=0):
     N, C = out.shape
     k_attn_out_fwd[tile_grid(N, C), THREADS, stream](out, y, w_o)
@@ -46,4 +36,4 @@ def attn_out_bwd(dy, dw_o, dout, y, w_o, stream=0):
     """dy (written) [N, C]; dw_o (+=) [C, C]."""
     N, C = dy.shape
     k_attn_out_bwd[tile_grid(N, C), THREADS, stream](dy, dout, w_o)
-    k_attn_out_bwd_dw[tile_grid(C, C), THREADS, stream](dw_o, y, dout)
+    matmul(dw_o, y, dout, trans_a=True, accumulate=True, stream=stream)   # dW_O += y^T @ dout

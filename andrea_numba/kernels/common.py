@@ -13,7 +13,7 @@ import math
 import sys
 
 from numba import config as numba_config
-from numba import cuda, float32
+from numba import cuda
 
 SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
 # Small test launches (tiny model, the harness) are meant to be small: no warning per launch.

@@ -20,7 +20,6 @@ at the FIRST occurrence of a token walks its list, sums those rows of dout in po
 adds the sum into dwte once. Blocks of the other positions return at once. All the distinct tokens
 work in parallel; a token's list is walked by one block, in order: still deterministic.
 """
-import numpy as np
 from numba import cuda, float32
 
 from .common import SIMULATOR, cdiv, elementwise_launch, pow2_threads

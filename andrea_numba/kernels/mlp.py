@@ -14,8 +14,7 @@ import math
 
 from numba import cuda, float32
 
-from .matmul import (THREADS, TM, TN, tile_col, tile_grid, tile_mma_nn, tile_mma_nt, tile_mma_tn,
-                     tile_row, tile_store, tile_zero)
+from .matmul import THREADS, TM, TN, matmul, tile_col, tile_grid, tile_mma_nn, tile_mma_nt, tile_row, tile_zero
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -50,15 +49,6 @@ def k_mlp_fwd(h_pre, h, x, w_1):
 
 
 @cuda.jit
-def k_mlp_fwd_out(out, h, w_2):
-    """out = h @ W_2."""
-    acc = cuda.local.array((TM, TN), float32)
-    tile_zero(acc)
-    tile_mma_nn(acc, h, w_2)
-    tile_store(out, acc, False)
-
-
-@cuda.jit
 def k_mlp_bwd(dh_pre, dout, h_pre, w_2):
     """dh_pre = (dout @ W_2^T) * gelu'(h_pre): back through W_2 and the GELU in one pass."""
     acc = cuda.local.array((TM, TN), float32)
@@ -72,36 +62,18 @@ def k_mlp_bwd(dh_pre, dout, h_pre, w_2):
                 dh_pre[r, c] = acc[i, j] * gelu_grad(h_pre[r, c])
 
 
-@cuda.jit
-def k_mlp_bwd_dx(dx, dh_pre, w_1):
-    """grad_input: dx = dh_pre @ W_1^T."""
-    acc = cuda.local.array((TM, TN), float32)
-    tile_zero(acc)
-    tile_mma_nt(acc, dh_pre, w_1)
-    tile_store(dx, acc, False)
-
-
-@cuda.jit
-def k_mlp_bwd_dw(dw, a, d):
-    """parameter gradient: dW += a^T @ d (dW_2: a = h, d = dout; dW_1: a = x, d = dh_pre)."""
-    acc = cuda.local.array((TM, TN), float32)
-    tile_zero(acc)
-    tile_mma_tn(acc, a, d)
-    tile_store(dw, acc, True)
-
-
 def mlp_fwd(out, h_pre, h, x, w_1, w_2, stream=0):
     """out, x [N, C]; h_pre, h [N, F]: saved for backward."""
     N, F = h.shape
     k_mlp_fwd[tile_grid(N, F), THREADS, stream](h_pre, h, x, w_1)
-    k_mlp_fwd_out[tile_grid(N, out.shape[1]), THREADS, stream](out, h, w_2)
+    matmul(out, h, w_2, stream=stream)                                    # out = h @ W_2
 
 
 def mlp_bwd(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, stream=0):
     """dx (written) [N, C]; dw_1, dw_2 (+=); dh_pre [N, F] is scratch (written, then read)."""
     N, C = dx.shape
     F = h.shape[1]
-    k_mlp_bwd_dw[tile_grid(F, C), THREADS, stream](dw_2, h, dout)
+    matmul(dw_2, h, dout, trans_a=True, accumulate=True, stream=stream)   # dW_2 += h^T @ dout
     k_mlp_bwd[tile_grid(N, F), THREADS, stream](dh_pre, dout, h_pre, w_2)
-    k_mlp_bwd_dw[tile_grid(C, F), THREADS, stream](dw_1, x, dh_pre)
-    k_mlp_bwd_dx[tile_grid(N, C), THREADS, stream](dx, dh_pre, w_1)
+    matmul(dw_1, x, dh_pre, trans_a=True, accumulate=True, stream=stream)  # dW_1 += x^T @ dh_pre
+    matmul(dx, dh_pre, w_1, trans_b=True, stream=stream)                   # dx = dh_pre @ W_1^T
