@@ -18,11 +18,41 @@ from numba import cuda
 SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
 # Small test launches (tiny model, the harness) are meant to be small: no warning per launch.
 numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = False
+
 if SIMULATOR:
     # The simulator's threads wait at every syncthreads() for the interpreter to switch to the
     # others; Python switches every 5 ms by default. Switching every 50 us makes kernels with
     # barriers run about five times faster there (measured on the agreement harness).
     sys.setswitchinterval(5e-5)
+
+    # numba-cuda 0.30's simulator creates a shared array on the first call from a source line
+    # without a lock: two threads of a block that arrive together can each create their own
+    # array and no longer share it (seen as rare wrong, non-repeatable sums). This replacement
+    # does the same lookup under a lock, and reads only the caller's frame instead of the stack.
+    import threading
+    import traceback
+
+    import numpy as _np
+    from numba.core import types as _types
+    from numba.cuda.simulator import kernelapi as _kernelapi
+    from numba.np import numpy_support as _numpy_support
+
+    _shared_lock = threading.Lock()
+    _shared_array_unlocked = _kernelapi.FakeCUDAShared.array
+
+    def _shared_array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:      # dynamic shared memory: no per-line lookup
+            return _shared_array_unlocked(self, shape, dtype, alignment)
+        if isinstance(dtype, _types.Type):
+            dtype = _numpy_support.as_dtype(dtype)
+        caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[0])[0:2]   # (file, line)
+        with _shared_lock:
+            arr = self._allocations.get(caller)
+            if arr is None:
+                arr = self._allocations[caller] = _np.empty(shape, dtype)
+        return arr
+
+    _kernelapi.FakeCUDAShared.array = _shared_array
 
 MAX_BLOCK = 1024          # the largest block any kernel here is launched with (shared scratch size)
 ELEMENTWISE_THREADS = 32 if SIMULATOR else 256
