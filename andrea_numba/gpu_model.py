@@ -36,14 +36,15 @@ class BufferSpec:
         return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
-def buffer_specs(m: ModelConfig, B: int, T: int) -> list[BufferSpec]:
+def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_params: bool = True) -> list[BufferSpec]:
     """Every device buffer of a forward + backward at batch B x T (the optimiser's m and v live
-    with the trainer). One line per tensor, llm.c style."""
+    with the trainer). One line per tensor, llm.c style. training=False: forward only (no
+    gradients, no backward scratch); own_params=False: the parameters live in another model."""
     L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
     N, F, P = B * T, 4 * m.d_model, n_params(m)
     f32, i32 = np.float32, np.int32
     S = lambda name, shape, kind, dtype=f32: BufferSpec(name, shape, dtype, kind)
-    return [
+    specs = [
         S("params", (P,), "params"),                 # flat parameter vector
         S("grads", (P,), "grads"),                   # flat gradient, same layout
         S("tokens", (B, T), "activations", i32),     # input token ids
@@ -83,19 +84,27 @@ def buffer_specs(m: ModelConfig, B: int, T: int) -> list[BufferSpec]:
         S("d_att", (B, H, T, T), "scratch"),
         S("embed_links", (2, N), "scratch", i32),    # embed_bwd's per-token lists
     ]
+    backward_only = {"grads", "embed_links"} | {s.name for s in specs if s.name.startswith("d_")}
+    return [s for s in specs
+            if (training or s.name not in backward_only) and (own_params or s.name != "params")]
 
 
 class GPUModel:
-    def __init__(self, m: ModelConfig, B: int, T: int, stream=0):
+    """training=False builds a forward-only model (sampling, evaluation at another batch size);
+    params=<device array> makes it use another model's parameter vector instead of its own."""
+
+    def __init__(self, m: ModelConfig, B: int, T: int, stream=0, training=True, params=None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
-        self.stream = stream
-        self.specs = buffer_specs(m, B, T)
+        self.stream, self.training = stream, training
+        self.specs = buffer_specs(m, B, T, training, own_params=params is None)
         self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype) for s in self.specs}
-        self.params, self.grads = self.buf["params"], self.buf["grads"]
+        self.params = self.buf["params"] if params is None else params
         self.P = views(self.params, m)               # named device views into the flat vectors
-        self.G = views(self.grads, m)
-        zero(self.grads, stream)
+        if training:
+            self.grads = self.buf["grads"]
+            self.G = views(self.grads, m)
+            zero(self.grads, stream)
 
     @property
     def nbytes(self) -> int:
@@ -136,6 +145,7 @@ class GPUModel:
     def backward(self):
         """Adds d(mean loss)/d(params) into grads (+=: call zero_grads between optimiser steps).
         Uses the activations of the last forward; turns probs into dlogits in place."""
+        assert self.training, "this model was built with training=False: it has no gradient buffers"
         b, P, G, m, s = self.buf, self.P, self.G, self.m, self.stream
         B, T, C, H = self.B, self.T, m.d_model, m.n_head
         x = b["x"]
@@ -168,6 +178,10 @@ class GPUModel:
 
     def zero_grads(self):
         zero(self.grads, self.stream)
+
+    def probs_row(self, row: int):
+        """Softmax over the vocabulary at one position (row = b*T + t), copied to the host."""
+        return self.buf["probs"][row].copy_to_host(stream=self.stream)
 
     def read_loss(self) -> float:
         """Mean loss of the last forward (copies 4 bytes to the host)."""

@@ -1,0 +1,128 @@
+"""Checkpoints in the original engine's format, and atomic file writes.
+
+The file, little-endian and packed, nothing else in it:
+
+    int32 step | int32 n_params | n_params x float32 weights | n_params x float32 m | n_params x float32 v
+
+`step` is the number of optimiser steps done. The three vectors use the flat layout of
+andrea_numba.layout. With the data order a pure function of (seed, step), this is all a run needs
+to continue bit-exactly.
+
+Writes are atomic: the bytes go to a temporary file in the same directory, are flushed to disk,
+then renamed over the old file (os.replace is atomic on POSIX and Windows). A kill at any moment
+leaves either the old checkpoint or the new one, never half of one. The format has no checksum,
+so the trainer records the file's sha256 in .state.json and checks it on resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HEADER = np.dtype([("step", "<i4"), ("n_params", "<i4")])
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; str(err) is one line: what is wrong and what to do."""
+
+
+def atomic_write(path, write, before_replace=None) -> None:
+    """Call write(file) on a temporary file beside `path`, fsync it, call before_replace() if
+    given, then rename the file over `path`."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:                                   # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass                               # directories cannot be opened on some systems
+
+
+def atomic_write_json(path, obj) -> None:
+    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+
+
+def checkpoint_bytes(n_params: int) -> int:
+    return HEADER.itemsize + 3 * 4 * n_params
+
+
+def save_checkpoint(path, step: int, params, m, v, before_replace=None) -> str:
+    """Write a checkpoint atomically from three host float32 vectors; returns its sha256.
+    before_replace(sha256) runs once the new file is on disk, before it replaces the old one
+    (the trainer records the new checksum there, keeping the old one, so that every moment has
+    a checkpoint whose checksum is on record)."""
+    n = params.size
+    assert params.shape == m.shape == v.shape == (n,)
+    header = np.array([(step, n)], dtype=HEADER)
+    digest = hashlib.sha256()
+
+    def write(f):
+        for part in (header.tobytes(), *(np.asarray(a, dtype="<f4").tobytes() for a in (params, m, v))):
+            digest.update(part)
+            f.write(part)
+
+    atomic_write(path, write, None if before_replace is None else lambda: before_replace(digest.hexdigest()))
+    return digest.hexdigest()
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_checkpoint(path, n_params: int, sha256=None):
+    """Read and validate a checkpoint for a model of n_params parameters; sha256 is the
+    checksum on record (or a collection of accepted ones), None to skip that check.
+    Returns (step, params, m, v, sha256): three host float32 arrays and the file's checksum;
+    raises CheckpointError otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} not found: start a new run without --resume, "
+                              f"or point --resume at a run directory that has one")
+    size = path.stat().st_size
+    if size < HEADER.itemsize:
+        raise CheckpointError(f"checkpoint {path} is truncated ({size} bytes, not even a header): "
+                              f"it is not usable; start a new run or restore a copy")
+    raw = np.fromfile(path, dtype=np.uint8)
+    header = raw[:HEADER.itemsize].view(HEADER)[0]
+    step, n = int(header["step"]), int(header["n_params"])
+    if n != n_params:
+        raise CheckpointError(f"checkpoint {path} holds {n:,} parameters but the config needs {n_params:,}: "
+                              f"it belongs to another model size; resume with the config it was written with")
+    if size != checkpoint_bytes(n):
+        raise CheckpointError(f"checkpoint {path} is {size:,} bytes but {n:,} parameters need "
+                              f"{checkpoint_bytes(n):,}: it is truncated or corrupt; restore a copy or start anew")
+    if step < 0:
+        raise CheckpointError(f"checkpoint {path} has a negative step ({step}): it is corrupt")
+    accepted = {sha256} if isinstance(sha256, str) else set(sha256 or ())
+    digest = hashlib.sha256(raw.tobytes()).hexdigest()
+    if accepted and digest not in accepted:
+        raise CheckpointError(f"checkpoint {path} does not match the sha256 recorded in .state.json: "
+                              f"it was changed or damaged after it was written; restore a copy or start anew")
+    body = raw[HEADER.itemsize:].view("<f4").astype(np.float32)
+    params, m, v = body[:n], body[n:2 * n], body[2 * n:]
+    if not (np.all(np.isfinite(params)) and np.all(np.isfinite(m)) and np.all(np.isfinite(v))):
+        raise CheckpointError(f"checkpoint {path} contains NaN or infinite values: it is corrupt or the run diverged")
+    return step, params.copy(), m.copy(), v.copy(), digest

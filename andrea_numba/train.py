@@ -1,0 +1,408 @@
+"""Train a model end to end on the GPU with the CUDA kernels.
+
+    python -m andrea_numba.train --size 12M                  # default corpus, runs/ANDREA-12M-TRAIN
+    python -m andrea_numba.train --size tiny --steps 20 --out runs/tiny
+    python -m andrea_numba.train --config my.json --data book.txt
+    python -m andrea_numba.train --resume runs/tiny          # continue bit-exactly
+
+One optimiser step (../shared/SPEC.md):
+
+    for microbatch in range(n_microbatches):
+        forward(microbatch); backward()          # gradients add up (+=)
+    grads *= 1 / n_microbatches                  # k_grad_scale
+    norm = |grads|; clip to clip_norm            # k_grad_norm_partial, k_grad_norm_final, k_grad_scale
+    AdamW step with the scheduled lr             # k_adamw
+    grads = 0                                    # k_zero
+
+Before the first step the trainer prints the memory plan (every buffer, by kind), checks it
+against the GPU's free memory and allocates everything once; the loop only launches kernels and
+reads 8 bytes (loss and gradient norm) per step. The data order is a pure function of (seed,
+step), so a checkpoint (step, weights, Adam m and v) is all a run needs to resume bit-exactly.
+
+Run directory: checkpoint.bin (the spec's format), .loss.json (one JSON line per step, appended),
+.samples.json (text sampled during training), .state.json (config, step, tokens seen, timings,
+the checkpoint's sha256), data/ (the prepared token files). SIGTERM (or Ctrl-C) writes a checkpoint
+at the next step boundary and exits 0; SIGUSR1 writes one and keeps training.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+import reference as R
+
+from . import data as D
+from .checkpoint import CheckpointError, atomic_write_json, load_checkpoint, save_checkpoint
+from .config import Config, ConfigError, config_from_dict, load_config, validate
+from .gpu_model import GPUModel, buffer_specs
+from .kernels import optim, residual
+from .kernels.common import SIMULATOR
+from .layout import decay_mask, init_params, n_params
+
+CHECKPOINT = "checkpoint.bin"
+
+
+class TrainError(RuntimeError):
+    """A run that cannot start or continue; str(err) is one line: what is wrong and what to do."""
+
+
+# ----------------------------------------------------------------------------------------------
+# the memory plan
+
+def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]:
+    """(kind, buffer, bytes) of every device buffer a run allocates, at microbatch size B."""
+    m, t = cfg.model, cfg.train
+    B = B or t.batch_size
+    P = n_params(m)
+    rows = [(s.kind, s.name, s.nbytes) for s in buffer_specs(m, B, t.seq_len)]
+    rows += [("optimizer", "adam_m", 4 * P), ("optimizer", "adam_v", 4 * P), ("optimizer", "decay_mask", P),
+             ("optimizer", "norm_partial", 4 * optim.NORM_BLOCKS), ("optimizer", "stats", 8)]
+    rows += [("sampler", s.name, s.nbytes) for s in buffer_specs(m, 1, m.context_length, training=False,
+                                                                 own_params=False)]
+    return rows
+
+
+def format_plan(rows) -> str:
+    kinds = {}
+    for kind, _, nbytes in rows:
+        kinds[kind] = kinds.get(kind, 0) + nbytes
+    biggest = sorted(rows, key=lambda r: -r[2])[:3]
+    lines = ["memory plan (bytes on the GPU):"]
+    lines += [f"  {kind:<12} {nbytes / 2**20:>10.1f} MiB" for kind, nbytes in kinds.items()]
+    lines.append(f"  {'total':<12} {sum(kinds.values()) / 2**20:>10.1f} MiB")
+    lines.append("  largest: " + ", ".join(f"{name} {nb / 2**20:.1f} MiB" for _, name, nb in biggest))
+    return "\n".join(lines)
+
+
+def check_fits(cfg: Config, free_bytes: int, margin: float = 0.95) -> int:
+    """Refuse (TrainError) when the plan exceeds the free memory; returns the planned bytes."""
+    need = sum(r[2] for r in memory_plan(cfg))
+    if need <= margin * free_bytes:
+        return need
+    t = cfg.train
+    fits = [b for b in range(t.batch_size - 1, 0, -1)
+            if sum(r[2] for r in memory_plan(cfg, b)) <= margin * free_bytes]
+    if fits:
+        b = fits[0]
+        n = t.n_microbatches * math.ceil(t.batch_size / b)
+        hint = f"use --batch-size {b} --microbatches {n} (the same tokens per step in smaller microbatches)"
+    else:
+        hint = "even a microbatch of 1 sequence does not fit: use a smaller model or a larger GPU"
+    raise TrainError(f"the run needs {need / 2**30:.2f} GiB on the GPU but only {free_bytes / 2**30:.2f} GiB "
+                     f"are free: {hint}")
+
+
+# ----------------------------------------------------------------------------------------------
+# the trainer
+
+def read_run_state(run_dir) -> dict:
+    p = Path(run_dir) / ".state.json"
+    if not p.is_file():
+        raise TrainError(f"{run_dir} has no .state.json: it is not a run directory; "
+                         f"start a new run with --out {run_dir}")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise TrainError(f"{p} is not valid JSON ({e.msg}): restore it or start a new run") from None
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir, data_dir=None, log=print, log_every=10):
+        self.cfg, self.run_dir, self.log, self.log_every = cfg, Path(run_dir), log, log_every
+        self.data_dir = Path(data_dir) if data_dir else self.run_dir / "data"
+        self.stop_requested = self.save_requested = False
+
+    # -- setup: everything that allocates happens here, before the first step --
+    def setup(self, resume: bool = False):
+        cfg, m, t = self.cfg, self.cfg.model, self.cfg.train
+        t_setup = time.time()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.meta = D.prepare(cfg.data.source, cfg.data.tokenizer, m.vocab_size, cfg.data.val_fraction,
+                              self.data_dir, progress=self.log)
+        self.train_tokens, self.val_tokens, _ = D.load(self.data_dir)
+        for name, toks in (("training", self.train_tokens), ("validation", self.val_tokens)):
+            if len(toks) < t.seq_len + 2:
+                raise TrainError(f"the {name} split has {len(toks)} tokens, fewer than seq_len + 2 = "
+                                 f"{t.seq_len + 2}: use more text or a smaller seq_len")
+        self.tokenizer = D.load_tokenizer(self.data_dir)
+        self.n = n_params(m)
+        self.log(format_plan(memory_plan(cfg)))
+        self.planned_bytes = sum(r[2] for r in memory_plan(cfg))
+        if not SIMULATOR:
+            free, total = cuda.current_context().get_memory_info()
+            check_fits(cfg, free)
+            self.free_before = free
+        self.model = GPUModel(m, t.batch_size, t.seq_len)
+        self.sampler = GPUModel(m, 1, m.context_length, training=False, params=self.model.params)
+        self.adam_m = cuda.device_array(self.n, np.float32)
+        self.adam_v = cuda.device_array(self.n, np.float32)
+        self.decay = cuda.to_device(decay_mask(m, np.uint8))
+        self.partial = cuda.device_array(optim.NORM_BLOCKS, np.float32)
+        self.stats = cuda.device_array(2, np.float32)          # [loss summed over microbatches, grad norm]
+        self.sample_tokens = np.zeros((1, m.context_length), np.int32)
+        self.timings = {"setup_s": 0.0, "train_s": 0.0}
+        state = read_run_state(self.run_dir) if resume else None
+        if state is not None:
+            shas = [h for h in (state.get("checkpoint_sha256"), state.get("previous_checkpoint_sha256")) if h]
+            step, params, mm, vv, sha = load_checkpoint(self.run_dir / CHECKPOINT, self.n, shas)
+            tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
+            self.step, self.tokens_seen = step, step * tokens_per_step
+            self.checkpoint_sha256 = sha
+            self.timings.update(state.get("timings", {}))
+            self.log(f"resumed from {self.run_dir / CHECKPOINT} at step {step}")
+        else:
+            params, mm, vv = init_params(m, t.seed), np.zeros(self.n, np.float32), np.zeros(self.n, np.float32)
+            self.step, self.tokens_seen = 0, 0
+        self.model.params.copy_to_device(params)
+        self.adam_m.copy_to_device(mm)
+        self.adam_v.copy_to_device(vv)
+        cuda.synchronize()
+        if not SIMULATOR:
+            self.free_after_setup = cuda.current_context().get_memory_info()[0]
+        self.timings["setup_s"] += time.time() - t_setup
+
+    # -- one optimiser step --
+    def lr(self, step):
+        t = self.cfg.train
+        return R.lr_at(step, t.lr, t.min_lr, t.warmup_steps, t.steps, t.lr_decay)
+
+    def train_step(self, step):
+        t, model = self.cfg.train, self.model
+        stats = self.stats
+        optim.zero(stats)
+        for micro in range(t.n_microbatches):
+            x, y = D.get_batch(self.train_tokens, t.batch_size, t.seq_len, t.seed, step, micro)
+            model.forward(x, y)
+            model.backward()
+            residual.residual_add(stats[0:1], stats[0:1], model.buf["loss"])     # sum of the losses
+        norm = stats[1:2]
+        optim.grad_scale(model.grads, norm, 0.0, 1.0 / t.n_microbatches)         # mean over microbatches
+        optim.grad_norm(norm, self.partial, model.grads)
+        optim.grad_scale(model.grads, norm, t.clip_norm, 1.0)                   # clip by global norm
+        lr = self.lr(step)
+        optim.adamw(model.params, model.grads, self.adam_m, self.adam_v, self.decay, step + 1, lr,
+                    t.beta1, t.beta2, t.eps, t.weight_decay)
+        model.zero_grads()
+        loss_sum, grad_norm = stats.copy_to_host()                             # the step's only sync
+        return float(loss_sum) / t.n_microbatches, float(grad_norm), lr
+
+    def evaluate(self):
+        """Mean validation loss over eval_batches fixed microbatches (the same ones every time)."""
+        t = self.cfg.train
+        optim.zero(self.stats)
+        for i in range(t.eval_batches):
+            x, y = D.get_batch(self.val_tokens, t.batch_size, t.seq_len, t.seed, 0, i, split="val")
+            self.model.forward(x, y)
+            residual.residual_add(self.stats[0:1], self.stats[0:1], self.model.buf["loss"])
+        return float(self.stats.copy_to_host()[0]) / t.eval_batches
+
+    def generate(self, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40) -> str:
+        """Sample n_tokens after prompt with the forward-only model (B=1, full context)."""
+        return generate(self.sampler, self.tokenizer, prompt, n_tokens, seed, temperature, top_k,
+                        self.sample_tokens)
+
+    # -- run files --
+    def checkpoint(self):
+        t0 = time.time()
+        params, mm, vv = (a.copy_to_host() for a in (self.model.params, self.adam_m, self.adam_v))
+
+        def record(sha):                   # on disk, not yet in place: put both checksums on record
+            self.previous_checkpoint_sha256 = getattr(self, "checkpoint_sha256", None)
+            self.checkpoint_sha256 = sha
+            self.write_state()
+
+        save_checkpoint(self.run_dir / CHECKPOINT, self.step, params, mm, vv, before_replace=record)
+        self.log(f"checkpoint: step {self.step} -> {self.run_dir / CHECKPOINT} ({time.time() - t0:.1f} s)")
+
+    def write_state(self):
+        state = {"step": self.step, "config": self.cfg.to_dict(), "tokenizer": self.meta.get("tokenizer"),
+                 "data": {"dir": str(self.data_dir), **self.meta}, "tokens_seen": self.tokens_seen,
+                 "n_params": self.n, "timings": self.timings, "checkpoint": CHECKPOINT,
+                 "checkpoint_sha256": getattr(self, "checkpoint_sha256", None),
+                 "previous_checkpoint_sha256": getattr(self, "previous_checkpoint_sha256", None),
+                 "memory_planned_bytes": self.planned_bytes, "device": device_name(), "time": time.time()}
+        atomic_write_json(self.run_dir / ".state.json", state)
+
+    def append(self, name, record):
+        with open(self.run_dir / name, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # -- the loop --
+    def run(self, steps=None):
+        t = self.cfg.train
+        last = t.steps if steps is None else steps
+        tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
+        handlers = self.install_signal_handlers()
+        t_start, done_here = time.time(), 0
+        try:
+            while self.step < last:
+                t0 = time.time()
+                loss, norm, lr = self.train_step(self.step)
+                dt = time.time() - t0
+                self.step += 1
+                done_here += 1
+                self.tokens_seen += tokens_per_step
+                self.timings["train_s"] += dt
+                rec = {"step": self.step, "train_loss": loss, "lr": lr, "grad_norm": norm,
+                       "tokens_per_s": tokens_per_step / dt, "time": time.time()}
+                if not math.isfinite(loss):
+                    raise TrainError(f"the loss became {loss} at step {self.step}: lower the learning rate "
+                                     f"(train.lr) or the clip norm; the last checkpoint is intact")
+                if self.step % t.eval_interval == 0 or self.step == last:
+                    rec["val_loss"] = self.evaluate()
+                self.append(".loss.json", rec)
+                if self.step % self.log_every == 0 or "val_loss" in rec or self.step == last:
+                    eta = (time.time() - t_start) / done_here * (last - self.step)
+                    val = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
+                    self.log(f"step {self.step:>6}/{last} | loss {loss:.4f}{val} | lr {lr:.2e} | norm {norm:.3f} | "
+                             f"{rec['tokens_per_s']:,.0f} tok/s | ETA {format_eta(eta)}")
+                if self.step % t.sample_interval == 0 or self.step == last:
+                    text = self.generate("\n", t.sample_tokens, seed=t.seed * 1_000_003 + self.step)
+                    self.append(".samples.json", {"step": self.step, "prompt": "\n", "text": text,
+                                                  "time": time.time()})
+                if self.step % t.checkpoint_interval == 0 or self.step == last or self.save_requested:
+                    self.save_requested = False
+                    self.checkpoint()
+                if self.stop_requested:             # the checkpoint was written just above
+                    self.log(f"stopped by signal at step {self.step}; resume with --resume {self.run_dir}")
+                    return 0
+            return 0
+        finally:
+            for sig, h in handlers.items():
+                signal.signal(sig, h)
+
+    def install_signal_handlers(self):
+        def stop(signum, frame):
+            self.stop_requested = self.save_requested = True
+
+        def save(signum, frame):
+            self.save_requested = True
+
+        old = {}
+        for sig, h in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (getattr(signal, "SIGUSR1", None), save)):
+            if sig is not None:
+                old[sig] = signal.signal(sig, h)
+        return old
+
+
+def generate(model: GPUModel, tokenizer, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40,
+             buf=None) -> str:
+    """Autoregressive sampling: run the forward on the last context_length tokens, sample the next
+    token from softmax(logits / temperature) restricted to the top_k most likely, repeat."""
+    T = model.T
+    buf = np.zeros((1, T), np.int32) if buf is None else buf
+    ids = list(tokenizer.encode(prompt)) or [0]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_tokens):
+        ctx = ids[-T:]
+        buf[0, :] = 0
+        buf[0, :len(ctx)] = ctx
+        model.forward(buf, buf)
+        p = model.probs_row(len(ctx) - 1).astype(np.float64)
+        nxt = sample_from(p, rng, temperature, top_k)
+        ids.append(nxt)
+        out.append(nxt)
+    return tokenizer.decode(out)
+
+
+def sample_from(p, rng, temperature=1.0, top_k=40) -> int:
+    """Draw a token from probabilities p after temperature and top-k (deterministic given rng)."""
+    logits = np.log(np.maximum(p, 1e-30)) / max(temperature, 1e-6)
+    if top_k and top_k < len(p):
+        kth = np.partition(logits, -top_k)[-top_k]
+        logits = np.where(logits >= kth, logits, -np.inf)
+    q = np.exp(logits - logits.max())
+    q /= q.sum()
+    return int(rng.choice(len(q), p=q))
+
+
+def format_eta(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    mnt, s = divmod(rem, 60)
+    return f"{h}h{mnt:02d}m" if h else f"{mnt}m{s:02d}s"
+
+
+def device_name() -> str:
+    if SIMULATOR:
+        return "CUDA simulator"
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# command line
+
+def build_config(args) -> Config:
+    cfg = load_config(args.config or args.size)
+    train = {k: v for k, v in (("steps", args.steps), ("seed", args.seed), ("batch_size", args.batch_size),
+                               ("n_microbatches", args.microbatches), ("seq_len", args.seq_len)) if v is not None}
+    data = {"source": args.data} if args.data else {}
+    if train or data:
+        raw = cfg.to_dict()
+        raw["train"].update(train)
+        raw["data"].update(data)
+        cfg = config_from_dict(raw, origin="command line")
+    return validate(cfg)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m andrea_numba.train", description=__doc__.split("\n\n")[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--size", default="12M", help="tiny, 12M or 120M (default 12M)")
+    g.add_argument("--config", help="a config JSON file instead of a size")
+    g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+    ap.add_argument("--data", help="a UTF-8 text file to train on (default: the config's source)")
+    ap.add_argument("--out", help="run directory (default runs/<config name>)")
+    ap.add_argument("--steps", type=int, help="optimiser steps (default: the config's)")
+    ap.add_argument("--seed", type=int, help="seed of initialisation and data order")
+    ap.add_argument("--batch-size", type=int, help="sequences per microbatch")
+    ap.add_argument("--microbatches", type=int, help="microbatches per optimiser step")
+    ap.add_argument("--seq-len", type=int, help="tokens per sequence")
+    ap.add_argument("--log-every", type=int, default=10, help="print a progress line every N steps")
+    args = ap.parse_args(argv)
+    log = lambda s: print(s, flush=True)
+    try:
+        if not SIMULATOR and not cuda.is_available():
+            raise TrainError("no CUDA GPU found: train on a machine with an NVIDIA GPU, or set "
+                             "NUMBA_ENABLE_CUDASIM=1 to run the tiny size in the simulator (slow)")
+        if args.resume:
+            run_dir = Path(args.resume)
+            state = read_run_state(run_dir)
+            raw = state["config"]
+            if args.steps is not None:
+                raw["train"]["steps"] = args.steps
+            cfg = config_from_dict(raw, origin=f"{run_dir}/.state.json")
+            trainer = Trainer(cfg, run_dir, state.get("data", {}).get("dir"), log, args.log_every)
+            trainer.setup(resume=True)
+        else:
+            cfg = build_config(args)
+            run_dir = Path(args.out or f"runs/{cfg.name}")
+            if (run_dir / CHECKPOINT).exists():
+                raise TrainError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
+                                 f"or choose another --out")
+            trainer = Trainer(cfg, run_dir, None, log, args.log_every)
+            log(f"{cfg.name}: {n_params(cfg.model):,} parameters, {device_name()}, run directory {run_dir}")
+            trainer.setup()
+        t0 = time.time()
+        trainer.write_state()
+        code = trainer.run()
+        log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {time.time() - t0:.1f} s")
+        return code
+    except (ConfigError, CheckpointError, D.DataError, TrainError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
