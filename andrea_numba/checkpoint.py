@@ -16,49 +16,17 @@ so the trainer records the file's sha256 in .state.json and checks it on resume.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from .atomic import atomic_write
 
 HEADER = np.dtype([("step", "<i4"), ("n_params", "<i4")])
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; str(err) is one line: what is wrong and what to do."""
-
-
-def atomic_write(path, write, before_replace=None) -> None:
-    """Call write(file) on a temporary file beside `path`, fsync it, call before_replace() if
-    given, then rename the file over `path`."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        if before_replace is not None:
-            before_replace()
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:                                   # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass                               # directories cannot be opened on some systems
-
-
-def atomic_write_json(path, obj) -> None:
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
 
 
 def checkpoint_bytes(n_params: int) -> int:

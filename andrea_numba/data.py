@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_write, atomic_write_json
 from .config import ConfigError, load_config
 
 DTYPE = np.dtype("<u2")            # token ids on disk: little-endian uint16, so vocab <= 65536
@@ -255,37 +256,6 @@ def load_tokenizer(data_dir):
 # writing files so that a kill never leaves half of one
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write data to path atomically: a temp file in the same directory, flush, fsync, rename.
-    A reader sees either the old file or the whole new one, never a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if hasattr(os, "fchmod"):
-                os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; data files are for everyone to read
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename itself durable (POSIX; not possible on Windows)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    """Write a dict as indented JSON, atomically."""
-    _atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode("utf-8"))
-
-
 # ----------------------------------------------------------------------------------------------
 # prepare: text -> train.bin, val.bin, meta.json
 
@@ -359,7 +329,7 @@ def prepare(source: str, tokenizer: str, vocab_size: int, val_fraction: float, o
         if tok.vocab_size > vocab_size:
             raise DataError(f"the trained BPE vocab has {tok.vocab_size:,} tokens, more than model.vocab_size "
                             f"{vocab_size:,}: raise model.vocab_size")
-        _atomic_write(out_dir / TOKENIZER_FILE, tok.to_str().encode("utf-8"))
+        atomic_write(out_dir / TOKENIZER_FILE, tok.to_str().encode("utf-8"))
         say(f"tokenising {len(text):,} characters")
         t1 = time.time()
         ids = tok.encode_array(text, progress)
@@ -378,9 +348,9 @@ def prepare(source: str, tokenizer: str, vocab_size: int, val_fraction: float, o
     _check_seq_len(meta, seq_len)
 
     # 5. write: the data first, meta.json last (its presence says the directory is complete)
-    _atomic_write(out_dir / "train.bin", ids[:n_train].tobytes())
-    _atomic_write(out_dir / "val.bin", ids[n_train:].tobytes())
-    _write_json(out_dir / META, meta)
+    atomic_write(out_dir / "train.bin", ids[:n_train].tobytes())
+    atomic_write(out_dir / "val.bin", ids[n_train:].tobytes())
+    atomic_write_json(out_dir / META, meta)
     say(f"wrote {out_dir}: {n_train:,} train and {n_val:,} val tokens, vocab {tok.vocab_size:,} "
         f"({time.time() - t0:.1f} s)")
     return meta
@@ -521,7 +491,7 @@ def download(name: str, out_dir, url: str | None = None, progress=None) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    _write_json(out_dir / "download.json", {"name": name, "url": src, "file": dest.name, "bytes": n,
+    atomic_write_json(out_dir / "download.json", {"name": name, "url": src, "file": dest.name, "bytes": n,
                                             "sha256": sha, "sha256_checked": expect is not None})
     say(f"downloaded {n:,} bytes to {dest} (sha256 {sha[:12]}...)")
     return dest

@@ -27,7 +27,6 @@ at the next step boundary and exits 0; SIGUSR1 writes one and keeps training.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import signal
@@ -41,7 +40,8 @@ from numba import cuda
 import reference as R
 
 from . import data as D
-from .checkpoint import CheckpointError, atomic_write_json, load_checkpoint, save_checkpoint
+from .atomic import atomic_write_json
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .gpu_model import GPUModel, buffer_specs
 from .kernels import optim, residual
@@ -166,8 +166,9 @@ class Trainer:
         self.adam_m.copy_to_device(mm)
         self.adam_v.copy_to_device(vv)
         cuda.synchronize()
+        self.memory = {"planned_bytes": self.planned_bytes}
         if not SIMULATOR:
-            self.free_after_setup = cuda.current_context().get_memory_info()[0]
+            self.memory["allocated_by_setup_bytes"] = self.free_before - cuda.current_context().get_memory_info()[0]
         self.timings["setup_s"] += time.time() - t_setup
 
     # -- one optimiser step --
@@ -229,7 +230,7 @@ class Trainer:
                  "n_params": self.n, "timings": self.timings, "checkpoint": CHECKPOINT,
                  "checkpoint_sha256": getattr(self, "checkpoint_sha256", None),
                  "previous_checkpoint_sha256": getattr(self, "previous_checkpoint_sha256", None),
-                 "memory_planned_bytes": self.planned_bytes, "device": device_name(), "time": time.time()}
+                 "memory": self.memory, "device": device_name(), "time": time.time()}
         atomic_write_json(self.run_dir / ".state.json", state)
 
     def append(self, name, record):
@@ -279,6 +280,20 @@ class Trainer:
         finally:
             for sig, h in handlers.items():
                 signal.signal(sig, h)
+            self.report_memory()
+
+    def report_memory(self):
+        """Planned bytes against what the device lost to this run (free memory before setup minus
+        free memory now): the loop allocates nothing, so only compiled kernel code adds to it."""
+        if SIMULATOR:
+            return
+        cuda.synchronize()
+        used = self.free_before - cuda.current_context().get_memory_info()[0]
+        self.memory["used_after_training_bytes"] = used
+        mib = lambda b: f"{b / 2**20:,.1f} MiB"
+        self.log(f"memory: planned {mib(self.planned_bytes)}, allocated by setup "
+                 f"{mib(self.memory['allocated_by_setup_bytes'])}, in use after training {mib(used)}")
+        self.write_state()
 
     def install_signal_handlers(self):
         def stop(signum, frame):

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,7 +109,8 @@ def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
 
     def crash(*args):
         raise KeyboardInterrupt("killed during the rename")
-    monkeypatch.setattr(ck.os, "replace", crash)
+    from andrea_numba import atomic
+    monkeypatch.setattr(atomic.os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
         ck.save_checkpoint(path, 4, a + 1, a, a)
     assert path.read_bytes() == before                              # the last good checkpoint is intact
@@ -143,10 +143,18 @@ def test_bad_checkpoints_are_refused_with_one_line(tmp_path):
         ck.load_checkpoint(tmp_path / "none.bin", n)
 
 
-def test_resume_refuses_a_corrupt_checkpoint_on_the_command_line(tmp_path):
+def test_sample_on_kernels_and_twin_then_refuse_a_corrupt_checkpoint(tmp_path):
     cfg_path, _ = small_config(tmp_path, steps=1)
     run = tmp_path / "r"
     assert run_train("--config", cfg_path, "--out", run).returncode == 0
+    texts = []
+    for extra in ([], ["--cpu"]):
+        p = subprocess.run([sys.executable, "-m", "andrea_numba.sample", str(run), "--prompt", "def ", "--tokens", "6",
+                            "--seed", "3", *extra], env=SIM_ENV, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.startswith("def ")
+        texts.append(p.stdout)
+    assert texts[0] == texts[1]           # the kernels and the twin sample the same tokens
     data = bytearray((run / "checkpoint.bin").read_bytes())
     data[100] ^= 0xFF
     (run / "checkpoint.bin").write_bytes(bytes(data))
