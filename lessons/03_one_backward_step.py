@@ -19,6 +19,7 @@ reference.model_backward: the trace *is* the engine's backward, spelled out.
 # %%
 import math
 import sys
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,7 +88,7 @@ SPECS = {s.name: s for s in param_layout(m)}
 def finite_difference(name, grad, n=3, h=1e-5):
     """Check n entries of the gradient of parameter tensor `name` by centred differences."""
     s = SPECS[name]
-    picks = np.random.default_rng(hash(name) % 2**32).choice(s.size, size=min(n, s.size), replace=False)
+    picks = np.random.default_rng(zlib.crc32(name.encode())).choice(s.size, size=min(n, s.size), replace=False)
     for i in picks:
         flat = params.copy()
         flat[s.offset + i] += h
@@ -129,11 +130,11 @@ k = kernel(lambda d: loss.loss_bwd(d["dx"], d["dwte"], d["dlogits"], d["probs"],
            dict(probs=acts["probs"].reshape(N, -1), x=acts["lnf"].reshape(N, C), wte=P["wte"],
                 targets=targets.reshape(N).astype(np.int32)),
            dict(dx=(N, C), dlogits=(N, m.vocab_size)), [("dwte", P["wte"].shape)])
-say("dL/dlogits = (probs - onehot(targets)) / (B*T): the softmax and the cross-entropy together "
-    "have the simplest gradient of the whole model.")
 report("loss (tied output projection + cross-entropy)", "k_loss_bwd  <->  reference.loss.loss_bwd",
        {"dloss": np.array(1.0)}, ["probs [B,T,V]", "lnf [B,T,C]", "wte", "targets"],
        {"dx": dx, "dwte": dwte}, {"dx": k["dx"].reshape(dx.shape), "dwte": k["dwte"]})
+say("   dL/dlogits = (probs - onehot(targets)) / (B*T): softmax and cross-entropy together have the\n"
+    "   simplest gradient of the whole model; dx = dlogits @ wte, dwte = dlogits^T @ lnf")
 say("   (wte's finite-difference check waits for the end: the embedding adds the other share)")
 
 dln, dg, db = dx, None, None
