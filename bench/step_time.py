@@ -109,6 +109,7 @@ def main(argv=None):
     ap.add_argument("--sizes", nargs="+", default=["12M", "120M"])
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     args = ap.parse_args(argv)
     rows = []
     for size in args.sizes:
@@ -118,6 +119,8 @@ def main(argv=None):
         row = {"size": size, "B": B, "T": T, "params": n_params(m), "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3,
                "tokens_per_s": B * T / (fwd + bwd), "loss": loss, "buffers_GB": nbytes / 1e9}
         try:
+            if args.no_torch:
+                raise ImportError
             row["torch_fp32_ms"] = time_torch(m, B, T, args.iters, bf16=False) * 1e3
             row["torch_bf16_ms"] = time_torch(m, B, T, args.iters, bf16=True) * 1e3
         except ImportError:

@@ -8,6 +8,8 @@ Arrays are 2-D: N = B*T rows of C channels (callers pass x.reshape(N, C)).
 Backward, xhat = (x - mean) * rstd, dxhat = dout * g:
     dx = rstd * (dxhat - mean_c(dxhat) - xhat * mean_c(dxhat * xhat))     per row
     dg += sum over rows of dout * xhat,  db += sum over rows of dout        per channel
+The first version summed each channel's column in one thread (C threads in all: 768 threads for
+8192 rows at 120M, 2.2 ms a call on an H200); now RY threads share a column and meet in a tree.
 """
 import math
 
@@ -64,19 +66,38 @@ def k_layernorm_bwd(dx, dout, x, mean, rstd, g):
 
 @cuda.jit
 def k_layernorm_bwd_params(dg, db, dout, x, mean, rstd):
-    """Parameter gradients: one thread per channel c sums its column over all N rows, in row
-    order (deterministic), and adds into dg[c], db[c]. Consecutive threads read consecutive c."""
-    c = cuda.grid(1)
-    if c >= x.shape[1]:
-        return
-    sg = float32(0.0)
-    sb = float32(0.0)
-    for row in range(x.shape[0]):
-        d = dout[row, c]
-        sg += d * (x[row, c] - mean[row]) * rstd[row]
-        sb += d
-    dg[c] += sg
-    db[c] += sb
+    """Parameter gradients, dg[c] += sum_rows dout * xhat and db[c] += sum_rows dout.
+    A block is RY x CX threads over CX channels: thread (ty, tx) owns channel c = blockIdx.x*CX + tx
+    and rows ty, ty + RY, ty + 2 RY, ... summed in order (a warp reads 32 consecutive channels of a
+    row: coalesced); then the RY partial sums of a channel meet in a fixed tree over ty."""
+    sg = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
+    sb = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c = cuda.blockIdx.x * cuda.blockDim.x + tx
+    acc_g = float32(0.0)
+    acc_b = float32(0.0)
+    if c < x.shape[1]:
+        for row in range(ty, x.shape[0], cuda.blockDim.y):
+            d = dout[row, c]
+            acc_g += d * (x[row, c] - mean[row]) * rstd[row]
+            acc_b += d
+    sg[ty, tx] = acc_g
+    sb[ty, tx] = acc_b
+    cuda.syncthreads()
+    s = cuda.blockDim.y // 2
+    while s > 0:
+        if ty < s:
+            sg[ty, tx] += sg[ty + s, tx]
+            sb[ty, tx] += sb[ty + s, tx]
+        cuda.syncthreads()
+        s //= 2
+    if ty == 0 and c < x.shape[1]:
+        dg[c] += sg[0, tx]
+        db[c] += sb[0, tx]
+
+
+# k_layernorm_bwd_params' block: PARAM_CX channels x PARAM_RY row groups (RY a power of two)
+PARAM_CX, PARAM_RY = (8, 2) if SIMULATOR else (32, 32)
 
 
 def _row_threads(C):
@@ -92,5 +113,4 @@ def layernorm_bwd(dx, dg, db, dout, x, mean, rstd, g, stream=0):
     """dx = grad_input (written); dg, db += parameter gradients."""
     N, C = x.shape
     k_layernorm_bwd[N, _row_threads(C), stream](dx, dout, x, mean, rstd, g)
-    threads = 32 if SIMULATOR else 128
-    k_layernorm_bwd_params[cdiv(C, threads), threads, stream](dg, db, dout, x, mean, rstd)
+    k_layernorm_bwd_params[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, x, mean, rstd)

@@ -19,6 +19,8 @@ registers. Each output is summed by one thread in fixed k order: deterministic, 
 The tile loop is a device function (tile_mma_nn / _nt / _tn), so the linear ops' own kernels
 (k_attn_qkv_fwd, k_mlp_fwd, ...) reuse it and differ only in what they do with the sums.
 """
+import os
+
 from numba import cuda, float32
 
 from .common import SIMULATOR, cdiv
@@ -59,6 +61,10 @@ def matmul_v1(out, a, b, trans_a=False, trans_b=False, accumulate=False, stream=
 # A block computes BM x BN outputs with (BM/TM) * (BN/TN) threads, walking K in steps of BK.
 TILES_GPU = (64, 64, 16, 4, 4)        # 256 threads, 8 KiB of shared memory
 TILES_SIM = (16, 16, 8, 4, 4)         # 16 threads: the simulator pays per thread
+# bench/ tries other tile shapes with ANDREA_MATMUL_TILES="BM,BN,BK,TM,TN" (read once, at import)
+_env_tiles = os.environ.get("ANDREA_MATMUL_TILES")
+if _env_tiles and not SIMULATOR:
+    TILES_GPU = tuple(int(v) for v in _env_tiles.split(","))
 BM, BN, BK, TM, TN = TILES_SIM if SIMULATOR else TILES_GPU
 TX = BN // TN                         # threads along a row of the tile
 THREADS = (BM // TM) * TX             # threads per block

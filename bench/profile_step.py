@@ -1,0 +1,76 @@
+"""Where the time of one forward + backward goes, op by op, on the GPU.
+
+    python bench/profile_step.py --size 120M          # B x T from the config
+
+Every launch function of andrea_numba.kernels is wrapped with cuda.synchronize() before and after,
+so each op is timed alone (this serialises the GPU: the total is a little above an unwrapped step).
+Prints a table: op, calls per step, total ms, share of the step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import numpy as np
+from numba import cuda
+
+from andrea_numba.config import load_config
+from andrea_numba.gpu_model import GPUModel
+from andrea_numba.kernels import attn, attn_out, attn_qkv, embed, layernorm, loss, mlp, residual
+from andrea_numba.layout import init_params
+
+OPS = {attn: ["attn_fwd", "attn_bwd"], attn_out: ["attn_out_fwd", "attn_out_bwd"],
+       attn_qkv: ["attn_qkv_fwd", "attn_qkv_bwd"], embed: ["embed_fwd", "embed_bwd"],
+       layernorm: ["layernorm_fwd", "layernorm_bwd"], loss: ["loss_fwd", "loss_bwd"],
+       mlp: ["mlp_fwd", "mlp_bwd"], residual: ["residual_add", "residual_add_bwd"]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="120M")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.size)
+    m, B, T = cfg.model, cfg.train.batch_size, cfg.train.seq_len
+    model = GPUModel(m, B, T)
+    model.params.copy_to_device(init_params(m, 0))
+    x = cuda.to_device(np.random.default_rng(0).integers(0, m.vocab_size, (B, T)).astype(np.int32))
+    model.forward(x, x)                      # compile
+    model.backward()
+    cuda.synchronize()
+    times, calls = defaultdict(float), defaultdict(int)
+    for mod, names in OPS.items():
+        for name in names:
+            f = getattr(mod, name)
+
+            def timed(*a, _f=f, _n=name, **k):
+                cuda.synchronize()
+                t0 = time.perf_counter()
+                r = _f(*a, **k)
+                cuda.synchronize()
+                times[_n] += time.perf_counter() - t0
+                calls[_n] += 1
+                return r
+            setattr(mod, name, timed)
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        model.forward(x, x)
+        model.backward()
+    cuda.synchronize()
+    step_ms = (time.perf_counter() - t0) / args.iters * 1e3
+    rows = sorted(((n, calls[n] // args.iters, times[n] / args.iters * 1e3) for n in times), key=lambda r: -r[2])
+    print(f"{cfg.name}, B={B} T={T}: one forward + backward {step_ms:.1f} ms (ops timed one by one)")
+    print(f"{'op':<18} {'calls':>5} {'ms':>9} {'share':>6}")
+    for n, c, ms in rows:
+        print(f"{n:<18} {c:>5} {ms:>9.2f} {ms / step_ms:>6.1%}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"size": args.size, "B": B, "T": T, "step_ms": step_ms,
+                       "ops": [{"op": n, "calls": c, "ms": ms} for n, c, ms in rows]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Exercise attn_bwd (NumPy): the backward of causal scaled dot-product self-attention.
+
+Forward (given: reference/attn.py, imported below), per batch b and head h, hs = C / n_head,
+q_h = the columns h*hs:(h+1)*hs of q (likewise k_h, v_h, y_h):
+    s[t, u]   = q_h[t] . k_h[u] / sqrt(hs)     for u <= t;  -inf for u > t (the causal mask)
+    att[t, :] = softmax(s[t, :])               saved for you: att [B, H, T, T]
+    y_h[t]    = sum_u att[t, u] v_h[u]
+
+Your task: the backward, given dy [B, T, C]. Per head, with dy_h the matching slice of dy:
+    datt = dy_h @ v_h^T                        dv_h = att^T @ dy_h
+    ds   = att * (datt - sum_u(datt * att))    the softmax backward, row by row (sum over u)
+    dq_h = ds @ k_h / sqrt(hs)                 dk_h = ds^T @ q_h / sqrt(hs)
+Masked entries (u > t) have att = 0, so they get no gradient: use att, not the raw scores.
+
+Hint: reshape [B, T, C] -> [B, T, H, hs] -> transpose to [B, H, T, hs], and back at the end;
+NumPy's @ then works on all batches and heads at once.
+
+Check your work:  python -m andrea_numba.exercises check attn_bwd
+"""
+import math
+
+from reference.attn import attn_fwd  # noqa: F401  (the forward, to experiment with)
+
+
+def split_heads(a, n_head):
+    """[B, T, C] -> [B, H, T, hs] (given)."""
+    B, T, C = a.shape
+    return a.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+
+
+def merge_heads(ah):
+    """[B, H, T, hs] -> [B, T, C] (given)."""
+    B, H, T, hs = ah.shape
+    return ah.transpose(0, 2, 1, 3).reshape(B, T, H * hs)
+
+
+def attn_bwd(dy, q, k, v, att, n_head):
+    """dy [B, T, C] -> (dq, dk, dv), each [B, T, C]."""
+    # TODO: split into heads, apply the four lines of the docstring, merge the heads back
+    raise NotImplementedError("write attn_bwd: see the docstring")

@@ -1,0 +1,82 @@
+"""The step-through lessons run to the end in the CUDA simulator, print their key numbers and
+write their figures. Each lesson runs as a student would run it: `python lessons/0X_....py`."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = ROOT / "lessons"
+SIM_ENV = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+
+# lesson file -> (strings the output must contain, figures it must write, extra arguments)
+CASES = {
+    "01_chain_rule.py": (
+        ["dL/dx = dL/da * 3", "centred difference", "The two agree to a relative error of",
+         "dL/da = sum of both paths", "Only the sum matches"],
+        ["01_chain_tangent.png"], []),
+    "02_why_reverse_mode.py": (
+        ["124,392,960", "n_params = 3,792", "7,584 forwards", "2.038e+12 FLOPs", "years",
+         "the largest difference, relative to the largest gradient"],
+        ["02_passes.png"], []),
+    "04_where_gradients_live.py": (
+        ["| h1.mlp.w_2 | [32, 8] | 3,520 | 256 | yes |", "**3,792**", "np.shares_memory(flat, w)",
+         "45,512", "1,492,715,528", "memory plan (bytes on the GPU):", "largest: att 4608.0 MiB",
+         "12 x 8 x 12 x 1024 x 1024"],
+        ["04_memory_plan.png"], []),
+    "05_accumulation.py": (
+        ["buffer (kernels)", "twin g1 + g2", "twin, one batch of 2", "Largest |scaled buffer - twin gradient"],
+        ["05_grad_norms.png"], []),
+    "06_checkpoints_and_resume.py": (
+        ["resumed from", "The checkpoints are identical: True", "02 00 00 00", "int32 n_params = 3,792",
+         "resumed trainer"],
+        ["06_loss_resumed_run.png", "06_loss_uninterrupted_run.png"], ["--out", "{tmp}/runs"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_lesson_runs_to_the_end(name, tmp_path):
+    expect, figures, extra = CASES[name]
+    figs = tmp_path / "figures"
+    cmd = [sys.executable, str(LESSONS / name), "--figures", str(figs), *(a.format(tmp=tmp_path) for a in extra)]
+    p = subprocess.run(cmd, cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for s in expect:
+        assert s in p.stdout, f"{name}: {s!r} not in the output"
+    assert "lesson done in" in p.stdout
+    for f in figures:
+        path = figs / f
+        assert path.is_file() and path.stat().st_size > 1000, path
+        assert str(path) in p.stdout                       # the lesson prints where its figures are
+
+
+def test_lesson_06_per_step_losses_are_bit_equal(tmp_path):
+    """The resumed run's log and checkpoint equal the uninterrupted run's (read from the files)."""
+    from andrea_numba.runlog import read_loss
+    out = tmp_path / "runs"
+    p = subprocess.run([sys.executable, str(LESSONS / "06_checkpoints_and_resume.py"), "--figures",
+                        str(tmp_path / "f"), "--out", str(out), "--steps", "3", "--stop", "1"],
+                       cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    a, b = out / "A-uninterrupted", out / "B-stopped-and-resumed"
+    key = lambda rows: [(r["step"], r["train_loss"], r["grad_norm"], r["lr"]) for r in rows]
+    assert key(read_loss(a)) == key(read_loss(b)) and len(read_loss(a)) == 3
+    assert (a / "checkpoint.bin").read_bytes() == (b / "checkpoint.bin").read_bytes()
+    again = subprocess.run([sys.executable, str(LESSONS / "06_checkpoints_and_resume.py"), "--out", str(out)],
+                           cwd=ROOT, env=SIM_ENV, capture_output=True, text=True, timeout=60)
+    assert again.returncode != 0 and "already exists" in again.stderr      # never overwrites a run
+
+
+def test_common_pauses_only_when_interactive(tmp_path):
+    """--interactive waits for Enter between steps; a plain run (CI) never reads stdin."""
+    script = tmp_path / "l.py"
+    script.write_text("import sys\nsys.path.insert(0, %r)\nimport _common as C\nC.start('t')\n"
+                      "C.step('a')\nC.step('b')\nC.finish()\n" % str(LESSONS))
+    p = subprocess.run([sys.executable, str(script)], env=SIM_ENV, capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=60)
+    assert p.returncode == 0 and "step 2: b" in p.stdout and "press Enter" not in p.stdout
+    p = subprocess.run([sys.executable, str(script), "--interactive"], env=SIM_ENV, capture_output=True,
+                       text=True, input="\n", timeout=60)
+    assert p.returncode == 0 and p.stdout.count("press Enter") == 1      # between step 1 and step 2
