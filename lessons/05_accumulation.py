@@ -30,7 +30,7 @@ import reference as R  # noqa: E402
 from andrea_numba.config import load_config  # noqa: E402
 from andrea_numba.gpu_model import GPUModel  # noqa: E402
 from andrea_numba.kernels import optim  # noqa: E402
-from andrea_numba.layout import init_params, param_layout, views  # noqa: E402
+from andrea_numba.layout import init_params, param_layout  # noqa: E402
 
 cfg = load_config("tiny")
 m = cfg.model

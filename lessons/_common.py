@@ -84,8 +84,8 @@ def start(doc: str | None = None, add_arguments=None) -> argparse.Namespace:
     _state["t0"] = time.time()
     print("=" * WIDTH)
     print(first)
-    where = "Numba's CUDA simulator (no GPU found)" if SIMULATED else "the GPU"
-    print(f"(kernels, where the lesson uses them, run in {where})")
+    where = "in Numba's CUDA simulator (no GPU found)" if SIMULATED else "on the GPU"
+    print(f"(kernels, where the lesson uses them, run {where})")
     print("=" * WIDTH)
     return args
 
