@@ -206,6 +206,36 @@ def make_attn_kernels(HS: int, BK: int):
     DPT = cdiv(HS, TPR)             # output channels per thread: d = lane + i * TPR
     HSP, BKP = HS + 1, BK + 1       # padded rows: a column of the tile spans all 32 banks
 
+    @cuda.jit(device=True)
+    def load_rows(dst, src, b, row0, c0, T):
+        """dst[i, d] = src[b, row0 + i, c0 + d] for the rows i of dst and d < HS (0 past row T):
+        one head's slice of rows, copied by all NT threads (consecutive threads: consecutive d)."""
+        for e in range(cuda.threadIdx.x, dst.shape[0] * HS, NT):
+            i, d = e // HS, e % HS
+            dst[i, d] = src[b, row0 + i, c0 + d] if row0 + i < T else float32(0.0)
+
+    @cuda.jit(device=True)
+    def row_dots(acc, rows, tile, r, lane):
+        """acc[i] = rows[r] . tile[lane + i*TPR] over the HS channels: this thread's CPT entries
+        of one row of (rows @ tile^T), e.g. scores q k^T or datt = dy v^T."""
+        for i in range(CPT):
+            acc[i] = 0.0
+        for d in range(HS):
+            x = rows[r, d]
+            for i in range(CPT):
+                acc[i] += x * tile[lane + i * TPR, d]
+
+    @cuda.jit(device=True)
+    def add_weighted_rows(acc, w, tile, r, lane):
+        """acc[i] += sum_c w[r, c] tile[c, d] for d = lane + i*TPR < HS: row r of (w @ tile),
+        e.g. y += att v or dq += ds k."""
+        for c in range(BK):
+            p = w[r, c]
+            for i in range(DPT):
+                d = lane + i * TPR
+                if d < HS:
+                    acc[i] += p * tile[c, d]
+
     @cuda.jit
     def k_attn_fwd(y, att, q, k, v, scale):
         """Block (query tile, b*H + h). Pass 1: s = scale q k^T into att, row max. Pass 2:
@@ -225,22 +255,13 @@ def make_attn_kernels(HS: int, BK: int):
         r, lane = tid // TPR, tid % TPR
         t = t0 + r
         t_end = min(T, t0 + BQ)                            # keys 0 .. t_end - 1 are needed
-        for e in range(tid, BQ * HS, NT):
-            i, d = e // HS, e % HS
-            sq[i, d] = q[b, t0 + i, c0 + d] if t0 + i < T else float32(0.0)
+        load_rows(sq, q, b, t0, c0, T)
         # pass 1: scores
         m = NEG_INF
         for u0 in range(0, t_end, BK):
-            for e in range(tid, BK * HS, NT):
-                j, d = e // HS, e % HS
-                skv[j, d] = k[b, u0 + j, c0 + d] if u0 + j < T else float32(0.0)
+            load_rows(skv, k, b, u0, c0, T)
             cuda.syncthreads()
-            for i in range(CPT):
-                acc[i] = 0.0
-            for d in range(HS):
-                qd = sq[r, d]
-                for i in range(CPT):
-                    acc[i] += qd * skv[lane + i * TPR, d]
+            row_dots(acc, sq, skv, r, lane)                # scores of row t against this K tile
             for i in range(CPT):
                 u = u0 + lane + i * TPR
                 if t < T and u <= t:
@@ -264,9 +285,7 @@ def make_attn_kernels(HS: int, BK: int):
         for i in range(DPT):
             yacc[i] = 0.0
         for u0 in range(0, t_end, BK):
-            for e in range(tid, BK * HS, NT):
-                j, d = e // HS, e % HS
-                skv[j, d] = v[b, u0 + j, c0 + d] if u0 + j < T else float32(0.0)
+            load_rows(skv, v, b, u0, c0, T)
             for i in range(CPT):
                 c = lane + i * TPR
                 u = u0 + c
@@ -276,12 +295,7 @@ def make_attn_kernels(HS: int, BK: int):
                     att[b, h, t, u] = p
                 sp[r, c] = p
             cuda.syncthreads()
-            for c in range(BK):
-                p = sp[r, c]
-                for i in range(DPT):
-                    d = lane + i * TPR
-                    if d < HS:
-                        yacc[i] += p * skv[c, d]
+            add_weighted_rows(yacc, sp, skv, r, lane)      # y[t] += att[t, tile] @ v[tile]
             cuda.syncthreads()
         if t < T:
             for i in range(DPT):
@@ -308,22 +322,13 @@ def make_attn_kernels(HS: int, BK: int):
         r, lane = tid // TPR, tid % TPR
         t = t0 + r
         t_end = min(T, t0 + BQ)
-        for e in range(tid, BQ * HS, NT):
-            i, d = e // HS, e % HS
-            sdy[i, d] = dy[b, t0 + i, c0 + d] if t0 + i < T else float32(0.0)
+        load_rows(sdy, dy, b, t0, c0, T)
         # pass 1: datt and the row dot product
         rowdot = float32(0.0)
         for u0 in range(0, t_end, BK):
-            for e in range(tid, BK * HS, NT):
-                j, d = e // HS, e % HS
-                skv[j, d] = v[b, u0 + j, c0 + d] if u0 + j < T else float32(0.0)
+            load_rows(skv, v, b, u0, c0, T)
             cuda.syncthreads()
-            for i in range(CPT):
-                acc[i] = 0.0
-            for d in range(HS):
-                g = sdy[r, d]
-                for i in range(CPT):
-                    acc[i] += g * skv[lane + i * TPR, d]
+            row_dots(acc, sdy, skv, r, lane)               # datt of row t against this V tile
             for i in range(CPT):
                 u = u0 + lane + i * TPR
                 if t < T and u <= t:
@@ -335,9 +340,7 @@ def make_attn_kernels(HS: int, BK: int):
         for i in range(DPT):
             dacc[i] = 0.0
         for u0 in range(0, t_end, BK):
-            for e in range(tid, BK * HS, NT):
-                j, d = e // HS, e % HS
-                skv[j, d] = k[b, u0 + j, c0 + d] if u0 + j < T else float32(0.0)
+            load_rows(skv, k, b, u0, c0, T)
             for i in range(CPT):
                 c = lane + i * TPR
                 u = u0 + c
@@ -347,12 +350,7 @@ def make_attn_kernels(HS: int, BK: int):
                     scratch[b, h, t, u] = g
                 sp[r, c] = g
             cuda.syncthreads()
-            for c in range(BK):
-                g = sp[r, c]
-                for i in range(DPT):
-                    d = lane + i * TPR
-                    if d < HS:
-                        dacc[i] += g * skv[c, d]
+            add_weighted_rows(dacc, sp, skv, r, lane)      # dq[t] += ds[t, tile] @ k[tile]
             cuda.syncthreads()
         if t < T:
             for i in range(DPT):
@@ -382,11 +380,8 @@ def make_attn_kernels(HS: int, BK: int):
             vacc[i] = 0.0
             kacc[i] = 0.0
         for t0 in range(u0, T, BK):
-            for e in range(tid, BK * HS, NT):
-                j, d = e // HS, e % HS
-                inside = t0 + j < T
-                sdy[j, d] = dy[b, t0 + j, c0 + d] if inside else float32(0.0)
-                sq[j, d] = q[b, t0 + j, c0 + d] if inside else float32(0.0)
+            load_rows(sdy, dy, b, t0, c0, T)
+            load_rows(sq, q, b, t0, c0, T)
             for e in range(tid, BK * BQ, NT):              # consecutive threads: consecutive u
                 j, i = e // BQ, e % BQ
                 tt, uu = t0 + j, u0 + i
