@@ -403,9 +403,9 @@ def main(argv=None) -> int:
         else:
             cfg = build_config(args)
             run_dir = Path(args.out or f"runs/{cfg.name}")
-            if (run_dir / CHECKPOINT).exists():
+            if (run_dir / CHECKPOINT).exists() or (run_dir / ".state.json").exists():
                 raise TrainError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
-                                 f"or choose another --out")
+                                 f"choose another --out, or delete the directory")
             trainer = Trainer(cfg, run_dir, None, log, args.log_every)
             log(f"{cfg.name}: {n_params(cfg.model):,} parameters, {device_name()}, run directory {run_dir}")
             trainer.setup()
