@@ -236,6 +236,15 @@ def make_attn_kernels(HS: int, BK: int):
                 if d < HS:
                     acc[i] += p * tile[c, d]
 
+    @cuda.jit(device=True)
+    def store_row(out, acc, b, t, c0, T, lane, scale):
+        """out[b, t, c0 + d] = scale * acc[i] for this thread's channels d = lane + i*TPR < HS."""
+        if t < T:
+            for i in range(DPT):
+                d = lane + i * TPR
+                if d < HS:
+                    out[b, t, c0 + d] = acc[i] * scale
+
     @cuda.jit
     def k_attn_fwd(y, att, q, k, v, scale):
         """Block (query tile, b*H + h). Pass 1: s = scale q k^T into att, row max. Pass 2:
@@ -297,11 +306,7 @@ def make_attn_kernels(HS: int, BK: int):
             cuda.syncthreads()
             add_weighted_rows(yacc, sp, skv, r, lane)      # y[t] += att[t, tile] @ v[tile]
             cuda.syncthreads()
-        if t < T:
-            for i in range(DPT):
-                d = lane + i * TPR
-                if d < HS:
-                    y[b, t, c0 + d] = yacc[i]
+        store_row(y, yacc, b, t, c0, T, lane, float32(1.0))
 
     @cuda.jit
     def k_attn_bwd(dq, scratch, dy, k, v, att, scale):
@@ -352,11 +357,7 @@ def make_attn_kernels(HS: int, BK: int):
             cuda.syncthreads()
             add_weighted_rows(dacc, sp, skv, r, lane)      # dq[t] += ds[t, tile] @ k[tile]
             cuda.syncthreads()
-        if t < T:
-            for i in range(DPT):
-                d = lane + i * TPR
-                if d < HS:
-                    dq[b, t, c0 + d] = dacc[i] * scale
+        store_row(dq, dacc, b, t, c0, T, lane, scale)
 
     @cuda.jit
     def k_attn_bwd_dkdv(dk, dv, dy, q, att, scratch, scale):
@@ -401,12 +402,8 @@ def make_attn_kernels(HS: int, BK: int):
                         vacc[i] += a * sdy[j, d]
                         kacc[i] += g * sq[j, d]
             cuda.syncthreads()
-        if u < T:
-            for i in range(DPT):
-                d = lane + i * TPR
-                if d < HS:
-                    dv[b, u, c0 + d] = vacc[i]
-                    dk[b, u, c0 + d] = kacc[i] * scale
+        store_row(dv, vacc, b, u, c0, T, lane, float32(1.0))
+        store_row(dk, kacc, b, u, c0, T, lane, scale)
 
     return k_attn_fwd, k_attn_bwd, k_attn_bwd_dkdv
 
