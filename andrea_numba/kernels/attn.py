@@ -236,15 +236,6 @@ def make_attn_kernels(HS: int, BK: int):
                 if d < HS:
                     acc[i] += p * tile[c, d]
 
-    @cuda.jit(device=True)
-    def store_row(out, acc, b, t, c0, T, lane, scale):
-        """out[b, t, c0 + d] = scale * acc[i] for this thread's channels d = lane + i*TPR < HS."""
-        if t < T:
-            for i in range(DPT):
-                d = lane + i * TPR
-                if d < HS:
-                    out[b, t, c0 + d] = acc[i] * scale
-
     @cuda.jit
     def k_attn_fwd(y, att, q, k, v, scale):
         """Block (query tile, b*H + h). Pass 1: s = scale q k^T into att, row max. Pass 2:
@@ -306,7 +297,11 @@ def make_attn_kernels(HS: int, BK: int):
             cuda.syncthreads()
             add_weighted_rows(yacc, sp, skv, r, lane)      # y[t] += att[t, tile] @ v[tile]
             cuda.syncthreads()
-        store_row(y, yacc, b, t, c0, T, lane, float32(1.0))
+        if t < T:
+            for i in range(DPT):
+                d = lane + i * TPR
+                if d < HS:
+                    y[b, t, c0 + d] = yacc[i]
 
     @cuda.jit
     def k_attn_bwd(dq, scratch, dy, k, v, att, scale):
@@ -357,7 +352,11 @@ def make_attn_kernels(HS: int, BK: int):
             cuda.syncthreads()
             add_weighted_rows(dacc, sp, skv, r, lane)      # dq[t] += ds[t, tile] @ k[tile]
             cuda.syncthreads()
-        store_row(dq, dacc, b, t, c0, T, lane, scale)
+        if t < T:
+            for i in range(DPT):
+                d = lane + i * TPR
+                if d < HS:
+                    dq[b, t, c0 + d] = dacc[i] * scale
 
     @cuda.jit
     def k_attn_bwd_dkdv(dk, dv, dy, q, att, scratch, scale):
@@ -402,8 +401,12 @@ def make_attn_kernels(HS: int, BK: int):
                         vacc[i] += a * sdy[j, d]
                         kacc[i] += g * sq[j, d]
             cuda.syncthreads()
-        store_row(dv, vacc, b, u, c0, T, lane, float32(1.0))
-        store_row(dk, kacc, b, u, c0, T, lane, scale)
+        if u < T:
+            for i in range(DPT):
+                d = lane + i * TPR
+                if d < HS:
+                    dv[b, u, c0 + d] = vacc[i]
+                    dk[b, u, c0 + d] = kacc[i] * scale
 
     return k_attn_fwd, k_attn_bwd, k_attn_bwd_dkdv
 
