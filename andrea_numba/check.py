@@ -31,7 +31,7 @@ import reference as R
 
 from .config import ModelConfig, exit_on_config_error, load_config
 from .kernels import attn, attn_out, attn_qkv, embed, layernorm, loss, mlp, optim, residual
-from .kernels.common import SIMULATOR
+from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params, param_layout
 
 OP_TOL = (1e-3, 1e-4)       # (rtol, a): one op in float32 against float64
@@ -244,13 +244,6 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int) -> list[dict]:
         rows.append(compare("model", "d " + s.name, runs[0][1][sl], ref_grads[sl], MODEL_TOL,
                             repeat=runs[1][1][sl]))
     return rows
-
-
-def device_name() -> str:
-    if SIMULATOR:
-        return "CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
-    name = cuda.get_current_device().name
-    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=True, progress=None):

@@ -438,7 +438,7 @@ def check(name: str, path=None, seed: int = 0) -> dict:
         if ex.kind == "numpy":
             rows = _check_numpy(ex, mod, seed)
         else:
-            from .check import device_name
+            from .kernels.common import device_name
             res["device"], res["criterion"] = device_name(), _criterion_kernel()
             rows = _check_kernel(ex, mod, path, seed)
     except Stop as s:

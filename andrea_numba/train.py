@@ -45,7 +45,7 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .gpu_model import GPUModel, buffer_specs
 from .kernels import optim, residual
-from .kernels.common import SIMULATOR
+from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
 
 CHECKPOINT = "checkpoint.bin"
@@ -135,8 +135,9 @@ class Trainer:
                                  f"{t.seq_len + 2}: use more text or a smaller seq_len")
         self.tokenizer = D.load_tokenizer(self.data_dir)
         self.n = n_params(m)
-        self.log(format_plan(memory_plan(cfg)))
-        self.planned_bytes = sum(r[2] for r in memory_plan(cfg))
+        plan = memory_plan(cfg)
+        self.log(format_plan(plan))
+        self.planned_bytes = sum(r[2] for r in plan)
         if not SIMULATOR:
             free, total = cuda.current_context().get_memory_info()
             check_fits(cfg, free)
@@ -346,13 +347,6 @@ def format_eta(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     mnt, s = divmod(rem, 60)
     return f"{h}h{mnt:02d}m" if h else f"{mnt}m{s:02d}s"
-
-
-def device_name() -> str:
-    if SIMULATOR:
-        return "CUDA simulator"
-    name = cuda.get_current_device().name
-    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 # ----------------------------------------------------------------------------------------------

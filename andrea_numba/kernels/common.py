@@ -58,6 +58,14 @@ MAX_BLOCK = 1024          # the largest block any kernel here is launched with (
 ELEMENTWISE_THREADS = 32 if SIMULATOR else 256
 
 
+def device_name() -> str:
+    """The GPU's name, or a note that the kernels run in the simulator (for logs and results)."""
+    if SIMULATOR:
+        return "CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: blocks needed to cover a elements with b per block."""
     return (a + b - 1) // b
