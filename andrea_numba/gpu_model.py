@@ -1,11 +1,11 @@
 """The whole model on the GPU: forward to the loss and backward to the flat gradient, chained from
 the kernels of andrea_numba.kernels over device buffers allocated once.
 
-    model = GPUModel(model_config, B, T)        # allocates every buffer, once
+    model = GPUModel(model_config, B, T)        # allocates every buffer, once; makes its own stream
     model.params.copy_to_device(flat_params)     # flat float32 vector, layout of andrea_numba.layout
     model.forward(tokens, targets)               # [B, T] int32 host or device arrays
     model.backward()                             # grads += d loss / d params
-    model.read_loss()                            # the only host round trip: 4 bytes
+    model.read_loss()                            # 4 bytes to the host: waits for the stream
 
 The saved activations have the names of the NumPy twin (reference/model.py) and are stacked over
 layers: acts["ln1"][l] is block l's LN1 output. Nothing is allocated after __init__:
@@ -71,17 +71,19 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("probs", (N, V), "activations"),           # softmax of the logits; backward turns it into dlogits
         S("loss", (1,), "activations"),              # mean loss
         S("branch", (N, C), "scratch"),              # output of attn_out / mlp before the residual add
-        S("d_x", (N, C), "scratch"),                 # gradient of the residual stream
-        S("d_a", (N, C), "scratch"),
-        S("d_b", (N, C), "scratch"),
-        S("d_c", (N, C), "scratch"),
-        S("d_ln", (N, C), "scratch"),                # gradient of a LayerNorm output
-        S("d_y", (N, C), "scratch"),
+        # backward scratch, each named after the gradient it holds (d_name = dL/d name):
+        S("d_resid", (N, C), "scratch"),             # the residual stream at a block boundary (x[l+1], then x[l])
+        S("d_x_mid", (N, C), "scratch"),             # x_mid, between a block's attention and MLP halves
+        S("d_skip", (N, C), "scratch"),              # the skip path's share of x[l]
+        S("d_branch", (N, C), "scratch"),            # a branch output: mlp or attn_out, before the residual add
+        S("d_ln_out", (N, C), "scratch"),            # a LayerNorm's output (lnf, ln2, ln1)
+        S("d_ln_in", (N, C), "scratch"),             # a LayerNorm's input, through the LayerNorm
+        S("d_y", (N, C), "scratch"),                 # attention output
         S("d_q", (N, C), "scratch"),
         S("d_k", (N, C), "scratch"),
         S("d_v", (N, C), "scratch"),
-        S("d_h_pre", (N, F), "scratch"),
-        S("d_att", (B, H, T, T), "scratch"),
+        S("d_h_pre", (N, F), "scratch"),             # MLP hidden before GELU
+        S("d_scores", (B, H, T, T), "scratch"),      # attention scores: datt, then ds (one layer at a time)
         S("embed_links", (2, N), "scratch", i32),    # embed_bwd's per-token lists
     ]
     backward_only = {"grads", "embed_links"} | {s.name for s in specs if s.name.startswith("d_")}
@@ -93,54 +95,56 @@ class GPUModel:
     """training=False builds a forward-only model (sampling, evaluation at another batch size);
     params=<device array> makes it use another model's parameter vector instead of its own."""
 
-    def __init__(self, m: ModelConfig, B: int, T: int, stream=0, training=True, params=None):
+    def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
-        self.stream, self.training = stream, training
+        # every launch and copy of this model goes to one stream, never the legacy default stream
+        self.stream = cuda.stream() if stream is None else stream
+        self.training = training
         self.specs = buffer_specs(m, B, T, training, own_params=params is None)
-        self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype) for s in self.specs}
+        self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
         self.params = self.buf["params"] if params is None else params
         self.P = views(self.params, m)               # named device views into the flat vectors
         if training:
             self.grads = self.buf["grads"]
             self.G = views(self.grads, m)
-            zero(self.grads, stream)
+            zero(self.grads, stream=self.stream)
 
     @property
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.specs)
 
     def forward(self, tokens, targets):
-        """tokens, targets [B, T] int32 (host arrays are copied into the model's buffers)."""
+        """tokens, targets [B, T] int32: host arrays (copied into the model's buffers on its stream;
+        asynchronously when they live in pinned memory) or device arrays."""
         b, P, m, s = self.buf, self.P, self.m, self.stream
         B, T, C = self.B, self.T, m.d_model
         for name, arr in (("tokens", tokens), ("targets", targets)):
             dst = b[name]
             src = arr.reshape(dst.shape)
             if isinstance(src, np.ndarray):
-                dst.copy_to_device(np.ascontiguousarray(src, dtype=np.int32), stream=s)
-            else:
-                dst.copy_to_device(src, stream=s)
+                src = np.ascontiguousarray(src, dtype=np.int32)     # the same array when it already is
+            dst.copy_to_device(src, stream=s)
         x, eps, H = b["x"], m.ln_eps, m.n_head
-        embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], s)
+        embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
         for l in range(m.n_layer):
             p = f"h{l}."
             layernorm.layernorm_fwd(b["ln1"][l], b["ln1_mean"][l], b["ln1_rstd"][l], x[l],
-                                    P[p + "ln1.g"], P[p + "ln1.b"], eps, s)
+                                    P[p + "ln1.g"], P[p + "ln1.b"], eps, stream=s)
             attn_qkv.attn_qkv_fwd(b["q"][l], b["k"][l], b["v"][l], b["ln1"][l],
-                                  P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], s)
+                                  P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
             attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], b["q"][l].reshape(B, T, C),
-                          b["k"][l].reshape(B, T, C), b["v"][l].reshape(B, T, C), H, s)
-            attn_out.attn_out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], s)
-            residual.residual_add(_flat(b["x_mid"][l]), _flat(x[l]), _flat(b["branch"]), s)
+                          b["k"][l].reshape(B, T, C), b["v"][l].reshape(B, T, C), H, stream=s)
+            attn_out.attn_out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], stream=s)
+            residual.residual_add(_flat(b["x_mid"][l]), _flat(x[l]), _flat(b["branch"]), stream=s)
             layernorm.layernorm_fwd(b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], b["x_mid"][l],
-                                    P[p + "ln2.g"], P[p + "ln2.b"], eps, s)
+                                    P[p + "ln2.g"], P[p + "ln2.b"], eps, stream=s)
             mlp.mlp_fwd(b["branch"], b["h_pre"][l], b["h"][l], b["ln2"][l],
-                        P[p + "mlp.w_1"], P[p + "mlp.w_2"], s)
-            residual.residual_add(_flat(x[l + 1]), _flat(b["x_mid"][l]), _flat(b["branch"]), s)
+                        P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
+            residual.residual_add(_flat(x[l + 1]), _flat(b["x_mid"][l]), _flat(b["branch"]), stream=s)
         layernorm.layernorm_fwd(b["lnf"], b["lnf_mean"], b["lnf_rstd"], x[m.n_layer],
-                                P["lnf.g"], P["lnf.b"], eps, s)
-        loss.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], s)
+                                P["lnf.g"], P["lnf.b"], eps, stream=s)
+        loss.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], stream=s)
 
     def backward(self):
         """Adds d(mean loss)/d(params) into grads (+=: call zero_grads between optimiser steps).
@@ -148,44 +152,51 @@ class GPUModel:
         assert self.training, "this model was built with training=False: it has no gradient buffers"
         b, P, G, m, s = self.buf, self.P, self.G, self.m, self.stream
         B, T, C, H = self.B, self.T, m.d_model, m.n_head
-        x = b["x"]
-        d_x, d_a, d_b, d_c, d_ln = b["d_x"], b["d_a"], b["d_b"], b["d_c"], b["d_ln"]
-        loss.loss_bwd(d_ln, G["wte"], b["probs"], b["probs"], b["lnf"], P["wte"], b["targets"], 1.0, s)
-        layernorm.layernorm_bwd(d_x, G["lnf.g"], G["lnf.b"], d_ln, x[m.n_layer],
-                                b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], s)
+        x, bt = b["x"], lambda name: b[name].reshape(B, T, C)        # [N, C] buffers seen as [B, T, C]
+        d_resid, d_x_mid, d_skip, d_branch = b["d_resid"], b["d_x_mid"], b["d_skip"], b["d_branch"]
+        d_ln_out, d_ln_in = b["d_ln_out"], b["d_ln_in"]
+        loss.loss_bwd(d_ln_out, G["wte"], b["probs"], 1.0, b["lnf"], P["wte"], b["probs"], b["targets"], stream=s)
+        layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], d_ln_out, x[m.n_layer],
+                                b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)
         for l in reversed(range(m.n_layer)):
             p = f"h{l}."
             # x[l+1] = x_mid + mlp(LN2(x_mid))
-            residual.residual_add_bwd(_flat(d_a), _flat(d_b), _flat(d_x), s)
-            mlp.mlp_bwd(d_ln, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], d_b, b["ln2"][l],
-                        b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], s)
-            layernorm.layernorm_bwd(d_b, G[p + "ln2.g"], G[p + "ln2.b"], d_ln, b["x_mid"][l],
-                                    b["ln2_mean"][l], b["ln2_rstd"][l], P[p + "ln2.g"], s)
-            residual.residual_add(_flat(d_a), _flat(d_a), _flat(d_b), s)     # both paths into x_mid
+            residual.residual_add_bwd(_flat(d_x_mid), _flat(d_branch), _flat(d_resid), stream=s)
+            mlp.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], d_branch, b["ln2"][l],
+                        b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
+            layernorm.layernorm_bwd(d_ln_in, G[p + "ln2.g"], G[p + "ln2.b"], d_ln_out, b["x_mid"][l],
+                                    b["ln2_mean"][l], b["ln2_rstd"][l], P[p + "ln2.g"], stream=s)
+            residual.residual_add(_flat(d_x_mid), _flat(d_x_mid), _flat(d_ln_in), stream=s)  # both paths into x_mid
             # x_mid = x[l] + W_O(attn(qkv(LN1(x[l]))))
-            residual.residual_add_bwd(_flat(d_c), _flat(d_b), _flat(d_a), s)
-            attn_out.attn_out_bwd(b["d_y"], G[p + "attn.w_o"], d_b, b["y"][l], P[p + "attn.w_o"], s)
-            attn.attn_bwd(b["d_q"].reshape(B, T, C), b["d_k"].reshape(B, T, C), b["d_v"].reshape(B, T, C),
-                          b["d_y"].reshape(B, T, C), b["q"][l].reshape(B, T, C), b["k"][l].reshape(B, T, C),
-                          b["v"][l].reshape(B, T, C), b["att"][l], b["d_att"], H, s)
-            attn_qkv.attn_qkv_bwd(d_ln, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"],
+            residual.residual_add_bwd(_flat(d_skip), _flat(d_branch), _flat(d_x_mid), stream=s)
+            attn_out.attn_out_bwd(b["d_y"], G[p + "attn.w_o"], d_branch, b["y"][l], P[p + "attn.w_o"], stream=s)
+            attn.attn_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"),
+                          b["q"][l].reshape(B, T, C), b["k"][l].reshape(B, T, C), b["v"][l].reshape(B, T, C),
+                          b["att"][l], H, stream=s)
+            attn_qkv.attn_qkv_bwd(d_ln_out, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"],
                                   b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
-                                  P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], s)
-            layernorm.layernorm_bwd(d_b, G[p + "ln1.g"], G[p + "ln1.b"], d_ln, x[l],
-                                    b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"], s)
-            residual.residual_add(_flat(d_x), _flat(d_c), _flat(d_b), s)     # both paths into x[l]
-        embed.embed_bwd(G["wte"], G["wpe"], d_x.reshape(B, T, C), b["tokens"], b["embed_links"], s)
+                                  P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
+            layernorm.layernorm_bwd(d_ln_in, G[p + "ln1.g"], G[p + "ln1.b"], d_ln_out, x[l],
+                                    b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"], stream=s)
+            residual.residual_add(_flat(d_resid), _flat(d_skip), _flat(d_ln_in), stream=s)   # both paths into x[l]
+        embed.embed_bwd(G["wte"], G["wpe"], b["embed_links"], d_resid.reshape(B, T, C), b["tokens"],
+                        m.vocab_size, m.context_length, stream=s)
 
     def zero_grads(self):
-        zero(self.grads, self.stream)
+        zero(self.grads, stream=self.stream)
 
     def probs_row(self, row: int):
-        """Softmax over the vocabulary at one position (row = b*T + t), copied to the host."""
-        return self.buf["probs"][row].copy_to_host(stream=self.stream)
+        """Softmax over the vocabulary at one position (row = b*T + t), copied to the host
+        (waits for the stream: a host sync)."""
+        out = self.buf["probs"][row].copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return out
 
     def read_loss(self) -> float:
-        """Mean loss of the last forward (copies 4 bytes to the host)."""
-        return float(self.buf["loss"].copy_to_host(stream=self.stream)[0])
+        """Mean loss of the last forward (copies 4 bytes to the host and waits: a host sync)."""
+        out = self.buf["loss"].copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return float(out[0])
 
 
 def _flat(a):

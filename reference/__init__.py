@@ -10,7 +10,8 @@ from .attn_qkv import attn_qkv_bwd, attn_qkv_fwd
 from .embed import embed_bwd, embed_fwd
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .loss import loss_bwd, loss_fwd
+from .matmul import matmul
 from .mlp import gelu, gelu_grad, mlp_bwd, mlp_fwd
 from .model import model_backward, model_forward, model_logits
-from .optim import adamw_step, clip_grad_norm, grad_norm, lr_at, zero_grads
+from .optim import adamw, clip_grad_norm, grad_norm, grad_scale, lr_at, zero
 from .residual import residual_add, residual_add_bwd

@@ -114,7 +114,7 @@ def model_backward(params, m: ModelConfig, acts):
         G[p + "ln1.g"] += dg
         G[p + "ln1.b"] += db
         dx = residual_add(dx_in, dx_ln)
-    dwte, dwpe = embed_bwd(dx, acts["tokens"], P["wte"], P["wpe"])
+    dwte, dwpe = embed_bwd(dx, acts["tokens"], m.vocab_size, m.context_length)
     G["wte"] += dwte
     G["wpe"] += dwpe
     return grads

@@ -24,30 +24,37 @@ def grad_norm(grads):
     return np.sqrt(np.dot(grads, grads))
 
 
+def grad_scale(grads, norm, max_norm, scale):
+    """grads * scale * clip, clip = max_norm / norm if max_norm > 0 and norm > max_norm, else 1
+    (max_norm = 0: a plain scaling, e.g. by 1 / n_microbatches). norm is a number or, as the engine
+    keeps it on the device, a 1-element array. Returns a new array."""
+    norm = float(np.asarray(norm).reshape(-1)[0])
+    clip = max_norm / norm if max_norm > 0 and norm > max_norm else 1.0
+    return grads * (scale * clip)
+
+
 def clip_grad_norm(grads, max_norm):
-    """Scale the gradient so its global norm is at most max_norm (0 = no clipping).
-    Returns (clipped gradient, norm before clipping)."""
+    """Scale the gradient so its global norm is at most max_norm (0 = no clipping): grad_norm, then
+    grad_scale, as the engine does. Returns (clipped gradient, norm before clipping)."""
     norm = grad_norm(grads)
-    if max_norm > 0 and norm > max_norm:
-        return grads * (max_norm / float(norm)), norm
-    return grads.copy(), norm
+    return grad_scale(grads, norm, max_norm, 1.0), norm
 
 
-def adamw_step(params, grads, m, v, t, lr, beta1, beta2, eps, weight_decay, decay_mask):
+def adamw(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay):
     """One AdamW step (t counts from 1), with weight decay decoupled from the gradient and applied
-    only where decay_mask is 1 (the 2-D weights):
+    only where decay is 1 (the 2-D weights):
         m = beta1 m + (1 - beta1) g                v = beta2 v + (1 - beta2) g^2
         m_hat = m / (1 - beta1^t)                  v_hat = v / (1 - beta2^t)
-        p = p - lr (m_hat / (sqrt(v_hat) + eps) + weight_decay * mask * p)
-    Returns new (params, m, v); the inputs are left alone."""
+        p = p - lr (m_hat / (sqrt(v_hat) + eps) + weight_decay * decay * p)
+    Returns new (params, m, v); the inputs are left alone (the kernel updates them in place)."""
     m = beta1 * m + (1.0 - beta1) * grads
     v = beta2 * v + (1.0 - beta2) * grads * grads
     m_hat = m / (1.0 - beta1 ** t)
     v_hat = v / (1.0 - beta2 ** t)
-    params = params - lr * (m_hat / (np.sqrt(v_hat) + eps) + weight_decay * decay_mask * params)
+    params = params - lr * (m_hat / (np.sqrt(v_hat) + eps) + weight_decay * decay * params)
     return params, m, v
 
 
-def zero_grads(grads):
-    """Clear the accumulated gradient (in place)."""
-    grads[...] = 0
+def zero(arr):
+    """Clear the accumulated gradient: a new array of zeros (the kernel clears in place)."""
+    return np.zeros_like(arr)

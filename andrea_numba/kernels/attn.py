@@ -21,9 +21,10 @@ block walks the keys in tiles of BK rows, copying each K (or V) tile into shared
 all BQ query rows. The rows of att go to global memory as they are computed (they are needed for
 backward anyway) and are re-read in later passes by the very thread that wrote them. Row maxima
 and sums over a row's TPR lanes go through shared memory (row_max / row_sum): fixed order.
-    forward   k_attn_fwd        query tiles: scores -> max -> exp, sum -> normalise, y = att @ v
-    backward  k_attn_bwd        query tiles: datt, rowdot -> ds (into scratch), dq = ds @ k
-              k_attn_bwd_dkdv   key tiles:   dv = att^T @ dy, dk = ds^T @ q (reads scratch)
+    forward   k_attn_fwd_v2        query tiles: scores -> max -> exp, sum -> normalise, y = att @ v
+    backward  k_attn_bwd_v2        query tiles: datt, rowdot -> ds (into scratch), dq = ds @ k
+              k_attn_bwd_dkdv_v2   key tiles:   dv = att^T @ dy, dk = ds^T @ q (reads scratch)
+The v2 kernels are built per head size and block (BQ, TPR): make_attn_kernels, on first use.
 No atomics anywhere: each output element is summed by one thread in a fixed order.
 """
 import math
@@ -31,7 +32,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .common import SIMULATOR, cdiv
+from .common import SIMULATOR, blocks, cdiv
 
 NEG_INF = float32(-np.inf)
 
@@ -129,47 +130,45 @@ def k_attn_bwd_dkdv_v1(dk, dv, dy, q, att, scratch, scale):
         dk[b, u, c0 + d] = sk * scale
 
 
-def _v1_launch(B, H, T):
-    threads = 32 if SIMULATOR else 128
-    return cdiv(B * H * T, threads), threads
-
-
 def _check(q, n_head):
     B, T, C = q.shape
     assert C % n_head == 0, "C must be a multiple of n_head"
     return B, T, C, C // n_head
 
 
-def attn_fwd_v1(y, att, q, k, v, n_head, stream=0):
+@blocks(gpu=(128, 64), sim=(32, 8))
+def attn_fwd_v1(y, att, q, k, v, n_head, *, block, stream=0):
+    """Launch: one thread per (b, h, t), `block` threads per block."""
     B, T, C, hs = _check(q, n_head)
-    blocks, threads = _v1_launch(B, n_head, T)
-    k_attn_fwd_v1[blocks, threads, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)))
+    k_attn_fwd_v1[cdiv(B * n_head * T, block), block, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)))
 
 
-def attn_bwd_v1(dq, dk, dv, dy, q, k, v, att, scratch, n_head, stream=0):
+@blocks(gpu=(128, 64), sim=(32, 8))
+def attn_bwd_v1(dq, dk, dv, scratch, dy, q, k, v, att, n_head, *, block, stream=0):
+    """scratch [B, H, T, T] receives ds. Launch: one thread per (b, h, t) or (b, h, u)."""
     B, T, C, hs = _check(q, n_head)
     scale = np.float32(1.0 / math.sqrt(hs))
-    blocks, threads = _v1_launch(B, n_head, T)
-    k_attn_bwd_v1[blocks, threads, stream](dq, scratch, dy, k, v, att, scale)
-    k_attn_bwd_dkdv_v1[blocks, threads, stream](dk, dv, dy, q, att, scratch, scale)
+    grid = cdiv(B * n_head * T, block)
+    k_attn_bwd_v1[grid, block, stream](dq, scratch, dy, k, v, att, scale)
+    k_attn_bwd_dkdv_v1[grid, block, stream](dk, dv, dy, q, att, scratch, scale)
 
 
 # ---------------------------------------------------------------------------------------------
 # v2: query tiles (and key tiles) in shared memory
 
-# BQ rows per block, TPR threads per row (a power of two), BK rows per key (or query) tile.
-# BK is a multiple of TPR, so column c of a tile always belongs to lane c % TPR.
-# The simulator pays for every syncthreads of every block, so there: few, wide tiles (T = 16 is
-# one tile; T = 37 still walks three), and only 2 lanes per row.
-BQ, TPR = (16, 2) if SIMULATOR else (16, 16)    # 32 threads in the simulator, 256 on a GPU
-BK_CHOICES = (16,) if SIMULATOR else (64, 32, 16)
+# A v2 block is (BQ, TPR): BQ rows per block, TPR threads per row (a power of two); BK rows per
+# key (or query) tile, a multiple of TPR so column c of a tile always belongs to lane c % TPR.
+# The simulator pays for every thread and every syncthreads, so there: small tiles, 2 lanes per
+# row (T = 13 still walks two query tiles and two key tiles).
+V2_BLOCKS = dict(gpu=((16, 16), (8, 32), (32, 8)), sim=((8, 2), (4, 2)))
+BK_CHOICES = (8,) if SIMULATOR else (64, 32, 16)
 SHARED_LIMIT = 48 * 1024                        # bytes of static shared memory per block
 
 
-def _shared_bytes(hs, bk):
+def _shared_bytes(hs, bk, BQ, TPR):
     """Shared memory of the larger of the v2 kernels for head size hs and key tile bk."""
-    rows = BQ * hs + bk * (hs + 1) + BQ * bk + BQ * TPR       # k_attn_fwd, k_attn_bwd
-    cols = 2 * bk * hs + 2 * BQ * (bk + 1)                    # k_attn_bwd_dkdv
+    rows = BQ * hs + bk * (hs + 1) + BQ * bk + BQ * TPR       # k_attn_fwd_v2, k_attn_bwd_v2
+    cols = 2 * bk * hs + 2 * BQ * (bk + 1)                    # k_attn_bwd_dkdv_v2
     return 4 * max(rows, cols)
 
 
@@ -198,9 +197,9 @@ def row_sum(red, r, lane, val):
     return out
 
 
-def make_attn_kernels(HS: int, BK: int):
-    """Build the three v2 kernels for head size HS and key tile BK (compile-time constants, so
-    shared arrays have exact sizes and the small loops over CPT / DPT unroll into registers)."""
+def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
+    """Build the three v2 kernels for head size HS, key tile BK and block (BQ, TPR) (compile-time
+    constants, so shared arrays have exact sizes and the small loops over CPT / DPT unroll)."""
     NT = BQ * TPR                   # threads per block
     CPT = BK // TPR                 # tile columns per thread
     DPT = cdiv(HS, TPR)             # output channels per thread: d = lane + i * TPR
@@ -237,7 +236,7 @@ def make_attn_kernels(HS: int, BK: int):
                     acc[i] += p * tile[c, d]
 
     @cuda.jit
-    def k_attn_fwd(y, att, q, k, v, scale):
+    def k_attn_fwd_v2(y, att, q, k, v, scale):
         """Block (query tile, b*H + h). Pass 1: s = scale q k^T into att, row max. Pass 2:
         att = exp(s - max) (masked: 0), row sum. Pass 3: att /= sum, y = att @ v."""
         sq = cuda.shared.array((BQ, HS), float32)          # the tile's q rows
@@ -304,7 +303,7 @@ def make_attn_kernels(HS: int, BK: int):
                     y[b, t, c0 + d] = yacc[i]
 
     @cuda.jit
-    def k_attn_bwd(dq, scratch, dy, k, v, att, scale):
+    def k_attn_bwd_v2(dq, scratch, dy, k, v, att, scale):
         """Block (query tile, b*H + h). Pass 1: datt = dy v^T into scratch, rowdot = sum_u datt att.
         Pass 2: ds = att (datt - rowdot) into scratch (u <= t only), dq = scale ds @ k."""
         sdy = cuda.shared.array((BQ, HS), float32)         # the tile's dy rows
@@ -359,7 +358,7 @@ def make_attn_kernels(HS: int, BK: int):
                     dq[b, t, c0 + d] = dacc[i] * scale
 
     @cuda.jit
-    def k_attn_bwd_dkdv(dk, dv, dy, q, att, scratch, scale):
+    def k_attn_bwd_dkdv_v2(dk, dv, dy, q, att, scratch, scale):
         """Block (key tile of BQ rows u, b*H + h); walks the queries t >= u in tiles of BK:
         dv[u] = sum_t att[t, u] dy[t], dk[u] = scale sum_t ds[t, u] q[t] (ds from scratch)."""
         sdy = cuda.shared.array((BK, HS), float32)         # a tile of dy rows
@@ -408,43 +407,46 @@ def make_attn_kernels(HS: int, BK: int):
                     dv[b, u, c0 + d] = vacc[i]
                     dk[b, u, c0 + d] = kacc[i] * scale
 
-    return k_attn_fwd, k_attn_bwd, k_attn_bwd_dkdv
+    return k_attn_fwd_v2, k_attn_bwd_v2, k_attn_bwd_dkdv_v2
 
 
-_V2 = {}                  # hs -> (k_attn_fwd, k_attn_bwd, k_attn_bwd_dkdv, BK), or None: use v1
+_V2 = {}        # (hs, BQ, TPR) -> (k_attn_fwd_v2, k_attn_bwd_v2, k_attn_bwd_dkdv_v2), or None: use v1
 
 
-def _v2_kernels(hs):
-    if hs not in _V2:
-        fits = [bk for bk in BK_CHOICES if _shared_bytes(hs, bk) <= SHARED_LIMIT]
-        _V2[hs] = (*make_attn_kernels(hs, fits[0]), fits[0]) if fits else None
-    return _V2[hs]
+def _v2_kernels(hs, block):
+    key = (hs, *block)
+    if key not in _V2:
+        fits = [bk for bk in BK_CHOICES if bk % block[1] == 0 and _shared_bytes(hs, bk, *block) <= SHARED_LIMIT]
+        _V2[key] = make_attn_kernels(hs, fits[0], *block) if fits else None
+    return _V2[key]
 
 
-def attn_fwd_v2(y, att, q, k, v, n_head, stream=0):
-    """Grid (T/BQ query tiles, B*H), BQ*TPR threads. Head sizes too big for the shared tiles
-    (hs > 367 on a GPU) fall back to v1."""
+@blocks(**V2_BLOCKS)
+def attn_fwd_v2(y, att, q, k, v, n_head, *, block, stream=0):
+    """Grid (T/BQ query tiles, B*H), BQ*TPR threads; block = (BQ, TPR). Head sizes too big for
+    the shared tiles (hs > 367 on a GPU) fall back to v1."""
     B, T, C, hs = _check(q, n_head)
-    kern = _v2_kernels(hs)
+    kern = _v2_kernels(hs, block)
     if kern is None:
-        return attn_fwd_v1(y, att, q, k, v, n_head, stream)
-    grid = (cdiv(T, BQ), B * n_head)
-    kern[0][grid, BQ * TPR, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)))
+        return attn_fwd_v1(y, att, q, k, v, n_head, stream=stream)
+    BQ, TPR = block
+    kern[0][(cdiv(T, BQ), B * n_head), BQ * TPR, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)))
 
 
-def attn_bwd_v2(dq, dk, dv, dy, q, k, v, att, scratch, n_head, stream=0):
-    """k_attn_bwd (writes ds into scratch, and dq), then k_attn_bwd_dkdv (dk, dv); both on grid
-    (T/BQ tiles, B*H) with BQ*TPR threads."""
+@blocks(**V2_BLOCKS)
+def attn_bwd_v2(dq, dk, dv, scratch, dy, q, k, v, att, n_head, *, block, stream=0):
+    """k_attn_bwd_v2 (writes ds into scratch, and dq), then k_attn_bwd_dkdv_v2 (dk, dv); both on
+    grid (T/BQ tiles, B*H) with BQ*TPR threads; block = (BQ, TPR)."""
     B, T, C, hs = _check(q, n_head)
-    kern = _v2_kernels(hs)
+    kern = _v2_kernels(hs, block)
     if kern is None:
-        return attn_bwd_v1(dq, dk, dv, dy, q, k, v, att, scratch, n_head, stream)
+        return attn_bwd_v1(dq, dk, dv, scratch, dy, q, k, v, att, n_head, stream=stream)
+    BQ, TPR = block
     scale = np.float32(1.0 / math.sqrt(hs))
     grid = (cdiv(T, BQ), B * n_head)
     kern[1][grid, BQ * TPR, stream](dq, scratch, dy, k, v, att, scale)
     kern[2][grid, BQ * TPR, stream](dk, dv, dy, q, att, scratch, scale)
 
 
-VERSIONS = {1: (attn_fwd_v1, attn_bwd_v1), 2: (attn_fwd_v2, attn_bwd_v2)}
-attn_fwd = attn_fwd_v2        # what the engine uses
-attn_bwd = attn_bwd_v2
+VERSIONS = {"attn_fwd": {1: attn_fwd_v1, 2: attn_fwd_v2}, "attn_bwd": {1: attn_bwd_v1, 2: attn_bwd_v2}}
+attn_fwd, attn_bwd = attn_fwd_v2, attn_bwd_v2          # what the engine uses

@@ -6,69 +6,88 @@ Arrays are 2-D: N = B*T rows. x [N, C] is LN1's output; w_q, w_k, w_v [C, C] (st
     dx = dq @ W_Q^T + dk @ W_K^T + dv @ W_V^T
     dW_Q += x^T @ dq      dW_K += x^T @ dk      dW_V += x^T @ dv
 
-All products run through the shared-memory tile of matmul.py (tile_mma_*); blockIdx.z picks which
-of the three projections a block works on, so each direction is one launch.
+All products run through the shared-memory tile of matmul.py (make_tile); blockIdx.z picks which
+of the three projections a block works on, so each direction is one launch. The kernels are built
+once per tile shape (`block` of the launchers); the module-level names are the default tile's.
 """
+import functools
+
 from numba import cuda, float32
 
-from .matmul import (THREADS, TM, TN, tile_grid, tile_mma_nn, tile_mma_nt, tile_mma_tn,
-                     tile_store, tile_zero)
+from .common import blocks
+from .matmul import TILES, make_tile
 
 
-@cuda.jit
-def k_attn_qkv_fwd(q, k, v, x, w_q, w_k, w_v):
-    """blockIdx.z = 0, 1, 2: q = x @ W_Q, k = x @ W_K, v = x @ W_V (one BM x BN tile per block)."""
-    acc = cuda.local.array((TM, TN), float32)
-    tile_zero(acc)
-    z = cuda.blockIdx.z
-    if z == 0:
-        tile_mma_nn(acc, x, w_q)
-        tile_store(q, acc, False)
-    elif z == 1:
-        tile_mma_nn(acc, x, w_k)
-        tile_store(k, acc, False)
-    else:
-        tile_mma_nn(acc, x, w_v)
-        tile_store(v, acc, False)
+@functools.cache
+def kernels(tile):
+    t = make_tile(tile)
+    mma_nn, mma_nt, mma_tn, zero, store, TM, TN = t.mma_nn, t.mma_nt, t.mma_tn, t.zero, t.store, t.TM, t.TN
+
+    @cuda.jit
+    def k_attn_qkv_fwd_v1(q, k, v, x, w_q, w_k, w_v):
+        """blockIdx.z = 0, 1, 2: q = x @ W_Q, k = x @ W_K, v = x @ W_V (one BM x BN tile per block)."""
+        acc = cuda.local.array((TM, TN), float32)
+        zero(acc)
+        z = cuda.blockIdx.z
+        if z == 0:
+            mma_nn(acc, x, w_q)
+            store(q, acc, False)
+        elif z == 1:
+            mma_nn(acc, x, w_k)
+            store(k, acc, False)
+        else:
+            mma_nn(acc, x, w_v)
+            store(v, acc, False)
+
+    @cuda.jit
+    def k_attn_qkv_bwd_v1(dx, dq, dk, dv, w_q, w_k, w_v):
+        """dx = dq @ W_Q^T + dk @ W_K^T + dv @ W_V^T: the three products summed in registers, in
+        this order, by the thread that owns each output (no atomics)."""
+        acc = cuda.local.array((TM, TN), float32)
+        zero(acc)
+        mma_nt(acc, dq, w_q)
+        mma_nt(acc, dk, w_k)
+        mma_nt(acc, dv, w_v)
+        store(dx, acc, False)
+
+    @cuda.jit
+    def k_attn_qkv_bwd_dw_v1(dw_q, dw_k, dw_v, x, dq, dk, dv):
+        """blockIdx.z = 0, 1, 2: dW_Q += x^T @ dq, dW_K += x^T @ dk, dW_V += x^T @ dv (sum over N rows)."""
+        acc = cuda.local.array((TM, TN), float32)
+        zero(acc)
+        z = cuda.blockIdx.z
+        if z == 0:
+            mma_tn(acc, x, dq)
+            store(dw_q, acc, True)
+        elif z == 1:
+            mma_tn(acc, x, dk)
+            store(dw_k, acc, True)
+        else:
+            mma_tn(acc, x, dv)
+            store(dw_v, acc, True)
+
+    return k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1
 
 
-@cuda.jit
-def k_attn_qkv_bwd(dx, dq, dk, dv, w_q, w_k, w_v):
-    """dx = dq @ W_Q^T + dk @ W_K^T + dv @ W_V^T: the three products summed in registers, in this
-    order, by the thread that owns each output (no atomics)."""
-    acc = cuda.local.array((TM, TN), float32)
-    tile_zero(acc)
-    tile_mma_nt(acc, dq, w_q)
-    tile_mma_nt(acc, dk, w_k)
-    tile_mma_nt(acc, dv, w_v)
-    tile_store(dx, acc, False)
-
-
-@cuda.jit
-def k_attn_qkv_bwd_dw(dw_q, dw_k, dw_v, x, dq, dk, dv):
-    """blockIdx.z = 0, 1, 2: dW_Q += x^T @ dq, dW_K += x^T @ dk, dW_V += x^T @ dv (sum over N rows)."""
-    acc = cuda.local.array((TM, TN), float32)
-    tile_zero(acc)
-    z = cuda.blockIdx.z
-    if z == 0:
-        tile_mma_tn(acc, x, dq)
-        tile_store(dw_q, acc, True)
-    elif z == 1:
-        tile_mma_tn(acc, x, dk)
-        tile_store(dw_k, acc, True)
-    else:
-        tile_mma_tn(acc, x, dv)
-        tile_store(dw_v, acc, True)
-
-
-def attn_qkv_fwd(q, k, v, x, w_q, w_k, w_v, stream=0):
-    """q, k, v, x [N, C]; w_* [C, C]. Launch: N x C tiles, times 3 along z."""
+@blocks(**TILES)
+def attn_qkv_fwd_v1(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """q, k, v, x [N, C]; w_* [C, C]. Launch: N x C tiles, times 3 along z; block = the tile."""
     N, C = q.shape
-    k_attn_qkv_fwd[tile_grid(N, C, 3), THREADS, stream](q, k, v, x, w_q, w_k, w_v)
+    t = make_tile(block)
+    kernels(block)[0][t.grid(N, C, 3), t.THREADS, stream](q, k, v, x, w_q, w_k, w_v)
 
 
-def attn_qkv_bwd(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, stream=0):
+@blocks(**TILES)
+def attn_qkv_bwd_v1(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """dx (written) [N, C]; dw_q, dw_k, dw_v (+=) [C, C]."""
     N, C = dx.shape
-    k_attn_qkv_bwd[tile_grid(N, C), THREADS, stream](dx, dq, dk, dv, w_q, w_k, w_v)
-    k_attn_qkv_bwd_dw[tile_grid(C, C, 3), THREADS, stream](dw_q, dw_k, dw_v, x, dq, dk, dv)
+    t = make_tile(block)
+    _, k_bwd, k_bwd_dw = kernels(block)
+    k_bwd[t.grid(N, C), t.THREADS, stream](dx, dq, dk, dv, w_q, w_k, w_v)
+    k_bwd_dw[t.grid(C, C, 3), t.THREADS, stream](dw_q, dw_k, dw_v, x, dq, dk, dv)
+
+
+k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
+
+VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1}, "attn_qkv_bwd": {1: attn_qkv_bwd_v1}}
+attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v1, attn_qkv_bwd_v1          # what the engine uses

@@ -9,6 +9,7 @@ Determinism: no kernel uses atomics on floats. A reduction is either a sequentia
 thread or `block_sum`, a shared-memory tree whose order depends only on the block size, so the same
 inputs and launch give bit-identical results.
 """
+import functools
 import math
 import sys
 
@@ -56,6 +57,26 @@ if SIMULATOR:
 
 MAX_BLOCK = 1024          # the largest block any kernel here is launched with (shared scratch size)
 ELEMENTWISE_THREADS = 32 if SIMULATOR else 256
+
+
+def blocks(gpu, sim):
+    """Declare the block sizes a launcher is checked (andrea_numba.check) and timed (bench/kernels.py)
+    at, on a GPU and in the simulator; the first is the one it uses when called without `block=`.
+
+        @blocks(gpu=(256, 64, 1024), sim=(4, 2))
+        def layernorm_fwd_v1(out, mean, rstd, x, g, b, eps, *, block, stream=0): ...
+
+    What a "block" is belongs to the launcher: threads per block for most kernels, a tile shape
+    for the products, (rows, threads per row) for attention. Its docstring says which."""
+    choices = tuple(sim if SIMULATOR else gpu)
+
+    def mark(launch):
+        @functools.wraps(launch)
+        def with_default(*args, block=None, **kwargs):
+            return launch(*args, block=choices[0] if block is None else block, **kwargs)
+        with_default.blocks = choices
+        return with_default
+    return mark
 
 
 def device_name() -> str:

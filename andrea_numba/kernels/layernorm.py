@@ -8,18 +8,23 @@ Arrays are 2-D: N = B*T rows of C channels (callers pass x.reshape(N, C)).
 Backward, xhat = (x - mean) * rstd, dxhat = dout * g:
     dx = rstd * (dxhat - mean_c(dxhat) - xhat * mean_c(dxhat * xhat))     per row
     dg += sum over rows of dout * xhat,  db += sum over rows of dout        per channel
-The first version summed each channel's column in one thread (C threads in all: 768 threads for
-8192 rows at 120M, 2.2 ms a call on an H200); now RY threads share a column and meet in a tree.
+
+Versions of layernorm_bwd (the forward has one):
+    v1  k_layernorm_bwd_v1 (dx, a block per row) + k_layernorm_bwd_params_v1: one thread per
+        channel sums its whole column. Only C threads work (768 at 120M for 8192 rows: 2.2 ms a
+        call on an H200).
+    v2  the same dx kernel + k_layernorm_bwd_params_v2: RY threads share a column, each summing
+        every RY-th row, and meet in a fixed tree.
 """
 import math
 
 from numba import cuda, float32
 
-from .common import MAX_BLOCK, SIMULATOR, block_sum, cdiv, pow2_threads
+from .common import MAX_BLOCK, SIMULATOR, block_sum, blocks, cdiv
 
 
 @cuda.jit
-def k_layernorm_fwd(out, mean, rstd, x, g, b, eps):
+def k_layernorm_fwd_v1(out, mean, rstd, x, g, b, eps):
     """One block per row; the block's threads stride over the C channels and meet in block_sum."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     row = cuda.blockIdx.x
@@ -43,7 +48,7 @@ def k_layernorm_fwd(out, mean, rstd, x, g, b, eps):
 
 
 @cuda.jit
-def k_layernorm_bwd(dx, dout, x, mean, rstd, g):
+def k_layernorm_bwd_v1(dx, dout, x, mean, rstd, g):
     """grad_input: one block per row, two block sums (mean of dxhat and of dxhat * xhat)."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     row = cuda.blockIdx.x
@@ -65,11 +70,32 @@ def k_layernorm_bwd(dx, dout, x, mean, rstd, g):
 
 
 @cuda.jit
-def k_layernorm_bwd_params(dg, db, dout, x, mean, rstd):
-    """Parameter gradients, dg[c] += sum_rows dout * xhat and db[c] += sum_rows dout.
-    A block is RY x CX threads over CX channels: thread (ty, tx) owns channel c = blockIdx.x*CX + tx
-    and rows ty, ty + RY, ty + 2 RY, ... summed in order (a warp reads 32 consecutive channels of a
-    row: coalesced); then the RY partial sums of a channel meet in a fixed tree over ty."""
+def k_layernorm_bwd_params_v1(dg, db, dout, x, mean, rstd):
+    """dg[c] += sum_rows dout * xhat, db[c] += sum_rows dout: one thread per channel c sums its
+    column over all N rows, in row order. Consecutive threads read consecutive channels."""
+    c = cuda.grid(1)
+    if c >= x.shape[1]:
+        return
+    sg = float32(0.0)
+    sb = float32(0.0)
+    for row in range(x.shape[0]):
+        d = dout[row, c]
+        sg += d * (x[row, c] - mean[row]) * rstd[row]
+        sb += d
+    dg[c] += sg
+    db[c] += sb
+
+
+# k_layernorm_bwd_params_v2's block: PARAM_CX channels x PARAM_RY row groups (RY a power of two)
+PARAM_CX, PARAM_RY = (8, 2) if SIMULATOR else (32, 32)
+
+
+@cuda.jit
+def k_layernorm_bwd_params_v2(dg, db, dout, x, mean, rstd):
+    """The same sums. A block is RY x CX threads over CX channels: thread (ty, tx) owns channel
+    c = blockIdx.x*CX + tx and rows ty, ty + RY, ty + 2 RY, ... summed in order (a warp reads 32
+    consecutive channels of a row: coalesced); then the RY partial sums of a channel meet in a
+    fixed tree over ty."""
     sg = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
     sb = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -96,21 +122,33 @@ def k_layernorm_bwd_params(dg, db, dout, x, mean, rstd):
         db[c] += sb[0, tx]
 
 
-# k_layernorm_bwd_params' block: PARAM_CX channels x PARAM_RY row groups (RY a power of two)
-PARAM_CX, PARAM_RY = (8, 2) if SIMULATOR else (32, 32)
+# ---------------------------------------------------------------------------------------------
+# launchers: `block` is the threads per row block (a power of two, for block_sum)
+
+@blocks(gpu=(256, 64, 1024), sim=(4, 2))
+def layernorm_fwd_v1(out, mean, rstd, x, g, b, eps, *, block, stream=0):
+    """out, x [N, C]; mean, rstd [N]; g, b [C]. Launch: N blocks of `block` threads."""
+    k_layernorm_fwd_v1[x.shape[0], block, stream](out, mean, rstd, x, g, b, float32(eps))
 
 
-def _row_threads(C):
-    return pow2_threads(C, gpu_max=256, sim_max=4)
-
-
-def layernorm_fwd(out, mean, rstd, x, g, b, eps, stream=0):
-    """out, x [N, C]; mean, rstd [N]; g, b [C]. Launch: N blocks of up to 256 threads."""
-    k_layernorm_fwd[x.shape[0], _row_threads(x.shape[1]), stream](out, mean, rstd, x, g, b, float32(eps))
-
-
-def layernorm_bwd(dx, dg, db, dout, x, mean, rstd, g, stream=0):
-    """dx = grad_input (written); dg, db += parameter gradients."""
+@blocks(gpu=(256, 64, 1024), sim=(4, 2))
+def layernorm_bwd_v1(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
+    """dx = grad_input (written); dg, db += parameter gradients. Launch: N blocks of `block`
+    threads for dx; one thread per channel (128 per block, 8 in the simulator) for dg, db."""
     N, C = x.shape
-    k_layernorm_bwd[N, _row_threads(C), stream](dx, dout, x, mean, rstd, g)
-    k_layernorm_bwd_params[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, x, mean, rstd)
+    k_layernorm_bwd_v1[N, block, stream](dx, dout, x, mean, rstd, g)
+    threads = 8 if SIMULATOR else 128
+    k_layernorm_bwd_params_v1[cdiv(C, threads), threads, stream](dg, db, dout, x, mean, rstd)
+
+
+@blocks(gpu=(256, 64, 1024), sim=(4, 2))
+def layernorm_bwd_v2(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
+    """As v1; dg, db from k_layernorm_bwd_params_v2 (blocks of PARAM_CX x PARAM_RY threads)."""
+    N, C = x.shape
+    k_layernorm_bwd_v1[N, block, stream](dx, dout, x, mean, rstd, g)
+    k_layernorm_bwd_params_v2[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, x, mean, rstd)
+
+
+VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1},
+            "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2}}
+layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v2       # what the engine uses

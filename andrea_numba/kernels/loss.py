@@ -21,19 +21,17 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .common import MAX_BLOCK, block_max, block_sum, pow2_threads
+from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks
 from .matmul import matmul
 
-
-def _row_threads(V):
-    return pow2_threads(V, gpu_max=1024, sim_max=4)
+MEAN_THREADS = 4 if SIMULATOR else 1024     # k_loss_mean_v1: one block
 
 
 # ---------------------------------------------------------------------------------------------
 # forward
 
 @cuda.jit
-def k_loss_fwd(losses, probs, targets):
+def k_loss_fwd_v1(losses, probs, targets):
     """probs [N, V] holds the logits on entry and the softmax on exit, row by row.
     One block per row; its threads stride over the V entries and meet in block_max / block_sum.
     Three passes over the row: max, sum of exponentials, write probs."""
@@ -58,7 +56,7 @@ def k_loss_fwd(losses, probs, targets):
 
 
 @cuda.jit
-def k_loss_mean(loss, losses):
+def k_loss_mean_v1(loss, losses):
     """loss[0] = (1/N) sum_n losses[n]: a single block; each thread sums a stride of the rows in
     order, then block_sum's tree. Fixed order: deterministic."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
@@ -72,21 +70,22 @@ def k_loss_mean(loss, losses):
         loss[0] = total / float32(N)
 
 
-def loss_fwd(loss, losses, probs, x, wte, targets, stream=0):
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v1(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """loss [1]; losses [N]; probs [N, V] (written); x [N, C]; wte [V, C]; targets [N] int32.
-    Launch: the matmul for the logits; k_loss_fwd, N blocks of up to 1024 threads (4 in the
-    simulator); k_loss_mean, one block of up to 1024 threads."""
+    Launch: the matmul for the logits (its default tile); k_loss_fwd_v1, N blocks of `block`
+    threads; k_loss_mean_v1, one block of MEAN_THREADS threads."""
     N, V = probs.shape
     matmul(probs, x, wte, trans_b=True, stream=stream)          # logits = x @ wte^T, into probs
-    k_loss_fwd[N, _row_threads(V), stream](losses, probs, targets)
-    k_loss_mean[1, pow2_threads(N, gpu_max=1024, sim_max=4), stream](loss, losses)
+    k_loss_fwd_v1[N, block, stream](losses, probs, targets)
+    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
 
 
 # ---------------------------------------------------------------------------------------------
 # backward
 
 @cuda.jit
-def k_loss_bwd(dlogits, probs, targets, scale):
+def k_loss_bwd_v1(dlogits, probs, targets, scale):
     """dlogits[n, v] = (probs[n, v] - (v == targets[n])) * scale, scale = dloss / N.
     One block per row, threads striding over V. Each thread reads an element before writing the
     same element, so dlogits may be the same array as probs."""
@@ -99,12 +98,17 @@ def k_loss_bwd(dlogits, probs, targets, scale):
         dlogits[row, v] = p * scale
 
 
-def loss_bwd(dx, dwte, dlogits, probs, x, wte, targets, dloss, stream=0):
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v1(dx, dwte, dlogits, dloss, x, wte, probs, targets, *, block, stream=0):
     """dx [N, C] (written); dwte [V, C] (+=); dlogits [N, V] work buffer (may be probs itself);
-    probs [N, V]; x [N, C]; wte [V, C]; targets [N] int32; dloss a scalar.
-    Launch: k_loss_bwd, N blocks of up to 256 threads (4 in the simulator); then two matmuls."""
+    dloss a scalar; x [N, C]; wte [V, C]; probs [N, V]; targets [N] int32.
+    Launch: k_loss_bwd_v1, N blocks of `block` threads; then two matmuls (default tile)."""
     N, V = probs.shape
     scale = np.float32(float(dloss) / N)                    # as the twin: dloss / N, then float32
-    k_loss_bwd[N, pow2_threads(V, gpu_max=256, sim_max=4), stream](dlogits, probs, targets, scale)
+    k_loss_bwd_v1[N, block, stream](dlogits, probs, targets, scale)
     matmul(dx, dlogits, wte, stream=stream)                                   # dx = dlogits @ wte
     matmul(dwte, dlogits, x, trans_a=True, accumulate=True, stream=stream)    # dwte += dlogits^T @ x
+
+
+VERSIONS = {"loss_fwd": {1: loss_fwd_v1}, "loss_bwd": {1: loss_bwd_v1}}
+loss_fwd, loss_bwd = loss_fwd_v1, loss_bwd_v1          # what the engine uses

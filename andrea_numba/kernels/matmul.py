@@ -16,14 +16,24 @@ tile of out. It walks K in steps of BK: its threads copy a BM x BK tile of op(a)
 of op(b) into shared memory (each element read from global memory once per block, not once per
 thread), wait (syncthreads), and each thread multiplies them into a TM x TN patch of sums kept in
 registers. Each output is summed by one thread in fixed k order: deterministic, no atomics.
-The tile loop is a device function (tile_mma_nn / _nt / _tn), so the linear ops' own kernels
-(k_attn_qkv_fwd, k_mlp_fwd, ...) reuse it and differ only in what they do with the sums.
+
+The tile loop and its helpers are device functions built for one tile shape (make_tile, cached),
+so the linear ops' own kernels (k_attn_qkv_fwd_v1, k_mlp_fwd_v1, ...) reuse it and differ only in
+what they do with the sums. A "block" of these launchers is a tile shape (BM, BN, BK, TM, TN):
+(BM/TM) * (BN/TN) threads; Numba compiles one kernel per shape, the first time it is asked for.
 """
-import os
+import functools
+from types import SimpleNamespace
 
 from numba import cuda, float32
 
-from .common import SIMULATOR, cdiv
+from .common import cdiv, blocks
+
+# (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
+# engine's. On a GPU 64 x 64 tiles of 256 threads (8 KiB of shared memory); in the simulator,
+# which pays per thread, 16 x 16 tiles of 16 threads.
+TILES = dict(gpu=((64, 64, 16, 4, 4), (32, 64, 16, 4, 4), (128, 64, 8, 8, 4)),
+             sim=((16, 16, 8, 4, 4), (8, 16, 4, 4, 4)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,34 +58,25 @@ def k_matmul_v1(out, a, b, trans_a, trans_b, accumulate):
         out[i, j] = acc
 
 
-def matmul_v1(out, a, b, trans_a=False, trans_b=False, accumulate=False, stream=0):
+@blocks(gpu=(16, 8), sim=(8, 4))
+def matmul_v1(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """Launch: block x block threads, one per output element."""
     M, N = out.shape
-    threads = (8, 8) if SIMULATOR else (16, 16)
-    blocks = (cdiv(N, threads[0]), cdiv(M, threads[1]))
-    k_matmul_v1[blocks, threads, stream](out, a, b, trans_a, trans_b, accumulate)
+    grid = (cdiv(N, block), cdiv(M, block))
+    k_matmul_v1[grid, (block, block), stream](out, a, b, trans_a, trans_b, accumulate)
 
 
 # ---------------------------------------------------------------------------------------------
 # v2: shared-memory tiles, TM x TN outputs per thread
 
-# A block computes BM x BN outputs with (BM/TM) * (BN/TN) threads, walking K in steps of BK.
-TILES_GPU = (64, 64, 16, 4, 4)        # 256 threads, 8 KiB of shared memory
-TILES_SIM = (16, 16, 8, 4, 4)         # 16 threads: the simulator pays per thread
-# bench/ tries other tile shapes with ANDREA_MATMUL_TILES="BM,BN,BK,TM,TN" (read once, at import)
-_env_tiles = os.environ.get("ANDREA_MATMUL_TILES")
-if _env_tiles and not SIMULATOR:
-    TILES_GPU = tuple(int(v) for v in _env_tiles.split(","))
-BM, BN, BK, TM, TN = TILES_SIM if SIMULATOR else TILES_GPU
-TX = BN // TN                         # threads along a row of the tile
-THREADS = (BM // TM) * TX             # threads per block
-
-
-def make_tile_mma(trans_a: bool, trans_b: bool):
+def make_tile_mma(trans_a, trans_b, BM, BN, BK, TM, TN):
     """Build the device function that adds this thread's TM x TN share of the block's tile of
     op(a) @ op(b) into `acc` (a local TM x TN array). The block's tile is rows
-    blockIdx.y*BM.., columns blockIdx.x*BN.. The transposes are compile-time constants (Numba
-    freezes closure variables), so the branches on them vanish from the compiled code. Kernels
-    call it and then write acc out their own way (plain, accumulated, through GELU, ...)."""
+    blockIdx.y*BM.., columns blockIdx.x*BN.. The transposes and tile sizes are compile-time
+    constants (Numba freezes closure variables), so the branches on them vanish from the compiled
+    code and the small loops unroll. Kernels call it and then write acc out their own way."""
+    TX = BN // TN                         # threads along a row of the tile
+    THREADS = (BM // TM) * TX             # threads per block
 
     @cuda.jit(device=True)
     def tile_mma(acc, a, b):
@@ -126,73 +127,80 @@ def make_tile_mma(trans_a: bool, trans_b: bool):
     return tile_mma
 
 
-tile_mma_nn = make_tile_mma(False, False)     # a @ b
-tile_mma_nt = make_tile_mma(False, True)      # a @ b^T
-tile_mma_tn = make_tile_mma(True, False)      # a^T @ b
-tile_mma_tt = make_tile_mma(True, True)       # a^T @ b^T
-TILE_MMA = {(False, False): tile_mma_nn, (False, True): tile_mma_nt,
-            (True, False): tile_mma_tn, (True, True): tile_mma_tt}
+@functools.cache
+def make_tile(tile):
+    """Everything a tiled kernel needs for one tile shape (BM, BN, BK, TM, TN):
+        mma_nn, mma_nt, mma_tn   acc += this thread's share of a @ b, a @ b^T, a^T @ b
+        row(i), col(j)           the element of out that acc[i, j] belongs to
+        zero(acc), store(out, acc, accumulate)
+        TM, TN, THREADS, grid(M, N, z)"""
+    BM, BN, BK, TM, TN = tile
+    assert BM % TM == 0 and BN % TN == 0, f"tile {tile}: TM must divide BM and TN divide BN"
+    TX = BN // TN
+
+    @cuda.jit(device=True)
+    def row(i):
+        """Row of out that acc[i, :] of this thread belongs to (rows ty, ty + BM/TM, ...)."""
+        return cuda.blockIdx.y * BM + cuda.threadIdx.x // TX + i * (BM // TM)
+
+    @cuda.jit(device=True)
+    def col(j):
+        """Column of out that acc[:, j] belongs to (consecutive threads: consecutive columns)."""
+        return cuda.blockIdx.x * BN + cuda.threadIdx.x % TX + j * TX
+
+    @cuda.jit(device=True)
+    def zero(acc):
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = 0.0
+
+    @cuda.jit(device=True)
+    def store(out, acc, accumulate):
+        """out (+)= acc for this thread's outputs that fall inside out."""
+        for i in range(TM):
+            r = row(i)
+            for j in range(TN):
+                c = col(j)
+                if r < out.shape[0] and c < out.shape[1]:
+                    if accumulate:
+                        out[r, c] += acc[i, j]
+                    else:
+                        out[r, c] = acc[i, j]
+
+    return SimpleNamespace(
+        mma_nn=make_tile_mma(False, False, *tile), mma_nt=make_tile_mma(False, True, *tile),
+        mma_tn=make_tile_mma(True, False, *tile), mma_tt=make_tile_mma(True, True, *tile),
+        row=row, col=col, zero=zero, store=store, TM=TM, TN=TN, THREADS=(BM // TM) * TX,
+        grid=lambda M, N, z=1: (cdiv(N, BN), cdiv(M, BM), z))
 
 
-@cuda.jit(device=True)
-def tile_row(i):
-    """Row of out that acc[i, :] of this thread belongs to (rows ty, ty + BM/TM, ...)."""
-    return cuda.blockIdx.y * BM + cuda.threadIdx.x // TX + i * (BM // TM)
-
-
-@cuda.jit(device=True)
-def tile_col(j):
-    """Column of out that acc[:, j] of this thread belongs to (consecutive threads: consecutive columns)."""
-    return cuda.blockIdx.x * BN + cuda.threadIdx.x % TX + j * TX
-
-
-@cuda.jit(device=True)
-def tile_zero(acc):
-    for i in range(TM):
-        for j in range(TN):
-            acc[i, j] = 0.0
-
-
-@cuda.jit(device=True)
-def tile_store(out, acc, accumulate):
-    """out (+)= acc for this thread's outputs that fall inside out."""
-    for i in range(TM):
-        r = tile_row(i)
-        for j in range(TN):
-            c = tile_col(j)
-            if r < out.shape[0] and c < out.shape[1]:
-                if accumulate:
-                    out[r, c] += acc[i, j]
-                else:
-                    out[r, c] = acc[i, j]
-
-
-def tile_grid(M, N, z=1):
-    """Grid covering an M x N output with BM x BN tiles (z copies along blockIdx.z)."""
-    return (cdiv(N, BN), cdiv(M, BM), z)
-
-
-def make_matmul_v2(trans_a: bool, trans_b: bool):
-    tile_mma = TILE_MMA[(trans_a, trans_b)]
+@functools.cache
+def _k_matmul_v2(tile, trans_a, trans_b):
+    t = make_tile(tile)
+    mma = {(False, False): t.mma_nn, (False, True): t.mma_nt,
+           (True, False): t.mma_tn, (True, True): t.mma_tt}[(trans_a, trans_b)]
+    zero, store, TM, TN = t.zero, t.store, t.TM, t.TN
 
     @cuda.jit
     def k_matmul_v2(out, a, b, accumulate):
         """out (+)= op(a) @ op(b), one BM x BN tile per block."""
         acc = cuda.local.array((TM, TN), float32)
-        tile_zero(acc)
-        tile_mma(acc, a, b)
-        tile_store(out, acc, accumulate)
+        zero(acc)
+        mma(acc, a, b)
+        store(out, acc, accumulate)
 
     return k_matmul_v2
 
 
-_V2 = {key: make_matmul_v2(*key) for key in TILE_MMA}
-
-
-def matmul_v2(out, a, b, trans_a=False, trans_b=False, accumulate=False, stream=0):
+@blocks(**TILES)
+def matmul_v2(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """Launch: one block of (BM/TM)*(BN/TN) threads per BM x BN tile of out; block = the tile."""
     M, N = out.shape
-    _V2[(bool(trans_a), bool(trans_b))][tile_grid(M, N), THREADS, stream](out, a, b, accumulate)
+    t = make_tile(block)
+    _k_matmul_v2(block, bool(trans_a), bool(trans_b))[t.grid(M, N), t.THREADS, stream](out, a, b, accumulate)
 
 
-VERSIONS = {1: matmul_v1, 2: matmul_v2}
+k_matmul_v2 = _k_matmul_v2(matmul_v2.blocks[0], False, False)   # the default tile's kernel
+
+VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2}}
 matmul = matmul_v2        # what the engine uses

@@ -9,12 +9,16 @@ Arrays are 2-D: N = B*T rows, F = 4C hidden units. x [N, C] is LN2's output, w_1
 Backward:
     dh_pre = (dout @ W_2^T) * gelu'(h_pre)       (the GELU derivative is applied as the tile is stored)
     dW_2 += h^T @ dout        dW_1 += x^T @ dh_pre        dx = dh_pre @ W_1^T
+
+The kernels are built once per tile shape of matmul.py (`block` of the launchers).
 """
+import functools
 import math
 
 from numba import cuda, float32
 
-from .matmul import THREADS, TM, TN, matmul, tile_col, tile_grid, tile_mma_nn, tile_mma_nt, tile_row, tile_zero
+from .common import blocks
+from .matmul import TILES, make_tile, matmul
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -33,47 +37,62 @@ def gelu_grad(z):
             + float32(0.5) * z * (float32(1.0) - th * th) * GELU_K * (float32(1.0) + float32(3.0) * GELU_C * z * z))
 
 
-@cuda.jit
-def k_mlp_fwd(h_pre, h, x, w_1):
-    """h_pre = x @ W_1 and h = gelu(h_pre), written together from the same registers."""
-    acc = cuda.local.array((TM, TN), float32)
-    tile_zero(acc)
-    tile_mma_nn(acc, x, w_1)
-    for i in range(TM):
-        r = tile_row(i)
-        for j in range(TN):
-            c = tile_col(j)
-            if r < h.shape[0] and c < h.shape[1]:
-                h_pre[r, c] = acc[i, j]
-                h[r, c] = gelu(acc[i, j])
+@functools.cache
+def kernels(tile):
+    t = make_tile(tile)
+    mma_nn, mma_nt, zero, row, col, TM, TN = t.mma_nn, t.mma_nt, t.zero, t.row, t.col, t.TM, t.TN
+
+    @cuda.jit
+    def k_mlp_fwd_v1(h_pre, h, x, w_1):
+        """h_pre = x @ W_1 and h = gelu(h_pre), written together from the same registers."""
+        acc = cuda.local.array((TM, TN), float32)
+        zero(acc)
+        mma_nn(acc, x, w_1)
+        for i in range(TM):
+            r = row(i)
+            for j in range(TN):
+                c = col(j)
+                if r < h.shape[0] and c < h.shape[1]:
+                    h_pre[r, c] = acc[i, j]
+                    h[r, c] = gelu(acc[i, j])
+
+    @cuda.jit
+    def k_mlp_bwd_v1(dh_pre, dout, h_pre, w_2):
+        """dh_pre = (dout @ W_2^T) * gelu'(h_pre): back through W_2 and the GELU in one pass."""
+        acc = cuda.local.array((TM, TN), float32)
+        zero(acc)
+        mma_nt(acc, dout, w_2)
+        for i in range(TM):
+            r = row(i)
+            for j in range(TN):
+                c = col(j)
+                if r < dh_pre.shape[0] and c < dh_pre.shape[1]:
+                    dh_pre[r, c] = acc[i, j] * gelu_grad(h_pre[r, c])
+
+    return k_mlp_fwd_v1, k_mlp_bwd_v1
 
 
-@cuda.jit
-def k_mlp_bwd(dh_pre, dout, h_pre, w_2):
-    """dh_pre = (dout @ W_2^T) * gelu'(h_pre): back through W_2 and the GELU in one pass."""
-    acc = cuda.local.array((TM, TN), float32)
-    tile_zero(acc)
-    tile_mma_nt(acc, dout, w_2)
-    for i in range(TM):
-        r = tile_row(i)
-        for j in range(TN):
-            c = tile_col(j)
-            if r < dh_pre.shape[0] and c < dh_pre.shape[1]:
-                dh_pre[r, c] = acc[i, j] * gelu_grad(h_pre[r, c])
-
-
-def mlp_fwd(out, h_pre, h, x, w_1, w_2, stream=0):
-    """out, x [N, C]; h_pre, h [N, F]: saved for backward."""
+@blocks(**TILES)
+def mlp_fwd_v1(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """out, x [N, C]; h_pre, h [N, F]: saved for backward. block = the tile."""
     N, F = h.shape
-    k_mlp_fwd[tile_grid(N, F), THREADS, stream](h_pre, h, x, w_1)
-    matmul(out, h, w_2, stream=stream)                                    # out = h @ W_2
+    t = make_tile(block)
+    kernels(block)[0][t.grid(N, F), t.THREADS, stream](h_pre, h, x, w_1)
+    matmul(out, h, w_2, block=block, stream=stream)                                    # out = h @ W_2
 
 
-def mlp_bwd(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, stream=0):
+@blocks(**TILES)
+def mlp_bwd_v1(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """dx (written) [N, C]; dw_1, dw_2 (+=); dh_pre [N, F] is scratch (written, then read)."""
-    N, C = dx.shape
-    F = h.shape[1]
-    matmul(dw_2, h, dout, trans_a=True, accumulate=True, stream=stream)   # dW_2 += h^T @ dout
-    k_mlp_bwd[tile_grid(N, F), THREADS, stream](dh_pre, dout, h_pre, w_2)
-    matmul(dw_1, x, dh_pre, trans_a=True, accumulate=True, stream=stream)  # dW_1 += x^T @ dh_pre
-    matmul(dx, dh_pre, w_1, trans_b=True, stream=stream)                   # dx = dh_pre @ W_1^T
+    N, F = h.shape
+    t = make_tile(block)
+    matmul(dw_2, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)    # dW_2 += h^T @ dout
+    kernels(block)[1][t.grid(N, F), t.THREADS, stream](dh_pre, dout, h_pre, w_2)
+    matmul(dw_1, x, dh_pre, trans_a=True, accumulate=True, block=block, stream=stream)  # dW_1 += x^T @ dh_pre
+    matmul(dx, dh_pre, w_1, trans_b=True, block=block, stream=stream)                   # dx = dh_pre @ W_1^T
+
+
+k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
+
+VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1}, "mlp_bwd": {1: mlp_bwd_v1}}
+mlp_fwd, mlp_bwd = mlp_fwd_v1, mlp_bwd_v1          # what the engine uses

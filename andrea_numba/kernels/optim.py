@@ -1,5 +1,5 @@
 """The optimiser step: k_grad_norm_partial, k_grad_norm_final, k_grad_scale, k_adamw, k_zero.
-NumPy twin: reference/optim.py (grad_norm, clip_grad_norm, adamw_step, zero_grads).
+NumPy twin: reference/optim.py (grad_norm, grad_scale, adamw, zero: the same names and arguments).
 
 Every vector is the flat parameter layout of andrea_numba.layout: n_params float32 elements
 (params, grads, Adam's m and v), plus a uint8 decay mask (1 on the 2-D tensors).
@@ -14,7 +14,7 @@ Every vector is the flat parameter layout of andrea_numba.layout: n_params float
     g      = 0                                                   zero
 
 Determinism: the norm is a two-stage reduction over a FIXED grid (NORM_BLOCKS blocks of
-NORM_THREADS threads, whatever n is). Thread (b, t) sums its strided subset i = b*nt + t,
+`block` threads, whatever n is). Thread (b, t) sums its strided subset i = b*nt + t,
 b*nt + t + NORM_BLOCKS*nt, ... in increasing order, block_sum combines a block's threads in a
 fixed tree, and one block combines the NORM_BLOCKS partials in a fixed order. No atomics: the same
 gradient gives a bit-identical norm on every run. The elementwise kernels touch each element from
@@ -28,32 +28,31 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .common import MAX_BLOCK, SIMULATOR, block_sum, cdiv
+from .common import MAX_BLOCK, SIMULATOR, block_sum, blocks, cdiv
 
 # Norm reduction: a fixed grid, so the summation order depends on n only.
 NORM_BLOCKS = 4 if SIMULATOR else 1024       # blocks of k_grad_norm_partial == len(partial)
-NORM_THREADS = 8 if SIMULATOR else 256       # threads per block (a power of two, <= MAX_BLOCK)
 NORM_FINAL_THREADS = 4 if SIMULATOR else 256 # the one block of k_grad_norm_final
 
 # Elementwise kernels: grid-stride loops over a capped grid (124M elements on an H200: 4096 blocks
 # of 256 threads = 1M threads, ~118 elements each, plenty to fill 132 SMs and saturate HBM).
-OPT_THREADS = 32 if SIMULATOR else 256
 OPT_MAX_BLOCKS = 2 if SIMULATOR else 4096
+STRIDE_BLOCKS = dict(gpu=(256, 128, 512), sim=(32, 8))      # threads per block of the elementwise kernels
 
 
-def _stride_launch(n):
-    """(blocks, threads) for a grid-stride elementwise kernel over n elements."""
-    return max(1, min(cdiv(n, OPT_THREADS), OPT_MAX_BLOCKS)), OPT_THREADS
+def _stride_grid(n, threads):
+    """Blocks of a grid-stride elementwise kernel over n elements, `threads` per block."""
+    return max(1, min(cdiv(n, threads), OPT_MAX_BLOCKS))
 
 
 # ---------------------------------------------------------------------------------------------
 # Global gradient norm
 
 @cuda.jit
-def k_grad_norm_partial(partial, grads):
+def k_grad_norm_partial_v1(partial, grads):
     """partial[b] = sum over i in block b's subset of grads_i^2.
 
-    Launch: NORM_BLOCKS blocks x NORM_THREADS threads (fixed, independent of n). Thread t of
+    Launch: NORM_BLOCKS blocks (fixed, independent of n) of a power-of-two number of threads. Thread t of
     block b visits i = b*nt + t + k * (NORM_BLOCKS*nt), k = 0, 1, ... (coalesced: consecutive
     threads read consecutive elements), summing in k order; block_sum's tree adds the threads."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
@@ -71,7 +70,7 @@ def k_grad_norm_partial(partial, grads):
 
 
 @cuda.jit
-def k_grad_norm_final(norm, partial):
+def k_grad_norm_final_v1(norm, partial):
     """norm[0] = sqrt(sum_b partial[b]).
 
     Launch: 1 block x NORM_FINAL_THREADS threads. Thread t sums partial[t], partial[t + nt], ...
@@ -86,21 +85,23 @@ def k_grad_norm_final(norm, partial):
         norm[0] = math.sqrt(total)          # float32 in, float32 out (sqrt.rn.f32)
 
 
-def grad_norm(norm, partial, grads, stream=0):
+@blocks(gpu=(256, 512), sim=(8, 4))
+def grad_norm_v1(norm, partial, grads, *, block, stream=0):
     """norm[0] = sqrt(sum_i grads_i^2). norm: float32 [1]; partial: float32 scratch [NORM_BLOCKS];
-    grads: float32 [n]. Two launches on `stream`; the result stays on the device."""
+    grads: float32 [n]. Two launches: NORM_BLOCKS blocks of `block` threads (a power of two; the
+    summation order depends on it and on n only), then one block. The result stays on the device."""
     assert partial.shape[0] == NORM_BLOCKS, f"partial needs {NORM_BLOCKS} elements, has {partial.shape[0]}"
-    k_grad_norm_partial[NORM_BLOCKS, NORM_THREADS, stream](partial, grads)
-    k_grad_norm_final[1, NORM_FINAL_THREADS, stream](norm, partial)
+    k_grad_norm_partial_v1[NORM_BLOCKS, block, stream](partial, grads)
+    k_grad_norm_final_v1[1, NORM_FINAL_THREADS, stream](norm, partial)
 
 
 # ---------------------------------------------------------------------------------------------
 # Clip and scale
 
 @cuda.jit
-def k_grad_scale(grads, norm, max_norm, scale):
+def k_grad_scale_v1(grads, norm, max_norm, scale):
     """grads_i *= scale * clip, clip = max_norm / norm[0] if max_norm > 0 and norm[0] > max_norm
-    else 1 (reference.clip_grad_norm; a NaN norm does not clip, as in the twin). Every thread
+    else 1 (reference.grad_scale; a NaN norm does not clip, as in the twin). Every thread
     computes clip itself from norm[0], so no host round trip. Grid-stride, one thread per element."""
     nrm = norm[0]
     f = scale
@@ -111,18 +112,19 @@ def k_grad_scale(grads, norm, max_norm, scale):
         grads[i] *= f
 
 
-def grad_scale(grads, norm, max_norm, scale, stream=0):
+@blocks(**STRIDE_BLOCKS)
+def grad_scale_v1(grads, norm, max_norm, scale, *, block, stream=0):
     """grads *= scale * clip(norm[0], max_norm). max_norm = 0: plain scaling by `scale`.
-    Launch: grid-stride, min(cdiv(n, 256), 4096) blocks of 256 threads (simulator: <= 2 x 32)."""
-    blocks, threads = _stride_launch(grads.shape[0])
-    k_grad_scale[blocks, threads, stream](grads, norm, float32(max_norm), float32(scale))
+    Launch: grid-stride, min(cdiv(n, block), 4096) blocks of `block` threads (simulator: <= 2 blocks)."""
+    k_grad_scale_v1[_stride_grid(grads.shape[0], block), block, stream](grads, norm, float32(max_norm),
+                                                                          float32(scale))
 
 
 # ---------------------------------------------------------------------------------------------
 # AdamW
 
 @cuda.jit
-def k_adamw(params, grads, m, v, decay, lr, beta1, beta2, one_m_beta1, one_m_beta2,
+def k_adamw_v1(params, grads, m, v, decay, lr, beta1, beta2, one_m_beta1, one_m_beta2,
             bc1, bc2, eps, weight_decay):
     """One AdamW step, in place, one thread per element i (grid-stride):
         m_i = beta1 m_i + (1 - beta1) g_i          v_i = beta2 v_i + (1 - beta2) g_i^2
@@ -142,39 +144,38 @@ def k_adamw(params, grads, m, v, decay, lr, beta1, beta2, one_m_beta1, one_m_bet
         params[i] = p - lr * (m_hat / (math.sqrt(v_hat) + eps) + weight_decay * float32(decay[i]) * p)
 
 
-def adamw(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay, stream=0):
+@blocks(**STRIDE_BLOCKS)
+def adamw_v1(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay, *, block, stream=0):
     """AdamW step t (counted from 1) over the flat vectors params, m, v (updated in place) with
-    gradient grads and uint8 weight-decay mask decay (decay_mask_u8). Launch: grid-stride,
-    min(cdiv(n, 256), 4096) blocks of 256 threads (simulator: <= 2 x 32)."""
+    gradient grads and uint8 weight-decay mask decay (layout.decay_mask). Launch: grid-stride,
+    min(cdiv(n, block), 4096) blocks of `block` threads (simulator: <= 2 blocks)."""
     assert t >= 1, "AdamW's step t counts from 1"
     bc1 = 1.0 - float(beta1) ** int(t)       # float64 on the host, then float32
     bc2 = 1.0 - float(beta2) ** int(t)
     f = np.float32
-    blocks, threads = _stride_launch(params.shape[0])
-    k_adamw[blocks, threads, stream](params, grads, m, v, decay, f(lr), f(beta1), f(beta2),
+    k_adamw_v1[_stride_grid(params.shape[0], block), block, stream](params, grads, m, v, decay, f(lr), f(beta1), f(beta2),
                                      f(1.0 - float(beta1)), f(1.0 - float(beta2)),
                                      f(bc1), f(bc2), f(eps), f(weight_decay))
-
-
-def decay_mask_u8(model_config):
-    """The flat weight-decay mask as uint8 (1 on 2-D tensors): upload once, pass to adamw."""
-    from ..layout import decay_mask
-    return decay_mask(model_config, dtype=np.uint8)
 
 
 # ---------------------------------------------------------------------------------------------
 # Zero
 
 @cuda.jit
-def k_zero(arr):
-    """arr_i = 0 (zero_grads), grid-stride, one thread per element."""
+def k_zero_v1(arr):
+    """arr_i = 0 (the twin's zero), grid-stride, one thread per element."""
     n = arr.shape[0]
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         arr[i] = float32(0.0)
 
 
-def zero(arr, stream=0):
-    """arr[:] = 0 for a 1-D float32 device array. Launch: grid-stride, min(cdiv(n, 256), 4096)
-    blocks of 256 threads (simulator: <= 2 x 32)."""
-    blocks, threads = _stride_launch(arr.shape[0])
-    k_zero[blocks, threads, stream](arr)
+@blocks(**STRIDE_BLOCKS)
+def zero_v1(arr, *, block, stream=0):
+    """arr[:] = 0 for a 1-D float32 device array. Launch: grid-stride, min(cdiv(n, block), 4096)
+    blocks of `block` threads (simulator: <= 2 blocks)."""
+    k_zero_v1[_stride_grid(arr.shape[0], block), block, stream](arr)
+
+
+VERSIONS = {"grad_norm": {1: grad_norm_v1}, "grad_scale": {1: grad_scale_v1}, "adamw": {1: adamw_v1},
+            "zero": {1: zero_v1}}
+grad_norm, grad_scale, adamw, zero = grad_norm_v1, grad_scale_v1, adamw_v1, zero_v1      # what the engine uses

@@ -4,16 +4,16 @@ Arrays are flat (any shape, passed as .reshape(-1)).
 
     out = x + f                     dx = dout, df = dout
 
-The engine also uses k_residual_add where two gradients meet: the residual stream feeds both the
+The engine also uses residual_add where two gradients meet: the residual stream feeds both the
 skip path and a LayerNorm, so its gradient is the sum of the two.
 """
 from numba import cuda
 
-from .common import elementwise_launch
+from .common import blocks, cdiv
 
 
 @cuda.jit
-def k_residual_add(out, x, f):
+def k_residual_add_v1(out, x, f):
     """out[i] = x[i] + f[i], one thread per element (out may be x or f: in place is fine)."""
     i = cuda.grid(1)
     if i < out.shape[0]:
@@ -21,7 +21,7 @@ def k_residual_add(out, x, f):
 
 
 @cuda.jit
-def k_residual_add_bwd(dx, df, dout):
+def k_residual_add_bwd_v1(dx, df, dout):
     """dx[i] = dout[i], df[i] = dout[i]: the gradient of a sum reaches both terms unchanged."""
     i = cuda.grid(1)
     if i < dout.shape[0]:
@@ -30,11 +30,16 @@ def k_residual_add_bwd(dx, df, dout):
         df[i] = g
 
 
-def residual_add(out, x, f, stream=0):
-    blocks, threads = elementwise_launch(out.shape[0])
-    k_residual_add[blocks, threads, stream](out, x, f)
+@blocks(gpu=(256, 128, 512), sim=(32, 8))
+def residual_add_v1(out, x, f, *, block, stream=0):
+    """Launch: one thread per element, `block` threads per block."""
+    k_residual_add_v1[cdiv(out.shape[0], block), block, stream](out, x, f)
 
 
-def residual_add_bwd(dx, df, dout, stream=0):
-    blocks, threads = elementwise_launch(dout.shape[0])
-    k_residual_add_bwd[blocks, threads, stream](dx, df, dout)
+@blocks(gpu=(256, 128, 512), sim=(32, 8))
+def residual_add_bwd_v1(dx, df, dout, *, block, stream=0):
+    k_residual_add_bwd_v1[cdiv(dout.shape[0], block), block, stream](dx, df, dout)
+
+
+VERSIONS = {"residual_add": {1: residual_add_v1}, "residual_add_bwd": {1: residual_add_bwd_v1}}
+residual_add, residual_add_bwd = residual_add_v1, residual_add_bwd_v1          # what the engine uses

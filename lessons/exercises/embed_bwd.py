@@ -18,7 +18,7 @@ import numpy as np
 from reference.embed import embed_fwd  # noqa: F401  (the forward, to experiment with)
 
 
-def embed_bwd(dout, tokens, wte, wpe):
-    """dout [B, T, C] -> (dwte [V, C], dwpe [T_max, C]); wte and wpe give only the shapes."""
-    # TODO: build dwte and dwpe (np.zeros_like(wte), ...), add every row of dout where it belongs
+def embed_bwd(dout, tokens, vocab_size, context_length):
+    """dout [B, T, C] -> (dwte [vocab_size, C], dwpe [context_length, C])."""
+    # TODO: build dwte and dwpe (np.zeros((vocab_size, C)), ...), add every row of dout where it belongs
     raise NotImplementedError("write embed_bwd: see the docstring")

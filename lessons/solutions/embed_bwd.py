@@ -18,11 +18,11 @@ import numpy as np
 from reference.embed import embed_fwd  # noqa: F401  (the forward, to experiment with)
 
 
-def embed_bwd(dout, tokens, wte, wpe):
-    """dout [B, T, C] -> (dwte [V, C], dwpe [T_max, C]); wte and wpe give only the shapes."""
+def embed_bwd(dout, tokens, vocab_size, context_length):
+    """dout [B, T, C] -> (dwte [vocab_size, C], dwpe [context_length, C])."""
     B, T, C = dout.shape
-    dwte = np.zeros_like(wte)                                    # [V, C]
+    dwte = np.zeros((vocab_size, C))                             # [V, C]
     np.add.at(dwte, tokens.reshape(-1), dout.reshape(B * T, C))  # repeated ids add up
-    dwpe = np.zeros_like(wpe)                                    # [T_max, C]
+    dwpe = np.zeros((context_length, C))                         # [T_max, C]
     dwpe[:T] = dout.sum(axis=0)                                  # positions 0..T-1, summed over b
     return dwte, dwpe

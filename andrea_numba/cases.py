@@ -1,0 +1,246 @@
+"""One table of op cases: everything the tools need to know about each op, in one place.
+
+    from andrea_numba.cases import CASES, Dims
+    case = CASES["layernorm"]
+    values = case.make(Dims.of(model_config, B=3, T=13), rng)     # every input, float64 / int
+    outs = case.forward(values)                                   # the twin: {"out", "mean", "rstd"}
+    grads = case.backward({**values, **outs, **case.upstream_for(outs, rng)})   # {"dx", "dg", "db"}
+
+An entry knows the op's NumPy twin (reference.<fwd>, reference.<bwd>), its kernel module (with
+VERSIONS of every launcher), how to make random inputs at given sizes, the names of the forward's
+outputs and the backward's outputs, which backward outputs the kernels add into (+=), the upstream
+gradients and which output each belongs to, and the kernels' work buffers. The agreement harness
+(check.py), the gradient checks (gradcheck.py), the exercise grader (exercises.py), lesson 03 and
+bench/kernels.py all read this table; none keeps a list of its own.
+
+Names are the contract. The twin's forward returns its outputs in the order of `fwd_out`, its
+backward in the order of `bwd_out`; a backward output is named "d" + the input it differentiates.
+Every kernel launcher takes, as keywords, its outputs, then its work buffers, then exactly the
+twin's arguments in the twin's order (llm.c's order: outputs, inputs, weights, sizes), then
+`block` and `stream`. So `launch(**buffers)` and `twin(**values)` are called from one dict, and a
+student can diff a launcher's signature against its twin's line by line (tests/test_cases.py
+checks it for every version).
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Callable
+
+import numpy as np
+
+import reference as R
+
+from .kernels import attn, attn_out, attn_qkv, embed, layernorm, loss, matmul, mlp, optim, residual
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sizes an op case is made at. N = B*T rows; P = elements of a flat parameter vector."""
+    B: int
+    T: int
+    C: int
+    H: int
+    V: int
+    T_max: int
+    P: int = 64
+    eps: float = 1e-5
+
+    @property
+    def N(self) -> int:
+        return self.B * self.T
+
+    @classmethod
+    def of(cls, m, B: int, T: int) -> "Dims":
+        """The model's C, H, V and context length (and its n_params for the optimiser kernels)."""
+        from .layout import n_params
+        return cls(B, T, m.d_model, m.n_head, m.vocab_size, m.context_length, n_params(m), m.ln_eps)
+
+
+def call(fn: Callable, values: dict, **extra):
+    """fn(**the entries of values that fn takes), so one dict feeds the twin and every launcher."""
+    names = inspect.signature(fn).parameters
+    return fn(**{k: v for k, v in values.items() if k in names}, **extra)
+
+
+@dataclass(frozen=True)
+class OpCase:
+    op: str                      # name of the op (a row of the kernel table)
+    module: ModuleType           # andrea_numba.kernels.<module>, holding VERSIONS
+    fwd: str                     # launcher and twin name of the forward ("layernorm_fwd")
+    fwd_out: tuple               # what the twin's forward returns, in order
+    make: Callable               # make(dims, rng) -> {name: value} of every input
+    bwd: str | None = None       # launcher and twin name of the backward (None: no backward)
+    bwd_out: tuple = ()          # what the twin's backward returns, in order
+    accumulate: tuple = ()       # backward outputs the kernels add into (+=)
+    upstream: dict = field(default_factory=dict)     # upstream gradient -> forward output it belongs to
+    scratch: dict = field(default_factory=dict)      # kernel work buffer -> (shape(dims), dtype)
+    fixed: dict = field(default_factory=dict)        # launcher arguments this case fixes (matmul's transposes)
+
+    # -- the twin --
+    @property
+    def twin_fwd(self) -> Callable:
+        return getattr(R, self.fwd)
+
+    @property
+    def twin_bwd(self) -> Callable:
+        return getattr(R, self.bwd)
+
+    def forward(self, values: dict, twin=None) -> dict:
+        """The twin's forward (or `twin`, a function with its signature) as {fwd_out name: value}."""
+        out = call(twin or self.twin_fwd, {**values, **self.fixed})
+        return dict(zip(self.fwd_out, out if len(self.fwd_out) > 1 else (out,)))
+
+    def backward(self, values: dict, twin=None) -> dict:
+        """The twin's backward (or `twin`) as {bwd_out name: value}; values holds the upstream
+        gradients, the inputs and the forward's outputs."""
+        out = call(twin or self.twin_bwd, values)
+        return dict(zip(self.bwd_out, out if len(self.bwd_out) > 1 else (out,)))
+
+    def upstream_for(self, outs: dict, rng) -> dict:
+        """A random upstream gradient for each differentiable output (a float for a scalar loss)."""
+        g = {}
+        for name, out in self.upstream.items():
+            shape = np.shape(outs[out])
+            g[name] = float(rng.standard_normal()) if shape == () else rng.standard_normal(shape)
+        return g
+
+    def differentiable(self) -> tuple:
+        """The inputs the backward differentiates: "dx" -> "x"."""
+        return tuple(name[1:] for name in self.bwd_out)
+
+    # -- the kernels --
+    def versions(self, direction: str = "fwd") -> dict:
+        """{version: launcher} of the forward ("fwd") or backward ("bwd") launcher."""
+        return self.module.VERSIONS[self.fwd if direction == "fwd" else self.bwd]
+
+    def engine(self, direction: str = "fwd") -> Callable:
+        """The launcher the engine uses (the module-level name without a version)."""
+        return getattr(self.module, self.fwd if direction == "fwd" else self.bwd)
+
+    def scratch_buffers(self, dims: Dims) -> dict:
+        return {name: (shape(dims), dtype) for name, (shape, dtype) in self.scratch.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# input makers: float64 arrays (and int token ids), drawn from rng at the given sizes
+
+def _normal(rng, *shape, scale=1.0):
+    return rng.standard_normal(shape) * scale
+
+
+def _embed(d: Dims, rng):
+    # token ids with repeats (a vocabulary larger than the batch would rarely repeat one)
+    tokens = rng.integers(0, min(d.V, max(2, d.N // 3)), size=(d.B, d.T)).astype(np.int32)
+    return dict(tokens=tokens, wte=_normal(rng, d.V, d.C), wpe=_normal(rng, d.T_max, d.C),
+                vocab_size=d.V, context_length=d.T_max)
+
+
+def _layernorm(d: Dims, rng):
+    return dict(x=_normal(rng, d.N, d.C), g=1 + _normal(rng, d.C, scale=0.5), b=_normal(rng, d.C, scale=0.5),
+                eps=d.eps)
+
+
+def _attn_qkv(d: Dims, rng):
+    s = 1 / math.sqrt(d.C)
+    return dict(x=_normal(rng, d.N, d.C), w_q=_normal(rng, d.C, d.C, scale=s), w_k=_normal(rng, d.C, d.C, scale=s),
+                w_v=_normal(rng, d.C, d.C, scale=s))
+
+
+def _attn(d: Dims, rng):
+    return dict(q=_normal(rng, d.B, d.T, d.C), k=_normal(rng, d.B, d.T, d.C), v=_normal(rng, d.B, d.T, d.C),
+                n_head=d.H)
+
+
+def _attn_out(d: Dims, rng):
+    return dict(y=_normal(rng, d.N, d.C), w_o=_normal(rng, d.C, d.C, scale=1 / math.sqrt(d.C)))
+
+
+def _mlp(d: Dims, rng):
+    F = 4 * d.C
+    return dict(x=_normal(rng, d.N, d.C), w_1=_normal(rng, d.C, F, scale=1 / math.sqrt(d.C)),
+                w_2=_normal(rng, F, d.C, scale=1 / math.sqrt(F)))
+
+
+def _residual(d: Dims, rng):
+    return dict(x=_normal(rng, d.N * d.C), f=_normal(rng, d.N * d.C))
+
+
+def _loss(d: Dims, rng):
+    return dict(x=_normal(rng, d.N, d.C), wte=_normal(rng, d.V, d.C, scale=0.5),
+                targets=rng.integers(0, d.V, size=d.N).astype(np.int32))
+
+
+def _matmul(trans_a, trans_b):
+    def make(d: Dims, rng):
+        M, K, N = d.N, d.C, 4 * d.C          # an MLP-like product
+        a = _normal(rng, K, M) if trans_a else _normal(rng, M, K)
+        b = _normal(rng, N, K) if trans_b else _normal(rng, K, N)
+        return dict(a=a, b=b)
+    return make
+
+
+def _grads(d: Dims, rng):
+    return dict(grads=_normal(rng, d.P, scale=1e-2))
+
+
+def _grad_scale(d: Dims, rng):
+    grads = _normal(rng, d.P, scale=1e-2)
+    norm = float(np.sqrt(grads @ grads))
+    return dict(grads=grads, norm=np.array([norm]), max_norm=0.37 * norm, scale=1.0)   # clips
+
+
+def _adamw(d: Dims, rng):
+    decay = (rng.random(d.P) < 0.8).astype(np.uint8)
+    return dict(params=_normal(rng, d.P, scale=2e-2), grads=_normal(rng, d.P, scale=1e-2),
+                m=_normal(rng, d.P, scale=1e-3), v=rng.random(d.P) * 1e-5, decay=decay,
+                t=3, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table, in the order of the kernel table; then the products and the optimiser's kernels
+
+F32, I32 = np.float32, np.int32
+
+_OPS = [
+    OpCase("embed", embed, "embed_fwd", ("out",), _embed,
+           "embed_bwd", ("dwte", "dwpe"), accumulate=("dwte", "dwpe"), upstream={"dout": "out"},
+           scratch={"links": (lambda d: (2, d.N), I32)}),
+    OpCase("layernorm", layernorm, "layernorm_fwd", ("out", "mean", "rstd"), _layernorm,
+           "layernorm_bwd", ("dx", "dg", "db"), accumulate=("dg", "db"), upstream={"dout": "out"}),
+    OpCase("attn_qkv", attn_qkv, "attn_qkv_fwd", ("q", "k", "v"), _attn_qkv,
+           "attn_qkv_bwd", ("dx", "dw_q", "dw_k", "dw_v"), accumulate=("dw_q", "dw_k", "dw_v"),
+           upstream={"dq": "q", "dk": "k", "dv": "v"}),
+    OpCase("attn", attn, "attn_fwd", ("y", "att"), _attn,
+           "attn_bwd", ("dq", "dk", "dv"), upstream={"dy": "y"},
+           scratch={"scratch": (lambda d: (d.B, d.H, d.T, d.T), F32)}),
+    OpCase("attn_out", attn_out, "attn_out_fwd", ("out",), _attn_out,
+           "attn_out_bwd", ("dy", "dw_o"), accumulate=("dw_o",), upstream={"dout": "out"}),
+    OpCase("mlp", mlp, "mlp_fwd", ("out", "h_pre", "h"), _mlp,
+           "mlp_bwd", ("dx", "dw_1", "dw_2"), accumulate=("dw_1", "dw_2"), upstream={"dout": "out"},
+           scratch={"dh_pre": (lambda d: (d.N, 4 * d.C), F32)}),
+    OpCase("residual", residual, "residual_add", ("out",), _residual,
+           "residual_add_bwd", ("dx", "df"), upstream={"dout": "out"}),
+    OpCase("loss", loss, "loss_fwd", ("loss", "losses", "probs"), _loss,
+           "loss_bwd", ("dx", "dwte"), accumulate=("dwte",), upstream={"dloss": "loss"},
+           scratch={"dlogits": (lambda d: (d.N, d.V), F32)}),
+]
+_PRODUCTS = [
+    OpCase("matmul", matmul, "matmul", ("out",), _matmul(False, False)),
+    OpCase("matmul a@b^T", matmul, "matmul", ("out",), _matmul(False, True), fixed=dict(trans_b=True)),
+    OpCase("matmul a^T@b +=", matmul, "matmul", ("out",), _matmul(True, False),
+           accumulate=("out",), fixed=dict(trans_a=True, accumulate=True)),
+]
+_OPTIMISER = [
+    OpCase("grad_norm", optim, "grad_norm", ("norm",), _grads,
+           scratch={"partial": (lambda d: (optim.NORM_BLOCKS,), F32)}),
+    OpCase("grad_scale", optim, "grad_scale", ("grads",), _grad_scale),
+    OpCase("adamw", optim, "adamw", ("params", "m", "v"), _adamw),
+    OpCase("zero", optim, "zero", ("arr",), lambda d, rng: dict(arr=_normal(rng, d.P))),
+]
+
+CASES = {c.op: c for c in _OPS + _PRODUCTS + _OPTIMISER}
+OPS = [c.op for c in _OPS]               # the eight op pairs of the kernel table, in its order
+KERNEL_MODULES = (embed, layernorm, attn_qkv, attn, attn_out, mlp, residual, loss, matmul, optim)
