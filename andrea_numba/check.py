@@ -140,22 +140,28 @@ def reference_for(case, direction, dims, rng):
 
 
 def check_launcher(case, direction, launch, dims, rng, block=None, version=None, ref=None, tol=OP_TOL):
-    """Rows for one launcher (one version at one block size) of an op against its twin."""
+    """Rows for one launcher (one version at one block size) of an op against its twin. The
+    launcher is called with keyword buffers: those of its parameters that the case names (a
+    launcher may do part of an op, as an exercise's does: only its outputs are compared)."""
     values, refs, outputs, accums = ref or reference_for(case, direction, dims, rng)
     names = inspect.signature(launch).parameters
+    outputs = [k for k in outputs if k in names]
     inputs = {k: _kernel_value(v) for k, v in values.items() if _is_array(v) and k in names}
     scalars = {k: v for k, v in values.items() if not _is_array(v) and k in names}
+    accums = [k for k in accums if k in outputs]
     out_specs = {k: np.shape(refs[k]) or (1,) for k in outputs if k not in inputs and k not in accums}
     out_specs.update({k: (shape(dims), dtype) for k, (shape, dtype) in case.scratch.items() if k in names})
-    refs = {k: np.atleast_1d(refs[k]) for k in outputs if k in names}      # a launcher may do part of an op
+    refs = {k: np.atleast_1d(refs[k]) for k in outputs}
+    extra = {"block": block} if "block" in names or hasattr(launch, "blocks") else {}
 
     def run(d):
-        call(launch, {**scalars, **case.fixed, **d}, block=block)
+        call(launch, {**scalars, **case.fixed, **d}, **extra)
 
     kernel = case.fwd if direction == "fwd" else case.bwd
-    return run_op(case.op, run, inputs, out_specs, [k for k in accums if k in refs], refs, tol, rng,
-                  kernel=kernel, version=version,
-                  block=str(block if block is not None else launch.blocks[0]).replace(" ", ""))
+    if block is None:
+        block = getattr(launch, "blocks", ("default",))[0]
+    return run_op(case.op, run, inputs, out_specs, accums, refs, tol, rng,
+                  kernel=kernel, version=version, block=str(block).replace(" ", ""))
 
 
 def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None) -> list[dict]:

@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 import reference as R  # noqa: E402
 
 from . import gradcheck as G  # noqa: E402
+from .cases import CASES, Dims  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXERCISE_DIR = Path("lessons") / "exercises"
@@ -70,6 +71,7 @@ class Exercise:
     hints: dict = field(default_factory=dict)    # tensor -> hint shown when its row fails
     launch: str = ""        # kernel exercises: the given launch function
     todos: int = 1          # how many stubs the file holds
+    dims: tuple = ()        # kernel exercises: Dims(B, T, C, H, V, T_max) of the check
 
 
 _SOFTMAX = "ds = att * (datt - sum_u(datt * att)), datt = dy_h @ v_h^T, per head"
@@ -124,7 +126,7 @@ EXERCISES = [
         "dx": "dx[i] = dout[i] for every i < n",
         "df": "df[i] = dout[i] for every i < n",
         "nan": "elements left NaN: every thread with i < dout.shape[0] must write BOTH dx[i] and df[i]"},
-        launch="residual_add_bwd"),
+        launch="residual_add_bwd", dims=(1, 5, 8, 2, 7, 5)),        # 40 elements: not a multiple of the block
     Exercise("k_layernorm_bwd", "kernel", "layernorm", "k_layernorm_bwd",
              "layernorm dx kernel: one row per block, block_sum for the two means", {
         "dx": "each thread saw only its own channels: add the partial sums of the block with "
@@ -134,19 +136,19 @@ EXERCISES = [
         "db": "db comes from the given k_layernorm_bwd_params: keep the given launch function",
         "nan": "dx has elements left NaN: stride over the row, for c in range(tid, C, nt), "
                "so every channel is written"},
-        launch="layernorm_bwd"),
+        launch="layernorm_bwd", dims=(1, 3, 8, 2, 7, 5)),
     Exercise("k_loss_bwd", "kernel", "loss", "k_loss_bwd",
              "dlogits = (probs - onehot) * scale, one row per block", {
         "dx": "did you multiply by scale (= dloss / (B*T))? and subtract 1 only at v == targets[row]?",
         "dwte": "did you multiply by scale (= dloss / (B*T))? and subtract 1 only at v == targets[row]?",
         "nan": "dlogits is not fully written: stride over the row, v in range(threadIdx.x, V, blockDim.x)"},
-        launch="loss_bwd"),
+        launch="loss_bwd", dims=(1, 4, 8, 2, 7, 5)),
     Exercise("k_embed_bwd_wpe", "kernel", "embed", "k_embed_bwd_wpe",
              "position-embedding gradient: sum over b, added (+=) into dwpe", {
         "dwpe": "dwpe accumulates: add into it (+=), do not overwrite it (=); sum dout[b, t, c] over b, "
                 "only for t < T",
         "nan": "dwpe became NaN: read dout only inside the bounds, i < T*C"},
-        launch="embed_bwd_wpe"),
+        launch="embed_bwd_wpe", dims=(2, 3, 8, 2, 7, 5)),          # rows T..T_max-1 of dwpe stay untouched
 ]
 BY_NAME = {e.name: e for e in EXERCISES}
 
@@ -232,22 +234,49 @@ def load(ex: Exercise, path: Path):
     return mod
 
 
-def _uses_twin_backward(ex: Exercise, mod) -> str | None:
-    """The name of a twin backward the student's code calls (it must be written, not borrowed)."""
-    banned = {ex.func: getattr(R, ex.func)} if ex.kind == "numpy" else {}
+def _imported_modules(path: Path) -> set:
+    """Every module the file imports, by full name: `from a.b import c` counts as a.b and a.b.c."""
+    import ast
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def borrowed(ex: Exercise, mod, path: Path) -> str | None:
+    """One line when the student's file borrows the answer instead of writing it: it imports the
+    engine's own kernels of this op (or the whole engine), or holds or calls the twin's backward."""
+    case = CASES[ex.op]
+    if ex.kind == "kernel":
+        engine = {case.module.__name__, "andrea_numba.gpu_model"}
+        hit = sorted(_imported_modules(path) & engine)
+        own = [n for n, v in vars(mod).items()
+               if getattr(getattr(v, "py_func", v), "__module__", None) == case.module.__name__]
+        if hit or own:
+            return (f"{ex.name}: {show(path)} imports the engine's own kernels ({(hit or own)[0]}): "
+                    f"write the kernel yourself (andrea_numba.kernels.common's helpers are allowed)")
+    banned = {case.bwd: case.twin_bwd}
     if ex.name == "mlp_bwd":
         banned["gelu_grad"] = R.gelu_grad
+    hit = sorted(m for m in _imported_modules(path) if m.rsplit(".", 1)[-1] in banned and m.startswith("reference"))
+    if hit:
+        return f"{ex.name}: {show(path)} imports the twin's {hit[0].rsplit('.', 1)[-1]}: write your own"
     for name, fn in banned.items():
         if any(v is fn for v in vars(mod).values()):
-            return name
+            return f"{ex.name}: {show(path)} calls the twin's {name}: write your own"
     codes = [f.__code__ for f in vars(mod).values()
-             if inspect.isfunction(f) and f.__module__ == mod.__name__]
+             if inspect.isfunction(getattr(f, "py_func", f)) and getattr(f, "__module__", None) == mod.__name__
+             for f in [getattr(f, "py_func", f)]]
     while codes:
         code = codes.pop()
         codes += [c for c in code.co_consts if inspect.iscode(c)]
         for ins in dis.get_instructions(code):
             if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in banned:
-                return ins.argval                   # reference.layernorm_bwd(...), R.gelu_grad(...)
+                return f"{ex.name}: {show(path)} calls the twin's {ins.argval}: write your own"   # R.layernorm_bwd(...)
     return None
 
 
@@ -281,49 +310,41 @@ def _criterion_kernel():
 # numpy exercises: gradcheck's cases with the student's backward in place of the twin's
 
 def _check_numpy(ex: Exercise, mod, seed: int) -> list[dict]:
-    student, twin = getattr(mod, ex.func), getattr(R, ex.func)
-    case = next(c for c in G.op_cases(seed) if c.op == ex.op)
-    names = list(case.inputs)                         # the backward returns their gradients, in order
+    case = CASES[ex.op]
+    student, twin = getattr(mod, ex.func), case.twin_bwd
+    params = list(inspect.signature(twin).parameters)     # the student's file has the twin's signature
+    names = [n[1:] for n in case.bwd_out]                 # the backward returns their gradients, in order
+    inputs = case.make(G.DIMS, np.random.default_rng(seed))
     seen = {}
 
-    def checked(*args, **kwargs):
-        out = student(*args, **kwargs)
+    def checked(**kwargs):
+        out = student(*[kwargs[p] for p in params])
         if not isinstance(out, (tuple, list)) or len(out) != len(names):
             got = f"{len(out)} values" if isinstance(out, (tuple, list)) else type(out).__name__
             raise Stop("error", f"{ex.name}: {ex.func} returned {got}; it must return "
                                 f"{len(names)}: ({', '.join('d' + n for n in names)})")
         for n, g in zip(names, out):
-            if np.shape(g) != case.inputs[n].shape:
+            if np.shape(g) != np.shape(inputs[n]):
                 raise Stop("error", f"{ex.name}: {ex.func} returned d{n} of shape {np.shape(g)}; "
-                                    f"it must have the shape of {n}, {case.inputs[n].shape}")
-        seen["called"] = True
+                                    f"it must have the shape of {n}, {np.shape(inputs[n])}")
+        seen["kwargs"] = dict(kwargs)
         return tuple(np.array(g, dtype=np.float64) for g in out)
 
-    def backward(*upstream, **inputs):
-        # gradcheck's cases call the twin as reference.<op>_bwd: point that name at the student's
-        setattr(R, ex.func, checked)
-        try:
-            grads = case.backward(*upstream, **inputs)
-        finally:
-            setattr(R, ex.func, twin)
-        seen["upstream"], seen["grads"] = upstream, grads
-        return grads
-
-    rows = G.check_op(G.OpCase(case.op, case.inputs, case.forward, backward), seed)
-    if not seen.get("called"):
-        raise RuntimeError(f"gradcheck.op_cases no longer calls reference.{ex.func}: update exercises.py")
-    ref = case.backward(*seen["upstream"], **case.inputs)           # the twin, same upstream gradient
+    checked.__signature__ = inspect.signature(twin)
+    rows = G.check_op(case, seed, backward=checked)
+    ref = case.backward(seen["kwargs"])                   # the twin, on the very same arguments
+    mine = case.backward(seen["kwargs"], twin=checked)
     out = []
     if ex.name == "mlp_bwd":                                          # part 1 of the exercise, alone
         z = np.linspace(-5.0, 5.0, 101)
-        mine = np.asarray(mod.gelu_grad(z.copy()), dtype=np.float64)
-        if mine.shape != z.shape:
-            raise Stop("error", f"{ex.name}: gelu_grad returned shape {mine.shape} for z of shape {z.shape}")
+        g = np.asarray(mod.gelu_grad(z.copy()), dtype=np.float64)
+        if g.shape != z.shape:
+            raise Stop("error", f"{ex.name}: gelu_grad returned shape {g.shape} for z of shape {z.shape}")
         numeric = G.numerical_gradient(lambda: float(np.sum(R.gelu(z))), z)
-        out.append(_numpy_row(ex, "gelu", "gelu'(z)", G.rel_error(mine, numeric), G.rel_error(mine, R.gelu_grad(z))))
+        out.append(_numpy_row(ex, "gelu", "gelu'(z)", G.rel_error(g, numeric), G.rel_error(g, R.gelu_grad(z))))
     for r in rows:
         n = r["tensor"]
-        out.append(_numpy_row(ex, n, "d" + n, r["rel_err"], G.rel_error(seen["grads"][n], ref[n])))
+        out.append(_numpy_row(ex, n, "d" + n, r["rel_err"], G.rel_error(mine["d" + n], ref["d" + n])))
     return out
 
 
@@ -336,51 +357,6 @@ def _numpy_row(ex, key, tensor, err, err_twin):
 
 # ---------------------------------------------------------------------------------------------
 # kernel exercises: the agreement harness on tiny float32 inputs
-
-def _f32(a):
-    return np.asarray(a, dtype=np.float32)
-
-
-def _d64(a):
-    return np.asarray(a, dtype=np.float64)
-
-
-def _kernel_case(ex: Exercise, mod, rng):
-    """(launch, inputs, outs, accums, refs) for check.run_op, as in check.op_rows but tiny."""
-    r = lambda *s, scale=1.0: _f32(rng.standard_normal(s) * scale)
-    if ex.name == "k_residual_add_bwd":
-        dout = r(40)                                   # not a multiple of the block: the guard matters
-        dx, df = R.residual_add_bwd(_d64(dout))
-        return (lambda d: mod.residual_add_bwd(d["dx"], d["df"], d["dout"]),
-                dict(dout=dout), dict(dx=(40,), df=(40,)), [], dict(dx=dx, df=df))
-    if ex.name == "k_layernorm_bwd":
-        N, C = 3, 8
-        x, g, b, dout = r(N, C), r(C, scale=0.5) + 1, r(C, scale=0.5), r(N, C)
-        _, mean, rstd = R.layernorm_fwd(_d64(x), _d64(g), _d64(b), 1e-5)
-        dx, dg, db = R.layernorm_bwd(_d64(dout), _d64(x), mean, rstd, _d64(g))
-        return (lambda d: mod.layernorm_bwd(d["dx"], d["dg"], d["db"], d["dout"], d["x"], d["mean"],
-                                            d["rstd"], d["g"]),
-                dict(dout=dout, x=x, mean=_f32(mean), rstd=_f32(rstd), g=g), dict(dx=(N, C)), ["dg", "db"],
-                dict(dx=dx, dg=dg, db=db))
-    if ex.name == "k_loss_bwd":
-        N, C, V = 4, 8, 7
-        x, wte = r(N, C), r(V, C, scale=0.5)
-        targets = rng.integers(0, V, size=N).astype(np.int32)
-        _, _, probs = R.loss_fwd(_d64(x), _d64(wte), targets)
-        dx, dwte = R.loss_bwd(1.0, _d64(x), _d64(wte), probs, targets)
-        return (lambda d: mod.loss_bwd(d["dx"], d["dwte"], d["dlogits"], d["probs"], d["x"], d["wte"],
-                                       d["targets"], 1.0),
-                dict(probs=_f32(probs), x=x, wte=wte, targets=targets), dict(dx=(N, C), dlogits=(N, V)),
-                ["dwte"], dict(dx=dx, dwte=dwte))
-    if ex.name == "k_embed_bwd_wpe":
-        B, T, C, T_max = 2, 3, 8, 5                    # rows T..T_max-1 of dwpe must stay untouched
-        dout = r(B, T, C)
-        tokens = np.zeros((B, T), np.int64)
-        _, dwpe = R.embed_bwd(_d64(dout), tokens, np.zeros((1, C)), np.zeros((T_max, C)))
-        return (lambda d: mod.embed_bwd_wpe(d["dwpe"], d["dout"]),
-                dict(dout=dout), {}, ["dwpe"], dict(dwpe=dwpe))
-    raise ValueError(ex.name)
-
 
 def _check_kernel(ex: Exercise, mod, path: Path, seed: int) -> list[dict]:
     from numba import cuda
@@ -397,8 +373,8 @@ def _check_kernel(ex: Exercise, mod, path: Path, seed: int) -> list[dict]:
         if stub:
             raise _not_implemented(ex, path, stub[0])
     rng = np.random.default_rng(seed)
-    launch, inputs, outs, accums, refs = _kernel_case(ex, mod, rng)
-    rows = H.run_op(ex.op, launch, inputs, outs, accums, refs, rng=rng)
+    case = CASES[ex.op]
+    rows = H.check_launcher(case, "bwd", getattr(mod, ex.launch), Dims(*ex.dims), rng)
     out = []
     for r in rows:
         finite = math.isfinite(r["max_abs_err"])
@@ -432,9 +408,9 @@ def check(name: str, path=None, seed: int = 0) -> dict:
            "criterion": CRITERION_NUMPY, "status": "error", "ok": False, "message": None, "rows": []}
     try:
         mod = load(ex, path)
-        borrowed = _uses_twin_backward(ex, mod)
-        if borrowed:
-            raise Stop("error", f"{name}: {show(path)} calls the twin's {borrowed}: write your own")
+        why = borrowed(ex, mod, path)
+        if why:
+            raise Stop("error", why)
         if ex.kind == "numpy":
             rows = _check_numpy(ex, mod, seed)
         else:

@@ -3,7 +3,8 @@
     python -m andrea_numba.gradcheck          # one row per checked tensor
     python -m andrea_numba.gradcheck --json   # {"ok": bool, "checks": [{"op", "tensor", "rel_err", "ok"}]}
 
-An op maps inputs to outputs. With a random upstream gradient G for each output, the scalar
+The ops are the eight cases of andrea_numba/cases.py (their twins, input makers and upstream
+gradients). An op maps inputs to outputs. With a random upstream gradient G for each output, the scalar
     f(inputs) = sum over outputs of sum(G * output)
 has d f / d input = exactly what the op's backward returns when handed G as grad_output. So we
 perturb every element of every input and parameter by +-h and compare
@@ -17,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 import reference as R
 
+from .cases import CASES, OPS, Dims, OpCase
 from .config import load_config
 from .layout import init_params
 
@@ -64,76 +65,28 @@ def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = H, orde
     return grad
 
 
-@dataclass
-class OpCase:
-    """One op prepared for a gradient check.
-    inputs: the differentiable tensors (inputs and parameters) by name;
-    forward(**inputs) -> tuple of outputs; backward(*upstream, **inputs) -> dict name -> gradient."""
-    op: str
-    inputs: dict
-    forward: Callable
-    backward: Callable
+# The op checks' sizes: tiny, in float64; V = 7 < B*T so token ids repeat; T_max > T so rows of
+# wpe past T must get exactly zero gradient.
+DIMS = Dims(B=2, T=5, C=8, H=2, V=7, T_max=7)
 
 
-def op_cases(seed: int = 0) -> list[OpCase]:
-    """The eight op pairs at small float64 shapes (B=2, T=5, C=8, H=2, V=7: token ids repeat)."""
+def check_op(case: OpCase, seed: int = 0, dims: Dims = DIMS, backward=None) -> list[dict]:
+    """Rows {"op", "tensor", "rel_err", "ok"} for every differentiable tensor of one op (a case
+    of andrea_numba.cases). backward: a function with the twin's signature to check in its place
+    (the exercise grader passes the student's)."""
     rng = np.random.default_rng(seed)
-    B, T, C, NH, V = 2, 5, 8, 2, 7
-    r = lambda *s: rng.standard_normal(s)
-    tokens = rng.integers(0, V, size=(B, T))
-    targets = rng.integers(0, V, size=(B, T))
-    att_fwd = lambda q, k, v: (R.attn_fwd(q, k, v, NH)[0],)
+    values = case.make(dims, rng)                                    # float64 inputs, read by f below
+    outs = case.forward(values)
+    upstream = case.upstream_for(outs, np.random.default_rng(seed + 1))   # one G per output
 
-    def att_bwd(dy, q, k, v):
-        att = R.attn_fwd(q, k, v, NH)[1]
-        return dict(zip("qkv", R.attn_bwd(dy, q, k, v, att, NH)))
+    def f():
+        now = case.forward(values)
+        return float(sum(np.sum(g * now[case.upstream[u]]) for u, g in upstream.items()))
 
-    def ln_bwd(dout, x, g, b):
-        _, mean, rstd = R.layernorm_fwd(x, g, b)
-        return dict(zip(("x", "g", "b"), R.layernorm_bwd(dout, x, mean, rstd, g)))
-
-    def mlp_bwd(dout, x, w_1, w_2):
-        _, h_pre, h = R.mlp_fwd(x, w_1, w_2)
-        return dict(zip(("x", "w_1", "w_2"), R.mlp_bwd(dout, x, h_pre, h, w_1, w_2)))
-
-    def loss_bwd(dloss, x, wte):
-        probs = R.loss_fwd(x, wte, targets)[2]
-        return dict(zip(("x", "wte"), R.loss_bwd(dloss, x, wte, probs, targets)))
-
-    return [
-        OpCase("embed", dict(wte=r(V, C), wpe=r(T + 2, C)),
-               lambda wte, wpe: (R.embed_fwd(tokens, wte, wpe),),
-               lambda dout, wte, wpe: dict(zip(("wte", "wpe"), R.embed_bwd(dout, tokens, wte, wpe)))),
-        OpCase("layernorm", dict(x=r(B, T, C), g=1 + 0.1 * r(C), b=0.1 * r(C)),
-               lambda x, g, b: (R.layernorm_fwd(x, g, b)[0],), ln_bwd),
-        OpCase("attn_qkv", dict(x=r(B, T, C), w_q=r(C, C), w_k=r(C, C), w_v=r(C, C)),
-               R.attn_qkv_fwd,
-               lambda dq, dk, dv, x, w_q, w_k, w_v: dict(zip(
-                   ("x", "w_q", "w_k", "w_v"), R.attn_qkv_bwd(dq, dk, dv, x, w_q, w_k, w_v)))),
-        OpCase("attn", dict(q=r(B, T, C), k=r(B, T, C), v=r(B, T, C)), att_fwd, att_bwd),
-        OpCase("attn_out", dict(y=r(B, T, C), w_o=r(C, C)),
-               lambda y, w_o: (R.attn_out_fwd(y, w_o),),
-               lambda dout, y, w_o: dict(zip(("y", "w_o"), R.attn_out_bwd(dout, y, w_o)))),
-        OpCase("mlp", dict(x=r(B, T, C), w_1=0.5 * r(C, 4 * C), w_2=0.5 * r(4 * C, C)),
-               lambda x, w_1, w_2: (R.mlp_fwd(x, w_1, w_2)[0],), mlp_bwd),
-        OpCase("residual", dict(x=r(B, T, C), f=r(B, T, C)),
-               lambda x, f: (R.residual_add(x, f),),
-               lambda dout, x, f: dict(zip(("x", "f"), R.residual_add_bwd(dout)))),
-        OpCase("loss", dict(x=r(B, T, C), wte=r(V, C)),
-               lambda x, wte: (R.loss_fwd(x, wte, targets)[0],), loss_bwd),
-    ]
-
-
-def check_op(case: OpCase, seed: int = 0) -> list[dict]:
-    """Rows {"op", "tensor", "rel_err", "ok"} for every differentiable tensor of one op."""
-    rng = np.random.default_rng(seed + 1)
-    outs = case.forward(**case.inputs)
-    upstream = [rng.standard_normal(np.shape(o)) for o in outs]       # one G per output
-    f = lambda: float(sum(np.sum(g * o) for g, o in zip(upstream, case.forward(**case.inputs))))
-    analytic = case.backward(*upstream, **case.inputs)
+    analytic = case.backward({**values, **outs, **upstream}, twin=backward)
     rows = []
-    for name, x in case.inputs.items():
-        err = rel_error(analytic[name], numerical_gradient(f, x))
+    for name in case.differentiable():
+        err = rel_error(analytic["d" + name], numerical_gradient(f, values[name]))
         rows.append({"op": case.op, "tensor": name, "rel_err": err, "ok": err <= TOL})
     return rows
 
@@ -167,7 +120,7 @@ def check_model(size: str = "tiny", seed: int = 0, batch: int = 2) -> list[dict]
 
 def run_all(seed: int = 0, progress: bool = False) -> list[dict]:
     rows = []
-    for case in op_cases(seed):
+    for case in (CASES[op] for op in OPS):
         rows += check_op(case, seed)
         if progress:
             print(f"  checked {case.op}", file=sys.stderr, flush=True)

@@ -28,9 +28,9 @@ import _common as lesson  # noqa: E402  (sets NUMBA_ENABLE_CUDASIM=1 when there 
 import numpy as np  # noqa: E402
 
 import reference as R  # noqa: E402
+from andrea_numba.cases import CASES, Dims, call  # noqa: E402
 from andrea_numba.check import to_dev, to_host  # noqa: E402
 from andrea_numba.config import load_config  # noqa: E402
-from andrea_numba.kernels import attn, attn_out, attn_qkv, embed, layernorm, loss, mlp, residual  # noqa: E402
 from andrea_numba.layout import init_params, param_layout, views  # noqa: E402
 
 args = lesson.start(__doc__)
@@ -68,14 +68,19 @@ def norm(a):
     return float(np.sqrt(np.sum(np.asarray(a, dtype=np.float64) ** 2)))
 
 
-def kernel(launch, inputs, outs, accums=()):
-    """Run a kernel launch function on float32 copies of `inputs`. outs: name -> shape, written by
-    the kernel (filled with NaN first); accums: names of += buffers (start at zero)."""
-    d = {k: to_dev(v if v.dtype.kind == "i" else f32(v)) for k, v in inputs.items()}
-    d.update({k: to_dev(np.full(s, np.nan, np.float32)) for k, s in outs.items()})
-    d.update({k: to_dev(np.zeros(s, np.float32)) for k, s in accums})
-    launch(d)
-    return {k: to_host(d[k]) for k in (*outs, *(a for a, _ in accums))}
+def kernel(op, outs, **values):
+    """Run the engine's backward kernels of `op` (its launcher, as andrea_numba/cases.py names it)
+    on float32 copies of the values the twin got. outs: name -> shape of what it returns; written
+    outputs start as NaN, += outputs (case.accumulate) at zero, work buffers as NaN."""
+    case = CASES[op]
+    dims = Dims.of(m, B, T)
+    d = {k: to_dev(v if v.dtype.kind == "i" else f32(v)) for k, v in values.items() if isinstance(v, np.ndarray)}
+    d.update({k: to_dev(np.zeros(s, np.float32) if k in case.accumulate else np.full(s, np.nan, np.float32))
+              for k, s in outs.items()})
+    d.update({k: to_dev(np.full(shape(dims), np.nan, dtype)) for k, (shape, dtype) in case.scratch.items()})
+    scalars = {k: v for k, v in values.items() if not isinstance(v, np.ndarray)}
+    call(case.engine("bwd"), {**scalars, **d})
+    return {k: to_host(d[k]) for k in outs}
 
 
 def loss_at(flat):
@@ -126,10 +131,8 @@ N, C, F, H = B * T, m.d_model, 4 * m.d_model, m.n_head
 # %%
 dx, dwte = R.loss_bwd(1.0, acts["lnf"], P["wte"], acts["probs"], targets)
 GRADS["wte"] += dwte
-k = kernel(lambda d: loss.loss_bwd(d["dx"], d["dwte"], d["dlogits"], d["probs"], d["x"], d["wte"], d["targets"], 1.0),
-           dict(probs=acts["probs"].reshape(N, -1), x=acts["lnf"].reshape(N, C), wte=P["wte"],
-                targets=targets.reshape(N).astype(np.int32)),
-           dict(dx=(N, C), dlogits=(N, m.vocab_size)), [("dwte", P["wte"].shape)])
+k = kernel("loss", dict(dx=(N, C), dwte=P["wte"].shape), dloss=1.0, x=acts["lnf"].reshape(N, C), wte=P["wte"],
+           probs=acts["probs"].reshape(N, -1), targets=targets.reshape(N).astype(np.int32))
 report("loss (tied output projection + cross-entropy)", "k_loss_bwd  <->  reference.loss.loss_bwd",
        {"dloss": np.array(1.0)}, ["probs [B,T,V]", "lnf [B,T,C]", "wte", "targets"],
        {"dx": dx, "dwte": dwte}, {"dx": k["dx"].reshape(dx.shape), "dwte": k["dwte"]})
@@ -141,9 +144,8 @@ dln, dg, db = dx, None, None
 dx, dg, db = R.layernorm_bwd(dln, acts["x_out"], acts["lnf_mean"], acts["lnf_rstd"], P["lnf.g"])
 GRADS["lnf.g"] += dg
 GRADS["lnf.b"] += db
-k = kernel(lambda d: layernorm.layernorm_bwd(d["dx"], d["dg"], d["db"], d["dout"], d["x"], d["mean"], d["rstd"], d["g"]),
-           dict(dout=dln.reshape(N, C), x=acts["x_out"].reshape(N, C), mean=acts["lnf_mean"].reshape(N),
-                rstd=acts["lnf_rstd"].reshape(N), g=P["lnf.g"]), dict(dx=(N, C)), [("dg", (C,)), ("db", (C,))])
+k = kernel("layernorm", dict(dx=(N, C), dg=(C,), db=(C,)), dout=dln.reshape(N, C), x=acts["x_out"].reshape(N, C),
+           mean=acts["lnf_mean"].reshape(N), rstd=acts["lnf_rstd"].reshape(N), g=P["lnf.g"])
 report("final LayerNorm", "k_layernorm_bwd  <->  reference.layernorm.layernorm_bwd", {"dlnf": dln},
        ["x_out", "lnf_mean", "lnf_rstd", "lnf.g"], {"dx": dx, "dg": dg, "db": db},
        {"dx": k["dx"].reshape(dx.shape), "dg": k["dg"], "db": k["db"]}, [("lnf.g", dg), ("lnf.b", db)])
@@ -156,8 +158,7 @@ for l in reversed(range(m.n_layer)):
     say(f"\n========== block {l} ==========")
     # x_out = x_mid + mlp(ln2(x_mid))
     dx_mid, dmlp = R.residual_add_bwd(dx)
-    k = kernel(lambda d: residual.residual_add_bwd(d["dx"], d["df"], d["dout"]), dict(dout=dx.reshape(-1)),
-               dict(dx=(dx.size,), df=(dx.size,)))
+    k = kernel("residual", dict(dx=(dx.size,), df=(dx.size,)), dout=dx.reshape(-1))
     report(f"block {l} residual (MLP side)", "k_residual_add_bwd", {"d x_out": dx}, ["nothing"],
            {"d x_mid (skip)": dx_mid, "d mlp_out": dmlp},
            {"d x_mid (skip)": k["dx"].reshape(dx.shape), "d mlp_out": k["df"].reshape(dx.shape)})
@@ -165,11 +166,8 @@ for l in reversed(range(m.n_layer)):
     dln2, dw1, dw2 = R.mlp_bwd(dmlp, a["ln2"], a["h_pre"], a["h"], P[p + "mlp.w_1"], P[p + "mlp.w_2"])
     GRADS[p + "mlp.w_1"] += dw1
     GRADS[p + "mlp.w_2"] += dw2
-    k = kernel(lambda d: mlp.mlp_bwd(d["dx"], d["dw_1"], d["dw_2"], d["dh_pre"], d["dout"], d["x"], d["h_pre"],
-                                     d["h"], d["w_1"], d["w_2"]),
-               dict(dout=dmlp.reshape(N, C), x=a["ln2"].reshape(N, C), h_pre=a["h_pre"].reshape(N, F),
-                    h=a["h"].reshape(N, F), w_1=P[p + "mlp.w_1"], w_2=P[p + "mlp.w_2"]),
-               dict(dx=(N, C), dh_pre=(N, F)), [("dw_1", (C, F)), ("dw_2", (F, C))])
+    k = kernel("mlp", dict(dx=(N, C), dw_1=(C, F), dw_2=(F, C)), dout=dmlp.reshape(N, C), x=a["ln2"].reshape(N, C),
+               h_pre=a["h_pre"].reshape(N, F), h=a["h"].reshape(N, F), w_1=P[p + "mlp.w_1"], w_2=P[p + "mlp.w_2"])
     report(f"block {l} MLP", "k_mlp_bwd  <->  reference.mlp.mlp_bwd", {"d mlp_out": dmlp},
            ["ln2", "h_pre (for GELU')", "h", "w_1", "w_2"], {"d ln2": dln2, "dw_1": dw1, "dw_2": dw2},
            {"d ln2": k["dx"].reshape(dln2.shape), "dw_1": k["dw_1"], "dw_2": k["dw_2"]},
@@ -178,10 +176,8 @@ for l in reversed(range(m.n_layer)):
     dx_ln, dg, db = R.layernorm_bwd(dln2, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], P[p + "ln2.g"])
     GRADS[p + "ln2.g"] += dg
     GRADS[p + "ln2.b"] += db
-    k = kernel(lambda d: layernorm.layernorm_bwd(d["dx"], d["dg"], d["db"], d["dout"], d["x"], d["mean"], d["rstd"],
-                                                 d["g"]),
-               dict(dout=dln2.reshape(N, C), x=a["x_mid"].reshape(N, C), mean=a["ln2_mean"].reshape(N),
-                    rstd=a["ln2_rstd"].reshape(N), g=P[p + "ln2.g"]), dict(dx=(N, C)), [("dg", (C,)), ("db", (C,))])
+    k = kernel("layernorm", dict(dx=(N, C), dg=(C,), db=(C,)), dout=dln2.reshape(N, C), x=a["x_mid"].reshape(N, C),
+               mean=a["ln2_mean"].reshape(N), rstd=a["ln2_rstd"].reshape(N), g=P[p + "ln2.g"])
     report(f"block {l} LN2", "k_layernorm_bwd", {"d ln2": dln2}, ["x_mid", "ln2_mean", "ln2_rstd", "ln2.g"],
            {"dx": dx_ln, "dg": dg, "db": db}, {"dx": k["dx"].reshape(dx_ln.shape), "dg": k["dg"], "db": k["db"]},
            [(p + "ln2.g", dg), (p + "ln2.b", db)])
@@ -192,17 +188,14 @@ for l in reversed(range(m.n_layer)):
     dx_in, dattn = R.residual_add_bwd(dx_mid)
     dy, dwo = R.attn_out_bwd(dattn, a["y"], P[p + "attn.w_o"])
     GRADS[p + "attn.w_o"] += dwo
-    k = kernel(lambda d: attn_out.attn_out_bwd(d["dy"], d["dw_o"], d["dout"], d["y"], d["w_o"]),
-               dict(dout=dattn.reshape(N, C), y=a["y"].reshape(N, C), w_o=P[p + "attn.w_o"]), dict(dy=(N, C)),
-               [("dw_o", (C, C))])
+    k = kernel("attn_out", dict(dy=(N, C), dw_o=(C, C)), dout=dattn.reshape(N, C), y=a["y"].reshape(N, C),
+               w_o=P[p + "attn.w_o"])
     report(f"block {l} attention output W_O", "k_attn_out_bwd", {"d attn_out": dattn}, ["y", "w_o"],
            {"dy": dy, "dw_o": dwo}, {"dy": k["dy"].reshape(dy.shape), "dw_o": k["dw_o"]}, [(p + "attn.w_o", dwo)])
 
     dq, dk, dv = R.attn_bwd(dy, a["q"], a["k"], a["v"], a["att"], H)
-    k = kernel(lambda d: attn.attn_bwd(d["dq"], d["dk"], d["dv"], d["dy"], d["q"], d["k"], d["v"], d["att"],
-                                       d["scratch"], H),
-               dict(dy=dy, q=a["q"], k=a["k"], v=a["v"], att=a["att"]),
-               dict(dq=(B, T, C), dk=(B, T, C), dv=(B, T, C), scratch=a["att"].shape))
+    k = kernel("attn", dict(dq=(B, T, C), dk=(B, T, C), dv=(B, T, C)), dy=dy, q=a["q"], k=a["k"], v=a["v"],
+               att=a["att"], n_head=H)
     report(f"block {l} causal attention", "k_attn_bwd  <->  reference.attn.attn_bwd", {"dy": dy},
            ["q", "k", "v", "att (softmax probabilities)"], {"dq": dq, "dk": dk, "dv": dv},
            {"dq": k["dq"], "dk": k["dk"], "dv": k["dv"]})
@@ -210,11 +203,9 @@ for l in reversed(range(m.n_layer)):
     dln1, dwq, dwk, dwv = R.attn_qkv_bwd(dq, dk, dv, a["ln1"], P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
     for name, g in (("attn.w_q", dwq), ("attn.w_k", dwk), ("attn.w_v", dwv)):
         GRADS[p + name] += g
-    k = kernel(lambda d: attn_qkv.attn_qkv_bwd(d["dx"], d["dw_q"], d["dw_k"], d["dw_v"], d["dq"], d["dk"], d["dv"],
-                                               d["x"], d["w_q"], d["w_k"], d["w_v"]),
-               dict(dq=dq.reshape(N, C), dk=dk.reshape(N, C), dv=dv.reshape(N, C), x=a["ln1"].reshape(N, C),
-                    w_q=P[p + "attn.w_q"], w_k=P[p + "attn.w_k"], w_v=P[p + "attn.w_v"]),
-               dict(dx=(N, C)), [("dw_q", (C, C)), ("dw_k", (C, C)), ("dw_v", (C, C))])
+    k = kernel("attn_qkv", dict(dx=(N, C), dw_q=(C, C), dw_k=(C, C), dw_v=(C, C)), dq=dq.reshape(N, C),
+               dk=dk.reshape(N, C), dv=dv.reshape(N, C), x=a["ln1"].reshape(N, C),
+               w_q=P[p + "attn.w_q"], w_k=P[p + "attn.w_k"], w_v=P[p + "attn.w_v"])
     report(f"block {l} Q, K, V projections", "k_attn_qkv_bwd", {"dq": dq, "dk": dk, "dv": dv},
            ["ln1", "w_q", "w_k", "w_v"], {"d ln1": dln1, "dw_q": dwq, "dw_k": dwk, "dw_v": dwv},
            {"d ln1": k["dx"].reshape(dln1.shape), "dw_q": k["dw_q"], "dw_k": k["dw_k"], "dw_v": k["dw_v"]},
@@ -223,10 +214,8 @@ for l in reversed(range(m.n_layer)):
     dx_ln, dg, db = R.layernorm_bwd(dln1, a["x_in"], a["ln1_mean"], a["ln1_rstd"], P[p + "ln1.g"])
     GRADS[p + "ln1.g"] += dg
     GRADS[p + "ln1.b"] += db
-    k = kernel(lambda d: layernorm.layernorm_bwd(d["dx"], d["dg"], d["db"], d["dout"], d["x"], d["mean"], d["rstd"],
-                                                 d["g"]),
-               dict(dout=dln1.reshape(N, C), x=a["x_in"].reshape(N, C), mean=a["ln1_mean"].reshape(N),
-                    rstd=a["ln1_rstd"].reshape(N), g=P[p + "ln1.g"]), dict(dx=(N, C)), [("dg", (C,)), ("db", (C,))])
+    k = kernel("layernorm", dict(dx=(N, C), dg=(C,), db=(C,)), dout=dln1.reshape(N, C), x=a["x_in"].reshape(N, C),
+               mean=a["ln1_mean"].reshape(N), rstd=a["ln1_rstd"].reshape(N), g=P[p + "ln1.g"])
     report(f"block {l} LN1", "k_layernorm_bwd", {"d ln1": dln1}, ["x_in", "ln1_mean", "ln1_rstd", "ln1.g"],
            {"dx": dx_ln, "dg": dg, "db": db}, {"dx": k["dx"].reshape(dx_ln.shape), "dg": k["dg"], "db": k["db"]},
            [(p + "ln1.g", dg)])
@@ -236,12 +225,11 @@ for l in reversed(range(m.n_layer)):
 # %% [markdown]
 # ## The embeddings
 # %%
-dwte, dwpe = R.embed_bwd(dx, tokens, P["wte"], P["wpe"])
+dwte, dwpe = R.embed_bwd(dx, tokens, m.vocab_size, m.context_length)
 GRADS["wte"] += dwte
 GRADS["wpe"] += dwpe
-k = kernel(lambda d: embed.embed_bwd(d["dwte"], d["dwpe"], d["dout"], d["tokens"], d["links"]),
-           dict(dout=dx, tokens=tokens.astype(np.int32), links=np.zeros((2, N), np.int32)), {},
-           [("dwte", P["wte"].shape), ("dwpe", P["wpe"].shape)])
+k = kernel("embed", dict(dwte=P["wte"].shape, dwpe=P["wpe"].shape), dout=dx, tokens=tokens.astype(np.int32),
+           vocab_size=m.vocab_size, context_length=m.context_length)
 report("token + position embedding", "k_embed_bwd  <->  reference.embed.embed_bwd", {"d x0": dx}, ["tokens"],
        {"dwte (embedding share)": dwte, "dwpe": dwpe}, {"dwte (embedding share)": k["dwte"], "dwpe": k["dwpe"]},
        [("wpe", dwpe)])

@@ -133,7 +133,7 @@ def test_broken_files_give_one_line_with_file_and_line(tmp_path):
     res = E.check("layernorm_bwd", bad)
     assert "line 2 does not import: ImportError" in res["message"]
     bad.write_text("from reference.layernorm import layernorm_bwd  # borrowed\n")
-    assert "calls the twin's layernorm_bwd: write your own" in E.check("layernorm_bwd", bad)["message"]
+    assert "imports the twin's layernorm_bwd: write your own" in E.check("layernorm_bwd", bad)["message"]
     bad.write_text("import reference as R\n\ndef layernorm_bwd(dout, x, mean, rstd, g):\n"
                    "    return R.layernorm_bwd(dout, x, mean, rstd, g)\n")
     assert "calls the twin's layernorm_bwd" in E.check("layernorm_bwd", bad)["message"]
@@ -145,6 +145,23 @@ def test_broken_files_give_one_line_with_file_and_line(tmp_path):
     res = E.check("layernorm_bwd", bad)
     assert res["status"] == "error" and "line 2: AttributeError" in res["message"]
     assert "no file" in E.check("layernorm_bwd", tmp_path / "nowhere.py")["message"]
+
+
+@pytest.mark.parametrize("borrow, says", [
+    ("from andrea_numba.kernels.layernorm import layernorm_bwd_v2 as layernorm_bwd\n",
+     "imports the engine's own kernels (andrea_numba.kernels.layernorm)"),
+    ("from andrea_numba.kernels import layernorm as L\nlayernorm_bwd = L.layernorm_bwd\n",
+     "imports the engine's own kernels (andrea_numba.kernels.layernorm)"),
+    ("import andrea_numba.gpu_model\n", "imports the engine's own kernels (andrea_numba.gpu_model)"),
+    ("import reference as R\nk_layernorm_bwd = R.layernorm_bwd\n", "calls the twin's layernorm_bwd"),
+])
+def test_a_kernel_file_that_borrows_the_answer_is_refused(tmp_path, borrow, says):
+    """The grader reads what the student's module imports and holds: the engine's own kernels of
+    the op, or its twin's backward, are the answer, not a way to it (one line, status error)."""
+    path = tmp_path / "k_layernorm_bwd.py"
+    path.write_text((SOLUTIONS / "k_layernorm_bwd.py").read_text() + "\n" + borrow)
+    res = E.check("k_layernorm_bwd", path)
+    assert res["status"] == "error" and says in res["message"] and "\n" not in res["message"], res["message"]
 
 
 def test_a_kernel_that_indexes_out_of_bounds_names_its_line(tmp_path):

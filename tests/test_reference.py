@@ -6,7 +6,8 @@ import pytest
 
 import reference as R
 from andrea_numba.config import load_config
-from andrea_numba.gradcheck import op_cases
+from andrea_numba.cases import CASES, OPS
+from andrea_numba.gradcheck import DIMS
 from andrea_numba.layout import decay_mask, init_params, n_params
 
 
@@ -21,16 +22,16 @@ def _batch(cfg, seed=0, B=2):
     return rng.integers(0, cfg.model.vocab_size, (B, T)), rng.integers(0, cfg.model.vocab_size, (B, T))
 
 
-@pytest.mark.parametrize("case", op_cases(), ids=lambda c: c.op)
-def test_each_op_float32_matches_float64_and_keeps_its_dtype(case):
-    rng = np.random.default_rng(5)
-    f64 = case.inputs
-    f32 = {k: v.astype(np.float32) for k, v in f64.items()}
-    out64, out32 = case.forward(**f64), case.forward(**f32)
-    up64 = [rng.standard_normal(np.shape(o)) for o in out64]
-    up32 = [u.astype(np.float32) for u in up64]
-    g64, g32 = case.backward(*up64, **f64), case.backward(*up32, **f32)
-    for a, b in list(zip(out64, out32)) + [(g64[k], g32[k]) for k in g64]:
+@pytest.mark.parametrize("op", OPS)
+def test_each_op_float32_matches_float64_and_keeps_its_dtype(op):
+    case, rng = CASES[op], np.random.default_rng(5)
+    f64 = case.make(DIMS, rng)
+    f32 = {k: (v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v) for k, v in f64.items()}
+    out64, out32 = case.forward(f64), case.forward(f32)
+    up64 = {k: np.asarray(v) for k, v in case.upstream_for(out64, rng).items()}
+    up32 = {k: v.astype(np.float32) for k, v in up64.items()}
+    g64, g32 = case.backward({**f64, **out64, **up64}), case.backward({**f32, **out32, **up32})
+    for a, b in [(out64[k], out32[k]) for k in out64] + [(g64[k], g32[k]) for k in g64]:
         assert np.asarray(b).dtype == np.float32
         assert np.asarray(a).dtype == np.float64
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(a).max())))

@@ -28,9 +28,9 @@ def k_loss_bwd(dlogits, probs, targets, scale):
     raise NotImplementedError("write k_loss_bwd: see the docstring")
 
 
-def loss_bwd(dx, dwte, dlogits, probs, x, wte, targets, dloss, stream=0):
-    """Given: dx [N, C] (written); dwte [V, C] (+=); dlogits [N, V] work buffer; probs [N, V];
-    x [N, C]; wte [V, C]; targets [N] int32; dloss a scalar. Your kernel: N blocks of up to 256
+def loss_bwd(dx, dwte, dlogits, dloss, x, wte, probs, targets, stream=0):
+    """Given: dx [N, C] (written); dwte [V, C] (+=); dlogits [N, V] work buffer; dloss a scalar;
+    x [N, C]; wte [V, C]; probs [N, V]; targets [N] int32. Your kernel: N blocks of up to 256
     threads (4 in the simulator); then the two products."""
     N, V = probs.shape
     scale = np.float32(float(dloss) / N)

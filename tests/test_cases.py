@@ -1,0 +1,93 @@
+"""The op-case table and the kernel ladder: one table names every op, every kernel module lists its
+versions in VERSIONS with numbered names, and every launcher's signature is its twin's, argument
+for argument, after its outputs and work buffers. (That every version has a harness row at every
+block size is checked in test_kernels.py, which runs the harness.)"""
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import reference as R
+from andrea_numba.cases import CASES, KERNEL_MODULES, OPS, Dims
+from andrea_numba.kernels import common
+
+LAUNCHERS = [(case, direction, version, launch)
+             for case in CASES.values() for direction in (("fwd", "bwd") if case.bwd else ("fwd",))
+             for version, launch in case.versions(direction).items()]
+
+
+def _id(item):
+    case, direction, version, launch = item
+    return f"{case.op}-{direction}-v{version}"
+
+
+def test_the_eight_ops_in_kernel_table_order():
+    assert OPS == ["embed", "layernorm", "attn_qkv", "attn", "attn_out", "mlp", "residual", "loss"]
+
+
+def test_every_launcher_in_every_versions_table_belongs_to_a_case():
+    named = {(c.module.__name__, n) for c in CASES.values() for n in (c.fwd, c.bwd) if n}
+    for module in KERNEL_MODULES:
+        for name, versions in module.VERSIONS.items():
+            assert (module.__name__, name) in named, f"{module.__name__}.{name} has no case: the harness skips it"
+            assert versions and all(isinstance(v, int) and v >= 1 for v in versions)
+            for v, launch in versions.items():
+                assert launch.__name__ == f"{name}_v{v}", (name, v, launch.__name__)
+                assert getattr(module, launch.__name__) is launch             # a module-level name
+                assert launch.blocks, f"{launch.__name__} declares no block sizes"
+            assert getattr(module, name) in versions.values(), f"{name}: the engine's version is not in VERSIONS"
+
+
+def test_every_kernel_is_numbered():
+    for module in KERNEL_MODULES:
+        for name, obj in vars(module).items():
+            if name.startswith("k_") and hasattr(obj, "py_func"):
+                assert re.search(r"_v\d+$", name), f"{module.__name__}.{name}: kernels are numbered k_..._vN"
+
+
+@pytest.mark.parametrize("item", LAUNCHERS, ids=_id)
+def test_launcher_signature_is_outputs_scratch_then_the_twins(item):
+    case, direction, version, launch = item
+    twin = case.twin_fwd if direction == "fwd" else case.twin_bwd
+    twin_args = [p for p in inspect.signature(twin).parameters if p not in case.fixed]
+    params = inspect.signature(launch).parameters
+    assert list(params)[-2:] == ["block", "stream"]
+    assert params["block"].kind is inspect.Parameter.KEYWORD_ONLY and params["stream"].default == 0
+    # matmul's `accumulate` picks = or += for its output: the twin returns the product either way
+    args = [p for p in params if p not in ("block", "stream", "accumulate") and p not in case.fixed]
+    outputs = case.fwd_out if direction == "fwd" else case.bwd_out
+    written = [o for o in outputs if o not in twin_args]          # in-place outputs are twin arguments too
+    scratch = [s for s in case.scratch if s in args]
+    assert args == written + scratch + twin_args, f"{launch.__name__}{inspect.signature(launch)} vs {twin.__name__}{inspect.signature(twin)}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_twin_outputs_have_the_names_and_shapes_the_case_gives(op):
+    case, rng = CASES[op], np.random.default_rng(0)
+    values = case.make(Dims(B=2, T=3, C=8, H=2, V=7, T_max=5), rng)
+    outs = case.forward(values)
+    assert set(outs) == set(case.fwd_out)
+    grads = case.backward({**values, **outs, **case.upstream_for(outs, rng)})
+    for name in case.bwd_out:
+        assert np.shape(grads[name]) == np.shape(values[name[1:]]), name      # "dx" is the gradient of "x"
+    assert set(case.accumulate) <= set(case.bwd_out)
+    assert set(case.upstream.values()) <= set(case.fwd_out)
+
+
+def test_blocks_gives_the_default_and_declares_the_choices():
+    seen = []
+
+    @common.blocks(gpu=(256, 64), sim=(4, 2))
+    def launcher(out, *, block, stream=0):
+        seen.append(block)
+    launcher(None)
+    launcher(None, block=2)
+    assert seen == [launcher.blocks[0], 2] and len(launcher.blocks) == 2
+
+
+def test_twin_names_are_the_launcher_names():
+    for case in CASES.values():
+        for name in (case.fwd, case.bwd):
+            if name:
+                assert callable(getattr(R, name)), name
