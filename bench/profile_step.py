@@ -2,7 +2,8 @@
 
     python bench/profile_step.py --size 120M          # B x T from the config
 
-Every launch function of andrea_numba.kernels is wrapped with cuda.synchronize() before and after,
+Every launcher the engine uses (the eight op pairs of andrea_numba/cases.py) is wrapped with
+cuda.synchronize() before and after,
 so each op is timed alone (this serialises the GPU: the total is a little above an unwrapped step).
 Prints a table: op, calls per step, total ms, share of the step.
 """
@@ -16,15 +17,10 @@ from collections import defaultdict
 import numpy as np
 from numba import cuda
 
+from andrea_numba.cases import CASES, OPS
 from andrea_numba.config import load_config
 from andrea_numba.gpu_model import GPUModel
-from andrea_numba.kernels import attn, attn_out, attn_qkv, embed, layernorm, loss, mlp, residual
 from andrea_numba.layout import init_params
-
-OPS = {attn: ["attn_fwd", "attn_bwd"], attn_out: ["attn_out_fwd", "attn_out_bwd"],
-       attn_qkv: ["attn_qkv_fwd", "attn_qkv_bwd"], embed: ["embed_fwd", "embed_bwd"],
-       layernorm: ["layernorm_fwd", "layernorm_bwd"], loss: ["loss_fwd", "loss_bwd"],
-       mlp: ["mlp_fwd", "mlp_bwd"], residual: ["residual_add", "residual_add_bwd"]}
 
 
 def main(argv=None):
@@ -42,19 +38,18 @@ def main(argv=None):
     model.backward()
     cuda.synchronize()
     times, calls = defaultdict(float), defaultdict(int)
-    for mod, names in OPS.items():
-        for name in names:
-            f = getattr(mod, name)
+    for mod, name in ((CASES[op].module, n) for op in OPS for n in (CASES[op].fwd, CASES[op].bwd)):
+        f = getattr(mod, name)
 
-            def timed(*a, _f=f, _n=name, **k):
-                cuda.synchronize()
-                t0 = time.perf_counter()
-                r = _f(*a, **k)
-                cuda.synchronize()
-                times[_n] += time.perf_counter() - t0
-                calls[_n] += 1
-                return r
-            setattr(mod, name, timed)
+        def timed(*a, _f=f, _n=name, **k):
+            cuda.synchronize()
+            t0 = time.perf_counter()
+            r = _f(*a, **k)
+            cuda.synchronize()
+            times[_n] += time.perf_counter() - t0
+            calls[_n] += 1
+            return r
+        setattr(mod, name, timed)
     t0 = time.perf_counter()
     for _ in range(args.iters):
         model.forward(x, x)

@@ -45,12 +45,13 @@ def compile_only():
     """Inside: kernel launches compile to PTX for sm_90 and run nothing; device allocations and
     copies become NumPy arrays, so whole programs (the harness, GPUModel) can run through."""
     saved = [(_dispatcher, "get_current_device"), (_dispatcher.CUDADispatcher, "configure"),
-             (cuda, "to_device"), (cuda, "device_array"), (cuda, "synchronize")]
+             (cuda, "to_device"), (cuda, "device_array"), (cuda, "synchronize"), (cuda, "stream")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in saved]
     _dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=CC)
     cuda.to_device = lambda a, stream=0: _host_array(a)
     cuda.device_array = lambda shape, dtype=np.float32, stream=0: _host_array(np.zeros(shape, dtype))
     cuda.synchronize = lambda: None
+    cuda.stream = lambda: types.SimpleNamespace(synchronize=lambda: None)
 
     def configure(self, griddim, blockdim, stream=0, sharedmem=0):
         def launch(*args):

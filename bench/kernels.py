@@ -1,0 +1,219 @@
+"""Every version of every kernel launcher of an op, at every block size it declares: does it agree
+with the twin, how long does it take, how close does it come to the GPU's peak. One table, in the
+way llm.c's dev/cuda times each kernel version beside its CPU reference.
+
+    python bench/kernels.py layernorm                 # one op, at the 12M and 120M training shapes
+    python bench/kernels.py all --sizes 12M           # every case of andrea_numba/cases.py
+    python bench/kernels.py attn --shape 8,1024 --json out.json --markdown out.md
+
+The cases, their inputs and the versions come from andrea_numba/cases.py and each kernel module's
+VERSIONS, so a new version shows up here without an edit. "agrees" is the agreement harness
+(check.check_launcher: NaN-poisoned outputs, += prefill, two bit-identical runs, the twin in
+float64) at the same shape. Time: CUDA events around repeated launches on one stream, median of
+5 repeats after a warm-up (so compile time and the launch's CPU cost are outside it when the
+kernel is long; at a few microseconds the CPU side of the launch shows). Work: the FLOPs of the
+op's products (causal attention counts the half of the score matrix it computes) and the bytes a
+perfect kernel must move (each input read once, each output written once); the % column is
+against the bound that limits the op (FLOPs for products, bytes for the rest).
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from andrea_numba.cases import CASES, Dims, call  # noqa: E402
+from andrea_numba.config import ConfigError, load_config  # noqa: E402
+
+# NVIDIA H200 SXM datasheet: FP32 (no tensor cores) 67 TFLOP/s, HBM3e 4.8 TB/s.
+PEAK_TFLOPS, PEAK_GBS = 67.0, 4800.0
+SIZES = {"12M": (16, 512), "120M": (8, 1024)}      # the configs' training microbatches (B, T)
+
+
+def work(kernel: str, d: Dims) -> tuple[float, float, str]:
+    """(FLOPs, bytes, bound) of one call of a launcher at sizes d; bound: "flop" or "byte"."""
+    N, C, V, T, B, P, F = d.N, d.C, d.V, d.T, d.B, d.P, 4 * d.C
+    f = 4                                                    # bytes of a float32
+    causal = B * T * (T + 1) * C                             # one causal product over all heads (2 FLOPs a term)
+    table = {
+        "embed_fwd": (0, f * 3 * N * C, "byte"),
+        "embed_bwd": (0, f * (N * C + 2 * (min(V, N) + T) * C), "byte"),
+        "layernorm_fwd": (0, f * 2 * N * C, "byte"),
+        "layernorm_bwd": (0, f * 3 * N * C, "byte"),
+        "attn_qkv_fwd": (2 * N * C * C * 3, f * (4 * N * C + 3 * C * C), "flop"),
+        "attn_qkv_bwd": (4 * N * C * C * 3, f * (5 * N * C + 6 * C * C), "flop"),
+        "attn_fwd": (2 * causal, f * 4 * N * C, "flop"),
+        "attn_bwd": (4 * causal, f * 7 * N * C, "flop"),
+        "attn_out_fwd": (2 * N * C * C, f * (2 * N * C + C * C), "flop"),
+        "attn_out_bwd": (4 * N * C * C, f * (3 * N * C + 2 * C * C), "flop"),
+        "mlp_fwd": (4 * N * C * F, f * (2 * N * C + 2 * N * F + 2 * C * F), "flop"),
+        "mlp_bwd": (8 * N * C * F, f * (3 * N * C + 2 * N * F + 4 * C * F), "flop"),
+        "residual_add": (0, f * 3 * N * C, "byte"),
+        "residual_add_bwd": (0, f * 3 * N * C, "byte"),
+        "loss_fwd": (2 * N * C * V, f * (N * C + V * C + N * V), "flop"),
+        "loss_bwd": (4 * N * C * V, f * (N * C * 2 + V * C * 2 + N * V), "flop"),
+        "matmul": (2 * N * C * F, f * (N * C + C * F + N * F), "flop"),
+        "grad_norm": (0, f * P, "byte"),
+        "grad_scale": (0, f * 2 * P, "byte"),
+        "adamw": (0, P * (4 * 4 + 1 + 3 * 4), "byte"),
+        "zero": (0, f * P, "byte"),
+    }
+    return table[kernel]
+
+
+def device_buffers(case, direction, launch, values, outputs, dims):
+    """Float32 device copies of what the launcher takes (inputs, outputs, work buffers) and its scalars."""
+    from numba import cuda
+    names = set(inspect.signature(launch).parameters)
+    d, scalars = {}, {}
+    for k, v in values.items():
+        if k not in names:
+            continue
+        if isinstance(v, np.ndarray) and v.ndim > 0:
+            d[k] = cuda.to_device(np.ascontiguousarray(v if v.dtype.kind in "iu" else v.astype(np.float32)))
+        else:
+            scalars[k] = v
+    for k, shape in outputs.items():
+        if k in names and k not in d:
+            d[k] = cuda.device_array(shape or (1,), np.float32)
+    for k, (shape, dtype) in case.scratch.items():
+        if k in names:
+            d[k] = cuda.device_array(shape(dims), dtype)
+    return d, {**scalars, **case.fixed}
+
+
+def time_launch(launch, buffers, scalars, block, stream, min_ms=20.0) -> float:
+    """Milliseconds of one call: CUDA events around n back-to-back calls, median of 5 repeats."""
+    from numba import cuda
+    run = lambda: call(launch, {**scalars, **buffers}, block=block, stream=stream)
+    run()                                                     # compile, warm the caches
+    stream.synchronize()
+    t0 = time.perf_counter()
+    run()
+    stream.synchronize()
+    n = max(1, min(200, int(min_ms / 1e3 / max(time.perf_counter() - t0, 1e-6))))
+    times = []
+    for _ in range(5):
+        start, end = cuda.event(), cuda.event()
+        start.record(stream)
+        for _ in range(n):
+            run()
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    return float(np.median(times))
+
+
+def bench_case(case, dims: Dims, rng, say=print) -> list[dict]:
+    from numba import cuda
+
+    from andrea_numba import check
+    stream = cuda.stream()
+    rows = []
+    for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
+        kernel = case.fwd if direction == "fwd" else case.bwd
+        ref = check.reference_for(case, direction, dims, rng)
+        values, refs, outputs, _ = ref
+        flops, nbytes, bound = work(kernel, dims)
+        for version, launch in case.versions(direction).items():
+            for block in launch.blocks:
+                agree = check.check_launcher(case, direction, launch, dims, rng, block, version, ref)
+                buffers, scalars = device_buffers(case, direction, launch, values,
+                                                  {k: np.shape(refs[k]) for k in outputs}, dims)
+                ms = time_launch(launch, buffers, scalars, block, stream)
+                tflops, gbs = flops / ms / 1e9, nbytes / ms / 1e6
+                row = {"op": case.op, "kernel": kernel, "version": version,
+                       "block": str(block).replace(" ", ""), "engine": launch is case.engine(direction),
+                       "agrees": all(r["ok"] for r in agree),
+                       "worst_rel_err": max(r["rel_err"] for r in agree), "ms": ms,
+                       "tflops": tflops if flops else None, "gbs": gbs,
+                       "peak_pct": 100 * (tflops / PEAK_TFLOPS if bound == "flop" else gbs / PEAK_GBS),
+                       "bound": bound}
+                rows.append(row)
+                say(format_row(row))
+                del buffers
+    return rows
+
+
+HEAD = (f"{'kernel':<22} {'v':>2} {'block':<16} {'engine':<6} {'agrees':<6} {'ms':>9} {'TFLOP/s':>8} "
+        f"{'GB/s':>8} {'% peak':>7}")
+
+
+def format_row(r) -> str:
+    name = r["kernel"] if r["kernel"].startswith(r["op"]) else r["op"]
+    tf = f"{r['tflops']:8.2f}" if r["tflops"] is not None else f"{'-':>8}"
+    return (f"{name:<22} {r['version']:>2} {r['block']:<16} {'yes' if r['engine'] else '':<6} "
+            f"{'yes' if r['agrees'] else 'NO':<6} {r['ms']:9.4f} {tf} {r['gbs']:8.0f} "
+            f"{r['peak_pct']:6.1f}% {'(FLOPs)' if r['bound'] == 'flop' else '(bytes)'}")
+
+
+def markdown(tables: list[dict]) -> str:
+    out = []
+    for t in tables:
+        out.append(f"### {t['size']}, B={t['B']} T={t['T']}\n")
+        out.append("| kernel | version | block | engine | agrees | ms | TFLOP/s | GB/s | % of peak |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for r in t["rows"]:
+            name = r["kernel"] if r["kernel"].startswith(r["op"]) else r["op"]
+            tf = f"{r['tflops']:.2f}" if r["tflops"] is not None else "-"
+            out.append(f"| {name} | v{r['version']} | {r['block']} | {'yes' if r['engine'] else ''} | "
+                       f"{'yes' if r['agrees'] else '**no**'} | {r['ms']:.4f} | {tf} | {r['gbs']:.0f} | "
+                       f"{r['peak_pct']:.1f}% ({'FLOPs' if r['bound'] == 'flop' else 'bytes'}) |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python bench/kernels.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("op", help=f"an op of andrea_numba/cases.py, or all: {', '.join(CASES)}")
+    ap.add_argument("--sizes", default="12M,120M", help="model sizes, comma-separated (default 12M,120M)")
+    ap.add_argument("--shape", help="B,T instead of the size's training microbatch")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--markdown", help="write the tables as Markdown here")
+    args = ap.parse_args(argv)
+    ops = list(CASES) if args.op == "all" else [args.op]
+    if args.op != "all" and args.op not in CASES:
+        print(f"error: unknown op {args.op!r}: choose from all, {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    from numba import cuda
+
+    from andrea_numba.kernels.common import SIMULATOR, device_name
+    if SIMULATOR or not cuda.is_available():
+        print("error: bench/kernels.py times kernels on a GPU: run it on a machine with an NVIDIA GPU, "
+              "without NUMBA_ENABLE_CUDASIM=1", file=sys.stderr)
+        return 2
+    tables = []
+    try:
+        for size in args.sizes.split(","):
+            m = load_config(size).model
+            B, T = (int(v) for v in args.shape.split(",")) if args.shape else SIZES.get(size, (4, m.context_length))
+            dims = Dims.of(m, B, min(T, m.context_length))
+            print(f"\n{size} (B={B}, T={dims.T}, C={dims.C}, H={dims.H}, V={dims.V}, n_params={dims.P:,}) on "
+                  f"{device_name()}: peak {PEAK_TFLOPS} TFLOP/s fp32, {PEAK_GBS:.0f} GB/s\n{HEAD}", flush=True)
+            rows = []
+            for op in ops:
+                rows += bench_case(CASES[op], dims, np.random.default_rng(args.seed),
+                                   say=lambda s: print(s, flush=True))
+            tables.append({"size": size, "B": B, "T": dims.T, "device": device_name(), "rows": rows})
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        Path(args.json).write_text(json.dumps(tables, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(tables))
+    bad = [r for t in tables for r in t["rows"] if not r["agrees"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
