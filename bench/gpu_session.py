@@ -1,0 +1,75 @@
+"""One GPU session's checks and benchmarks in one process, so every kernel compiles once:
+the agreement harness (every version at every block size, ops and whole model) and
+bench/kernels.py's table, at the sizes given. Results go to --out as JSON and Markdown.
+
+    python bench/gpu_session.py --out results/ --check 12M,120M --kernels 12M
+    python bench/gpu_session.py --out results/ --kernels 120M --ops loss,attn
+
+Progress goes to stderr, one line per step, so a long session shows where it is.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python bench/gpu_session.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for the result files")
+    ap.add_argument("--check", default="", help="sizes for the agreement harness, comma-separated")
+    ap.add_argument("--kernels", default="", help="sizes for bench/kernels.py's table, comma-separated")
+    ap.add_argument("--ops", default="all", help="ops of the kernel table (default all)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    import numpy as np
+
+    import kernels as KB
+    from andrea_numba import check
+    from andrea_numba.cases import CASES, Dims
+    from andrea_numba.config import load_config
+    from andrea_numba.kernels.common import device_name
+
+    say = lambda s: print(s, file=sys.stderr, flush=True)
+    ops = list(CASES) if args.ops == "all" else args.ops.split(",")
+    ok = True
+    for size in filter(None, args.check.split(",")):
+        t0 = time.time()
+        rows = check.run_checks(size, args.seed, progress=say, only=None if args.ops == "all" else ops,
+                                model=args.ops == "all")
+        good = all(r["ok"] for r in rows)
+        ok &= good
+        (out / f"check_{size}.json").write_text(json.dumps(
+            {"ok": good, "device": device_name(), "seed": args.seed, "size": size, "results": rows}, indent=1))
+        model = [r for r in rows if r["op"] == "model"]
+        worst = max(model, key=lambda r: r["rel_err"]) if model else None
+        say(f"check {size}: {sum(r['ok'] for r in rows)}/{len(rows)} agree in {time.time() - t0:.0f} s"
+            + (f"; worst model tensor {worst['tensor']} rel_err {worst['rel_err']:.2e}" if worst else ""))
+    tables = []
+    for size in filter(None, args.kernels.split(",")):
+        m = load_config(size).model
+        B, T = KB.SIZES.get(size, (2, m.context_length))
+        dims = Dims.of(m, B, T)
+        say(f"\nkernels {size} B={B} T={T} on {device_name()}\n{KB.HEAD}")
+        rows = []
+        for op in ops:
+            rows += KB.bench_case(CASES[op], dims, np.random.default_rng(args.seed), say=say)
+        tables.append({"size": size, "B": B, "T": T, "device": device_name(), "rows": rows})
+        ok &= all(r["agrees"] for r in rows)
+        tag = size if args.ops == "all" else f"{size}_{'_'.join(ops)}"
+        (out / f"kernels_{tag}.json").write_text(json.dumps(tables[-1], indent=1))
+        (out / f"kernels_{tag}.md").write_text(KB.markdown(tables[-1:]))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
