@@ -46,6 +46,14 @@ class ModelConfig:
     def head_size(self) -> int:
         return self.d_model // self.n_head
 
+    @property
+    def n_params(self) -> int:
+        """Learnable parameters: the embeddings wte [V, C] and wpe [T, C]; per block two LayerNorms
+        (2C each), W_Q, W_K, W_V, W_O (C x C each) and the MLP (C x 4C and 4C x C); the final
+        LayerNorm (2C). andrea_numba.layout lays them out in this order; its tests check the count."""
+        V, T, L, C = self.vocab_size, self.context_length, self.n_layer, self.d_model
+        return V * C + T * C + L * (4 * C + 4 * C * C + 8 * C * C) + 2 * C
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -238,8 +246,6 @@ def exit_on_config_error(fn):
 
 @exit_on_config_error
 def main(argv=None) -> int:
-    from .layout import n_params
-
     ap = argparse.ArgumentParser(prog="python -m andrea_numba.config",
                                  description="Validate a config and print it with its parameter count.")
     g = ap.add_mutually_exclusive_group()
@@ -248,7 +254,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cfg = load_config(args.config or args.size)
     print(json.dumps(cfg.to_dict(), indent=2))
-    print(f"{cfg.name}: {n_params(cfg.model):,} parameters")
+    print(f"{cfg.name}: {cfg.model.n_params:,} parameters")
     return 0
 
 

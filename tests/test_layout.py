@@ -25,6 +25,12 @@ def test_layout_covers_the_flat_vector_exactly_once(size):
     assert len({s.name for s in specs}) == len(specs) == 2 + 10 * m.n_layer + 2
 
 
+@pytest.mark.parametrize("size", list(SIZES))
+def test_the_configs_parameter_count_is_the_layouts(size):
+    m = load_config(size).model
+    assert m.n_params == n_params(m)      # config.py counts without the layout; they must agree
+
+
 def test_views_write_into_the_flat_vector():
     m = load_config("tiny").model
     flat = np.zeros(n_params(m), dtype=np.float32)
