@@ -1,8 +1,11 @@
-"""Atomic file writes: a reader (or a run resumed after a kill) sees the old file or the whole new
-one, never half of one. The bytes go to a temporary file in the same directory, are flushed to
-disk, then renamed over the old file; os.replace is atomic on POSIX and Windows."""
+"""Files the runs depend on: atomic writes and checksums.
+
+Atomic writes: a reader (or a run resumed after a kill) sees the old file or the whole new one,
+never half of one. The bytes go to a temporary file in the same directory, are flushed to disk,
+then renamed over the old file; os.replace is atomic on POSIX and Windows."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -44,3 +47,12 @@ def atomic_write(path, write, before_replace=None) -> None:
 def atomic_write_json(path, obj) -> None:
     """Write obj as indented JSON, atomically."""
     atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode("utf-8"))
+
+
+def file_sha256(path) -> str:
+    """Hex sha256 of a file, read in 16 MB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,4 +1,4 @@
-"""Checkpoints in the original engine's format, and atomic file writes.
+"""Checkpoints: the step, the weights and Adam's m and v in one file.
 
 The file, little-endian and packed, nothing else in it:
 
@@ -8,10 +8,10 @@ The file, little-endian and packed, nothing else in it:
 andrea_numba.layout. With the data order a pure function of (seed, step), this is all a run needs
 to continue bit-exactly.
 
-Writes are atomic: the bytes go to a temporary file in the same directory, are flushed to disk,
-then renamed over the old file (os.replace is atomic on POSIX and Windows). A kill at any moment
-leaves either the old checkpoint or the new one, never half of one. The format has no checksum,
-so the trainer records the file's sha256 in .state.json and checks it on resume.
+Writes are atomic (andrea_numba.atomic): the bytes go to a temporary file in the same directory,
+are flushed to disk, then renamed over the old file, so a kill at any moment leaves either the old
+checkpoint or the new one, never half of one. The format has no checksum, so the trainer records
+the file's sha256 in .state.json and checks it on resume.
 """
 from __future__ import annotations
 
@@ -50,14 +50,6 @@ def save_checkpoint(path, step: int, params, m, v, before_replace=None) -> str:
 
     atomic_write(path, write, None if before_replace is None else lambda: before_replace(digest.hexdigest()))
     return digest.hexdigest()
-
-
-def file_sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_checkpoint(path, n_params: int, sha256=None):

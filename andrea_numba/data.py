@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_write, atomic_write_json
+from .atomic import atomic_write, atomic_write_json, file_sha256
 from .config import ConfigError, load_config
 
 DTYPE = np.dtype("<u2")            # token ids on disk: little-endian uint16, so vocab <= 65536
@@ -253,10 +253,6 @@ def load_tokenizer(data_dir):
 
 
 # ----------------------------------------------------------------------------------------------
-# writing files so that a kill never leaves half of one
-
-
-# ----------------------------------------------------------------------------------------------
 # prepare: text -> train.bin, val.bin, meta.json
 
 
@@ -268,14 +264,16 @@ def _too_small(split: str, n: int, T: int | None) -> DataError:
 
 
 def prepare(source: str, tokenizer: str, vocab_size: int, val_fraction: float, out_dir,
-            progress=None, *, seq_len: int | None = None) -> dict:
+            progress=None, *, seq_len: int | None = None, expect_sha256: str | None = None) -> dict:
     """Tokenise a corpus into out_dir/train.bin, val.bin (uint16) and meta.json; return the meta.
 
     source: "stdlib" or the path of a UTF-8 text file. tokenizer: "bytes" or "bpe" (trained here,
     saved as tokenizer.json, at most vocab_size tokens). The last val_fraction of the tokens is the
     validation split. If out_dir already holds the same corpus (by sha256) prepared the same way,
     nothing is redone. seq_len, if given, checks that each split can hold one sequence.
-    progress: optional callable(str) for progress lines.
+    expect_sha256, if given, is the sha256 the corpus must have (a resumed run's record): a corpus
+    that changed is refused before anything is written. progress: optional callable(str) for
+    progress lines. The meta records the sha256 of the corpus and of each token file.
     """
     say = progress or (lambda msg: None)
     out_dir = Path(out_dir)
@@ -300,6 +298,9 @@ def prepare(source: str, tokenizer: str, vocab_size: int, val_fraction: float, o
         text, sha = read_text_file(source)
         meta.update(source_sha256=sha)
         say(f"{source}: {len(text):,} characters, sha256 {sha[:12]}...")
+    if expect_sha256 is not None and sha != expect_sha256:
+        raise DataError(f"the corpus {source} changed since the run was prepared: its sha256 is {sha[:16]}..., "
+                        f"the run's record {expect_sha256[:16]}...; restore the original text or start a new run")
     meta.update(tokenizer=tokenizer, vocab_target=vocab_size, val_fraction=val_fraction)
 
     # 2. already prepared the same way? then reuse it
@@ -348,8 +349,10 @@ def prepare(source: str, tokenizer: str, vocab_size: int, val_fraction: float, o
     _check_seq_len(meta, seq_len)
 
     # 5. write: the data first, meta.json last (its presence says the directory is complete)
-    atomic_write(out_dir / "train.bin", ids[:n_train].tobytes())
-    atomic_write(out_dir / "val.bin", ids[n_train:].tobytes())
+    for split, part in (("train", ids[:n_train]), ("val", ids[n_train:])):
+        raw = part.tobytes()
+        atomic_write(out_dir / f"{split}.bin", raw)
+        meta[f"{split}_sha256"] = hashlib.sha256(raw).hexdigest()
     atomic_write_json(out_dir / META, meta)
     say(f"wrote {out_dir}: {n_train:,} train and {n_val:,} val tokens, vocab {tok.vocab_size:,} "
         f"({time.time() - t0:.1f} s)")
@@ -368,7 +371,8 @@ def _check_seq_len(meta: dict, seq_len: int | None) -> None:
 # load and batches
 
 
-META_KEYS = ("source", "source_sha256", "tokenizer", "vocab_size", "n_train", "n_val", "dtype")
+META_KEYS = ("source", "source_sha256", "tokenizer", "vocab_size", "n_train", "n_val", "dtype",
+             "train_sha256", "val_sha256")
 
 
 def _try_read_meta(data_dir: Path) -> dict | None:
@@ -399,6 +403,28 @@ def _check_bins(data_dir: Path, meta: dict) -> None:
         if have != want:
             raise DataError(f"'{path}' has {have:,} bytes but meta.json says {meta[f'n_{split}']:,} tokens "
                             f"({want:,} bytes): the file is truncated or stale, prepare the data again")
+
+
+def check_prepared(data_dir, record: dict) -> dict:
+    """The prepared data directory of a run being resumed, checked against the run's record (the
+    meta it started with): the same corpus and tokenizer, and token files with the recorded
+    sha256. Returns the meta; DataError with one line otherwise. Nothing is read from the corpus
+    itself, so a resumed run does not depend on its source text still being there unchanged."""
+    data_dir = Path(data_dir)
+    meta = _read_meta(data_dir)
+    _check_bins(data_dir, meta)
+    for key in ("source_sha256", "tokenizer", "vocab_size", "n_train", "n_val"):
+        if key in record and meta[key] != record[key]:
+            raise DataError(f"'{data_dir}' holds other data than the run was trained on ({key} differs from "
+                            f"the record in .state.json): restore the run's tokens, or delete '{data_dir}' "
+                            f"to prepare them again from the same corpus")
+    for split in ("train", "val"):
+        want = record.get(f"{split}_sha256")
+        if want is not None and file_sha256(data_dir / f"{split}.bin") != want:
+            raise DataError(f"'{data_dir / f'{split}.bin'}' does not match the sha256 recorded in .state.json: "
+                            f"the run's tokens changed; restore them, or delete '{data_dir}' to prepare "
+                            f"them again from the same corpus")
+    return meta
 
 
 def load(data_dir) -> tuple[np.memmap, np.memmap, dict]:
@@ -432,15 +458,6 @@ def get_batch(tokens, B: int, T: int, seed: int, step: int, micro: int, split: s
 # download one public corpus
 
 
-def _sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MB pieces."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def download(name: str, out_dir, url: str | None = None, progress=None) -> Path:
     """Download a corpus of CORPORA into out_dir; return the path of the text file.
 
@@ -459,7 +476,7 @@ def download(name: str, out_dir, url: str | None = None, progress=None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     dest = out_dir / entry["file"]
     record = _try_json(out_dir / "download.json")
-    if dest.is_file() and record and record.get("url") == src and _sha256_file(dest) == record.get("sha256"):
+    if dest.is_file() and record and record.get("url") == src and file_sha256(dest) == record.get("sha256"):
         say(f"{dest} already downloaded: reusing it")
         return dest
 

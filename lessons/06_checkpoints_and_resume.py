@@ -46,7 +46,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from andrea_numba import data as D  # noqa: E402
-from andrea_numba.checkpoint import file_sha256  # noqa: E402
+from andrea_numba.atomic import file_sha256  # noqa: E402
 from andrea_numba.config import config_from_dict, load_config  # noqa: E402
 from andrea_numba.layout import n_params  # noqa: E402
 from andrea_numba.plot import plot_run  # noqa: E402

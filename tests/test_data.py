@@ -10,6 +10,7 @@ from andrea_numba import data
 from andrea_numba.data import (
     ByteTokenizer,
     DataError,
+    check_prepared,
     download,
     get_batch,
     load,
@@ -77,6 +78,33 @@ def test_prepare_writes_splits_meta_and_reuses(tmp_path, text_file):
     assert any("reusing" in line for line in lines)
     assert (out / "train.bin").stat().st_mtime_ns == mtime
     assert not list(out.glob(".*.tmp"))
+
+
+def test_prepare_records_checksums_and_a_resumed_run_checks_them(tmp_path, text_file):
+    import hashlib
+    out = tmp_path / "prep"
+    meta = prepare(str(text_file), "bytes", 256, 0.1, out)
+    for split in ("train", "val"):
+        assert meta[f"{split}_sha256"] == hashlib.sha256((out / f"{split}.bin").read_bytes()).hexdigest()
+    assert check_prepared(out, meta) == meta
+    tokens = bytearray((out / "val.bin").read_bytes())
+    tokens[0] ^= 1
+    (out / "val.bin").write_bytes(bytes(tokens))
+    with pytest.raises(DataError) as e:
+        check_prepared(out, meta)
+    assert "val.bin' does not match the sha256 recorded" in _one_line(e)
+    with pytest.raises(DataError) as e:
+        check_prepared(out, {**meta, "source_sha256": "0" * 64})
+    assert "source_sha256 differs" in _one_line(e)
+
+
+def test_prepare_refuses_a_corpus_that_changed_and_writes_nothing(tmp_path, text_file):
+    meta = prepare(str(text_file), "bytes", 256, 0.1, tmp_path / "first")
+    text_file.write_text(TEXT + "one more line\n", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        prepare(str(text_file), "bytes", 256, 0.1, tmp_path / "again", expect_sha256=meta["source_sha256"])
+    assert "changed since the run was prepared" in _one_line(e)
+    assert not (tmp_path / "again").exists()
 
 
 def test_get_batch_is_pure_and_shifted():
