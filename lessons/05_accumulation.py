@@ -60,6 +60,14 @@ flat_idx = {name: {s.name: s for s in specs}[name].offset
             + int(np.ravel_multi_index(idx, {s.name: s for s in specs}[name].shape)) for name, idx in SHOW}
 
 
+def grads_to_host():
+    """The gradient buffer copied to the host, on the model's stream (where its kernels run), then
+    waited for: the numbers are final only once the stream has done everything queued before."""
+    out = model.grads.copy_to_host(stream=model.stream)
+    model.stream.synchronize()
+    return out
+
+
 def show(label_values):
     rows = []
     for name, idx in SHOW:
@@ -73,7 +81,7 @@ def show(label_values):
 # %%
 C.step("A GPUModel and two microbatches")
 model = GPUModel(m, B, T)
-model.params.copy_to_device(params)
+model.params.copy_to_device(params, stream=model.stream)
 C.say(f"""
     {cfg.name} ({sum(s.size for s in specs):,} parameters) on device buffers allocated once, at
     microbatch B = {B}, T = {T}. The weights go in as one flat vector. Two microbatches of one
@@ -89,7 +97,7 @@ model.zero_grads()
 model.forward(*mb[0])
 loss1 = model.read_loss()
 model.backward()
-buf1 = model.grads.copy_to_host()
+buf1 = grads_to_host()
 tl1, g1 = twin_grad(*mb[0])
 C.say("""
     zero_grads launches k_zero over the whole flat gradient. forward saves the activations;
@@ -108,7 +116,7 @@ C.step("Microbatch 2 WITHOUT zeroing: the buffer holds the sum")
 model.forward(*mb[1])
 loss2 = model.read_loss()
 model.backward()
-buf12 = model.grads.copy_to_host()
+buf12 = grads_to_host()
 tl2, g2 = twin_grad(*mb[1])
 show([("buffer now", buf12), ("twin g2", g2), ("twin g1 + g2", g1 + g2)])
 d12 = float(np.max(np.abs(buf12 - (g1 + g2))))
@@ -124,9 +132,9 @@ assert d12 < 1e-4 * np.max(np.abs(g1 + g2)), d12
 
 # %%
 C.step("Scale by 1/2 on the device: the gradient of the mean loss")
-norm_dummy = cuda.to_device(np.zeros(1, np.float32))   # grad_scale reads a norm only when it clips
-optim.grad_scale(model.grads, norm_dummy, 0.0, 0.5)      # max_norm = 0: a plain scaling by 1/2
-mean_buf = model.grads.copy_to_host()
+norm_dummy = cuda.to_device(np.zeros(1, np.float32), stream=model.stream)   # read only when clipping
+optim.grad_scale(model.grads, norm_dummy, 0.0, 0.5, stream=model.stream)    # max_norm = 0: a plain scaling by 1/2
+mean_buf = grads_to_host()
 both = (np.concatenate([mb[0][0], mb[1][0]]), np.concatenate([mb[0][1], mb[1][1]]))
 tl_both, g_both = twin_grad(*both)
 show([("buffer * 1/2", mean_buf), ("twin (g1+g2)/2", (g1 + g2) / 2), ("twin, one batch of 2", g_both)])
