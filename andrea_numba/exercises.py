@@ -17,10 +17,15 @@ numpy   write an op's backward in NumPy, with exactly the twin's signature. Grad
             <= 1e-7 right | up to 1e-4 uncomfortable | up to 1e-2 suspicious | above 1e-2 wrong
         A row passes only when "right".
 kernel  write the body of a Numba @cuda.jit kernel; the launch function is given. Graded by the
-        agreement harness (check.run_op): small float32 inputs, output buffers poisoned with NaN,
-        += buffers pre-filled, two runs that must agree bit for bit, every tensor against the
-        float64 twin with the harness tolerance |err| <= atol + rtol |ref| (rtol 1e-3,
-        atol 1e-4 max|ref|): float32 cannot reach 1e-7.
+        agreement harness (check.check_launcher on the op's case of andrea_numba/cases.py):
+        small float32 inputs, output buffers poisoned with NaN, += buffers pre-filled, two runs
+        that must agree bit for bit, every tensor against the float64 twin with the harness
+        tolerance |err| <= atol + rtol |ref| (rtol 1e-3, atol 1e-4 max|ref|): float32 cannot
+        reach 1e-7.
+
+A file that borrows the answer is refused with one line: a kernel file that imports the engine's
+own kernels of its op (or the whole engine, gpu_model), any file that imports, holds or calls the
+twin's backward. The forward twin and andrea_numba.kernels.common's helpers are allowed.
 
 Kernels run in Numba's CUDA simulator (one Python thread per CUDA thread: slow, but an error in
 your kernel comes back as a Python traceback with your line number). This module sets

@@ -1,36 +1,42 @@
 """The Numba CUDA kernels: one module per op of the kernel table, each beside its NumPy twin.
 
-    module          kernels                                   NumPy twin
-    embed           k_embed_fwd, k_embed_bwd                  reference/embed.py
-    layernorm       k_layernorm_fwd, k_layernorm_bwd          reference/layernorm.py
-    attn_qkv        k_attn_qkv_fwd, k_attn_qkv_bwd            reference/attn_qkv.py
-    attn            k_attn_fwd, k_attn_bwd                    reference/attn.py
-    attn_out        k_attn_out_fwd, k_attn_out_bwd            reference/attn_out.py
-    mlp             k_mlp_fwd, k_mlp_bwd                      reference/mlp.py
-    residual        k_residual_add, k_residual_add_bwd        reference/residual.py
-    loss            k_loss_fwd, k_loss_bwd                    reference/loss.py
-                    (the loss pair owns the tied output projection logits = x @ wte^T)
-    optim           k_grad_norm_partial, k_grad_norm_final,   reference/optim.py
-                    k_grad_scale, k_adamw, k_zero
-    matmul          k_matmul_v1, k_matmul_v2 (tiled)          the products inside the linear ops
-    common          block_sum, launch sizes, SIMULATOR
+    module      launchers (VERSIONS)                          NumPy twin
+    embed       embed_fwd v1, embed_bwd v1 v2                  reference/embed.py
+    layernorm   layernorm_fwd v1, layernorm_bwd v1 v2          reference/layernorm.py
+    attn_qkv    attn_qkv_fwd v1, attn_qkv_bwd v1               reference/attn_qkv.py
+    attn        attn_fwd v1 v2, attn_bwd v1 v2                 reference/attn.py
+    attn_out    attn_out_fwd v1, attn_out_bwd v1               reference/attn_out.py
+    mlp         mlp_fwd v1, mlp_bwd v1                         reference/mlp.py
+    residual    residual_add v1, residual_add_bwd v1           reference/residual.py
+    loss        loss_fwd v1, loss_bwd v1                       reference/loss.py
+                (the loss pair owns the tied output projection logits = x @ wte^T)
+    matmul      matmul v1 v2 (tiled)                           reference/matmul.py
+                (the products inside the linear ops)
+    optim       grad_norm, grad_scale, adamw, zero             reference/optim.py
+    common      block_sum, block_max, blocks, SIMULATOR
 
-Conventions, the same in every module:
+The ladder, the same in every module (as llm.c's dev/cuda keeps every version of a kernel):
+- Kernels are module-level names numbered by version: k_layernorm_bwd_params_v1, _v2. A version
+  of a launcher is a Python function named after its twin plus the version (layernorm_bwd_v2)
+  that picks grid and block and launches its kernels. `VERSIONS = {"layernorm_bwd": {1: ..., 2:
+  ...}}` lists them; the module-level name without a version (layernorm_bwd) is the one the engine
+  uses. A faster version is added beside the simple one, which stays for the lessons.
+- The agreement harness (andrea_numba.check), the tests and bench/kernels.py read VERSIONS through
+  the op cases of andrea_numba/cases.py: a new version is checked and timed without another edit.
+- Arguments: the outputs, then work buffers, then exactly the twin's arguments in the twin's order
+  (llm.c's order: outputs, inputs, weights, sizes), then the keywords `block` and `stream`.
+  `block` is what the launcher's docstring says (threads per block, a product's tile shape,
+  attention's (rows, threads per row)); `@blocks(gpu=..., sim=...)` declares the ones the harness
+  checks and the benchmark times, the first being the default. `stream` is the CUDA stream: the
+  engine passes its own, never the legacy default stream.
 - Each kernel carries the math it computes in its docstring or a comment.
-- Beside each kernel, a plain Python launch function named after the twin's function
-  (layernorm_fwd, layernorm_bwd, ...) that picks grid and block and launches. The engine and the
-  agreement harness call these, never the kernels directly.
-- Arguments run outputs first, then inputs, then weights, then sizes and scalars (llm.c's order),
-  and the last is `stream=0`.
 - Arrays are float32 device arrays (token ids int32); rows of activations are B*T positions.
 - A backward writes (=) its grad_input and adds (+=) into parameter-gradient buffers, so
-  microbatches accumulate until zero_grads.
+  microbatches accumulate until zero.
 - Deterministic: no float atomics; every sum has a fixed order (a loop in one thread, or
   common.block_sum's tree). The same inputs and launch give bit-identical outputs.
 - Arithmetic stays in float32: scalars are passed as numpy.float32 and sizes are converted with
   float32(n) before they meet a float (bench/ptxcheck.py counts float64 instructions).
-- Every launch has a GPU size and a smaller simulator size (common.SIMULATOR), since the CUDA
-  simulator runs each thread as a Python thread.
-- A faster kernel is a new numbered version (k_matmul_v2) checked by the same harness; the
-  simple one stays for the lessons.
+- Every launcher has GPU block sizes and smaller simulator ones, since the CUDA simulator runs each
+  thread as a Python thread.
 """

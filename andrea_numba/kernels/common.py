@@ -56,7 +56,7 @@ if SIMULATOR:
     _kernelapi.FakeCUDAShared.array = _shared_array
 
 MAX_BLOCK = 1024          # the largest block any kernel here is launched with (shared scratch size)
-ELEMENTWISE_THREADS = 32 if SIMULATOR else 256
+ELEMENTWISE_THREADS = 32 if SIMULATOR else 256      # elementwise_launch's block
 
 
 def blocks(gpu, sim):
@@ -94,7 +94,8 @@ def cdiv(a: int, b: int) -> int:
 
 def pow2_threads(n: int, gpu_max: int = 256, sim_max: int = 4) -> int:
     """Threads per block for a row-wise kernel over rows of n elements: a power of two (block_sum
-    needs one), at most gpu_max on a GPU and sim_max in the simulator."""
+    needs one), at most gpu_max on a GPU and sim_max in the simulator. (The exercises' given
+    launchers use it and elementwise_launch; the engine's launchers declare theirs with blocks.)"""
     cap = sim_max if SIMULATOR else gpu_max
     return min(cap, 1 << max(0, math.ceil(math.log2(max(1, n)))))
 
