@@ -24,6 +24,7 @@ def test_op_backward_matches_centred_differences(op):
         assert r["rel_err"] <= 1e-7, r
 
 
+@pytest.mark.slow
 def test_whole_model_flat_gradient():
     rows = G.check_model("tiny")
     assert rows[-1]["tensor"] == "flat gradient"
@@ -57,6 +58,7 @@ def test_numerical_gradient_orders():
     assert np.array_equal(x, [0.3, -1.2])                  # restored
 
 
+@pytest.mark.slow
 def test_command_line_json_lists_all_ops_and_the_model():
     p = subprocess.run([sys.executable, "-m", "andrea_numba.gradcheck", "--json"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

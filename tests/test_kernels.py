@@ -21,6 +21,7 @@ def rows():
     return check.run_checks("tiny", seed=1234)
 
 
+@pytest.mark.slow
 def test_every_version_at_every_block_size_has_a_harness_row(rows):
     """A new version in a module's VERSIONS is checked without another edit; one the harness misses fails."""
     seen = {(r["op"], r.get("kernel"), r.get("version"), r.get("block")) for r in rows}
@@ -34,6 +35,7 @@ def test_every_version_at_every_block_size_has_a_harness_row(rows):
                     assert key in seen, f"no harness row for {key}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", sorted(CASES))
 def test_kernels_agree_with_the_twin(rows, op):
     mine = [r for r in rows if r["op"] == op]
@@ -43,6 +45,7 @@ def test_kernels_agree_with_the_twin(rows, op):
         assert r["bitwise_repeat"], r
 
 
+@pytest.mark.slow
 def test_whole_model_checks_loss_and_every_gradient_tensor(rows):
     from andrea_numba.config import load_config
     from andrea_numba.layout import param_layout
