@@ -5,7 +5,7 @@
     python -m andrea_numba.train --config my.json --data book.txt
     python -m andrea_numba.train --resume runs/tiny          # continue bit-exactly
 
-One optimiser step (../shared/SPEC.md):
+One optimiser step:
 
     for microbatch in range(n_microbatches):
         forward(microbatch); backward()          # gradients add up (+=)
@@ -15,14 +15,18 @@ One optimiser step (../shared/SPEC.md):
     grads = 0                                    # k_zero
 
 Before the first step the trainer prints the memory plan (every buffer, by kind), checks it
-against the GPU's free memory and allocates everything once; the loop only launches kernels and
-reads 8 bytes (loss and gradient norm) per step. The data order is a pure function of (seed,
+against the GPU's free memory and allocates everything once, device buffers and the pinned host
+buffers the token batches and the step's statistics travel through. Every launch and copy goes to
+one stream of the run's own; a step waits for the GPU once, to read 8 bytes (the loss and the
+gradient norm). docs/host-syncs.md lists every wait. The data order is a pure function of (seed,
 step), so a checkpoint (step, weights, Adam m and v) is all a run needs to resume bit-exactly.
 
-Run directory: checkpoint.bin (the spec's format), .loss.json (one JSON line per step, appended),
-.samples.json (text sampled during training), .state.json (config, step, tokens seen, timings,
-the checkpoint's sha256), data/ (the prepared token files). SIGTERM (or Ctrl-C) writes a checkpoint
-at the next step boundary and exits 0; SIGUSR1 writes one and keeps training.
+Run directory (andrea_numba.runlog names its files): checkpoint.bin, .loss.json (one JSON line per
+step, appended), .samples.json (text sampled during training), .state.json (config, step, tokens
+seen, timings, the sha256 of the checkpoint, of the corpus and of the token files), data/ (the
+prepared token files; a resumed run trains on these, checked against their recorded sha256).
+SIGTERM (or Ctrl-C) writes a checkpoint at the next step boundary and exits 0; SIGUSR1 writes one
+and keeps training.
 """
 from __future__ import annotations
 
@@ -47,8 +51,9 @@ from .gpu_model import GPUModel, buffer_specs
 from .kernels import optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
-
-CHECKPOINT = "checkpoint.bin"
+from .runlog import (CHECKPOINT_FILE, DATA_DIR, LOSS_FILE, SAMPLES_FILE, STATE_FILE, RunDirError,
+                     data_dir_of, data_dir_record, read_run_state)
+from .sample import generate as generate_text
 
 
 class TrainError(RuntimeError):
@@ -104,30 +109,19 @@ def check_fits(cfg: Config, free_bytes: int, margin: float = 0.95) -> int:
 # ----------------------------------------------------------------------------------------------
 # the trainer
 
-def read_run_state(run_dir) -> dict:
-    p = Path(run_dir) / ".state.json"
-    if not p.is_file():
-        raise TrainError(f"{run_dir} has no .state.json: it is not a run directory; "
-                         f"start a new run with --out {run_dir}")
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise TrainError(f"{p} is not valid JSON ({e.msg}): restore it or start a new run") from None
-
-
 class Trainer:
     def __init__(self, cfg: Config, run_dir, data_dir=None, log=print, log_every=10):
         self.cfg, self.run_dir, self.log, self.log_every = cfg, Path(run_dir), log, log_every
-        self.data_dir = Path(data_dir) if data_dir else self.run_dir / "data"
+        self.data_dir = Path(data_dir) if data_dir else self.run_dir / DATA_DIR
         self.stop_requested = self.save_requested = False
 
     # -- setup: everything that allocates happens here, before the first step --
     def setup(self, resume: bool = False):
         cfg, m, t = self.cfg, self.cfg.model, self.cfg.train
         t_setup = time.time()
+        state = read_run_state(self.run_dir) if resume else None
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.meta = D.prepare(cfg.data.source, cfg.data.tokenizer, m.vocab_size, cfg.data.val_fraction,
-                              self.data_dir, progress=self.log)
+        self.meta = self.prepare_data(state)
         self.train_tokens, self.val_tokens, _ = D.load(self.data_dir)
         for name, toks in (("training", self.train_tokens), ("validation", self.val_tokens)):
             if len(toks) < t.seq_len + 2:
@@ -142,35 +136,73 @@ class Trainer:
             free, total = cuda.current_context().get_memory_info()
             check_fits(cfg, free)
             self.free_before = free
-        self.model = GPUModel(m, t.batch_size, t.seq_len)
-        self.sampler = GPUModel(m, 1, m.context_length, training=False, params=self.model.params)
-        self.adam_m = cuda.device_array(self.n, np.float32)
-        self.adam_v = cuda.device_array(self.n, np.float32)
-        self.decay = cuda.to_device(decay_mask(m, np.uint8))
-        self.partial = cuda.device_array(optim.NORM_BLOCKS, np.float32)
-        self.stats = cuda.device_array(2, np.float32)          # [loss summed over microbatches, grad norm]
-        self.sample_tokens = np.zeros((1, m.context_length), np.int32)
+        self.device = device_name()
+        self.allocate()
         self.timings = {"setup_s": 0.0, "train_s": 0.0}
-        state = read_run_state(self.run_dir) if resume else None
         if state is not None:
             shas = [h for h in (state.get("checkpoint_sha256"), state.get("previous_checkpoint_sha256")) if h]
-            step, params, mm, vv, sha = load_checkpoint(self.run_dir / CHECKPOINT, self.n, shas)
+            step, params, mm, vv, sha = load_checkpoint(self.run_dir / CHECKPOINT_FILE, self.n, shas)
             tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
             self.step, self.tokens_seen = step, step * tokens_per_step
             self.checkpoint_sha256 = sha
             self.timings.update(state.get("timings", {}))
-            self.log(f"resumed from {self.run_dir / CHECKPOINT} at step {step}")
+            self.log(f"resumed from {self.run_dir / CHECKPOINT_FILE} at step {step}")
         else:
             params, mm, vv = init_params(m, t.seed), np.zeros(self.n, np.float32), np.zeros(self.n, np.float32)
             self.step, self.tokens_seen = 0, 0
-        self.model.params.copy_to_device(params)
-        self.adam_m.copy_to_device(mm)
-        self.adam_v.copy_to_device(vv)
-        cuda.synchronize()
+        s = self.stream
+        self.model.params.copy_to_device(params, stream=s)
+        self.adam_m.copy_to_device(mm, stream=s)
+        self.adam_v.copy_to_device(vv, stream=s)
+        s.synchronize()                        # setup's sync: the run starts with its state on the GPU
         self.memory = {"planned_bytes": self.planned_bytes}
         if not SIMULATOR:
             self.memory["allocated_by_setup_bytes"] = self.free_before - cuda.current_context().get_memory_info()[0]
         self.timings["setup_s"] += time.time() - t_setup
+
+    def prepare_data(self, state: dict | None) -> dict:
+        """The run's token files and their meta. A new run prepares them from the config's corpus
+        (reusing a data directory that already holds them). A resumed run trains on the files it
+        started with, checked against the record in .state.json; only when they are gone are they
+        prepared again, and only from a corpus with the recorded sha256."""
+        d, m = self.cfg.data, self.cfg.model
+
+        def prepare(expect_sha256=None):
+            return D.prepare(d.source, d.tokenizer, m.vocab_size, d.val_fraction, self.data_dir,
+                             progress=self.log, expect_sha256=expect_sha256)
+        if state is None:
+            return prepare()
+        record = state.get("data") or {}
+        if not (self.data_dir / D.META).exists():
+            prepare(record.get("source_sha256"))
+        return D.check_prepared(self.data_dir, record)
+
+    def allocate(self):
+        """Every buffer of the run: the models' device buffers, the optimiser's, and pinned host
+        memory for what travels between host and GPU during training."""
+        m, t = self.cfg.model, self.cfg.train
+        B, T = t.batch_size, t.seq_len
+        # one stream for the whole run: every launch and copy is ordered on it, none goes to the
+        # legacy default stream (which would wait for, and hold up, all other work on the GPU)
+        s = self.stream = cuda.stream()
+        self.model = GPUModel(m, B, T, stream=s)
+        self.sampler = GPUModel(m, 1, m.context_length, stream=s, training=False, params=self.model.params)
+        self.adam_m = cuda.device_array(self.n, np.float32, stream=s)
+        self.adam_v = cuda.device_array(self.n, np.float32, stream=s)
+        self.decay = cuda.to_device(decay_mask(m, np.uint8), stream=s)
+        self.partial = cuda.device_array(optim.NORM_BLOCKS, np.float32, stream=s)
+        self.stats = cuda.device_array(2, np.float32, stream=s)    # [loss summed over microbatches, grad norm]
+        # pinned (page-locked) host memory: copies from and to it run asynchronously on the stream.
+        # Each microbatch of a step has its own slot, so no slot is refilled while its copy may be
+        # pending; the evaluation batches are the same every time, filled once here.
+        self.batch_x = cuda.pinned_array((t.n_microbatches, B, T), np.int32)
+        self.batch_y = cuda.pinned_array((t.n_microbatches, B, T), np.int32)
+        self.eval_x = cuda.pinned_array((t.eval_batches, B, T), np.int32)
+        self.eval_y = cuda.pinned_array((t.eval_batches, B, T), np.int32)
+        for i in range(t.eval_batches):
+            self.eval_x[i], self.eval_y[i] = D.get_batch(self.val_tokens, B, T, t.seed, 0, i, split="val")
+        self.stats_host = cuda.pinned_array(2, np.float32)
+        self.sample_buf = cuda.pinned_array((1, m.context_length), np.int32)
 
     # -- one optimiser step --
     def lr(self, step):
@@ -178,61 +210,66 @@ class Trainer:
         return R.lr_at(step, t.lr, t.min_lr, t.warmup_steps, t.steps, t.lr_decay)
 
     def train_step(self, step):
-        t, model = self.cfg.train, self.model
-        stats = self.stats
-        optim.zero(stats)
+        t, model, s = self.cfg.train, self.model, self.stream
+        loss_sum, norm = self.stats[0:1], self.stats[1:2]
+        optim.zero(self.stats, stream=s)
         for micro in range(t.n_microbatches):
-            x, y = D.get_batch(self.train_tokens, t.batch_size, t.seq_len, t.seed, step, micro)
-            model.forward(x, y)
+            x, y = self.batch_x[micro], self.batch_y[micro]
+            x[:], y[:] = D.get_batch(self.train_tokens, t.batch_size, t.seq_len, t.seed, step, micro)
+            model.forward(x, y)                  # while the GPU works, the host fills the next slot
             model.backward()
-            residual.residual_add(stats[0:1], stats[0:1], model.buf["loss"])     # sum of the losses
-        norm = stats[1:2]
-        optim.grad_scale(model.grads, norm, 0.0, 1.0 / t.n_microbatches)         # mean over microbatches
-        optim.grad_norm(norm, self.partial, model.grads)
-        optim.grad_scale(model.grads, norm, t.clip_norm, 1.0)                   # clip by global norm
+            residual.residual_add(loss_sum, loss_sum, model.buf["loss"], stream=s)
+        optim.grad_scale(model.grads, norm, 0.0, 1.0 / t.n_microbatches, stream=s)   # mean over microbatches
+        optim.grad_norm(norm, self.partial, model.grads, stream=s)
+        optim.grad_scale(model.grads, norm, t.clip_norm, 1.0, stream=s)             # clip by global norm
         lr = self.lr(step)
         optim.adamw(model.params, model.grads, self.adam_m, self.adam_v, self.decay, step + 1, lr,
-                    t.beta1, t.beta2, t.eps, t.weight_decay)
+                    t.beta1, t.beta2, t.eps, t.weight_decay, stream=s)
         model.zero_grads()
-        loss_sum, grad_norm = stats.copy_to_host()                             # the step's only sync
-        return float(loss_sum) / t.n_microbatches, float(grad_norm), lr
+        self.stats.copy_to_host(self.stats_host, stream=s)
+        s.synchronize()                          # the step's only sync
+        loss, grad_norm = self.stats_host
+        return float(loss) / t.n_microbatches, float(grad_norm), lr
 
     def evaluate(self):
         """Mean validation loss over eval_batches fixed microbatches (the same ones every time)."""
-        t = self.cfg.train
-        optim.zero(self.stats)
+        t, s = self.cfg.train, self.stream
+        loss_sum = self.stats[0:1]
+        optim.zero(self.stats, stream=s)
         for i in range(t.eval_batches):
-            x, y = D.get_batch(self.val_tokens, t.batch_size, t.seq_len, t.seed, 0, i, split="val")
-            self.model.forward(x, y)
-            residual.residual_add(self.stats[0:1], self.stats[0:1], self.model.buf["loss"])
-        return float(self.stats.copy_to_host()[0]) / t.eval_batches
+            self.model.forward(self.eval_x[i], self.eval_y[i])
+            residual.residual_add(loss_sum, loss_sum, self.model.buf["loss"], stream=s)
+        self.stats.copy_to_host(self.stats_host, stream=s)
+        s.synchronize()                          # the evaluation's one sync
+        return float(self.stats_host[0]) / t.eval_batches
 
     def generate(self, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40) -> str:
         """Sample n_tokens after prompt with the forward-only model (B=1, full context)."""
-        return generate(self.sampler, self.tokenizer, prompt, n_tokens, seed, temperature, top_k,
-                        self.sample_tokens)
+        return generate_text(self.sampler, self.tokenizer, prompt, n_tokens, seed, temperature, top_k,
+                             self.sample_buf)
 
     # -- run files --
     def checkpoint(self):
         t0 = time.time()
-        params, mm, vv = (a.copy_to_host() for a in (self.model.params, self.adam_m, self.adam_v))
+        params, mm, vv = [a.copy_to_host(stream=self.stream) for a in (self.model.params, self.adam_m, self.adam_v)]
+        self.stream.synchronize()                # the file is written from these host copies
 
         def record(sha):                   # on disk, not yet in place: put both checksums on record
             self.previous_checkpoint_sha256 = getattr(self, "checkpoint_sha256", None)
             self.checkpoint_sha256 = sha
             self.write_state()
 
-        save_checkpoint(self.run_dir / CHECKPOINT, self.step, params, mm, vv, before_replace=record)
-        self.log(f"checkpoint: step {self.step} -> {self.run_dir / CHECKPOINT} ({time.time() - t0:.1f} s)")
+        save_checkpoint(self.run_dir / CHECKPOINT_FILE, self.step, params, mm, vv, before_replace=record)
+        self.log(f"checkpoint: step {self.step} -> {self.run_dir / CHECKPOINT_FILE} ({time.time() - t0:.1f} s)")
 
     def write_state(self):
         state = {"step": self.step, "config": self.cfg.to_dict(), "tokenizer": self.meta.get("tokenizer"),
-                 "data": {"dir": str(self.data_dir), **self.meta}, "tokens_seen": self.tokens_seen,
-                 "n_params": self.n, "timings": self.timings, "checkpoint": CHECKPOINT,
-                 "checkpoint_sha256": getattr(self, "checkpoint_sha256", None),
+                 "data": {**self.meta, "dir": data_dir_record(self.run_dir, self.data_dir)},
+                 "tokens_seen": self.tokens_seen, "n_params": self.n, "timings": self.timings,
+                 "checkpoint": CHECKPOINT_FILE, "checkpoint_sha256": getattr(self, "checkpoint_sha256", None),
                  "previous_checkpoint_sha256": getattr(self, "previous_checkpoint_sha256", None),
-                 "memory": self.memory, "device": device_name(), "time": time.time()}
-        atomic_write_json(self.run_dir / ".state.json", state)
+                 "memory": self.memory, "device": self.device, "time": time.time()}
+        atomic_write_json(self.run_dir / STATE_FILE, state)
 
     def append(self, name, record):
         with open(self.run_dir / name, "a") as f:
@@ -261,7 +298,7 @@ class Trainer:
                                      f"(train.lr) or the clip norm; the last checkpoint is intact")
                 if self.step % t.eval_interval == 0 or self.step == last:
                     rec["val_loss"] = self.evaluate()
-                self.append(".loss.json", rec)
+                self.append(LOSS_FILE, rec)
                 if self.step % self.log_every == 0 or "val_loss" in rec or self.step == last:
                     eta = (time.time() - t_start) / done_here * (last - self.step)
                     val = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
@@ -269,8 +306,7 @@ class Trainer:
                              f"{rec['tokens_per_s']:,.0f} tok/s | ETA {format_eta(eta)}")
                 if self.step % t.sample_interval == 0 or self.step == last:
                     text = self.generate("\n", t.sample_tokens, seed=t.seed * 1_000_003 + self.step)
-                    self.append(".samples.json", {"step": self.step, "prompt": "\n", "text": text,
-                                                  "time": time.time()})
+                    self.append(SAMPLES_FILE, {"step": self.step, "prompt": "\n", "text": text, "time": time.time()})
                 if self.step % t.checkpoint_interval == 0 or self.step == last or self.save_requested:
                     self.save_requested = False
                     self.checkpoint()
@@ -288,7 +324,6 @@ class Trainer:
         free memory now): the loop allocates nothing, so only compiled kernel code adds to it."""
         if SIMULATOR:
             return
-        cuda.synchronize()
         used = self.free_before - cuda.current_context().get_memory_info()[0]
         self.memory["used_after_training_bytes"] = used
         mib = lambda b: f"{b / 2**20:,.1f} MiB"
@@ -308,38 +343,6 @@ class Trainer:
             if sig is not None:
                 old[sig] = signal.signal(sig, h)
         return old
-
-
-def generate(model: GPUModel, tokenizer, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40,
-             buf=None) -> str:
-    """Autoregressive sampling: run the forward on the last context_length tokens, sample the next
-    token from softmax(logits / temperature) restricted to the top_k most likely, repeat."""
-    T = model.T
-    buf = np.zeros((1, T), np.int32) if buf is None else buf
-    ids = list(tokenizer.encode(prompt)) or [0]
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n_tokens):
-        ctx = ids[-T:]
-        buf[0, :] = 0
-        buf[0, :len(ctx)] = ctx
-        model.forward(buf, buf)
-        p = model.probs_row(len(ctx) - 1).astype(np.float64)
-        nxt = sample_from(p, rng, temperature, top_k)
-        ids.append(nxt)
-        out.append(nxt)
-    return tokenizer.decode(out)
-
-
-def sample_from(p, rng, temperature=1.0, top_k=40) -> int:
-    """Draw a token from probabilities p after temperature and top-k (deterministic given rng)."""
-    logits = np.log(np.maximum(p, 1e-30)) / max(temperature, 1e-6)
-    if top_k and top_k < len(p):
-        kth = np.partition(logits, -top_k)[-top_k]
-        logits = np.where(logits >= kth, logits, -np.inf)
-    q = np.exp(logits - logits.max())
-    q /= q.sum()
-    return int(rng.choice(len(q), p=q))
 
 
 def format_eta(seconds: float) -> str:
@@ -389,15 +392,15 @@ def main(argv=None) -> int:
             run_dir = Path(args.resume)
             state = read_run_state(run_dir)
             raw = state["config"]
-            if args.steps is not None:
+            if args.steps is not None and isinstance(raw.get("train"), dict):
                 raw["train"]["steps"] = args.steps
-            cfg = config_from_dict(raw, origin=f"{run_dir}/.state.json")
-            trainer = Trainer(cfg, run_dir, state.get("data", {}).get("dir"), log, args.log_every)
+            cfg = config_from_dict(raw, origin=str(run_dir / STATE_FILE))
+            trainer = Trainer(cfg, run_dir, data_dir_of(run_dir, state), log, args.log_every)
             trainer.setup(resume=True)
         else:
             cfg = build_config(args)
             run_dir = Path(args.out or f"runs/{cfg.name}")
-            if (run_dir / CHECKPOINT).exists() or (run_dir / ".state.json").exists():
+            if (run_dir / CHECKPOINT_FILE).exists() or (run_dir / STATE_FILE).exists():
                 raise TrainError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
                                  f"choose another --out, or delete the directory")
             trainer = Trainer(cfg, run_dir, None, log, args.log_every)
@@ -408,7 +411,7 @@ def main(argv=None) -> int:
         code = trainer.run()
         log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {time.time() - t0:.1f} s")
         return code
-    except (ConfigError, CheckpointError, D.DataError, TrainError) as e:
+    except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -50,8 +50,8 @@ from andrea_numba.atomic import file_sha256  # noqa: E402
 from andrea_numba.config import config_from_dict, load_config  # noqa: E402
 from andrea_numba.layout import n_params  # noqa: E402
 from andrea_numba.plot import plot_run  # noqa: E402
-from andrea_numba.runlog import read_loss, read_state  # noqa: E402
-from andrea_numba.train import CHECKPOINT, Trainer  # noqa: E402
+from andrea_numba.runlog import CHECKPOINT_FILE as CHECKPOINT, read_loss, read_state  # noqa: E402
+from andrea_numba.train import Trainer  # noqa: E402
 
 if not 0 < args.stop < args.steps:
     sys.exit(f"error: --stop ({args.stop}) must lie between 0 and --steps ({args.steps}), exclusive")

@@ -54,6 +54,27 @@ def test_read_samples_and_state(run_dir, tmp_path_factory):
     assert runlog.read_loss(empty / "missing") == []
 
 
+def test_read_run_state_refuses_with_one_line(run_dir, tmp_path_factory):
+    assert runlog.read_run_state(run_dir)["step"] == 12
+    bad = tmp_path_factory.mktemp("bad")
+    for text, message in ((None, "has no .state.json: it is not a run directory"),
+                          ('{"step": ', "is not valid JSON"), ('{"step": 3}', "holds no run config")):
+        if text is not None:
+            (bad / ".state.json").write_text(text)
+        with pytest.raises(runlog.RunDirError) as e:
+            runlog.read_run_state(bad)
+        assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_data_directory_on_record(tmp_path):
+    run = tmp_path / "run"
+    assert runlog.data_dir_record(run, run / "data") == "data"               # moves with the run
+    assert runlog.data_dir_record(run, tmp_path / "shared") == str((tmp_path / "shared").resolve())
+    assert runlog.data_dir_of(run, {"data": {"dir": "data"}}) == run / "data"
+    assert runlog.data_dir_of(run, {"data": {"dir": str(tmp_path / "shared")}}) == tmp_path / "shared"
+    assert runlog.data_dir_of(run, None) == run / runlog.DATA_DIR
+
+
 def test_plot_run_writes_png(run_dir, tmp_path):
     path = plot_run(run_dir)
     assert path == run_dir / "loss.png"

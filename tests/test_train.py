@@ -1,12 +1,23 @@
 """Training end to end in the CUDA simulator at the tiny size: the loss falls, a run stopped by
 SIGTERM resumes bit-exactly, SIGUSR1 checkpoints and continues, checkpoints are atomic, nothing is
-allocated on the device inside the loop, and bad input gets one clear line and exit code 2."""
+allocated on the device inside the loop, every launch and copy goes to the run's one stream, a step
+waits for the GPU once, a resumed run trains on the tokens it started with, and bad input gets one
+clear line and exit code 2.
+
+Most tests share two runs of one 5-step config (the `runs` fixture), made side by side so that
+they take the time of one on a machine of two cores: run A in this process, every device
+allocation, kernel launch, copy and host sync recorded while it trains; run B from the command
+line in a subprocess, stopped by SIGUSR1 and SIGTERM, then resumed."""
+import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,20 +25,32 @@ import pytest
 from andrea_numba import checkpoint as ck
 from andrea_numba import train as tr
 from andrea_numba.config import config_from_dict, load_config
+from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import n_params
-from andrea_numba.runlog import read_loss
+from andrea_numba.runlog import read_loss, read_samples
 
 SIM_ENV = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONUNBUFFERED": "1"}
+STEPS = 5
 
 
-def small_config(tmp_path, **train):
-    """ANDREA-tiny with microbatches small enough for the simulator (1 x 8 tokens, 2 per step)."""
+def corpus_text() -> str:
+    """A small corpus, the same on every Python: words drawn by a seeded generator. Its few frequent
+    bytes are quick to learn, so 5 steps of 16 tokens lower the loss by far more than noise does."""
+    words = "the cat sat on a mat and the dog ran to the old tree".split()
+    return " ".join(np.random.default_rng(0).choice(words, 6000)) + "\n"
+
+
+def small_config(tmp_path, name="tiny-test.json", corpus=None, **train):
+    """ANDREA-tiny with microbatches small enough for the simulator (1 x 8 tokens, 2 per step),
+    trained on the text file `corpus` (default: the config's, the standard library's source)."""
     raw = load_config("tiny").to_dict()
     raw["name"] = "ANDREA-tiny-test"
-    raw["train"].update(dict(batch_size=1, seq_len=8, n_microbatches=2, steps=4, lr=3e-2, min_lr=3e-3,
+    if corpus is not None:
+        raw["data"]["source"] = str(corpus)
+    raw["train"].update(dict(batch_size=1, seq_len=8, n_microbatches=2, steps=STEPS, lr=3e-2, min_lr=3e-3,
                              warmup_steps=1, eval_interval=2, eval_batches=1, checkpoint_interval=100,
-                             sample_interval=100, sample_tokens=4), **train)
-    path = tmp_path / "tiny-test.json"
+                             sample_interval=100, sample_tokens=3), **train)
+    path = tmp_path / name
     path.write_text(json.dumps(raw))
     return path, config_from_dict(raw)
 
@@ -41,29 +64,88 @@ def losses(run_dir):
     return [(r["step"], r["train_loss"], r.get("val_loss"), r["lr"], r["grad_norm"]) for r in read_loss(run_dir)]
 
 
-def test_loss_falls_and_no_device_allocation_inside_the_loop(tmp_path, monkeypatch):
-    _, cfg = small_config(tmp_path, steps=8)
-    trainer = tr.Trainer(cfg, tmp_path / "run", log=lambda s: None)
-    trainer.setup()
-    from numba import cuda
+def files(run_dir):
+    """Every file under run_dir and its bytes (to prove a refusal changed nothing)."""
+    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
-    def forbidden(*a, **k):
-        raise AssertionError("device allocation inside the training loop")
-    for name in ("device_array", "device_array_like", "to_device", "pinned_array", "mapped_array", "managed_array"):
-        if hasattr(cuda, name):
-            monkeypatch.setattr(cuda, name, forbidden)
-    assert trainer.run() == 0                                # 8 steps, evaluations, a sample, a checkpoint
-    log = read_loss(tmp_path / "run")
-    assert [r["step"] for r in log] == list(range(1, 9))
-    first, last = np.mean([r["train_loss"] for r in log[:2]]), np.mean([r["train_loss"] for r in log[-2:]])
-    assert last < first - 0.2, (first, last)
-    assert log[-1]["val_loss"] < log[1]["val_loss"]
-    samples = [json.loads(s) for s in (tmp_path / "run" / ".samples.json").read_text().splitlines()]
-    assert samples[-1]["step"] == 8 and isinstance(samples[-1]["text"], str)
-    state = json.loads((tmp_path / "run" / ".state.json").read_text())
-    assert state["step"] == 8 and state["tokens_seen"] == 8 * 2 * 8
-    assert (tmp_path / "run" / "checkpoint.bin").stat().st_size == ck.checkpoint_bytes(n_params(cfg.model))
 
+def main_in_process(capsys, *args):
+    """python -m andrea_numba.train ARGS, in this process: (exit code, stderr lines)."""
+    capsys.readouterr()
+    code = tr.main([str(a) for a in args])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+# ----------------------------------------------------------------------------------------------
+# what happens on the device while a run trains
+
+ALLOCATORS = ("device_array", "device_array_like", "to_device", "pinned_array", "mapped_array", "managed_array")
+PHASES = ("train_step", "evaluate", "generate", "checkpoint")
+Event = collections.namedtuple("Event", "phase kind name stream array")
+
+
+class DeviceRecorder:
+    """Records, in the simulator, every device allocation, kernel launch (with the stream of its
+    launch configuration), copy between host and device (with its stream and host array) and host
+    sync, each with the Trainer method it happened in (its phase; "loop" outside them)."""
+
+    def __init__(self):
+        self.events, self.phase, self.calls = [], "loop", collections.Counter()
+
+    def add(self, kind, name, stream=None, array=None):
+        self.events.append(Event(self.phase, kind, name, stream, array))
+
+    def patch(self, mp):
+        from numba import cuda
+        from numba.cuda.simulator import api
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+        from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+        def alloc(name, fn):
+            return lambda *a, **k: (self.add("alloc", name), fn(*a, **k))[1]
+        for name in ALLOCATORS:
+            if hasattr(cuda, name):
+                mp.setattr(cuda, name, alloc(name, getattr(cuda, name)))
+        launch, to_device, to_host = FakeCUDAKernel.__getitem__, FakeCUDAArray.copy_to_device, FakeCUDAArray.copy_to_host
+
+        def configure(kernel, config):              # kernel[grid, block, stream, shared]
+            self.add("launch", kernel.fn.__name__, config[2] if len(config) > 2 else 0)
+            return launch(kernel, config)
+
+        def copy_to_device(arr, ary, stream=0):
+            self.add("copy", "to_device", stream, ary)
+            return to_device(arr, ary, stream=stream)
+
+        def copy_to_host(arr, ary=None, stream=0):
+            self.add("copy", "to_host", stream, ary)
+            return to_host(arr, ary, stream=stream)
+        mp.setattr(FakeCUDAKernel, "__getitem__", configure)
+        mp.setattr(FakeCUDAArray, "copy_to_device", copy_to_device)
+        mp.setattr(FakeCUDAArray, "copy_to_host", copy_to_host)
+        mp.setattr(api.stream, "synchronize", lambda stream: self.add("sync", "stream.synchronize", stream))
+        mp.setattr(cuda, "synchronize", lambda: self.add("sync", "cuda.synchronize (the whole device)", 0))
+
+    def watch(self, trainer):
+        """Name the phase of each event after the Trainer method that is running."""
+        for name in PHASES:
+            setattr(trainer, name, self.phased(name, getattr(trainer, name)))
+
+    def phased(self, name, method):
+        def run(*args, **kw):
+            outer, self.phase = self.phase, name
+            self.calls[name] += 1
+            try:
+                return method(*args, **kw)
+            finally:
+                self.phase = outer
+        return run
+
+    def count(self, kind, phase, name=None):
+        return sum(e.kind == kind and e.phase == phase and name in (None, e.name) for e in self.events)
+
+
+# ----------------------------------------------------------------------------------------------
+# the two shared runs
 
 def _wait_for(pred, proc, timeout=240):
     t0 = time.time()
@@ -73,33 +155,185 @@ def _wait_for(pred, proc, timeout=240):
         time.sleep(0.05)
 
 
-def test_sigterm_then_resume_is_bit_exact_and_sigusr1_continues(tmp_path):
-    cfg_path, cfg = small_config(tmp_path, steps=5)
-    # the run that is never stopped
-    p = run_train("--config", cfg_path, "--out", tmp_path / "a")
-    assert p.returncode == 0, p.stderr
-    # the run that gets SIGUSR1 after step 1 and SIGTERM after the checkpoint it asked for
-    b = tmp_path / "b"
+def stop_and_resume(cfg_path, corpus, b, out):
+    """Run B: SIGUSR1 after step 1, SIGTERM once the checkpoint it asked for is on disk; then the
+    corpus file changes (a resumed run trains on its own tokens, so it must not matter) and
+    `--resume` finishes the run. Results (or the error) go into `out`."""
     proc = subprocess.Popen([sys.executable, "-m", "andrea_numba.train", "--config", str(cfg_path), "--out", str(b),
                              "--log-every", "1"], env=SIM_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: len(read_loss(b)) >= 1, proc)
-    proc.send_signal(signal.SIGUSR1)
-    _wait_for(lambda: (b / "checkpoint.bin").exists(), proc)
-    usr1_step = json.loads((b / ".state.json").read_text())["step"]
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err
-    stopped = json.loads((b / ".state.json").read_text())["step"]
-    assert 1 <= usr1_step <= stopped < 5, (usr1_step, stopped)      # SIGUSR1 went on training
-    assert f"stopped by signal at step {stopped}" in out
-    p = run_train("--resume", b)
-    assert p.returncode == 0, p.stderr
-    assert f"resumed from {b / 'checkpoint.bin'} at step {stopped}" in p.stdout
-    assert losses(b) == losses(tmp_path / "a")                       # the same values, bit for bit
-    assert (b / "checkpoint.bin").read_bytes() == (tmp_path / "a" / "checkpoint.bin").read_bytes()
-    lines = (b / ".loss.json").read_text().splitlines()
-    assert len(lines) == 5                                           # appended, nothing lost or repeated
+    try:
+        _wait_for(lambda: len(read_loss(b)) >= 1, proc)
+        proc.send_signal(signal.SIGUSR1)
+        _wait_for(lambda: (b / "checkpoint.bin").exists(), proc)
+        out.usr1_step = json.loads((b / ".state.json").read_text())["step"]
+        proc.send_signal(signal.SIGTERM)
+        out.stop_stdout, out.stop_stderr = proc.communicate(timeout=240)
+        out.stop_code = proc.returncode
+        out.stopped = json.loads((b / ".state.json").read_text())["step"]
+        corpus.write_text(corpus.read_text() + "a line added after the run was stopped\n")
+        out.resume = run_train("--resume", b, timeout=240)
+    except BaseException as e:                 # reported by the test that reads B, not by the others
+        out.error = e
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    corpus_a, corpus_b = root / "corpus-a.txt", root / "corpus-b.txt"
+    for corpus in (corpus_a, corpus_b):
+        corpus.write_text(corpus_text())
+    cfg_path_a, cfg = small_config(root, "a.json", corpus_a)
+    cfg_path_b, _ = small_config(root, "b.json", corpus_b)
+    b = SimpleNamespace(error=None)
+    driver = threading.Thread(target=stop_and_resume, args=(cfg_path_b, corpus_b, root / "b", b))
+    driver.start()
+    try:
+        trainer = tr.Trainer(cfg, root / "a", log=lambda s: None)
+        trainer.setup()
+        record = DeviceRecorder()
+        with pytest.MonkeyPatch.context() as mp:
+            if SIMULATOR:
+                record.patch(mp)
+            record.watch(trainer)
+            code = trainer.run()
+    finally:
+        driver.join(timeout=600)
+    return SimpleNamespace(a=root / "a", b=root / "b", b_result=b, cfg=cfg, cfg_path=cfg_path_a, corpus=corpus_a,
+                           trainer=trainer, record=record, code=code)
+
+
+@pytest.mark.slow
+def test_loss_falls(runs):
+    assert runs.code == 0
+    log = read_loss(runs.a)
+    assert [r["step"] for r in log] == list(range(1, STEPS + 1))
+    first, last = np.mean([r["train_loss"] for r in log[:2]]), np.mean([r["train_loss"] for r in log[-2:]])
+    assert last < first - 0.2, (first, last)
+    assert log[-1]["val_loss"] < log[1]["val_loss"]
+    samples = read_samples(runs.a)
+    assert samples[-1]["step"] == STEPS and isinstance(samples[-1]["text"], str)
+    state = json.loads((runs.a / ".state.json").read_text())
+    assert state["step"] == STEPS and state["tokens_seen"] == STEPS * 2 * 8
+    assert (runs.a / "checkpoint.bin").stat().st_size == ck.checkpoint_bytes(n_params(runs.cfg.model))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SIMULATOR, reason="records the simulator's launches and copies")
+def test_the_loop_allocates_nothing_and_uses_one_stream(runs):
+    rec, stream = runs.record, runs.trainer.stream
+    assert [e for e in rec.events if e.kind == "alloc"] == []
+    assert dict(rec.calls) == {"train_step": STEPS, "evaluate": 3, "generate": 1, "checkpoint": 1}
+    for phase in ("train_step", "evaluate", "generate"):
+        assert rec.count("launch", phase) > 0 and rec.count("copy", phase, "to_device") > 0, phase
+    assert rec.count("copy", "checkpoint", "to_host") == 3                    # weights, m and v
+    # every launch, copy and sync of the loop on the run's own stream: none on the legacy default
+    # stream (0), none on another stream, no cuda.synchronize() of the whole device
+    stray = [e for e in rec.events if e.kind != "alloc" and e.stream is not stream]
+    assert stray == [], stray[:5]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SIMULATOR, reason="records the simulator's launches and copies")
+def test_a_step_waits_for_the_gpu_once_and_copies_through_pinned_buffers(runs):
+    rec, t, cfg = runs.record, runs.trainer, runs.cfg.train
+    # the host syncs of docs/host-syncs.md: one per step, evaluation and checkpoint, one per sampled token
+    assert rec.count("sync", "train_step") == rec.count("copy", "train_step", "to_host") == STEPS
+    assert rec.count("sync", "evaluate") == rec.count("copy", "evaluate", "to_host") == 3
+    assert rec.count("sync", "checkpoint") == 1
+    assert rec.count("sync", "generate") == rec.count("copy", "generate", "to_host") == cfg.sample_tokens
+    assert rec.count("sync", "loop") == 0
+    # tokens travel from the pinned buffers allocated at setup, the step's statistics into one
+    pinned = {"train_step": (t.batch_x, t.batch_y), "evaluate": (t.eval_x, t.eval_y), "generate": (t.sample_buf,)}
+    for e in rec.events:
+        if e.kind == "copy" and e.name == "to_device":
+            assert any(np.shares_memory(e.array, buf) for buf in pinned.get(e.phase, ())), e
+        if e.kind == "copy" and e.name == "to_host" and e.phase in ("train_step", "evaluate"):
+            assert e.array is t.stats_host, e
+
+
+@pytest.mark.slow
+def test_sigterm_then_resume_is_bit_exact_and_sigusr1_continues(runs):
+    b, res = runs.b, runs.b_result
+    if res.error is not None:
+        raise res.error
+    assert res.stop_code == 0, res.stop_stderr
+    assert 1 <= res.usr1_step <= res.stopped < STEPS, (res.usr1_step, res.stopped)   # SIGUSR1 went on training
+    assert f"stopped by signal at step {res.stopped}" in res.stop_stdout
+    # the corpus file changed after the stop: the resumed run trains on its own tokens all the same
+    assert res.resume.returncode == 0, res.resume.stderr
+    assert f"resumed from {b / 'checkpoint.bin'} at step {res.stopped}" in res.resume.stdout
+    assert losses(b) == losses(runs.a)                                   # the same values, bit for bit
+    assert (b / "checkpoint.bin").read_bytes() == (runs.a / "checkpoint.bin").read_bytes()
+    assert read_samples(b)[-1]["text"] == read_samples(runs.a)[-1]["text"]
+    lines = (b / ".loss.json").read_text().splitlines()
+    assert len(lines) == STEPS                                           # appended, nothing lost or repeated
+
+
+@pytest.mark.slow
+def test_sample_on_kernels_and_twin_then_refuse_a_corrupt_checkpoint(runs, tmp_path, capsys):
+    procs = [subprocess.Popen([sys.executable, "-m", "andrea_numba.sample", str(runs.a), "--prompt", "the ",
+                               "--tokens", "4", "--seed", "3", *extra], env=SIM_ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for extra in ([], ["--cpu"])]
+    texts = []
+    for p in procs:                                 # the two run side by side
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        assert out.startswith("the ")
+        texts.append(out)
+    assert texts[0] == texts[1]           # the kernels and the twin sample the same tokens
+    run = tmp_path / "r"
+    shutil.copytree(runs.a, run)
+    data = bytearray((run / "checkpoint.bin").read_bytes())
+    data[100] ^= 0xFF
+    (run / "checkpoint.bin").write_bytes(bytes(data))
+    code, err = main_in_process(capsys, "--resume", run, "--steps", 2)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
+    assert "does not match the sha256" in err[0]
+    code, err = main_in_process(capsys, "--config", runs.cfg_path, "--out", run)   # never overwrite a run
+    assert code == 2 and len(err) == 1 and "--resume" in err[0]
+
+
+@pytest.mark.slow
+def test_resume_refuses_tokens_that_changed(runs, tmp_path, capsys):
+    run = tmp_path / "r"
+    shutil.copytree(runs.a, run)
+    tokens = bytearray((run / "data" / "train.bin").read_bytes())
+    tokens[10] ^= 1
+    (run / "data" / "train.bin").write_bytes(bytes(tokens))
+    before = files(run)
+    code, err = main_in_process(capsys, "--resume", run)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert "train.bin' does not match the sha256 recorded in .state.json" in err[0]
+    assert files(run) == before                                      # nothing written, nothing lost
+
+
+@pytest.mark.slow
+def test_resume_without_tokens_prepares_them_again_only_from_the_same_corpus(runs, tmp_path, capsys):
+    run = tmp_path / "r"
+    shutil.copytree(runs.a, run)
+    tokens = files(run / "data")
+    shutil.rmtree(run / "data")
+    code, err = main_in_process(capsys, "--resume", run)       # the run is complete: no step to train
+    assert code == 0, err
+    assert files(run / "data") == tokens                       # prepared again, to the same bytes
+    shutil.rmtree(run / "data")
+    original = runs.corpus.read_text()
+    runs.corpus.write_text(original.replace("cat", "cow", 1))
+    try:
+        before = files(run)
+        code, err = main_in_process(capsys, "--resume", run)
+    finally:
+        runs.corpus.write_text(original)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert f"the corpus {runs.corpus} changed since the run was prepared" in err[0]
+    assert files(run) == before and not (run / "data").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# files and input, without training
 
 def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.bin"
@@ -118,7 +352,7 @@ def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
     step, params, *_, got_sha = ck.load_checkpoint(path, 6, sha)
     assert step == 3 and np.array_equal(params, a) and got_sha == sha
     header = np.frombuffer(before[:8], dtype="<i4")
-    assert list(header) == [3, 6] and len(before) == 8 + 3 * 4 * 6  # the spec's layout
+    assert list(header) == [3, 6] and len(before) == 8 + 3 * 4 * 6  # int32 step, int32 n, 3 x n float32
 
 
 def test_bad_checkpoints_are_refused_with_one_line(tmp_path):
@@ -141,28 +375,6 @@ def test_bad_checkpoints_are_refused_with_one_line(tmp_path):
         ck.load_checkpoint(path, 7)
     with pytest.raises(ck.CheckpointError, match="not found"):
         ck.load_checkpoint(tmp_path / "none.bin", n)
-
-
-def test_sample_on_kernels_and_twin_then_refuse_a_corrupt_checkpoint(tmp_path):
-    cfg_path, _ = small_config(tmp_path, steps=1)
-    run = tmp_path / "r"
-    assert run_train("--config", cfg_path, "--out", run).returncode == 0
-    texts = []
-    for extra in ([], ["--cpu"]):
-        p = subprocess.run([sys.executable, "-m", "andrea_numba.sample", str(run), "--prompt", "def ", "--tokens", "6",
-                            "--seed", "3", *extra], env=SIM_ENV, capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr
-        assert p.stdout.startswith("def ")
-        texts.append(p.stdout)
-    assert texts[0] == texts[1]           # the kernels and the twin sample the same tokens
-    data = bytearray((run / "checkpoint.bin").read_bytes())
-    data[100] ^= 0xFF
-    (run / "checkpoint.bin").write_bytes(bytes(data))
-    p = run_train("--resume", run, "--steps", 2)
-    assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1
-    assert "does not match the sha256" in p.stderr
-    again = run_train("--config", cfg_path, "--out", run)          # never overwrite an existing run
-    assert again.returncode == 2 and "--resume" in again.stderr
 
 
 @pytest.mark.parametrize("args,message", [
