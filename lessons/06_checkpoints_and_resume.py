@@ -1,9 +1,10 @@
 """Lesson 06: checkpoints and bit-exact resume. Stop a run, start a new trainer, get the same bits.
 
 What it teaches
-    1. Run A: a tiny Trainer runs 4 optimiser steps without stopping.
-    2. Run B: the same config stops after 2 steps (trainer.run(steps=2)) and writes a checkpoint;
-       a NEW Trainer, in a fresh state, resumes from that file (setup(resume=True)) and finishes.
+    1. Run A: a tiny Trainer runs 4 optimiser steps without stopping. At step 2 the lesson copies
+       its run directory: the copy, run B, is exactly what a run stopped at step 2 leaves on disk.
+    2. Run B: a NEW Trainer, in a fresh state, resumes from B's checkpoint (setup(resume=True)) and
+       finishes, while nothing of A's trainer survives in it.
     3. The two loss columns side by side are identical to the last bit, and so are the final
        checkpoints: their sha256 are equal.
     4. Why: the data order is a pure function of (seed, step); the learning rate is a function of
@@ -13,8 +14,8 @@ What it teaches
     5. The checkpoint's bytes: the 8-byte header (int32 step, int32 n_params), then float32s.
     6. The loss curve of the run (andrea_numba.plot.plot_run).
 
-How to run (the kernels run in Numba's CUDA simulator without a GPU: about 30-50 s for the
-4 + 2 + 2 steps; each step is one microbatch of 1 x 8 tokens)
+How to run (the kernels run in Numba's CUDA simulator without a GPU: about 15 s for the
+4 + 2 steps; each step is one microbatch of 1 x 8 tokens)
 
     python lessons/06_checkpoints_and_resume.py                        # run directories in a temp dir
     python lessons/06_checkpoints_and_resume.py --out runs/lesson06    # keep them (must not exist yet)
@@ -79,28 +80,32 @@ def log(line):
 
 
 # %%
-C.step(f"Run A: {t.steps} steps without stopping")
+C.step(f"Run A, its first {args.stop} steps; a copy of its run directory is run B")
 C.say(f"""
     {cfg.name}: {n_params(cfg.model):,} parameters, {t.n_microbatches} microbatch(es) of {t.batch_size} x {t.seq_len}
     tokens per step, AdamW at lr {t.lr} with warm-up and cosine decay, seed {t.seed}. The data is
     the default corpus (the Python standard library's source, as bytes), prepared once into
-    {data_dir} and shared by both runs. The trainer's own log lines are shown with "|".
+    {data_dir}. The trainer's own log lines are shown with "|".
 """)
 trainer = Trainer(cfg, dir_a, data_dir, log=log, log_every=1)
 trainer.setup()
-trainer.run()
-del trainer
-
-# %%
-C.step(f"Run B, part 1: the same config, stopped after {args.stop} steps")
-trainer = Trainer(cfg, dir_b, data_dir, log=log, log_every=1)
-trainer.setup()
 trainer.run(steps=args.stop)
+shutil.copytree(dir_a, dir_b)
 C.say(f"""
     trainer.run(steps={args.stop}) ends the loop at step {args.stop} and, because that is the last step of
-    this call, writes {dir_b / CHECKPOINT}. A signal does the same on a real run (SIGTERM or
-    Ctrl-C: checkpoint at the next step boundary, exit 0). Now we throw this trainer away, with
-    its device buffers, its Adam state and everything else it held in memory.
+    this call, evaluates and writes {dir_a / CHECKPOINT}. A signal does the same on a real run
+    (SIGTERM or Ctrl-C: checkpoint at the next step boundary, exit 0), and the process ends:
+    these files are all a stopped run leaves behind. We copy them to {dir_b}: run B is a
+    run stopped at step {args.stop}.
+""")
+
+# %%
+C.step(f"Run A carries on to step {t.steps} without stopping")
+trainer.run()
+C.say("""
+    The same trainer continues: its weights, gradients and Adam state never left the GPU. Run A
+    is the uninterrupted run. Now we throw this trainer away, with its device buffers and
+    everything else it held in memory.
 """)
 del trainer
 
@@ -133,13 +138,13 @@ assert step == args.stop and n == N and len(raw_bytes) == 8 + 12 * N
 assert hashlib.sha256(raw_bytes).hexdigest() == state["checkpoint_sha256"]
 
 # %%
-C.step("Run B, part 2: a NEW Trainer resumes from the checkpoint and finishes")
+C.step("Run B: a NEW Trainer resumes from the checkpoint and finishes")
 trainer = Trainer(cfg, dir_b, data_dir, log=log, log_every=1)
 trainer.setup(resume=True)
 C.say(f"""
-    setup(resume=True) read .state.json, checked the checkpoint's sha256, and loaded step
-    {trainer.step}, the weights, m and v into freshly allocated device buffers. Nothing else
-    survives from part 1. Continue to step {t.steps}:
+    setup(resume=True) read .state.json, checked the sha256 of the token files and of the
+    checkpoint against its records, and loaded step {trainer.step}, the weights, m and v into freshly
+    allocated device buffers. Nothing else survives from A's trainer. Continue to step {t.steps}:
 """)
 trainer.run()
 del trainer
@@ -150,7 +155,7 @@ rows_a, rows_b = read_loss(dir_a), read_loss(dir_b)
 table = []
 for ra, rb in zip(rows_a, rows_b):
     same = ra["train_loss"] == rb["train_loss"] and ra["grad_norm"] == rb["grad_norm"]
-    who = "first trainer" if rb["step"] <= args.stop else "resumed trainer"
+    who = "A's trainer, then copied" if rb["step"] <= args.stop else "resumed trainer"
     table.append((rb["step"], repr(ra["train_loss"]), repr(rb["train_loss"]), who,
                   f"{ra['grad_norm']:.6f}", f"{rb['grad_norm']:.6f}", "yes" if same else "NO"))
 C.table(table, header=("step", "A: train loss", "B: train loss", "B's step ran in", "A: grad norm",
@@ -209,8 +214,8 @@ C.record_figure(fig_a)
 C.say(f"""
     andrea_numba.plot.plot_run draws the train loss (and its moving average), the validation loss
     where it was measured, the learning rate and the gradient norm. The two pictures show the same
-    training curve (run B's log was appended by two trainers; read_loss keeps the last line for
-    each step); B has one more validation point, at step {args.stop}, where its first part ended.
+    training curve: B's log holds the lines of A's first {args.stop} steps, copied with the run directory,
+    then the resumed trainer's; both have a validation point at step {args.stop}, where run() ended once.
     {t.steps} steps of a tiny model only start the descent: run
     `python -m andrea_numba.train --size tiny --steps 20` for more.
 """)
