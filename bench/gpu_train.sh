@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU session for the training issue: agreement after the latest kernel edits, a SIGTERM/resume
+# A training GPU session: agreement after the latest kernel edits, a SIGTERM/resume
 # bit-exactness check at 12M, and 50 steps of 120M with its memory plan against the measured
 # peak. Writes what it measured to $OUT (run files stay in /tmp/runs: checkpoints are large).
 #   bash bench/gpu_train.sh            # PYTHONPATH set up as the README says
