@@ -120,9 +120,6 @@ class OpCase:
         """The launcher the engine uses (the module-level name without a version)."""
         return getattr(self.module, self.fwd if direction == "fwd" else self.bwd)
 
-    def scratch_buffers(self, dims: Dims) -> dict:
-        return {name: (shape(dims), dtype) for name, (shape, dtype) in self.scratch.items()}
-
 
 # ---------------------------------------------------------------------------------------------
 # input makers: float64 arrays (and int token ids), drawn from rng at the given sizes

@@ -79,31 +79,25 @@ def compare(op, name, got, ref, tol, prefill=None, repeat=None, **labels) -> dic
             "ok": within and bitwise}
 
 
-def run_op(op, launch, inputs, outs, accums, refs, tol=OP_TOL, rng=None, **labels):
+def run_op(op, launch, inputs, outs, accums, refs, tol=OP_TOL, rng=None, scratch=None, **labels):
     """Launch an op's kernels twice on fresh buffers and compare with the twin.
     inputs: name -> host array, copied before each run (some kernels update in place);
-    outs: name -> shape, or (shape, dtype) (NaN-poisoned before each run when float);
+    outs: name -> shape of a float32 output (NaN-poisoned before each run);
     accums: names of += buffers (pre-filled with the same random values before each run);
-    refs: name -> float64 twin result (for accums: the amount to be added)."""
+    refs: name -> float64 twin result (for accums: the amount to be added);
+    scratch: name -> (shape, dtype) of a work buffer (poisoned too: NaN, or -7 for integers)."""
     prefill = {k: rng.standard_normal(np.shape(refs[k])).astype(np.float32)
                * np.float32(max(1e-3, float(np.max(np.abs(refs[k]))))) for k in accums}
+    poisoned = {k: np.full(shape, np.nan, np.float32) for k, shape in outs.items()}
+    poisoned.update({k: np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -7, dtype)
+                     for k, (shape, dtype) in (scratch or {}).items()})
     runs = []
     for _ in range(2):
-        d = {k: to_dev(v) for k, v in inputs.items()}
-        d.update({k: to_dev(_poisoned(spec)) for k, spec in outs.items()})
-        d.update({k: to_dev(p) for k, p in prefill.items()})
+        d = {k: to_dev(v) for k, v in {**inputs, **poisoned, **prefill}.items()}
         launch(d)
         cuda.synchronize()
         runs.append({k: to_host(d[k]) for k in refs})
     return [compare(op, k, runs[0][k], refs[k], tol, prefill.get(k), runs[1][k], **labels) for k in refs]
-
-
-def _poisoned(spec):
-    shape, dtype = spec if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], tuple) \
-        else (spec, np.float32)
-    if np.dtype(dtype).kind == "f":
-        return np.full(shape, np.nan, dtype)
-    return np.full(shape, -7, dtype)          # ints: a value no kernel writes
 
 
 def f32(a):
@@ -134,33 +128,40 @@ def reference_for(case, direction, dims, rng):
     outs = case.forward(values)
     if direction == "fwd":
         return values, outs, case.fwd_out, (case.accumulate if case.bwd is None else ())
-    values = {**values, **_rounded(case.upstream_for(outs, rng)),
-              **{k: (f32(v).astype(np.float64) if _is_array(v) else v) for k, v in outs.items()}}
+    values = {**values, **_rounded(case.upstream_for(outs, rng)), **_rounded(outs)}
     return values, case.backward(values), case.bwd_out, case.accumulate
 
 
-def check_launcher(case, direction, launch, dims, rng, block=None, version=None, ref=None, tol=OP_TOL):
-    """Rows for one launcher (one version at one block size) of an op against its twin. The
-    launcher is called with keyword buffers: those of its parameters that the case names (a
-    launcher may do part of an op, as an exercise's does: only its outputs are compared)."""
-    values, refs, outputs, accums = ref or reference_for(case, direction, dims, rng)
+def launcher_args(case, launch, dims, values, refs, outputs, accums):
+    """What one launcher is called with, as the names of its parameters pick it from a case's
+    values (a launcher may do part of an op, as an exercise's does: only its outputs count):
+    (inputs: host arrays as the kernels take them, outs: name -> shape of the outputs it writes,
+    accums: the outputs it adds into, scratch: name -> (shape, dtype), scalars)."""
     names = inspect.signature(launch).parameters
-    outputs = [k for k in outputs if k in names]
     inputs = {k: _kernel_value(v) for k, v in values.items() if _is_array(v) and k in names}
     scalars = {k: v for k, v in values.items() if not _is_array(v) and k in names}
+    outputs = [k for k in outputs if k in names]
     accums = [k for k in accums if k in outputs]
-    out_specs = {k: np.shape(refs[k]) or (1,) for k in outputs if k not in inputs and k not in accums}
-    out_specs.update({k: (shape(dims), dtype) for k, (shape, dtype) in case.scratch.items() if k in names})
-    refs = {k: np.atleast_1d(refs[k]) for k in outputs}
-    extra = {"block": block} if "block" in names or hasattr(launch, "blocks") else {}
+    outs = {k: np.shape(refs[k]) or (1,) for k in outputs if k not in inputs and k not in accums}
+    scratch = {k: (shape(dims), dtype) for k, (shape, dtype) in case.scratch.items() if k in names}
+    return inputs, outs, accums, scratch, {**scalars, **case.fixed}
+
+
+def check_launcher(case, direction, launch, dims, rng, block=None, version=None, ref=None, tol=OP_TOL):
+    """Rows for one launcher (one version at one block size) of an op against its twin, called
+    with keyword buffers (launcher_args)."""
+    values, refs, outputs, accums = ref or reference_for(case, direction, dims, rng)
+    inputs, outs, accums, scratch, scalars = launcher_args(case, launch, dims, values, refs, outputs, accums)
+    refs = {k: np.atleast_1d(refs[k]) for k in outputs if k in outs or k in accums or k in inputs}
+    extra = {"block": block} if hasattr(launch, "blocks") else {}
 
     def run(d):
-        call(launch, {**scalars, **case.fixed, **d}, **extra)
+        call(launch, {**scalars, **d}, **extra)
 
     kernel = case.fwd if direction == "fwd" else case.bwd
     if block is None:
         block = getattr(launch, "blocks", ("default",))[0]
-    return run_op(case.op, run, inputs, out_specs, accums, refs, tol, rng,
+    return run_op(case.op, run, inputs, outs, accums, refs, tol, rng, scratch,
                   kernel=kernel, version=version, block=str(block).replace(" ", ""))
 
 

@@ -31,12 +31,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    import numpy as np
-
     import kernels as KB
     from andrea_numba import check
-    from andrea_numba.cases import CASES, Dims
-    from andrea_numba.config import load_config
+    from andrea_numba.cases import CASES
     from andrea_numba.kernels.common import device_name
 
     say = lambda s: print(s, file=sys.stderr, flush=True)
@@ -54,20 +51,12 @@ def main(argv=None) -> int:
         worst = max(model, key=lambda r: r["rel_err"]) if model else None
         say(f"check {size}: {sum(r['ok'] for r in rows)}/{len(rows)} agree in {time.time() - t0:.0f} s"
             + (f"; worst model tensor {worst['tensor']} rel_err {worst['rel_err']:.2e}" if worst else ""))
-    tables = []
     for size in filter(None, args.kernels.split(",")):
-        m = load_config(size).model
-        B, T = KB.SIZES.get(size, (2, m.context_length))
-        dims = Dims.of(m, B, T)
-        say(f"\nkernels {size} B={B} T={T} on {device_name()}\n{KB.HEAD}")
-        rows = []
-        for op in ops:
-            rows += KB.bench_case(CASES[op], dims, np.random.default_rng(args.seed), say=say)
-        tables.append({"size": size, "B": B, "T": T, "device": device_name(), "rows": rows})
-        ok &= all(r["agrees"] for r in rows)
+        table = KB.bench_size(size, ops, args.seed, say=say)
+        ok &= all(r["agrees"] for r in table["rows"])
         tag = size if args.ops == "all" else f"{size}_{'_'.join(ops)}"
-        (out / f"kernels_{tag}.json").write_text(json.dumps(tables[-1], indent=1))
-        (out / f"kernels_{tag}.md").write_text(KB.markdown(tables[-1:]))
+        (out / f"kernels_{tag}.json").write_text(json.dumps(table, indent=1))
+        (out / f"kernels_{tag}.md").write_text(KB.markdown([table]))
     return 0 if ok else 1
 
 

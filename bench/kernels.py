@@ -19,7 +19,6 @@ against the bound that limits the op (FLOPs for products, bytes for the rest).
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import time
@@ -69,25 +68,18 @@ def work(kernel: str, d: Dims) -> tuple[float, float, str]:
     return table[kernel]
 
 
-def device_buffers(case, direction, launch, values, outputs, dims):
-    """Float32 device copies of what the launcher takes (inputs, outputs, work buffers) and its scalars."""
+def device_buffers(case, launch, dims, ref):
+    """Device copies of what the launcher is called with (check.launcher_args, as the harness
+    builds them), and its scalars."""
     from numba import cuda
-    names = set(inspect.signature(launch).parameters)
-    d, scalars = {}, {}
-    for k, v in values.items():
-        if k not in names:
-            continue
-        if isinstance(v, np.ndarray) and v.ndim > 0:
-            d[k] = cuda.to_device(np.ascontiguousarray(v if v.dtype.kind in "iu" else v.astype(np.float32)))
-        else:
-            scalars[k] = v
-    for k, shape in outputs.items():
-        if k in names and k not in d:
-            d[k] = cuda.device_array(shape or (1,), np.float32)
-    for k, (shape, dtype) in case.scratch.items():
-        if k in names:
-            d[k] = cuda.device_array(shape(dims), dtype)
-    return d, {**scalars, **case.fixed}
+
+    from andrea_numba import check
+    inputs, outs, accums, scratch, scalars = check.launcher_args(case, launch, dims, *ref)
+    d = {k: cuda.to_device(np.ascontiguousarray(v)) for k, v in inputs.items()}
+    d.update({k: cuda.device_array(shape, np.float32) for k, shape in outs.items()})
+    d.update({k: cuda.device_array(np.shape(ref[1][k]) or (1,), np.float32) for k in accums if k not in d})
+    d.update({k: cuda.device_array(shape, dtype) for k, (shape, dtype) in scratch.items()})
+    return d, scalars
 
 
 def time_launch(launch, buffers, scalars, block, stream, min_ms=20.0) -> float:
@@ -121,13 +113,11 @@ def bench_case(case, dims: Dims, rng, say=print) -> list[dict]:
     for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
         kernel = case.fwd if direction == "fwd" else case.bwd
         ref = check.reference_for(case, direction, dims, rng)
-        values, refs, outputs, _ = ref
         flops, nbytes, bound = work(kernel, dims)
         for version, launch in case.versions(direction).items():
             for block in launch.blocks:
                 agree = check.check_launcher(case, direction, launch, dims, rng, block, version, ref)
-                buffers, scalars = device_buffers(case, direction, launch, values,
-                                                  {k: np.shape(refs[k]) for k in outputs}, dims)
+                buffers, scalars = device_buffers(case, launch, dims, ref)
                 ms = time_launch(launch, buffers, scalars, block, stream)
                 tflops, gbs = flops / ms / 1e9, nbytes / ms / 1e6
                 row = {"op": case.op, "kernel": kernel, "version": version,
@@ -141,6 +131,20 @@ def bench_case(case, dims: Dims, rng, say=print) -> list[dict]:
                 say(format_row(row))
                 del buffers
     return rows
+
+
+def bench_size(size: str, ops, seed: int = 0, shape=None, say=lambda s: print(s, flush=True)) -> dict:
+    """The table of `ops` at a model size: its training microbatch, or shape = (B, T)."""
+    from andrea_numba.kernels.common import device_name
+    m = load_config(size).model
+    B, T = shape or SIZES.get(size, (2, m.context_length))
+    dims = Dims.of(m, B, min(T, m.context_length))
+    say(f"\n{size} (B={B}, T={dims.T}, C={dims.C}, H={dims.H}, V={dims.V}, n_params={dims.P:,}) on "
+        f"{device_name()}: peak {PEAK_TFLOPS} TFLOP/s fp32, {PEAK_GBS:.0f} GB/s\n{HEAD}")
+    rows = []
+    for op in ops:
+        rows += bench_case(CASES[op], dims, np.random.default_rng(seed), say=say)
+    return {"size": size, "B": B, "T": dims.T, "device": device_name(), "rows": rows}
 
 
 HEAD = (f"{'kernel':<22} {'v':>2} {'block':<16} {'engine':<6} {'agrees':<6} {'ms':>9} {'TFLOP/s':>8} "
@@ -186,24 +190,19 @@ def main(argv=None) -> int:
         return 2
     from numba import cuda
 
-    from andrea_numba.kernels.common import SIMULATOR, device_name
+    from andrea_numba.kernels.common import SIMULATOR
     if SIMULATOR or not cuda.is_available():
         print("error: bench/kernels.py times kernels on a GPU: run it on a machine with an NVIDIA GPU, "
               "without NUMBA_ENABLE_CUDASIM=1", file=sys.stderr)
         return 2
-    tables = []
     try:
-        for size in args.sizes.split(","):
-            m = load_config(size).model
-            B, T = (int(v) for v in args.shape.split(",")) if args.shape else SIZES.get(size, (4, m.context_length))
-            dims = Dims.of(m, B, min(T, m.context_length))
-            print(f"\n{size} (B={B}, T={dims.T}, C={dims.C}, H={dims.H}, V={dims.V}, n_params={dims.P:,}) on "
-                  f"{device_name()}: peak {PEAK_TFLOPS} TFLOP/s fp32, {PEAK_GBS:.0f} GB/s\n{HEAD}", flush=True)
-            rows = []
-            for op in ops:
-                rows += bench_case(CASES[op], dims, np.random.default_rng(args.seed),
-                                   say=lambda s: print(s, flush=True))
-            tables.append({"size": size, "B": B, "T": dims.T, "device": device_name(), "rows": rows})
+        shape = None
+        if args.shape:
+            parts = args.shape.split(",")
+            if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+                raise ValueError(f"--shape takes B,T, two positive integers (got {args.shape!r})")
+            shape = tuple(int(p) for p in parts)
+        tables = [bench_size(size, ops, args.seed, shape) for size in args.sizes.split(",")]
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
