@@ -70,6 +70,8 @@ class TrainConfig:
     eps: float                 # AdamW epsilon
     weight_decay: float        # decoupled weight decay, applied to 2-D weights only
     clip_norm: float           # global gradient-norm clip (0 turns clipping off)
+    dropout: float             # probability of zeroing an activation (attention probabilities, attention
+                               # and MLP outputs) during training; 0 turns dropout off
     eval_interval: int         # steps between validation-loss evaluations
     eval_batches: int          # microbatches averaged for one validation loss
     checkpoint_interval: int   # steps between checkpoints
@@ -97,6 +99,9 @@ class Config:
 
 
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+# fields added after runs were already written with configs that lack them: (section, field) ->
+# the value that gives those runs' behaviour (a config file should still name every field)
+DEFAULTS = {("train", "dropout"): 0.0}
 LR_DECAYS = ("cosine", "constant")
 TOKENIZERS = ("bytes", "bpe")
 
@@ -112,6 +117,9 @@ def _parse_section(section: str, cls, raw) -> object:
             raise ConfigError(f"unknown field '{section}.{key}'{hint}: remove it or fix its name")
     values = {}
     for name, f in fields.items():
+        if name not in raw and (section, name) in DEFAULTS:
+            values[name] = DEFAULTS[section, name]
+            continue
         if name not in raw:
             raise ConfigError(f"missing field '{section}.{name}': add it to the config")
         v = raw[name]
@@ -156,6 +164,7 @@ def validate(cfg: Config) -> Config:
         _require(0 <= getattr(t, name) < 1, f"field 'train.{name}' must lie in [0, 1), got {getattr(t, name)}")
     _require(t.eps > 0, f"field 'train.eps' must be positive, got {t.eps}")
     _require(t.weight_decay >= 0, f"field 'train.weight_decay' must be >= 0, got {t.weight_decay}")
+    _require(0 <= t.dropout < 1, f"field 'train.dropout' must lie in [0, 1), got {t.dropout}")
     _require(t.clip_norm >= 0, f"field 'train.clip_norm' must be >= 0 (0 = no clipping), got {t.clip_norm}")
     _require(d.tokenizer in TOKENIZERS,
              f"field 'data.tokenizer' must be one of {', '.join(TOKENIZERS)}, got '{d.tokenizer}'")
