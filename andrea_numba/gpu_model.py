@@ -95,9 +95,11 @@ class GPUModel:
     """training=False builds a forward-only model (sampling, evaluation at another batch size);
     params=<device array> makes it use another model's parameter vector instead of its own."""
 
-    def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None):
+    def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
+                 dropout: float = 0.0):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
+        self.dropout = dropout                      # used by a forward given a dropout_key
         # every launch and copy of this model goes to one stream, never the legacy default stream
         self.stream = cuda.stream() if stream is None else stream
         self.training = training
@@ -114,9 +116,11 @@ class GPUModel:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.specs)
 
-    def forward(self, tokens, targets):
+    def forward(self, tokens, targets, dropout_key=None):
         """tokens, targets [B, T] int32: host arrays (copied into the model's buffers on its stream;
-        asynchronously when they live in pinned memory) or device arrays."""
+        asynchronously when they live in pinned memory) or device arrays. dropout_key (a training
+        forward: reference.dropout_key(seed, step, microbatch)) turns on dropout with the model's
+        probability; without it (evaluation, sampling) nothing is dropped."""
         b, P, m, s = self.buf, self.P, self.m, self.stream
         B, T, C = self.B, self.T, m.d_model
         for name, arr in (("tokens", tokens), ("targets", targets)):

@@ -185,7 +185,7 @@ class Trainer:
         # one stream for the whole run: every launch and copy is ordered on it, none goes to the
         # legacy default stream (which would wait for, and hold up, all other work on the GPU)
         s = self.stream = cuda.stream()
-        self.model = GPUModel(m, B, T, stream=s)
+        self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout)
         self.sampler = GPUModel(m, 1, m.context_length, stream=s, training=False, params=self.model.params)
         self.adam_m = cuda.device_array(self.n, np.float32, stream=s)
         self.adam_v = cuda.device_array(self.n, np.float32, stream=s)
@@ -216,7 +216,8 @@ class Trainer:
         for micro in range(t.n_microbatches):
             x, y = self.batch_x[micro], self.batch_y[micro]
             x[:], y[:] = D.get_batch(self.train_tokens, t.batch_size, t.seq_len, t.seed, step, micro)
-            model.forward(x, y)                  # while the GPU works, the host fills the next slot
+            model.forward(x, y, dropout_key=R.dropout_key(t.seed, step, micro))   # while the GPU works,
+                                                 # the host fills the next slot
             model.backward()
             residual.residual_add(loss_sum, loss_sum, model.buf["loss"], stream=s)
         optim.grad_scale(model.grads, norm, 0.0, 1.0 / t.n_microbatches, stream=s)   # mean over microbatches

@@ -1,12 +1,14 @@
 """The NumPy reference twin: every op of the model as a forward and a backward in plain NumPy.
 
 One module per op, named after the CUDA kernel table (k_layernorm_fwd <-> layernorm_fwd):
-embed, layernorm, attn_qkv, attn, attn_out, mlp, residual, loss; the whole model in `model`;
+embed, layernorm, attn_qkv, attn, attn_out, mlp, residual, loss, and dropout (applied inside
+attention and to the attention and MLP outputs); the whole model in `model`;
 clipping and AdamW in `optim`. Arrays follow the dtype of their inputs (float32 or float64).
 """
 from .attn import attn_bwd, attn_fwd
 from .attn_out import attn_out_bwd, attn_out_fwd
 from .attn_qkv import attn_qkv_bwd, attn_qkv_fwd
+from .dropout import dropout_bwd, dropout_fwd, dropout_key, site_key
 from .embed import embed_bwd, embed_fwd
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .loss import loss_bwd, loss_fwd
