@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 
 CHECKPOINT_FILE = "checkpoint.bin"
+BEST_FILE = "best.bin"              # the checkpoint of the best validation loss so far (same format)
 LOSS_FILE = ".loss.json"
 SAMPLES_FILE = ".samples.json"
 STATE_FILE = ".state.json"
