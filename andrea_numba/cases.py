@@ -33,7 +33,7 @@ import numpy as np
 
 import reference as R
 
-from .kernels import attn, attn_out, attn_qkv, embed, layernorm, loss, matmul, mlp, optim, residual
+from .kernels import attn, attn_out, attn_qkv, dropout, embed, layernorm, loss, matmul, mlp, optim, residual
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,19 @@ def _attn_qkv(d: Dims, rng):
                 w_v=_normal(rng, d.C, d.C, scale=s))
 
 
+# dropout in the cases: a probability high enough that a tiny case drops many elements, and a
+# key drawn from rng. The mask is a function of the key and the index only, so it is the same in
+# every evaluation of a gradient check: the mask is fixed, the finite differences see a smooth op.
+DROPOUT_P = 0.25
+
+
+def _dropout_key(rng):
+    return int(rng.integers(0, 2 ** 32))
+
+
 def _attn(d: Dims, rng):
     return dict(q=_normal(rng, d.B, d.T, d.C), k=_normal(rng, d.B, d.T, d.C), v=_normal(rng, d.B, d.T, d.C),
-                n_head=d.H)
+                n_head=d.H, dropout_p=DROPOUT_P, dropout_key=_dropout_key(rng))
 
 
 def _attn_out(d: Dims, rng):
@@ -159,6 +169,10 @@ def _mlp(d: Dims, rng):
     F = 4 * d.C
     return dict(x=_normal(rng, d.N, d.C), w_1=_normal(rng, d.C, F, scale=1 / math.sqrt(d.C)),
                 w_2=_normal(rng, F, d.C, scale=1 / math.sqrt(F)))
+
+
+def _dropout(d: Dims, rng):
+    return dict(x=_normal(rng, d.N * d.C), dropout_p=DROPOUT_P, dropout_key=_dropout_key(rng))
 
 
 def _residual(d: Dims, rng):
@@ -220,6 +234,8 @@ _OPS = [
            scratch={"dh_pre": (lambda d: (d.N, 4 * d.C), F32)}),
     OpCase("residual", residual, "residual_add", ("out",), _residual,
            "residual_add_bwd", ("dx", "df"), upstream={"dout": "out"}),
+    OpCase("dropout", dropout, "dropout_fwd", ("out",), _dropout,
+           "dropout_bwd", ("dx",), upstream={"dout": "out"}),
     OpCase("loss", loss, "loss_fwd", ("loss", "losses", "probs"), _loss,
            "loss_bwd", ("dx", "dwte"), accumulate=("dwte",), upstream={"dloss": "loss"},
            scratch={"dlogits": (lambda d: (d.N, d.V), F32)}),
@@ -239,5 +255,5 @@ _OPTIMISER = [
 ]
 
 CASES = {c.op: c for c in _OPS + _PRODUCTS + _OPTIMISER}
-OPS = [c.op for c in _OPS]               # the eight op pairs of the kernel table, in its order
-KERNEL_MODULES = (embed, layernorm, attn_qkv, attn, attn_out, mlp, residual, loss, matmul, optim)
+OPS = [c.op for c in _OPS]               # the op pairs of the kernel table, in its order, and dropout
+KERNEL_MODULES = (embed, layernorm, attn_qkv, attn, attn_out, mlp, residual, dropout, loss, matmul, optim)

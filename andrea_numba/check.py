@@ -42,6 +42,7 @@ OP_TOL = (1e-3, 1e-4)       # (rtol, a): one op in float32 against float64
 # the worst gradient tensor reaches max|err| / max|ref| = 7.3e-6 at 120M. With a = 1e-4 and rtol 1e-3
 # a tensor off by 1% fails (its largest element is off by 1e-2 max|ref| > (1e-4 + 1e-3) max|ref|).
 MODEL_TOL = (1e-3, 1e-4)
+MODEL_DROPOUT = 0.1         # the whole-model check is a training forward: dropout on, at every site
 
 # (B, T) of the op checks and of the whole-model check, by size. The op shapes cross tile edges:
 # B*T rows are not a multiple of any tile's rows and T spans several attention tiles (in the
@@ -182,22 +183,24 @@ def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None) -> list[dict]:
 
 
 def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int) -> list[dict]:
-    """The whole model: loss and every gradient tensor of GPUModel against reference.model."""
+    """The whole model: loss and every gradient tensor of GPUModel against reference.model, in a
+    training forward with dropout (probability MODEL_DROPOUT, a key drawn from rng)."""
     from .gpu_model import GPUModel
 
     params = init_params(m, seed)
     params += f32(rng.standard_normal(params.size) * 0.01)       # break the symmetry of LN params
     tokens = rng.integers(0, m.vocab_size, size=(B, T)).astype(np.int32)
     targets = rng.integers(0, m.vocab_size, size=(B, T)).astype(np.int32)
-    ref_loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets)
+    key = int(rng.integers(0, 2 ** 32))
+    ref_loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets, MODEL_DROPOUT, key)
     ref_grads = R.model_backward(params.astype(np.float64), m, acts)
     del acts
-    model = GPUModel(m, B, T)
+    model = GPUModel(m, B, T, dropout=MODEL_DROPOUT)
     model.params.copy_to_device(params)
     runs = []
     for _ in range(2):
         model.zero_grads()
-        model.forward(tokens, targets)
+        model.forward(tokens, targets, dropout_key=key)
         model.backward()
         cuda.synchronize()
         runs.append((np.array([model.read_loss()]), to_host(model.grads)))

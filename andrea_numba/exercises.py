@@ -122,6 +122,10 @@ EXERCISES = [
              "residual add: the gradient reaches both terms", {
         "x": "the gradient of a sum reaches each term whole: dx = dout (not split, not halved)",
         "f": "the gradient of a sum reaches each term whole: df = dout (not split, not halved)"}),
+    Exercise("dropout_bwd", "numpy", "dropout", "dropout_bwd",
+             "dropout: draw the forward's mask again from the key, scale by 1/(1-p)", {
+        "x": "dx = dout * keep / (1 - p): did you scale the kept elements by 1/(1-p), and draw keep "
+             "from the same key and flat indices as the forward (u_i >= threshold(p))?"}),
     Exercise("loss_bwd", "numpy", "loss", "loss_bwd",
              "tied output projection + cross-entropy: dlogits, dx, dwte", {
         "x": f"{_LOSS}; then dx = dlogits @ wte",
@@ -323,6 +327,8 @@ def _check_numpy(ex: Exercise, mod, seed: int) -> list[dict]:
 
     def checked(**kwargs):
         out = student(*[kwargs[p] for p in params])
+        if len(names) == 1 and isinstance(out, np.ndarray):      # a one-gradient backward returns it alone
+            out = (out,)
         if not isinstance(out, (tuple, list)) or len(out) != len(names):
             got = f"{len(out)} values" if isinstance(out, (tuple, list)) else type(out).__name__
             raise Stop("error", f"{ex.name}: {ex.func} returned {got}; it must return "

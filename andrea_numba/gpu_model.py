@@ -19,7 +19,9 @@ import numpy as np
 from numba import cuda
 
 from .config import ModelConfig
-from .kernels import attn, attn_out, attn_qkv, embed, layernorm, loss, mlp, residual
+import reference.dropout as D
+
+from .kernels import attn, attn_out, attn_qkv, dropout, embed, layernorm, loss, mlp, residual
 from .kernels.optim import zero
 from .layout import n_params, views
 
@@ -130,21 +132,32 @@ class GPUModel:
                 src = np.ascontiguousarray(src, dtype=np.int32)     # the same array when it already is
             dst.copy_to_device(src, stream=s)
         x, eps, H = b["x"], m.ln_eps, m.n_head
+        # dropout: probability p_drop, one key per block and site (reference/dropout.py); the
+        # backward draws the same masks from the keys kept here
+        p_drop = self.dropout if dropout_key is not None else 0.0
+        self.keys = [tuple(D.site_key(dropout_key, D.SITES * l + i) for i in range(D.SITES)) if p_drop
+                     else (0, 0, 0) for l in range(m.n_layer)]
+        self.p_drop = p_drop
         embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
         for l in range(m.n_layer):
             p = f"h{l}."
+            k_att, k_ao, k_mlp = self.keys[l]
             layernorm.layernorm_fwd(b["ln1"][l], b["ln1_mean"][l], b["ln1_rstd"][l], x[l],
                                     P[p + "ln1.g"], P[p + "ln1.b"], eps, stream=s)
             attn_qkv.attn_qkv_fwd(b["q"][l], b["k"][l], b["v"][l], b["ln1"][l],
                                   P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
             attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], b["q"][l].reshape(B, T, C),
-                          b["k"][l].reshape(B, T, C), b["v"][l].reshape(B, T, C), H, stream=s)
+                          b["k"][l].reshape(B, T, C), b["v"][l].reshape(B, T, C), H, p_drop, k_att, stream=s)
             attn_out.attn_out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], stream=s)
+            if p_drop:                                              # in place: branch = drop(branch)
+                dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_ao, stream=s)
             residual.residual_add(_flat(b["x_mid"][l]), _flat(x[l]), _flat(b["branch"]), stream=s)
             layernorm.layernorm_fwd(b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], b["x_mid"][l],
                                     P[p + "ln2.g"], P[p + "ln2.b"], eps, stream=s)
             mlp.mlp_fwd(b["branch"], b["h_pre"][l], b["h"][l], b["ln2"][l],
                         P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
+            if p_drop:
+                dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_mlp, stream=s)
             residual.residual_add(_flat(x[l + 1]), _flat(b["x_mid"][l]), _flat(b["branch"]), stream=s)
         layernorm.layernorm_fwd(b["lnf"], b["lnf_mean"], b["lnf_rstd"], x[m.n_layer],
                                 P["lnf.g"], P["lnf.b"], eps, stream=s)
@@ -162,21 +175,27 @@ class GPUModel:
         loss.loss_bwd(d_ln_out, G["wte"], b["probs"], 1.0, b["lnf"], P["wte"], b["probs"], b["targets"], stream=s)
         layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], d_ln_out, x[m.n_layer],
                                 b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)
+        p_drop = self.p_drop
         for l in reversed(range(m.n_layer)):
             p = f"h{l}."
-            # x[l+1] = x_mid + mlp(LN2(x_mid))
+            k_att, k_ao, k_mlp = self.keys[l]
+            # x[l+1] = x_mid + drop(mlp(LN2(x_mid)))
             residual.residual_add_bwd(_flat(d_x_mid), _flat(d_branch), _flat(d_resid), stream=s)
+            if p_drop:
+                dropout.dropout_bwd(_flat(d_branch), _flat(d_branch), p_drop, k_mlp, stream=s)
             mlp.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], d_branch, b["ln2"][l],
                         b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
             layernorm.layernorm_bwd(d_ln_in, G[p + "ln2.g"], G[p + "ln2.b"], d_ln_out, b["x_mid"][l],
                                     b["ln2_mean"][l], b["ln2_rstd"][l], P[p + "ln2.g"], stream=s)
             residual.residual_add(_flat(d_x_mid), _flat(d_x_mid), _flat(d_ln_in), stream=s)  # both paths into x_mid
-            # x_mid = x[l] + W_O(attn(qkv(LN1(x[l]))))
+            # x_mid = x[l] + drop(W_O(attn(qkv(LN1(x[l])))))
             residual.residual_add_bwd(_flat(d_skip), _flat(d_branch), _flat(d_x_mid), stream=s)
+            if p_drop:
+                dropout.dropout_bwd(_flat(d_branch), _flat(d_branch), p_drop, k_ao, stream=s)
             attn_out.attn_out_bwd(b["d_y"], G[p + "attn.w_o"], d_branch, b["y"][l], P[p + "attn.w_o"], stream=s)
             attn.attn_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"),
                           b["q"][l].reshape(B, T, C), b["k"][l].reshape(B, T, C), b["v"][l].reshape(B, T, C),
-                          b["att"][l], H, stream=s)
+                          b["att"][l], H, p_drop, k_att, stream=s)
             attn_qkv.attn_qkv_bwd(d_ln_out, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"],
                                   b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
                                   P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)

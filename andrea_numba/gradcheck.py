@@ -3,8 +3,10 @@
     python -m andrea_numba.gradcheck          # one row per checked tensor
     python -m andrea_numba.gradcheck --json   # {"ok": bool, "checks": [{"op", "tensor", "rel_err", "ok"}]}
 
-The ops are the eight cases of andrea_numba/cases.py (their twins, input makers and upstream
-gradients). An op maps inputs to outputs. With a random upstream gradient G for each output, the scalar
+The ops are the op cases of andrea_numba/cases.py: the eight pairs of the kernel table and
+dropout (their twins, input makers and upstream gradients). Dropout's mask is a function of a key
+and the element index, and the key is an input that is never perturbed: every evaluation draws
+the same mask, so the check sees the op with its mask fixed, as the backward does. An op maps inputs to outputs. With a random upstream gradient G for each output, the scalar
     f(inputs) = sum over outputs of sum(G * output)
 has d f / d input = exactly what the op's backward returns when handed G as grad_output. So we
 perturb every element of every input and parameter by +-h and compare
@@ -91,9 +93,13 @@ def check_op(case: OpCase, seed: int = 0, dims: Dims = DIMS, backward=None) -> l
     return rows
 
 
+MODEL_DROPOUT = 0.1
+
+
 def check_model(size: str = "tiny", seed: int = 0, batch: int = 2) -> list[dict]:
     """The whole model's flat gradient (every parameter) against centred differences, one row per
-    tensor of the layout plus one row for the whole flat vector."""
+    tensor of the layout plus one row for the whole flat vector. A training forward: dropout on
+    (p = MODEL_DROPOUT at every site) with one fixed key, so every evaluation draws the same masks."""
     from .layout import param_layout
 
     cfg = load_config(size)
@@ -105,10 +111,11 @@ def check_model(size: str = "tiny", seed: int = 0, batch: int = 2) -> list[dict]
     T = min(cfg.train.seq_len, m.context_length)
     tokens = rng.integers(0, m.vocab_size, size=(batch, T))
     targets = rng.integers(0, m.vocab_size, size=(batch, T))
-    loss, acts = R.model_forward(params, m, tokens, targets)
+    key = R.dropout_key(seed, 0, 0)
+    loss, acts = R.model_forward(params, m, tokens, targets, MODEL_DROPOUT, key)
     analytic = R.model_backward(params, m, acts)
-    numeric = numerical_gradient(lambda: float(R.model_forward(params, m, tokens, targets)[0]), params,
-                                 h=1e-4, order=4)
+    numeric = numerical_gradient(lambda: float(R.model_forward(params, m, tokens, targets, MODEL_DROPOUT, key)[0]),
+                                 params, h=1e-4, order=4)
     rows = []
     for s in param_layout(m):
         err = rel_error(analytic[s.offset:s.end], numeric[s.offset:s.end])

@@ -3,9 +3,10 @@
     python lessons/03_one_backward_step.py                  # prints the whole trace and exits
     python lessons/03_one_backward_step.py --interactive    # pauses after every op, for a class
 
-On ANDREA-tiny (3,792 parameters) we run the forward pass once, then walk the backward pass by
-hand, in the order the engine runs it: from dL/dlogits back to the embeddings. At every op we
-print
+On ANDREA-tiny (3,792 parameters) we run a training forward pass once, with dropout on (p = 0.1
+at every site: the attention probabilities, the attention output, the MLP output), then walk the
+backward pass by hand, in the order the engine runs it: from dL/dlogits back to the embeddings.
+At every op we print
   - the gradient coming in (its shape and norm),
   - the saved tensors from the forward pass that the op reads,
   - what goes out: grad_input (passed further back) and the parameter gradients,
@@ -13,6 +14,8 @@ print
     very same inputs; without a GPU it runs in Numba's CUDA simulator),
   - a finite-difference check of a few entries of each parameter gradient: nudge one weight by
     +-h, run the whole model forward twice, and compare (L(w+h) - L(w-h)) / 2h with the entry.
+    The dropout masks are drawn from a key, not from a random state: every forward of the check
+    draws the same masks, so the mask is fixed and the loss is a smooth function of the weights.
 At the end the gradients we collected are put into one flat vector and compared with
 reference.model_backward: the trace *is* the engine's backward, spelled out.
 """
@@ -49,13 +52,17 @@ P = views(params, m)
 text = b"def f(x):\n    return x\n"
 tokens = np.frombuffer(text[:B * T], dtype=np.uint8).reshape(B, T).astype(np.int64)
 targets = np.frombuffer(text[1:B * T + 1], dtype=np.uint8).reshape(B, T).astype(np.int64)
-loss_value, acts = R.model_forward(params, m, tokens, targets)
+DROPOUT = 0.1
+KEY = R.dropout_key(seed=0, step=0, micro=0)           # the trainer's key of step 0, microbatch 0
+loss_value, acts = R.model_forward(params, m, tokens, targets, DROPOUT, KEY)
 step("the forward pass")
 say(f"ANDREA-tiny: L={m.n_layer} blocks, C={m.d_model}, H={m.n_head} heads, V={m.vocab_size} byte tokens")
 say(f"a batch of B={B} sequences of T={T} bytes: {text[:B * T]!r}")
 say(f"loss = {float(loss_value):.6f}   (uniform guessing would give ln(256) = {math.log(256):.4f})")
 say("the forward pass saved, per block: x_in, ln1 (+ mean, rstd), q, k, v, att, y, x_mid, ln2 "
     "(+ mean, rstd), h_pre, h; then lnf and probs.")
+say(f"dropout p = {DROPOUT}: no mask is saved. Each site's mask is a hash of a key and the element's index\n"
+    f"(key {KEY:#010x} for this step and microbatch, one sub-key per block and site): the backward draws it again.")
 
 # %% helpers
 
@@ -84,14 +91,17 @@ def kernel(op, outs, **values):
 
 
 def loss_at(flat):
-    return float(R.model_forward(flat, m, tokens, targets)[0])
+    return float(R.model_forward(flat, m, tokens, targets, DROPOUT, KEY)[0])      # the same masks
 
 
 SPECS = {s.name: s for s in param_layout(m)}
 
 
-def finite_difference(name, grad, n=3, h=1e-5):
-    """Check n entries of the gradient of parameter tensor `name` by centred differences."""
+def finite_difference(name, grad, n=3, h=1e-4):
+    """Check n entries of the gradient of parameter tensor `name` by centred differences. h = 1e-4:
+    the float64 loss (near 5) is rounded by about 1e-15, so (L(w+h) - L(w-h)) / 2h carries an
+    error near 1e-11, small beside even a 1e-5 entry; the truncation error (h^2 / 6 times the
+    third derivative) stays far below 1e-7 relative here."""
     s = SPECS[name]
     picks = np.random.default_rng(zlib.crc32(name.encode())).choice(s.size, size=min(n, s.size), replace=False)
     for i in picks:
@@ -155,13 +165,22 @@ report("final LayerNorm", "k_layernorm_bwd  <->  reference.layernorm.layernorm_b
 # %%
 for l in reversed(range(m.n_layer)):
     p, a = f"h{l}.", acts["blocks"][l]
+    key_att, key_ao, key_mlp = (R.site_key(KEY, 3 * l + i) for i in range(3))
     say(f"\n========== block {l} ==========")
-    # x_out = x_mid + mlp(ln2(x_mid))
-    dx_mid, dmlp = R.residual_add_bwd(dx)
+    # x_out = x_mid + drop(mlp(ln2(x_mid)))
+    dx_mid, ddrop = R.residual_add_bwd(dx)
     k = kernel("residual", dict(dx=(dx.size,), df=(dx.size,)), dout=dx.reshape(-1))
     report(f"block {l} residual (MLP side)", "k_residual_add_bwd", {"d x_out": dx}, ["nothing"],
-           {"d x_mid (skip)": dx_mid, "d mlp_out": dmlp},
-           {"d x_mid (skip)": k["dx"].reshape(dx.shape), "d mlp_out": k["df"].reshape(dx.shape)})
+           {"d x_mid (skip)": dx_mid, "d drop(mlp_out)": ddrop},
+           {"d x_mid (skip)": k["dx"].reshape(dx.shape), "d drop(mlp_out)": k["df"].reshape(dx.shape)})
+
+    dmlp = R.dropout_bwd(ddrop, DROPOUT, key_mlp)
+    k = kernel("dropout", dict(dx=(dx.size,)), dout=ddrop.reshape(-1), dropout_p=DROPOUT, dropout_key=key_mlp)
+    report(f"block {l} dropout on the MLP output", "k_dropout_bwd  <->  reference.dropout.dropout_bwd",
+           {"d drop(mlp_out)": ddrop}, ["nothing: the mask is drawn again from its key"], {"d mlp_out": dmlp},
+           {"d mlp_out": k["dx"].reshape(dmlp.shape)})
+    say(f"   {np.mean(dmlp == 0):.0%} of the gradient entries are zero: the dropped elements pass no gradient,\n"
+        f"   the kept ones are scaled by 1/(1-p) = {1 / (1 - DROPOUT):.4f}")
 
     dln2, dw1, dw2 = R.mlp_bwd(dmlp, a["ln2"], a["h_pre"], a["h"], P[p + "mlp.w_1"], P[p + "mlp.w_2"])
     GRADS[p + "mlp.w_1"] += dw1
@@ -184,8 +203,12 @@ for l in reversed(range(m.n_layer)):
 
     dx_mid = R.residual_add(dx_mid, dx_ln)
     say("   x_mid fed two paths (the skip and LN2): their gradients add, with k_residual_add")
-    # x_mid = x_in + attn_out(attn(qkv(ln1(x_in))))
-    dx_in, dattn = R.residual_add_bwd(dx_mid)
+    # x_mid = x_in + drop(attn_out(attn(qkv(ln1(x_in)))))
+    dx_in, ddrop = R.residual_add_bwd(dx_mid)
+    dattn = R.dropout_bwd(ddrop, DROPOUT, key_ao)
+    k = kernel("dropout", dict(dx=(dx.size,)), dout=ddrop.reshape(-1), dropout_p=DROPOUT, dropout_key=key_ao)
+    report(f"block {l} dropout on the attention output", "k_dropout_bwd", {"d drop(attn_out)": ddrop},
+           ["nothing"], {"d attn_out": dattn}, {"d attn_out": k["dx"].reshape(dattn.shape)})
     dy, dwo = R.attn_out_bwd(dattn, a["y"], P[p + "attn.w_o"])
     GRADS[p + "attn.w_o"] += dwo
     k = kernel("attn_out", dict(dy=(N, C), dw_o=(C, C)), dout=dattn.reshape(N, C), y=a["y"].reshape(N, C),
@@ -193,12 +216,12 @@ for l in reversed(range(m.n_layer)):
     report(f"block {l} attention output W_O", "k_attn_out_bwd", {"d attn_out": dattn}, ["y", "w_o"],
            {"dy": dy, "dw_o": dwo}, {"dy": k["dy"].reshape(dy.shape), "dw_o": k["dw_o"]}, [(p + "attn.w_o", dwo)])
 
-    dq, dk, dv = R.attn_bwd(dy, a["q"], a["k"], a["v"], a["att"], H)
+    dq, dk, dv = R.attn_bwd(dy, a["q"], a["k"], a["v"], a["att"], H, DROPOUT, key_att)
     k = kernel("attn", dict(dq=(B, T, C), dk=(B, T, C), dv=(B, T, C)), dy=dy, q=a["q"], k=a["k"], v=a["v"],
-               att=a["att"], n_head=H)
+               att=a["att"], n_head=H, dropout_p=DROPOUT, dropout_key=key_att)
     report(f"block {l} causal attention", "k_attn_bwd  <->  reference.attn.attn_bwd", {"dy": dy},
-           ["q", "k", "v", "att (softmax probabilities)"], {"dq": dq, "dk": dk, "dv": dv},
-           {"dq": k["dq"], "dk": k["dk"], "dv": k["dv"]})
+           ["q", "k", "v", "att (softmax probabilities, before dropout; the mask is drawn again)"],
+           {"dq": dq, "dk": dk, "dv": dv}, {"dq": k["dq"], "dk": k["dk"], "dv": k["dv"]})
 
     dln1, dwq, dwk, dwv = R.attn_qkv_bwd(dq, dk, dv, a["ln1"], P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
     for name, g in (("attn.w_q", dwq), ("attn.w_k", dwk), ("attn.w_v", dwv)):
@@ -249,7 +272,7 @@ engine = R.model_backward(params, m, acts)
 same = np.max(np.abs(flat - engine))
 say(f"our collected flat gradient vs reference.model_backward: max|diff| = {same:.1e}")
 say(f"kernel vs twin, worst relative difference over every tensor of the trace: {max(DIFFS):.1e} (float32 vs float64)")
-say(f"finite differences, worst relative error of {len(FD)} checked entries: {max(FD):.1e} (float64, h=1e-5)")
+say(f"finite differences, worst relative error of {len(FD)} checked entries: {max(FD):.1e} (float64, h=1e-4)")
 
 names = [s.name for s in param_layout(m)]
 import matplotlib.pyplot as plt  # noqa: E402  (_common chose the headless backend)

@@ -3,10 +3,14 @@
 Per batch b and head h (hs = C / H; q_h is the slice q[b, :, h*hs:(h+1)*hs]):
     s[t, u]   = q_h[t] . k_h[u] / sqrt(hs)         for u <= t, -inf for u > t (causal mask)
     att[t, :] = softmax(s[t, :])                   saved for backward
-    y_h[t]    = sum_u att[t, u] v_h[u]             heads written side by side into y [B, T, C]
+    y_h[t]    = sum_u att[t, u] f[t, u] v_h[u]     heads written side by side into y [B, T, C]
+
+f is dropout on the probabilities (reference/dropout.py: keep / (1 - p), a pure function of the
+key and the flat index of att[b, h, t, u]; all ones when p = 0). att is saved before dropout: the
+softmax backward needs the probabilities themselves, and f is computed again.
 
 Backward, with dy_h the matching slice of dy:
-    datt = dy_h @ v_h^T                 dv_h = att^T @ dy_h
+    datt = f * (dy_h @ v_h^T)           dv_h = (att * f)^T @ dy_h
     ds   = att * (datt - sum_u(datt * att))        (softmax backward, row by row)
     dq_h = ds @ k_h / sqrt(hs)          dk_h = ds^T @ q_h / sqrt(hs)
 Masked entries have att = 0, so they pass no gradient.
@@ -14,6 +18,8 @@ Masked entries have att = 0, so they pass no gradient.
 import math
 
 import numpy as np
+
+from .dropout import dropout_factor
 
 
 def _heads(x, n_head):
@@ -28,8 +34,9 @@ def _merge(xh):
     return xh.transpose(0, 2, 1, 3).reshape(B, T, H * hs)
 
 
-def attn_fwd(q, k, v, n_head):
-    """q, k, v [B, T, C] -> y [B, T, C]; saved for backward: att [B, H, T, T] (softmax probabilities)."""
+def attn_fwd(q, k, v, n_head, dropout_p=0.0, dropout_key=0):
+    """q, k, v [B, T, C] -> y [B, T, C]; saved for backward: att [B, H, T, T] (softmax probabilities,
+    before dropout)."""
     T, C = q.shape[1], q.shape[2]
     scale = 1.0 / math.sqrt(C // n_head)
     qh, kh, vh = _heads(q, n_head), _heads(k, n_head), _heads(v, n_head)
@@ -39,17 +46,19 @@ def attn_fwd(q, k, v, n_head):
     s = s - s.max(axis=-1, keepdims=True)
     e = np.exp(s)
     att = e / e.sum(axis=-1, keepdims=True)                        # [B, H, T, T]
-    y = _merge(att @ vh)                                           # [B, T, C]
+    f = dropout_factor(att.shape, dropout_p, dropout_key, att.dtype.type) if dropout_p else 1.0
+    y = _merge((att * f) @ vh)                                     # [B, T, C]
     return y, att
 
 
-def attn_bwd(dy, q, k, v, att, n_head):
+def attn_bwd(dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0):
     """dy [B, T, C] -> (dq, dk, dv), each [B, T, C]."""
     C = q.shape[2]
     scale = 1.0 / math.sqrt(C // n_head)
     qh, kh, vh, dyh = (_heads(a, n_head) for a in (q, k, v, dy))
-    datt = dyh @ vh.transpose(0, 1, 3, 2)                          # [B, H, T, T]
-    dvh = att.transpose(0, 1, 3, 2) @ dyh                          # [B, H, T, hs]
+    f = dropout_factor(att.shape, dropout_p, dropout_key, att.dtype.type) if dropout_p else 1.0
+    datt = f * (dyh @ vh.transpose(0, 1, 3, 2))                    # [B, H, T, T]
+    dvh = (att * f).transpose(0, 1, 3, 2) @ dyh                    # [B, H, T, hs]
     ds = att * (datt - (datt * att).sum(axis=-1, keepdims=True))   # [B, H, T, T]
     dqh = (ds @ kh) * scale                                        # [B, H, T, hs]
     dkh = (ds.transpose(0, 1, 3, 2) @ qh) * scale

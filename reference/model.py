@@ -2,9 +2,15 @@
 
     x = wte[tokens] + wpe[:T]                        embed
     for each block l:
-        x = x + W_O(attn(qkv(LN1(x))))               layernorm, attn_qkv, attn, attn_out, residual
-        x = x + mlp(LN2(x))                          layernorm, mlp, residual
+        x = x + drop(W_O(attn(qkv(LN1(x)))))         layernorm, attn_qkv, attn, attn_out, dropout, residual
+        x = x + drop(mlp(LN2(x)))                    layernorm, mlp, dropout, residual
     loss = cross_entropy(LNf(x) @ wte^T, targets)    layernorm, loss (the tied projection)
+
+Dropout (training only, as in GPT-2) acts at three sites per block: on the attention
+probabilities inside attn, and on the attention and MLP outputs before they join the residual
+stream. A training forward gets dropout_p and a key (dropout.dropout_key(seed, step, microbatch));
+each site's mask comes from dropout.site_key(key, 3 * l + site), so nothing random is stored and
+the backward draws the same masks. Without a key (evaluation, sampling) nothing is dropped.
 
 Parameters and gradients are flat vectors in the layout of andrea_numba.layout; the dtype of
 `params` (float32 or float64) is the dtype of every computation. The saved activations are one
@@ -34,6 +40,7 @@ from andrea_numba.layout import views
 from .attn import attn_bwd, attn_fwd
 from .attn_out import attn_out_bwd, attn_out_fwd
 from .attn_qkv import attn_qkv_bwd, attn_qkv_fwd
+from .dropout import SITES, dropout_bwd, dropout_fwd, site_key
 from .embed import embed_bwd, embed_fwd
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .loss import loss_bwd, loss_fwd
@@ -41,32 +48,43 @@ from .mlp import mlp_bwd, mlp_fwd
 from .residual import residual_add, residual_add_bwd
 
 
-def _trunk(params, m: ModelConfig, tokens):
+def _site_keys(dropout_key, l):
+    """Keys of block l's three dropout sites: attention probabilities, attention output, MLP output."""
+    if dropout_key is None:
+        return 0, 0, 0
+    return tuple(site_key(dropout_key, SITES * l + s) for s in range(SITES))
+
+
+def _trunk(params, m: ModelConfig, tokens, dropout_p=0.0, dropout_key=None):
     """Embedding, the L blocks and the final LayerNorm; returns the saved activations."""
     P = views(params, m)
     eps, H = m.ln_eps, m.n_head
+    p_drop = dropout_p if dropout_key is not None else 0.0
     x = embed_fwd(tokens, P["wte"], P["wpe"])
-    acts = {"tokens": tokens, "x0": x, "blocks": []}
+    acts = {"tokens": tokens, "x0": x, "blocks": [], "dropout": (p_drop, dropout_key)}
     for l in range(m.n_layer):
         p = f"h{l}."
+        k_att, k_ao, k_mlp = _site_keys(dropout_key, l)
         a = {"x_in": x}
         a["ln1"], a["ln1_mean"], a["ln1_rstd"] = layernorm_fwd(x, P[p + "ln1.g"], P[p + "ln1.b"], eps)
         a["q"], a["k"], a["v"] = attn_qkv_fwd(a["ln1"], P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
-        a["y"], a["att"] = attn_fwd(a["q"], a["k"], a["v"], H)
-        x = a["x_mid"] = residual_add(x, attn_out_fwd(a["y"], P[p + "attn.w_o"]))
+        a["y"], a["att"] = attn_fwd(a["q"], a["k"], a["v"], H, p_drop, k_att)
+        attn_out = dropout_fwd(attn_out_fwd(a["y"], P[p + "attn.w_o"]), p_drop, k_ao)
+        x = a["x_mid"] = residual_add(x, attn_out)
         a["ln2"], a["ln2_mean"], a["ln2_rstd"] = layernorm_fwd(x, P[p + "ln2.g"], P[p + "ln2.b"], eps)
         mlp_out, a["h_pre"], a["h"] = mlp_fwd(a["ln2"], P[p + "mlp.w_1"], P[p + "mlp.w_2"])
-        x = residual_add(x, mlp_out)
+        x = residual_add(x, dropout_fwd(mlp_out, p_drop, k_mlp))
         acts["blocks"].append(a)
     acts["x_out"] = x
     acts["lnf"], acts["lnf_mean"], acts["lnf_rstd"] = layernorm_fwd(x, P["lnf.g"], P["lnf.b"], eps)
     return acts
 
 
-def model_forward(params, m: ModelConfig, tokens, targets):
-    """tokens, targets [B, T] int -> (loss as a 0-d array of params' dtype, acts for backward)."""
+def model_forward(params, m: ModelConfig, tokens, targets, dropout_p=0.0, dropout_key=None):
+    """tokens, targets [B, T] int -> (loss as a 0-d array of params' dtype, acts for backward).
+    dropout_key (with dropout_p > 0): a training forward with dropout; None: nothing dropped."""
     assert tokens.shape[1] <= m.context_length, "sequence longer than the context"
-    acts = _trunk(params, m, tokens)
+    acts = _trunk(params, m, tokens, dropout_p, dropout_key)
     acts["targets"] = targets
     loss, acts["losses"], acts["probs"] = loss_fwd(acts["lnf"], views(params, m)["wte"], targets)
     return loss, acts
@@ -84,6 +102,7 @@ def model_backward(params, m: ModelConfig, acts):
     grads = np.zeros_like(params)
     G = views(grads, m)                     # views: += below writes into the flat vector
     H = m.n_head
+    p_drop, dropout_key = acts.get("dropout", (0.0, None))
     dx, dwte = loss_bwd(1.0, acts["lnf"], P["wte"], acts["probs"], acts["targets"])
     G["wte"] += dwte                        # the tied projection's share of wte's gradient
     dx, dg, db = layernorm_bwd(dx, acts["x_out"], acts["lnf_mean"], acts["lnf_rstd"], P["lnf.g"])
@@ -91,8 +110,10 @@ def model_backward(params, m: ModelConfig, acts):
     G["lnf.b"] += db
     for l in reversed(range(m.n_layer)):
         p, a = f"h{l}.", acts["blocks"][l]
-        # x_out = x_mid + mlp(LN2(x_mid))
+        k_att, k_ao, k_mlp = _site_keys(dropout_key, l)
+        # x_out = x_mid + drop(mlp(LN2(x_mid)))
         dx_mid, dmlp = residual_add_bwd(dx)
+        dmlp = dropout_bwd(dmlp, p_drop, k_mlp)
         dln2, dw_1, dw_2 = mlp_bwd(dmlp, a["ln2"], a["h_pre"], a["h"], P[p + "mlp.w_1"], P[p + "mlp.w_2"])
         G[p + "mlp.w_1"] += dw_1
         G[p + "mlp.w_2"] += dw_2
@@ -100,11 +121,12 @@ def model_backward(params, m: ModelConfig, acts):
         G[p + "ln2.g"] += dg
         G[p + "ln2.b"] += db
         dx_mid = residual_add(dx_mid, dx_ln)          # x_mid fed two branches: their gradients add
-        # x_mid = x_in + W_O(attn(qkv(LN1(x_in))))
+        # x_mid = x_in + drop(W_O(attn(qkv(LN1(x_in)))))
         dx_in, dattn_out = residual_add_bwd(dx_mid)
+        dattn_out = dropout_bwd(dattn_out, p_drop, k_ao)
         dy, dw_o = attn_out_bwd(dattn_out, a["y"], P[p + "attn.w_o"])
         G[p + "attn.w_o"] += dw_o
-        dq, dk, dv = attn_bwd(dy, a["q"], a["k"], a["v"], a["att"], H)
+        dq, dk, dv = attn_bwd(dy, a["q"], a["k"], a["v"], a["att"], H, p_drop, k_att)
         dln1, dw_q, dw_k, dw_v = attn_qkv_bwd(dq, dk, dv, a["ln1"],
                                               P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
         G[p + "attn.w_q"] += dw_q

@@ -22,8 +22,9 @@ def _id(item):
     return f"{case.op}-{direction}-v{version}"
 
 
-def test_the_eight_ops_in_kernel_table_order():
-    assert OPS == ["embed", "layernorm", "attn_qkv", "attn", "attn_out", "mlp", "residual", "loss"]
+def test_the_ops_in_kernel_table_order():
+    """The eight op pairs of the kernel table, with dropout before the loss."""
+    assert OPS == ["embed", "layernorm", "attn_qkv", "attn", "attn_out", "mlp", "residual", "dropout", "loss"]
 
 
 def test_every_launcher_in_every_versions_table_belongs_to_a_case():

@@ -37,6 +37,8 @@ PLANTED = {
                 "gelu'(z)", "du/dz"),
     "residual_bwd": ([("dx = dout.copy()", "dx = 0.5 * dout"), ("df = dout.copy()", "df = 0.5 * dout")],
                      "dx", "not halved"),
+    "dropout_bwd": ([("return dout * keep / (1.0 - dropout_p)", "return dout * keep")],   # scale forgotten
+                    "dx", "1/(1-p)"),
     "loss_bwd": ([("(float(dloss) / n_pos)", "float(dloss)")], "dx", "B*T"),
     "k_residual_add_bwd": ([("        df[i] = g\n", "")], "df", "BOTH"),                 # df never written
     "k_layernorm_bwd": ([("block_sum(buf, s1)", "s1"), ("block_sum(buf, s2)", "s2")],    # partial sums only
@@ -60,9 +62,9 @@ def _plant(tmp_path, name, edits, subdir="planted"):
 
 def test_every_exercise_has_a_stub_a_solution_and_a_planted_mistake():
     assert set(PLANTED) == set(NAMES)
-    assert len([e for e in E.EXERCISES if e.kind == "numpy"]) == 8
-    assert {e.op for e in E.EXERCISES if e.kind == "numpy"} == {
-        "embed", "layernorm", "attn_qkv", "attn", "attn_out", "mlp", "residual", "loss"}
+    from andrea_numba.cases import OPS
+    numpy_ops = [e.op for e in E.EXERCISES if e.kind == "numpy"]
+    assert sorted(numpy_ops) == sorted(OPS)               # one NumPy exercise per op pair, dropout too
     assert len([e for e in E.EXERCISES if e.kind == "kernel"]) >= 3
     for name in NAMES:
         stub, sol = (EXERCISES / f"{name}.py").read_text(), (SOLUTIONS / f"{name}.py").read_text()

@@ -10,7 +10,7 @@ import reference as R
 from andrea_numba import gradcheck as G
 from andrea_numba.cases import CASES
 
-OPS = {"embed", "layernorm", "attn_qkv", "attn", "attn_out", "mlp", "residual", "loss"}
+OPS = {"embed", "layernorm", "attn_qkv", "attn", "attn_out", "mlp", "residual", "dropout", "loss"}
 
 
 @pytest.mark.parametrize("op", sorted(OPS))

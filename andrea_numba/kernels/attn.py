@@ -6,10 +6,14 @@ Per (b, h), with q, k, v the head's [T, hs] slices and scale = 1 / sqrt(hs):
 
     s[t, u]   = scale * q[t] . k[u]      for u <= t    (u > t: masked, att = 0 exactly)
     att[t, :] = softmax(s[t, :])                       saved for backward
-    y[t]      = sum_u att[t, u] v[u]
+    y[t]      = sum_u att[t, u] f[t, u] v[u]
+
+f is dropout's factor on the probabilities (dropout.dropout_factor: keep / (1 - p), drawn from
+the key and the flat index of att[b, h, t, u]; exactly 1 when p = 0). att keeps the probabilities
+before dropout, which the softmax backward needs; f is drawn again in the backward, never stored.
 
 Backward:
-    datt[t, u] = dy[t] . v[u]                        dv[u] = sum_t att[t, u] dy[t]
+    datt[t, u] = f[t, u] dy[t] . v[u]                dv[u] = sum_t att[t, u] f[t, u] dy[t]
     ds[t, u]   = att[t, u] (datt[t, u] - sum_u' datt[t, u'] att[t, u'])
     dq[t]      = scale * sum_u ds[t, u] k[u]         dk[u] = scale * sum_t ds[t, u] q[t]
 
@@ -33,6 +37,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .common import SIMULATOR, blocks, cdiv
+from .dropout import dropout_factor, mask_args
 
 NEG_INF = float32(-np.inf)
 
@@ -47,8 +52,9 @@ def _split(B, H, T, idx):
 # v1: one thread per query (or key) row of one head
 
 @cuda.jit
-def k_attn_fwd_v1(y, att, q, k, v, scale):
-    """Thread (b, h, t): s[u] = scale q[t].k[u] for u <= t, att[t] = softmax(s), y[t] = att[t] @ v."""
+def k_attn_fwd_v1(y, att, q, k, v, scale, key, threshold, dscale):
+    """Thread (b, h, t): s[u] = scale q[t].k[u] for u <= t, att[t] = softmax(s),
+    y[t] = (att[t] * f[t]) @ v, f = dropout_factor(key, flat index of att[b, h, t, u], ...)."""
     B, T, C = q.shape
     H = att.shape[1]
     hs = C // H
@@ -74,17 +80,19 @@ def k_attn_fwd_v1(y, att, q, k, v, scale):
         att[b, h, t, u] = att[b, h, t, u] / tot
     for u in range(t + 1, T):                   # the masked future: exact zeros
         att[b, h, t, u] = 0.0
-    for d in range(hs):                         # y[t] = sum_u att[t, u] v[u]
+    row = idx * T                               # flat index of att[b, h, t, 0]
+    for d in range(hs):                         # y[t] = sum_u att[t, u] f[t, u] v[u]
         acc = float32(0.0)
         for u in range(t + 1):
-            acc += att[b, h, t, u] * v[b, u, c0 + d]
+            f = dropout_factor(key, row + u, threshold, dscale)
+            acc += att[b, h, t, u] * f * v[b, u, c0 + d]
         y[b, t, c0 + d] = acc
 
 
 @cuda.jit
-def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale):
-    """Thread (b, h, t): datt[u] = dy[t].v[u], ds = att (datt - rowdot) into scratch[b, h, t, u]
-    for u <= t, dq[t] = scale * ds @ k."""
+def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale, key, threshold, dscale):
+    """Thread (b, h, t): datt[u] = f[t, u] dy[t].v[u], ds = att (datt - rowdot) into
+    scratch[b, h, t, u] for u <= t, dq[t] = scale * ds @ k."""
     B, T, C = dy.shape
     H = att.shape[1]
     hs = C // H
@@ -94,10 +102,12 @@ def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale):
     b, h, t = _split(B, H, T, idx)
     c0 = h * hs
     rowdot = float32(0.0)
+    row = idx * T
     for u in range(t + 1):
         da = float32(0.0)
         for d in range(hs):
             da += dy[b, t, c0 + d] * v[b, u, c0 + d]
+        da *= dropout_factor(key, row + u, threshold, dscale)
         scratch[b, h, t, u] = da
         rowdot += da * att[b, h, t, u]
     for u in range(t + 1):
@@ -110,8 +120,9 @@ def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale):
 
 
 @cuda.jit
-def k_attn_bwd_dkdv_v1(dk, dv, dy, q, att, scratch, scale):
-    """Thread (b, h, u): dv[u] = sum_{t>=u} att[t, u] dy[t], dk[u] = scale sum_{t>=u} ds[t, u] q[t]."""
+def k_attn_bwd_dkdv_v1(dk, dv, dy, q, att, scratch, scale, key, threshold, dscale):
+    """Thread (b, h, u): dv[u] = sum_{t>=u} att[t, u] f[t, u] dy[t],
+    dk[u] = scale sum_{t>=u} ds[t, u] q[t]."""
     B, T, C = dy.shape
     H = att.shape[1]
     hs = C // H
@@ -124,7 +135,8 @@ def k_attn_bwd_dkdv_v1(dk, dv, dy, q, att, scratch, scale):
         sv = float32(0.0)
         sk = float32(0.0)
         for t in range(u, T):
-            sv += att[b, h, t, u] * dy[b, t, c0 + d]
+            f = dropout_factor(key, ((b * H + h) * T + t) * T + u, threshold, dscale)
+            sv += att[b, h, t, u] * f * dy[b, t, c0 + d]
             sk += scratch[b, h, t, u] * q[b, t, c0 + d]
         dv[b, u, c0 + d] = sv
         dk[b, u, c0 + d] = sk * scale
@@ -137,20 +149,22 @@ def _check(q, n_head):
 
 
 @blocks(gpu=(128, 64), sim=(32, 8))
-def attn_fwd_v1(y, att, q, k, v, n_head, *, block, stream=0):
+def attn_fwd_v1(y, att, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """Launch: one thread per (b, h, t), `block` threads per block."""
     B, T, C, hs = _check(q, n_head)
-    k_attn_fwd_v1[cdiv(B * n_head * T, block), block, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)))
+    k_attn_fwd_v1[cdiv(B * n_head * T, block), block, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)),
+                                                              *mask_args(dropout_p, dropout_key))
 
 
 @blocks(gpu=(128, 64), sim=(32, 8))
-def attn_bwd_v1(dq, dk, dv, scratch, dy, q, k, v, att, n_head, *, block, stream=0):
+def attn_bwd_v1(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """scratch [B, H, T, T] receives ds. Launch: one thread per (b, h, t) or (b, h, u)."""
     B, T, C, hs = _check(q, n_head)
     scale = np.float32(1.0 / math.sqrt(hs))
     grid = cdiv(B * n_head * T, block)
-    k_attn_bwd_v1[grid, block, stream](dq, scratch, dy, k, v, att, scale)
-    k_attn_bwd_dkdv_v1[grid, block, stream](dk, dv, dy, q, att, scratch, scale)
+    drop = mask_args(dropout_p, dropout_key)
+    k_attn_bwd_v1[grid, block, stream](dq, scratch, dy, k, v, att, scale, *drop)
+    k_attn_bwd_dkdv_v1[grid, block, stream](dk, dv, dy, q, att, scratch, scale, *drop)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,9 +250,10 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     acc[i] += p * tile[c, d]
 
     @cuda.jit
-    def k_attn_fwd_v2(y, att, q, k, v, scale):
+    def k_attn_fwd_v2(y, att, q, k, v, scale, key, threshold, dscale):
         """Block (query tile, b*H + h). Pass 1: s = scale q k^T into att, row max. Pass 2:
-        att = exp(s - max) (masked: 0), row sum. Pass 3: att /= sum, y = att @ v."""
+        att = exp(s - max) (masked: 0), row sum. Pass 3: att /= sum, y = (att * f) @ v
+        (f: dropout's factor)."""
         sq = cuda.shared.array((BQ, HS), float32)          # the tile's q rows
         skv = cuda.shared.array((BK, HSP), float32)     # a K or V tile (+1: no bank conflicts)
         sp = cuda.shared.array((BQ, BK), float32)          # a tile of att
@@ -280,9 +295,10 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                 else:
                     att[b, h, t, u] = 0.0
         tot = row_sum(red, r, lane, tot)
-        # pass 3: normalise, y[t] = sum_u att[t, u] v[u]
+        # pass 3: normalise, y[t] = sum_u att[t, u] f[t, u] v[u]
         for i in range(DPT):
             yacc[i] = 0.0
+        row = ((b * H + h) * T + t) * T                    # flat index of att[b, h, t, 0]
         for u0 in range(0, t_end, BK):
             load_rows(skv, v, b, u0, c0, T)
             for i in range(CPT):
@@ -291,7 +307,8 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                 p = float32(0.0)
                 if t < T and u <= t:
                     p = att[b, h, t, u] / tot
-                    att[b, h, t, u] = p
+                    att[b, h, t, u] = p                    # saved before dropout
+                    p *= dropout_factor(key, row + u, threshold, dscale)
                 sp[r, c] = p
             cuda.syncthreads()
             add_weighted_rows(yacc, sp, skv, r, lane)      # y[t] += att[t, tile] @ v[tile]
@@ -303,8 +320,8 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     y[b, t, c0 + d] = yacc[i]
 
     @cuda.jit
-    def k_attn_bwd_v2(dq, scratch, dy, k, v, att, scale):
-        """Block (query tile, b*H + h). Pass 1: datt = dy v^T into scratch, rowdot = sum_u datt att.
+    def k_attn_bwd_v2(dq, scratch, dy, k, v, att, scale, key, threshold, dscale):
+        """Block (query tile, b*H + h). Pass 1: datt = f * (dy v^T) into scratch, rowdot = sum_u datt att.
         Pass 2: ds = att (datt - rowdot) into scratch (u <= t only), dq = scale ds @ k."""
         sdy = cuda.shared.array((BQ, HS), float32)         # the tile's dy rows
         skv = cuda.shared.array((BK, HSP), float32)     # a V or K tile
@@ -324,15 +341,17 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
         load_rows(sdy, dy, b, t0, c0, T)
         # pass 1: datt and the row dot product
         rowdot = float32(0.0)
+        row = ((b * H + h) * T + t) * T                    # flat index of att[b, h, t, 0]
         for u0 in range(0, t_end, BK):
             load_rows(skv, v, b, u0, c0, T)
             cuda.syncthreads()
-            row_dots(acc, sdy, skv, r, lane)               # datt of row t against this V tile
+            row_dots(acc, sdy, skv, r, lane)               # dy v^T of row t against this V tile
             for i in range(CPT):
                 u = u0 + lane + i * TPR
                 if t < T and u <= t:
-                    scratch[b, h, t, u] = acc[i]
-                    rowdot += acc[i] * att[b, h, t, u]
+                    da = acc[i] * dropout_factor(key, row + u, threshold, dscale)
+                    scratch[b, h, t, u] = da
+                    rowdot += da * att[b, h, t, u]
             cuda.syncthreads()
         rowdot = row_sum(red, r, lane, rowdot)
         # pass 2: ds, and dq = scale * ds @ k
@@ -358,12 +377,12 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     dq[b, t, c0 + d] = dacc[i] * scale
 
     @cuda.jit
-    def k_attn_bwd_dkdv_v2(dk, dv, dy, q, att, scratch, scale):
+    def k_attn_bwd_dkdv_v2(dk, dv, dy, q, att, scratch, scale, key, threshold, dscale):
         """Block (key tile of BQ rows u, b*H + h); walks the queries t >= u in tiles of BK:
-        dv[u] = sum_t att[t, u] dy[t], dk[u] = scale sum_t ds[t, u] q[t] (ds from scratch)."""
+        dv[u] = sum_t att[t, u] f[t, u] dy[t], dk[u] = scale sum_t ds[t, u] q[t] (ds from scratch)."""
         sdy = cuda.shared.array((BK, HS), float32)         # a tile of dy rows
         sq = cuda.shared.array((BK, HS), float32)          # the same tile of q rows
-        sa = cuda.shared.array((BQ, BKP), float32)      # att^T tile: sa[key, query]
+        sa = cuda.shared.array((BQ, BKP), float32)      # (att * f)^T tile: sa[key, query]
         sds = cuda.shared.array((BQ, BKP), float32)     # ds^T tile
         vacc = cuda.local.array(DPT, float32)
         kacc = cuda.local.array(DPT, float32)
@@ -385,7 +404,8 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                 j, i = e // BQ, e % BQ
                 tt, uu = t0 + j, u0 + i
                 if tt < T and uu <= tt:                    # scratch holds ds only where u <= t
-                    sa[i, j] = att[b, h, tt, uu]
+                    f = dropout_factor(key, ((b * H + h) * T + tt) * T + uu, threshold, dscale)
+                    sa[i, j] = att[b, h, tt, uu] * f
                     sds[i, j] = scratch[b, h, tt, uu]
                 else:
                     sa[i, j] = 0.0
@@ -422,30 +442,32 @@ def _v2_kernels(hs, block):
 
 
 @blocks(**V2_BLOCKS)
-def attn_fwd_v2(y, att, q, k, v, n_head, *, block, stream=0):
+def attn_fwd_v2(y, att, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """Grid (T/BQ query tiles, B*H), BQ*TPR threads; block = (BQ, TPR). Head sizes too big for
     the shared tiles (hs > 367 on a GPU) fall back to v1."""
     B, T, C, hs = _check(q, n_head)
     kern = _v2_kernels(hs, block)
     if kern is None:
-        return attn_fwd_v1(y, att, q, k, v, n_head, stream=stream)
+        return attn_fwd_v1(y, att, q, k, v, n_head, dropout_p, dropout_key, stream=stream)
     BQ, TPR = block
-    kern[0][(cdiv(T, BQ), B * n_head), BQ * TPR, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)))
+    kern[0][(cdiv(T, BQ), B * n_head), BQ * TPR, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)),
+                                                         *mask_args(dropout_p, dropout_key))
 
 
 @blocks(**V2_BLOCKS)
-def attn_bwd_v2(dq, dk, dv, scratch, dy, q, k, v, att, n_head, *, block, stream=0):
+def attn_bwd_v2(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """k_attn_bwd_v2 (writes ds into scratch, and dq), then k_attn_bwd_dkdv_v2 (dk, dv); both on
     grid (T/BQ tiles, B*H) with BQ*TPR threads; block = (BQ, TPR)."""
     B, T, C, hs = _check(q, n_head)
     kern = _v2_kernels(hs, block)
     if kern is None:
-        return attn_bwd_v1(dq, dk, dv, scratch, dy, q, k, v, att, n_head, stream=stream)
+        return attn_bwd_v1(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p, dropout_key, stream=stream)
     BQ, TPR = block
     scale = np.float32(1.0 / math.sqrt(hs))
     grid = (cdiv(T, BQ), B * n_head)
-    kern[1][grid, BQ * TPR, stream](dq, scratch, dy, k, v, att, scale)
-    kern[2][grid, BQ * TPR, stream](dk, dv, dy, q, att, scratch, scale)
+    drop = mask_args(dropout_p, dropout_key)
+    kern[1][grid, BQ * TPR, stream](dq, scratch, dy, k, v, att, scale, *drop)
+    kern[2][grid, BQ * TPR, stream](dk, dv, dy, q, att, scratch, scale, *drop)
 
 
 VERSIONS = {"attn_fwd": {1: attn_fwd_v1, 2: attn_fwd_v2}, "attn_bwd": {1: attn_bwd_v1, 2: attn_bwd_v2}}

@@ -4,10 +4,14 @@ Forward (given: reference/attn.py, imported below), per batch b and head h, hs =
 q_h = the columns h*hs:(h+1)*hs of q (likewise k_h, v_h, y_h):
     s[t, u]   = q_h[t] . k_h[u] / sqrt(hs)     for u <= t;  -inf for u > t (the causal mask)
     att[t, :] = softmax(s[t, :])               saved for you: att [B, H, T, T]
-    y_h[t]    = sum_u att[t, u] v_h[u]
+    y_h[t]    = sum_u att[t, u] f[t, u] v_h[u]
+
+f is dropout on the probabilities during training: f = dropout_factor(att.shape, dropout_p,
+dropout_key) (given, imported below) is 0 where a probability is dropped and 1 / (1 - p) where it
+is kept; all ones when dropout_p = 0. att is saved BEFORE dropout.
 
 Your task: the backward, given dy [B, T, C]. Per head, with dy_h the matching slice of dy:
-    datt = dy_h @ v_h^T                        dv_h = att^T @ dy_h
+    datt = f * (dy_h @ v_h^T)                  dv_h = (att * f)^T @ dy_h
     ds   = att * (datt - sum_u(datt * att))    the softmax backward, row by row (sum over u)
     dq_h = ds @ k_h / sqrt(hs)                 dk_h = ds^T @ q_h / sqrt(hs)
 Masked entries (u > t) have att = 0, so they get no gradient: use att, not the raw scores.
@@ -20,6 +24,7 @@ Check your work:  python -m andrea_numba.exercises check attn_bwd
 import math
 
 from reference.attn import attn_fwd  # noqa: F401  (the forward, to experiment with)
+from reference.dropout import dropout_factor  # noqa: F401  (the dropout mask, given)
 
 
 def split_heads(a, n_head):
@@ -34,7 +39,7 @@ def merge_heads(ah):
     return ah.transpose(0, 2, 1, 3).reshape(B, T, H * hs)
 
 
-def attn_bwd(dy, q, k, v, att, n_head):
+def attn_bwd(dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0):
     """dy [B, T, C] -> (dq, dk, dv), each [B, T, C]."""
     # TODO: split into heads, apply the four lines of the docstring, merge the heads back
     raise NotImplementedError("write attn_bwd: see the docstring")

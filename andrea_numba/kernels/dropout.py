@@ -1,0 +1,87 @@
+"""Dropout: k_dropout_fwd / k_dropout_bwd, and the mask as a device function. NumPy twin:
+reference/dropout.py (the hash, the keys and the threshold are explained there).
+
+Arrays are flat (any shape, passed as .reshape(-1)); element i of a call with key `key`:
+
+    u_i    = hash32((i * 0x9E3779B9 + key) mod 2^32)          (lowbias32)
+    keep_i = u_i >= threshold,  threshold = round(p * 2^32)
+    out_i  = x_i * keep_i / (1 - p)          dx_i = dout_i * keep_i / (1 - p)
+
+Nothing is stored between forward and backward: both compute keep_i again from (key, i). The
+attention kernels (attn.py) call `dropout_factor` on their probabilities the same way, with i
+the flat index of att[b, h, t, u]. With p = 0 the threshold is 0, every element is kept and the
+factor is exactly 1.0, so the results are bit-identical to no dropout at all.
+
+Integer arithmetic is on uint64 holding 32-bit values (masked after each multiply), the same in
+a kernel, in the simulator and in NumPy: the kernels draw the twin's mask bit for bit.
+"""
+import numpy as np
+from numba import cuda, float32, uint64
+
+import reference.dropout as twin
+
+from .common import blocks, cdiv
+
+M32 = np.uint64(twin.M32)
+GOLDEN = np.uint64(twin.GOLDEN)
+MUL1, MUL2 = np.uint64(0x7FEB352D), np.uint64(0x846CA68B)
+S15, S16 = np.uint64(15), np.uint64(16)
+
+
+@cuda.jit(device=True)
+def hash32(x):
+    """lowbias32 of a 32-bit value held in a uint64: xor-shift, multiply, xor-shift, multiply,
+    xor-shift (every step a bijection of the 32-bit integers)."""
+    x ^= x >> S16
+    x = (x * MUL1) & M32
+    x ^= x >> S15
+    x = (x * MUL2) & M32
+    x ^= x >> S16
+    return x
+
+
+@cuda.jit(device=True)
+def dropout_factor(key, i, threshold, scale):
+    """keep_i / (1 - p): `scale` (= 1 / (1 - p), float32) if element i is kept, else 0.
+    key, threshold: uint64 (threshold 0: p = 0, always kept)."""
+    if threshold == uint64(0):
+        return scale
+    u = hash32((uint64(i) * GOLDEN + key) & M32)
+    return scale if u >= threshold else float32(0.0)
+
+
+def mask_args(dropout_p, dropout_key):
+    """The kernels' (key, threshold, scale) for probability dropout_p and key dropout_key."""
+    return (np.uint64(int(dropout_key) & twin.M32), np.uint64(twin.threshold(dropout_p)),
+            np.float32(1.0 / (1.0 - dropout_p)))
+
+
+@cuda.jit
+def k_dropout_fwd_v1(out, x, key, threshold, scale):
+    """out[i] = x[i] * keep_i / (1 - p), one thread per element (out may be x: in place is fine)."""
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = x[i] * dropout_factor(key, i, threshold, scale)
+
+
+@cuda.jit
+def k_dropout_bwd_v1(dx, dout, key, threshold, scale):
+    """dx[i] = dout[i] * keep_i / (1 - p): the forward's mask, drawn again from (key, i)."""
+    i = cuda.grid(1)
+    if i < dout.shape[0]:
+        dx[i] = dout[i] * dropout_factor(key, i, threshold, scale)
+
+
+@blocks(gpu=(256, 128, 512), sim=(32, 8))
+def dropout_fwd_v1(out, x, dropout_p, dropout_key, *, block, stream=0):
+    """Launch: one thread per element, `block` threads per block."""
+    k_dropout_fwd_v1[cdiv(out.shape[0], block), block, stream](out, x, *mask_args(dropout_p, dropout_key))
+
+
+@blocks(gpu=(256, 128, 512), sim=(32, 8))
+def dropout_bwd_v1(dx, dout, dropout_p, dropout_key, *, block, stream=0):
+    k_dropout_bwd_v1[cdiv(dout.shape[0], block), block, stream](dx, dout, *mask_args(dropout_p, dropout_key))
+
+
+VERSIONS = {"dropout_fwd": {1: dropout_fwd_v1}, "dropout_bwd": {1: dropout_bwd_v1}}
+dropout_fwd, dropout_bwd = dropout_fwd_v1, dropout_bwd_v1          # what the engine uses
