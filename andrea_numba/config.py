@@ -13,10 +13,10 @@ it, print that line and exit with code 2 (see `exit_on_config_error`).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +103,21 @@ SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 # the value that gives those runs' behaviour (a config file should still name every field)
 DEFAULTS = {("train", "dropout"): 0.0}
 LR_DECAYS = ("cosine", "constant")
+INT32_MAX = 2 ** 31 - 1      # the checkpoint stores the step and the parameter count as int32
+# the largest value of an int field, and why: the engine stores ints as int32 (token ids, the
+# checkpoint's step and parameter count); a few fields have a tighter bound
+INT_LIMITS = {
+    ("model", "vocab_size"): (65536, "token ids are stored as uint16"),
+    ("model", "context_length"): (65536, "attention holds T x T scores per head"),
+    ("model", "n_layer"): (1024, "a limit against typos"),
+    ("model", "n_head"): (1024, "a limit against typos"),
+    ("model", "d_model"): (65536, "a limit against typos"),
+    ("train", "batch_size"): (65536, "a limit against typos"),
+    ("train", "n_microbatches"): (65536, "a limit against typos"),
+    ("train", "eval_batches"): (65536, "a limit against typos"),
+    ("train", "sample_tokens"): (1_000_000, "a limit against typos"),
+}
+NAME_MAX = 100
 TOKENIZERS = ("bytes", "bpe")
 
 
@@ -129,9 +144,35 @@ def _parse_section(section: str, cls, raw) -> object:
             want is float and isinstance(v, int) and not isinstance(v, bool))
         if not ok:
             raise ConfigError(
-                f"field '{section}.{name}' must be {f.type}, got {json.dumps(v)} ({type(v).__name__})")
-        values[name] = float(v) if want is float else v
+                f"field '{section}.{name}' must be {f.type}, got {_show(v)} ({type(v).__name__})")
+        if want is float:
+            try:
+                v = float(v)
+            except OverflowError:
+                v = math.inf
+            if not math.isfinite(v):
+                hint = " (JSON reads 1e400 as infinity)" if math.isinf(v) else ""
+                raise ConfigError(f"field '{section}.{name}' must be a finite number, got {_show(v)}{hint}: "
+                                  f"write an ordinary number")
+        elif want is int:
+            hi, why = INT_LIMITS.get((section, name), (INT32_MAX, "the engine stores it as int32"))
+            if abs(v) > hi:
+                raise ConfigError(f"field '{section}.{name}' is {_show(v)}, beyond {hi:,} ({why}): "
+                                  f"use a smaller value")
+        elif not v.isprintable():
+            raise ConfigError(f"field '{section}.{name}' holds a control character (such as a newline): "
+                              f"remove it")
+        values[name] = v
     return cls(**values)
+
+
+def _show(v) -> str:
+    """A JSON value for a message, short and on one line."""
+    try:
+        text = json.dumps(v)
+    except ValueError:               # an int of more digits than Python will print
+        text = "a very long number"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -144,10 +185,15 @@ def validate(cfg: Config) -> Config:
     m, t, d = cfg.model, cfg.train, cfg.data
     for name in ("vocab_size", "context_length", "n_layer", "n_head", "d_model"):
         _require(getattr(m, name) > 0, f"field 'model.{name}' must be positive, got {getattr(m, name)}")
+    _require(m.n_head <= m.d_model, f"field 'model.n_head' ({m.n_head}) exceeds model.d_model ({m.d_model}): "
+             f"a head needs at least one channel; lower n_head")
     _require(m.d_model % m.n_head == 0,
              f"field 'model.n_head' ({m.n_head}) must divide model.d_model ({m.d_model}): "
              f"pick a divisor such as {max(h for h in range(1, m.n_head + 1) if m.d_model % h == 0)}")
     _require(m.ln_eps > 0, f"field 'model.ln_eps' must be positive, got {m.ln_eps}")
+    _require(m.n_params <= INT32_MAX,
+             f"model has {m.n_params:,} parameters, more than the checkpoint's int32 count holds "
+             f"({INT32_MAX:,}): lower model.d_model, n_layer, vocab_size or context_length")
     for name in ("batch_size", "seq_len", "n_microbatches", "steps", "eval_interval", "eval_batches",
                  "checkpoint_interval", "sample_interval"):
         _require(getattr(t, name) > 0, f"field 'train.{name}' must be positive, got {getattr(t, name)}")
@@ -186,6 +232,9 @@ def config_from_dict(raw, origin: str = "config") -> Config:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{origin}: missing field 'name': add a string such as \"ANDREA-12M-TRAIN\"")
+    if len(name) > NAME_MAX or not name.isprintable() or any(c in name for c in "/\\") or name in (".", ".."):
+        raise ConfigError(f"{origin}: field 'name' must be at most {NAME_MAX} printable characters without "
+                          f"/ or \\ (it names the default run directory), got {_show(name)}")
     sections = {}
     for section, cls in SECTIONS.items():
         if section not in raw:
@@ -222,6 +271,9 @@ def load_config(size_or_path: str) -> Config:
         text = _bundled(names[size_or_path])
     else:
         path = Path(size_or_path)
+        if path.is_dir():
+            raise ConfigError(f"'{path}' is a directory, not a config file: give the path of a JSON file, "
+                              f"or a size ({', '.join(SIZES)})")
         if path.suffix != ".json" and not path.exists():
             raise ConfigError(f"unknown size '{size_or_path}': choose one of {', '.join(SIZES)} "
                               f"or give the path of a config JSON file")
@@ -237,6 +289,9 @@ def load_config(size_or_path: str) -> Config:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{origin} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except (ValueError, RecursionError) as e:      # an integer of thousands of digits; nesting too deep
+        why = "nested too deeply" if isinstance(e, RecursionError) else "a number of thousands of digits"
+        raise ConfigError(f"{origin} is not a usable config ({why}): fix the file") from None
     return config_from_dict(raw, origin)
 
 
@@ -255,11 +310,12 @@ def exit_on_config_error(fn):
 
 @exit_on_config_error
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m andrea_numba.config",
-                                 description="Validate a config and print it with its parameter count.")
+    from . import cli
+    ap = cli.Parser(prog="python -m andrea_numba.config",
+                    description="Validate a config and print it with its parameter count.")
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--size", default="tiny", help=f"one of {', '.join(SIZES)} (default tiny)")
-    g.add_argument("--config", help="path of a config JSON file")
+    g.add_argument("--size", default="tiny", type=cli.config, help=f"one of {', '.join(SIZES)} (default tiny)")
+    g.add_argument("--config", type=cli.config, help="path of a config JSON file")
     args = ap.parse_args(argv)
     cfg = load_config(args.config or args.size)
     print(json.dumps(cfg.to_dict(), indent=2))

@@ -44,6 +44,22 @@ BAD = [
     (lambda r: r["data"].update(tokenizer="sentencepiece"), "field 'data.tokenizer' must be one of"),
     (lambda r: r["model"].update(vocab_size=100), "bytes tokenizer needs 256"),
     (lambda r: r.pop("train"), "missing section 'train'"),
+    # sizes the engine cannot store: the checkpoint's int32 parameter count and step, uint16 token ids
+    (lambda r: r["model"].update(d_model=1_000_000_000), "field 'model.d_model' is 1000000000, beyond 65,536"),
+    (lambda r: r["model"].update(d_model=4096, n_head=16, n_layer=12), "more than the checkpoint's int32 count"),
+    (lambda r: r["model"].update(vocab_size=70_000), "token ids are stored as uint16"),
+    (lambda r: r["model"].update(context_length=10 ** 6), "field 'model.context_length' is 1000000"),
+    (lambda r: r["model"].update(n_layer=10 ** 5), "field 'model.n_layer' is 100000"),
+    (lambda r: r["model"].update(n_head=16), "field 'model.n_head' (16) exceeds model.d_model (8)"),
+    (lambda r: r["train"].update(steps=2 ** 31), "field 'train.steps' is 2147483648, beyond 2,147,483,647"),
+    (lambda r: r["train"].update(seed=-2 ** 40), "field 'train.seed' is -1099511627776"),
+    (lambda r: r["train"].update(lr=float("inf")), "field 'train.lr' must be a finite number, got Infinity"),
+    (lambda r: r["train"].update(eps=float("nan")), "field 'train.eps' must be a finite number, got NaN"),
+    (lambda r: r["train"].update(lr=10 ** 400), "field 'train.lr' must be a finite number"),
+    (lambda r: r["model"].update(ln_eps=False), "field 'model.ln_eps' must be float, got false (bool)"),
+    (lambda r: r["train"].update(dropout=1.0), "field 'train.dropout' must lie in [0, 1)"),
+    (lambda r: r.update(name="../escape"), "field 'name' must be at most 100 printable characters without /"),
+    (lambda r: r["data"].update(source="a\nb"), "field 'data.source' holds a control character"),
 ]
 
 
@@ -64,6 +80,12 @@ def test_unknown_size_and_bad_json(tmp_path):
         load_config(str(p))
     with pytest.raises(ConfigError, match="not found"):
         load_config(str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="is a directory, not a config file"):
+        load_config(str(tmp_path))
+    for text, why in (("[" * 100_000, "nested too deeply"), ('{"name": ' + "9" * 5000 + "}", "thousands of digits")):
+        p.write_text(text)
+        with pytest.raises(ConfigError, match=why):
+            load_config(str(p))
 
 
 def test_command_line_refuses_with_exit_code_2_and_no_traceback(tmp_path):
