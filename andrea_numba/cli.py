@@ -229,6 +229,8 @@ def file_to_write(suffix: str | None = None):
         if p.is_dir():
             raise argparse.ArgumentTypeError(f"{_q(value)} is a directory: give a file name")
         parent = p.parent
+        if parent.exists() and not parent.is_dir():
+            raise argparse.ArgumentTypeError(f"cannot write {_q(value)}: {_q(parent)} is a file, not a directory")
         if not parent.is_dir():
             raise argparse.ArgumentTypeError(f"the directory of {_q(value)} does not exist: create "
                                              f"{_q(parent)} first or write elsewhere")

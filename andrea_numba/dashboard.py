@@ -23,13 +23,16 @@ run while it trains, and shows "waiting for the first step" before the trainer h
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
+import socket
 import webbrowser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from andrea_numba import cli
 from andrea_numba.runlog import read_loss, read_samples, read_state
 
 PAGE = r"""<!doctype html>
@@ -218,23 +221,69 @@ class DashboardHandler(BaseHTTPRequestHandler):
         pass
 
 
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 def make_server(run_dir, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    """A dashboard server for `run_dir`, bound but not yet serving (call serve_forever)."""
-    server = ThreadingHTTPServer((host, port), DashboardHandler)
+    """A dashboard server for `run_dir`, bound but not yet serving (call serve_forever).
+    An IPv6 host (::1) gets an IPv6 socket. OSError if the address cannot be bound."""
+    cls = _Server6 if ":" in host else ThreadingHTTPServer
+    server = cls((host, port), DashboardHandler)
     server.daemon_threads = True                      # an open browser tab must not block exit
     server.run_dir = Path(run_dir)
     return server
 
 
+def _free_port(host: str, near: int) -> int | None:
+    """A port after `near` that can be bound on `host` right now (None if none of the next 50)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for p in range(near + 1, min(near + 51, 65536)):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, p))
+                return p
+            except OSError:
+                continue
+    return None
+
+
+def _bind_error(e: OSError, host: str, port: int) -> str:
+    """One line for a server that could not be bound: what happened and what to do."""
+    if e.errno == errno.EADDRINUSE:
+        free = _free_port(host, port)
+        hint = f"pick another with --port {free}" if free else "pick another with --port"
+        return f"port {port} on {host} is in use (another dashboard or server?): {hint}"
+    if e.errno == errno.EACCES:
+        return (f"no permission to listen on port {port} of {host} (ports below 1024 need root): "
+                f"pick another with --port 8000")
+    if e.errno == errno.EADDRNOTAVAIL:
+        return (f"cannot listen on {host}: it is not an address of this machine; use --host 127.0.0.1 "
+                f"(this machine only) or --host 0.0.0.0 (every interface)")
+    return f"cannot listen on {host} port {port} ({e.strerror or e}): try another --host or --port"
+
+
+def _run_dir(value: str) -> Path:
+    """A run directory, which may not exist yet (the trainer creates it), but not a file."""
+    p = Path(value)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is a file, not a run directory")
+    return p
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m andrea_numba.dashboard", description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", help="the run directory (it may not exist yet)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--host", default="127.0.0.1", help="127.0.0.1: this machine only")
+    p = cli.Parser(prog="python -m andrea_numba.dashboard", description=__doc__.splitlines()[0])
+    p.add_argument("run_dir", type=_run_dir, help="the run directory (it may not exist yet)")
+    p.add_argument("--port", type=cli.port, default=8000, help="TCP port, 1 to 65535 (default 8000)")
+    p.add_argument("--host", type=cli.host, default="127.0.0.1", help="127.0.0.1: this machine only")
     p.add_argument("--open", action="store_true", help="open the page in a web browser")
     args = p.parse_args(argv)
-    server = make_server(args.run_dir, args.host, args.port)
-    url = f"http://{args.host}:{server.server_address[1]}/"
+    try:
+        server = make_server(args.run_dir, args.host, args.port)
+    except OSError as e:
+        cli.fail(_bind_error(e, args.host, args.port))
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{shown}:{server.server_address[1]}/"
     print(f"dashboard of {args.run_dir} at {url}  (Ctrl-C to stop)", flush=True)
     if args.open:
         webbrowser.open(url)

@@ -22,7 +22,6 @@ seeded with (seed, step, micro, split), so a resumed run sees exactly the batche
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import http.client
 import json
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cli
 from .atomic import atomic_write, atomic_write_json, file_sha256
 from .config import ConfigError, load_config
 
@@ -106,10 +106,17 @@ def stdlib_corpus() -> tuple[str, str, int]:
 def read_text_file(path) -> tuple[str, str]:
     """Read a UTF-8 text file: (text, sha256 hex of its bytes). DataError if missing or not UTF-8."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"data file '{path}' is a directory: give a UTF-8 text file")
     if not path.is_file():
         raise DataError(f"data file '{path}' not found: check the path, or use the default corpus "
                         f"(data.source \"stdlib\")")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read data file '{path}' ({e.strerror or e}): check its permissions") from None
+    if not raw:
+        raise DataError(f"data file '{path}' is empty: give a UTF-8 text file with some text in it")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -317,11 +324,7 @@ def prepare(source: str, tokenizer: str, vocab_size: int, val_fraction: float, o
         except DataError:
             pass  # damaged: prepare again
 
-    # 3. tokenise
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if (out_dir / META).exists():
-        # meta.json goes first, so that a kill below never pairs the old meta with new .bin files
-        os.remove(out_dir / META)
+    # 3. tokenise (in memory: nothing is written before every check has passed)
     if tokenizer == "bytes":
         tok = ByteTokenizer()
         ids = tok.encode_array(text)
@@ -330,7 +333,6 @@ def prepare(source: str, tokenizer: str, vocab_size: int, val_fraction: float, o
         if tok.vocab_size > vocab_size:
             raise DataError(f"the trained BPE vocab has {tok.vocab_size:,} tokens, more than model.vocab_size "
                             f"{vocab_size:,}: raise model.vocab_size")
-        atomic_write(out_dir / TOKENIZER_FILE, tok.to_str().encode("utf-8"))
         say(f"tokenising {len(text):,} characters")
         t1 = time.time()
         ids = tok.encode_array(text, progress)
@@ -348,7 +350,14 @@ def prepare(source: str, tokenizer: str, vocab_size: int, val_fraction: float, o
     meta.update(vocab_size=tok.vocab_size, n_train=n_train, n_val=n_val, dtype="uint16")
     _check_seq_len(meta, seq_len)
 
-    # 5. write: the data first, meta.json last (its presence says the directory is complete)
+    # 5. write: the old meta.json goes first (so that a kill below never pairs it with new .bin
+    # files), then the tokenizer and the data, and the new meta.json last (its presence says the
+    # directory is complete)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / META).exists():
+        os.remove(out_dir / META)
+    if tokenizer == "bpe":
+        atomic_write(out_dir / TOKENIZER_FILE, tok.to_str().encode("utf-8"))
     for split, part in (("train", ids[:n_train]), ("val", ids[n_train:])):
         raw = part.tobytes()
         atomic_write(out_dir / f"{split}.bin", raw)
@@ -473,13 +482,26 @@ def download(name: str, out_dir, url: str | None = None, progress=None) -> Path:
     src = url or entry["url"]
     expect = entry["sha256"] if url is None else None
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     dest = out_dir / entry["file"]
     record = _try_json(out_dir / "download.json")
     if dest.is_file() and record and record.get("url") == src and file_sha256(dest) == record.get("sha256"):
         say(f"{dest} already downloaded: reusing it")
         return dest
+    made = [d for d in (out_dir, *out_dir.parents) if not d.exists()]    # removed again if the download fails
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _download(name, src, expect, out_dir, dest, say)
+    except BaseException:
+        for d in made:                                     # innermost first; only empty ones
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
 
+
+def _download(name, src, expect, out_dir: Path, dest: Path, say) -> Path:
+    """download's body, into the directory out_dir that exists."""
     say(f"downloading {name} from {src}")
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{dest.name}.", suffix=".tmp")
     h, n = hashlib.sha256(), 0
@@ -526,49 +548,36 @@ def _try_json(path: Path) -> dict | None:
 # command line
 
 
-def _exit_on_error(fn):
-    """Decorator for main: a DataError or ConfigError becomes one line on stderr and exit code 2."""
-    def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (DataError, ConfigError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-    wrapped.__name__ = fn.__name__
-    wrapped.__doc__ = fn.__doc__
-    return wrapped
-
-
 def _say(msg: str) -> None:
     """Progress line on stdout, flushed at once."""
     print(msg, flush=True)
 
 
-@_exit_on_error
+@cli.exits_on(DataError, ConfigError, OSError)
 def main(argv=None) -> int:
     """python -m andrea_numba.data prepare ... | download ..."""
-    ap = argparse.ArgumentParser(prog="python -m andrea_numba.data",
-                                 description="Prepare token files for training, or download a corpus.")
+    ap = cli.Parser(prog="python -m andrea_numba.data",
+                    description="Prepare token files for training, or download a corpus.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("prepare", help="tokenise a corpus into DIR/train.bin, val.bin, meta.json")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--size", help="a config size: tiny, 12M, 120M")
-    g.add_argument("--config", help="path of a config JSON file")
-    p.add_argument("--data", help="a UTF-8 text file (overrides the config's data.source)")
-    p.add_argument("--out", required=True, help="output directory")
+    g.add_argument("--size", type=cli.config, help="a config size: tiny, 12M, 120M")
+    g.add_argument("--config", type=cli.config, help="path of a config JSON file")
+    p.add_argument("--data", type=cli.existing_file, help="a UTF-8 text file (overrides the config's data.source)")
+    p.add_argument("--out", type=cli.dir_to_write, required=True, help="output directory")
 
     d = sub.add_parser("download", help="download a public corpus, then prepare it with the bytes tokenizer")
-    d.add_argument("name", help=f"one of {', '.join(CORPORA)}")
-    d.add_argument("--out", required=True, help="output directory")
-    d.add_argument("--url", help="download from this address instead (also file://)")
-    d.add_argument("--val-fraction", type=float, default=0.1, help="validation share (default 0.1)")
+    d.add_argument("name", choices=list(CORPORA), help=f"one of {', '.join(CORPORA)}")
+    d.add_argument("--out", type=cli.dir_to_write, required=True, help="output directory")
+    d.add_argument("--url", type=cli.url, help="download from this address instead (also file://)")
+    d.add_argument("--val-fraction", type=cli.fraction, default=0.1, help="validation share (default 0.1)")
     d.add_argument("--no-prepare", action="store_true", help="only download")
     args = ap.parse_args(argv)
 
     if args.cmd == "prepare":
         cfg = load_config(args.config or args.size)
-        meta = prepare(args.data or cfg.data.source, cfg.data.tokenizer, cfg.model.vocab_size,
+        meta = prepare(str(args.data) if args.data else cfg.data.source, cfg.data.tokenizer, cfg.model.vocab_size,
                        cfg.data.val_fraction, args.out, progress=_say, seq_len=cfg.train.seq_len)
     else:
         path = download(args.name, args.out, url=args.url, progress=_say)

@@ -15,7 +15,6 @@ The log is read with andrea_numba.runlog, so it can be plotted while training ru
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -26,7 +25,10 @@ matplotlib.use("Agg")                     # no display: write files only
 import matplotlib.pyplot as plt           # noqa: E402
 from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
+from andrea_numba import cli  # noqa: E402
 from andrea_numba.runlog import LOSS_FILE, config_name, read_loss, read_state  # noqa: E402
+
+MAX_STEP = 2 ** 31 - 1                    # steps are int32 in the checkpoint; a larger one is a damaged line
 
 
 class NoLogError(Exception):
@@ -50,9 +52,15 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     xs, ys = [], []
     for r in rows:
         v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        if not 0 <= r["step"] <= MAX_STEP or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        try:
+            v = float(v)
+        except OverflowError:             # an integer too large for a float
+            continue
+        if math.isfinite(v):
             xs.append(r["step"])
-            ys.append(float(v))
+            ys.append(v)
     return xs, ys
 
 
@@ -117,17 +125,21 @@ def plot_run(run_dir, out=None, log: bool = False) -> Path:
     return out
 
 
+@cli.exits_on(NoLogError)
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m andrea_numba.plot", description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", help="the run directory holding .loss.json")
-    p.add_argument("--out", default=None, help="PNG to write (default RUN_DIR/loss.png)")
+    p = cli.Parser(prog="python -m andrea_numba.plot", description=__doc__.splitlines()[0])
+    p.add_argument("run_dir", type=cli.existing_dir, help="the run directory holding .loss.json")
+    p.add_argument("--out", type=cli.file_to_write(".png"), default=None,
+                   help="PNG to write, in a directory that exists (default RUN_DIR/loss.png)")
     p.add_argument("--log", action="store_true", help="log scale for the loss axis")
     args = p.parse_args(argv)
+    out = args.out if args.out is not None else args.run_dir / "loss.png"
+    if out.is_dir():
+        cli.fail(f"{out} is a directory: give a PNG file name with --out")
     try:
-        path = plot_run(args.run_dir, args.out, log=args.log)
-    except NoLogError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        path = plot_run(args.run_dir, out, log=args.log)
+    except OSError as e:
+        cli.fail(f"cannot write {out} ({e.strerror or e}): pick another file with --out")
     print(f"wrote {path}")
 
 

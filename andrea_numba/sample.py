@@ -2,14 +2,19 @@
 
     python -m andrea_numba.sample RUN_DIR --prompt "def main(" --tokens 200
     python -m andrea_numba.sample RUN_DIR --prompt "import " --cpu      # the NumPy twin, no GPU
+    python -m andrea_numba.sample RUN_DIR --best                        # the best validation loss's weights
 
 On the GPU it runs the CUDA kernels (a forward-only GPUModel of batch 1); with --cpu it runs the
 NumPy twin (reference.model_logits), so a laptop without a GPU can sample from a checkpoint
 trained on one. Sampling: softmax(logits / temperature) over the top_k most likely tokens.
+
+The checkpoint (checkpoint.bin, or best.bin with --best) is checked against the sha256 that the
+trainer recorded in .state.json; every argument and every file of the run is checked before the
+first token, and a problem is one line on stderr with exit code 2.
 """
 from __future__ import annotations
 
-import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -17,11 +22,14 @@ import numpy as np
 
 import reference as R
 
+from . import cli
 from . import data as D
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import ConfigError, config_from_dict
 from .layout import n_params
-from .runlog import CHECKPOINT_FILE, STATE_FILE, RunDirError, data_dir_of, read_run_state
+from .runlog import BEST_FILE, CHECKPOINT_FILE, DATA_DIR, STATE_FILE, RunDirError, read_run_state
+
+MAX_TOKENS = 1_000_000          # --tokens: a limit against typos
 
 
 class SampleError(RuntimeError):
@@ -77,45 +85,122 @@ def sample_from(p, rng, temperature=1.0, top_k=40) -> int:
     return int(rng.choice(len(q), p=q))
 
 
-def generate_gpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40) -> str:
-    """generate on a forward-only GPUModel of batch 1 holding the given weights."""
+def _require_gpu() -> None:
     from numba import cuda
 
-    from .gpu_model import GPUModel
     from .kernels.common import SIMULATOR
     if not SIMULATOR and not cuda.is_available():
         raise SampleError("no CUDA GPU found: sample with --cpu (the NumPy twin)")
+
+
+def generate_gpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40) -> str:
+    """generate on a forward-only GPUModel of batch 1 holding the given weights."""
+    from .gpu_model import GPUModel
+    _require_gpu()
     model = GPUModel(m, 1, m.context_length, training=False)
     model.params.copy_to_device(params, stream=model.stream)       # ordered before the first forward
     return generate(model, tokenizer, prompt, n_tokens, seed, temperature, top_k)
 
 
+def _data_dir(run: Path, state: dict) -> Path:
+    """runlog.data_dir_of, after checking the record's shape (a hand-edited state may hold anything)."""
+    record = state.get("data")
+    if record is not None and not isinstance(record, dict):
+        raise RunDirError(f"{run / STATE_FILE}: 'data' must be an object: restore the file or start a new run")
+    where = (record or {}).get("dir") or DATA_DIR
+    if not isinstance(where, str):
+        raise RunDirError(f"{run / STATE_FILE}: 'data.dir' must be a path: restore the file or start a new run")
+    return run / where
+
+
+def _tokenizer(data_dir: Path, vocab_size: int):
+    """The run's tokenizer, whose ids must fit the model's vocabulary."""
+    try:
+        tokenizer = D.load_tokenizer(data_dir)
+    except D.DataError:
+        raise
+    except Exception as e:                       # a damaged tokenizer.json: the library's own error
+        raise SampleError(f"cannot read the tokenizer in {data_dir} ({cli.one_line(e)}): "
+                          f"prepare the data again") from None
+    if tokenizer.vocab_size > vocab_size:
+        raise SampleError(f"the tokenizer in {data_dir} has {tokenizer.vocab_size:,} tokens but the model "
+                          f"{vocab_size:,}: the data directory belongs to another run")
+    return tokenizer
+
+
+def _checkpoint(run: Path, state: dict, best: bool):
+    """(path, accepted sha256s, what to call it) of the checkpoint to sample from."""
+    if not best:
+        path = run / CHECKPOINT_FILE
+        if not path.is_file():
+            raise SampleError(f"{run} has no {CHECKPOINT_FILE} yet: wait for the first checkpoint "
+                              f"(every train.checkpoint_interval steps, and at the end of the run)")
+        shas = [state.get(k) for k in ("checkpoint_sha256", "previous_checkpoint_sha256")]
+        return path, [h for h in shas if isinstance(h, str) and h], "latest checkpoint"
+    path, record = run / BEST_FILE, state.get("best")
+    if record is None or not path.is_file():
+        raise SampleError(f"{run} has no {BEST_FILE} yet: the trainer writes it at the first validation "
+                          f"loss (every train.eval_interval steps); sample the latest checkpoint without --best")
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+        raise RunDirError(f"{run / STATE_FILE}: 'best' has no sha256 of {BEST_FILE}, so it cannot be checked: "
+                          f"sample the latest checkpoint without --best")
+    val = record.get("val_loss")
+    val = f", val loss {val:.4f}" if isinstance(val, (int, float)) and math.isfinite(val) else ""
+    return path, [record["sha256"]], f"best checkpoint{val}"
+
+
+def _encode(tokenizer, prompt: str, vocab_size: int) -> list[int]:
+    try:
+        ids = list(tokenizer.encode(prompt))
+    except Exception as e:
+        raise SampleError(f"the run's {tokenizer.name} tokenizer cannot encode the prompt "
+                          f"({cli.one_line(e)}): use other text") from None
+    if any(not 0 <= int(i) < vocab_size for i in ids):
+        raise SampleError(f"the prompt encodes to token ids beyond the model's vocabulary ({vocab_size:,}): "
+                          f"the data directory belongs to another run")
+    return ids
+
+
+@cli.exits_on(ConfigError, CheckpointError, D.DataError, RunDirError, SampleError, OSError)
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m andrea_numba.sample", description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir", help="a run directory written by python -m andrea_numba.train")
-    ap.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    ap.add_argument("--tokens", type=int, default=200, help="tokens to generate (default 200)")
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--top-k", type=int, default=40)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = cli.Parser(prog="python -m andrea_numba.sample", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=cli.existing_dir, help="a run directory written by python -m andrea_numba.train")
+    ap.add_argument("--prompt", type=cli.text, default="\n", help="text to continue (default: a newline)")
+    ap.add_argument("--tokens", type=cli.int_range(1, MAX_TOKENS), default=200,
+                    help="tokens to generate (default 200)")
+    ap.add_argument("--temperature", type=cli.positive_float, default=1.0,
+                    help="divides the logits: below 1 sharper, above 1 flatter (default 1)")
+    ap.add_argument("--top-k", type=cli.int_range(0, 65536), default=40,
+                    help="sample among the k most likely tokens, 0 for all (default 40)")
+    ap.add_argument("--seed", type=cli.seed, default=0, help="seed of the draws (default 0)")
+    ap.add_argument("--best", action="store_true",
+                    help=f"sample from {BEST_FILE}, the weights of the best validation loss so far")
     ap.add_argument("--cpu", action="store_true", help="run the NumPy twin instead of the CUDA kernels")
     args = ap.parse_args(argv)
+    run = args.run_dir
+    state = read_run_state(run)
+    cfg = config_from_dict(state["config"], origin=str(run / STATE_FILE))
+    m = cfg.model
+    if args.top_k > m.vocab_size:
+        cli.fail(f"argument --top-k: {args.top_k} exceeds the model's vocabulary ({m.vocab_size:,} tokens): "
+                 f"use at most {m.vocab_size}, or 0 for all")
+    tokenizer = _tokenizer(_data_dir(run, state), m.vocab_size)
+    _encode(tokenizer, args.prompt, m.vocab_size)
+    path, shas, what = _checkpoint(run, state, args.best)
+    step, params, *_ = load_checkpoint(path, n_params(m), shas)
+    if not args.cpu:
+        _require_gpu()
+    print(f"{cfg.name}, {what} at step {step} ({'NumPy twin on the CPU' if args.cpu else 'CUDA kernels'})",
+          file=sys.stderr)
+    gen = generate_cpu if args.cpu else generate_gpu
+    text = gen(params, m, tokenizer, args.prompt, args.tokens, args.seed, args.temperature, args.top_k)
+    out = args.prompt + text
     try:
-        run = Path(args.run_dir)
-        state = read_run_state(run)
-        cfg = config_from_dict(state["config"], origin=str(run / STATE_FILE))
-        m = cfg.model
-        tokenizer = D.load_tokenizer(data_dir_of(run, state))
-        step, params, *_ = load_checkpoint(run / CHECKPOINT_FILE, n_params(m))
-        print(f"{cfg.name} at step {step} ({'NumPy twin on the CPU' if args.cpu else 'CUDA kernels'})",
-              file=sys.stderr)
-        gen = generate_cpu if args.cpu else generate_gpu
-        text = gen(params, m, tokenizer, args.prompt, args.tokens, args.seed, args.temperature, args.top_k)
-        print(args.prompt + text)
-        return 0
-    except (ConfigError, CheckpointError, D.DataError, RunDirError, SampleError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        print(out)
+    except UnicodeEncodeError:                   # a terminal that cannot show every character
+        enc = sys.stdout.encoding or "ascii"
+        print(out.encode(enc, errors="replace").decode(enc))
+    return 0
 
 
 if __name__ == "__main__":

@@ -174,7 +174,26 @@ def _cli(*args, cwd=None):
 def test_cli_missing_file_exits_2_with_one_line(tmp_path):
     r = _cli("prepare", "--size", "tiny", "--data", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o"))
     assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "not found" in r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "does not exist" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_prepare_writes_nothing_until_every_check_passed(tmp_path, text_file):
+    out = tmp_path / "prep"
+    meta = prepare(str(text_file), "bytes", 256, 0.1, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    small, empty = tmp_path / "small.txt", tmp_path / "empty.txt"
+    small.write_text("tiny text")
+    empty.write_bytes(b"")
+    for source, message in ((small, "needs at least 18"), (empty, "is empty"), (tmp_path, "is a directory")):
+        with pytest.raises(DataError) as e:
+            prepare(str(source), "bytes", 256, 0.1, out, seq_len=16)
+        assert message in _one_line(e)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before     # the old meta.json is still there
+    with pytest.raises(DataError):
+        prepare(str(small), "bytes", 256, 0.1, tmp_path / "new" / "dir", seq_len=16)
+    assert not (tmp_path / "new").exists()
+    assert load(out)[2] == meta
 
 
 def test_download_file_url_then_prepare(tmp_path, text_file):
@@ -196,6 +215,9 @@ def test_download_errors_are_one_line(tmp_path):
         download("shakespeare", tmp_path, url=(tmp_path / "absent.txt").as_uri())
     assert "--data" in _one_line(e)
     assert not list(tmp_path.glob("*.txt")) and not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(DataError):                     # the directories it made are removed again
+        download("shakespeare", tmp_path / "a" / "b", url=(tmp_path / "absent.txt").as_uri())
+    assert not (tmp_path / "a").exists()
     with pytest.raises(DataError) as e:
         download("nope", tmp_path)
     assert "shakespeare" in _one_line(e)
