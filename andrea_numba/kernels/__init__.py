@@ -8,6 +8,8 @@
     attn_out    attn_out_fwd v1, attn_out_bwd v1               reference/attn_out.py
     mlp         mlp_fwd v1, mlp_bwd v1                         reference/mlp.py
     residual    residual_add v1, residual_add_bwd v1           reference/residual.py
+    dropout     dropout_fwd v1, dropout_bwd v1                 reference/dropout.py
+                (and dropout_factor, which the attention kernels call on their probabilities)
     loss        loss_fwd v1, loss_bwd v1                       reference/loss.py
                 (the loss pair owns the tied output projection logits = x @ wte^T)
     matmul      matmul v1 v2 (tiled)                           reference/matmul.py
