@@ -20,7 +20,6 @@ against reference.model, and a bit-identical second run.
 """
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import math
@@ -32,6 +31,7 @@ from numba import cuda
 
 import reference as R
 
+from . import cli
 from .cases import CASES, Dims, call
 from .config import ModelConfig, exit_on_config_error, load_config
 from .kernels.common import SIMULATOR, device_name
@@ -262,31 +262,27 @@ def format_table(rows) -> str:
 
 @exit_on_config_error
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m andrea_numba.check",
-                                 description="Check every CUDA kernel and the whole GPU model against the NumPy twin.")
-    ap.add_argument("--size", default="tiny", help="tiny, 12M, 120M or a config file (default tiny)")
-    ap.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh, printed)")
-    ap.add_argument("--batch", type=int, help="batch size B of the checks (default by size)")
-    ap.add_argument("--seq", type=int, help="sequence length T of the checks (default by size)")
+    ap = cli.Parser(prog="python -m andrea_numba.check",
+                    description="Check every CUDA kernel and the whole GPU model against the NumPy twin.")
+    ap.add_argument("--size", default="tiny", type=cli.config, help="tiny, 12M, 120M or a config file (default tiny)")
+    ap.add_argument("--seed", type=cli.seed, default=None, help="seed of the random inputs (default: fresh, printed)")
+    ap.add_argument("--batch", type=cli.int_range(1, 4096), help="batch size B of the checks (default by size)")
+    ap.add_argument("--seq", type=cli.int_range(1, 65536), help="sequence length T of the checks (default by size)")
     ap.add_argument("--ops-only", action="store_true", help="skip the whole-model check")
-    ap.add_argument("--op", action="append", metavar="OP", help=f"check only this op (repeatable): {', '.join(CASES)}")
+    ap.add_argument("--op", action="append", metavar="OP", choices=list(CASES),
+                    help=f"check only this op (repeatable): {', '.join(CASES)}")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
-    if SIMULATOR and args.size not in ("tiny", "ANDREA-tiny"):
-        print(f"note: {args.size} in the CUDA simulator will take very long; tiny is the simulator's size",
-              file=sys.stderr)
+    T = load_config(args.size).model.context_length
+    if args.seq is not None and args.seq > T:
+        cli.fail(f"argument --seq: {args.seq} exceeds the model's context length ({T}): use at most {T}")
     if not SIMULATOR and not cuda.is_available():
         print("error: no CUDA GPU found: run on a GPU, or set NUMBA_ENABLE_CUDASIM=1 to use the simulator "
               "at --size tiny", file=sys.stderr)
         return 2
-    for op in args.op or ():
-        if op not in CASES:
-            print(f"error: unknown op {op!r}: choose from {', '.join(CASES)}", file=sys.stderr)
-            return 2
-    for name, v in (("--batch", args.batch), ("--seq", args.seq)):
-        if v is not None and v < 1:
-            print(f"error: {name} must be at least 1 (got {v})", file=sys.stderr)
-            return 2
+    if SIMULATOR and args.size not in ("tiny", "ANDREA-tiny"):
+        print(f"note: {args.size} in the CUDA simulator will take very long; tiny is the simulator's size",
+              file=sys.stderr)
     seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
     say = (lambda s: print(s, file=sys.stderr, flush=True))
     say(f"seed {seed}, device: {device_name()}")

@@ -41,7 +41,6 @@ import os
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")    # before anything imports numba
 
-import argparse  # noqa: E402
 import dis  # noqa: E402
 import importlib.util  # noqa: E402
 import inspect  # noqa: E402
@@ -500,16 +499,17 @@ def format_list(folder=None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m andrea_numba.exercises",
-                                 description="The classroom exercises: list them, check your work.")
+    from . import cli
+    ap = cli.Parser(prog="python -m andrea_numba.exercises",
+                    description="The classroom exercises: list them, check your work.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_list = sub.add_parser("list", help="every exercise and the state of your file")
-    p_list.add_argument("--dir", help="folder of the exercise files (default lessons/exercises)")
+    p_list.add_argument("--dir", type=cli.existing_dir, help="folder of the exercise files (default lessons/exercises)")
     p_check = sub.add_parser("check", help="grade an exercise file")
     p_check.add_argument("name", help="exercise name (see list), or 'all'")
-    p_check.add_argument("--file", help="the file to grade (default lessons/exercises/NAME.py)")
-    p_check.add_argument("--dir", help="folder of the exercise files (default lessons/exercises)")
-    p_check.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p_check.add_argument("--file", type=cli.existing_file, help="the file to grade (default lessons/exercises/NAME.py)")
+    p_check.add_argument("--dir", type=cli.existing_dir, help="folder of the exercise files (default lessons/exercises)")
+    p_check.add_argument("--seed", type=cli.seed, default=0, help="seed of the random inputs (default 0)")
     p_check.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
 

@@ -17,7 +17,6 @@ above 1e-2 the backward is wrong, around 1e-4 suspicious, at 1e-7 or below right
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Callable
@@ -146,11 +145,11 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m andrea_numba.gradcheck",
-                                 description="Check every backward of the NumPy twin against "
-                                             "float64 centred differences.")
+    from . import cli
+    ap = cli.Parser(prog="python -m andrea_numba.gradcheck",
+                    description="Check every backward of the NumPy twin against float64 centred differences.")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    ap.add_argument("--seed", type=cli.seed, default=0, help="seed of the random inputs (default 0)")
     args = ap.parse_args(argv)
     rows = run_all(args.seed, progress=not args.json)
     ok = all(r["ok"] for r in rows)

@@ -21,25 +21,33 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python bench/gpu_session.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="folder for the result files")
-    ap.add_argument("--check", default="", help="sizes for the agreement harness, comma-separated")
-    ap.add_argument("--kernels", default="", help="sizes for bench/kernels.py's table, comma-separated")
-    ap.add_argument("--ops", default="all", help="ops of the kernel table (default all)")
-    ap.add_argument("--seed", type=int, default=0)
+    from andrea_numba import cli
+    from andrea_numba.cases import CASES
+
+    def ops_list(text: str) -> str:
+        bad = [o for o in text.split(",") if o not in CASES] if text != "all" else []
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown op {bad[0]!r}: give all, or ops of {', '.join(CASES)}")
+        return text
+
+    ap = cli.Parser(prog="python bench/gpu_session.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=cli.dir_to_write, required=True, help="folder for the result files")
+    ap.add_argument("--check", type=cli.config_list, default=[], help="sizes for the agreement harness, comma-separated")
+    ap.add_argument("--kernels", type=cli.config_list, default=[], help="sizes for bench/kernels.py's table, comma-separated")
+    ap.add_argument("--ops", type=ops_list, default="all", help="ops of the kernel table, comma-separated (default all)")
+    ap.add_argument("--seed", type=cli.seed, default=0)
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     import kernels as KB
     from andrea_numba import check
-    from andrea_numba.cases import CASES
     from andrea_numba.kernels.common import device_name
 
     say = lambda s: print(s, file=sys.stderr, flush=True)
     ops = list(CASES) if args.ops == "all" else args.ops.split(",")
     ok = True
-    for size in filter(None, args.check.split(",")):
+    for size in args.check:
         t0 = time.time()
         rows = check.run_checks(size, args.seed, progress=say, only=None if args.ops == "all" else ops,
                                 model=args.ops == "all")
@@ -51,7 +59,7 @@ def main(argv=None) -> int:
         worst = max(model, key=lambda r: r["rel_err"]) if model else None
         say(f"check {size}: {sum(r['ok'] for r in rows)}/{len(rows)} agree in {time.time() - t0:.0f} s"
             + (f"; worst model tensor {worst['tensor']} rel_err {worst['rel_err']:.2e}" if worst else ""))
-    for size in filter(None, args.kernels.split(",")):
+    for size in args.kernels:
         table = KB.bench_size(size, ops, args.seed, say=say)
         ok &= all(r["agrees"] for r in table["rows"])
         tag = size if args.ops == "all" else f"{size}_{'_'.join(ops)}"

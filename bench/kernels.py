@@ -29,6 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from andrea_numba import cli  # noqa: E402
 from andrea_numba.cases import CASES, Dims, call  # noqa: E402
 from andrea_numba.config import ConfigError, load_config  # noqa: E402
 
@@ -175,19 +176,26 @@ def markdown(tables: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _shape(text: str) -> tuple[int, int]:
+    """--shape B,T: two positive integers."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and 0 < int(p) <= 1 << 20 for p in parts):
+        raise argparse.ArgumentTypeError(f"takes B,T, two positive integers, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python bench/kernels.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("op", help=f"an op of andrea_numba/cases.py, or all: {', '.join(CASES)}")
-    ap.add_argument("--sizes", default="12M,120M", help="model sizes, comma-separated (default 12M,120M)")
-    ap.add_argument("--shape", help="B,T instead of the size's training microbatch")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", help="write the rows as JSON here")
-    ap.add_argument("--markdown", help="write the tables as Markdown here")
+    ap = cli.Parser(prog="python bench/kernels.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("op", choices=["all", *CASES], metavar="OP",
+                    help=f"an op of andrea_numba/cases.py, or all: {', '.join(CASES)}")
+    ap.add_argument("--sizes", type=cli.config_list, default="12M,120M",
+                    help="model sizes, comma-separated (default 12M,120M)")
+    ap.add_argument("--shape", type=_shape, help="B,T instead of the size's training microbatch")
+    ap.add_argument("--seed", type=cli.seed, default=0)
+    ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the rows as JSON here")
+    ap.add_argument("--markdown", type=cli.file_to_write(".md"), help="write the tables as Markdown here")
     args = ap.parse_args(argv)
     ops = list(CASES) if args.op == "all" else [args.op]
-    if args.op != "all" and args.op not in CASES:
-        print(f"error: unknown op {args.op!r}: choose from all, {', '.join(CASES)}", file=sys.stderr)
-        return 2
     from numba import cuda
 
     from andrea_numba.kernels.common import SIMULATOR
@@ -196,13 +204,7 @@ def main(argv=None) -> int:
               "without NUMBA_ENABLE_CUDASIM=1", file=sys.stderr)
         return 2
     try:
-        shape = None
-        if args.shape:
-            parts = args.shape.split(",")
-            if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-                raise ValueError(f"--shape takes B,T, two positive integers (got {args.shape!r})")
-            shape = tuple(int(p) for p in parts)
-        tables = [bench_size(size, ops, args.seed, shape) for size in args.sizes.split(",")]
+        tables = [bench_size(size, ops, args.seed, args.shape) for size in args.sizes]
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

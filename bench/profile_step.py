@@ -9,7 +9,6 @@ Prints a table: op, calls per step, total ms, share of the step.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections import defaultdict
@@ -18,16 +17,17 @@ import numpy as np
 from numba import cuda
 
 from andrea_numba.cases import CASES, OPS
+from andrea_numba import cli
 from andrea_numba.config import load_config
 from andrea_numba.gpu_model import GPUModel
 from andrea_numba.layout import init_params
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="120M")
-    ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--json")
+    ap = cli.Parser(prog="python bench/profile_step.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=cli.config, default="120M")
+    ap.add_argument("--iters", type=cli.int_range(1, 10_000), default=3)
+    ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the results here too")
     args = ap.parse_args(argv)
     cfg = load_config(args.size)
     m, B, T = cfg.model, cfg.train.batch_size, cfg.train.seq_len

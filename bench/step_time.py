@@ -9,7 +9,6 @@ our kernels) and in bf16 autocast. Also the time of each kernel family inside on
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -17,6 +16,7 @@ import time
 import numpy as np
 from numba import cuda
 
+from andrea_numba import cli
 from andrea_numba.config import load_config
 from andrea_numba.gpu_model import GPUModel
 from andrea_numba.layout import init_params, n_params
@@ -105,10 +105,10 @@ def time_torch(m, B, T, iters, bf16):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", nargs="+", default=["12M", "120M"])
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--json", help="write the results here too")
+    ap = cli.Parser(prog="python bench/step_time.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", nargs="+", choices=list(SHAPES), default=["12M", "120M"])
+    ap.add_argument("--iters", type=cli.int_range(1, 10_000), default=5)
+    ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the results here too")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     args = ap.parse_args(argv)
     rows = []
