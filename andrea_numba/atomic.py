@@ -2,14 +2,34 @@
 
 Atomic writes: a reader (or a run resumed after a kill) sees the old file or the whole new one,
 never half of one. The bytes go to a temporary file in the same directory, are flushed to disk,
-then renamed over the old file; os.replace is atomic on POSIX and Windows."""
+then renamed over the old file; os.replace is atomic on POSIX and Windows.
+
+A write killed before its rename leaves its temporary file behind (`.NAME.XXXXXXXX.tmp`, next to
+NAME); the trainer removes such leftovers when it starts (remove_stale_temporaries), holding the
+run directory's lock, so none of them can belong to a write still in progress."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import tempfile
+import time
 from pathlib import Path
+
+# `.NAME.XXXXXXXX.tmp`: mkstemp's name for a temporary of NAME (prefix ".NAME.", suffix ".tmp")
+TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")
+
+
+def _test_pause(path: Path) -> None:
+    # Test hook (tests/test_run_dir.py kills the trainer in the middle of a write):
+    # ANDREA_TEST_RENAME_PAUSE="SECONDS" or "SECONDS:NAME" sleeps after the temporary file is on disk
+    # and before it is renamed into place (only for files called NAME when it is given).
+    hook = os.environ.get("ANDREA_TEST_RENAME_PAUSE")
+    if hook:
+        seconds, _, name = hook.partition(":")
+        if not name or name == path.name:
+            time.sleep(float(seconds))
 
 
 def atomic_write(path, write, before_replace=None) -> None:
@@ -27,6 +47,7 @@ def atomic_write(path, write, before_replace=None) -> None:
                 write(f)
             f.flush()
             os.fsync(f.fileno())
+        _test_pause(path)
         if before_replace is not None:
             before_replace()
         os.replace(tmp, path)
@@ -56,3 +77,26 @@ def file_sha256(path) -> str:
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def stale_temporaries(directory) -> list[Path]:
+    """The temporary files of atomic writes in `directory` (not below it) that never got renamed."""
+    try:
+        entries = list(Path(directory).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(p for p in entries if TEMPORARY.match(p.name) and p.is_file() and not p.is_symlink())
+
+
+def remove_stale_temporaries(directory) -> tuple[int, int]:
+    """Delete what stale_temporaries finds: (files removed, bytes freed). Call it only while no
+    write into `directory` can be in progress (the trainer holds the run directory's lock)."""
+    count = freed = 0
+    for p in stale_temporaries(directory):
+        try:
+            size = p.stat().st_size
+            p.unlink()
+        except FileNotFoundError:
+            continue
+        count, freed = count + 1, freed + size
+    return count, freed

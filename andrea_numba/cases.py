@@ -207,7 +207,8 @@ def _adamw(d: Dims, rng):
     decay = (rng.random(d.P) < 0.8).astype(np.uint8)
     return dict(params=_normal(rng, d.P, scale=2e-2), grads=_normal(rng, d.P, scale=1e-2),
                 m=_normal(rng, d.P, scale=1e-3), v=rng.random(d.P) * 1e-5, decay=decay,
-                t=3, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+                t=3, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+                stats=np.array([3.25, 0.75]))     # [loss, grad norm], finite: the step is applied
 
 
 # ---------------------------------------------------------------------------------------------

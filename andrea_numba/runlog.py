@@ -7,7 +7,13 @@
     RUN_DIR/.samples.json   JSON Lines, one per text sample: {"step", "prompt", "text", "time"}
     RUN_DIR/.state.json     one JSON object: {"step", "config": {...}, "data": {...}, "tokens_seen",
                             "checkpoint_sha256", ...}, replaced atomically
+    RUN_DIR/best.bin        the checkpoint of the lowest validation loss so far (same format), recorded
+                            in .state.json as "best": {"file", "step", "val_loss", "sha256"}
+    RUN_DIR/.lock           held (fcntl.flock) by the trainer working in the directory; holds its PID
     RUN_DIR/data/           the prepared token files (andrea_numba.data), unless the run was given others
+
+Paths in .state.json (the data directory, a corpus file) are relative to the run directory when
+they lie inside it, so the directory can be moved; other paths are absolute.
 
 The trainer (andrea_numba.train) writes these files; sample, plot, dashboard and lesson 06 read
 them. Two ways to read the state: read_run_state for a tool that cannot go on without it (resume,
@@ -25,14 +31,22 @@ The logs are read while training appends to them, so a reader must be forgiving:
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:                  # Windows
+    fcntl = None
 
 CHECKPOINT_FILE = "checkpoint.bin"
 BEST_FILE = "best.bin"              # the checkpoint of the best validation loss so far (same format)
 LOSS_FILE = ".loss.json"
 SAMPLES_FILE = ".samples.json"
 STATE_FILE = ".state.json"
+LOCK_FILE = ".lock"
 DATA_DIR = "data"
 
 
@@ -58,21 +72,106 @@ def read_run_state(run_dir) -> dict:
     return state
 
 
+def path_record(run_dir, path) -> str:
+    """How the state records a path: relative to the run directory when inside it (the run
+    directory can then move), else absolute."""
+    run_dir, path = Path(run_dir).resolve(), Path(path).resolve()
+    try:
+        return path.relative_to(run_dir).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def path_of(run_dir, record: str) -> Path:
+    """The path a record of path_record names (relative records are relative to the run directory)."""
+    return Path(run_dir) / record
+
+
 def data_dir_of(run_dir, state: dict | None = None) -> Path:
     """Where the run's prepared tokens are: the directory on record in the state (relative paths
     are relative to the run directory), else RUN_DIR/data."""
     record = ((state or {}).get("data") or {}).get("dir")
-    return Path(run_dir) / (record or DATA_DIR)
+    return path_of(run_dir, record or DATA_DIR)
 
 
 def data_dir_record(run_dir, data_dir) -> str:
-    """How the state records a data directory: relative to the run directory when inside it (the
-    run directory can then move), else absolute."""
-    run_dir, data_dir = Path(run_dir).resolve(), Path(data_dir).resolve()
-    try:
-        return data_dir.relative_to(run_dir).as_posix()
-    except ValueError:
-        return str(data_dir)
+    """How the state records a data directory (path_record)."""
+    return path_record(run_dir, data_dir)
+
+
+class RunLock:
+    """The lock of a run directory: RUN_DIR/.lock, held with fcntl.flock for as long as a trainer
+    works in the directory, with the trainer's PID written in it. The kernel drops the lock when the
+    process ends, however it ends (SIGKILL too), so a lock is never left stale; the file itself
+    stays. Without fcntl (Windows) msvcrt locks one byte of it, which also dies with the process.
+
+        lock = RunLock(run_dir)
+        lock.check()      # RunDirError naming the PID if another trainer holds it; changes nothing
+        ...               # refusals go here: nothing in the directory has been touched
+        lock.claim()      # create the file if needed, hold the lock, write our PID
+        ...
+        lock.release()
+    """
+
+    def __init__(self, run_dir):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.fd = None
+
+    def check(self) -> None:
+        """Take the lock if the file exists (it is not written); RunDirError if another process has it."""
+        if self.fd is None and self.path.is_file():
+            self._take(os.open(self.path, os.O_RDWR))
+
+    def claim(self) -> None:
+        """Hold the lock (creating the file) and write this process's PID into it."""
+        if self.fd is None:
+            self._take(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644))
+        os.ftruncate(self.fd, 0)
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        os.write(self.fd, f"{os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        if self.fd is not None:
+            try:
+                if fcntl is not None:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = None
+
+    def _take(self, fd: int) -> None:
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            else:
+                _msvcrt_lock(fd)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK, errno.EDEADLK):
+                os.close(fd)
+                raise
+            pid = self._holder(fd)
+            os.close(fd)
+            who = f"PID {pid}" if pid else "a process whose PID is not written yet"
+            raise RunDirError(f"{self.run_dir} is in use by another trainer ({who}): wait for it to finish, "
+                              f"or stop it (SIGTERM saves a checkpoint) and then --resume {self.run_dir}") from None
+        self.fd = fd
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        try:
+            text = os.pread(fd, 64, 0).decode("ascii", "replace").strip() if hasattr(os, "pread") else ""
+        except OSError:
+            return ""
+        return text if text.isdigit() else ""
+
+
+def _msvcrt_lock(fd: int) -> None:
+    """Lock one byte far beyond the PID (Windows locks are mandatory: the PID stays readable)."""
+    import msvcrt
+    os.lseek(fd, 1 << 20, os.SEEK_SET)
+    msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    os.lseek(fd, 0, os.SEEK_SET)
 
 
 def _read_jsonl(path: Path) -> list[dict]:

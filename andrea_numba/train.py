@@ -4,6 +4,7 @@
     python -m andrea_numba.train --size tiny --steps 20 --out runs/tiny
     python -m andrea_numba.train --config my.json --data book.txt
     python -m andrea_numba.train --resume runs/tiny          # continue bit-exactly
+    python -m andrea_numba.train --resume runs/tiny --steps 40   # train a finished run further
 
 One optimiser step:
 
@@ -11,7 +12,7 @@ One optimiser step:
         forward(microbatch); backward()          # gradients add up (+=)
     grads *= 1 / n_microbatches                  # k_grad_scale
     norm = |grads|; clip to clip_norm            # k_grad_norm_partial, k_grad_norm_final, k_grad_scale
-    AdamW step with the scheduled lr             # k_adamw
+    AdamW step with the scheduled lr             # k_adamw: skipped on the device if loss or norm is not finite
     grads = 0                                    # k_zero
 
 Before the first step the trainer prints the memory plan (every buffer, by kind), checks it
@@ -21,16 +22,17 @@ one stream of the run's own; a step waits for the GPU once, to read 8 bytes (the
 gradient norm). docs/host-syncs.md lists every wait. The data order is a pure function of (seed,
 step), so a checkpoint (step, weights, Adam m and v) is all a run needs to resume bit-exactly.
 
-Run directory (andrea_numba.runlog names its files): checkpoint.bin, .loss.json (one JSON line per
-step, appended), .samples.json (text sampled during training), .state.json (config, step, tokens
-seen, timings, the sha256 of the checkpoint, of the corpus and of the token files), data/ (the
-prepared token files; a resumed run trains on these, checked against their recorded sha256).
-SIGTERM (or Ctrl-C) writes a checkpoint at the next step boundary and exits 0; SIGUSR1 writes one
-and keeps training.
+Run directory (andrea_numba.runlog names its files): checkpoint.bin, best.bin (the checkpoint of
+the lowest validation loss so far), .loss.json (one JSON line per step, appended), .samples.json
+(text sampled during training), .state.json (config, step, tokens seen, timings, the sha256 of the
+checkpoints, of the corpus and of the token files), .lock (held while a trainer works in the
+directory) and data/ (the prepared token files; a resumed run trains on these, checked against
+their recorded sha256). SIGTERM (or Ctrl-C) writes a checkpoint of the last finished step and
+exits 0; SIGUSR1 writes one and keeps training. A diverged step (loss or gradient norm NaN or
+infinite) is not applied and stops the run with exit code 2; its last checkpoint stays as it was.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import signal
@@ -44,15 +46,16 @@ from numba import cuda
 import reference as R
 
 from . import data as D
-from .atomic import atomic_write_json
+from .atomic import atomic_write_json, file_sha256, remove_stale_temporaries
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .cli import Parser, positive_int, seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .gpu_model import GPUModel, buffer_specs
 from .kernels import optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
-from .runlog import (CHECKPOINT_FILE, DATA_DIR, LOSS_FILE, SAMPLES_FILE, STATE_FILE, RunDirError,
-                     data_dir_of, data_dir_record, read_run_state)
+from .runlog import (BEST_FILE, CHECKPOINT_FILE, DATA_DIR, LOSS_FILE, SAMPLES_FILE, STATE_FILE, RunDirError, RunLock,
+                     data_dir_of, data_dir_record, path_of, path_record, read_run_state)
 from .sample import generate as generate_text
 
 
@@ -61,7 +64,7 @@ class TrainError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------------------------
-# the memory plan
+# the memory plan, and what fits where
 
 def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]:
     """(kind, buffer, bytes) of every device buffer a run allocates, at microbatch size B."""
@@ -106,22 +109,152 @@ def check_fits(cfg: Config, free_bytes: int, margin: float = 0.95) -> int:
                      f"are free: {hint}")
 
 
+# The CUDA simulator runs every GPU thread as Python: an ANDREA-tiny step (64 tokens) takes about
+# TINY_SIM_STEP_S seconds on one CPU core. A config whose step is more than SIM_MAX_WORK times that
+# work is refused there, before any data is prepared: the 12M default would need months.
+TINY_SIM_STEP_S = 10.0
+SIM_MAX_WORK = 16
+
+
+def step_work(cfg: Config) -> int:
+    """A rough measure of one optimiser step's work: tokens per step x (parameters + the
+    attention's n_layer x seq_len x d_model per token)."""
+    m, t = cfg.model, cfg.train
+    return t.batch_size * t.seq_len * t.n_microbatches * (n_params(m) + m.n_layer * t.seq_len * m.d_model)
+
+
+def check_simulator_size(cfg: Config, resuming: bool = False) -> None:
+    """TrainError (one line) when cfg is far too big for the CUDA simulator."""
+    ratio = step_work(cfg) / step_work(load_config("tiny"))
+    if ratio <= SIM_MAX_WORK:
+        return
+    hours = ratio * TINY_SIM_STEP_S * cfg.train.steps / 3600
+    span = f"roughly {hours:,.0f} hours" if hours < 48 else f"roughly {hours / 24:,.0f} days" if hours < 24 * 365 \
+        else "years"
+    what = "resume this run on a machine with an NVIDIA GPU" if resuming else \
+        "use --size tiny here, or train on a machine with an NVIDIA GPU"
+    raise TrainError(f"{cfg.name} is too big for the CUDA simulator (NUMBA_ENABLE_CUDASIM=1): a step is about "
+                     f"{ratio:,.0f} times the work of an ANDREA-tiny step, so {cfg.train.steps:,} steps would take "
+                     f"{span}; {what}")
+
+
+def check_device(cfg: Config, resuming: bool = False) -> None:
+    """Before any data is prepared: the run must fit the GPU's free memory (or, in the simulator,
+    be small enough to finish)."""
+    if SIMULATOR:
+        check_simulator_size(cfg, resuming)
+    else:
+        check_fits(cfg, cuda.current_context().get_memory_info()[0])
+
+
+def divergence_hints(t) -> str:
+    """What in the train config a diverged run can change, as one clause."""
+    hints = [f"lower train.lr (now {t.lr:g}; try {t.lr / 10:g})"]
+    if t.clip_norm == 0:
+        hints.append("turn clipping on (train.clip_norm is 0, i.e. off; 1.0 is usual)")
+    elif t.clip_norm > 1:
+        hints.append(f"clip harder (train.clip_norm is {t.clip_norm:g}; 1.0 is usual)")
+    if t.warmup_steps == 0:
+        hints.append("warm up (train.warmup_steps is 0; a few percent of train.steps is usual)")
+    return ", ".join(hints[:-1]) + (" and " if len(hints) > 1 else "") + hints[-1]
+
+
 # ----------------------------------------------------------------------------------------------
 # the trainer
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir, data_dir=None, log=print, log_every=10):
+    def __init__(self, cfg: Config, run_dir, data_dir=None, log=print, log_every=10, launch_time=None):
         self.cfg, self.run_dir, self.log, self.log_every = cfg, Path(run_dir), log, log_every
         self.data_dir = Path(data_dir) if data_dir else self.run_dir / DATA_DIR
-        self.stop_requested = self.save_requested = False
+        self.stop_requested = False
+        self.save_requests = self.saves_done = 0       # SIGUSR1 counts up; the loop catches up
+        self.handlers = None
+        self.launch_time = time.monotonic() if launch_time is None else launch_time
+        self.elapsed_before = 0.0            # elapsed_s of the earlier processes of this run
+        self.resume = None                   # what check_resume found
+        self.best = None                     # {"file", "step", "val_loss", "sha256"} of best.bin
+        self.checkpoint_step = None          # step of the checkpoint on disk (None: none yet)
+        self.checkpoint_sha256 = self.previous_checkpoint_sha256 = None
+        self._host = None                    # (step, params, m, v): this step's host copies
+
+    def elapsed(self) -> float:
+        """Wall seconds of this run since it was launched, over every process that worked on it."""
+        return self.elapsed_before + time.monotonic() - self.launch_time
+
+    # -- before anything is written: is the run directory one to resume? --
+    def check_resume(self, state: dict | None = None) -> dict:
+        """Read and check everything a resume needs, writing nothing: the state, the checkpoint
+        (none: the run stopped before its first one and starts again from step 0), best.bin and the
+        prepared tokens. TrainError, CheckpointError, DataError or RunDirError, one line, otherwise."""
+        state = read_run_state(self.run_dir) if state is None else state
+        t, n = self.cfg.train, n_params(self.cfg.model)
+        path = self.run_dir / CHECKPOINT_FILE
+        shas = [h for h in (state.get("checkpoint_sha256"), state.get("previous_checkpoint_sha256"))
+                if isinstance(h, str) and h]
+        if path.exists():
+            step, params, mm, vv, sha = load_checkpoint(path, n, shas)
+        elif state.get("previous_checkpoint_sha256"):
+            raise CheckpointError(f"{path} is missing, but {self.run_dir / STATE_FILE} records the checkpoints the run "
+                                  f"wrote: restore it, or start a new run")
+        else:                                # killed before its first checkpoint was in place
+            step, params, mm, vv, sha = 0, None, None, None, None
+        if step > t.steps:
+            raise TrainError(f"the run in {self.run_dir} is at step {step} already, beyond the {t.steps} steps asked "
+                             f"for (--steps): give --steps {step} or more")
+        best = self._check_best(state, step, n)
+        meta = self._check_data(state)
+        self.resume = dict(state=state, step=step, params=params, m=mm, v=vv, sha=sha, best=best, meta=meta)
+        return self.resume
+
+    def _check_best(self, state: dict, step: int, n: int) -> dict | None:
+        """The best.bin record a resumed run compares against. A best.bin that does not match its
+        record is accepted only when it is from a step after the checkpoint (written just before a
+        kill, before its record): the resumed run gets there again and writes the same bytes."""
+        record, path = state.get("best"), self.run_dir / BEST_FILE
+        if record is not None and not (isinstance(record, dict) and isinstance(record.get("sha256"), str)
+                                       and isinstance(record.get("step"), int)
+                                       and isinstance(record.get("val_loss"), (int, float))):
+            raise RunDirError(f"{self.run_dir / STATE_FILE}: 'best' is not a record of {BEST_FILE} (file, step, val_loss, "
+                              f"sha256): restore the file, or remove the 'best' entry and {BEST_FILE}")
+        if not path.exists():
+            if record is not None:
+                self.log(f"{path} (step {record['step']}) is missing: the next evaluation writes a new one")
+            return None
+        if record is not None and file_sha256(path) == record["sha256"]:
+            return record
+        best_step = load_checkpoint(path, n)[0]
+        if best_step > step:
+            return record
+        raise CheckpointError(f"{path} does not match the sha256 recorded in {self.run_dir / STATE_FILE}: it was changed "
+                              f"or damaged after it was written; restore it, or delete it (the run then writes a new "
+                              f"one at its next evaluation)")
+
+    def _check_data(self, state: dict) -> dict | None:
+        """The run's token files checked against the state's record (read only). When they are gone,
+        the corpus they were prepared from must still have its recorded sha256: setup prepares them
+        again. Returns the meta, or None when setup has to prepare."""
+        record = state.get("data") or {}
+        if (self.data_dir / D.META).exists():
+            return D.check_prepared(self.data_dir, record)
+        source, want = self.cfg.data.source, record.get("source_sha256")
+        sha = D.stdlib_corpus()[1] if source == "stdlib" else D.read_text_file(source)[1]
+        if want is not None and sha != want:
+            raise D.DataError(f"the corpus {source} changed since the run was prepared: its sha256 is {sha[:16]}..., "
+                              f"the run's record {want[:16]}...; restore the original text or start a new run")
+        return None
 
     # -- setup: everything that allocates happens here, before the first step --
     def setup(self, resume: bool = False):
         cfg, m, t = self.cfg, self.cfg.model, self.cfg.train
         t_setup = time.time()
-        state = read_run_state(self.run_dir) if resume else None
+        if resume and self.resume is None:
+            self.check_resume()
+        found = self.resume if resume else None
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.meta = self.prepare_data(state)
+        if found is not None and found["meta"] is not None:
+            self.meta = found["meta"]
+        else:
+            self.meta = self.prepare_data(found and found["state"])
         self.train_tokens, self.val_tokens, _ = D.load(self.data_dir)
         for name, toks in (("training", self.train_tokens), ("validation", self.val_tokens)):
             if len(toks) < t.seq_len + 2:
@@ -139,17 +272,25 @@ class Trainer:
         self.device = device_name()
         self.allocate()
         self.timings = {"setup_s": 0.0, "train_s": 0.0}
-        if state is not None:
-            shas = [h for h in (state.get("checkpoint_sha256"), state.get("previous_checkpoint_sha256")) if h]
-            step, params, mm, vv, sha = load_checkpoint(self.run_dir / CHECKPOINT_FILE, self.n, shas)
-            tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
-            self.step, self.tokens_seen = step, step * tokens_per_step
-            self.checkpoint_sha256 = sha
-            self.timings.update(state.get("timings", {}))
-            self.log(f"resumed from {self.run_dir / CHECKPOINT_FILE} at step {step}")
+        tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
+        if found is not None and found["params"] is not None:
+            params, mm, vv = found["params"], found["m"], found["v"]
+            self.step = self.checkpoint_step = found["step"]
+            self.checkpoint_sha256 = found["sha"]
+            self.log(f"resumed from {self.run_dir / CHECKPOINT_FILE} at step {self.step}")
         else:
             params, mm, vv = init_params(m, t.seed), np.zeros(self.n, np.float32), np.zeros(self.n, np.float32)
-            self.step, self.tokens_seen = 0, 0
+            self.step = 0
+            if found is not None:
+                self.log(f"{self.run_dir} has no checkpoint yet (the run stopped before its first one): "
+                         f"training it again from step 0")
+        if found is not None:
+            timings = found["state"].get("timings")
+            if isinstance(timings, dict):
+                self.timings.update({k: v for k, v in timings.items() if isinstance(v, (int, float))})
+            self.elapsed_before = float(self.timings.pop("elapsed_s", 0.0))
+            self.best = found["best"]
+        self.tokens_seen = self.step * tokens_per_step
         s = self.stream
         self.model.params.copy_to_device(params, stream=s)
         self.adam_m.copy_to_device(mm, stream=s)
@@ -158,6 +299,7 @@ class Trainer:
         self.memory = {"planned_bytes": self.planned_bytes}
         if not SIMULATOR:
             self.memory["allocated_by_setup_bytes"] = self.free_before - cuda.current_context().get_memory_info()[0]
+        self.resume = None                     # the host copies are on the GPU now
         self.timings["setup_s"] += time.time() - t_setup
 
     def prepare_data(self, state: dict | None) -> dict:
@@ -224,8 +366,10 @@ class Trainer:
         optim.grad_norm(norm, self.partial, model.grads, stream=s)
         optim.grad_scale(model.grads, norm, t.clip_norm, 1.0, stream=s)             # clip by global norm
         lr = self.lr(step)
+        # the divergence guard is on the device: with a NaN or infinite loss or norm in stats,
+        # k_adamw leaves the weights, m and v as they were (the host only learns of it below)
         optim.adamw(model.params, model.grads, self.adam_m, self.adam_v, self.decay, step + 1, lr,
-                    t.beta1, t.beta2, t.eps, t.weight_decay, stream=s)
+                    t.beta1, t.beta2, t.eps, t.weight_decay, self.stats, stream=s)
         model.zero_grads()
         self.stats.copy_to_host(self.stats_host, stream=s)
         s.synchronize()                          # the step's only sync
@@ -250,25 +394,61 @@ class Trainer:
                              self.sample_buf)
 
     # -- run files --
+    def last_checkpoint(self) -> str:
+        if self.checkpoint_step is None:
+            return "no checkpoint had been written yet"
+        return f"the last checkpoint ({self.run_dir / CHECKPOINT_FILE}, step {self.checkpoint_step}) is intact"
+
+    def host_state(self):
+        """The weights, m and v of this step on the host (copied once a step, for checkpoint.bin
+        and best.bin alike), refused when any value is not finite."""
+        if self._host is None or self._host[0] != self.step:
+            host = [a.copy_to_host(stream=self.stream) for a in (self.model.params, self.adam_m, self.adam_v)]
+            self.stream.synchronize()            # the files are written from these host copies
+            for name, a in zip(("weights", "Adam m", "Adam v"), host):
+                if not np.all(np.isfinite(a)):
+                    raise TrainError(f"the {name} at step {self.step} hold NaN or infinite values, so no checkpoint "
+                                     f"was written and {self.last_checkpoint()}; the run diverged: "
+                                     f"{divergence_hints(self.cfg.train)}, then start a new run")
+            self._host = (self.step, *host)
+        return self._host[1:]
+
     def checkpoint(self):
         t0 = time.time()
-        params, mm, vv = [a.copy_to_host(stream=self.stream) for a in (self.model.params, self.adam_m, self.adam_v)]
-        self.stream.synchronize()                # the file is written from these host copies
+        params, mm, vv = self.host_state()
 
         def record(sha):                   # on disk, not yet in place: put both checksums on record
-            self.previous_checkpoint_sha256 = getattr(self, "checkpoint_sha256", None)
-            self.checkpoint_sha256 = sha
+            self.previous_checkpoint_sha256 = self.checkpoint_sha256
+            self.checkpoint_sha256, self.checkpoint_step = sha, self.step
             self.write_state()
 
         save_checkpoint(self.run_dir / CHECKPOINT_FILE, self.step, params, mm, vv, before_replace=record)
         self.log(f"checkpoint: step {self.step} -> {self.run_dir / CHECKPOINT_FILE} ({time.time() - t0:.1f} s)")
 
+    def save_best(self, val_loss: float):
+        """best.bin: the checkpoint of the lowest validation loss so far. The file is in place
+        before its record goes into .state.json, and both before this step's checkpoint.bin, so a
+        kill in between is undone by a resume replaying this evaluation (check_resume)."""
+        params, mm, vv = self.host_state()
+        sha = save_checkpoint(self.run_dir / BEST_FILE, self.step, params, mm, vv)
+        self.best = {"file": BEST_FILE, "step": self.step, "val_loss": val_loss, "sha256": sha}
+        self.write_state()
+        self.log(f"best: val {val_loss:.4f} at step {self.step} -> {BEST_FILE}")
+
     def write_state(self):
-        state = {"step": self.step, "config": self.cfg.to_dict(), "tokenizer": self.meta.get("tokenizer"),
-                 "data": {**self.meta, "dir": data_dir_record(self.run_dir, self.data_dir)},
-                 "tokens_seen": self.tokens_seen, "n_params": self.n, "timings": self.timings,
-                 "checkpoint": CHECKPOINT_FILE, "checkpoint_sha256": getattr(self, "checkpoint_sha256", None),
-                 "previous_checkpoint_sha256": getattr(self, "previous_checkpoint_sha256", None),
+        t = self.cfg.train
+        step = self.checkpoint_step or 0
+        config = self.cfg.to_dict()
+        if config["data"]["source"] != "stdlib":
+            config["data"]["source"] = path_record(self.run_dir, config["data"]["source"])
+        data = {**self.meta, "dir": data_dir_record(self.run_dir, self.data_dir)}
+        if isinstance(data.get("source"), str) and data["source"] != "stdlib":
+            data["source"] = path_record(self.run_dir, data["source"])
+        state = {"step": step, "config": config, "tokenizer": self.meta.get("tokenizer"), "data": data,
+                 "tokens_seen": step * t.batch_size * t.seq_len * t.n_microbatches, "n_params": self.n,
+                 "timings": {**self.timings, "elapsed_s": round(self.elapsed(), 3)},
+                 "checkpoint": CHECKPOINT_FILE, "checkpoint_sha256": self.checkpoint_sha256,
+                 "previous_checkpoint_sha256": self.previous_checkpoint_sha256, "best": self.best,
                  "memory": self.memory, "device": self.device, "time": time.time()}
         atomic_write_json(self.run_dir / STATE_FILE, state)
 
@@ -277,53 +457,75 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     # -- the loop --
+    def diverged(self, step: int, what: str) -> TrainError:
+        return TrainError(f"training diverged at step {step} ({what}): the step was not applied and "
+                          f"{self.last_checkpoint()}; {divergence_hints(self.cfg.train)} in the config, "
+                          f"then start a new run (--config FILE --out NEW_DIR)")
+
     def run(self, steps=None):
         t = self.cfg.train
         last = t.steps if steps is None else steps
         tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
-        handlers = self.install_signal_handlers()
+        own_handlers = self.handlers is None
+        if own_handlers:
+            self.install_signal_handlers()
         t_start, done_here = time.time(), 0
         try:
+            if self.stop_requested and self.step < last:       # a signal during setup
+                self.log(f"stopped by signal before step {self.step + 1}; {self.last_checkpoint()}; "
+                         f"resume with --resume {self.run_dir}")
+                return 0
             while self.step < last:
                 t0 = time.time()
                 loss, norm, lr = self.train_step(self.step)
                 dt = time.time() - t0
+                if not (math.isfinite(loss) and math.isfinite(norm)):
+                    raise self.diverged(self.step + 1, f"loss {loss:.6g}, gradient norm {norm:.6g}")
                 self.step += 1
                 done_here += 1
                 self.tokens_seen += tokens_per_step
                 self.timings["train_s"] += dt
                 rec = {"step": self.step, "train_loss": loss, "lr": lr, "grad_norm": norm,
                        "tokens_per_s": tokens_per_step / dt, "time": time.time()}
-                if not math.isfinite(loss):
-                    raise TrainError(f"the loss became {loss} at step {self.step}: lower the learning rate "
-                                     f"(train.lr) or the clip norm; the last checkpoint is intact")
                 if self.step % t.eval_interval == 0 or self.step == last:
-                    rec["val_loss"] = self.evaluate()
+                    val = rec["val_loss"] = self.evaluate()
+                    if not math.isfinite(val):
+                        raise TrainError(f"training diverged at step {self.step}: the validation loss is {val} "
+                                         f"(training loss {loss:.6g}); nothing of this step was saved and "
+                                         f"{self.last_checkpoint()}; {divergence_hints(t)} in the config, "
+                                         f"then start a new run (--config FILE --out NEW_DIR)")
+                rec["elapsed_s"] = round(self.elapsed(), 3)
                 self.append(LOSS_FILE, rec)
                 if self.step % self.log_every == 0 or "val_loss" in rec or self.step == last:
                     eta = (time.time() - t_start) / done_here * (last - self.step)
                     val = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
                     self.log(f"step {self.step:>6}/{last} | loss {loss:.4f}{val} | lr {lr:.2e} | norm {norm:.3f} | "
                              f"{rec['tokens_per_s']:,.0f} tok/s | ETA {format_eta(eta)}")
+                if "val_loss" in rec and (self.best is None or rec["val_loss"] < self.best["val_loss"]):
+                    self.save_best(rec["val_loss"])     # before this step's checkpoint: see save_best
                 if self.step % t.sample_interval == 0 or self.step == last:
                     text = self.generate("\n", t.sample_tokens, seed=t.seed * 1_000_003 + self.step)
                     self.append(SAMPLES_FILE, {"step": self.step, "prompt": "\n", "text": text, "time": time.time()})
-                if self.step % t.checkpoint_interval == 0 or self.step == last or self.save_requested:
-                    self.save_requested = False
+                # the signal flags are read ONCE per step: a signal landing between a test of
+                # "checkpoint?" and one of "stop?" must not stop the run without its checkpoint
+                stop, saves = self.stop_requested, self.save_requests
+                if self.step % t.checkpoint_interval == 0 or self.step == last or stop or saves != self.saves_done:
+                    self.saves_done = saves
                     self.checkpoint()
-                if self.stop_requested:             # the checkpoint was written just above
+                self._host = None
+                if stop:                          # the checkpoint was written just above
                     self.log(f"stopped by signal at step {self.step}; resume with --resume {self.run_dir}")
                     return 0
             return 0
         finally:
-            for sig, h in handlers.items():
-                signal.signal(sig, h)
+            if own_handlers:
+                self.restore_signal_handlers()
             self.report_memory()
 
     def report_memory(self):
         """Planned bytes against what the device lost to this run (free memory before setup minus
         free memory now): the loop allocates nothing, so only compiled kernel code adds to it."""
-        if SIMULATOR:
+        if SIMULATOR or not hasattr(self, "memory"):
             return
         used = self.free_before - cuda.current_context().get_memory_info()[0]
         self.memory["used_after_training_bytes"] = used
@@ -333,17 +535,24 @@ class Trainer:
         self.write_state()
 
     def install_signal_handlers(self):
+        """SIGTERM and SIGINT: checkpoint the step being trained, then stop; SIGUSR1: checkpoint and
+        go on. The handlers only set flags, which the loop reads at a step boundary."""
         def stop(signum, frame):
-            self.stop_requested = self.save_requested = True
+            self.stop_requested = True
 
         def save(signum, frame):
-            self.save_requested = True
+            self.save_requests += 1
 
-        old = {}
+        self.handlers = {}
         for sig, h in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (getattr(signal, "SIGUSR1", None), save)):
             if sig is not None:
-                old[sig] = signal.signal(sig, h)
-        return old
+                self.handlers[sig] = signal.signal(sig, h)
+        return self.handlers
+
+    def restore_signal_handlers(self):
+        for sig, h in (self.handlers or {}).items():
+            signal.signal(sig, h)
+        self.handlers = None
 
 
 def format_eta(seconds: float) -> str:
@@ -356,65 +565,170 @@ def format_eta(seconds: float) -> str:
 # ----------------------------------------------------------------------------------------------
 # command line
 
+# flags that would make a resumed run another run: --resume refuses them
+RESUME_FIXED = (("data", "--data"), ("batch_size", "--batch-size"), ("seq_len", "--seq-len"), ("seed", "--seed"),
+                ("microbatches", "--microbatches"), ("out", "--out"))
+
+
 def build_config(args) -> Config:
-    cfg = load_config(args.config or args.size)
+    cfg = load_config(args.config or args.size or "12M")
     train = {k: v for k, v in (("steps", args.steps), ("seed", args.seed), ("batch_size", args.batch_size),
                                ("n_microbatches", args.microbatches), ("seq_len", args.seq_len)) if v is not None}
-    data = {"source": args.data} if args.data else {}
-    if train or data:
-        raw = cfg.to_dict()
-        raw["train"].update(train)
-        raw["data"].update(data)
+    raw = cfg.to_dict()
+    raw["train"].update(train)
+    source = args.data or raw["data"]["source"]
+    if source != "stdlib":                # a corpus file: by its absolute path, whatever the working directory
+        if not Path(source).is_file():
+            raise D.DataError(f"data file '{source}' not found: check the path, or use the default corpus "
+                              f"(data.source \"stdlib\")")
+        raw["data"]["source"] = str(Path(source).resolve())
+    if train or raw != cfg.to_dict():
         cfg = config_from_dict(raw, origin="command line")
     return validate(cfg)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m andrea_numba.train", description=__doc__.split("\n\n")[0])
+def resume_config(run_dir: Path, state: dict, steps: int | None) -> Config:
+    """The run's own config from its state, a relative corpus path read relative to the run
+    directory (runs written before paths were kept that way: to the working directory)."""
+    for key, kind in (("step", int), ("data", dict)):
+        if key in state and (not isinstance(state[key], kind) or isinstance(state[key], bool)):
+            raise RunDirError(f"{run_dir / STATE_FILE}: '{key}' is not {'an integer' if kind is int else 'an object'}: "
+                              f"restore the file or start a new run")
+    if not isinstance(state.get("step"), int) or state["step"] < 0:
+        raise RunDirError(f"{run_dir / STATE_FILE} has no step count ('step'): restore the file or start a new run")
+    raw = json.loads(json.dumps(state["config"]))
+    if steps is not None and isinstance(raw.get("train"), dict):
+        raw["train"]["steps"] = steps
+    data = raw.get("data")
+    if isinstance(data, dict) and isinstance(data.get("source"), str) and data["source"] not in ("", "stdlib"):
+        src = Path(data["source"])
+        if not src.is_absolute() and (path_of(run_dir, data["source"]).exists() or not src.exists()):
+            data["source"] = str(path_of(run_dir, data["source"]))
+    return config_from_dict(raw, origin=str(run_dir / STATE_FILE))
+
+
+def parser() -> Parser:
+    ap = Parser(prog="python -m andrea_numba.train", description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--size", default="12M", help="tiny, 12M or 120M (default 12M)")
+    g.add_argument("--size", help="tiny, 12M or 120M (default 12M)")
     g.add_argument("--config", help="a config JSON file instead of a size")
-    g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+    g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint "
+                   "(with its own settings: only --steps and --log-every may be given)")
     ap.add_argument("--data", help="a UTF-8 text file to train on (default: the config's source)")
     ap.add_argument("--out", help="run directory (default runs/<config name>)")
-    ap.add_argument("--steps", type=int, help="optimiser steps (default: the config's)")
-    ap.add_argument("--seed", type=int, help="seed of initialisation and data order")
-    ap.add_argument("--batch-size", type=int, help="sequences per microbatch")
-    ap.add_argument("--microbatches", type=int, help="microbatches per optimiser step")
-    ap.add_argument("--seq-len", type=int, help="tokens per sequence")
-    ap.add_argument("--log-every", type=int, default=10, help="print a progress line every N steps")
-    args = ap.parse_args(argv)
+    ap.add_argument("--steps", type=positive_int, help="optimiser steps (default: the config's; with --resume, "
+                    "a larger number trains a run further)")
+    ap.add_argument("--seed", type=seed_type, help="seed of initialisation and data order")
+    ap.add_argument("--batch-size", type=positive_int, help="sequences per microbatch")
+    ap.add_argument("--microbatches", type=positive_int, help="microbatches per optimiser step")
+    ap.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
+    ap.add_argument("--log-every", type=positive_int, default=10, help="print a progress line every N steps")
+    return ap
+
+
+def start_resume(args, log, launch_time) -> tuple[Trainer | None, RunLock]:
+    """The Trainer of a run to resume and its directory's lock, checked through (nothing written);
+    no Trainer for a finished run."""
+    for attr, flag in RESUME_FIXED:
+        if getattr(args, attr) is not None:
+            raise TrainError(f"{flag} cannot be given with --resume: a resumed run keeps its own settings "
+                             f"(only --steps and --log-every may change); drop {flag}, or start a new run "
+                             f"with --out")
+    run_dir = Path(args.resume)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a run directory: give --resume the directory of a run")
+    lock = RunLock(run_dir)
+    if run_dir.is_dir():
+        lock.check()
+    try:
+        state = read_run_state(run_dir)
+        cfg = resume_config(run_dir, state, args.steps)
+        check_device(cfg, resuming=True)
+        trainer = Trainer(cfg, run_dir, data_dir_of(run_dir, state), log, args.log_every, launch_time)
+        found = trainer.check_resume(state)
+    except BaseException:
+        lock.release()
+        raise
+    if found["step"] >= cfg.train.steps:
+        log(f"{run_dir} is finished: it trained all {found['step']:,} of its steps; to train it further, give "
+            f"more steps: --resume {run_dir} --steps {2 * found['step']} (nothing was changed)")
+        return None, lock
+    return trainer, lock
+
+
+def start_new(args, log, launch_time) -> tuple[Trainer, RunLock]:
+    """The Trainer of a new run and its directory's lock, checked through (nothing written)."""
+    cfg = build_config(args)
+    run_dir = Path(args.out or f"runs/{cfg.name}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"--out {run_dir} is a file, not a directory: choose another --out")
+    lock = RunLock(run_dir)
+    if run_dir.is_dir():
+        lock.check()
+    try:
+        has_state, has_ck = (run_dir / STATE_FILE).exists(), (run_dir / CHECKPOINT_FILE).exists()
+        if has_state and not has_ck:
+            raise RunDirError(f"{run_dir} holds a run that stopped before its first checkpoint: start it again "
+                              f"from step 0 with --resume {run_dir}, choose another --out, or delete the directory")
+        if has_state or has_ck:
+            raise RunDirError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
+                              f"choose another --out, or delete the directory")
+        check_device(cfg)
+    except BaseException:
+        lock.release()
+        raise
+    return Trainer(cfg, run_dir, None, log, args.log_every, launch_time), lock
+
+
+def main(argv=None) -> int:
+    launch_time = time.monotonic()
+    args = parser().parse_args(argv)
     log = lambda s: print(s, flush=True)
+    trainer = lock = None
     try:
         if not SIMULATOR and not cuda.is_available():
             raise TrainError("no CUDA GPU found: train on a machine with an NVIDIA GPU, or set "
                              "NUMBA_ENABLE_CUDASIM=1 to run the tiny size in the simulator (slow)")
         if args.resume:
-            run_dir = Path(args.resume)
-            state = read_run_state(run_dir)
-            raw = state["config"]
-            if args.steps is not None and isinstance(raw.get("train"), dict):
-                raw["train"]["steps"] = args.steps
-            cfg = config_from_dict(raw, origin=str(run_dir / STATE_FILE))
-            trainer = Trainer(cfg, run_dir, data_dir_of(run_dir, state), log, args.log_every)
-            trainer.setup(resume=True)
+            trainer, lock = start_resume(args, log, launch_time)
+            if trainer is None:
+                return 0
         else:
-            cfg = build_config(args)
-            run_dir = Path(args.out or f"runs/{cfg.name}")
-            if (run_dir / CHECKPOINT_FILE).exists() or (run_dir / STATE_FILE).exists():
-                raise TrainError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
-                                 f"choose another --out, or delete the directory")
-            trainer = Trainer(cfg, run_dir, None, log, args.log_every)
+            trainer, lock = start_new(args, log, launch_time)
+        trainer.install_signal_handlers()      # from here on a signal stops the run at a step boundary
+        # every refusal is behind us: from here on the run directory is ours to write
+        run_dir = trainer.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock.claim()
+        dirs = [run_dir] + ([trainer.data_dir] if path_record(run_dir, trainer.data_dir) == DATA_DIR else [])
+        removed = [remove_stale_temporaries(d) for d in dirs]
+        if sum(r[0] for r in removed):
+            log(f"removed {sum(r[0] for r in removed)} temporary file(s) left by an interrupted write "
+                f"({sum(r[1] for r in removed):,} bytes freed)")
+        if not args.resume:
+            cfg = trainer.cfg
             log(f"{cfg.name}: {n_params(cfg.model):,} parameters, {device_name()}, run directory {run_dir}")
-            trainer.setup()
+        trainer.setup(resume=bool(args.resume))
         t0 = time.time()
         trainer.write_state()
         code = trainer.run()
         log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {time.time() - t0:.1f} s")
         return code
     except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return 2
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"error: {e.strerror or e}{where}: check the path and its permissions", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted before the run started; nothing was written", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        if trainer is not None and trainer.handlers is not None:
+            trainer.restore_signal_handlers()
+        if lock is not None:
+            lock.release()
 
 
 if __name__ == "__main__":

@@ -40,13 +40,18 @@ def clip_grad_norm(grads, max_norm):
     return grad_scale(grads, norm, max_norm, 1.0), norm
 
 
-def adamw(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay):
+def adamw(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay, stats=None):
     """One AdamW step (t counts from 1), with weight decay decoupled from the gradient and applied
     only where decay is 1 (the 2-D weights):
         m = beta1 m + (1 - beta1) g                v = beta2 v + (1 - beta2) g^2
         m_hat = m / (1 - beta1^t)                  v_hat = v / (1 - beta2^t)
         p = p - lr (m_hat / (sqrt(v_hat) + eps) + weight_decay * decay * p)
+    stats: the trainer's [loss summed over microbatches, gradient norm]; when either is NaN or
+    infinite the step is not applied and params, m, v come back unchanged (the kernel's guard).
+    None, for a loop without those numbers (tests/test_reference.py), always steps.
     Returns new (params, m, v); the inputs are left alone (the kernel updates them in place)."""
+    if stats is not None and not np.all(np.isfinite(np.asarray(stats, dtype=np.float64))):
+        return params.copy(), m.copy(), v.copy()
     m = beta1 * m + (1.0 - beta1) * grads
     v = beta2 * v + (1.0 - beta2) * grads * grads
     m_hat = m / (1.0 - beta1 ** t)

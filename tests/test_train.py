@@ -10,6 +10,7 @@ allocation, kernel launch, copy and host sync recorded while it trains; run B fr
 line in a subprocess, stopped by SIGUSR1 and SIGTERM, then resumed."""
 import collections
 import json
+import math
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ import pytest
 
 from andrea_numba import checkpoint as ck
 from andrea_numba import train as tr
+from andrea_numba.atomic import file_sha256
 from andrea_numba.config import config_from_dict, load_config
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import n_params
@@ -80,7 +82,7 @@ def main_in_process(capsys, *args):
 # what happens on the device while a run trains
 
 ALLOCATORS = ("device_array", "device_array_like", "to_device", "pinned_array", "mapped_array", "managed_array")
-PHASES = ("train_step", "evaluate", "generate", "checkpoint")
+PHASES = ("train_step", "evaluate", "generate", "checkpoint", "save_best", "host_state")
 Event = collections.namedtuple("Event", "phase kind name stream array")
 
 
@@ -205,6 +207,16 @@ def runs(tmp_path_factory):
                            trainer=trainer, record=record, code=code)
 
 
+def best_steps(run_dir):
+    """The steps whose validation loss was lower than every one before: where best.bin was written."""
+    steps, best = [], math.inf
+    for r in read_loss(run_dir):
+        if "val_loss" in r and r["val_loss"] < best:
+            steps.append(r["step"])
+            best = r["val_loss"]
+    return steps
+
+
 @pytest.mark.slow
 def test_loss_falls(runs):
     assert runs.code == 0
@@ -218,6 +230,17 @@ def test_loss_falls(runs):
     state = json.loads((runs.a / ".state.json").read_text())
     assert state["step"] == STEPS and state["tokens_seen"] == STEPS * 2 * 8
     assert (runs.a / "checkpoint.bin").stat().st_size == ck.checkpoint_bytes(n_params(runs.cfg.model))
+    # best.bin: the checkpoint of the lowest validation loss, on record in the state
+    best = state["best"]
+    vals = [r for r in log if "val_loss" in r]
+    low = min(vals, key=lambda r: r["val_loss"])
+    assert best["file"] == "best.bin" and best["step"] == low["step"] == best_steps(runs.a)[-1]
+    assert best["val_loss"] == low["val_loss"] and best["sha256"] == file_sha256(runs.a / "best.bin")
+    assert ck.load_checkpoint(runs.a / "best.bin", n_params(runs.cfg.model), best["sha256"])[0] == best["step"]
+    # elapsed_s: the run's wall time since launch, growing step by step
+    elapsed = [r["elapsed_s"] for r in log]
+    assert all(0 < a < b for a, b in zip(elapsed, elapsed[1:])), elapsed
+    assert state["timings"]["elapsed_s"] >= elapsed[-1]
 
 
 @pytest.mark.slow
@@ -225,10 +248,14 @@ def test_loss_falls(runs):
 def test_the_loop_allocates_nothing_and_uses_one_stream(runs):
     rec, stream = runs.record, runs.trainer.stream
     assert [e for e in rec.events if e.kind == "alloc"] == []
-    assert dict(rec.calls) == {"train_step": STEPS, "evaluate": 3, "generate": 1, "checkpoint": 1}
+    saved = sorted(set(best_steps(runs.a)) | {STEPS})     # steps that wrote best.bin or checkpoint.bin
+    assert dict(rec.calls) == {"train_step": STEPS, "evaluate": 3, "generate": 1, "checkpoint": 1,
+                               "save_best": len(best_steps(runs.a)), "host_state": len(best_steps(runs.a)) + 1}
     for phase in ("train_step", "evaluate", "generate"):
         assert rec.count("launch", phase) > 0 and rec.count("copy", phase, "to_device") > 0, phase
-    assert rec.count("copy", "checkpoint", "to_host") == 3                    # weights, m and v
+    # weights, m and v copied once per step that saves, for best.bin and checkpoint.bin alike
+    assert rec.count("copy", "host_state", "to_host") == 3 * len(saved)
+    assert rec.count("copy", "checkpoint") == rec.count("copy", "save_best") == 0
     # every launch, copy and sync of the loop on the run's own stream: none on the legacy default
     # stream (0), none on another stream, no cuda.synchronize() of the whole device
     stray = [e for e in rec.events if e.kind != "alloc" and e.stream is not stream]
@@ -242,7 +269,9 @@ def test_a_step_waits_for_the_gpu_once_and_copies_through_pinned_buffers(runs):
     # the host syncs of docs/host-syncs.md: one per step, evaluation and checkpoint, one per sampled token
     assert rec.count("sync", "train_step") == rec.count("copy", "train_step", "to_host") == STEPS
     assert rec.count("sync", "evaluate") == rec.count("copy", "evaluate", "to_host") == 3
-    assert rec.count("sync", "checkpoint") == 1
+    saved = set(best_steps(runs.a)) | {STEPS}
+    assert rec.count("sync", "host_state") == len(saved)                     # once per step that saves
+    assert rec.count("sync", "checkpoint") == rec.count("sync", "save_best") == 0
     assert rec.count("sync", "generate") == rec.count("copy", "generate", "to_host") == cfg.sample_tokens
     assert rec.count("sync", "loop") == 0
     # tokens travel from the pinned buffers allocated at setup, the step's statistics into one
@@ -289,9 +318,11 @@ def test_sample_on_kernels_and_twin_then_refuse_a_corrupt_checkpoint(runs, tmp_p
     data = bytearray((run / "checkpoint.bin").read_bytes())
     data[100] ^= 0xFF
     (run / "checkpoint.bin").write_bytes(bytes(data))
-    code, err = main_in_process(capsys, "--resume", run, "--steps", 2)
+    before = files(run)
+    code, err = main_in_process(capsys, "--resume", run, "--steps", STEPS + 1)
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
     assert "does not match the sha256" in err[0]
+    assert files(run) == before
     code, err = main_in_process(capsys, "--config", runs.cfg_path, "--out", run)   # never overwrite a run
     assert code == 2 and len(err) == 1 and "--resume" in err[0]
 
@@ -316,15 +347,15 @@ def test_resume_without_tokens_prepares_them_again_only_from_the_same_corpus(run
     shutil.copytree(runs.a, run)
     tokens = files(run / "data")
     shutil.rmtree(run / "data")
-    code, err = main_in_process(capsys, "--resume", run)       # the run is complete: no step to train
-    assert code == 0, err
+    trainer = tr.Trainer(runs.cfg, run, log=lambda s: None)
+    trainer.setup(resume=True)                                 # what --resume does before its first step
     assert files(run / "data") == tokens                       # prepared again, to the same bytes
     shutil.rmtree(run / "data")
     original = runs.corpus.read_text()
     runs.corpus.write_text(original.replace("cat", "cow", 1))
     try:
         before = files(run)
-        code, err = main_in_process(capsys, "--resume", run)
+        code, err = main_in_process(capsys, "--resume", run, "--steps", STEPS + 1)
     finally:
         runs.corpus.write_text(original)
     assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
@@ -362,7 +393,7 @@ def test_bad_checkpoints_are_refused_with_one_line(tmp_path):
     sha = ck.save_checkpoint(path, 2, a, a, a)
     good = path.read_bytes()
     path.write_bytes(good[:-4])
-    with pytest.raises(ck.CheckpointError, match="truncated or corrupt"):
+    with pytest.raises(ck.CheckpointError, match="truncated: 76 bytes of the 80"):
         ck.load_checkpoint(path, n)
     path.write_bytes(good[:5])
     with pytest.raises(ck.CheckpointError, match="truncated"):
@@ -380,7 +411,7 @@ def test_bad_checkpoints_are_refused_with_one_line(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--data", "no/such/file.txt"], "not found"),
     (["--size", "7B"], "unknown size '7B'"),
-    (["--batch-size", "0"], "train.batch_size"),
+    (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got '0'"),
     (["--resume", "no/such/run"], "no .state.json"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(tmp_path, args, message):
@@ -402,3 +433,28 @@ def test_memory_plan_refuses_and_suggests_a_smaller_microbatch():
     with pytest.raises(tr.TrainError, match=r"--batch-size \d+ --microbatches \d+") as e:
         tr.check_fits(cfg, free_bytes=8 * 2**30)                    # an 8 GB card
     assert "GiB" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [(np.nan, 1.0), (1.0, np.nan), (np.inf, 1.0), (1.0, -np.inf), (np.nan, np.inf)])
+def test_adamw_skips_the_step_on_a_non_finite_loss_or_norm(bad):
+    """The divergence guard of k_adamw and its twin: with a NaN or infinite loss or gradient norm in
+    stats, params, m and v stay as they were, bit for bit; with finite stats the step is taken."""
+    import reference as R
+    from numba import cuda
+    from andrea_numba.kernels import optim
+    rng = np.random.default_rng(0)
+    n = 300
+    p, g, m = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    v = rng.random(n).astype(np.float32)
+    decay = (rng.random(n) < 0.5).astype(np.uint8)
+    args = (7, 1e-2, 0.9, 0.95, 1e-8, 0.1)
+    for stats, changes in ((np.array(bad, np.float32), False), (np.array([3.0, 0.5], np.float32), True)):
+        dev = [cuda.to_device(a) for a in (p, m, v)]
+        optim.adamw(dev[0], cuda.to_device(g), dev[1], dev[2], cuda.to_device(decay), *args, cuda.to_device(stats))
+        twin = R.adamw(p, g, m, v, decay, *args, stats)
+        for before, kernel, ref in zip((p, m, v), dev, twin):
+            after = kernel.copy_to_host()
+            if changes:
+                assert not np.array_equal(after, before) and not np.array_equal(ref, before)
+            else:
+                assert after.tobytes() == before.tobytes() and ref.tobytes() == before.tobytes()

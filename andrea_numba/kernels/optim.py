@@ -13,6 +13,9 @@ Every vector is the flat parameter layout of andrea_numba.layout: n_params float
     p      = p - lr (m_hat / (sqrt(v_hat) + eps) + weight_decay * decay_i * p)
     g      = 0                                                   zero
 
+AdamW takes the trainer's stats buffer [loss, norm] too and skips the whole update, on the device,
+when either is NaN or infinite (a diverged step is not applied; the trainer then stops).
+
 Determinism: the norm is a two-stage reduction over a FIXED grid (NORM_BLOCKS blocks of
 `block` threads, whatever n is). Thread (b, t) sums its strided subset i = b*nt + t,
 b*nt + t + NORM_BLOCKS*nt, ... in increasing order, block_sum combines a block's threads in a
@@ -124,13 +127,19 @@ def grad_scale_v1(grads, norm, max_norm, scale, *, block, stream=0):
 # AdamW
 
 @cuda.jit
-def k_adamw_v1(params, grads, m, v, decay, lr, beta1, beta2, one_m_beta1, one_m_beta2,
+def k_adamw_v1(params, grads, m, v, decay, stats, lr, beta1, beta2, one_m_beta1, one_m_beta2,
             bc1, bc2, eps, weight_decay):
     """One AdamW step, in place, one thread per element i (grid-stride):
         m_i = beta1 m_i + (1 - beta1) g_i          v_i = beta2 v_i + (1 - beta2) g_i^2
         m_hat = m_i / bc1, bc1 = 1 - beta1^t       v_hat = v_i / bc2, bc2 = 1 - beta2^t
         p_i  = p_i - lr (m_hat / (sqrt(v_hat) + eps) + weight_decay * decay_i * p_i)
-    1 - beta and the bias corrections come from the host (float64 there, float32 here)."""
+    1 - beta and the bias corrections come from the host (float64 there, float32 here).
+    Divergence guard: stats is the trainer's [loss summed over microbatches, gradient norm]. When
+    either is NaN or infinite, every thread returns before touching params, m or v: the step is
+    not applied, decided on the device, so the host never needs to look before the update."""
+    loss, norm = stats[0], stats[1]
+    if math.isnan(loss) or math.isinf(loss) or math.isnan(norm) or math.isinf(norm):
+        return
     n = params.shape[0]
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         g = grads[i]
@@ -145,16 +154,17 @@ def k_adamw_v1(params, grads, m, v, decay, lr, beta1, beta2, one_m_beta1, one_m_
 
 
 @blocks(**STRIDE_BLOCKS)
-def adamw_v1(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay, *, block, stream=0):
+def adamw_v1(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay, stats, *, block, stream=0):
     """AdamW step t (counted from 1) over the flat vectors params, m, v (updated in place) with
-    gradient grads and uint8 weight-decay mask decay (layout.decay_mask). Launch: grid-stride,
-    min(cdiv(n, block), 4096) blocks of `block` threads (simulator: <= 2 blocks)."""
+    gradient grads and uint8 weight-decay mask decay (layout.decay_mask). stats: float32 [2] on the
+    device, [loss, gradient norm]: a NaN or infinite value in it leaves params, m and v untouched.
+    Launch: grid-stride, min(cdiv(n, block), 4096) blocks of `block` threads (simulator: <= 2 blocks)."""
     assert t >= 1, "AdamW's step t counts from 1"
     bc1 = 1.0 - float(beta1) ** int(t)       # float64 on the host, then float32
     bc2 = 1.0 - float(beta2) ** int(t)
     f = np.float32
-    k_adamw_v1[_stride_grid(params.shape[0], block), block, stream](params, grads, m, v, decay, f(lr), f(beta1), f(beta2),
-                                     f(1.0 - float(beta1)), f(1.0 - float(beta2)),
+    k_adamw_v1[_stride_grid(params.shape[0], block), block, stream](params, grads, m, v, decay, stats, f(lr),
+                                     f(beta1), f(beta2), f(1.0 - float(beta1)), f(1.0 - float(beta2)),
                                      f(bc1), f(bc2), f(eps), f(weight_decay))
 
 
