@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=cli.int_range(1, 4096), help="batch size B of the checks (default by size)")
     ap.add_argument("--seq", type=cli.int_range(1, 65536), help="sequence length T of the checks (default by size)")
     ap.add_argument("--ops-only", action="store_true", help="skip the whole-model check")
-    ap.add_argument("--op", action="append", metavar="OP", choices=list(CASES),
+    ap.add_argument("--op", action="append", metavar="OP", type=cli.one_of(CASES, "op"),
                     help=f"check only this op (repeatable): {', '.join(CASES)}")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)

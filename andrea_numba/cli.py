@@ -117,6 +117,18 @@ def int_range(lo: int, hi: int):
     return parse
 
 
+def one_of(options, what: str = "value"):
+    """The type of a value from `options`, refused as "unknown <what> 'x': choose from a, b, c"."""
+    options = list(options)
+
+    def parse(value: str) -> str:
+        if value not in options:
+            raise argparse.ArgumentTypeError(f"unknown {what} {_q(value)}: choose from {', '.join(options)}")
+        return value
+    parse.__name__ = what
+    return parse
+
+
 def seed(text: str) -> int:
     """A seed: an integer in [0, 2^31)."""
     v = _int(text)

@@ -271,6 +271,9 @@ def load_config(size_or_path: str) -> Config:
         text = _bundled(names[size_or_path])
     else:
         path = Path(size_or_path)
+        if not size_or_path.strip():
+            raise ConfigError(f"unknown size '{size_or_path}': choose one of {', '.join(SIZES)} "
+                              f"or give the path of a config JSON file")
         if path.is_dir():
             raise ConfigError(f"'{path}' is a directory, not a config file: give the path of a JSON file, "
                               f"or a size ({', '.join(SIZES)})")

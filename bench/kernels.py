@@ -186,7 +186,7 @@ def _shape(text: str) -> tuple[int, int]:
 
 def main(argv=None) -> int:
     ap = cli.Parser(prog="python bench/kernels.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("op", choices=["all", *CASES], metavar="OP",
+    ap.add_argument("op", type=cli.one_of(["all", *CASES], "op"), metavar="OP",
                     help=f"an op of andrea_numba/cases.py, or all: {', '.join(CASES)}")
     ap.add_argument("--sizes", type=cli.config_list, default="12M,120M",
                     help="model sizes, comma-separated (default 12M,120M)")
