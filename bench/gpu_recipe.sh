@@ -89,12 +89,14 @@ collect)
     for run in full short; do
         [ -d $R/$run ] || continue
         mkdir -p "$S/$run"
-        cp $R/$run/.loss.json "$S/$run/loss.json"; cp $R/$run/.state.json "$S/$run/state.json"
-        cp $R/$run/.samples.json "$S/$run/samples.json"; cp $R/$run.log "$S/$run/train.log"
+        cp $R/$run/.loss.json $R/$run/.state.json $R/$run/.samples.json "$S/$run/"   # bench/recipe_report.py reads these
+        cp $R/$run.log "$S/$run/train.log"
         $py -m andrea_numba.plot $R/$run --out "$S/$run/loss.png" > /dev/null 2>&1
         $py -m andrea_numba.sample $R/$run --best --prompt "ROMEO:" --tokens 300 --seed 1 > "$S/$run/sample_best.txt" 2>&1
     done
     cp $R/gpu1.log $R/check_*.json $R/check_*.err $R/resume_*.log $R/resume_check.json "$S/checks/" 2>/dev/null
+    $py bench/recipe_report.py $S/full $S/short --labels "5,000 steps" "3,500 steps" --png $S/recipe.png \
+        --md $S/recipe.md 2>&1 | tail -4
     tar czf "$OUT/recipe.tgz" -C $S .
     ls -la "$OUT"
     ;;
