@@ -38,6 +38,7 @@ import math
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -504,7 +505,12 @@ class Trainer:
                 if "val_loss" in rec and (self.best is None or rec["val_loss"] < self.best["val_loss"]):
                     self.save_best(rec["val_loss"])     # before this step's checkpoint: see save_best
                 if self.step % t.sample_interval == 0 or self.step == last:
-                    text = self.generate("\n", t.sample_tokens, seed=t.seed * 1_000_003 + self.step)
+                    try:
+                        text = self.generate("\n", t.sample_tokens, seed=t.seed * 1_000_003 + self.step)
+                    except ValueError as e:          # probabilities with NaN: the weights overflow
+                        raise TrainError(f"training diverged at step {self.step}: sampling failed ({e}); "
+                                         f"{self.last_checkpoint()}; {divergence_hints(t)} in the config, then "
+                                         f"start a new run (--config FILE --out NEW_DIR)") from None
                     self.append(SAMPLES_FILE, {"step": self.step, "prompt": "\n", "text": text, "time": time.time()})
                 # the signal flags are read ONCE per step: a signal landing between a test of
                 # "checkpoint?" and one of "stop?" must not stop the run without its checkpoint
@@ -683,6 +689,8 @@ def start_new(args, log, launch_time) -> tuple[Trainer, RunLock]:
 def main(argv=None) -> int:
     launch_time = time.monotonic()
     args = parser().parse_args(argv)
+    if SIMULATOR:       # a diverging run's overflows would print numpy's warnings from every simulated thread
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"andrea_numba\.kernels\.")
     log = lambda s: print(s, flush=True)
     trainer = lock = None
     try:
