@@ -2,8 +2,9 @@
 
     RUN_DIR/checkpoint.bin  step, weights, Adam m and v (andrea_numba.checkpoint), replaced atomically
     RUN_DIR/.loss.json      JSON Lines, one per optimiser step:
-                            {"step", "train_loss", "lr", "grad_norm", "tokens_per_s", "time"}
-                            plus "val_loss" at evaluation steps
+                            {"step", "train_loss", "lr", "grad_norm", "tokens_per_s", "time", "elapsed_s"}
+                            plus "val_loss" at evaluation steps; elapsed_s: wall seconds since the run
+                            was launched, summed over its resumes
     RUN_DIR/.samples.json   JSON Lines, one per text sample: {"step", "prompt", "text", "time"}
     RUN_DIR/.state.json     one JSON object: {"step", "config": {...}, "data": {...}, "tokens_seen",
                             "checkpoint_sha256", ...}, replaced atomically

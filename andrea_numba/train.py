@@ -49,14 +49,28 @@ import reference as R
 from . import data as D
 from .atomic import atomic_write_json, file_sha256, remove_stale_temporaries
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .cli import Parser, positive_int, seed as seed_type
+from .cli import Parser, positive_int
+from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .gpu_model import GPUModel, buffer_specs
 from .kernels import optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
-from .runlog import (BEST_FILE, CHECKPOINT_FILE, DATA_DIR, LOSS_FILE, SAMPLES_FILE, STATE_FILE, RunDirError, RunLock,
-                     data_dir_of, data_dir_record, path_of, path_record, read_run_state)
+from .runlog import (
+    BEST_FILE,
+    CHECKPOINT_FILE,
+    DATA_DIR,
+    LOSS_FILE,
+    SAMPLES_FILE,
+    STATE_FILE,
+    RunDirError,
+    RunLock,
+    data_dir_of,
+    data_dir_record,
+    path_of,
+    path_record,
+    read_run_state,
+)
 from .sample import generate as generate_text
 
 

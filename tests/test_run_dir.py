@@ -124,9 +124,10 @@ def _n_lines(path) -> int:
 
 
 def kill_sequence(root: Path, out: SimpleNamespace):
-    """SIGKILL during startup, SIGKILL after a random part of a step, SIGKILL while checkpoint.bin's
-    temporary file waits for its rename (atomic.py's test hook), SIGTERM after a random part of a
-    step; then --resume until the run is finished. Moments come from a seeded generator."""
+    """SIGKILL during startup, SIGKILL at a random moment after a step, SIGKILL while checkpoint.bin's
+    temporary file waits for its rename (atomic.py's test hook), SIGTERM at a random moment after a
+    step; then --resume until the run is finished. The moments come from a seeded generator, in
+    units of the time the process took to its first step (so a slow machine scales them)."""
     rng, run = random.Random(KILL_SEED), root / "killed"
     out.procs = []
 
@@ -140,20 +141,20 @@ def kill_sequence(root: Path, out: SimpleNamespace):
         time.sleep(rng.uniform(0.2, 1.5))
         p.kill()
         finish(p, "SIGKILL at start")
-        p = _popen(root, run)                                            # 2. SIGKILL inside a step
+        p, t0 = _popen(root, run), time.time()                           # 2. SIGKILL inside a step
         lines = _n_lines(run / ".loss.json")
         if _wait(lambda: _n_lines(run / ".loss.json") > lines, p):
-            time.sleep(rng.uniform(0.0, 2.0))
+            time.sleep(rng.uniform(0.0, 1.0) * (time.time() - t0))
         p.kill()
         finish(p, "SIGKILL in a step")
         p = _popen(root, run, {"ANDREA_TEST_RENAME_PAUSE": "2:checkpoint.bin"})   # 3. SIGKILL mid-write
         out.caught_mid_write = _wait(lambda: any(run.glob(".checkpoint.bin.*.tmp")), p)
         p.kill()
         finish(p, "SIGKILL in a checkpoint write")
-        p = _popen(root, run)                                            # 4. SIGTERM inside a step
+        p, t0 = _popen(root, run), time.time()                           # 4. SIGTERM inside a step
         lines = _n_lines(run / ".loss.json")
         if _wait(lambda: _n_lines(run / ".loss.json") > lines, p):
-            time.sleep(rng.uniform(0.0, 1.0))
+            time.sleep(rng.uniform(0.0, 0.5) * (time.time() - t0))
         p.send_signal(signal.SIGTERM)
         term = finish(p, "SIGTERM in a step")
         term.checkpoint_step = ck_step(run / "checkpoint.bin") if (run / "checkpoint.bin").exists() else None
@@ -472,7 +473,7 @@ def test_divergence_stops_before_the_bad_step_with_one_line(base, tmp_path):
                       "new run (--config FILE --out NEW_DIR)")
     d = tmp_path / "d"
     state = json.loads((d / ".state.json").read_text())
-    step, params, m, v, _ = ck.load_checkpoint(d / "checkpoint.bin", N, state["checkpoint_sha256"])   # finite
+    step, params, *_ = ck.load_checkpoint(d / "checkpoint.bin", N, state["checkpoint_sha256"])   # finite
     assert step == 1 == state["step"] and np.abs(params).max() > 1e18
     assert not (d / "best.bin").exists() and [r["step"] for r in read_loss(d)] == [1]
 

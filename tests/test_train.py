@@ -439,8 +439,9 @@ def test_memory_plan_refuses_and_suggests_a_smaller_microbatch():
 def test_adamw_skips_the_step_on_a_non_finite_loss_or_norm(bad):
     """The divergence guard of k_adamw and its twin: with a NaN or infinite loss or gradient norm in
     stats, params, m and v stay as they were, bit for bit; with finite stats the step is taken."""
-    import reference as R
     from numba import cuda
+
+    import reference as R
     from andrea_numba.kernels import optim
     rng = np.random.default_rng(0)
     n = 300
