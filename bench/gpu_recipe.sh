@@ -2,9 +2,9 @@
 # The Shakespeare recipe on a 2-GPU machine, in three steps that each fit a 10-minute command while
 # the trainers run on in their own process sessions (setsid) between them:
 #
-#   bash bench/gpu_recipe.sh start      # data; GPU 0: the recipe (5,000 steps);
+#   bash bench/gpu_recipe.sh start      # data; GPU 0: the recipe at 4,000 steps;
 #                                       # GPU 1: harness at 12M and 120M, a SIGTERM/resume check with
-#                                       # dropout, then the recipe shortened to 3,500 steps
+#                                       # dropout, then the recipe at 3,000 steps
 #   bash bench/gpu_recipe.sh wait N     # print progress every 60 s for N seconds
 #   bash bench/gpu_recipe.sh collect    # wait for both GPUs, copy logs and plots to $OUT
 #
@@ -49,8 +49,8 @@ for f in ("checkpoint.bin", "best.bin"):
 print(json.dumps(res, indent=1))
 PY
     cat $R/resume_check.json
-    echo "== the recipe shortened to 3,500 steps"
-    $py -m andrea_numba.train --config $CFG --steps 3500 --out $R/short --log-every 100 > $R/short.log 2>&1
+    echo "== the recipe at 3,000 steps"
+    $py -m andrea_numba.train --config $CFG --steps 3000 --out $R/short --log-every 100 > $R/short.log 2>&1
     echo "short exit $?"
 }
 
@@ -95,7 +95,7 @@ collect)
         $py -m andrea_numba.sample $R/$run --best --prompt "ROMEO:" --tokens 300 --seed 1 > "$S/$run/sample_best.txt" 2>&1
     done
     cp $R/gpu1.log $R/check_*.json $R/check_*.err $R/resume_*.log $R/resume_check.json "$S/checks/" 2>/dev/null
-    $py bench/recipe_report.py $S/full $S/short --labels "5,000 steps" "3,500 steps" --png $S/recipe.png \
+    $py bench/recipe_report.py $S/full $S/short --labels "4,000 steps" "3,000 steps" --png $S/recipe.png \
         --md $S/recipe.md 2>&1 | tail -4
     tar czf "$OUT/recipe.tgz" -C $S .
     ls -la "$OUT"
