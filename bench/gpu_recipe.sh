@@ -65,7 +65,7 @@ start)
     fi
     sha256sum data/shakespeare/input.txt
     date +%s > $R/t0
-    CUDA_VISIBLE_DEVICES=0 setsid nohup bash -c "$py -m andrea_numba.train --config $CFG --out $R/full \
+    CUDA_VISIBLE_DEVICES=0 setsid nohup bash -c "$py -m andrea_numba.train --config $CFG --steps 4000 --out $R/full \
         --log-every 100; echo \"full exit \$?\"" > $R/full.log 2>&1 < /dev/null &
     export -f gpu1_jobs; export R py CFG
     CUDA_VISIBLE_DEVICES=1 setsid nohup bash -c gpu1_jobs > $R/gpu1.log 2>&1 < /dev/null &
