@@ -103,14 +103,25 @@ def stdlib_corpus() -> tuple[str, str, int]:
     return text, hashlib.sha256(text.encode("utf-8")).hexdigest(), len(parts) // 2
 
 
+def missing_corpus(path) -> DataError:
+    """The error for a corpus file that is not there: for the path `download` writes one of CORPORA
+    to (DIR/<name>/<file>), the command that fetches it; else where to look."""
+    path = Path(path)
+    for name, entry in CORPORA.items():
+        if path.name == entry["file"] and path.parent.name == name:
+            return DataError(f"data file '{path}' not found: fetch it with python -m andrea_numba.data "
+                             f"download {name} --out {path.parent}")
+    return DataError(f"data file '{path}' not found: check the path, or use the default corpus "
+                     f"(data.source \"stdlib\")")
+
+
 def read_text_file(path) -> tuple[str, str]:
     """Read a UTF-8 text file: (text, sha256 hex of its bytes). DataError if missing or not UTF-8."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"data file '{path}' is a directory: give a UTF-8 text file")
     if not path.is_file():
-        raise DataError(f"data file '{path}' not found: check the path, or use the default corpus "
-                        f"(data.source \"stdlib\")")
+        raise missing_corpus(path)
     try:
         raw = path.read_bytes()
     except OSError as e:

@@ -599,8 +599,7 @@ def build_config(args) -> Config:
     source = args.data or raw["data"]["source"]
     if source != "stdlib":                # a corpus file: by its absolute path, whatever the working directory
         if not Path(source).is_file():
-            raise D.DataError(f"data file '{source}' not found: check the path, or use the default corpus "
-                              f"(data.source \"stdlib\")")
+            raise D.missing_corpus(source)
         raw["data"]["source"] = str(Path(source).resolve())
     if train or raw != cfg.to_dict():
         cfg = config_from_dict(raw, origin="command line")

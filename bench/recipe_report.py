@@ -59,14 +59,19 @@ def plot(run_dirs, labels, targets, png):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
-    for d, label in zip(run_dirs, labels):
+    for i, (d, label) in enumerate(zip(run_dirs, labels)):
         rows = read_loss(d)
         vals = [r for r in rows if "val_loss" in r]
         steps = [r["step"] for r in rows]
-        ax[0].plot(steps, [r["train_loss"] for r in rows], lw=0.6, alpha=0.6, label=f"{label} train")
-        ax[0].plot([r["step"] for r in vals], [r["val_loss"] for r in vals], lw=1.8, label=f"{label} val")
+        c = f"C{i}"                                  # one colour per run, in both panels
+        ax[0].plot(steps, [r["train_loss"] for r in rows], color=c, lw=0.5, alpha=0.35, label=f"{label} train")
+        ax[0].plot([r["step"] for r in vals], [r["val_loss"] for r in vals], color=c, lw=1.8, label=f"{label} val")
         if vals and vals[0].get("elapsed_s") is not None:
-            ax[1].plot([r["elapsed_s"] / 60 for r in vals], [r["val_loss"] for r in vals], lw=1.8, label=f"{label} val")
+            ax[1].plot([r["elapsed_s"] / 60 for r in vals], [r["val_loss"] for r in vals], color=c, lw=1.8,
+                       label=f"{label} val")
+        if vals:
+            best = min(vals, key=lambda r: r["val_loss"])
+            ax[0].plot([best["step"]], [best["val_loss"]], "o", color=c, ms=5)
     for a, xl in zip(ax, ("optimiser step", "wall time since launch (min)")):
         for t in targets:
             a.axhline(t, color="grey", ls="--", lw=0.8)
