@@ -60,8 +60,8 @@ def read_run_state(run_dir) -> dict:
     one line when there is none, it does not parse or it holds no config."""
     path = Path(run_dir) / STATE_FILE
     if not path.is_file():
-        raise RunDirError(f"{run_dir} has no {STATE_FILE}: it is not a run directory; "
-                          f"start a new run with --out {run_dir}")
+        raise RunDirError(f"{run_dir} has no {STATE_FILE}: it is not a run directory (the trainer makes "
+                          f"one: python -m andrea_numba.train --out {run_dir})")
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
