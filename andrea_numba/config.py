@@ -74,6 +74,8 @@ class TrainConfig:
                                # and MLP outputs) during training; 0 turns dropout off
     eval_interval: int         # steps between validation-loss evaluations
     eval_batches: int          # microbatches averaged for one validation loss
+    early_stop: int            # stop after this many evaluations in a row without a better validation
+                               # loss (best.bin keeps the best); 0: train all `steps`
     checkpoint_interval: int   # steps between checkpoints
     sample_interval: int       # steps between text samples
     sample_tokens: int         # tokens generated per sample
@@ -101,7 +103,7 @@ class Config:
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 # fields added after runs were already written with configs that lack them: (section, field) ->
 # the value that gives those runs' behaviour (a config file should still name every field)
-DEFAULTS = {("train", "dropout"): 0.0}
+DEFAULTS = {("train", "dropout"): 0.0, ("train", "early_stop"): 0}
 LR_DECAYS = ("cosine", "constant")
 INT32_MAX = 2 ** 31 - 1      # the checkpoint stores the step and the parameter count as int32
 # the largest value of an int field, and why: the engine stores ints as int32 (token ids, the
@@ -197,7 +199,7 @@ def validate(cfg: Config) -> Config:
     for name in ("batch_size", "seq_len", "n_microbatches", "steps", "eval_interval", "eval_batches",
                  "checkpoint_interval", "sample_interval"):
         _require(getattr(t, name) > 0, f"field 'train.{name}' must be positive, got {getattr(t, name)}")
-    for name in ("warmup_steps", "sample_tokens", "seed"):
+    for name in ("warmup_steps", "sample_tokens", "seed", "early_stop"):
         _require(getattr(t, name) >= 0, f"field 'train.{name}' must be >= 0, got {getattr(t, name)}")
     _require(t.seq_len <= m.context_length,
              f"field 'train.seq_len' ({t.seq_len}) exceeds model.context_length ({m.context_length}): "

@@ -472,6 +472,13 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     # -- the loop --
+    def stopped_early(self, step: int, best: dict | None) -> bool:
+        """Early stopping (train.early_stop = E > 0): the evaluation at `step` is the E-th in a row
+        without a validation loss below best.bin's. A function of the step and the best record
+        only, so a resumed run stops where the uninterrupted one did, and knows it has stopped."""
+        t = self.cfg.train
+        return t.early_stop > 0 and best is not None and step - best["step"] >= t.early_stop * t.eval_interval
+
     def diverged(self, step: int, what: str) -> TrainError:
         return TrainError(f"training diverged at step {step} ({what}): the step was not applied and "
                           f"{self.last_checkpoint()}; {divergence_hints(self.cfg.train)} in the config, "
@@ -529,10 +536,17 @@ class Trainer:
                 # the signal flags are read ONCE per step: a signal landing between a test of
                 # "checkpoint?" and one of "stop?" must not stop the run without its checkpoint
                 stop, saves = self.stop_requested, self.save_requests
-                if self.step % t.checkpoint_interval == 0 or self.step == last or stop or saves != self.saves_done:
+                early = "val_loss" in rec and self.stopped_early(self.step, self.best)
+                if (self.step % t.checkpoint_interval == 0 or self.step == last or stop or early
+                        or saves != self.saves_done):
                     self.saves_done = saves
                     self.checkpoint()
                 self._host = None
+                if early:
+                    self.log(f"early stop at step {self.step}: {t.early_stop} evaluations without a validation loss "
+                             f"below {self.best['val_loss']:.4f} (step {self.best['step']}, in {BEST_FILE}); "
+                             f"the run is finished")
+                    return 0
                 if stop:                          # the checkpoint was written just above
                     self.log(f"stopped by signal at step {self.step}; resume with --resume {self.run_dir}")
                     return 0
@@ -668,6 +682,11 @@ def start_resume(args, log, launch_time) -> tuple[Trainer | None, RunLock]:
     except BaseException:
         lock.release()
         raise
+    if found["best"] is not None and trainer.stopped_early(found["step"], found["best"]):
+        log(f"{run_dir} is finished: it stopped early at step {found['step']:,}, {cfg.train.early_stop} evaluations "
+            f"after its best validation loss ({found['best']['val_loss']:.4f} at step {found['best']['step']:,}, "
+            f"in {BEST_FILE}); nothing was changed")
+        return None, lock
     if found["step"] >= cfg.train.steps:
         log(f"{run_dir} is finished: it trained all {found['step']:,} of its steps; to train it further, give "
             f"more steps: --resume {run_dir} --steps {2 * found['step']} (nothing was changed)")

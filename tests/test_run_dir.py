@@ -478,6 +478,27 @@ def test_divergence_stops_before_the_bad_step_with_one_line(base, tmp_path):
     assert not (d / "best.bin").exists() and [r["step"] for r in read_loss(d)] == [1]
 
 
+def test_early_stop_finishes_the_run_and_a_resume_knows_it(tmp_path, monkeypatch):
+    """train.early_stop = 2, an evaluation every step, validation losses scripted: best at step 2,
+    no better at steps 3 and 4: the run checkpoints step 4 and finishes with best.bin at step 2;
+    --resume then says it is finished and changes nothing."""
+    (tmp_path / "corpus.txt").write_text(corpus_text())
+    write_config(tmp_path / "run.json", steps=8, eval_interval=1, early_stop=2, checkpoint_interval=100)
+    scripted = iter([5.0, 4.0, 4.5, 4.2, 3.0, 3.0, 3.0, 3.0])
+    monkeypatch.setattr(tr.Trainer, "evaluate", lambda self: next(scripted))
+    code, out, err = train_cli("--config", "run.json", "--out", "d", cwd=tmp_path)
+    assert code == 0, err
+    assert any("early stop at step 4: 2 evaluations without a validation loss below 4.0000 (step 2" in s for s in out)
+    d = tmp_path / "d"
+    state = json.loads((d / ".state.json").read_text())
+    assert state["step"] == 4 and state["best"]["step"] == 2 and ck_step(d / "best.bin") == 2
+    assert [r["step"] for r in read_loss(d)] == [1, 2, 3, 4]
+    before = snapshot(d)
+    code, out, err = train_cli("--resume", "d", cwd=tmp_path)
+    assert code == 0 and not err and "stopped early at step 4" in out[-1], (out, err)
+    assert snapshot(d) == before
+
+
 # ----------------------------------------------------------------------------------------------
 # killed at random moments
 
