@@ -129,12 +129,8 @@ def one_of(options, what: str = "value"):
     return parse
 
 
-def seed(text: str) -> int:
-    """A seed: an integer in [0, 2^31)."""
-    v = _int(text)
-    if not 0 <= v <= INT32_MAX:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, {INT32_MAX}], got {_q(text)}")
-    return v
+seed = int_range(0, INT32_MAX)          # a seed: the generators take any integer in [0, 2^31)
+seed.__name__ = "seed"
 
 
 def positive_float(text: str) -> float:
