@@ -8,6 +8,7 @@
 #   bash bench/gpu_recipe.sh wait N     # print progress every 60 s for N seconds
 #   bash bench/gpu_recipe.sh collect    # wait for both GPUs, copy logs and plots to $OUT
 #
+# Run with PYTHONPATH set up as the README says (the collect step samples from best.bin).
 # The corpus comes from `data download shakespeare` (or, without network, from .corpus/shakespeare.txt
 # through a file:// address; the sha256 is the registry's either way). Run files stay in /tmp/recipe.
 set -u
