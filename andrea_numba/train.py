@@ -15,7 +15,7 @@ One optimiser step:
     AdamW step with the scheduled lr             # k_adamw: skipped on the device if loss or norm is not finite
     grads = 0                                    # k_zero
 
-Before the first step the trainer prints the memory plan (every buffer, by kind), checks it
+Before the first step the trainer prints the memory plan (andrea_numba.plan: every buffer, by kind), checks it
 against the GPU's free memory and allocates everything once, device buffers and the pinned host
 buffers the token batches and the step's statistics travel through. Every launch and copy goes to
 one stream of the run's own; a step waits for the GPU once, to read 8 bytes (the loss and the
@@ -52,10 +52,11 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .cli import Parser, positive_int
 from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
-from .gpu_model import GPUModel, buffer_specs
+from .gpu_model import GPUModel
 from .kernels import optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
+from .plan import PlanError, check_device, check_fits, format_plan, memory_plan
 from .runlog import (
     BEST_FILE,
     CHECKPOINT_FILE,
@@ -76,90 +77,6 @@ from .sample import generate as generate_text
 
 class TrainError(RuntimeError):
     """A run that cannot start or continue; str(err) is one line: what is wrong and what to do."""
-
-
-# ----------------------------------------------------------------------------------------------
-# the memory plan, and what fits where
-
-def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]:
-    """(kind, buffer, bytes) of every device buffer a run allocates, at microbatch size B."""
-    m, t = cfg.model, cfg.train
-    B = B or t.batch_size
-    P = n_params(m)
-    rows = [(s.kind, s.name, s.nbytes) for s in buffer_specs(m, B, t.seq_len)]
-    rows += [("optimizer", "adam_m", 4 * P), ("optimizer", "adam_v", 4 * P), ("optimizer", "decay_mask", P),
-             ("optimizer", "norm_partial", 4 * optim.NORM_BLOCKS), ("optimizer", "stats", 8)]
-    rows += [("sampler", s.name, s.nbytes) for s in buffer_specs(m, 1, m.context_length, training=False,
-                                                                 own_params=False)]
-    return rows
-
-
-def format_plan(rows) -> str:
-    kinds = {}
-    for kind, _, nbytes in rows:
-        kinds[kind] = kinds.get(kind, 0) + nbytes
-    biggest = sorted(rows, key=lambda r: -r[2])[:3]
-    lines = ["memory plan (bytes on the GPU):"]
-    lines += [f"  {kind:<12} {nbytes / 2**20:>10.1f} MiB" for kind, nbytes in kinds.items()]
-    lines.append(f"  {'total':<12} {sum(kinds.values()) / 2**20:>10.1f} MiB")
-    lines.append("  largest: " + ", ".join(f"{name} {nb / 2**20:.1f} MiB" for _, name, nb in biggest))
-    return "\n".join(lines)
-
-
-def check_fits(cfg: Config, free_bytes: int, margin: float = 0.95) -> int:
-    """Refuse (TrainError) when the plan exceeds the free memory; returns the planned bytes."""
-    need = sum(r[2] for r in memory_plan(cfg))
-    if need <= margin * free_bytes:
-        return need
-    t = cfg.train
-    fits = [b for b in range(t.batch_size - 1, 0, -1)
-            if sum(r[2] for r in memory_plan(cfg, b)) <= margin * free_bytes]
-    if fits:
-        b = fits[0]
-        n = t.n_microbatches * math.ceil(t.batch_size / b)
-        hint = f"use --batch-size {b} --microbatches {n} (the same tokens per step in smaller microbatches)"
-    else:
-        hint = "even a microbatch of 1 sequence does not fit: use a smaller model or a larger GPU"
-    raise TrainError(f"the run needs {need / 2**30:.2f} GiB on the GPU but only {free_bytes / 2**30:.2f} GiB "
-                     f"are free: {hint}")
-
-
-# The CUDA simulator runs every GPU thread as Python: an ANDREA-tiny step (64 tokens) takes about
-# TINY_SIM_STEP_S seconds on one CPU core. A config whose step is more than SIM_MAX_WORK times that
-# work is refused there, before any data is prepared: the 12M default would need months.
-TINY_SIM_STEP_S = 10.0
-SIM_MAX_WORK = 16
-
-
-def step_work(cfg: Config) -> int:
-    """A rough measure of one optimiser step's work: tokens per step x (parameters + the
-    attention's n_layer x seq_len x d_model per token)."""
-    m, t = cfg.model, cfg.train
-    return t.batch_size * t.seq_len * t.n_microbatches * (n_params(m) + m.n_layer * t.seq_len * m.d_model)
-
-
-def check_simulator_size(cfg: Config, resuming: bool = False) -> None:
-    """TrainError (one line) when cfg is far too big for the CUDA simulator."""
-    ratio = step_work(cfg) / step_work(load_config("tiny"))
-    if ratio <= SIM_MAX_WORK:
-        return
-    hours = ratio * TINY_SIM_STEP_S * cfg.train.steps / 3600
-    span = f"roughly {hours:,.0f} hours" if hours < 48 else f"roughly {hours / 24:,.0f} days" if hours < 24 * 365 \
-        else "years"
-    what = "resume this run on a machine with an NVIDIA GPU" if resuming else \
-        "use --size tiny here, or train on a machine with an NVIDIA GPU"
-    raise TrainError(f"{cfg.name} is too big for the CUDA simulator (NUMBA_ENABLE_CUDASIM=1): a step is about "
-                     f"{ratio:,.0f} times the work of an ANDREA-tiny step, so {cfg.train.steps:,} steps would take "
-                     f"{span}; {what}")
-
-
-def check_device(cfg: Config, resuming: bool = False) -> None:
-    """Before any data is prepared: the run must fit the GPU's free memory (or, in the simulator,
-    be small enough to finish)."""
-    if SIMULATOR:
-        check_simulator_size(cfg, resuming)
-    else:
-        check_fits(cfg, cuda.current_context().get_memory_info()[0])
 
 
 def divergence_hints(t) -> str:
@@ -281,7 +198,7 @@ class Trainer:
         self.log(format_plan(plan))
         self.planned_bytes = sum(r[2] for r in plan)
         if not SIMULATOR:
-            free, total = cuda.current_context().get_memory_info()
+            free = cuda.current_context().get_memory_info()[0]
             check_fits(cfg, free)
             self.free_before = free
         self.device = device_name()
@@ -754,7 +671,7 @@ def main(argv=None) -> int:
         code = trainer.run()
         log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {time.time() - t0:.1f} s")
         return code
-    except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError) as e:
+    except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError, PlanError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return 2
     except OSError as e:

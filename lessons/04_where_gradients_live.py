@@ -7,7 +7,7 @@ What it teaches
        the same weight, so the optimiser is one loop over n_params elements.
     3. The checkpoint is those vectors on disk: an 8-byte header, then weights, m and v.
     4. The memory plan of ANDREA-120M at batch 8 x 1024, computed by the engine
-       (train.memory_plan / format_plan): the saved activations dwarf the weights, and the
+       (andrea_numba.plan: memory_plan, format_plan): the saved activations dwarf the weights, and the
        largest of them is attention's probabilities, L x B x H x T x T floats.
     5. What a smaller microbatch saves (the same tokens per step in more, smaller microbatches).
 
@@ -26,7 +26,7 @@ args = C.start(__doc__)
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from andrea_numba import train as tr  # noqa: E402
+from andrea_numba.plan import format_plan, memory_plan  # noqa: E402
 from andrea_numba.checkpoint import HEADER, checkpoint_bytes  # noqa: E402
 from andrea_numba.config import load_config  # noqa: E402
 from andrea_numba.gpu_model import buffer_specs  # noqa: E402
@@ -108,14 +108,14 @@ C.say(f"""
 
 # %%
 C.step("The memory plan of ANDREA-120M at batch 8 x 1024")
-plan = tr.memory_plan(big_cfg)
+plan = memory_plan(big_cfg)
 t = big_cfg.train
 C.say(f"""
     Before its first step the trainer lists every buffer it will allocate on the GPU, by kind,
-    and refuses to start if they do not fit. This is the engine's own plan (train.memory_plan,
-    printed by train.format_plan) for {big_cfg.name}, microbatch {t.batch_size} x {t.seq_len}:
+    and refuses to start if they do not fit. This is the engine's own plan (andrea_numba.plan.memory_plan,
+    printed by format_plan) for {big_cfg.name}, microbatch {t.batch_size} x {t.seq_len}:
 """)
-print("\n".join("    " + line for line in tr.format_plan(plan).splitlines()))
+print("\n".join("    " + line for line in format_plan(plan).splitlines()))
 print()
 by_kind = {}
 for kind, _, nb in plan:
@@ -158,7 +158,7 @@ C.step("What a smaller microbatch saves")
 tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
 rows, kinds_by_b = [], {}
 for b in (8, 4, 2, 1):
-    p = tr.memory_plan(big_cfg, b)
+    p = memory_plan(big_cfg, b)
     kk = {}
     for kind, _, nb in p:
         kk[kind] = kk.get(kind, 0) + nb

@@ -430,7 +430,7 @@ def test_memory_plan_refuses_and_suggests_a_smaller_microbatch():
     P = n_params(cfg.model)
     assert sum(r[2] for r in plan if r[1] in ("params", "grads", "adam_m", "adam_v")) == 4 * 4 * P
     assert tr.check_fits(cfg, free_bytes=2 * total) == total
-    with pytest.raises(tr.TrainError, match=r"--batch-size \d+ --microbatches \d+") as e:
+    with pytest.raises(tr.PlanError, match=r"--batch-size \d+ --microbatches \d+") as e:
         tr.check_fits(cfg, free_bytes=8 * 2**30)                    # an 8 GB card
     assert "GiB" in str(e.value) and "\n" not in str(e.value)
 
