@@ -33,7 +33,8 @@ import numpy as np
 
 import reference as R
 
-from .kernels import attn, attn_out, attn_qkv, dropout, embed, layernorm, loss, matmul, mlp, optim, residual
+from .kernels import (attn, attn_flash, attn_out, attn_qkv, dropout, embed, layernorm, loss, matmul, mlp, optim,
+                      residual)
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,8 @@ def _adamw(d: Dims, rng):
 
 
 # ---------------------------------------------------------------------------------------------
-# the table, in the order of the kernel table; then the products and the optimiser's kernels
+# the table, in the order of the kernel table; then other kernels of its ops (flash attention), the
+# products and the optimiser's kernels
 
 F32, I32 = np.float32, np.int32
 
@@ -241,6 +243,15 @@ _OPS = [
            "loss_bwd", ("dx", "dwte"), accumulate=("dwte",), upstream={"dloss": "loss"},
            scratch={"dlogits": (lambda d: (d.N, d.V), F32)}),
 ]
+# Other kernels of an op of the table, checked as cases of their own but not (yet) used by the
+# engine, and not among the ops of lesson 03 and the exercises: flash attention saves lse [B, H, T]
+# instead of att [B, H, T, T] and recomputes the probabilities in its backward (lse is saved, not
+# differentiated: like attn's att it has no upstream gradient).
+_VARIANTS = [
+    OpCase("attn_flash", attn_flash, "attn_flash_fwd", ("y", "lse"), _attn,
+           "attn_flash_bwd", ("dq", "dk", "dv"), upstream={"dy": "y"},
+           scratch={"d_rowdot": (lambda d: (d.B, d.H, d.T), F32)}),
+]
 _PRODUCTS = [
     OpCase("matmul", matmul, "matmul", ("out",), _matmul(False, False)),
     OpCase("matmul a@b^T", matmul, "matmul", ("out",), _matmul(False, True), fixed=dict(trans_b=True)),
@@ -255,6 +266,8 @@ _OPTIMISER = [
     OpCase("zero", optim, "zero", ("arr",), lambda d, rng: dict(arr=_normal(rng, d.P))),
 ]
 
-CASES = {c.op: c for c in _OPS + _PRODUCTS + _OPTIMISER}
+CASES = {c.op: c for c in _OPS + _VARIANTS + _PRODUCTS + _OPTIMISER}
 OPS = [c.op for c in _OPS]               # the op pairs of the kernel table, in its order, and dropout
-KERNEL_MODULES = (embed, layernorm, attn_qkv, attn, attn_out, mlp, residual, dropout, loss, matmul, optim)
+VARIANTS = [c.op for c in _VARIANTS]     # other kernels of those ops, not used by the engine yet
+KERNEL_MODULES = (embed, layernorm, attn_qkv, attn, attn_flash, attn_out, mlp, residual, dropout, loss, matmul,
+                  optim)

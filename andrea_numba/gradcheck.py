@@ -4,9 +4,11 @@
     python -m andrea_numba.gradcheck --json   # {"ok": bool, "checks": [{"op", "tensor", "rel_err", "ok"}]}
 
 The ops are the op cases of andrea_numba/cases.py: the eight pairs of the kernel table and
-dropout (their twins, input makers and upstream gradients). Dropout's mask is a function of a key
-and the element index, and the key is an input that is never perturbed: every evaluation draws
-the same mask, so the check sees the op with its mask fixed, as the backward does. An op maps inputs to outputs. With a random upstream gradient G for each output, the scalar
+dropout, and flash attention's twin (cases.VARIANTS), with their input makers and upstream
+gradients. Dropout's mask is a function of a key and the element index, and the key is an input
+that is never perturbed: every evaluation draws the same mask, so the check sees the op with its
+mask fixed, as the backward does. An op maps inputs to outputs. With a random upstream gradient G
+for each output, the scalar
     f(inputs) = sum over outputs of sum(G * output)
 has d f / d input = exactly what the op's backward returns when handed G as grad_output. So we
 perturb every element of every input and parameter by +-h and compare
@@ -25,7 +27,7 @@ import numpy as np
 
 import reference as R
 
-from .cases import CASES, OPS, Dims, OpCase
+from .cases import CASES, OPS, VARIANTS, Dims, OpCase
 from .config import load_config
 from .layout import init_params
 
@@ -126,7 +128,7 @@ def check_model(size: str = "tiny", seed: int = 0, batch: int = 2) -> list[dict]
 
 def run_all(seed: int = 0, progress: bool = False) -> list[dict]:
     rows = []
-    for case in (CASES[op] for op in OPS):
+    for case in (CASES[op] for op in OPS + VARIANTS):
         rows += check_op(case, seed)
         if progress:
             print(f"  checked {case.op}", file=sys.stderr, flush=True)

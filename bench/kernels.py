@@ -52,6 +52,10 @@ def work(kernel: str, d: Dims) -> tuple[float, float, str]:
         "attn_qkv_bwd": (4 * N * C * C * 3, f * (5 * N * C + 6 * C * C), "flop"),
         "attn_fwd": (2 * causal, f * 4 * N * C, "flop"),
         "attn_bwd": (4 * causal, f * 7 * N * C, "flop"),
+        # flash attention: the products its kernels compute, attn_bwd's 4 and 3 recomputed (q k^T in
+        # both backward kernels, dy v^T in the second); lse is B*H*T floats
+        "attn_flash_fwd": (2 * causal, f * (4 * N * C + B * d.H * T), "flop"),
+        "attn_flash_bwd": (7 * causal, f * (8 * N * C + B * d.H * T), "flop"),
         "attn_out_fwd": (2 * N * C * C, f * (2 * N * C + C * C), "flop"),
         "attn_out_bwd": (4 * N * C * C, f * (3 * N * C + 2 * C * C), "flop"),
         "mlp_fwd": (4 * N * C * F, f * (2 * N * C + 2 * N * F + 2 * C * F), "flop"),

@@ -5,7 +5,7 @@ embed, layernorm, attn_qkv, attn, attn_out, mlp, residual, loss, and dropout (ap
 attention and to the attention and MLP outputs); the whole model in `model`;
 clipping and AdamW in `optim`. Arrays follow the dtype of their inputs (float32 or float64).
 """
-from .attn import attn_bwd, attn_fwd
+from .attn import attn_bwd, attn_flash_bwd, attn_flash_fwd, attn_fwd
 from .attn_out import attn_out_bwd, attn_out_fwd
 from .attn_qkv import attn_qkv_bwd, attn_qkv_fwd
 from .dropout import dropout_bwd, dropout_fwd, dropout_key, site_key

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import reference as R
-from andrea_numba.cases import CASES, KERNEL_MODULES, OPS, Dims
+from andrea_numba.cases import CASES, KERNEL_MODULES, OPS, VARIANTS, Dims
 from andrea_numba.kernels import common
 
 LAUNCHERS = [(case, direction, version, launch)
@@ -63,7 +63,7 @@ def test_launcher_signature_is_outputs_scratch_then_the_twins(item):
     assert args == written + scratch + twin_args, f"{launch.__name__}{inspect.signature(launch)} vs {twin.__name__}{inspect.signature(twin)}"
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", OPS + VARIANTS)
 def test_twin_outputs_have_the_names_and_shapes_the_case_gives(op):
     case, rng = CASES[op], np.random.default_rng(0)
     values = case.make(Dims(B=2, T=3, C=8, H=2, V=7, T_max=5), rng)

@@ -6,7 +6,7 @@ import pytest
 
 import reference as R
 from andrea_numba.config import load_config
-from andrea_numba.cases import CASES, OPS
+from andrea_numba.cases import CASES, OPS, VARIANTS
 from andrea_numba.gradcheck import DIMS
 from andrea_numba.layout import decay_mask, init_params, n_params
 
@@ -22,7 +22,7 @@ def _batch(cfg, seed=0, B=2):
     return rng.integers(0, cfg.model.vocab_size, (B, T)), rng.integers(0, cfg.model.vocab_size, (B, T))
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", OPS + VARIANTS)
 def test_each_op_float32_matches_float64_and_keeps_its_dtype(op):
     case, rng = CASES[op], np.random.default_rng(5)
     f64 = case.make(DIMS, rng)

@@ -5,6 +5,8 @@
     layernorm   layernorm_fwd v1, layernorm_bwd v1 v2          reference/layernorm.py
     attn_qkv    attn_qkv_fwd v1, attn_qkv_bwd v1               reference/attn_qkv.py
     attn        attn_fwd v1 v2, attn_bwd v1 v2                 reference/attn.py
+    attn_flash  attn_flash_fwd v1, attn_flash_bwd v1           reference/attn.py (attn_flash_*)
+                (flash attention: saves lse [B, H, T], not att; a checked case the engine does not use yet)
     attn_out    attn_out_fwd v1, attn_out_bwd v1               reference/attn_out.py
     mlp         mlp_fwd v1, mlp_bwd v1                         reference/mlp.py
     residual    residual_add v1, residual_add_bwd v1           reference/residual.py
