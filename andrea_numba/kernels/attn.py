@@ -211,13 +211,13 @@ def row_sum(red, r, lane, val):
     return out
 
 
-def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
-    """Build the three v2 kernels for head size HS, key tile BK and block (BQ, TPR) (compile-time
-    constants, so shared arrays have exact sizes and the small loops over CPT / DPT unroll)."""
-    NT = BQ * TPR                   # threads per block
+def tile_helpers(HS: int, BK: int, TPR: int, NT: int):
+    """The tile device functions of the tiled attention kernels (v2 here, and attn_flash.py), for
+    head size HS, key tile BK, TPR lanes per row and NT threads per block (compile-time constants).
+    A row's lanes split the columns of a tile (column c belongs to lane c % TPR, CPT = BK / TPR of
+    them each) and the HS channels of an output row (channel d to lane d % TPR, DPT of them)."""
     CPT = BK // TPR                 # tile columns per thread
-    DPT = cdiv(HS, TPR)             # output channels per thread: d = lane + i * TPR
-    HSP, BKP = HS + 1, BK + 1       # padded rows: a column of the tile spans all 32 banks
+    DPT = cdiv(HS, TPR)             # output channels per thread
 
     @cuda.jit(device=True)
     def load_rows(dst, src, b, row0, c0, T):
@@ -248,6 +248,19 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                 d = lane + i * TPR
                 if d < HS:
                     acc[i] += p * tile[c, d]
+
+    return load_rows, row_dots, add_weighted_rows
+
+
+def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
+    """Build the three v2 kernels for head size HS, key tile BK and block (BQ, TPR) (compile-time
+    constants, so shared arrays have exact sizes and the small loops over CPT / DPT unroll)."""
+    NT = BQ * TPR                   # threads per block
+    CPT = BK // TPR                 # tile columns per thread
+    DPT = cdiv(HS, TPR)             # output channels per thread: d = lane + i * TPR
+    HSP, BKP = HS + 1, BK + 1       # padded rows: a column of the tile spans all 32 banks
+
+    load_rows, row_dots, add_weighted_rows = tile_helpers(HS, BK, TPR, NT)
 
     @cuda.jit
     def k_attn_fwd_v2(y, att, q, k, v, scale, key, threshold, dscale):

@@ -39,7 +39,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .attn import NEG_INF, _check, _split, row_max, row_sum
+from .attn import NEG_INF, _check, _split, row_max, row_sum, tile_helpers
 from .common import SIMULATOR, blocks, cdiv
 from .dropout import dropout_factor, mask_args
 
@@ -85,35 +85,7 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
     DPT = cdiv(HS, TPR)             # output channels per thread: d = lane + i * TPR
     HSP = HS + 1                    # padded tile rows: lanes reading rows c, c + 1, ... hit distinct banks
 
-    @cuda.jit(device=True)
-    def load_rows(dst, src, b, row0, c0, T):
-        """dst[i, d] = src[b, row0 + i, c0 + d] for the rows i of dst and d < HS (0 past row T):
-        one head's slice of rows, copied by all NT threads (consecutive threads: consecutive d)."""
-        for e in range(cuda.threadIdx.x, dst.shape[0] * HS, NT):
-            i, d = e // HS, e % HS
-            dst[i, d] = src[b, row0 + i, c0 + d] if row0 + i < T else float32(0.0)
-
-    @cuda.jit(device=True)
-    def row_dots(acc, rows, tile, r, lane):
-        """acc[i] = rows[r] . tile[lane + i*TPR] over the HS channels: this thread's CPT entries
-        of row r of (rows @ tile^T), e.g. the scores q k^T or dy v^T."""
-        for i in range(CPT):
-            acc[i] = 0.0
-        for d in range(HS):
-            x = rows[r, d]
-            for i in range(CPT):
-                acc[i] += x * tile[lane + i * TPR, d]
-
-    @cuda.jit(device=True)
-    def add_weighted_rows(acc, w, tile, r, lane):
-        """acc[i] += sum_c w[r, c] tile[c, d] for d = lane + i*TPR < HS, c = 0 .. BK-1 in order:
-        row r of (w @ tile), e.g. y += (P f) v or dq += ds k."""
-        for c in range(BK):
-            p = w[r, c]
-            for i in range(DPT):
-                d = lane + i * TPR
-                if d < HS:
-                    acc[i] += p * tile[c, d]
+    load_rows, row_dots, add_weighted_rows = tile_helpers(HS, BK, TPR, NT)   # attn.py's, shared with v2
 
     @cuda.jit
     def k_attn_flash_fwd_v1(y, lse, q, k, v, scale, key, threshold, dscale):
