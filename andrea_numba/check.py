@@ -184,7 +184,8 @@ def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None) -> list[dict]:
 
 def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int) -> list[dict]:
     """The whole model: loss and every gradient tensor of GPUModel against reference.model, in a
-    training forward with dropout (probability MODEL_DROPOUT, a key drawn from rng)."""
+    training forward with dropout (probability MODEL_DROPOUT, a key drawn from rng); once with the
+    engine's attention ("model") and once with flash attention ("model, flash attention")."""
     from .gpu_model import GPUModel
 
     params = init_params(m, seed)
@@ -195,20 +196,22 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int) -> list[dict]:
     ref_loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets, MODEL_DROPOUT, key)
     ref_grads = R.model_backward(params.astype(np.float64), m, acts)
     del acts
-    model = GPUModel(m, B, T, dropout=MODEL_DROPOUT)
-    model.params.copy_to_device(params)
-    runs = []
-    for _ in range(2):
-        model.zero_grads()
-        model.forward(tokens, targets, dropout_key=key)
-        model.backward()
-        cuda.synchronize()
-        runs.append((np.array([model.read_loss()]), to_host(model.grads)))
-    rows = [compare("model", "loss", runs[0][0], np.array([float(ref_loss)]), MODEL_TOL, repeat=runs[1][0])]
-    for s in param_layout(m):
-        sl = slice(s.offset, s.end)
-        rows.append(compare("model", "d " + s.name, runs[0][1][sl], ref_grads[sl], MODEL_TOL,
-                            repeat=runs[1][1][sl]))
+    rows = []
+    for op, flash in (("model", False), ("model, flash attention", True)):
+        model = GPUModel(m, B, T, dropout=MODEL_DROPOUT, flash=flash)
+        model.params.copy_to_device(params)
+        runs = []
+        for _ in range(2):
+            model.zero_grads()
+            model.forward(tokens, targets, dropout_key=key)
+            model.backward()
+            cuda.synchronize()
+            runs.append((np.array([model.read_loss()]), to_host(model.grads)))
+        rows.append(compare(op, "loss", runs[0][0], np.array([float(ref_loss)]), MODEL_TOL, repeat=runs[1][0]))
+        for s in param_layout(m):
+            sl = slice(s.offset, s.end)
+            rows.append(compare(op, "d " + s.name, runs[0][1][sl], ref_grads[sl], MODEL_TOL, repeat=runs[1][1][sl]))
+        del model                             # one model's buffers at a time (120M: several GB each)
     return rows
 
 

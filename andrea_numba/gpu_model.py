@@ -21,7 +21,7 @@ from numba import cuda
 from .config import ModelConfig
 import reference.dropout as D
 
-from .kernels import attn, attn_out, attn_qkv, dropout, embed, layernorm, loss, mlp, residual
+from .kernels import attn, attn_flash, attn_out, attn_qkv, dropout, embed, layernorm, loss, mlp, residual
 from .kernels.optim import zero
 from .layout import n_params, views
 
@@ -38,10 +38,12 @@ class BufferSpec:
         return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
-def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_params: bool = True) -> list[BufferSpec]:
+def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_params: bool = True,
+                 flash: bool = False) -> list[BufferSpec]:
     """Every device buffer of a forward + backward at batch B x T (the optimiser's m and v live
     with the trainer). One line per tensor, llm.c style. training=False: forward only (no
-    gradients, no backward scratch); own_params=False: the parameters live in another model."""
+    gradients, no backward scratch); own_params=False: the parameters live in another model;
+    flash=True: flash attention, which saves lse [L, B, H, T] instead of att [L, B, H, T, T]."""
     L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
     N, F, P = B * T, 4 * m.d_model, n_params(m)
     f32, i32 = np.float32, np.int32
@@ -58,6 +60,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("q", (L, N, C), "activations"),
         S("k", (L, N, C), "activations"),
         S("v", (L, N, C), "activations"),
+        S("lse", (L, B, H, T), "activations") if flash else    # flash: the rows' log-sum-exp
         S("att", (L, B, H, T, T), "activations"),   # softmax probabilities
         S("y", (L, N, C), "activations"),            # attention output, heads side by side
         S("x_mid", (L, N, C), "activations"),        # residual stream between attention and MLP
@@ -85,6 +88,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("d_k", (N, C), "scratch"),
         S("d_v", (N, C), "scratch"),
         S("d_h_pre", (N, F), "scratch"),             # MLP hidden before GELU
+        S("d_rowdot", (B, H, T), "scratch") if flash else     # flash: D = dy . y per row
         S("d_scores", (B, H, T, T), "scratch"),      # attention scores: datt, then ds (one layer at a time)
         S("embed_links", (2, N), "scratch", i32),    # embed_bwd's per-token lists
     ]
@@ -95,17 +99,20 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
 
 class GPUModel:
     """training=False builds a forward-only model (sampling, evaluation at another batch size);
-    params=<device array> makes it use another model's parameter vector instead of its own."""
+    params=<device array> makes it use another model's parameter vector instead of its own;
+    flash=True runs flash attention (kernels/attn_flash.py: no [B, H, T, T] buffer) instead of the
+    engine's attention v2. The two agree to float32 rounding, not bit for bit: a run keeps one."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, flash: bool = False):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
         self.dropout = dropout                      # used by a forward given a dropout_key
+        self.flash = flash
         # every launch and copy of this model goes to one stream, never the legacy default stream
         self.stream = cuda.stream() if stream is None else stream
         self.training = training
-        self.specs = buffer_specs(m, B, T, training, own_params=params is None)
+        self.specs = buffer_specs(m, B, T, training, own_params=params is None, flash=flash)
         self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
         self.params = self.buf["params"] if params is None else params
         self.P = views(self.params, m)               # named device views into the flat vectors
@@ -146,8 +153,11 @@ class GPUModel:
                                     P[p + "ln1.g"], P[p + "ln1.b"], eps, stream=s)
             attn_qkv.attn_qkv_fwd(b["q"][l], b["k"][l], b["v"][l], b["ln1"][l],
                                   P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
-            attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], b["q"][l].reshape(B, T, C),
-                          b["k"][l].reshape(B, T, C), b["v"][l].reshape(B, T, C), H, p_drop, k_att, stream=s)
+            qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
+            if self.flash:
+                attn_flash.attn_flash_fwd(b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s)
+            else:
+                attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], *qkv, H, p_drop, k_att, stream=s)
             attn_out.attn_out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], stream=s)
             if p_drop:                                              # in place: branch = drop(branch)
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_ao, stream=s)
@@ -193,9 +203,13 @@ class GPUModel:
             if p_drop:
                 dropout.dropout_bwd(_flat(d_branch), _flat(d_branch), p_drop, k_ao, stream=s)
             attn_out.attn_out_bwd(b["d_y"], G[p + "attn.w_o"], d_branch, b["y"][l], P[p + "attn.w_o"], stream=s)
-            attn.attn_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"),
-                          b["q"][l].reshape(B, T, C), b["k"][l].reshape(B, T, C), b["v"][l].reshape(B, T, C),
-                          b["att"][l], H, p_drop, k_att, stream=s)
+            qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
+            if self.flash:
+                attn_flash.attn_flash_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
+                                          b["y"][l].reshape(B, T, C), b["lse"][l], H, p_drop, k_att, stream=s)
+            else:
+                attn.attn_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"), *qkv,
+                              b["att"][l], H, p_drop, k_att, stream=s)
             attn_qkv.attn_qkv_bwd(d_ln_out, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"],
                                   b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
                                   P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)

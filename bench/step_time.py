@@ -2,6 +2,7 @@
 
     python bench/step_time.py                      # 12M at 16 x 512 and 120M at 8 x 1024
     python bench/step_time.py --sizes 12M --json out.json
+    python bench/step_time.py --flash              # also the model with flash attention
 
 Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
 (it is not a dependency of the project), the same GPT written in PyTorch in fp32 (TF32 off, as
@@ -24,8 +25,8 @@ from andrea_numba.layout import init_params, n_params
 SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
 
 
-def time_ours(m, B, T, iters):
-    model = GPUModel(m, B, T)
+def time_ours(m, B, T, iters, flash=False):
+    model = GPUModel(m, B, T, flash=flash)
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
     tokens = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
@@ -110,6 +111,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=cli.int_range(1, 10_000), default=5)
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the results here too")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    ap.add_argument("--flash", action="store_true", help="also time the model with flash attention")
     args = ap.parse_args(argv)
     rows = []
     for size in args.sizes:
@@ -127,10 +129,16 @@ def main(argv=None):
             pass
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    head = f"{'size':<6} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} {'torch fp32 ms':>14} {'torch bf16 ms':>14}"
+        if args.flash:
+            fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters, flash=True)
+            rows.append({"size": f"{size} flash", "B": B, "T": T, "params": n_params(m), "fwd_ms": fwd * 1e3,
+                         "bwd_ms": bwd * 1e3, "tokens_per_s": B * T / (fwd + bwd), "loss": loss,
+                         "buffers_GB": nbytes / 1e9})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    head = f"{'size':<10} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} {'torch fp32 ms':>14} {'torch bf16 ms':>14}"
     print(head)
     for r in rows:
-        print(f"{r['size']:<6} {r['B']:>4} x {r['T']:<4} {r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} "
+        print(f"{r['size']:<10} {r['B']:>4} x {r['T']:<4} {r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} "
               f"{r['tokens_per_s']:>9.0f} {r.get('torch_fp32_ms', float('nan')):>14.1f} "
               f"{r.get('torch_bf16_ms', float('nan')):>14.1f}")
     if args.json:

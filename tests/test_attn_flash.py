@@ -96,3 +96,30 @@ def test_without_dropout_y_equals_attention_v2():
     s = np.einsum("bthd,buhd->bhtu", q64, k64) / math.sqrt(C // H)
     P = np.where(np.tril(np.ones((T, T), dtype=bool)), np.exp(s - lse.copy_to_host()[..., None]), 0.0)
     np.testing.assert_allclose(P, att.copy_to_host(), rtol=0, atol=1e-6)
+
+
+def test_the_model_with_flash_attention_holds_no_T_by_T_buffer_and_agrees():
+    """GPUModel(flash=True): lse [L, B, H, T] and d_rowdot [B, H, T] instead of att and d_scores;
+    the loss of a training forward (dropout on) agrees with the engine's attention to float32."""
+    import numpy as np
+
+    from andrea_numba.config import load_config
+    from andrea_numba.gpu_model import GPUModel, buffer_specs
+    from andrea_numba.layout import init_params
+
+    m = load_config("tiny").model
+    B, T = 2, 8
+    names = {s.name: s.shape for s in buffer_specs(m, B, T, flash=True)}
+    assert "att" not in names and "d_scores" not in names
+    assert names["lse"] == (m.n_layer, B, m.n_head, T) and names["d_rowdot"] == (B, m.n_head, T)
+    assert not any(len(s) >= 2 and tuple(s[-2:]) == (T, T) for s in names.values())     # nothing T x T
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(0, m.vocab_size, (B, T)).astype(np.int32)
+    targets = rng.integers(0, m.vocab_size, (B, T)).astype(np.int32)
+    losses = []
+    for flash in (False, True):
+        model = GPUModel(m, B, T, dropout=0.1, flash=flash)
+        model.params.copy_to_device(init_params(m, 0))
+        model.forward(tokens, targets, dropout_key=12345)
+        losses.append(model.read_loss())
+    assert abs(losses[0] - losses[1]) < 1e-5 * abs(losses[0])
