@@ -34,19 +34,30 @@ def _merge(xh):
     return xh.transpose(0, 2, 1, 3).reshape(B, T, H * hs)
 
 
+def _causal_scores(qh, kh, scale):
+    """s[t, u] = scale q[t] . k[u] for u <= t, -inf for u > t (the future): [B, H, T, T]."""
+    T = qh.shape[2]
+    s = (qh @ kh.transpose(0, 1, 3, 2)) * scale
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)             # u > t
+    return np.where(future, -np.inf, s)
+
+
+def _dropout(p, dropout_p, dropout_key):
+    """Dropout's factor f on the probabilities p [B, H, T, T] (1.0 when dropout is off)."""
+    return dropout_factor(p.shape, dropout_p, dropout_key, p.dtype.type) if dropout_p else 1.0
+
+
 def attn_fwd(q, k, v, n_head, dropout_p=0.0, dropout_key=0):
     """q, k, v [B, T, C] -> y [B, T, C]; saved for backward: att [B, H, T, T] (softmax probabilities,
     before dropout)."""
-    T, C = q.shape[1], q.shape[2]
+    C = q.shape[2]
     scale = 1.0 / math.sqrt(C // n_head)
     qh, kh, vh = _heads(q, n_head), _heads(k, n_head), _heads(v, n_head)
-    s = (qh @ kh.transpose(0, 1, 3, 2)) * scale                    # [B, H, T, T]
-    future = np.triu(np.ones((T, T), dtype=bool), k=1)             # u > t
-    s = np.where(future, -np.inf, s)
+    s = _causal_scores(qh, kh, scale)                              # [B, H, T, T]
     s = s - s.max(axis=-1, keepdims=True)
     e = np.exp(s)
     att = e / e.sum(axis=-1, keepdims=True)                        # [B, H, T, T]
-    f = dropout_factor(att.shape, dropout_p, dropout_key, att.dtype.type) if dropout_p else 1.0
+    f = _dropout(att, dropout_p, dropout_key)
     y = _merge((att * f) @ vh)                                     # [B, T, C]
     return y, att
 
@@ -56,7 +67,7 @@ def attn_bwd(dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0):
     C = q.shape[2]
     scale = 1.0 / math.sqrt(C // n_head)
     qh, kh, vh, dyh = (_heads(a, n_head) for a in (q, k, v, dy))
-    f = dropout_factor(att.shape, dropout_p, dropout_key, att.dtype.type) if dropout_p else 1.0
+    f = _dropout(att, dropout_p, dropout_key)
     datt = f * (dyh @ vh.transpose(0, 1, 3, 2))                    # [B, H, T, T]
     dvh = (att * f).transpose(0, 1, 3, 2) @ dyh                    # [B, H, T, hs]
     ds = att * (datt - (datt * att).sum(axis=-1, keepdims=True))   # [B, H, T, T]
@@ -82,16 +93,14 @@ def attn_flash_fwd(q, k, v, n_head, dropout_p=0.0, dropout_key=0):
     the keys in tiles with an online softmax. Dropout (f, drawn from the key and the flat index of
     [b, h, t, u] in a [B, H, T, T] array) is exactly attn_fwd's, so the same key drops the same
     probabilities."""
-    T, C = q.shape[1], q.shape[2]
+    C = q.shape[2]
     scale = 1.0 / math.sqrt(C // n_head)
     qh, kh, vh = _heads(q, n_head), _heads(k, n_head), _heads(v, n_head)
-    s = (qh @ kh.transpose(0, 1, 3, 2)) * scale                    # [B, H, T, T]
-    future = np.triu(np.ones((T, T), dtype=bool), k=1)             # u > t
-    s = np.where(future, -np.inf, s)
+    s = _causal_scores(qh, kh, scale)                              # [B, H, T, T]
     m = s.max(axis=-1, keepdims=True)                              # row maximum: exp cannot overflow
     lse = m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True))    # [B, H, T, 1]
     p = np.exp(s - lse)                                            # att; 0 in the future
-    f = dropout_factor(p.shape, dropout_p, dropout_key, p.dtype.type) if dropout_p else 1.0
+    f = _dropout(p, dropout_p, dropout_key)
     y = _merge((p * f) @ vh)                                       # [B, T, C]
     return y, lse[..., 0]
 
@@ -104,14 +113,12 @@ def attn_flash_bwd(dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0):
         sum_u P[t, u] f[t, u] (dy[t] . v[u]) = dy[t] . (sum_u P[t, u] f[t, u] v[u]) = dy[t] . y[t],
     so the backward needs neither att nor a pass over a row of datt before ds. Then, as attn_bwd:
         dv = (P * f)^T @ dy      ds = P * (datt - D)      dq = ds @ k * scale     dk = ds^T @ q * scale"""
-    T, C = q.shape[1], q.shape[2]
+    C = q.shape[2]
     scale = 1.0 / math.sqrt(C // n_head)
     qh, kh, vh, dyh, yh = (_heads(a, n_head) for a in (q, k, v, dy, y))
-    s = (qh @ kh.transpose(0, 1, 3, 2)) * scale                    # the forward's scores, again
-    future = np.triu(np.ones((T, T), dtype=bool), k=1)
-    s = np.where(future, -np.inf, s)
+    s = _causal_scores(qh, kh, scale)                              # the forward's scores, again
     p = np.exp(s - lse[..., None])                                 # att, recomputed; 0 in the future
-    f = dropout_factor(p.shape, dropout_p, dropout_key, p.dtype.type) if dropout_p else 1.0
+    f = _dropout(p, dropout_p, dropout_key)
     datt = f * (dyh @ vh.transpose(0, 1, 3, 2))                    # [B, H, T, T]
     dvh = (p * f).transpose(0, 1, 3, 2) @ dyh                      # [B, H, T, hs]
     d_rowdot = (dyh * yh).sum(axis=-1)                             # D [B, H, T]
