@@ -62,6 +62,8 @@ def work(kernel: str, d: Dims) -> tuple[float, float, str]:
         "mlp_bwd": (8 * N * C * F, f * (3 * N * C + 2 * N * F + 4 * C * F), "flop"),
         "residual_add": (0, f * 3 * N * C, "byte"),
         "residual_add_bwd": (0, f * 3 * N * C, "byte"),
+        "dropout_fwd": (0, f * 2 * N * C, "byte"),          # the mask is computed, never read
+        "dropout_bwd": (0, f * 2 * N * C, "byte"),
         "loss_fwd": (2 * N * C * V, f * (N * C + V * C + N * V), "flop"),
         "loss_bwd": (4 * N * C * V, f * (N * C * 2 + V * C * 2 + N * V), "flop"),
         "matmul": (2 * N * C * F, f * (N * C + C * F + N * F), "flop"),

@@ -92,3 +92,20 @@ def test_twin_names_are_the_launcher_names():
         for name in (case.fwd, case.bwd):
             if name:
                 assert callable(getattr(R, name)), name
+
+
+def test_bench_kernels_knows_the_work_of_every_launcher():
+    """bench/kernels.py's FLOP and byte table has a row for every launcher of every case."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "kernels.py"
+    spec = importlib.util.spec_from_file_location("bench_kernels", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    d = Dims(2, 8, 8, 2, 7, 16)
+    for case in CASES.values():
+        for name in (case.fwd, case.bwd):
+            if name:
+                _flops, nbytes, bound = bench.work(name, d)
+                assert bound in ("flop", "byte") and nbytes > 0, name
+
