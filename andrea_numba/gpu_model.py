@@ -142,8 +142,7 @@ class GPUModel:
         # dropout: probability p_drop, one key per block and site (reference/dropout.py); the
         # backward draws the same masks from the keys kept here
         p_drop = self.dropout if dropout_key is not None else 0.0
-        self.keys = [tuple(D.site_key(dropout_key, D.SITES * l + i) for i in range(D.SITES)) if p_drop
-                     else (0, 0, 0) for l in range(m.n_layer)]
+        self.keys = [D.block_keys(dropout_key if p_drop else None, l) for l in range(m.n_layer)]
         self.p_drop = p_drop
         embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
         for l in range(m.n_layer):

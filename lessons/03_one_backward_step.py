@@ -165,7 +165,7 @@ report("final LayerNorm", "k_layernorm_bwd  <->  reference.layernorm.layernorm_b
 # %%
 for l in reversed(range(m.n_layer)):
     p, a = f"h{l}.", acts["blocks"][l]
-    key_att, key_ao, key_mlp = (R.site_key(KEY, 3 * l + i) for i in range(3))
+    key_att, key_ao, key_mlp = R.block_keys(KEY, l)        # one key per site of this block
     say(f"\n========== block {l} ==========")
     # x_out = x_mid + drop(mlp(ln2(x_mid)))
     dx_mid, ddrop = R.residual_add_bwd(dx)

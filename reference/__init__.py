@@ -8,7 +8,7 @@ clipping and AdamW in `optim`. Arrays follow the dtype of their inputs (float32 
 from .attn import attn_bwd, attn_flash_bwd, attn_flash_fwd, attn_fwd
 from .attn_out import attn_out_bwd, attn_out_fwd
 from .attn_qkv import attn_qkv_bwd, attn_qkv_fwd
-from .dropout import dropout_bwd, dropout_fwd, dropout_key, site_key
+from .dropout import block_keys, dropout_bwd, dropout_fwd, dropout_key, site_key
 from .embed import embed_bwd, embed_fwd
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .loss import loss_bwd, loss_fwd

@@ -50,6 +50,14 @@ def site_key(key: int, site: int) -> int:
     return int(hash32((key ^ ((site + 1) * GOLDEN)) & M32))
 
 
+def block_keys(key, layer: int) -> tuple:
+    """The keys of block `layer`'s three sites (attention probabilities, attention output, MLP
+    output), from a forward's key; (0, 0, 0) when key is None (no dropout)."""
+    if key is None:
+        return 0, 0, 0
+    return tuple(site_key(key, SITES * layer + s) for s in range(SITES))
+
+
 def threshold(p: float) -> int:
     """keep_i = u_i >= threshold: round(p * 2^32), so P(keep) = 1 - p to within 2^-32."""
     assert 0.0 <= p < 1.0, f"dropout probability {p} must lie in [0, 1)"

@@ -9,7 +9,7 @@
 Dropout (training only, as in GPT-2) acts at three sites per block: on the attention
 probabilities inside attn, and on the attention and MLP outputs before they join the residual
 stream. A training forward gets dropout_p and a key (dropout.dropout_key(seed, step, microbatch));
-each site's mask comes from dropout.site_key(key, 3 * l + site), so nothing random is stored and
+each site's mask comes from dropout.block_keys(key, l) (site_key(key, 3 * l + site)), so nothing random is stored and
 the backward draws the same masks. Without a key (evaluation, sampling) nothing is dropped.
 
 Parameters and gradients are flat vectors in the layout of andrea_numba.layout; the dtype of
@@ -40,19 +40,12 @@ from andrea_numba.layout import views
 from .attn import attn_bwd, attn_fwd
 from .attn_out import attn_out_bwd, attn_out_fwd
 from .attn_qkv import attn_qkv_bwd, attn_qkv_fwd
-from .dropout import SITES, dropout_bwd, dropout_fwd, site_key
+from .dropout import block_keys, dropout_bwd, dropout_fwd
 from .embed import embed_bwd, embed_fwd
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .loss import loss_bwd, loss_fwd
 from .mlp import mlp_bwd, mlp_fwd
 from .residual import residual_add, residual_add_bwd
-
-
-def _site_keys(dropout_key, l):
-    """Keys of block l's three dropout sites: attention probabilities, attention output, MLP output."""
-    if dropout_key is None:
-        return 0, 0, 0
-    return tuple(site_key(dropout_key, SITES * l + s) for s in range(SITES))
 
 
 def _trunk(params, m: ModelConfig, tokens, dropout_p=0.0, dropout_key=None):
@@ -64,7 +57,7 @@ def _trunk(params, m: ModelConfig, tokens, dropout_p=0.0, dropout_key=None):
     acts = {"tokens": tokens, "x0": x, "blocks": [], "dropout": (p_drop, dropout_key)}
     for l in range(m.n_layer):
         p = f"h{l}."
-        k_att, k_ao, k_mlp = _site_keys(dropout_key, l)
+        k_att, k_ao, k_mlp = block_keys(dropout_key, l)
         a = {"x_in": x}
         a["ln1"], a["ln1_mean"], a["ln1_rstd"] = layernorm_fwd(x, P[p + "ln1.g"], P[p + "ln1.b"], eps)
         a["q"], a["k"], a["v"] = attn_qkv_fwd(a["ln1"], P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
@@ -110,7 +103,7 @@ def model_backward(params, m: ModelConfig, acts):
     G["lnf.b"] += db
     for l in reversed(range(m.n_layer)):
         p, a = f"h{l}.", acts["blocks"][l]
-        k_att, k_ao, k_mlp = _site_keys(dropout_key, l)
+        k_att, k_ao, k_mlp = block_keys(dropout_key, l)
         # x_out = x_mid + drop(mlp(LN2(x_mid)))
         dx_mid, dmlp = residual_add_bwd(dx)
         dmlp = dropout_bwd(dmlp, p_drop, k_mlp)
