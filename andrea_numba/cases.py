@@ -79,11 +79,13 @@ class OpCase:
     upstream: dict = field(default_factory=dict)     # upstream gradient -> forward output it belongs to
     scratch: dict = field(default_factory=dict)      # kernel work buffer -> (shape(dims), dtype)
     fixed: dict = field(default_factory=dict)        # launcher arguments this case fixes (matmul's transposes)
+    twin: str | None = None      # the twin's name when it is not the launcher's (AdamW v2's: adamw_zero)
+    only: tuple = ()             # the launcher versions this case checks (empty: all of them)
 
     # -- the twin --
     @property
     def twin_fwd(self) -> Callable:
-        return getattr(R, self.fwd)
+        return getattr(R, self.twin or self.fwd)
 
     @property
     def twin_bwd(self) -> Callable:
@@ -114,8 +116,10 @@ class OpCase:
 
     # -- the kernels --
     def versions(self, direction: str = "fwd") -> dict:
-        """{version: launcher} of the forward ("fwd") or backward ("bwd") launcher."""
-        return self.module.VERSIONS[self.fwd if direction == "fwd" else self.bwd]
+        """{version: launcher} of the forward ("fwd") or backward ("bwd") launcher (those in
+        `only`, when the case names some: the others are another case's)."""
+        versions = self.module.VERSIONS[self.fwd if direction == "fwd" else self.bwd]
+        return {v: launch for v, launch in versions.items() if not self.only or v in self.only}
 
     def engine(self, direction: str = "fwd") -> Callable:
         """The launcher the engine uses (the module-level name without a version)."""
@@ -212,6 +216,12 @@ def _adamw(d: Dims, rng):
                 stats=np.array([3.25, 0.75]))     # [loss, grad norm], finite: the step is applied
 
 
+def _adamw_zero(d: Dims, rng):
+    values = _adamw(d, rng)
+    t, lr = values.pop("t"), values.pop("lr")
+    return dict(values, hyper=R.adamw_hyper(t, lr, values["beta1"], values["beta2"]))
+
+
 # ---------------------------------------------------------------------------------------------
 # the table, in the order of the kernel table; then other kernels of its ops (flash attention), the
 # products and the optimiser's kernels
@@ -262,7 +272,10 @@ _OPTIMISER = [
     OpCase("grad_norm", optim, "grad_norm", ("norm",), _grads,
            scratch={"partial": (lambda d: (optim.NORM_BLOCKS,), F32)}),
     OpCase("grad_scale", optim, "grad_scale", ("grads",), _grad_scale),
-    OpCase("adamw", optim, "adamw", ("params", "m", "v"), _adamw),
+    OpCase("adamw", optim, "adamw", ("params", "m", "v"), _adamw, only=(1,)),
+    # version 2 reads lr and the bias corrections from the device and clears the gradient: its
+    # twin is reference.adamw_zero (the learning rate and the corrections in one array, hyper)
+    OpCase("adamw_zero", optim, "adamw", ("params", "grads", "m", "v"), _adamw_zero, twin="adamw_zero", only=(2,)),
     OpCase("zero", optim, "zero", ("arr",), lambda d, rng: dict(arr=_normal(rng, d.P))),
 ]
 

@@ -15,5 +15,5 @@ from .loss import loss_bwd, loss_fwd
 from .matmul import matmul
 from .mlp import gelu, gelu_grad, mlp_bwd, mlp_fwd
 from .model import model_backward, model_forward, model_logits
-from .optim import adamw, clip_grad_norm, grad_norm, grad_scale, lr_at, zero
+from .optim import adamw, adamw_hyper, adamw_zero, clip_grad_norm, grad_norm, grad_scale, lr_at, zero
 from .residual import residual_add, residual_add_bwd

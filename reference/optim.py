@@ -60,6 +60,31 @@ def adamw(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay, st
     return params, m, v
 
 
+def adamw_hyper(t, lr, beta1, beta2):
+    """AdamW's scalars that change from step to step, as the engine keeps them on the device:
+    [lr, bc1, bc2] with the bias corrections bc1 = 1 - beta1^t, bc2 = 1 - beta2^t (float64 here;
+    the trainer writes them as float32 before each step)."""
+    return np.array([lr, 1.0 - beta1 ** t, 1.0 - beta2 ** t])
+
+
+def adamw_zero(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay, stats=None):
+    """The engine's AdamW step (its kernel, k_adamw_v2, is the optimiser's last launch of a step):
+    adamw with the learning rate and the bias corrections read from hyper = [lr, bc1, bc2]
+    (adamw_hyper), then the gradient cleared for the next step's accumulation:
+        m = beta1 m + (1 - beta1) g                v = beta2 v + (1 - beta2) g^2
+        p = p - lr (m / bc1 / (sqrt(v / bc2) + eps) + weight_decay * decay * p)
+        g = 0
+    stats as in adamw: a NaN or infinite loss or norm leaves params, m and v unchanged (the
+    gradient is cleared all the same). Returns new (params, grads, m, v)."""
+    lr, bc1, bc2 = (float(h) for h in np.asarray(hyper).reshape(-1)[:3])
+    if stats is not None and not np.all(np.isfinite(np.asarray(stats, dtype=np.float64))):
+        return params.copy(), np.zeros_like(grads), m.copy(), v.copy()
+    m = beta1 * m + (1.0 - beta1) * grads
+    v = beta2 * v + (1.0 - beta2) * grads * grads
+    params = params - lr * (m / bc1 / (np.sqrt(v / bc2) + eps) + weight_decay * decay * params)
+    return params, np.zeros_like(grads), m, v
+
+
 def zero(arr):
     """Clear the accumulated gradient: a new array of zeros (the kernel clears in place)."""
     return np.zeros_like(arr)

@@ -40,6 +40,19 @@ def test_every_launcher_in_every_versions_table_belongs_to_a_case():
             assert getattr(module, name) in versions.values(), f"{name}: the engine's version is not in VERSIONS"
 
 
+def test_every_version_belongs_to_a_case():
+    """A case may check some versions of a launcher only (`only`: AdamW's v2 has a twin of its
+    own); then other cases check the rest: no version is left out, none checked twice that way.
+    (Several cases of one launcher with different fixed arguments, as matmul's, check all.)"""
+    for module in KERNEL_MODULES:
+        for name, versions in module.VERSIONS.items():
+            for v in versions:
+                owners = [c for c in CASES.values() for d in ("fwd", "bwd")
+                          if c.module is module and (c.fwd if d == "fwd" else c.bwd) == name and v in c.versions(d)]
+                assert owners, f"{module.__name__}.{name} v{v} is checked by no case"
+                assert len(owners) == 1 or not any(c.only for c in owners), [c.op for c in owners]
+
+
 def test_every_kernel_is_numbered():
     for module in KERNEL_MODULES:
         for name, obj in vars(module).items():
@@ -92,6 +105,8 @@ def test_twin_names_are_the_launcher_names():
         for name in (case.fwd, case.bwd):
             if name:
                 assert callable(getattr(R, name)), name
+        if case.twin:                        # a version with its own twin: only that version
+            assert callable(getattr(R, case.twin)) and case.only, case.op
 
 
 def test_bench_kernels_knows_the_work_of_every_launcher():

@@ -437,8 +437,9 @@ def test_memory_plan_refuses_and_suggests_a_smaller_microbatch():
 
 @pytest.mark.parametrize("bad", [(np.nan, 1.0), (1.0, np.nan), (np.inf, 1.0), (1.0, -np.inf), (np.nan, np.inf)])
 def test_adamw_skips_the_step_on_a_non_finite_loss_or_norm(bad):
-    """The divergence guard of k_adamw and its twin: with a NaN or infinite loss or gradient norm in
-    stats, params, m and v stay as they were, bit for bit; with finite stats the step is taken."""
+    """The divergence guard of both AdamW kernels and their twins: with a NaN or infinite loss or
+    gradient norm in stats, params, m and v stay as they were, bit for bit; with finite stats the
+    step is taken. Version 2 (the engine's) clears the gradient either way."""
     from numba import cuda
 
     import reference as R
@@ -448,14 +449,47 @@ def test_adamw_skips_the_step_on_a_non_finite_loss_or_norm(bad):
     p, g, m = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     v = rng.random(n).astype(np.float32)
     decay = (rng.random(n) < 0.5).astype(np.uint8)
-    args = (7, 1e-2, 0.9, 0.95, 1e-8, 0.1)
+    t, lr, b1, b2, eps, wd = 7, 1e-2, 0.9, 0.95, 1e-8, 0.1
+    hyper = R.adamw_hyper(t, lr, b1, b2).astype(np.float32)
     for stats, changes in ((np.array(bad, np.float32), False), (np.array([3.0, 0.5], np.float32), True)):
-        dev = [cuda.to_device(a) for a in (p, m, v)]
-        optim.adamw(dev[0], cuda.to_device(g), dev[1], dev[2], cuda.to_device(decay), *args, cuda.to_device(stats))
-        twin = R.adamw(p, g, m, v, decay, *args, stats)
-        for before, kernel, ref in zip((p, m, v), dev, twin):
-            after = kernel.copy_to_host()
-            if changes:
-                assert not np.array_equal(after, before) and not np.array_equal(ref, before)
+        for version in (1, 2):
+            dev = [cuda.to_device(a) for a in (p, m, v, g)]
+            if version == 1:
+                optim.adamw_v1(dev[0], dev[3], dev[1], dev[2], cuda.to_device(decay), t, lr, b1, b2, eps, wd,
+                               cuda.to_device(stats))
+                twin = R.adamw(p, g, m, v, decay, t, lr, b1, b2, eps, wd, stats)
             else:
-                assert after.tobytes() == before.tobytes() and ref.tobytes() == before.tobytes()
+                optim.adamw_v2(dev[0], dev[3], dev[1], dev[2], cuda.to_device(decay), cuda.to_device(hyper),
+                               b1, b2, eps, wd, cuda.to_device(stats))
+                twin = R.adamw_zero(p, g, m, v, decay, hyper, b1, b2, eps, wd, stats)
+                twin = (twin[0], *twin[2:])
+                assert not dev[3].copy_to_host().any()                  # the gradient is cleared
+            for before, kernel, ref in zip((p, m, v), dev, twin):
+                after = kernel.copy_to_host()
+                if changes:
+                    assert not np.array_equal(after, before) and not np.array_equal(ref, before)
+                else:
+                    assert after.tobytes() == before.tobytes() and ref.tobytes() == before.tobytes()
+
+
+def test_adamw_v2_is_v1_then_zero_bit_for_bit():
+    """The engine's AdamW (lr and bias corrections read from the device, the gradient cleared)
+    takes exactly v1's step: the same float32 values in the same operations."""
+    from numba import cuda
+
+    import reference as R
+    from andrea_numba.kernels import optim
+    rng = np.random.default_rng(1)
+    n = 1000
+    p, g, m = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    v = rng.random(n).astype(np.float32)
+    decay = cuda.to_device((rng.random(n) < 0.5).astype(np.uint8))
+    stats = cuda.to_device(np.array([3.0, 0.5], np.float32))
+    for t, lr in ((1, 1e-3), (7, 3e-2), (500, 6e-4)):
+        one, two = [[cuda.to_device(a) for a in (p, g, m, v)] for _ in range(2)]
+        optim.adamw_v1(one[0], one[1], one[2], one[3], decay, t, lr, 0.9, 0.95, 1e-8, 0.1, stats)
+        optim.zero_v1(one[1])
+        hyper = cuda.to_device(R.adamw_hyper(t, lr, 0.9, 0.95).astype(np.float32))
+        optim.adamw_v2(two[0], two[1], two[2], two[3], decay, hyper, 0.9, 0.95, 1e-8, 0.1, stats)
+        for a, b in zip(one, two):
+            assert a.copy_to_host().tobytes() == b.copy_to_host().tobytes()

@@ -1,5 +1,6 @@
 """The optimiser step: k_grad_norm_partial, k_grad_norm_final, k_grad_scale, k_adamw, k_zero.
-NumPy twin: reference/optim.py (grad_norm, grad_scale, adamw, zero: the same names and arguments).
+NumPy twin: reference/optim.py (grad_norm, grad_scale, adamw, zero: the same names and arguments;
+adamw_zero for AdamW's version 2).
 
 Every vector is the flat parameter layout of andrea_numba.layout: n_params float32 elements
 (params, grads, Adam's m and v), plus a uint8 decay mask (1 on the 2-D tensors).
@@ -15,6 +16,13 @@ Every vector is the flat parameter layout of andrea_numba.layout: n_params float
 
 AdamW takes the trainer's stats buffer [loss, norm] too and skips the whole update, on the device,
 when either is NaN or infinite (a diverged step is not applied; the trainer then stops).
+
+Two AdamW versions. v1 gets the learning rate and the bias corrections from the host, as
+arguments of its launch. v2 (the engine's) reads them from a device array hyper = [lr, bc1, bc2]
+(twin: reference.adamw_zero, scalars from reference.adamw_hyper) and clears each gradient
+element after its use, so the step needs no k_zero launch of its own. A kernel's host arguments
+are frozen into a CUDA graph when it is captured; values in device memory are read when the
+graph runs, so the trainer writes hyper before each replay and one captured step serves them all.
 
 Determinism: the norm is a two-stage reduction over a FIXED grid (NORM_BLOCKS blocks of
 `block` threads, whatever n is). Thread (b, t) sums its strided subset i = b*nt + t,
@@ -168,6 +176,46 @@ def adamw_v1(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay,
                                      f(bc1), f(bc2), f(eps), f(weight_decay))
 
 
+@cuda.jit
+def k_adamw_v2(params, grads, m, v, decay, hyper, stats, beta1, beta2, one_m_beta1, one_m_beta2, eps,
+               weight_decay):
+    """k_adamw_v1's step with lr = hyper[0], bc1 = hyper[1], bc2 = hyper[2] read from the device,
+    then g_i = 0 (the next step accumulates from zero):
+        m_i = beta1 m_i + (1 - beta1) g_i          v_i = beta2 v_i + (1 - beta2) g_i^2
+        p_i = p_i - lr (m_i / bc1 / (sqrt(v_i / bc2) + eps) + weight_decay * decay_i * p_i)
+    The same float32 operations in the same order as v1: given the same values it is bit-identical.
+    Divergence guard as v1's, except that the gradient is cleared on either path."""
+    loss, norm = stats[0], stats[1]
+    apply = not (math.isnan(loss) or math.isinf(loss) or math.isnan(norm) or math.isinf(norm))
+    lr, bc1, bc2 = hyper[0], hyper[1], hyper[2]
+    n = params.shape[0]
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        g = grads[i]
+        grads[i] = float32(0.0)
+        if apply:
+            mi = beta1 * m[i] + one_m_beta1 * g
+            vi = beta2 * v[i] + one_m_beta2 * (g * g)
+            m[i] = mi
+            v[i] = vi
+            m_hat = mi / bc1
+            v_hat = vi / bc2
+            p = params[i]
+            params[i] = p - lr * (m_hat / (math.sqrt(v_hat) + eps) + weight_decay * float32(decay[i]) * p)
+
+
+@blocks(**STRIDE_BLOCKS)
+def adamw_v2(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay, stats, *, block, stream=0):
+    """AdamW step over the flat vectors params, m, v (updated in place), then grads = 0. hyper:
+    float32 [3] on the device, [lr, bc1, bc2] of this step (reference.adamw_hyper); stats: float32
+    [2] on the device, [loss, gradient norm]. The constants beta1, beta2, eps and weight_decay come
+    from the host. Launch: grid-stride, min(cdiv(n, block), 4096) blocks of `block` threads."""
+    assert hyper.dtype == np.float32 and hyper.shape[0] >= 3, "hyper: float32 [lr, bc1, bc2] on the device"
+    f = np.float32
+    k_adamw_v2[_stride_grid(params.shape[0], block), block, stream](params, grads, m, v, decay, hyper, stats,
+                                     f(beta1), f(beta2), f(1.0 - float(beta1)), f(1.0 - float(beta2)),
+                                     f(eps), f(weight_decay))
+
+
 # ---------------------------------------------------------------------------------------------
 # Zero
 
@@ -186,6 +234,6 @@ def zero_v1(arr, *, block, stream=0):
     k_zero_v1[_stride_grid(arr.shape[0], block), block, stream](arr)
 
 
-VERSIONS = {"grad_norm": {1: grad_norm_v1}, "grad_scale": {1: grad_scale_v1}, "adamw": {1: adamw_v1},
-            "zero": {1: zero_v1}}
+VERSIONS = {"grad_norm": {1: grad_norm_v1}, "grad_scale": {1: grad_scale_v1},
+            "adamw": {1: adamw_v1, 2: adamw_v2}, "zero": {1: zero_v1}}
 grad_norm, grad_scale, adamw, zero = grad_norm_v1, grad_scale_v1, adamw_v1, zero_v1      # what the engine uses
