@@ -58,6 +58,39 @@ def test_kernel_draws_the_twin_mask_bit_for_bit():
     assert np.array_equal(dx.copy_to_host(), 2 * got)
 
 
+def test_a_key_read_from_the_device_draws_the_same_masks():
+    """The engine passes its keys in device memory (so a captured CUDA graph replays each step's
+    keys): the dropout and attention kernels give the same bits as with the key as a number."""
+    from andrea_numba.kernels import attn, attn_flash
+    rng = np.random.default_rng(2)
+    key = D.dropout_key(5, 6, 1)
+    on_device = cuda.to_device(np.array([0, key, 0], np.uint64))[1:2]       # a view, as the engine's
+    x = cuda.to_device(rng.standard_normal(300).astype(np.float32))
+    outs = []
+    for k in (key, on_device):
+        out = cuda.device_array(300, np.float32)
+        K.dropout_fwd(out, x, 0.3, k)
+        dx = cuda.device_array(300, np.float32)
+        K.dropout_bwd(dx, out, 0.3, k)
+        outs.append((out.copy_to_host(), dx.copy_to_host()))
+    assert all(np.array_equal(a, b) for a, b in zip(*outs))
+    B, T, C, H = 1, 9, 8, 2
+    q, kk, v, dy = (cuda.to_device(rng.standard_normal((B, T, C)).astype(np.float32)) for _ in range(4))
+    for fwd, bwd, saved in ((attn.attn_fwd, attn.attn_bwd, (B, H, T, T)),
+                            (attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd, (B, H, T))):
+        runs = []
+        for k in (key, on_device):
+            y, s, grads = cuda.device_array((B, T, C), np.float32), cuda.device_array(saved, np.float32), \
+                [cuda.device_array((B, T, C), np.float32) for _ in range(3)]
+            fwd(y, s, q, kk, v, H, 0.4, k)
+            if saved == (B, H, T):
+                bwd(*grads, cuda.device_array((B, H, T), np.float32), dy, q, kk, v, y, s, H, 0.4, k)
+            else:
+                bwd(*grads, cuda.device_array(saved, np.float32), dy, q, kk, v, s, H, 0.4, k)
+            runs.append([a.copy_to_host() for a in (y, *grads)])
+        assert all(np.array_equal(a, b) for a, b in zip(*runs)), fwd.__name__
+
+
 def test_attention_drops_probabilities_not_the_saved_softmax():
     """att holds the probabilities before dropout (rows sum to 1); y uses the dropped ones."""
     rng = np.random.default_rng(0)

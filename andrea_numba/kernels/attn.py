@@ -37,7 +37,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .common import SIMULATOR, blocks, cdiv
-from .dropout import dropout_factor, mask_args
+from .dropout import dropout_factor, key_value, mask_args
 
 NEG_INF = float32(-np.inf)
 
@@ -52,9 +52,10 @@ def _split(B, H, T, idx):
 # v1: one thread per query (or key) row of one head
 
 @cuda.jit
-def k_attn_fwd_v1(y, att, q, k, v, scale, key, threshold, dscale):
+def k_attn_fwd_v1(y, att, q, k, v, scale, dropout_key, threshold, dscale):
     """Thread (b, h, t): s[u] = scale q[t].k[u] for u <= t, att[t] = softmax(s),
     y[t] = (att[t] * f[t]) @ v, f = dropout_factor(key, flat index of att[b, h, t, u], ...)."""
+    key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
     B, T, C = q.shape
     H = att.shape[1]
     hs = C // H
@@ -90,9 +91,10 @@ def k_attn_fwd_v1(y, att, q, k, v, scale, key, threshold, dscale):
 
 
 @cuda.jit
-def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale, key, threshold, dscale):
+def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale, dropout_key, threshold, dscale):
     """Thread (b, h, t): datt[u] = f[t, u] dy[t].v[u], ds = att (datt - rowdot) into
     scratch[b, h, t, u] for u <= t, dq[t] = scale * ds @ k."""
+    key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
     B, T, C = dy.shape
     H = att.shape[1]
     hs = C // H
@@ -120,9 +122,10 @@ def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale, key, threshold, dscale):
 
 
 @cuda.jit
-def k_attn_bwd_dkdv_v1(dk, dv, dy, q, att, scratch, scale, key, threshold, dscale):
+def k_attn_bwd_dkdv_v1(dk, dv, dy, q, att, scratch, scale, dropout_key, threshold, dscale):
     """Thread (b, h, u): dv[u] = sum_{t>=u} att[t, u] f[t, u] dy[t],
     dk[u] = scale sum_{t>=u} ds[t, u] q[t]."""
+    key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
     B, T, C = dy.shape
     H = att.shape[1]
     hs = C // H
@@ -263,10 +266,11 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
     load_rows, row_dots, add_weighted_rows = tile_helpers(HS, BK, TPR, NT)
 
     @cuda.jit
-    def k_attn_fwd_v2(y, att, q, k, v, scale, key, threshold, dscale):
+    def k_attn_fwd_v2(y, att, q, k, v, scale, dropout_key, threshold, dscale):
         """Block (query tile, b*H + h). Pass 1: s = scale q k^T into att, row max. Pass 2:
         att = exp(s - max) (masked: 0), row sum. Pass 3: att /= sum, y = (att * f) @ v
         (f: dropout's factor)."""
+        key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
         sq = cuda.shared.array((BQ, HS), float32)          # the tile's q rows
         skv = cuda.shared.array((BK, HSP), float32)     # a K or V tile (+1: no bank conflicts)
         sp = cuda.shared.array((BQ, BK), float32)          # a tile of att
@@ -333,9 +337,10 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     y[b, t, c0 + d] = yacc[i]
 
     @cuda.jit
-    def k_attn_bwd_v2(dq, scratch, dy, k, v, att, scale, key, threshold, dscale):
+    def k_attn_bwd_v2(dq, scratch, dy, k, v, att, scale, dropout_key, threshold, dscale):
         """Block (query tile, b*H + h). Pass 1: datt = f * (dy v^T) into scratch, rowdot = sum_u datt att.
         Pass 2: ds = att (datt - rowdot) into scratch (u <= t only), dq = scale ds @ k."""
+        key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
         sdy = cuda.shared.array((BQ, HS), float32)         # the tile's dy rows
         skv = cuda.shared.array((BK, HSP), float32)     # a V or K tile
         sp = cuda.shared.array((BQ, BK), float32)          # a tile of ds
@@ -390,9 +395,10 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     dq[b, t, c0 + d] = dacc[i] * scale
 
     @cuda.jit
-    def k_attn_bwd_dkdv_v2(dk, dv, dy, q, att, scratch, scale, key, threshold, dscale):
+    def k_attn_bwd_dkdv_v2(dk, dv, dy, q, att, scratch, scale, dropout_key, threshold, dscale):
         """Block (key tile of BQ rows u, b*H + h); walks the queries t >= u in tiles of BK:
         dv[u] = sum_t att[t, u] f[t, u] dy[t], dk[u] = scale sum_t ds[t, u] q[t] (ds from scratch)."""
+        key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
         sdy = cuda.shared.array((BK, HS), float32)         # a tile of dy rows
         sq = cuda.shared.array((BK, HS), float32)          # the same tile of q rows
         sa = cuda.shared.array((BQ, BKP), float32)      # (att * f)^T tile: sa[key, query]

@@ -41,7 +41,7 @@ from numba import cuda, float32
 
 from .attn import NEG_INF, _check, _split, row_max, row_sum, tile_helpers
 from .common import SIMULATOR, blocks, cdiv
-from .dropout import dropout_factor, mask_args
+from .dropout import dropout_factor, key_value, mask_args
 
 # Block (BQ, TPR) choices and key tiles BK as attn.py's v2. In the simulator small tiles, so that
 # the harness's T = 13 walks two key tiles and two or four query tiles (and ends inside a tile),
@@ -88,7 +88,7 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
     load_rows, row_dots, add_weighted_rows = tile_helpers(HS, BK, TPR, NT)   # attn.py's, shared with v2
 
     @cuda.jit
-    def k_attn_flash_fwd_v1(y, lse, q, k, v, scale, key, threshold, dscale):
+    def k_attn_flash_fwd_v1(y, lse, q, k, v, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows t, b*H + h); thread (r, lane) works on row t = t0 + r.
         The block walks the key tiles u0 = 0, BK, ... up to the tile's last query (later keys
         are all in the future). Per tile, with m the row's running maximum and l its running sum
@@ -99,6 +99,7 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
             p      = exp(s - m_new)       l += p
             yacc  += sum_u p f[t, u] v[u] (the V tile, in the same shared array)
         At the end: y[t] = yacc / l, lse[t] = m + log(l). Nothing T x T is stored."""
+        key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
         sq = cuda.shared.array((BQ, HS), float32)          # the tile's q rows
         skv = cuda.shared.array((BK, HSP), float32)        # a K tile, then the V tile of the same keys
         sp = cuda.shared.array((BQ, BK), float32)          # p * f of the tile
@@ -162,7 +163,7 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
                 lse[b, h, t] = m + math.log(lsum)
 
     @cuda.jit
-    def k_attn_flash_bwd_dq_v1(dq, dy, q, k, v, lse, d_rowdot, scale, key, threshold, dscale):
+    def k_attn_flash_bwd_dq_v1(dq, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows t, b*H + h); thread (r, lane) works on row t = t0 + r and
         walks the key tiles u0 = 0, BK, ... up to the tile's last query, with K and V tiles in
         shared memory:
@@ -170,6 +171,7 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
             datt     = f[t, u] dy[t] . v[u]
             ds[t, u] = P (datt - D[t])                      (D from k_attn_flash_bwd_rowdot_v1)
             dq[t]    = scale sum_u ds[t, u] k[u]            (summed by one thread, key order)"""
+        key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
         sq = cuda.shared.array((BQ, HS), float32)          # the tile's q rows
         sdy = cuda.shared.array((BQ, HS), float32)         # the tile's dy rows
         sk = cuda.shared.array((BK, HSP), float32)         # a K tile
@@ -220,7 +222,7 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     dq[b, t, c0 + d] = gacc[i] * scale
 
     @cuda.jit
-    def k_attn_flash_bwd_dkdv_v1(dk, dv, dy, q, k, v, lse, d_rowdot, scale, key, threshold, dscale):
+    def k_attn_flash_bwd_dkdv_v1(dk, dv, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
         """Block (key tile of BQ rows u, b*H + h); thread (r, lane) works on key u = u0 + r and
         walks the query tiles t0 = u0, u0 + BK, ... (the queries that see these keys), with Q and
         dY tiles (and their lse, D) in shared memory:
@@ -228,6 +230,7 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
             datt    = f[t, u] v[u] . dy[t]                  ds = P (datt - D[t])
             dv[u]   = sum_t P f dy[t]      dk[u] = scale sum_t ds[t, u] q[t]
         each summed by one thread in query order."""
+        key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
         sk = cuda.shared.array((BQ, HS), float32)          # the tile's k rows
         sv = cuda.shared.array((BQ, HS), float32)          # the tile's v rows
         sq = cuda.shared.array((BK, HSP), float32)         # a Q tile

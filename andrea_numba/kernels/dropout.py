@@ -14,13 +14,19 @@ factor is exactly 1.0, so the results are bit-identical to no dropout at all.
 
 Integer arithmetic is on uint64 holding 32-bit values (masked after each multiply), the same in
 a kernel, in the simulator and in NumPy: the kernels draw the twin's mask bit for bit.
+
+Where the key lives: a launcher takes `dropout_key` as a number (the twin's argument: the harness,
+the lessons) or as a one-element uint64 device array holding it (the engine). The engine's keys
+change every step and microbatch; it writes them to the device before a step, so that a CUDA graph
+captured once (andrea_numba/train.py) replays every step with that step's keys. Each kernel reads
+its key once, with key_value, whichever of the two it got.
 """
 import numpy as np
 from numba import cuda, float32, uint64
 
 import reference.dropout as twin
 
-from .common import blocks, cdiv
+from .common import SIMULATOR, blocks, cdiv
 
 M32 = np.uint64(twin.M32)
 GOLDEN = np.uint64(twin.GOLDEN)
@@ -40,6 +46,24 @@ def hash32(x):
     return x
 
 
+def key_value(dropout_key):
+    """The key itself, or dropout_key[0] when it is a one-element device array. Numba compiles a
+    kernel once per argument type; the overload below gives each compilation its read (the
+    simulator runs this Python body)."""
+    return dropout_key if isinstance(dropout_key, (int, np.integer)) else dropout_key[0]
+
+
+if not SIMULATOR:
+    from numba.core import types as _types
+    from numba.cuda.extending import overload
+
+    @overload(key_value, target="cuda")
+    def _key_value(dropout_key):
+        if isinstance(dropout_key, _types.Array):
+            return lambda dropout_key: dropout_key[0]
+        return lambda dropout_key: dropout_key
+
+
 @cuda.jit(device=True)
 def dropout_factor(key, i, threshold, scale):
     """keep_i / (1 - p): `scale` (= 1 / (1 - p), float32) if element i is kept, else 0.
@@ -51,22 +75,30 @@ def dropout_factor(key, i, threshold, scale):
 
 
 def mask_args(dropout_p, dropout_key):
-    """The kernels' (key, threshold, scale) for probability dropout_p and key dropout_key."""
-    return (np.uint64(int(dropout_key) & twin.M32), np.uint64(twin.threshold(dropout_p)),
-            np.float32(1.0 / (1.0 - dropout_p)))
+    """The kernels' (key, threshold, scale) for probability dropout_p and key dropout_key: a
+    number, or a one-element uint64 device array holding it (passed on as it is)."""
+    if isinstance(dropout_key, (int, np.integer)):
+        key = np.uint64(int(dropout_key) & twin.M32)
+    else:
+        assert dropout_key.dtype == np.uint64 and dropout_key.size == 1, \
+            f"dropout_key: a number or a one-element uint64 device array, got {dropout_key.dtype} {dropout_key.shape}"
+        key = dropout_key
+    return key, np.uint64(twin.threshold(dropout_p)), np.float32(1.0 / (1.0 - dropout_p))
 
 
 @cuda.jit
-def k_dropout_fwd_v1(out, x, key, threshold, scale):
+def k_dropout_fwd_v1(out, x, dropout_key, threshold, scale):
     """out[i] = x[i] * keep_i / (1 - p), one thread per element (out may be x: in place is fine)."""
+    key = key_value(dropout_key)
     i = cuda.grid(1)
     if i < out.shape[0]:
         out[i] = x[i] * dropout_factor(key, i, threshold, scale)
 
 
 @cuda.jit
-def k_dropout_bwd_v1(dx, dout, key, threshold, scale):
+def k_dropout_bwd_v1(dx, dout, dropout_key, threshold, scale):
     """dx[i] = dout[i] * keep_i / (1 - p): the forward's mask, drawn again from (key, i)."""
+    key = key_value(dropout_key)
     i = cuda.grid(1)
     if i < dout.shape[0]:
         dx[i] = dout[i] * dropout_factor(key, i, threshold, scale)
