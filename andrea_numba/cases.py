@@ -35,6 +35,7 @@ import reference as R
 
 from .kernels import (attn, attn_flash, attn_out, attn_qkv, dropout, embed, layernorm, loss, matmul, mlp, optim,
                       residual)
+from .kernels.matmul import splitk_work
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,8 @@ def _adamw_zero(d: Dims, rng):
 
 F32, I32 = np.float32, np.int32
 
+_WORK = {"work": (lambda d: (splitk_work(d.C),), F32)}     # split-K buffer of the warp-tile products
+
 _OPS = [
     OpCase("embed", embed, "embed_fwd", ("out",), _embed,
            "embed_bwd", ("dwte", "dwpe"), accumulate=("dwte", "dwpe"), upstream={"dout": "out"},
@@ -236,22 +239,23 @@ _OPS = [
            "layernorm_bwd", ("dx", "dg", "db"), accumulate=("dg", "db"), upstream={"dout": "out"}),
     OpCase("attn_qkv", attn_qkv, "attn_qkv_fwd", ("q", "k", "v"), _attn_qkv,
            "attn_qkv_bwd", ("dx", "dw_q", "dw_k", "dw_v"), accumulate=("dw_q", "dw_k", "dw_v"),
-           upstream={"dq": "q", "dk": "k", "dv": "v"}),
+           upstream={"dq": "q", "dk": "k", "dv": "v"}, scratch={**_WORK}),
     OpCase("attn", attn, "attn_fwd", ("y", "att"), _attn,
            "attn_bwd", ("dq", "dk", "dv"), upstream={"dy": "y"},
            scratch={"scratch": (lambda d: (d.B, d.H, d.T, d.T), F32)}),
     OpCase("attn_out", attn_out, "attn_out_fwd", ("out",), _attn_out,
-           "attn_out_bwd", ("dy", "dw_o"), accumulate=("dw_o",), upstream={"dout": "out"}),
+           "attn_out_bwd", ("dy", "dw_o"), accumulate=("dw_o",), upstream={"dout": "out"},
+           scratch={**_WORK}),
     OpCase("mlp", mlp, "mlp_fwd", ("out", "h_pre", "h"), _mlp,
            "mlp_bwd", ("dx", "dw_1", "dw_2"), accumulate=("dw_1", "dw_2"), upstream={"dout": "out"},
-           scratch={"dh_pre": (lambda d: (d.N, 4 * d.C), F32)}),
+           scratch={"dh_pre": (lambda d: (d.N, 4 * d.C), F32), **_WORK}),
     OpCase("residual", residual, "residual_add", ("out",), _residual,
            "residual_add_bwd", ("dx", "df"), upstream={"dout": "out"}),
     OpCase("dropout", dropout, "dropout_fwd", ("out",), _dropout,
            "dropout_bwd", ("dx",), upstream={"dout": "out"}),
     OpCase("loss", loss, "loss_fwd", ("loss", "losses", "probs"), _loss,
            "loss_bwd", ("dx", "dwte"), accumulate=("dwte",), upstream={"dloss": "loss"},
-           scratch={"dlogits": (lambda d: (d.N, d.V), F32)}),
+           scratch={"dlogits": (lambda d: (d.N, d.V), F32), **_WORK}),
 ]
 # Other kernels of an op of the table, checked as cases of their own but not (yet) used by the
 # engine, and not among the ops of lesson 03 and the exercises: flash attention saves lse [B, H, T]
@@ -263,10 +267,11 @@ _VARIANTS = [
            scratch={"d_rowdot": (lambda d: (d.B, d.H, d.T), F32)}),
 ]
 _PRODUCTS = [
-    OpCase("matmul", matmul, "matmul", ("out",), _matmul(False, False)),
-    OpCase("matmul a@b^T", matmul, "matmul", ("out",), _matmul(False, True), fixed=dict(trans_b=True)),
+    OpCase("matmul", matmul, "matmul", ("out",), _matmul(False, False), scratch={**_WORK}),
+    OpCase("matmul a@b^T", matmul, "matmul", ("out",), _matmul(False, True), fixed=dict(trans_b=True),
+           scratch={**_WORK}),
     OpCase("matmul a^T@b +=", matmul, "matmul", ("out",), _matmul(True, False),
-           accumulate=("out",), fixed=dict(trans_a=True, accumulate=True)),
+           accumulate=("out",), fixed=dict(trans_a=True, accumulate=True), scratch={**_WORK}),
 ]
 _OPTIMISER = [
     OpCase("grad_norm", optim, "grad_norm", ("norm",), _grads,

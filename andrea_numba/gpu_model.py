@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import contextlib
+
 import numpy as np
 from numba import cuda
 
@@ -22,6 +24,7 @@ from .config import ModelConfig
 import reference.dropout as D
 
 from .kernels import attn, attn_flash, attn_out, attn_qkv, dropout, embed, layernorm, loss, mlp, residual
+from .kernels.matmul import splitk_work
 from .kernels.optim import zero
 from .layout import n_params, views
 
@@ -53,6 +56,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("grads", (P,), "grads"),                   # flat gradient, same layout
         S("tokens", (B, T), "activations", i32),     # input token ids
         S("targets", (N,), "activations", i32),      # next-token ids
+        S("keys", (L, D.SITES), "activations", np.uint64),  # dropout's keys of the last forward, per block and site
         S("x", (L + 1, N, C), "activations"),        # residual stream: x[l] enters block l, x[L] leaves
         S("ln1", (L, N, C), "activations"),          # LN1 output
         S("ln1_mean", (L, N), "activations"),
@@ -91,8 +95,9 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("d_rowdot", (B, H, T), "scratch") if flash else     # flash: D = dy . y per row
         S("d_scores", (B, H, T, T), "scratch"),      # attention scores: datt, then ds (one layer at a time)
         S("embed_links", (2, N), "scratch", i32),    # embed_bwd's per-token lists
+        S("splitk", (splitk_work(C),), "scratch"),   # split-K partial products of the weight gradients
     ]
-    backward_only = {"grads", "embed_links"} | {s.name for s in specs if s.name.startswith("d_")}
+    backward_only = {"grads", "embed_links", "splitk"} | {s.name for s in specs if s.name.startswith("d_")}
     return [s for s in specs
             if (training or s.name not in backward_only) and (own_params or s.name != "params")]
 
@@ -101,19 +106,37 @@ class GPUModel:
     """training=False builds a forward-only model (sampling, evaluation at another batch size);
     params=<device array> makes it use another model's parameter vector instead of its own;
     flash=True runs flash attention (kernels/attn_flash.py: no [B, H, T, T] buffer) instead of the
-    engine's attention v2. The two agree to float32 rounding, not bit for bit: a run keeps one."""
+    engine's attention v2. The two agree to float32 rounding, not bit for bit: a run keeps one.
+    share=<GPUModel> (with training=False, at a B x T no larger) runs on the first elements of
+    that model's buffers and its parameters, allocating nothing: the trainer's sampler.
+    products="tf32x3" (the default) runs the linear ops' v3, on 3xTF32 tensor-core warp tiles;
+    "simt" their v2, on SIMT warp tiles (kernels/warp_tile.py). Both are fp32-accurate."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
-                 dropout: float = 0.0, flash: bool = False):
+                 dropout: float = 0.0, flash: bool = False, products: str = "tf32x3", share=None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
+        assert products in PRODUCTS, f"products must be one of {sorted(PRODUCTS)}, got {products!r}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
+        # the linear ops' launchers: their v2 (SIMT warp tiles) or v3 (3xTF32 tensor cores)
+        self.products = products
+        v = PRODUCTS[products]
+        self.qkv_fwd, self.qkv_bwd = attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v]
+        self.out_fwd, self.out_bwd = attn_out.VERSIONS["attn_out_fwd"][v], attn_out.VERSIONS["attn_out_bwd"][v]
+        self.mlp_fwd, self.mlp_bwd = mlp.VERSIONS["mlp_fwd"][v], mlp.VERSIONS["mlp_bwd"][v]
+        self.loss_fwd, self.loss_bwd = loss.VERSIONS["loss_fwd"][v], loss.VERSIONS["loss_bwd"][v]
         self.dropout = dropout                      # used by a forward given a dropout_key
         self.flash = flash
         # every launch and copy of this model goes to one stream, never the legacy default stream
         self.stream = cuda.stream() if stream is None else stream
         self.training = training
+        if share is not None:               # a forward on another model's memory (the trainer's sampler)
+            assert not training, "a model on another model's buffers runs forward only"
+            params, flash = share.params, share.flash
         self.specs = buffer_specs(m, B, T, training, own_params=params is None, flash=flash)
-        self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
+        if share is None:
+            self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
+        else:                               # the first elements of each of its buffers: nothing allocated
+            self.buf = {s.name: _prefix(share.buf[s.name], s.shape) for s in self.specs}
         self.params = self.buf["params"] if params is None else params
         self.P = views(self.params, m)               # named device views into the flat vectors
         if training:
@@ -125,24 +148,38 @@ class GPUModel:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.specs)
 
-    def forward(self, tokens, targets, dropout_key=None):
+    def forward(self, tokens, targets, dropout_key=None, keys=None):
         """tokens, targets [B, T] int32: host arrays (copied into the model's buffers on its stream;
-        asynchronously when they live in pinned memory) or device arrays. dropout_key (a training
-        forward: reference.dropout_key(seed, step, microbatch)) turns on dropout with the model's
-        probability; without it (evaluation, sampling) nothing is dropped."""
+        asynchronously when they live in pinned memory) or device arrays, read where they are (the
+        trainer's batches, which a captured CUDA graph reads again at every replay); backward reads
+        the same ones. A training forward drops with the model's probability, given its keys:
+        dropout_key, a number (reference.dropout_key(seed, step, microbatch)) whose block keys are
+        copied into the model's `keys` buffer, or keys, a uint64 device array [n_layer, 3] that
+        holds them already (the trainer's, written before each step). Without either (evaluation,
+        sampling) nothing is dropped."""
         b, P, m, s = self.buf, self.P, self.m, self.stream
         B, T, C = self.B, self.T, m.d_model
+        inputs = {}
         for name, arr in (("tokens", tokens), ("targets", targets)):
-            dst = b[name]
-            src = arr.reshape(dst.shape)
-            if isinstance(src, np.ndarray):
-                src = np.ascontiguousarray(src, dtype=np.int32)     # the same array when it already is
-            dst.copy_to_device(src, stream=s)
+            if isinstance(arr, np.ndarray):             # host memory: copied into the model's buffer
+                arr = np.ascontiguousarray(arr.reshape(b[name].shape), dtype=np.int32)  # itself when it is
+                b[name].copy_to_device(arr, stream=s)
+                arr = b[name]
+            assert arr.dtype == np.int32, f"{name}: int32 token ids, got {arr.dtype}"
+            inputs[name] = arr.reshape(b[name].shape)
+        self.inputs = inputs
+        b = {**b, **inputs}                             # the buffers, with this forward's token ids
         x, eps, H = b["x"], m.ln_eps, m.n_head
-        # dropout: probability p_drop, one key per block and site (reference/dropout.py); the
-        # backward draws the same masks from the keys kept here
-        p_drop = self.dropout if dropout_key is not None else 0.0
-        self.keys = [D.block_keys(dropout_key if p_drop else None, l) for l in range(m.n_layer)]
+        # dropout: probability p_drop, one key per block and site (reference/dropout.py), each
+        # passed to the kernels as a one-element view of a device array; the backward draws the
+        # same masks from the views kept here. p = 0: the kernels read a key but drop nothing.
+        p_drop = self.dropout if dropout_key is not None or keys is not None else 0.0
+        if p_drop and keys is None:
+            keys = b["keys"]
+            keys.copy_to_device(np.array([D.block_keys(dropout_key, l) for l in range(m.n_layer)], np.uint64),
+                                stream=s)
+        keys = b["keys"] if keys is None else keys
+        self.keys = [[keys[l, i:i + 1] for i in range(D.SITES)] for l in range(m.n_layer)]
         self.p_drop = p_drop
         embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
         for l in range(m.n_layer):
@@ -150,38 +187,40 @@ class GPUModel:
             k_att, k_ao, k_mlp = self.keys[l]
             layernorm.layernorm_fwd(b["ln1"][l], b["ln1_mean"][l], b["ln1_rstd"][l], x[l],
                                     P[p + "ln1.g"], P[p + "ln1.b"], eps, stream=s)
-            attn_qkv.attn_qkv_fwd(b["q"][l], b["k"][l], b["v"][l], b["ln1"][l],
-                                  P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
+            self.qkv_fwd(b["q"][l], b["k"][l], b["v"][l], b["ln1"][l],
+                         P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
                 attn_flash.attn_flash_fwd(b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s)
             else:
                 attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], *qkv, H, p_drop, k_att, stream=s)
-            attn_out.attn_out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], stream=s)
+            self.out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], stream=s)
             if p_drop:                                              # in place: branch = drop(branch)
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_ao, stream=s)
             residual.residual_add(_flat(b["x_mid"][l]), _flat(x[l]), _flat(b["branch"]), stream=s)
             layernorm.layernorm_fwd(b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], b["x_mid"][l],
                                     P[p + "ln2.g"], P[p + "ln2.b"], eps, stream=s)
-            mlp.mlp_fwd(b["branch"], b["h_pre"][l], b["h"][l], b["ln2"][l],
-                        P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
+            self.mlp_fwd(b["branch"], b["h_pre"][l], b["h"][l], b["ln2"][l],
+                         P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
             if p_drop:
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_mlp, stream=s)
             residual.residual_add(_flat(x[l + 1]), _flat(b["x_mid"][l]), _flat(b["branch"]), stream=s)
         layernorm.layernorm_fwd(b["lnf"], b["lnf_mean"], b["lnf_rstd"], x[m.n_layer],
                                 P["lnf.g"], P["lnf.b"], eps, stream=s)
-        loss.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], stream=s)
+        self.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], stream=s)
 
     def backward(self):
         """Adds d(mean loss)/d(params) into grads (+=: call zero_grads between optimiser steps).
         Uses the activations of the last forward; turns probs into dlogits in place."""
         assert self.training, "this model was built with training=False: it has no gradient buffers"
-        b, P, G, m, s = self.buf, self.P, self.G, self.m, self.stream
+        b, P, G, m, s = {**self.buf, **self.inputs}, self.P, self.G, self.m, self.stream   # forward's token ids
         B, T, C, H = self.B, self.T, m.d_model, m.n_head
         x, bt = b["x"], lambda name: b[name].reshape(B, T, C)        # [N, C] buffers seen as [B, T, C]
         d_resid, d_x_mid, d_skip, d_branch = b["d_resid"], b["d_x_mid"], b["d_skip"], b["d_branch"]
         d_ln_out, d_ln_in = b["d_ln_out"], b["d_ln_in"]
-        loss.loss_bwd(d_ln_out, G["wte"], b["probs"], 1.0, b["lnf"], P["wte"], b["probs"], b["targets"], stream=s)
+        work = b["splitk"]                                           # split-K partial products
+        self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, 1.0, b["lnf"], P["wte"], b["probs"], b["targets"],
+                      stream=s)
         layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], d_ln_out, x[m.n_layer],
                                 b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)
         p_drop = self.p_drop
@@ -192,8 +231,8 @@ class GPUModel:
             residual.residual_add_bwd(_flat(d_x_mid), _flat(d_branch), _flat(d_resid), stream=s)
             if p_drop:
                 dropout.dropout_bwd(_flat(d_branch), _flat(d_branch), p_drop, k_mlp, stream=s)
-            mlp.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], d_branch, b["ln2"][l],
-                        b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
+            self.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], work, d_branch, b["ln2"][l],
+                         b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
             layernorm.layernorm_bwd(d_ln_in, G[p + "ln2.g"], G[p + "ln2.b"], d_ln_out, b["x_mid"][l],
                                     b["ln2_mean"][l], b["ln2_rstd"][l], P[p + "ln2.g"], stream=s)
             residual.residual_add(_flat(d_x_mid), _flat(d_x_mid), _flat(d_ln_in), stream=s)  # both paths into x_mid
@@ -201,7 +240,7 @@ class GPUModel:
             residual.residual_add_bwd(_flat(d_skip), _flat(d_branch), _flat(d_x_mid), stream=s)
             if p_drop:
                 dropout.dropout_bwd(_flat(d_branch), _flat(d_branch), p_drop, k_ao, stream=s)
-            attn_out.attn_out_bwd(b["d_y"], G[p + "attn.w_o"], d_branch, b["y"][l], P[p + "attn.w_o"], stream=s)
+            self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, d_branch, b["y"][l], P[p + "attn.w_o"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
                 attn_flash.attn_flash_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
@@ -209,9 +248,9 @@ class GPUModel:
             else:
                 attn.attn_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"), *qkv,
                               b["att"][l], H, p_drop, k_att, stream=s)
-            attn_qkv.attn_qkv_bwd(d_ln_out, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"],
-                                  b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
-                                  P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
+            self.qkv_bwd(d_ln_out, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"], work,
+                         b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
+                         P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
             layernorm.layernorm_bwd(d_ln_in, G[p + "ln1.g"], G[p + "ln1.b"], d_ln_out, x[l],
                                     b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"], stream=s)
             residual.residual_add(_flat(d_resid), _flat(d_skip), _flat(d_ln_in), stream=s)   # both paths into x[l]
@@ -220,6 +259,16 @@ class GPUModel:
 
     def zero_grads(self):
         zero(self.grads, stream=self.stream)
+
+    @contextlib.contextmanager
+    def launching_on(self, stream):
+        """Inside the block every launch of this model goes to `stream` instead of its own: the
+        trainer passes a CUDA graph builder while it captures a training step (train.py)."""
+        own, self.stream = self.stream, stream
+        try:
+            yield self
+        finally:
+            self.stream = own
 
     def probs_row(self, row: int):
         """Softmax over the vocabulary at one position (row = b*T + t), copied to the host
@@ -235,5 +284,16 @@ class GPUModel:
         return float(out[0])
 
 
+# products= of GPUModel: the version of the linear ops (attn_qkv, attn_out, mlp, loss) it runs
+PRODUCTS = {"simt": 2, "tf32x3": 3}
+
+
 def _flat(a):
     return a.reshape(a.size)
+
+
+def _prefix(a, shape):
+    """The first prod(shape) elements of device array a, seen as an array of `shape` (a view)."""
+    n = int(np.prod(shape))
+    assert n <= a.size, f"a buffer of {a.size} elements cannot hold {shape}"
+    return _flat(a)[:n].reshape(shape)

@@ -4,14 +4,16 @@ Arrays are 2-D: N = B*T rows. y [N, C] is the attention output (heads side by si
 
     out = y @ W_O            dy = dout @ W_O^T            dW_O += y^T @ dout
 
-The kernels are built once per tile shape of matmul.py (`block` of the launchers).
+The kernels are built once per tile shape of matmul.py (`block` of the launchers): v1 on matmul
+v2's tiles, v2 on the SIMT warp tiles of matmul v3, v3 on the 3xTF32 tensor-core warp tiles of
+matmul v4 (kernels/warp_tile.py). The kernels' text is the same; the tile functions differ.
 """
 import functools
 
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import TILES, make_tile, matmul
+from .matmul import TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 
 @functools.cache
@@ -55,7 +57,50 @@ def attn_out_bwd_v1(dy, dw_o, dout, y, w_o, *, block, stream=0):
     matmul(dw_o, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_O += y^T @ dout
 
 
+# v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores);
+# dW_O through that matmul with split-K (work: its float32 buffer).
+
+def _fwd_warp(kind, out, y, w_o, block, stream):
+    N, C = out.shape
+    tile = resolve(kind, block, y, w_o)
+    t = make_tile(tile)
+    kernels(tile)[0][t.grid(N, C), t.THREADS, stream](out, y, w_o)
+
+
+def _bwd_warp(kind, dy, dw_o, work, dout, y, w_o, block, stream):
+    N, C = dy.shape
+    tile = resolve(kind, block, dout, w_o)
+    t = make_tile(tile)
+    kernels(tile)[1][t.grid(N, C), t.THREADS, stream](dy, dout, w_o)
+    WARP_MATMUL[kind](dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
+
+
+@blocks(**WARP_TILES)
+def attn_out_fwd_v2(out, y, w_o, *, block, stream=0):
+    """v1 on SIMT warp tiles; block = (BM, BN, BK, WM, WN)."""
+    _fwd_warp("simt", out, y, w_o, block, stream)
+
+
+@blocks(**WARP_TILES)
+def attn_out_bwd_v2(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v1 on SIMT warp tiles, dW_O split over K into work."""
+    _bwd_warp("simt", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
+@blocks(**WARP_TILES)
+def attn_out_fwd_v3(out, y, w_o, *, block, stream=0):
+    """v1 on 3xTF32 tensor-core warp tiles."""
+    _fwd_warp("tf32x3", out, y, w_o, block, stream)
+
+
+@blocks(**WARP_TILES)
+def attn_out_bwd_v3(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v1 on 3xTF32 tensor-core warp tiles, dW_O split over K into work."""
+    _bwd_warp("tf32x3", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
 k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd_v1.blocks[0])
 
-VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1}, "attn_out_bwd": {1: attn_out_bwd_v1}}
-attn_out_fwd, attn_out_bwd = attn_out_fwd_v1, attn_out_bwd_v1          # what the engine uses
+VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3},
+            "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3}}
+attn_out_fwd, attn_out_bwd = attn_out_fwd_v3, attn_out_bwd_v3          # what the engine uses

@@ -9,13 +9,15 @@ Arrays are 2-D: N = B*T rows. x [N, C] is LN1's output; w_q, w_k, w_v [C, C] (st
 All products run through the shared-memory tile of matmul.py (make_tile); blockIdx.z picks which
 of the three projections a block works on, so each direction is one launch. The kernels are built
 once per tile shape (`block` of the launchers); the module-level names are the default tile's.
+v1 runs on matmul v2's tiles, v2 on the SIMT warp tiles of matmul v3, v3 on the 3xTF32
+tensor-core warp tiles of matmul v4 (kernels/warp_tile.py): the same kernel text on other tiles.
 """
 import functools
 
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import TILES, make_tile
+from .matmul import TILES, WARP_MATMUL, WARP_TILES, make_tile, resolve
 
 
 @functools.cache
@@ -87,7 +89,52 @@ def attn_qkv_bwd_v1(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, *, block
     k_bwd_dw[t.grid(C, C, 3), t.THREADS, stream](dw_q, dw_k, dw_v, x, dq, dk, dv)
 
 
+# v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores).
+# The weight gradients go through that matmul, one projection at a time, with split-K (work: its
+# float32 buffer): with K = N rows and only C x C outputs, split-K is what fills the GPU.
+
+def _fwd_warp(kind, q, k, v, x, w_q, w_k, w_v, block, stream):
+    N, C = q.shape
+    tile = resolve(kind, block, x, w_q, w_k, w_v)
+    t = make_tile(tile)
+    kernels(tile)[0][t.grid(N, C, 3), t.THREADS, stream](q, k, v, x, w_q, w_k, w_v)
+
+
+def _bwd_warp(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
+    N, C = dx.shape
+    tile = resolve(kind, block, dq, dk, dv, w_q, w_k, w_v)
+    t = make_tile(tile)
+    kernels(tile)[1][t.grid(N, C), t.THREADS, stream](dx, dq, dk, dv, w_q, w_k, w_v)
+    for dw, d in ((dw_q, dq), (dw_k, dk), (dw_v, dv)):                      # dW += x^T @ d
+        WARP_MATMUL[kind](dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
+
+
+@blocks(**WARP_TILES)
+def attn_qkv_fwd_v2(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """v1 on SIMT warp tiles; block = (BM, BN, BK, WM, WN)."""
+    _fwd_warp("simt", q, k, v, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**WARP_TILES)
+def attn_qkv_bwd_v2(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """v1 on SIMT warp tiles, the weight gradients split over K into work."""
+    _bwd_warp("simt", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**WARP_TILES)
+def attn_qkv_fwd_v3(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """v1 on 3xTF32 tensor-core warp tiles."""
+    _fwd_warp("tf32x3", q, k, v, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**WARP_TILES)
+def attn_qkv_bwd_v3(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """v1 on 3xTF32 tensor-core warp tiles, the weight gradients split over K into work."""
+    _bwd_warp("tf32x3", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+
+
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
-VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1}, "attn_qkv_bwd": {1: attn_qkv_bwd_v1}}
-attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v1, attn_qkv_bwd_v1          # what the engine uses
+VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3},
+            "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3}}
+attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v3, attn_qkv_bwd_v3          # what the engine uses

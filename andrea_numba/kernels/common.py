@@ -42,8 +42,10 @@ if SIMULATOR:
     _shared_array_unlocked = _kernelapi.FakeCUDAShared.array
 
     def _shared_array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:      # dynamic shared memory: no per-line lookup
-            return _shared_array_unlocked(self, shape, dtype, alignment)
+        # alignment (the 16 bytes a 128-bit store needs on a GPU) is moot here: the simulator
+        # neither runs those stores nor accepts the argument, so it is dropped
+        if shape == 0:                               # dynamic shared memory: no per-line lookup
+            return _shared_array_unlocked(self, shape, dtype)
         if isinstance(dtype, _types.Type):
             dtype = _numpy_support.as_dtype(dtype)
         caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[0])[0:2]   # (file, line)

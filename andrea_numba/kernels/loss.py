@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks
-from .matmul import matmul
+from .matmul import WARP_MATMUL, matmul
 
 MEAN_THREADS = 4 if SIMULATOR else 1024     # k_loss_mean_v1: one block
 
@@ -110,5 +110,50 @@ def loss_bwd_v1(dx, dwte, dlogits, dloss, x, wte, probs, targets, *, block, stre
     matmul(dwte, dlogits, x, trans_a=True, accumulate=True, stream=stream)    # dwte += dlogits^T @ x
 
 
-VERSIONS = {"loss_fwd": {1: loss_fwd_v1}, "loss_bwd": {1: loss_bwd_v1}}
-loss_fwd, loss_bwd = loss_fwd_v1, loss_bwd_v1          # what the engine uses
+# ---------------------------------------------------------------------------------------------
+# v2, v3: the same kernels, the products on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32
+# tensor cores); dwte with split-K into work (at 12M, V x C is only 2 x 3 tiles for K = N rows).
+
+def _fwd_warp(kind, loss, losses, probs, x, wte, targets, block, stream):
+    N, V = probs.shape
+    WARP_MATMUL[kind](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
+    k_loss_fwd_v1[N, block, stream](losses, probs, targets)
+    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+
+
+def _bwd_warp(kind, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream):
+    N, V = probs.shape
+    scale = np.float32(float(dloss) / N)
+    k_loss_bwd_v1[N, block, stream](dlogits, probs, targets, scale)
+    mm = WARP_MATMUL[kind]
+    mm(dx, None, dlogits, wte, stream=stream)                                          # dx = dlogits @ wte
+    mm(dwte, work, dlogits, x, trans_a=True, accumulate=True, stream=stream)           # dwte += dlogits^T @ x
+
+
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v2(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """v1 with the logits from matmul v3 (SIMT warp tiles); block: threads per row."""
+    _fwd_warp("simt", loss, losses, probs, x, wte, targets, block, stream)
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v2(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """v1 with its products from matmul v3, dwte split over K into work."""
+    _bwd_warp("simt", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
+
+
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v3(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """v1 with the logits from matmul v4 (3xTF32 tensor cores)."""
+    _fwd_warp("tf32x3", loss, losses, probs, x, wte, targets, block, stream)
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v3(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """v1 with its products from matmul v4, dwte split over K into work."""
+    _bwd_warp("tf32x3", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
+
+
+VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3},
+            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3}}
+loss_fwd, loss_bwd = loss_fwd_v3, loss_bwd_v3          # what the engine uses

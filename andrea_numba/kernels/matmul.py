@@ -27,7 +27,8 @@ from types import SimpleNamespace
 
 from numba import cuda, float32
 
-from .common import cdiv, blocks
+from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv
+from .warp_tile import make_warp_tile, resolve
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
 # engine's. On a GPU 64 x 64 tiles of 256 threads (8 KiB of shared memory); in the simulator,
@@ -128,7 +129,7 @@ def make_tile_mma(trans_a, trans_b, BM, BN, BK, TM, TN):
 
 
 @functools.cache
-def make_tile(tile):
+def _make_tile_v2(tile):
     """Everything a tiled kernel needs for one tile shape (BM, BN, BK, TM, TN):
         mma_nn, mma_nt, mma_tn   acc += this thread's share of a @ b, a @ b^T, a^T @ b
         row(i), col(j)           the element of out that acc[i, j] belongs to
@@ -175,6 +176,14 @@ def make_tile(tile):
 
 
 @functools.cache
+def make_tile(tile):
+    """The tile functions of matmul v2 (tile = (BM, BN, BK, TM, TN)) or of a warp tile
+    (tile = (kind, BM, BN, BK, WM, WN, vec): warp_tile.make_warp_tile). The linear ops' kernels are
+    written against these names and run on either."""
+    return _make_tile_v2(tile) if len(tile) == 5 else make_warp_tile(tile)
+
+
+@functools.cache
 def _k_matmul_v2(tile, trans_a, trans_b):
     t = make_tile(tile)
     mma = {(False, False): t.mma_nn, (False, True): t.mma_nt,
@@ -202,5 +211,115 @@ def matmul_v2(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, bloc
 
 k_matmul_v2 = _k_matmul_v2(matmul_v2.blocks[0], False, False)   # the default tile's kernel
 
-VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2}}
+# ---------------------------------------------------------------------------------------------
+# v3 and v4: warp tiles (kernels/warp_tile.py), 128-bit copies, two shared stages, split-K.
+# v3 multiplies with SIMT multiply-adds, v4 on tensor cores (3xTF32, fp32-accurate).
+#
+# Split-K: a product with few output tiles and a long K (a weight gradient, K = B*T rows) would
+# leave most of the GPU idle: dW_O at 12M is 3 x 3 tiles of 128 x 128 for 132 multiprocessors.
+# With a work buffer, the launcher cuts K into S slices of ksplit (a multiple of BK). Block z of
+# the grid's third dimension sums its slice into work[z] (a partial tile, no atomics), then
+# k_splitk_sum_v1 adds the slices in the fixed order z = 0, 1, .., S-1:
+#     out (+)= work[0] + work[1] + ... + work[S-1]
+# S depends only on the shapes and the size of the work buffer: the same launch every time, so
+# the same sums in the same order: deterministic.
+
+# (BM, BN, BK, WM, WN): 8 warps of 64 x 32 outputs each (128 x 128 per block) and smaller tiles;
+# in the simulator one or four warps (the fewest threads a warp tile can have).
+WARP_TILES = dict(gpu=((128, 128, 16, 64, 32), (128, 64, 16, 64, 32), (64, 64, 16, 32, 32)),
+                  sim=((16, 8, 8, 16, 8), (32, 16, 8, 16, 8)))
+SPLITK_BLOCKS = 4 if SIMULATOR else 264   # split K until a launch has about this many blocks (2 per SM)
+
+
+def splitk_work(C: int) -> int:
+    """Floats of the split-K work buffer for a model of width C (the engine's, and the op cases'):
+    room for 4 slices of the largest weight gradient, W_1's C x 4C."""
+    return 16 * C * C
+
+
+def splitk(M, N, K, z, block, work):
+    """(S, ksplit): slices of K for a launch of z products of M x N (S = 1 without a work buffer
+    or with enough tiles already). Each slice is at least 2 BK long; S * z * M * N fits in work."""
+    BM, BN, BK = block[:3]
+    tiles = cdiv(M, BM) * cdiv(N, BN) * z
+    if work is None or tiles >= SPLITK_BLOCKS:
+        return 1, K
+    S = max(1, min(cdiv(SPLITK_BLOCKS, tiles), K // (2 * BK), work.shape[0] // (z * M * N)))
+    ksplit = cdiv(cdiv(K, S), BK) * BK
+    return cdiv(K, ksplit), ksplit
+
+
+@cuda.jit
+def k_splitk_sum_v1(out, work, accumulate):
+    """out[r, c] (+)= sum_z work[z, r, c], z = 0, 1, ... in order (one thread per element)."""
+    i = cuda.grid(1)
+    M, N = out.shape
+    if i >= M * N:
+        return
+    r, c = i // N, i % N
+    s = work[0, r, c]
+    for z in range(1, work.shape[0]):
+        s += work[z, r, c]
+    if accumulate:
+        out[r, c] += s
+    else:
+        out[r, c] = s
+
+
+def splitk_sum(out, work, accumulate, stream):
+    """Launch k_splitk_sum_v1 over out (work [S, M, N])."""
+    M, N = out.shape
+    k_splitk_sum_v1[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
+
+
+@functools.cache
+def _k_matmul_warp(tile, trans_a, trans_b):
+    t = make_warp_tile(tile)
+    mma, zero, store, store_part, TM, TN = t.mma[(trans_a, trans_b)], t.zero, t.store, t.store_part, t.TM, t.TN
+
+    @cuda.jit
+    def k_matmul_warp(out, work, a, b, accumulate, ksplit):
+        """out (+)= op(a) @ op(b) (one grid layer), or work[z] = the product over K slice z."""
+        acc = cuda.local.array((TM, TN), float32)
+        zero(acc)
+        K = a.shape[0] if trans_a else a.shape[1]
+        z = cuda.blockIdx.z
+        mma(acc, a, b, z * ksplit, min(K, (z + 1) * ksplit))
+        if cuda.gridDim.z == 1:
+            store(out, acc, accumulate)
+        else:
+            store_part(work, z, acc)
+
+    return k_matmul_warp
+
+
+def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    M, N = out.shape
+    K = a.shape[0] if trans_a else a.shape[1]
+    tile = resolve(kind, block, a, b)
+    t = make_warp_tile(tile)
+    S, ksplit = splitk(M, N, K, 1, block, work)
+    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
+    _k_matmul_warp(tile, bool(trans_a), bool(trans_b))[t.grid(M, N, S), t.THREADS, stream](
+        out, part, a, b, accumulate, ksplit)
+    if S > 1:
+        splitk_sum(out, part, accumulate, stream)
+
+
+@blocks(**WARP_TILES)
+def matmul_v3(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """SIMT warp tiles. work: float32 [n] split-K buffer (or None: no split). block = (BM, BN, BK,
+    WM, WN): (BM/WM)*(BN/WN) warps per BM x BN tile of out."""
+    _matmul_warp("simt", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
+@blocks(**WARP_TILES)
+def matmul_v4(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """3xTF32 tensor-core warp tiles (SIMT steps in the simulator); otherwise as matmul_v3."""
+    _matmul_warp("tf32x3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
+WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4}      # the linear ops' weight-gradient products
+
+VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4}}
 matmul = matmul_v2        # what the engine uses

@@ -10,7 +10,9 @@ Backward:
     dh_pre = (dout @ W_2^T) * gelu'(h_pre)       (the GELU derivative is applied as the tile is stored)
     dW_2 += h^T @ dout        dW_1 += x^T @ dh_pre        dx = dh_pre @ W_1^T
 
-The kernels are built once per tile shape of matmul.py (`block` of the launchers).
+The kernels are built once per tile shape of matmul.py (`block` of the launchers): v1 on matmul
+v2's tiles, v2 on the SIMT warp tiles of matmul v3, v3 on the 3xTF32 tensor-core warp tiles of
+matmul v4 (kernels/warp_tile.py). The kernels' text is the same; the tile functions differ.
 """
 import functools
 import math
@@ -18,7 +20,7 @@ import math
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import TILES, make_tile, matmul
+from .matmul import TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -92,7 +94,54 @@ def mlp_bwd_v1(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, *, block, st
     matmul(dx, dh_pre, w_1, trans_b=True, block=block, stream=stream)                   # dx = dh_pre @ W_1^T
 
 
+# v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores);
+# the plain products through that matmul, the weight gradients with split-K (work: its buffer).
+
+def _fwd_warp(kind, out, h_pre, h, x, w_1, w_2, block, stream):
+    N, F = h.shape
+    tile = resolve(kind, block, x, w_1)
+    t = make_tile(tile)
+    kernels(tile)[0][t.grid(N, F), t.THREADS, stream](h_pre, h, x, w_1)
+    WARP_MATMUL[kind](out, None, h, w_2, block=block, stream=stream)                     # out = h @ W_2
+
+
+def _bwd_warp(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
+    N, F = h.shape
+    tile = resolve(kind, block, dout, w_2)
+    t = make_tile(tile)
+    mm = WARP_MATMUL[kind]
+    mm(dw_2, work, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)     # dW_2 += h^T @ dout
+    kernels(tile)[1][t.grid(N, F), t.THREADS, stream](dh_pre, dout, h_pre, w_2)
+    mm(dw_1, work, x, dh_pre, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
+    mm(dx, None, dh_pre, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
+
+
+@blocks(**WARP_TILES)
+def mlp_fwd_v2(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """v1 on SIMT warp tiles; block = (BM, BN, BK, WM, WN)."""
+    _fwd_warp("simt", out, h_pre, h, x, w_1, w_2, block, stream)
+
+
+@blocks(**WARP_TILES)
+def mlp_bwd_v2(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v1 on SIMT warp tiles, the weight gradients split over K into work."""
+    _bwd_warp("simt", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+
+
+@blocks(**WARP_TILES)
+def mlp_fwd_v3(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """v1 on 3xTF32 tensor-core warp tiles."""
+    _fwd_warp("tf32x3", out, h_pre, h, x, w_1, w_2, block, stream)
+
+
+@blocks(**WARP_TILES)
+def mlp_bwd_v3(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v1 on 3xTF32 tensor-core warp tiles, the weight gradients split over K into work."""
+    _bwd_warp("tf32x3", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+
+
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 
-VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1}, "mlp_bwd": {1: mlp_bwd_v1}}
-mlp_fwd, mlp_bwd = mlp_fwd_v1, mlp_bwd_v1          # what the engine uses
+VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3},
+            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3}}
+mlp_fwd, mlp_bwd = mlp_fwd_v3, mlp_bwd_v3          # what the engine uses

@@ -1,0 +1,123 @@
+"""One-instruction device functions that Numba does not offer, for the fast product kernels.
+
+Numba compiles Python to LLVM IR, which the NVPTX backend turns into PTX. A few instructions have
+no Python spelling: the tensor-core matrix product `mma.sync` and the TF32 rounding `cvt.rna.tf32`.
+numba-cuda lets a package add them as `@intrinsic` functions whose code generator writes the LLVM
+IR by hand, here an inline-assembly call of exactly one PTX instruction (numba-cuda's own
+`cache_hints` module does the same for cached loads). The 128-bit loads and stores are one LLVM
+vector access each (`load <4 x float>`, align 16), which the backend emits as `ld.v4.f32` /
+`st.v4.f32`; no assembly is needed for them.
+
+The CUDA simulator runs kernels as Python and cannot run PTX. Each function below that a kernel
+calls in the simulator has a plain Python twin with the same meaning (chosen at import time). The
+tensor-core product `mma_tf32` has no per-thread twin: one instruction mixes the registers of 32
+threads. Kernels that use it (matmul v4) are built with a SIMT inner step in the simulator instead:
+the same tiles and the same per-thread outputs, computed with ordinary multiply-adds
+(kernels/warp_tile.py).
+
+Fragment layout of mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 (PTX ISA, "Matrix fragments
+for mma.m16n8k8"), one warp, lane = 4 g + t (g = lane >> 2 in 0..7, t = lane & 3 in 0..3):
+
+    A (16 x 8, row major):   a0 = A[g, t]     a1 = A[g + 8, t]     a2 = A[g, t + 4]     a3 = A[g + 8, t + 4]
+    B (8 x 8, "col"):        b0 = B[t, g]     b1 = B[t + 4, g]
+    C, D (16 x 8):           c0 = C[g, 2t]    c1 = C[g, 2t + 1]    c2 = C[g + 8, 2t]    c3 = C[g + 8, 2t + 1]
+
+    D = A @ B + C, with A and B read as TF32 (1 sign, 8 exponent, 10 mantissa bits), products and
+    sums in fp32.
+"""
+import numpy as np
+
+from .common import SIMULATOR
+
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    _f32, _i32 = ir.FloatType(), ir.IntType(32)
+    _F4 = types.UniTuple(types.float32, 4)
+
+    @intrinsic
+    def tf32_round(typingctx, x):
+        """x rounded to the nearest TF32 value (ties away from zero), returned as a float32 whose
+        low 13 mantissa bits are zero.   PTX: cvt.rna.tf32.f32 %r, %f;"""
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(_i32, [_f32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+            return builder.bitcast(builder.call(asm, [args[0]]), _f32)
+        return types.float32(types.float32), codegen
+
+    @intrinsic
+    def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """(d0, d1, d2, d3) = one warp's 16x8 tile of A @ B + C, A 16 x 8 and B 8 x 8 in TF32
+        (fragment layout in the module docstring). Every lane of the warp must call it together.
+        PTX: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {d0..d3}, {a0..a3}, {b0, b1}, {c0..c3};"""
+        sig = _F4(*([types.float32] * 10))
+
+        def codegen(context, builder, sig, args):
+            out = ir.LiteralStructType([_f32] * 4)
+            asm = ir.InlineAsm(ir.FunctionType(out, [_i32] * 6 + [_f32] * 4),
+                               "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                               "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            ab = [builder.bitcast(v, _i32) for v in args[:6]]     # A and B travel as .b32 registers
+            d = builder.call(asm, ab + list(args[6:]))
+            return context.make_tuple(builder, _F4, [builder.extract_value(d, i) for i in range(4)])
+        return sig, codegen
+
+    def _element_pointer(context, builder, arrty, arr, index, indexty):
+        """Address of element `index` of a C-contiguous array, counted in elements from its start."""
+        data = context.make_array(arrty)(context, builder, arr).data
+        idx = context.cast(builder, index, indexty, types.intp)
+        return builder.gep(data, [idx])
+
+    @intrinsic
+    def load4(typingctx, arr, index):
+        """(arr.flat[index], ..., arr.flat[index + 3]): one 128-bit load. arr is a C-contiguous
+        float32 array and its element `index` lies on a 16-byte boundary.   PTX: ld.v4.f32"""
+        if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and isinstance(index, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            vec = builder.load(builder.bitcast(ptr, ir.VectorType(_f32, 4).as_pointer()), align=16)
+            return context.make_tuple(builder, _F4, [builder.extract_element(vec, ir.Constant(_i32, i))
+                                                     for i in range(4)])
+        return _F4(arr, index), codegen
+
+    @intrinsic
+    def store4(typingctx, arr, index, v0, v1, v2, v3):
+        """arr.flat[index .. index + 3] = v0, v1, v2, v3: one 128-bit store (same rules as load4).
+        PTX: st.v4.f32"""
+        if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and isinstance(index, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            vec = ir.Constant(ir.VectorType(_f32, 4), ir.Undefined)
+            for i in range(4):
+                val = context.cast(builder, args[2 + i], sig.args[2 + i], types.float32)
+                vec = builder.insert_element(vec, val, ir.Constant(_i32, i))
+            builder.store(vec, builder.bitcast(ptr, ir.VectorType(_f32, 4).as_pointer()), align=16)
+            return context.get_dummy_value()
+        return types.void(arr, index, v0, v1, v2, v3), codegen
+
+else:
+    def tf32_round(x):
+        """Simulator twin of cvt.rna.tf32.f32: add half a TF32 unit to the magnitude bits, clear
+        the low 13 mantissa bits (round to nearest, ties away from zero)."""
+        bits = np.array(x, dtype=np.float32).view(np.uint32)
+        return (((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000))).view(np.float32)[()]
+
+    def mma_tf32(*args):
+        raise NotImplementedError("mma.sync needs a GPU: in the simulator the kernels use their SIMT step")
+
+    def load4(arr, index):
+        flat = arr.reshape(-1)
+        return flat[index], flat[index + 1], flat[index + 2], flat[index + 3]
+
+    def store4(arr, index, v0, v1, v2, v3):
+        flat = arr.reshape(-1)
+        flat[index], flat[index + 1], flat[index + 2], flat[index + 3] = v0, v1, v2, v3

@@ -1,0 +1,318 @@
+"""Warp tiles: the product tile of matmul v3 (SIMT) and v4 (3xTF32 on tensor cores).
+
+Both compute a BM x BN tile of out = op(a) @ op(b) per block, like matmul v2, with four changes:
+
+1. Warps own sub-tiles. The block's 32 * (BM/WM) * (BN/WN) threads form warps laid out
+   (BM/WM) x (BN/WN); warp w owns the WM x WN piece at rows wm0 = (w // (BN/WN)) * WM, columns
+   wn0 = (w % (BN/WN)) * WN. Inside it, a thread owns the outputs of the tensor-core fragment
+   layout (lane = 4 g + t):
+
+       rows    wm0 + 16 mi + g,  wm0 + 16 mi + 8 + g        mi = 0 .. WM/16 - 1
+       columns wn0 + 8 ni + 2 t, wn0 + 8 ni + 2 t + 1        ni = 0 .. WN/8 - 1
+
+   so acc is TM x TN = (2 WM/16) x (2 WN/8): acc[2 mi + h, 2 ni + c] is row wm0 + 16 mi + 8 h + g,
+   column wn0 + 8 ni + 2 t + c. v3 and v4 share this layout; only the inner step differs.
+
+2. Shared tiles keep the orientation the operand has in global memory, with a pad that removes
+   bank conflicts (32 banks of 4 bytes; a warp's 32 reads are conflict-free when they fall in 32
+   different banks):
+       a [M, K] -> sa[m, k], pitch BK + 4      a^T (a stored [K, M]) -> sa[k, m], pitch BM + 8
+       b [K, N] -> sb[k, n], pitch BN + 8      b^T (b stored [N, K]) -> sb[n, k], pitch BK + 4
+   A fragment read sa[m0 + g, k0 + t] hits bank (g (BK + 4) + t) mod 32 = 4 g + t for BK = 16 or
+   32: 32 lanes, 32 banks. sa[k0 + t, m0 + g] hits (t (BM + 8) + g) mod 32 = 8 t + g: the same.
+   The copy from global memory is then a straight copy: rows of the stored matrix to rows of the
+   shared tile.
+
+3. 128-bit copies and double buffering. When every operand row starts on a 16-byte boundary (the
+   launcher checks the pointers and the row lengths), each thread copies its share of the next
+   tiles in 4-float chunks (ld.global.v4 / st.shared.v4 from kernels/ptx.py), and it loads them
+   from global memory into registers *before* multiplying the current tiles, so the loads are in
+   flight during the arithmetic. Two shared buffers (stages) alternate: one barrier per BK step.
+   Otherwise (and in the simulator) the copy is one float at a time, with the same stages.
+
+4. A K range. The tile function sums only k in [kb, ke): split-K launches give each of S blocks
+   one slice of K and add the S partial tiles afterwards in a fixed order (matmul.py).
+
+The inner step over 8 values of k:
+    v3 (SIMT): for each k, read this thread's TM values of op(a) and TN values of op(b) from shared
+       memory into registers and add their outer product into acc (TM * TN multiply-adds).
+    v4 (3xTF32): read the warp's A and B fragments (module docstring of ptx.py), split each value
+       x = big + small, big = tf32(x), small = tf32(x - big), and add three tensor-core products
+       small*big + big*small + big*big per 16 x 8 fragment of acc (small*small, about 2^-22 of
+       the product, is left out). TF32 keeps 10 mantissa bits; big + small carries about 21, so
+       the sum is as accurate as an fp32 product (CUTLASS calls this 3xTF32). The small products
+       come first so they are not lost against the large one. Each 8-deep product starts from
+       zero and is then added to acc with an ordinary fp32 add: the tensor core's own adder
+       does not round to nearest, and a chain of K/8 accumulations inside it drifted (measured
+       on the H200: 3e-5 relative error at K = 4096, ten times the SIMT kernel's, growing with K).
+In the simulator the v4 tile runs the v3 step: mma.sync needs 32 real lanes.
+"""
+import functools
+from types import SimpleNamespace
+
+from numba import cuda, float32
+
+from .common import SIMULATOR, cdiv
+from .ptx import load4, mma_tf32, store4, tf32_round
+
+WARP = 32
+
+
+def _copier(R, Cc, P, THREADS, vec):
+    """fetch(regs, g, r0, c0, rlim, clim): this thread's share of the R x Cc tile of the stored
+    matrix g at (r0, c0) into registers (zero outside rows < rlim, columns < clim);
+    put(s, regs): the registers into the shared tile s (rows of pitch P)."""
+    E = R * Cc // THREADS                 # elements per thread
+    assert E * THREADS == R * Cc, f"a {R} x {Cc} tile does not split over {THREADS} threads"
+    if vec:
+        assert E % 4 == 0 and Cc % 4 == 0, f"a {R} x {Cc} tile does not split into 4-float chunks"
+        CH, CPR = E // 4, Cc // 4         # chunks per thread, chunks per row
+
+        @cuda.jit(device=True)
+        def fetch(regs, g, r0, c0, rlim, clim):
+            for j in range(CH):
+                e = cuda.threadIdx.x + j * THREADS
+                r, c = r0 + e // CPR, c0 + (e % CPR) * 4
+                if r < rlim and c < clim:                 # clim is a multiple of 4: a chunk is all in or all out
+                    regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
+                else:
+                    for i in range(4):
+                        regs[4 * j + i] = float32(0.0)
+
+        @cuda.jit(device=True)
+        def put(s, regs):
+            for j in range(CH):
+                e = cuda.threadIdx.x + j * THREADS
+                store4(s, (e // CPR) * P + (e % CPR) * 4, regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3])
+    else:
+        @cuda.jit(device=True)
+        def fetch(regs, g, r0, c0, rlim, clim):
+            for j in range(E):
+                e = cuda.threadIdx.x + j * THREADS
+                r, c = r0 + e // Cc, c0 + e % Cc
+                regs[j] = g[r, c] if r < rlim and c < clim else float32(0.0)
+
+        @cuda.jit(device=True)
+        def put(s, regs):
+            for j in range(E):
+                e = cuda.threadIdx.x + j * THREADS
+                s[e // Cc, e % Cc] = regs[j]
+    return fetch, put, E
+
+
+def _kstep(trans_a, trans_b, MI, NI, tensor_cores):
+    """step(acc, sa, sb, kk, wm0, wn0, g, t): acc += this thread's share of
+    op(a)[tile rows, kk:kk+8] @ op(b)[kk:kk+8, tile columns], from one stage of shared memory."""
+    TM, TN = 2 * MI, 2 * NI
+
+    @cuda.jit(device=True)
+    def A(sa, m, k):                       # op(a)[m, k] of the shared tile
+        return sa[k, m] if trans_a else sa[m, k]
+
+    @cuda.jit(device=True)
+    def B(sb, k, n):                       # op(b)[k, n] of the shared tile
+        return sb[n, k] if trans_b else sb[k, n]
+
+    if not tensor_cores or SIMULATOR:
+        @cuda.jit(device=True)
+        def step(acc, sa, sb, kk, wm0, wn0, g, t):
+            ra = cuda.local.array(TM, float32)
+            rb = cuda.local.array(TN, float32)
+            for k in range(kk, kk + 8):
+                for i in range(TM):                       # rows wm0 + 16 (i // 2) + 8 (i % 2) + g
+                    ra[i] = A(sa, wm0 + (i // 2) * 16 + (i % 2) * 8 + g, k)
+                for j in range(TN):                       # columns wn0 + 8 (j // 2) + 2 t + j % 2
+                    rb[j] = B(sb, k, wn0 + (j // 2) * 8 + 2 * t + j % 2)
+                for i in range(TM):
+                    for j in range(TN):
+                        acc[i, j] += ra[i] * rb[j]
+        return step
+
+    @cuda.jit(device=True)
+    def split(x):
+        big = tf32_round(x)
+        return big, tf32_round(x - big)
+
+    @cuda.jit(device=True)
+    def step(acc, sa, sb, kk, wm0, wn0, g, t):
+        ab = cuda.local.array((MI, 4), float32)          # A fragments, big parts
+        as_ = cuda.local.array((MI, 4), float32)         # small parts
+        bb = cuda.local.array((NI, 2), float32)
+        bs = cuda.local.array((NI, 2), float32)
+        for mi in range(MI):                             # a0 A[g, t], a1 A[g+8, t], a2 A[g, t+4], a3 A[g+8, t+4]
+            m = wm0 + mi * 16 + g
+            ab[mi, 0], as_[mi, 0] = split(A(sa, m, kk + t))
+            ab[mi, 1], as_[mi, 1] = split(A(sa, m + 8, kk + t))
+            ab[mi, 2], as_[mi, 2] = split(A(sa, m, kk + t + 4))
+            ab[mi, 3], as_[mi, 3] = split(A(sa, m + 8, kk + t + 4))
+        for ni in range(NI):                             # b0 B[t, g], b1 B[t+4, g]
+            n = wn0 + ni * 8 + g
+            bb[ni, 0], bs[ni, 0] = split(B(sb, kk + t, n))
+            bb[ni, 1], bs[ni, 1] = split(B(sb, kk + t + 4, n))
+        zero = float32(0.0)
+        for mi in range(MI):
+            for ni in range(NI):                         # c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1]
+                c0, c1, c2, c3 = mma_tf32(as_[mi, 0], as_[mi, 1], as_[mi, 2], as_[mi, 3], bb[ni, 0], bb[ni, 1],
+                                          zero, zero, zero, zero)                          # small * big
+                c0, c1, c2, c3 = mma_tf32(ab[mi, 0], ab[mi, 1], ab[mi, 2], ab[mi, 3], bs[ni, 0], bs[ni, 1],
+                                          c0, c1, c2, c3)                                  # + big * small
+                c0, c1, c2, c3 = mma_tf32(ab[mi, 0], ab[mi, 1], ab[mi, 2], ab[mi, 3], bb[ni, 0], bb[ni, 1],
+                                          c0, c1, c2, c3)                                  # + big * big
+                i, j = 2 * mi, 2 * ni                    # acc += the 8-deep product, in fp32 (see above)
+                acc[i, j] += c0
+                acc[i, j + 1] += c1
+                acc[i + 1, j] += c2
+                acc[i + 1, j + 1] += c3
+    return step
+
+
+def _tile_mma(trans_a, trans_b, BM, BN, BK, WM, WN, tensor_cores, vec):
+    """Build tile_mma(acc, a, b, kb, ke): acc += this thread's share of the block's tile of
+    op(a)[:, kb:ke] @ op(b)[kb:ke, :]."""
+    WARPS_N = BN // WN
+    THREADS = WARP * (BM // WM) * WARPS_N
+    # stored tile shapes (rows x columns of the stored matrix) and shared pitches
+    RA, CA, PA = (BK, BM, BM + 8) if trans_a else (BM, BK, BK + 4)
+    RB, CB, PB = (BN, BK, BK + 4) if trans_b else (BK, BN, BN + 8)
+    fetch_a, put_a, EA = _copier(RA, CA, PA, THREADS, vec)
+    fetch_b, put_b, EB = _copier(RB, CB, PB, THREADS, vec)
+    step = _kstep(trans_a, trans_b, WM // 16, WN // 8, tensor_cores)
+
+    @cuda.jit(device=True)
+    def load(ra, rb, a, b, k0, ke, row0, col0, M, N):
+        """Fetch the op(a) tile rows row0.., k0.. and the op(b) tile k0.., col0.. into registers."""
+        if trans_a:
+            fetch_a(ra, a, k0, row0, ke, M)
+        else:
+            fetch_a(ra, a, row0, k0, M, ke)
+        if trans_b:
+            fetch_b(rb, b, col0, k0, N, ke)
+        else:
+            fetch_b(rb, b, k0, col0, ke, N)
+
+    @cuda.jit(device=True)
+    def tile_mma(acc, a, b, kb, ke):
+        sa = cuda.shared.array((2, RA, PA), float32, alignment=16)      # two stages; 16-byte
+        sb = cuda.shared.array((2, RB, PB), float32, alignment=16)      # rows for st.v4
+        ra = cuda.local.array(EA, float32)                 # the next tiles, on their way in
+        rb = cuda.local.array(EB, float32)
+        tid = cuda.threadIdx.x
+        warp, lane = tid // WARP, tid % WARP
+        g, t = lane >> 2, lane & 3
+        wm0, wn0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        M = a.shape[1] if trans_a else a.shape[0]
+        N = b.shape[0] if trans_b else b.shape[1]
+        n_steps = (ke - kb + BK - 1) // BK
+        load(ra, rb, a, b, kb, ke, row0, col0, M, N)
+        put_a(sa[0], ra)
+        put_b(sb[0], rb)
+        cuda.syncthreads()
+        for s in range(n_steps):
+            st = s & 1
+            if s + 1 < n_steps:                            # next tiles: loads in flight during the math
+                load(ra, rb, a, b, kb + (s + 1) * BK, ke, row0, col0, M, N)
+            for kk in range(0, BK, 8):
+                step(acc, sa[st], sb[st], kk, wm0, wn0, g, t)
+            if s + 1 < n_steps:                            # the other stage was last read before the
+                put_a(sa[1 - st], ra)                      # previous barrier: free to overwrite
+                put_b(sb[1 - st], rb)
+            cuda.syncthreads()
+    return tile_mma, THREADS
+
+
+@functools.cache
+def make_warp_tile(tile):
+    """Everything a kernel needs for one warp tile, the same names as matmul.make_tile:
+        mma_nn, mma_nt, mma_tn, mma_tt     acc += a @ b, a @ b^T, a^T @ b, a^T @ b^T over all of K
+        mma[(trans_a, trans_b)]            the same over k in [kb, ke): f(acc, a, b, kb, ke)
+        row(i), col(j), zero(acc), store(out, acc, accumulate), store_part(work, z, acc)
+        TM, TN, THREADS, grid(M, N, z)
+    tile = (kind, BM, BN, BK, WM, WN, vec): kind "simt" (v3) or "tf32x3" (v4); vec: 128-bit copies
+    (the caller checked the alignment: resolve())."""
+    kind, BM, BN, BK, WM, WN, vec = tile
+    assert kind in ("simt", "tf32x3"), kind
+    assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 8 == 0 and BK % 8 == 0, f"tile {tile}"
+    MI, NI = WM // 16, WN // 8
+    TM, TN = 2 * MI, 2 * NI
+    WARPS_N = BN // WN
+    ranged = {}
+    for ta in (False, True):
+        for tb in (False, True):
+            ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, kind == "tf32x3", vec)
+
+    def full(f, trans_a):
+        @cuda.jit(device=True)
+        def mma_all(acc, a, b):
+            f(acc, a, b, 0, a.shape[0] if trans_a else a.shape[1])
+        return mma_all
+
+    @cuda.jit(device=True)
+    def row(i):
+        """Row of out that acc[i, :] belongs to: wm0 + 16 (i // 2) + 8 (i % 2) + g."""
+        warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        return cuda.blockIdx.y * BM + (warp // WARPS_N) * WM + (i // 2) * 16 + (i % 2) * 8 + (lane >> 2)
+
+    @cuda.jit(device=True)
+    def col(j):
+        """Column of out that acc[:, j] belongs to: wn0 + 8 (j // 2) + 2 t + j % 2."""
+        warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        return cuda.blockIdx.x * BN + (warp % WARPS_N) * WN + (j // 2) * 8 + 2 * (lane & 3) + j % 2
+
+    @cuda.jit(device=True)
+    def zero(acc):
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = 0.0
+
+    @cuda.jit(device=True)
+    def store(out, acc, accumulate):
+        """out (+)= acc for this thread's outputs that fall inside out."""
+        for i in range(TM):
+            r = row(i)
+            if r < out.shape[0]:
+                for j in range(TN):
+                    c = col(j)
+                    if c < out.shape[1]:
+                        if accumulate:
+                            out[r, c] += acc[i, j]
+                        else:
+                            out[r, c] = acc[i, j]
+
+    @cuda.jit(device=True)
+    def store_part(work, z, acc):
+        """work[z] = acc: one split-K slice's partial tile (work [S, M, N])."""
+        for i in range(TM):
+            r = row(i)
+            if r < work.shape[1]:
+                for j in range(TN):
+                    c = col(j)
+                    if c < work.shape[2]:
+                        work[z, r, c] = acc[i, j]
+
+    return SimpleNamespace(
+        mma=ranged, mma_nn=full(ranged[(False, False)], False), mma_nt=full(ranged[(False, True)], False),
+        mma_tn=full(ranged[(True, False)], True), mma_tt=full(ranged[(True, True)], True),
+        row=row, col=col, zero=zero, store=store, store_part=store_part, TM=TM, TN=TN, THREADS=THREADS,
+        BK=BK, grid=lambda M, N, z=1: (cdiv(N, BN), cdiv(M, BM), z))
+
+
+def aligned(*arrays) -> bool:
+    """True when 128-bit copies are safe for these operands: C-contiguous 2-D float32 arrays whose
+    rows start on 16-byte boundaries (a first element at a multiple of 16 bytes, rows a multiple
+    of 4 floats). Never in the simulator (its copies go one float at a time)."""
+    if SIMULATOR:
+        return False
+    for x in arrays:
+        if x.ndim != 2 or x.shape[1] % 4 or x.strides != (4 * x.shape[1], 4):
+            return False
+        face = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__   # (host arrays: ptxcheck)
+        if face["data"][0] % 16:
+            return False
+    return True
+
+
+def resolve(kind, block, *arrays):
+    """The full tile of a launch: the kind, the declared block (BM, BN, BK, WM, WN) and whether the
+    operands allow 128-bit copies."""
+    return (kind, *block, aligned(*arrays))
