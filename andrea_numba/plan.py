@@ -6,7 +6,9 @@
                                      # memory, or is far too big for the CUDA simulator
 
 The trainer prints the plan, checks it before any data is prepared and then allocates exactly
-these buffers, once (GPUModel's buffer_specs, the optimiser's vectors, the sampler's model).
+these buffers, once: GPUModel's buffer_specs, the optimiser's vectors and what a step reads that
+changes from step to step (its token batches, dropout's keys, AdamW's learning rate and bias
+corrections). The sampler allocates nothing: it runs on the training model's buffers.
 """
 from __future__ import annotations
 
@@ -14,11 +16,21 @@ import math
 
 from numba import cuda
 
+from reference.dropout import SITES
+
 from .config import Config, load_config
 from .gpu_model import buffer_specs
 from .kernels import optim
 from .kernels.common import SIMULATOR
 from .layout import n_params
+
+HYPER_WORDS = 2         # AdamW's [lr, bc1, bc2] as float32, in two uint64 words of the step's scalars
+
+
+def step_scalar_words(cfg: Config) -> int:
+    """uint64 words of a step's scalars on the device (train.Trainer.allocate): dropout's keys
+    [n_microbatches, n_layer, 3], then AdamW's [lr, bc1, bc2] as float32 (HYPER_WORDS words)."""
+    return cfg.train.n_microbatches * cfg.model.n_layer * SITES + HYPER_WORDS
 
 
 class PlanError(RuntimeError):
@@ -33,8 +45,8 @@ def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]
     rows = [(s.kind, s.name, s.nbytes) for s in buffer_specs(m, B, t.seq_len)]
     rows += [("optimizer", "adam_m", 4 * P), ("optimizer", "adam_v", 4 * P), ("optimizer", "decay_mask", P),
              ("optimizer", "norm_partial", 4 * optim.NORM_BLOCKS), ("optimizer", "stats", 8)]
-    rows += [("sampler", s.name, s.nbytes) for s in buffer_specs(m, 1, m.context_length, training=False,
-                                                                 own_params=False)]
+    rows += [("step", "batches", 4 * t.n_microbatches * 2 * B * t.seq_len),      # int32 [n_micro, 2, B, T]
+             ("step", "step_scalars", 8 * step_scalar_words(cfg))]
     return rows
 
 

@@ -8,12 +8,12 @@
 
 One optimiser step:
 
+    copy the step's token batches, dropout keys, lr and bias corrections to the device
     for microbatch in range(n_microbatches):
         forward(microbatch); backward()          # gradients add up (+=)
     grads *= 1 / n_microbatches                  # k_grad_scale
     norm = |grads|; clip to clip_norm            # k_grad_norm_partial, k_grad_norm_final, k_grad_scale
-    AdamW step with the scheduled lr             # k_adamw: skipped on the device if loss or norm is not finite
-    grads = 0                                    # k_zero
+    AdamW step with the scheduled lr, grads = 0  # k_adamw_v2: skipped on the device if loss or norm is not finite
 
 Before the first step the trainer prints the memory plan (andrea_numba.plan: every buffer, by kind), checks it
 against the GPU's free memory and allocates everything once, device buffers and the pinned host
@@ -21,6 +21,16 @@ buffers the token batches and the step's statistics travel through. Every launch
 one stream of the run's own; a step waits for the GPU once, to read 8 bytes (the loss and the
 gradient norm). docs/host-syncs.md lists every wait. The data order is a pure function of (seed,
 step), so a checkpoint (step, weights, Adam m and v) is all a run needs to resume bit-exactly.
+
+CUDA graph (on a GPU, unless --no-graph): a step is a few hundred kernel launches, each costing
+the host some 70 us of Python. So the first step runs launch by launch (eager), and then the
+trainer records the same launches once into a CUDA graph (cuda.core's graph builder, given to
+every launch as its stream: recorded, not run) and from then on replays that graph, one call a
+step. A kernel's arguments are frozen in the graph, so everything that changes from step to step
+lives in device buffers the step reads: the token batches, dropout's keys, AdamW's learning rate
+and bias corrections, copied in before each replay. Eager steps read the very same buffers with
+the very same launches, so the two modes give bit-identical weights, and a run may switch modes
+when it resumes. The simulator has no graphs: there every step is eager.
 
 Run directory (andrea_numba.runlog names its files): checkpoint.bin, best.bin (the checkpoint of
 the lowest validation loss so far), .loss.json (one JSON line per step, appended), .samples.json
@@ -56,7 +66,7 @@ from .gpu_model import GPUModel
 from .kernels import optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
-from .plan import PlanError, check_device, check_fits, format_plan, memory_plan
+from .plan import HYPER_WORDS, PlanError, check_device, check_fits, format_plan, memory_plan, step_scalar_words
 from .runlog import (
     BEST_FILE,
     CHECKPOINT_FILE,
@@ -79,6 +89,42 @@ class TrainError(RuntimeError):
     """A run that cannot start or continue; str(err) is one line: what is wrong and what to do."""
 
 
+GRAPHS = not SIMULATOR          # CUDA graphs need a GPU: the simulator runs every step eagerly
+# While the capture is open this thread may not allocate, free or wait for the GPU: such a call
+# fails the capture (and the run trains on eagerly) instead of leaving the graph pointing at
+# memory that is freed later. ("relaxed" would allow them.)
+CAPTURE_MODE = "thread_local"
+
+
+class StepGraph:
+    """A training step recorded once as a CUDA graph, then replayed. `work(stream)` launches the
+    step's kernels on `stream`; here it gets a cuda.core GraphBuilder capturing the run's stream,
+    and numba-cuda records each launch given that builder as its stream into the graph, without
+    running it. launch() replays the whole step on the run's stream: one call instead of a few
+    hundred launches."""
+
+    def __init__(self, stream, work):
+        from cuda.core import Stream as CoreStream
+        self.stream = CoreStream.from_handle(int(stream.handle))    # the run's stream, as cuda.core sees it
+        builder = self.stream.create_graph_builder()               # captures what is queued on that stream
+        with cuda.defer_cleanup():          # numba frees no earlier garbage while the capture is open
+            builder.begin_building(CAPTURE_MODE)
+            try:
+                work(builder)
+                builder.end_building()
+            except BaseException:
+                try:
+                    builder.close()         # ends the capture still open: the stream works again
+                except Exception:
+                    pass                    # (an invalidated capture ends with an error of its own)
+                raise
+        self.graph = builder.complete()     # instantiated: ready to launch
+        builder.close()
+
+    def launch(self):
+        self.graph.launch(self.stream)
+
+
 def divergence_hints(t) -> str:
     """What in the train config a diverged run can change, as one clause."""
     hints = [f"lower train.lr (now {t.lr:g}; try {t.lr / 10:g})"]
@@ -95,8 +141,13 @@ def divergence_hints(t) -> str:
 # the trainer
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir, data_dir=None, log=print, log_every=10, launch_time=None):
+    def __init__(self, cfg: Config, run_dir, data_dir=None, log=print, log_every=10, launch_time=None, graph=True):
         self.cfg, self.run_dir, self.log, self.log_every = cfg, Path(run_dir), log, log_every
+        # how the steps launch: "graph" (captured after the first step, then replayed) or "eager"
+        self.launches = "graph" if graph and GRAPHS else "eager"
+        self.launches_why = "" if self.launches == "graph" else "--no-graph" if not graph else \
+            "the CUDA simulator runs no graphs"
+        self.graph = None                    # the StepGraph, once captured
         self.data_dir = Path(data_dir) if data_dir else self.run_dir / DATA_DIR
         self.stop_requested = False
         self.save_requests = self.saves_done = 0       # SIGUSR1 counts up; the loop catches up
@@ -203,6 +254,7 @@ class Trainer:
             self.free_before = free
         self.device = device_name()
         self.allocate()
+        self.log(f"launches: {self.describe_launches()}")
         self.timings = {"setup_s": 0.0, "train_s": 0.0}
         tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
         if found is not None and found["params"] is not None:
@@ -252,31 +304,56 @@ class Trainer:
         return D.check_prepared(self.data_dir, record)
 
     def allocate(self):
-        """Every buffer of the run: the models' device buffers, the optimiser's, and pinned host
-        memory for what travels between host and GPU during training."""
+        """Every buffer of the run: the model's device buffers, the optimiser's, what a step reads
+        that changes from step to step, and pinned host memory for what travels between host and
+        GPU during training."""
         m, t = self.cfg.model, self.cfg.train
-        B, T = t.batch_size, t.seq_len
+        B, T, n_micro = t.batch_size, t.seq_len, t.n_microbatches
         # one stream for the whole run: every launch and copy is ordered on it, none goes to the
         # legacy default stream (which would wait for, and hold up, all other work on the GPU)
         s = self.stream = cuda.stream()
         self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout)
-        self.sampler = GPUModel(m, 1, m.context_length, stream=s, training=False, params=self.model.params)
+        # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
+        # are free between steps), with the training sequence length as its window
+        self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model)
         self.adam_m = cuda.device_array(self.n, np.float32, stream=s)
         self.adam_v = cuda.device_array(self.n, np.float32, stream=s)
         self.decay = cuda.to_device(decay_mask(m, np.uint8), stream=s)
         self.partial = cuda.device_array(optim.NORM_BLOCKS, np.float32, stream=s)
         self.stats = cuda.device_array(2, np.float32, stream=s)    # [loss summed over microbatches, grad norm]
+        # What a step reads that changes from step to step, in device buffers written before the
+        # step (so that a captured graph reads each step's values), each the copy of a pinned host
+        # buffer of the same layout:
+        #   batches  int32 [n_micro, 2, B, T]: microbatch i's token ids (i, 0) and targets (i, 1)
+        #   scalars  uint64 [n_micro * n_layer * 3 + 2]: dropout's keys [n_micro, n_layer, 3], then
+        #            AdamW's [lr, bc1, bc2, unused] as four float32 in the last two words
+        self.batches = cuda.device_array((n_micro, 2, B, T), np.int32, stream=s)
+        self.scalars = cuda.device_array(step_scalar_words(self.cfg), np.uint64, stream=s)
+        self.batches_host = cuda.pinned_array((n_micro, 2, B, T), np.int32)
+        self.scalars_host = cuda.pinned_array(step_scalar_words(self.cfg), np.uint64)
+        self.scalars_host[:] = 0
+        n_keys = self.scalars.size - HYPER_WORDS
+        self.keys_host = self.scalars_host[:n_keys].reshape(n_micro, m.n_layer, -1)
+        self.hyper_host = self.scalars_host[n_keys:].view(np.float32)
+        keys = self.scalars[:n_keys].reshape(n_micro, m.n_layer, self.keys_host.shape[2])
+        self.hyper = self.scalars[n_keys:].view(np.float32)
+        # the device views each microbatch's forward reads: (token ids [B, T], targets [B, T], keys [L, 3])
+        self.micro_inputs = [(self.batches[i, 0], self.batches[i, 1], keys[i]) for i in range(n_micro)]
+        self.loss_sum, self.norm = self.stats[0:1], self.stats[1:2]
         # pinned (page-locked) host memory: copies from and to it run asynchronously on the stream.
-        # Each microbatch of a step has its own slot, so no slot is refilled while its copy may be
-        # pending; the evaluation batches are the same every time, filled once here.
-        self.batch_x = cuda.pinned_array((t.n_microbatches, B, T), np.int32)
-        self.batch_y = cuda.pinned_array((t.n_microbatches, B, T), np.int32)
+        # The step's slots are refilled only after the step's sync, when their copies are done;
+        # the evaluation batches are the same every time, filled once here.
         self.eval_x = cuda.pinned_array((t.eval_batches, B, T), np.int32)
         self.eval_y = cuda.pinned_array((t.eval_batches, B, T), np.int32)
         for i in range(t.eval_batches):
             self.eval_x[i], self.eval_y[i] = D.get_batch(self.val_tokens, B, T, t.seed, 0, i, split="val")
         self.stats_host = cuda.pinned_array(2, np.float32)
-        self.sample_buf = cuda.pinned_array((1, m.context_length), np.int32)
+        self.sample_buf = cuda.pinned_array((1, T), np.int32)
+
+    def describe_launches(self) -> str:
+        if self.launches == "graph":
+            return "CUDA graph (the first step eager, then the step captured once and replayed)"
+        return f"eager, kernel by kernel ({self.launches_why})"
 
     # -- one optimiser step --
     def lr(self, step):
@@ -284,29 +361,69 @@ class Trainer:
         return R.lr_at(step, t.lr, t.min_lr, t.warmup_steps, t.steps, t.lr_decay)
 
     def train_step(self, step):
-        t, model, s = self.cfg.train, self.model, self.stream
-        loss_sum, norm = self.stats[0:1], self.stats[1:2]
-        optim.zero(self.stats, stream=s)
-        for micro in range(t.n_microbatches):
-            x, y = self.batch_x[micro], self.batch_y[micro]
-            x[:], y[:] = D.get_batch(self.train_tokens, t.batch_size, t.seq_len, t.seed, step, micro)
-            model.forward(x, y, dropout_key=R.dropout_key(t.seed, step, micro))   # while the GPU works,
-                                                 # the host fills the next slot
-            model.backward()
-            residual.residual_add(loss_sum, loss_sum, model.buf["loss"], stream=s)
-        optim.grad_scale(model.grads, norm, 0.0, 1.0 / t.n_microbatches, stream=s)   # mean over microbatches
-        optim.grad_norm(norm, self.partial, model.grads, stream=s)
-        optim.grad_scale(model.grads, norm, t.clip_norm, 1.0, stream=s)             # clip by global norm
+        """One optimiser step: its inputs to the device, then its work, eager or as the replay of
+        the captured graph (captured here after the first eager step), then its one sync."""
+        t, s = self.cfg.train, self.stream
         lr = self.lr(step)
-        # the divergence guard is on the device: with a NaN or infinite loss or norm in stats,
-        # k_adamw leaves the weights, m and v as they were (the host only learns of it below)
-        optim.adamw(model.params, model.grads, self.adam_m, self.adam_v, self.decay, step + 1, lr,
-                    t.beta1, t.beta2, t.eps, t.weight_decay, self.stats, stream=s)
-        model.zero_grads()
+        self.write_step_inputs(step, lr)
+        if self.graph is not None:
+            self.graph.launch()
+        else:
+            self.step_work(s)
         self.stats.copy_to_host(self.stats_host, stream=s)
         s.synchronize()                          # the step's only sync
         loss, grad_norm = self.stats_host
+        if self.launches == "graph" and self.graph is None:
+            self.capture()
         return float(loss) / t.n_microbatches, float(grad_norm), lr
+
+    def write_step_inputs(self, step, lr):
+        """What step `step` reads that changes from step to step, into the pinned host buffers and
+        from there to the device: two asynchronous copies on the run's stream, queued before the
+        step's work. The slots are free: the last step's sync waited for their last copies."""
+        t, m, s = self.cfg.train, self.cfg.model, self.stream
+        for micro in range(t.n_microbatches):
+            self.batches_host[micro, 0], self.batches_host[micro, 1] = D.get_batch(
+                self.train_tokens, t.batch_size, t.seq_len, t.seed, step, micro)
+            key = R.dropout_key(t.seed, step, micro)
+            self.keys_host[micro] = [R.block_keys(key, l) for l in range(m.n_layer)]
+        self.hyper_host[:3] = R.adamw_hyper(step + 1, lr, t.beta1, t.beta2)      # AdamW's t counts from 1
+        self.batches.copy_to_device(self.batches_host, stream=s)
+        self.scalars.copy_to_device(self.scalars_host, stream=s)
+
+    def step_work(self, stream):
+        """Every launch of a step, in order, on `stream`: the run's stream (eager) or a graph
+        builder (capture). Nothing here depends on the step number: the step's token ids, keys,
+        lr and bias corrections are read from the device buffers write_step_inputs fills."""
+        t, model = self.cfg.train, self.model
+        optim.zero(self.stats, stream=stream)
+        with model.launching_on(stream):
+            for tokens, targets, keys in self.micro_inputs:
+                model.forward(tokens, targets, keys=keys)
+                model.backward()
+                residual.residual_add(self.loss_sum, self.loss_sum, model.buf["loss"], stream=stream)
+        optim.grad_scale(model.grads, self.norm, 0.0, 1.0 / t.n_microbatches, stream=stream)   # mean over microbatches
+        optim.grad_norm(self.norm, self.partial, model.grads, stream=stream)
+        optim.grad_scale(model.grads, self.norm, t.clip_norm, 1.0, stream=stream)          # clip by global norm
+        # the divergence guard is on the device: with a NaN or infinite loss or norm in stats,
+        # k_adamw_v2 leaves the weights, m and v as they were (the host only learns of it at the
+        # step's sync); either way it clears the gradient for the next step
+        optim.adamw(model.params, model.grads, self.adam_m, self.adam_v, self.decay, self.hyper,
+                    t.beta1, t.beta2, t.eps, t.weight_decay, self.stats, stream=stream)
+
+    def capture(self):
+        """Record step_work into a CUDA graph, once, after an eager step has compiled and run every
+        kernel (a capture records launches; it must not compile or allocate). A capture that fails
+        leaves the run eager, said in the log and the state."""
+        t0 = time.time()
+        try:
+            self.graph = StepGraph(self.stream, self.step_work)
+        except Exception as e:                  # the driver's or cuda.core's error: keep training, eagerly
+            self.launches, self.launches_why = "eager", f"the CUDA graph capture failed: {' '.join(str(e).split())}"
+            self.log(f"launches: {self.describe_launches()}; training on kernel by kernel")
+            self.write_state()
+            return
+        self.log(f"launches: the step captured as a CUDA graph in {time.time() - t0:.2f} s; replayed from now on")
 
     def evaluate(self):
         """Mean validation loss over eval_batches fixed microbatches (the same ones every time)."""
@@ -321,7 +438,8 @@ class Trainer:
         return float(self.stats_host[0]) / t.eval_batches
 
     def generate(self, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40) -> str:
-        """Sample n_tokens after prompt with the forward-only model (B=1, full context)."""
+        """Sample n_tokens after prompt with the sampler (a forward at B=1 over the last seq_len
+        tokens, on the training model's buffers)."""
         return generate_text(self.sampler, self.tokenizer, prompt, n_tokens, seed, temperature, top_k,
                              self.sample_buf)
 
@@ -381,7 +499,9 @@ class Trainer:
                  "timings": {**self.timings, "elapsed_s": round(self.elapsed(), 3)},
                  "checkpoint": CHECKPOINT_FILE, "checkpoint_sha256": self.checkpoint_sha256,
                  "previous_checkpoint_sha256": self.previous_checkpoint_sha256, "best": self.best,
-                 "memory": self.memory, "device": self.device, "time": time.time()}
+                 "memory": self.memory, "device": self.device,
+                 "launches": self.launches + (f" ({self.launches_why})" if self.launches_why else ""),
+                 "time": time.time()}
         atomic_write_json(self.run_dir / STATE_FILE, state)
 
     def append(self, name, record):
@@ -563,7 +683,7 @@ def parser() -> Parser:
     g.add_argument("--size", help="tiny, 12M or 120M (default 12M)")
     g.add_argument("--config", help="a config JSON file instead of a size")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint "
-                   "(with its own settings: only --steps and --log-every may be given)")
+                   "(with its own settings: only --steps, --log-every and --no-graph may be given)")
     ap.add_argument("--data", help="a UTF-8 text file to train on (default: the config's source)")
     ap.add_argument("--out", help="run directory (default runs/<config name>)")
     ap.add_argument("--steps", type=positive_int, help="optimiser steps (default: the config's; with --resume, "
@@ -573,6 +693,8 @@ def parser() -> Parser:
     ap.add_argument("--microbatches", type=positive_int, help="microbatches per optimiser step")
     ap.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
     ap.add_argument("--log-every", type=positive_int, default=10, help="print a progress line every N steps")
+    ap.add_argument("--no-graph", action="store_true", help="launch every kernel of every step from Python "
+                    "instead of replaying the step as a CUDA graph (the same results, bit for bit; slower)")
     return ap
 
 
@@ -582,8 +704,8 @@ def start_resume(args, log, launch_time) -> tuple[Trainer | None, RunLock]:
     for attr, flag in RESUME_FIXED:
         if getattr(args, attr) is not None:
             raise TrainError(f"{flag} cannot be given with --resume: a resumed run keeps its own settings "
-                             f"(only --steps and --log-every may change); drop {flag}, or start a new run "
-                             f"with --out")
+                             f"(only --steps, --log-every and --no-graph may change); drop {flag}, or start a "
+                             f"new run with --out")
     run_dir = Path(args.resume)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is a file, not a run directory: give --resume the directory of a run")
@@ -594,7 +716,8 @@ def start_resume(args, log, launch_time) -> tuple[Trainer | None, RunLock]:
         state = read_run_state(run_dir)
         cfg = resume_config(run_dir, state, args.steps)
         check_device(cfg, resuming=True)
-        trainer = Trainer(cfg, run_dir, data_dir_of(run_dir, state), log, args.log_every, launch_time)
+        trainer = Trainer(cfg, run_dir, data_dir_of(run_dir, state), log, args.log_every, launch_time,
+                          graph=not args.no_graph)
         found = trainer.check_resume(state)
     except BaseException:
         lock.release()
@@ -632,7 +755,7 @@ def start_new(args, log, launch_time) -> tuple[Trainer, RunLock]:
     except BaseException:
         lock.release()
         raise
-    return Trainer(cfg, run_dir, None, log, args.log_every, launch_time), lock
+    return Trainer(cfg, run_dir, None, log, args.log_every, launch_time, graph=not args.no_graph), lock
 
 
 def main(argv=None) -> int:

@@ -226,7 +226,8 @@ def busy_port():
 def tools():
     return {"config": config.main, "sample": sample.main, "plot": plot.main, "dashboard": dashboard.main,
             "data": data.main, "check": check.main, "gradcheck": gradcheck.main, "exercises": exercises.main,
-            **{f"bench/{b}": _bench(b).main for b in ("kernels", "gpu_session", "step_time", "profile_step")}}
+            **{f"bench/{b}": _bench(b).main for b in ("kernels", "gpu_session", "step_time", "profile_step",
+                                                         "gpu_graph")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -393,6 +394,12 @@ ROWS = [
     ("bench/step_time", ["--json", "{W}/nodir/x.json"], "does not exist"),
     ("bench/profile_step", ["--size", "7B"], "unknown size '7B'"),
     ("bench/profile_step", ["--iters", "-1"], "argument --iters"),
+    ("bench/gpu_graph", [], "the following arguments are required: --out"),
+    ("bench/gpu_graph", ["--out", "{W}/files/afile"], "is a file, not a directory"),
+    ("bench/gpu_graph", ["--out", "{W}/new", "--steps", "2"], "argument --steps"),
+    ("bench/gpu_graph", ["--out", "{W}/new", "--sizes", "7B"], "unknown size '7B'"),
+    ("bench/gpu_graph", ["--out", "{W}/new", "--dropout", "0,1"], "argument --dropout"),
+    ("bench/gpu_graph", ["--out", "{W}/new", "--dropout", "x"], "argument --dropout"),
 ]
 
 

@@ -162,7 +162,8 @@ def stop_and_resume(cfg_path, corpus, b, out):
     corpus file changes (a resumed run trains on its own tokens, so it must not matter) and
     `--resume` finishes the run. Results (or the error) go into `out`."""
     proc = subprocess.Popen([sys.executable, "-m", "andrea_numba.train", "--config", str(cfg_path), "--out", str(b),
-                             "--log-every", "1"], env=SIM_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--log-every", "1", "--no-graph"], env=SIM_ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: len(read_loss(b)) >= 1, proc)
         proc.send_signal(signal.SIGUSR1)
@@ -229,6 +230,7 @@ def test_loss_falls(runs):
     assert samples[-1]["step"] == STEPS and isinstance(samples[-1]["text"], str)
     state = json.loads((runs.a / ".state.json").read_text())
     assert state["step"] == STEPS and state["tokens_seen"] == STEPS * 2 * 8
+    assert state["launches"] == ("eager (the CUDA simulator runs no graphs)" if SIMULATOR else "graph")
     assert (runs.a / "checkpoint.bin").stat().st_size == ck.checkpoint_bytes(n_params(runs.cfg.model))
     # best.bin: the checkpoint of the lowest validation loss, on record in the state
     best = state["best"]
@@ -274,8 +276,11 @@ def test_a_step_waits_for_the_gpu_once_and_copies_through_pinned_buffers(runs):
     assert rec.count("sync", "checkpoint") == rec.count("sync", "save_best") == 0
     assert rec.count("sync", "generate") == rec.count("copy", "generate", "to_host") == cfg.sample_tokens
     assert rec.count("sync", "loop") == 0
-    # tokens travel from the pinned buffers allocated at setup, the step's statistics into one
-    pinned = {"train_step": (t.batch_x, t.batch_y), "evaluate": (t.eval_x, t.eval_y), "generate": (t.sample_buf,)}
+    # a step's inputs (token batches; dropout keys, lr and bias corrections) travel in two copies
+    # from the pinned buffers allocated at setup, the step's statistics into one
+    assert rec.count("copy", "train_step", "to_device") == 2 * STEPS
+    pinned = {"train_step": (t.batches_host, t.scalars_host), "evaluate": (t.eval_x, t.eval_y),
+              "generate": (t.sample_buf,)}
     for e in rec.events:
         if e.kind == "copy" and e.name == "to_device":
             assert any(np.shares_memory(e.array, buf) for buf in pinned.get(e.phase, ())), e
@@ -291,6 +296,8 @@ def test_sigterm_then_resume_is_bit_exact_and_sigusr1_continues(runs):
     assert res.stop_code == 0, res.stop_stderr
     assert 1 <= res.usr1_step <= res.stopped < STEPS, (res.usr1_step, res.stopped)   # SIGUSR1 went on training
     assert f"stopped by signal at step {res.stopped}" in res.stop_stdout
+    assert "launches: eager, kernel by kernel (--no-graph)" in res.stop_stdout       # the flag, in the log
+    assert "launches: eager, kernel by kernel (the CUDA simulator runs no graphs)" in res.resume.stdout
     # the corpus file changed after the stop: the resumed run trains on its own tokens all the same
     assert res.resume.returncode == 0, res.resume.stderr
     assert f"resumed from {b / 'checkpoint.bin'} at step {res.stopped}" in res.resume.stdout
@@ -426,7 +433,7 @@ def test_memory_plan_refuses_and_suggests_a_smaller_microbatch():
     cfg = load_config("120M")
     plan = tr.memory_plan(cfg)
     total = sum(r[2] for r in plan)
-    assert {"params", "grads", "optimizer", "activations", "scratch", "sampler"} == {r[0] for r in plan}
+    assert {"params", "grads", "optimizer", "activations", "scratch", "step"} == {r[0] for r in plan}
     P = n_params(cfg.model)
     assert sum(r[2] for r in plan if r[1] in ("params", "grads", "adam_m", "adam_v")) == 4 * 4 * P
     assert tr.check_fits(cfg, free_bytes=2 * total) == total

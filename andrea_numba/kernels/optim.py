@@ -236,4 +236,4 @@ def zero_v1(arr, *, block, stream=0):
 
 VERSIONS = {"grad_norm": {1: grad_norm_v1}, "grad_scale": {1: grad_scale_v1},
             "adamw": {1: adamw_v1, 2: adamw_v2}, "zero": {1: zero_v1}}
-grad_norm, grad_scale, adamw, zero = grad_norm_v1, grad_scale_v1, adamw_v1, zero_v1      # what the engine uses
+grad_norm, grad_scale, adamw, zero = grad_norm_v1, grad_scale_v1, adamw_v2, zero_v1      # what the engine uses
