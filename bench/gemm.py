@@ -110,7 +110,17 @@ def main(argv=None):
         else:
             cells.append("- | -")
         print(f"| {label} | {M} | {N} | {K} | " + " | ".join(cells) + " |", flush=True)
+        for v in (v for v in versions if v >= 3):        # registers and spills of the warp-tile kernel
+            from andrea_numba.kernels.warp_tile import resolve
+            kern = MM._k_matmul_warp(resolve({3: "simt", 4: "tf32x3"}[v], MM.matmul_v3.blocks[0], da, db), ta, tb)
+            try:
+                row[f"v{v}_regs"] = list(kern.get_regs_per_thread().values())
+                row[f"v{v}_local_bytes"] = list(kern.get_local_mem_per_thread().values())
+            except Exception as e:                      # noqa: BLE001 (a report, not a check)
+                row[f"v{v}_regs"] = str(e)
         rows.append(row)
+    for r in rows:
+        print(r["product"], {k: v for k, v in r.items() if "regs" in k or "local" in k})
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

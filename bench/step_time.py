@@ -3,10 +3,12 @@
     python bench/step_time.py                      # 12M at 16 x 512 and 120M at 8 x 1024
     python bench/step_time.py --sizes 12M --json out.json
     python bench/step_time.py --flash              # also the model with flash attention
+    python bench/step_time.py --products tf32x3 simt   # the linear ops on tensor cores and on SIMT
 
 Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
 (it is not a dependency of the project), the same GPT written in PyTorch in fp32 (TF32 off, as
-our kernels) and in bf16 autocast. Also the time of each kernel family inside one step.
+our kernels) and in bf16 autocast, with PyTorch fp32's peak memory (torch.cuda.max_memory_allocated)
+beside our buffers. "x fp32" is PyTorch fp32's time over ours: above 1, ours is faster.
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from andrea_numba.layout import init_params, n_params
 SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
 
 
-def time_ours(m, B, T, iters, flash=False):
-    model = GPUModel(m, B, T, flash=flash)
+def time_ours(m, B, T, iters, flash=False, products="tf32x3"):
+    model = GPUModel(m, B, T, flash=flash, products=products)
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
     tokens = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
@@ -102,7 +104,7 @@ def time_torch(m, B, T, iters, bf16):
         if i >= 3:
             times.append(time.perf_counter() - t0)
         model.zero_grad(set_to_none=False)
-    return float(np.median(times))
+    return float(np.median(times)), torch.cuda.max_memory_allocated() / 1e9
 
 
 def main(argv=None):
@@ -112,35 +114,40 @@ def main(argv=None):
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the results here too")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     ap.add_argument("--flash", action="store_true", help="also time the model with flash attention")
+    ap.add_argument("--products", nargs="+", choices=("tf32x3", "simt"), default=["tf32x3"],
+                    help="the linear ops' products: tf32x3 (the engine's, tensor cores) and/or simt")
     args = ap.parse_args(argv)
     rows = []
     for size in args.sizes:
         m = load_config(size).model
         B, T = SHAPES[size]
-        fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters)
-        row = {"size": size, "B": B, "T": T, "params": n_params(m), "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3,
-               "tokens_per_s": B * T / (fwd + bwd), "loss": loss, "buffers_GB": nbytes / 1e9}
+        torch_row = {}
         try:
             if args.no_torch:
                 raise ImportError
-            row["torch_fp32_ms"] = time_torch(m, B, T, args.iters, bf16=False) * 1e3
-            row["torch_bf16_ms"] = time_torch(m, B, T, args.iters, bf16=True) * 1e3
+            torch_row["torch_fp32_ms"], torch_row["torch_fp32_peak_GB"] = time_torch(m, B, T, args.iters, bf16=False)
+            torch_row["torch_fp32_ms"] *= 1e3
+            torch_row["torch_bf16_ms"], _ = time_torch(m, B, T, args.iters, bf16=True)
+            torch_row["torch_bf16_ms"] *= 1e3
         except ImportError:
             pass
-        rows.append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-        if args.flash:
-            fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters, flash=True)
-            rows.append({"size": f"{size} flash", "B": B, "T": T, "params": n_params(m), "fwd_ms": fwd * 1e3,
-                         "bwd_ms": bwd * 1e3, "tokens_per_s": B * T / (fwd + bwd), "loss": loss,
-                         "buffers_GB": nbytes / 1e9})
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    head = f"{'size':<10} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} {'torch fp32 ms':>14} {'torch bf16 ms':>14}"
+        for products in args.products:
+            for flash in (False, True) if args.flash else (False,):
+                fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters, flash=flash, products=products)
+                row = {"size": size, "products": products, "flash": flash, "B": B, "T": T, "params": n_params(m),
+                       "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "tokens_per_s": B * T / (fwd + bwd),
+                       "loss": loss, "buffers_GB": nbytes / 1e9, **torch_row}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    head = (f"{'size':<6} {'products':<8} {'flash':<5} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} "
+            f"{'GB':>6} {'torch fp32 ms':>14} {'x fp32':>7} {'torch GB':>9} {'torch bf16 ms':>14}")
     print(head)
     for r in rows:
-        print(f"{r['size']:<10} {r['B']:>4} x {r['T']:<4} {r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} "
-              f"{r['tokens_per_s']:>9.0f} {r.get('torch_fp32_ms', float('nan')):>14.1f} "
-              f"{r.get('torch_bf16_ms', float('nan')):>14.1f}")
+        ours = r["fwd_ms"] + r["bwd_ms"]
+        print(f"{r['size']:<6} {r['products']:<8} {'yes' if r['flash'] else 'no':<5} {r['B']:>4} x {r['T']:<4} "
+              f"{r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} {r['tokens_per_s']:>9.0f} {r['buffers_GB']:>6.2f} "
+              f"{r.get('torch_fp32_ms', float('nan')):>14.1f} {r.get('torch_fp32_ms', float('nan')) / ours:>7.2f} "
+              f"{r.get('torch_fp32_peak_GB', float('nan')):>9.2f} {r.get('torch_bf16_ms', float('nan')):>14.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -224,9 +224,11 @@ k_matmul_v2 = _k_matmul_v2(matmul_v2.blocks[0], False, False)   # the default ti
 # S depends only on the shapes and the size of the work buffer: the same launch every time, so
 # the same sums in the same order: deterministic.
 
-# (BM, BN, BK, WM, WN): 8 warps of 64 x 32 outputs each (128 x 128 per block) and smaller tiles;
-# in the simulator one or four warps (the fewest threads a warp tile can have).
-WARP_TILES = dict(gpu=((128, 128, 16, 64, 32), (128, 64, 16, 64, 32), (64, 64, 16, 32, 32)),
+# (BM, BN, BK, WM, WN): 4 warps of 32 x 32 outputs (64 x 64 per block), 8 warps of 64 x 32
+# (128 x 128), 4 of 64 x 32 (128 x 64); in the simulator one or four warps (the fewest threads a
+# warp tile can have). The engine's, first, was the fastest or within 10% of it for every linear op
+# at 12M and 120M on the H200 (docs/kernels-h200.md): at 12M the 128 x 128 tiles leave SMs idle.
+WARP_TILES = dict(gpu=((64, 64, 16, 32, 32), (128, 128, 16, 64, 32), (128, 64, 16, 64, 32)),
                   sim=((16, 8, 8, 16, 8), (32, 16, 8, 16, 8)))
 SPLITK_BLOCKS = 4 if SIMULATOR else 264   # split K until a launch has about this many blocks (2 per SM)
 
