@@ -335,5 +335,9 @@ def attn_flash_bwd_v1(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
 
 
-VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1}, "attn_flash_bwd": {1: attn_flash_bwd_v1}}
-attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v1, attn_flash_bwd_v1
+# v2: the same three kernels with their products on tensor cores (kernels/attn_flash_mma.py)
+from .attn_flash_mma import attn_flash_bwd_v2, attn_flash_fwd_v2  # noqa: E402  (it uses the rowdot kernel above)
+
+VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2},
+            "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2}}
+attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v2, attn_flash_bwd_v2
