@@ -93,6 +93,11 @@ def attn_qkv_bwd_v1(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, *, block
 # The weight gradients go through that matmul, one projection at a time, with split-K (work: its
 # float32 buffer): with K = N rows and only C x C outputs, split-K is what fills the GPU.
 
+# the backward's first (the engine's) tile is 128 x 64: at 12M the 64 x 64 tile took 0.86 ms
+# against 0.59 (H200, docs/kernels-h200.md), at 120M 2.06 against 2.23
+BWD_TILES = dict(gpu=(WARP_TILES["gpu"][2], WARP_TILES["gpu"][0], WARP_TILES["gpu"][1]), sim=WARP_TILES["sim"])
+
+
 def _fwd_warp(kind, q, k, v, x, w_q, w_k, w_v, block, stream):
     N, C = q.shape
     tile = resolve(kind, block, x, w_q, w_k, w_v)
@@ -115,7 +120,7 @@ def attn_qkv_fwd_v2(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     _fwd_warp("simt", q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
-@blocks(**WARP_TILES)
+@blocks(**BWD_TILES)
 def attn_qkv_bwd_v2(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v1 on SIMT warp tiles, the weight gradients split over K into work."""
     _bwd_warp("simt", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
@@ -127,7 +132,7 @@ def attn_qkv_fwd_v3(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     _fwd_warp("tf32x3", q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
-@blocks(**WARP_TILES)
+@blocks(**BWD_TILES)
 def attn_qkv_bwd_v3(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v1 on 3xTF32 tensor-core warp tiles, the weight gradients split over K into work."""
     _bwd_warp("tf32x3", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
