@@ -39,9 +39,10 @@ class SampleError(RuntimeError):
 def generate(model, tokenizer, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40,
              buf=None) -> str:
     """Autoregressive sampling with a forward-only GPUModel of batch 1: run the forward on the last
-    context_length tokens, sample the next token from softmax(logits / temperature) restricted to
-    the top_k most likely, repeat. buf: a [1, T] int32 host buffer for the tokens (the trainer
-    passes pinned memory allocated at setup, so the copy to the device is asynchronous)."""
+    model.T tokens (context_length here; the trainer's sampler, on its training model's buffers,
+    sees seq_len), sample the next token from softmax(logits / temperature) restricted to the top_k
+    most likely, repeat. buf: a [1, T] int32 host buffer for the tokens (the trainer passes pinned
+    memory allocated at setup, so the copy to the device is asynchronous)."""
     T = model.T
     buf = np.zeros((1, T), np.int32) if buf is None else buf
     ids = list(tokenizer.encode(prompt)) or [0]
