@@ -315,7 +315,7 @@ class Trainer:
         self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout)
         # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
         # are free between steps), with the training sequence length as its window
-        self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model)
+        self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, products=self.model.products)
         self.adam_m = cuda.device_array(self.n, np.float32, stream=s)
         self.adam_v = cuda.device_array(self.n, np.float32, stream=s)
         self.decay = cuda.to_device(decay_mask(m, np.uint8), stream=s)
