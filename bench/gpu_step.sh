@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One GPU session for issue 10's step: flash attention v2 checked (12M, 120M) and timed, the CUDA
+# graph against eager (bench/gpu_graph.py), the whole step beside PyTorch, and the default 12M
+# training run with its wall time. Writes to $OUT.
+#   bash bench/gpu_step.sh [steps...]      steps: flash graph step train (default all)
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+py=python3
+steps=${*:-flash graph step train}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
+for s in $steps; do
+  t0=$(date +%s)
+  case $s in
+    flash) for size in 12M 120M; do
+             $py -m andrea_numba.check --size $size --seed 5 --op attn_flash --json > "$OUT/flash_check_$size.json" \
+                 2> "$OUT/flash_check_$size.err"; echo "check $size attn_flash exit $?"; tail -2 "$OUT/flash_check_$size.err"
+           done
+           $py bench/kernels.py attn_flash --sizes 12M,120M --markdown "$OUT/flash_kernels.md" > "$OUT/flash_kernels.txt" 2>&1
+           echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash_kernels.md" ;;
+    graph) $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps 20 > "$OUT/graph.txt" 2>&1
+           echo "gpu_graph exit $?"; tail -25 "$OUT/graph.txt" ;;
+    step) $py bench/step_time.py --sizes 12M 120M --flash --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
+          echo "step exit $?"; grep -v '^{' "$OUT/step.txt" ;;
+    train) rm -rf /tmp/run12M
+           /usr/bin/time -v $py -m andrea_numba.train --size 12M --out /tmp/run12M --log-every 500 > "$OUT/train.txt" 2> "$OUT/train.time"
+           echo "train exit $?"; tail -15 "$OUT/train.txt"; grep -E "Elapsed|Maximum resident" "$OUT/train.time"
+           mkdir -p "$OUT/run12M"; cp /tmp/run12M/*.json /tmp/run12M/*.png "$OUT/run12M/" 2>/dev/null
+           cp /tmp/run12M/.*.json "$OUT/run12M/" 2>/dev/null; ls -la /tmp/run12M ;;
+  esac
+  echo "[$s: $(( $(date +%s) - t0 )) s]"
+done
+for d in graph run12M; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+true
