@@ -42,11 +42,12 @@ class BufferSpec:
 
 
 def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_params: bool = True,
-                 flash: bool = False) -> list[BufferSpec]:
+                 flash: bool = True) -> list[BufferSpec]:
     """Every device buffer of a forward + backward at batch B x T (the optimiser's m and v live
     with the trainer). One line per tensor, llm.c style. training=False: forward only (no
     gradients, no backward scratch); own_params=False: the parameters live in another model;
-    flash=True: flash attention, which saves lse [L, B, H, T] instead of att [L, B, H, T, T]."""
+    flash=True (the engine's): flash attention, which saves lse [L, B, H, T] instead of att
+    [L, B, H, T, T]."""
     L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
     N, F, P = B * T, 4 * m.d_model, n_params(m)
     f32, i32 = np.float32, np.int32
@@ -105,15 +106,17 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
 class GPUModel:
     """training=False builds a forward-only model (sampling, evaluation at another batch size);
     params=<device array> makes it use another model's parameter vector instead of its own;
-    flash=True runs flash attention (kernels/attn_flash.py: no [B, H, T, T] buffer) instead of the
-    engine's attention v2. The two agree to float32 rounding, not bit for bit: a run keeps one.
+    flash=True (the default) runs flash attention (kernels/attn_flash.py, v2 on tensor cores: no
+    [B, H, T, T] buffer); flash=False attention v2 (kernels/attn.py, which saves the probabilities).
+    The two agree to float32 rounding, not bit for bit: a run keeps one. On the H200 flash v2 was
+    faster at 12M and 120M and needs 5.2 GB less at 120M (docs/kernels-h200.md).
     share=<GPUModel> (with training=False, at a B x T no larger) runs on the first elements of
     that model's buffers and its parameters, allocating nothing: the trainer's sampler.
     products="tf32x3" (the default) runs the linear ops' v3, on 3xTF32 tensor-core warp tiles;
     "simt" their v2, on SIMT warp tiles (kernels/warp_tile.py). Both are fp32-accurate."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
-                 dropout: float = 0.0, flash: bool = False, products: str = "tf32x3", share=None):
+                 dropout: float = 0.0, flash: bool = True, products: str = "tf32x3", share=None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         assert products in PRODUCTS, f"products must be one of {sorted(PRODUCTS)}, got {products!r}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
