@@ -7,8 +7,9 @@ What it teaches
        the same weight, so the optimiser is one loop over n_params elements.
     3. The checkpoint is those vectors on disk: an 8-byte header, then weights, m and v.
     4. The memory plan of ANDREA-120M at batch 8 x 1024, computed by the engine
-       (andrea_numba.plan: memory_plan, format_plan): the saved activations dwarf the weights, and the
-       largest of them is attention's probabilities, L x B x H x T x T floats.
+       (andrea_numba.plan: memory_plan, format_plan): the saved activations dwarf the weights. The
+       probabilities of plain attention, L x B x H x T x T floats, would dwarf them all: the
+       engine's flash attention never stores them.
     5. What a smaller microbatch saves (the same tokens per step in more, smaller microbatches).
 
 How to run (no kernels are launched; the plan is arithmetic on buffer shapes; a few seconds)
@@ -126,9 +127,10 @@ C.table([(k, f"{v / MiB:,.1f}", f"{100 * v / total:.1f}%") for k, v in sorted(by
 C.say("""
     params and grads: one float each per parameter. optimizer: Adam's m and v (a float each) and
     the one-byte weight-decay mask. activations: what the forward saves for the backward. scratch:
-    the backward's temporary gradients of one layer at a time (reused by every layer). sampler: a
-    second, forward-only model at batch 1 and the full context, sharing the weights, for the text
-    samples printed during training.
+    the backward's temporary gradients of one layer at a time (reused by every layer). step: the
+    token batches and the step's scalars (dropout keys, learning rate), copied in before each step.
+    The text samples printed during training need nothing of their own: the sampler runs on the
+    first row of the training model's buffers.
 """)
 
 # %%
@@ -139,13 +141,22 @@ C.table([(name, " x ".join(map(str, shapes[name])), f"{nb / MiB:,.1f}") for _, n
         header=("activation", "shape", "MiB"))
 L, B, H, T, C_, V = big.n_layer, t.batch_size, big.n_head, t.seq_len, big.d_model, big.vocab_size
 att = 4 * L * B * H * T * T
+plain = sum(s.nbytes for s in buffer_specs(big, t.batch_size, t.seq_len, flash=False))   # attention v2's buffers
+flash = sum(s.nbytes for s in buffer_specs(big, t.batch_size, t.seq_len))                 # the engine's
 C.say(f"""
-    The largest is `att`, the softmax probabilities of attention, saved for the backward:
-    one T x T matrix per layer, sequence and head, L x B x H x T x T = {L} x {B} x {H} x {T} x {T}
-    floats = {att / GiB:.2f} GiB. It grows with T SQUARED: every token attends to every earlier token.
-    Next come `probs` (B*T x V = {B * T:,} x {V:,}: a softmax over the whole vocabulary at every
-    position) and the MLP's hidden layer (`h_pre`, `h`: 4C = {4 * C_} wide, kept before and after
-    GELU).
+    The largest are `probs` (B*T x V = {B * T:,} x {V:,}: a softmax over the whole vocabulary at
+    every position) and the MLP's hidden layer (`h_pre`, `h`: 4C = {4 * C_} wide, kept before and
+    after GELU).
+
+    Missing from the list is what plain attention saves for its backward: `att`, the softmax
+    probabilities, one T x T matrix per layer, sequence and head, L x B x H x T x T = {L} x {B} x
+    {H} x {T} x {T} floats = {att / GiB:.2f} GiB, more than probs, h_pre and h together. It grows
+    with T SQUARED: every token attends to every earlier token. The engine runs flash attention
+    (kernels/attn_flash.py): it saves one number per row instead, the log-sum-exp `lse`
+    (L x B x H x T floats = {L * B * H * T * 4 / MiB:.1f} MiB), and its backward recomputes the
+    probabilities tile by tile. GPUModel(flash=False) runs plain attention (attention v2), whose
+    buffers hold `att` and a T x T scratch: {plain / GiB:.2f} GiB against flash attention's
+    {flash / GiB:.2f} GiB.
 
     Why activations dominate: weights, gradients and Adam's m and v are 4 x n_params floats
     ({4 * 4 * n_params(big) / GiB:.2f} GiB), whatever the batch. Activations are kept for EVERY
@@ -177,7 +188,7 @@ C.say(f"""
     is time: smaller launches use the GPU less well.
 """)
 bs = [8, 4, 2, 1]
-order = ["params", "grads", "optimizer", "activations", "scratch", "sampler"]
+order = ["params", "grads", "optimizer", "activations", "scratch", "step"]
 fig, ax = plt.subplots(figsize=(7, 4.5))
 bottom = np.zeros(len(bs))
 for kind in order:

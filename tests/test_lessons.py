@@ -23,8 +23,8 @@ CASES = {
         ["02_passes.png"], []),
     "04_where_gradients_live.py": (
         ["| h1.mlp.w_2 | [32, 8] | 3,520 | 256 | yes |", "**3,792**", "np.shares_memory(flat, w)",
-         "45,512", "1,492,715,528", "memory plan (bytes on the GPU):", "largest: att 4608.0 MiB",
-         "12 x 8 x 12 x 1024 x 1024"],
+         "45,512", "1,492,715,528", "memory plan (bytes on the GPU):", "largest: probs 1572.0 MiB",
+         "12 x 8192 x 3072"],
         ["04_memory_plan.png"], []),
     "05_accumulation.py": (
         ["buffer (kernels)", "twin g1 + g2", "twin, one batch of 2", "Largest |scaled buffer - twin gradient"],

@@ -57,6 +57,67 @@ if SIMULATOR:
 
     _kernelapi.FakeCUDAShared.array = _shared_array
 
+    # numba-cuda 0.30's simulator runs a block as one Python thread per CUDA thread and finds a
+    # finished barrier by polling: the launching thread loops over all threads, asking each
+    # whether it is alive or waiting, as long as the block runs. That loop competes with the
+    # block's threads for the interpreter (at 32 threads a block, two thirds of the time of the
+    # harness's loss rows went to it). This replacement is the same barrier without polling: a
+    # thread arriving at syncthreads() counts itself under a lock; the last of the live threads
+    # (or the last thread to finish, when the rest wait) opens the barrier for all; the launcher
+    # just joins the threads. An exception in one thread releases the others with an error, as
+    # before.
+    from numba.cuda.simulator import kernel as _simkernel
+
+    def _block_run(self, grid_point, *args):
+        self._cv = threading.Condition()
+        self._waiting, self._generation, self._abort = 0, 0, False
+        threads = []
+
+        def target():
+            try:
+                self._f(*args)
+            except BaseException:
+                with self._cv:
+                    self._abort = True
+                    self._cv.notify_all()
+                raise
+            finally:
+                with self._cv:
+                    self._alive -= 1
+                    if self._waiting and self._waiting == self._alive:       # the rest wait: open
+                        self._waiting, self._generation = 0, self._generation + 1
+                    self._cv.notify_all()
+
+        for block_point in _np.ndindex(*self._block_dim):
+            threads.append(_simkernel.BlockThread(target, self, grid_point, block_point, self._debug))
+        self._alive = len(threads)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for t in threads:
+            if t.exception:
+                raise t.exception[0].with_traceback(t.exception[1])
+
+    def _syncthreads(self):
+        m = self._manager
+        with m._cv:
+            if m._abort:
+                raise RuntimeError("abort flag set on syncthreads call")
+            generation = m._generation
+            m._waiting += 1
+            if m._waiting == m._alive:                  # the last live thread: open the barrier
+                m._waiting, m._generation = 0, m._generation + 1
+                m._cv.notify_all()
+            else:
+                while m._generation == generation and not m._abort:
+                    m._cv.wait()
+            if m._abort:
+                raise RuntimeError("abort flag set on syncthreads clear")
+
+    _simkernel.BlockManager.run = _block_run
+    _simkernel.BlockThread.syncthreads = _syncthreads
+
 MAX_BLOCK = 1024          # the largest block any kernel here is launched with (shared scratch size)
 ELEMENTWISE_THREADS = 32 if SIMULATOR else 256      # elementwise_launch's block
 
