@@ -2,8 +2,8 @@
 
     python bench/profile_step.py --size 120M          # B x T from the config
 
-Every launcher the engine uses (the eight op pairs of andrea_numba/cases.py) is wrapped with
-cuda.synchronize() before and after,
+Every launcher the engine uses (the op pairs of andrea_numba/cases.py, flash attention, and the
+versions of the linear ops the model picked) is wrapped with cuda.synchronize() before and after,
 so each op is timed alone (this serialises the GPU: the total is a little above an unwrapped step).
 Prints a table: op, calls per step, total ms, share of the step.
 """
@@ -16,7 +16,7 @@ from collections import defaultdict
 import numpy as np
 from numba import cuda
 
-from andrea_numba.cases import CASES, OPS
+from andrea_numba.cases import CASES, OPS, VARIANTS
 from andrea_numba import cli
 from andrea_numba.config import load_config
 from andrea_numba.gpu_model import GPUModel
@@ -38,18 +38,25 @@ def main(argv=None):
     model.backward()
     cuda.synchronize()
     times, calls = defaultdict(float), defaultdict(int)
-    for mod, name in ((CASES[op].module, n) for op in OPS for n in (CASES[op].fwd, CASES[op].bwd)):
-        f = getattr(mod, name)
 
-        def timed(*a, _f=f, _n=name, **k):
+    def timer(f, name):
+        def timed(*a, **k):
             cuda.synchronize()
             t0 = time.perf_counter()
-            r = _f(*a, **k)
+            r = f(*a, **k)
             cuda.synchronize()
-            times[_n] += time.perf_counter() - t0
-            calls[_n] += 1
+            times[name] += time.perf_counter() - t0
+            calls[name] += 1
             return r
-        setattr(mod, name, timed)
+        return timed
+    # the module-level launchers the model calls (embed, layernorm, attention, residual, dropout) ...
+    for mod, name in ((CASES[op].module, n) for op in OPS + VARIANTS for n in (CASES[op].fwd, CASES[op].bwd)):
+        f = getattr(mod, name)
+        setattr(mod, name, timer(f, f.__name__))
+    # ... and the linear ops' launchers it picked by version (products=)
+    for attr in ("qkv_fwd", "qkv_bwd", "out_fwd", "out_bwd", "mlp_fwd", "mlp_bwd", "loss_fwd", "loss_bwd"):
+        f = getattr(model, attr)
+        setattr(model, attr, timer(f, f.__name__))
     t0 = time.perf_counter()
     for _ in range(args.iters):
         model.forward(x, x)
@@ -58,9 +65,9 @@ def main(argv=None):
     step_ms = (time.perf_counter() - t0) / args.iters * 1e3
     rows = sorted(((n, calls[n] // args.iters, times[n] / args.iters * 1e3) for n in times), key=lambda r: -r[2])
     print(f"{cfg.name}, B={B} T={T}: one forward + backward {step_ms:.1f} ms (ops timed one by one)")
-    print(f"{'op':<18} {'calls':>5} {'ms':>9} {'share':>6}")
+    print(f"{'launcher':<22} {'calls':>5} {'ms':>9} {'share':>6}")
     for n, c, ms in rows:
-        print(f"{n:<18} {c:>5} {ms:>9.2f} {ms / step_ms:>6.1%}")
+        print(f"{n:<22} {c:>5} {ms:>9.2f} {ms / step_ms:>6.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"size": args.size, "B": B, "T": T, "step_ms": step_ms,
