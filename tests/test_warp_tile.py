@@ -1,0 +1,102 @@
+"""The warp-tile products (matmul v3, v4), their split-K and the simulator twins of kernels/ptx.py.
+
+The harness (tests/test_kernels.py) checks every version at every block against the twin; these
+tests pin down the pieces underneath: the TF32 rounding twin, how split-K slices K, that a split
+product adds its slices in a fixed order (bit-identical reruns, the same sums as a product of
+the slices added by hand), and that in the simulator v4 runs exactly v3's arithmetic.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from andrea_numba.kernels import matmul as MM
+from andrea_numba.kernels.ptx import tf32_round
+from andrea_numba.kernels.warp_tile import aligned
+
+
+def _bits(x):
+    return int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("x, expect", [
+    (1.0, 1.0),                                   # exact in TF32
+    (1.0 + 2.0 ** -10, 1.0 + 2.0 ** -10),         # the last of TF32's 10 mantissa bits
+    (1.0 + 2.0 ** -12, 1.0),                      # below half a unit: down
+    (1.0 + 2.0 ** -11, 1.0 + 2.0 ** -10),         # exactly half a unit: away from zero
+    (-(1.0 + 2.0 ** -11), -(1.0 + 2.0 ** -10)),   # ties away from zero for negatives too
+    (1.0 + 3 * 2.0 ** -12, 1.0 + 2.0 ** -10),     # above half: up
+])
+def test_tf32_round_is_round_to_nearest_ties_away(x, expect):
+    r = tf32_round(np.float32(x))
+    assert float(r) == expect
+    assert _bits(r) & 0x1FFF == 0                 # the low 13 mantissa bits are zero
+
+
+def test_big_plus_small_carries_about_21_bits():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(200).astype(np.float32)
+    worst = 0.0
+    for v in x:
+        big = tf32_round(v)
+        small = tf32_round(np.float32(v - big))
+        worst = max(worst, abs(float(big) + float(small) - float(v)) / abs(float(v)))
+    assert worst < 2.0 ** -20                     # a plain TF32 value: up to 2^-11
+
+
+@pytest.mark.parametrize("M, N, K, z", [(8, 8, 64, 1), (8, 32, 39, 1), (8, 8, 39, 3), (39, 32, 8, 1), (400, 400, 64, 1)])
+def test_splitk_slices_cover_k_and_fit_the_work_buffer(M, N, K, z):
+    block = MM.matmul_v3.blocks[0]
+    BK = block[2]
+    work = np.zeros(MM.splitk_work(8), np.float32)
+    S, ksplit = MM.splitk(M, N, K, z, block, work)
+    assert S == 1 or ksplit % BK == 0                          # slices are whole K steps
+    assert (S - 1) * ksplit < K <= S * ksplit                 # every k in exactly one slice, none empty
+    assert S == 1 or S * z * M * N <= work.shape[0]
+    assert MM.splitk(M, N, K, z, block, None) == (1, K)      # no buffer: no split
+
+
+def test_a_split_product_adds_its_slices_in_order_and_reruns_bit_identically():
+    rng = np.random.default_rng(1)
+    K, M, N = 70, 8, 24                               # a weight gradient's shape: long K, few tiles
+    a = rng.standard_normal((K, M)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    o0 = rng.standard_normal((M, N)).astype(np.float32)
+    block = MM.matmul_v3.blocks[0]
+    work = cuda.to_device(np.zeros(MM.splitk_work(8), np.float32))
+    S, ksplit = MM.splitk(M, N, K, 1, block, work)
+    assert S > 1
+    outs = []
+    for _ in range(2):
+        out = cuda.to_device(o0.copy())
+        MM.matmul_v3(out, work, cuda.to_device(a), cuda.to_device(b), trans_a=True, accumulate=True)
+        outs.append(out.copy_to_host())
+    assert np.array_equal(outs[0], outs[1])
+    # the same as S products of the slices, added to out in slice order
+    parts = []
+    for s in range(S):
+        part = cuda.to_device(np.zeros((M, N), np.float32))
+        sl = slice(s * ksplit, min(K, (s + 1) * ksplit))
+        MM.matmul_v3(part, None, cuda.to_device(np.ascontiguousarray(a[sl])), cuda.to_device(np.ascontiguousarray(b[sl])),
+                     trans_a=True)
+        parts.append(part.copy_to_host())
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    assert np.array_equal(outs[0], o0 + total)
+
+
+def test_in_the_simulator_v4_runs_v3s_arithmetic():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((19, 24)).astype(np.float32)
+    b = rng.standard_normal((24, 13)).astype(np.float32)
+    outs = []
+    for launch in (MM.matmul_v3, MM.matmul_v4):
+        out = cuda.to_device(np.zeros((19, 13), np.float32))
+        launch(out, None, cuda.to_device(a), cuda.to_device(b))
+        outs.append(out.copy_to_host())
+    assert np.array_equal(outs[0], outs[1])
+    assert np.allclose(outs[0], a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_no_128_bit_copies_in_the_simulator():
+    assert not aligned(np.zeros((4, 8), np.float32))
