@@ -17,6 +17,14 @@ of op(b) into shared memory (each element read from global memory once per block
 thread), wait (syncthreads), and each thread multiplies them into a TM x TN patch of sums kept in
 registers. Each output is summed by one thread in fixed k order: deterministic, no atomics.
 
+v3, k_matmul_v3: warp tiles (kernels/warp_tile.py). Warps own 16-row fragments of the block's
+tile, shared tiles keep each operand's orientation with a conflict-free pad, the next K step comes
+in by 128-bit copies while the current one is multiplied (two shared stages), and split-K cuts a
+long K into slices for few-tile products (the weight gradients), added in a fixed order.
+
+v4, k_matmul_v4: v3's tiles with the multiply on tensor cores, mma.sync on TF32 parts of each
+value, three products per fragment (3xTF32): fp32 accuracy at tensor-core speed.
+
 The tile loop and its helpers are device functions built for one tile shape (make_tile, cached),
 so the linear ops' own kernels (k_attn_qkv_fwd_v1, k_mlp_fwd_v1, ...) reuse it and differ only in
 what they do with the sums. A "block" of these launchers is a tile shape (BM, BN, BK, TM, TN):
@@ -28,7 +36,7 @@ from types import SimpleNamespace
 from numba import cuda, float32
 
 from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv
-from .warp_tile import make_warp_tile, resolve
+from .warp_tile import make_epilogue, make_warp_tile, resolve
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
 # engine's. On a GPU 64 x 64 tiles of 256 threads (8 KiB of shared memory); in the simulator,
@@ -149,24 +157,7 @@ def _make_tile_v2(tile):
         """Column of out that acc[:, j] belongs to (consecutive threads: consecutive columns)."""
         return cuda.blockIdx.x * BN + cuda.threadIdx.x % TX + j * TX
 
-    @cuda.jit(device=True)
-    def zero(acc):
-        for i in range(TM):
-            for j in range(TN):
-                acc[i, j] = 0.0
-
-    @cuda.jit(device=True)
-    def store(out, acc, accumulate):
-        """out (+)= acc for this thread's outputs that fall inside out."""
-        for i in range(TM):
-            r = row(i)
-            for j in range(TN):
-                c = col(j)
-                if r < out.shape[0] and c < out.shape[1]:
-                    if accumulate:
-                        out[r, c] += acc[i, j]
-                    else:
-                        out[r, c] = acc[i, j]
+    zero, store = make_epilogue(row, col, TM, TN)     # acc = 0, and out (+)= acc where inside out
 
     return SimpleNamespace(
         mma_nn=make_tile_mma(False, False, *tile), mma_nt=make_tile_mma(False, True, *tile),
@@ -279,9 +270,9 @@ def _k_matmul_warp(tile, trans_a, trans_b):
     t = make_warp_tile(tile)
     mma, zero, store, store_part, TM, TN = t.mma[(trans_a, trans_b)], t.zero, t.store, t.store_part, t.TM, t.TN
 
-    @cuda.jit
-    def k_matmul_warp(out, work, a, b, accumulate, ksplit):
-        """out (+)= op(a) @ op(b) (one grid layer), or work[z] = the product over K slice z."""
+    @cuda.jit(device=True)
+    def product(out, work, a, b, accumulate, ksplit):
+        """out (+)= op(a) @ op(b) (a grid of one layer), or work[z] = the product over K slice z."""
         acc = cuda.local.array((TM, TN), float32)
         zero(acc)
         K = a.shape[0] if trans_a else a.shape[1]
@@ -292,7 +283,19 @@ def _k_matmul_warp(tile, trans_a, trans_b):
         else:
             store_part(work, z, acc)
 
-    return k_matmul_warp
+    if tile[0] == "simt":
+        @cuda.jit
+        def k_matmul_v3(out, work, a, b, accumulate, ksplit):
+            """One BM x BN tile of out (+)= op(a) @ op(b) per block on SIMT warp tiles; with split-K,
+            block z writes its slice's partial tile to work[z]."""
+            product(out, work, a, b, accumulate, ksplit)
+        return k_matmul_v3
+
+    @cuda.jit
+    def k_matmul_v4(out, work, a, b, accumulate, ksplit):
+        """As k_matmul_v3, on 3xTF32 tensor-core warp tiles."""
+        product(out, work, a, b, accumulate, ksplit)
+    return k_matmul_v4
 
 
 def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, stream):

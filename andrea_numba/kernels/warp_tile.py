@@ -221,6 +221,31 @@ def _tile_mma(trans_a, trans_b, BM, BN, BK, WM, WN, tensor_cores, vec):
     return tile_mma, THREADS
 
 
+def make_epilogue(row, col, TM, TN):
+    """zero(acc) and store(out, acc, accumulate) for a thread's TM x TN sums acc, whose element
+    [i, j] belongs to out[row(i), col(j)] (the tile's layout: matmul v2's or a warp tile's)."""
+    @cuda.jit(device=True)
+    def zero(acc):
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = 0.0
+
+    @cuda.jit(device=True)
+    def store(out, acc, accumulate):
+        """out (+)= acc for this thread's outputs that fall inside out."""
+        for i in range(TM):
+            r = row(i)
+            if r < out.shape[0]:
+                for j in range(TN):
+                    c = col(j)
+                    if c < out.shape[1]:
+                        if accumulate:
+                            out[r, c] += acc[i, j]
+                        else:
+                            out[r, c] = acc[i, j]
+    return zero, store
+
+
 @functools.cache
 def make_warp_tile(tile):
     """Everything a kernel needs for one warp tile, the same names as matmul.make_tile:
@@ -259,25 +284,7 @@ def make_warp_tile(tile):
         warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
         return cuda.blockIdx.x * BN + (warp % WARPS_N) * WN + (j // 2) * 8 + 2 * (lane & 3) + j % 2
 
-    @cuda.jit(device=True)
-    def zero(acc):
-        for i in range(TM):
-            for j in range(TN):
-                acc[i, j] = 0.0
-
-    @cuda.jit(device=True)
-    def store(out, acc, accumulate):
-        """out (+)= acc for this thread's outputs that fall inside out."""
-        for i in range(TM):
-            r = row(i)
-            if r < out.shape[0]:
-                for j in range(TN):
-                    c = col(j)
-                    if c < out.shape[1]:
-                        if accumulate:
-                            out[r, c] += acc[i, j]
-                        else:
-                            out[r, c] = acc[i, j]
+    zero, store = make_epilogue(row, col, TM, TN)
 
     @cuda.jit(device=True)
     def store_part(work, z, acc):
