@@ -26,6 +26,10 @@ CASES = {
          "45,512", "1,492,715,528", "memory plan (bytes on the GPU):", "largest: probs 1572.0 MiB",
          "12 x 8192 x 3072"],
         ["04_memory_plan.png"], []),
+    "07_tensor_cores.py": (
+        ["mma.sync.m16n8k8", "a0 = A[g, t]", "3xTF32: small.big + big.small + big.big",
+         "8 at a time, then fp32 adds (matmul v4)", "v4 (3xTF32)"],
+        ["07_tensor_cores.png"], []),
     "05_accumulation.py": (
         ["buffer (kernels)", "twin g1 + g2", "twin, one batch of 2", "Largest |scaled buffer - twin gradient"],
         ["05_grad_norms.png"], []),

@@ -320,7 +320,7 @@ def matmul_v3(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 
 @blocks(**WARP_TILES)
 def matmul_v4(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """3xTF32 tensor-core warp tiles (SIMT steps in the simulator); otherwise as matmul_v3."""
+    """3xTF32 tensor-core warp tiles (a NumPy twin of the step in the simulator); otherwise as matmul_v3."""
     _matmul_warp("tf32x3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 

@@ -11,8 +11,8 @@ vector access each (`load <4 x float>`, align 16), which the backend emits as `l
 The CUDA simulator runs kernels as Python and cannot run PTX. Each function below that a kernel
 calls in the simulator has a plain Python twin with the same meaning (chosen at import time). The
 tensor-core product `mma_tf32` has no per-thread twin: one instruction mixes the registers of 32
-threads. Kernels that use it (matmul v4) are built with a SIMT inner step in the simulator instead:
-the same tiles and the same per-thread outputs, computed with ordinary multiply-adds
+threads. Kernels that use it (matmul v4, flash attention v2) are built with a NumPy twin of the
+8-deep product in the simulator instead: the same tiles and the same per-thread outputs
 (kernels/warp_tile.py).
 
 Fragment layout of mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 (PTX ISA, "Matrix fragments
@@ -112,7 +112,7 @@ else:
         return (((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000))).view(np.float32)[()]
 
     def mma_tf32(*args):
-        raise NotImplementedError("mma.sync needs a GPU: in the simulator the kernels use their SIMT step")
+        raise NotImplementedError("mma.sync needs a GPU: in the simulator the kernels use a NumPy twin of the step")
 
     def load4(arr, index):
         flat = arr.reshape(-1)

@@ -42,14 +42,17 @@ The inner step over 8 values of k:
        the product, is left out). TF32 keeps 10 mantissa bits; big + small carries about 21, so
        the sum is as accurate as an fp32 product (CUTLASS calls this 3xTF32). The small products
        come first so they are not lost against the large one. Each 8-deep product starts from
-       zero and is then added to acc with an ordinary fp32 add: the tensor core's own adder
-       does not round to nearest, and a chain of K/8 accumulations inside it drifted (measured
-       on the H200: 3e-5 relative error at K = 4096, ten times the SIMT kernel's, growing with K).
-In the simulator the v4 tile runs the v3 step: mma.sync needs 32 real lanes.
+       zero and is then added to acc with an ordinary fp32 add: a chain of K/8 accumulations
+       inside the tensor core drifted (measured on the H200: 3e-5 relative error at K = 4096, ten
+       times the SIMT kernel's, growing with K, as an adder that does not round to nearest would).
+In the simulator the v4 step is a NumPy twin: mma.sync needs 32 real lanes, so each thread
+computes its own TM x TN outputs of the 8-deep product with one NumPy product (fp32) and adds
+them to acc, the same outputs in the same tiles as on the GPU.
 """
 import functools
 from types import SimpleNamespace
 
+import numpy as np
 from numba import cuda, float32
 
 from .common import SIMULATOR, cdiv
@@ -113,7 +116,21 @@ def _kstep(trans_a, trans_b, MI, NI, tensor_cores):
     def B(sb, k, n):                       # op(b)[k, n] of the shared tile
         return sb[n, k] if trans_b else sb[k, n]
 
-    if not tensor_cores or SIMULATOR:
+    if tensor_cores and SIMULATOR:
+        # The 8-deep tensor-core product's twin for the simulator (one lane cannot run mma.sync:
+        # ptx.py): this thread's TM x TN outputs of op(a)[rows, kk:kk+8] @ op(b)[kk:kk+8, cols],
+        # one NumPy product added to acc at once, as the GPU adds each 8-deep mma result.
+        ROW = np.array([(i // 2) * 16 + (i % 2) * 8 for i in range(TM)])      # row(i) - wm0 - g
+        COL = np.array([(j // 2) * 8 + j % 2 for j in range(TN)])            # col(j) - wn0 - 2t
+
+        def step(acc, sa, sb, kk, wm0, wn0, g, t):
+            rows, cols = ROW + (wm0 + g), COL + (wn0 + 2 * t)
+            a = sa[kk:kk + 8][:, rows].T if trans_a else sa[rows, kk:kk + 8]     # TM x 8
+            b = sb[cols, kk:kk + 8].T if trans_b else sb[kk:kk + 8][:, cols]     # 8 x TN
+            acc += a @ b
+        return step
+
+    if not tensor_cores:
         @cuda.jit(device=True)
         def step(acc, sa, sb, kk, wm0, wn0, g, t):
             ra = cuda.local.array(TM, float32)

@@ -1,0 +1,240 @@
+"""Lesson 07: how a tensor core multiplies, and how to get fp32 accuracy out of it (3xTF32).
+
+What it teaches
+    1. TF32: the tensor core reads an fp32 number with only 10 of its 23 mantissa bits (the
+       rounding `cvt.rna.tf32.f32`, here its NumPy twin from andrea_numba/kernels/ptx.py). One
+       TF32 product is off by up to 2^-11 relative: a thousand times fp32's rounding.
+    2. One instruction, one warp: `mma.sync.m16n8k8` multiplies a 16 x 8 tile by an 8 x 8 tile.
+       No thread holds a whole row: the 32 lanes each hold 4 values of A, 2 of B and 4 of C, in
+       the layout the PTX manual fixes. The lesson builds those registers lane by lane, runs the
+       instruction's math, and puts C back together: it equals A @ B.
+    3. 3xTF32: split x = big + small (big = tf32(x), small = tf32(x - big)); then
+       a b ~ small_a big_b + big_a small_b + big_a big_b carries about 21 bits of each operand.
+       Three tensor-core products give the accuracy of one fp32 product.
+    4. Where the sums go: summing 8-deep tensor-core products into an fp32 accumulator with an
+       ordinary fp32 add (what matmul v4 does) against a chain that never leaves the tensor core.
+    5. The warp tile of matmul v3/v4 (andrea_numba/kernels/warp_tile.py): which lane of which
+       warp owns which output, run as a kernel (in the simulator its SIMT twin) and checked
+       against NumPy.
+
+How to run (no GPU needed; a few seconds)
+
+    python lessons/07_tensor_cores.py
+    python lessons/07_tensor_cores.py --interactive --figures figs/
+
+Open it in Jupyter or VS Code as a notebook: the `# %%` lines are cells.
+"""
+# %%
+import _common as C
+
+args = C.start(__doc__)
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from andrea_numba.kernels.ptx import tf32_round  # noqa: E402
+
+f32 = np.float32
+tf32 = np.vectorize(lambda x: float(tf32_round(f32(x))), otypes=[np.float32])   # the twin, elementwise
+
+
+def bits(x) -> str:
+    """sign | exponent | mantissa of a float32, the mantissa's last 13 bits set apart."""
+    b = format(int(np.array(x, dtype=f32).view(np.uint32)), "032b")
+    return f"{b[0]} {b[1:9]} {b[9:19]} {b[19:]}"
+
+
+# %%
+C.step("TF32: fp32 with 10 mantissa bits")
+x = f32(np.pi)
+C.say("""
+    A float32 is 1 sign bit, 8 exponent bits and 23 mantissa bits. A tensor core in TF32 mode
+    reads only the first 10 mantissa bits: `cvt.rna.tf32.f32` rounds to the nearest such value
+    (ties away from zero) and leaves the last 13 bits zero:
+""")
+C.table([("pi in float32", bits(x), f"{float(x):.9f}"), ("tf32(pi)", bits(tf32(x)), f"{float(tf32(x)):.9f}")],
+        header=("", "sign exponent mantissa(10) low 13 bits", "value"))
+rng = np.random.default_rng(7)
+v = rng.standard_normal(100_000).astype(f32)
+rel = np.abs(tf32(v).astype(np.float64) - v) / np.abs(v)
+C.say(f"""
+    Over 100,000 random numbers the largest relative change is {rel.max():.2e}, about 2^-11 =
+    {2.0 ** -11:.2e} (fp32 itself keeps 2^-24 = {2.0 ** -24:.1e}). A product of two TF32 numbers is
+    exact inside the tensor core, but its inputs were already off by that much.
+""")
+
+# %%
+C.step("mma.sync.m16n8k8: one warp, 32 lanes, one 16 x 8 x 8 product")
+A = tf32(rng.standard_normal((16, 8)))          # TF32 values, so the instruction's math is exact here
+B = tf32(rng.standard_normal((8, 8)))
+C0 = np.zeros((16, 8), f32)
+regs = []                                       # what each lane holds in its registers
+for lane in range(32):
+    g, t = lane >> 2, lane & 3
+    a = (A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4])
+    b = (B[t, g], B[t + 4, g])
+    c = (C0[g, 2 * t], C0[g, 2 * t + 1], C0[g + 8, 2 * t], C0[g + 8, 2 * t + 1])
+    regs.append((a, b, c))
+C.say("""
+    Lane = 4 g + t (g = lane >> 2 is 0..7, t = lane & 3 is 0..3). The PTX manual fixes which
+    elements each lane brings (kernels/ptx.py has the same table):
+
+        A (16 x 8):  a0 = A[g, t]   a1 = A[g+8, t]   a2 = A[g, t+4]   a3 = A[g+8, t+4]
+        B (8 x 8):   b0 = B[t, g]   b1 = B[t+4, g]
+        C (16 x 8):  c0 = C[g, 2t]  c1 = C[g, 2t+1]  c2 = C[g+8, 2t]  c3 = C[g+8, 2t+1]
+
+    The first lanes' registers:
+""")
+C.table([(lane, f"g={lane >> 2} t={lane & 3}", " ".join(f"{v:+.3f}" for v in regs[lane][0]),
+          " ".join(f"{v:+.3f}" for v in regs[lane][1])) for lane in range(5)],
+        header=("lane", "", "a0 a1 a2 a3", "b0 b1"))
+
+
+def mma_m16n8k8(regs):
+    """The instruction's math from the 32 lanes' registers: gather A and B, D = A @ B + C, and
+    scatter D back into each lane's d0..d3 (what the hardware does in one step)."""
+    A_, B_, C_ = np.zeros((16, 8), np.float64), np.zeros((8, 8), np.float64), np.zeros((16, 8), np.float64)
+    for lane, (a, b, c) in enumerate(regs):
+        g, t = lane >> 2, lane & 3
+        A_[g, t], A_[g + 8, t], A_[g, t + 4], A_[g + 8, t + 4] = a
+        B_[t, g], B_[t + 4, g] = b
+        C_[g, 2 * t], C_[g, 2 * t + 1], C_[g + 8, 2 * t], C_[g + 8, 2 * t + 1] = c
+    D_ = (A_ @ B_ + C_).astype(f32)
+    return [(D_[lane >> 2, 2 * (lane & 3)], D_[lane >> 2, 2 * (lane & 3) + 1],
+             D_[(lane >> 2) + 8, 2 * (lane & 3)], D_[(lane >> 2) + 8, 2 * (lane & 3) + 1]) for lane in range(32)]
+
+
+d = mma_m16n8k8(regs)
+D = np.zeros((16, 8), f32)
+for lane in range(32):
+    g, t = lane >> 2, lane & 3
+    D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1] = d[lane]
+err = np.abs(D - A.astype(np.float64) @ B).max()
+C.say(f"""
+    Put back together from the 32 lanes' d0..d3, D equals A @ B: largest difference {err:.1e}.
+    No lane ever held a whole row of A or a whole column of B: the warp as a whole multiplies.
+    That is why an `mma.sync` kernel is written per warp, and why its simulator twin cannot be one
+    lane's arithmetic (in the simulator matmul v4 runs a NumPy twin of the 8-deep step: step 5).
+""")
+
+# %%
+C.step("3xTF32: three tensor-core products, fp32 accuracy")
+
+
+def split(x):
+    big = tf32(x)
+    return big, tf32(x.astype(f32) - big)
+
+
+K = 4096
+a = rng.standard_normal(K).astype(f32)
+b = rng.standard_normal(K).astype(f32)
+exact = float(a.astype(np.float64) @ b.astype(np.float64))
+ab, as_ = split(a)
+bb, bs = split(b)
+one = float(np.dot(tf32(a).astype(np.float64), tf32(b).astype(np.float64)))            # products exact, sum in float64
+three = float(np.dot(as_.astype(np.float64), bb) + np.dot(ab.astype(np.float64), bs) + np.dot(ab.astype(np.float64), bb))
+fp32 = float(np.float32(0.0) + np.sum(a * b, dtype=f32))
+rows = [("TF32: tf32(a) . tf32(b)", one, abs(one - exact) / abs(exact)),
+        ("3xTF32: small.big + big.small + big.big", three, abs(three - exact) / abs(exact)),
+        ("fp32 multiply-adds", fp32, abs(fp32 - exact) / abs(exact)),
+        ("exact (float64)", exact, 0.0)]
+C.table(rows, header=("a . b over K = 4096", "value", "relative error"), fmt=("", ".8f", ".1e"))
+C.say(f"""
+    Each float splits into big = tf32(x) and small = tf32(x - big): together about 21 of its 24
+    bits. Of the four products of (big + small)(big + small) the smallest, small * small, is
+    about 2^-22 of the whole and is left out. The small products come first, so they are not lost
+    against the large one. The result lands within a few times fp32's own error ({rows[1][2]:.1e}
+    against {rows[2][2]:.1e} here), where TF32 alone is a thousand times worse. The tensor cores do
+    three times the work, and on an H200 still beat the SIMT multiply-adds: 37 against 20 TFLOP/s
+    at 4096^3 (docs/kernels-h200.md).
+""")
+
+# %%
+C.step("Where the sums go: the accumulator")
+C.say("""
+    A long product is a chain of 8-deep mma steps. The first matmul v4 passed each step's result
+    back into the next instruction as its C, so all of K was summed inside the tensor core. On the
+    H200 its error grew with K: 3.4e-6 at K = 384, 3.0e-5 at K = 4096, ten times the SIMT
+    kernel's. An error that grows with the length of the chain is what an adder that does not
+    round to nearest leaves (its small errors lean one way instead of cancelling). The fix: each
+    8-deep step starts from C = 0 and its result is added to the thread's fp32 accumulator with
+    an ordinary add. Errors fell to 2.6e-7 .. 9.7e-7, at or below the SIMT kernel's. The model
+    below truncates the running sum to 24 bits (a stand-in: NVIDIA does not document the tensor
+    core's adder) and compares the two ways:
+""")
+
+
+def _trunc(x):
+    """x cut (towards zero) to a 24-bit mantissa instead of rounded to the nearest float32."""
+    m, e = np.frexp(x)
+    return float(np.ldexp(np.trunc(m * 2.0 ** 24) / 2.0 ** 24, e))
+
+
+terms = (as_.astype(np.float64) * bb + ab.astype(np.float64) * bs + ab.astype(np.float64) * bb)
+inside, outside = 0.0, f32(0.0)
+for k0 in range(0, K, 8):
+    step8 = 0.0
+    for k in range(k0, k0 + 8):
+        step8 = _trunc(step8 + terms[k])
+        inside = _trunc(inside + terms[k])
+    outside = f32(outside + f32(step8))                     # fp32 add, round to nearest
+C.table([("all of K inside the tensor core (truncating adds)", inside, abs(inside - exact) / abs(exact)),
+         ("8 at a time, then fp32 adds (matmul v4)", float(outside), abs(float(outside) - exact) / abs(exact))],
+        header=("sum of the 3xTF32 terms", "value", "relative error"), fmt=("", ".8f", ".1e"))
+
+# %%
+C.step("The warp tile of matmul v3 / v4: which lane owns which output")
+from numba import cuda  # noqa: E402
+
+from andrea_numba.kernels import matmul as MM  # noqa: E402
+
+BM, BN, BK, WM, WN = MM.matmul_v4.blocks[0]
+C.say(f"""
+    A block computes a {BM} x {BN} tile of out = a @ b; its {(BM // WM) * (BN // WN)} warp(s) own
+    {WM} x {WN} pieces. Inside a warp, lane 4 g + t owns the C-fragment places of every 16 x 8
+    fragment: rows g and g + 8, columns 2t and 2t + 1 (kernels/warp_tile.py, row(i) and col(j)).
+    The map below is one warp's piece, each output labelled by the lane that sums it.
+""")
+owner = np.zeros((WM, WN), int)
+for lane in range(32):
+    g, t = lane >> 2, lane & 3
+    for mi in range(WM // 16):
+        for ni in range(WN // 8):
+            for h in range(2):
+                for c in range(2):
+                    owner[16 * mi + 8 * h + g, 8 * ni + 2 * t + c] = lane
+print("    " + "\n    ".join(" ".join(f"{v:2d}" for v in row[:16]) for row in owner[:16]))
+print()
+M_, K_, N_ = 40, 24, 36
+x = rng.standard_normal((M_, K_)).astype(f32)
+w = rng.standard_normal((K_, N_)).astype(f32)
+outs = {}
+for name, launch in (("v3 (SIMT)", MM.matmul_v3), ("v4 (3xTF32)", MM.matmul_v4)):
+    out = cuda.to_device(np.zeros((M_, N_), f32))
+    launch(out, None, cuda.to_device(x), cuda.to_device(w))
+    outs[name] = out.copy_to_host()
+ref = x.astype(np.float64) @ w
+C.table([(name, np.abs(o - ref).max() / np.abs(ref).max()) for name, o in outs.items()],
+        header=(f"out = x @ w, {M_} x {K_} @ {K_} x {N_}", "max |err| / max |ref|"), fmt=("", ".1e"))
+where = ("in the CUDA simulator, where v4's 8-deep product is a NumPy twin of the mma (one lane "
+         "cannot run it)") if C.SIMULATED else "on the GPU"
+C.say(f"""
+    Both kernels ran {where}. Same tiles, same owners, same order of the K steps: only the inner
+    8-deep step differs, multiply-adds in v3, three mma.sync per fragment in v4.
+""")
+
+fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+im = ax[0].imshow(owner, cmap="tab20", interpolation="nearest")
+ax[0].set_title(f"lane owning each output of one warp's {WM} x {WN} piece")
+ax[0].set_xlabel("column")
+ax[0].set_ylabel("row")
+fig.colorbar(im, ax=ax[0], fraction=0.046)
+names = ["TF32", "3xTF32", "fp32"]
+ax[1].bar(names, [max(r[2], 1e-12) for r in rows[:3]], color=["tab:red", "tab:green", "tab:blue"])
+ax[1].set_yscale("log")
+ax[1].set_ylabel(f"relative error of a . b, K = {K}")
+ax[1].set_title("one product of TF32 against three")
+C.savefig(fig, "07_tensor_cores.png")
+
+C.finish()
