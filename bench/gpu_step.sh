@@ -2,16 +2,17 @@
 # One GPU session for issue 10's step: flash attention v2 checked (12M, 120M) and timed, the CUDA
 # graph against eager (bench/gpu_graph.py), the whole step beside PyTorch, and the default 12M
 # training run with its wall time. Writes to $OUT.
-#   bash bench/gpu_step.sh [steps...]      steps: flash graph step train (default all)
+#   bash bench/gpu_step.sh [steps...]      steps: tf32 flash graph step train (default all)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 py=python3
-steps=${*:-flash graph step train}
+steps=${*:-tf32 flash graph step train}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 for s in $steps; do
   t0=$(date +%s)
   case $s in
+    tf32) $py bench/tf32_check.py 2>&1 | tee "$OUT/tf32_check.txt" ;;
     flash) for size in 12M 120M; do
              $py -m andrea_numba.check --size $size --seed 5 --op attn_flash --json > "$OUT/flash_check_$size.json" \
                  2> "$OUT/flash_check_$size.err"; echo "check $size attn_flash exit $?"; tail -2 "$OUT/flash_check_$size.err"

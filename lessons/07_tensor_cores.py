@@ -50,7 +50,8 @@ x = f32(np.pi)
 C.say("""
     A float32 is 1 sign bit, 8 exponent bits and 23 mantissa bits. A tensor core in TF32 mode
     reads only the first 10 mantissa bits: `cvt.rna.tf32.f32` rounds to the nearest such value
-    (ties away from zero) and leaves the last 13 bits zero:
+    (ties away from zero) and leaves the last 13 bits zero. (The kernels get the same rounding
+    from two integer instructions on the bit pattern: add 0x1000, clear the low 13 bits.)
 """)
 C.table([("pi in float32", bits(x), f"{float(x):.9f}"), ("tf32(pi)", bits(tf32(x)), f"{float(tf32(x)):.9f}")],
         header=("", "sign exponent mantissa(10) low 13 bits", "value"))

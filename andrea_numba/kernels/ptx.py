@@ -38,7 +38,7 @@ if not SIMULATOR:
     _F4 = types.UniTuple(types.float32, 4)
 
     @intrinsic
-    def tf32_round(typingctx, x):
+    def tf32_round_cvt(typingctx, x):
         """x rounded to the nearest TF32 value (ties away from zero), returned as a float32 whose
         low 13 mantissa bits are zero.   PTX: cvt.rna.tf32.f32 %r, %f;"""
         if x != types.float32:
@@ -47,6 +47,20 @@ if not SIMULATOR:
         def codegen(context, builder, sig, args):
             asm = ir.InlineAsm(ir.FunctionType(_i32, [_f32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
             return builder.bitcast(builder.call(asm, [args[0]]), _f32)
+        return types.float32(types.float32), codegen
+
+    @intrinsic
+    def tf32_round(typingctx, x):
+        """The same rounding as tf32_round_cvt, on the bit pattern: add half a TF32 unit (0x1000,
+        bit 12) to the magnitude bits, then clear the low 13 bits (a carry into the exponent is the
+        right rounding). Two integer instructions, no conversion unit.   PTX: add.s32, and.b32
+        (the kernels use this form; bit for bit the same as cvt.rna for every finite float)."""
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            b = builder.add(builder.bitcast(args[0], _i32), ir.Constant(_i32, 0x1000))
+            return builder.bitcast(builder.and_(b, ir.Constant(_i32, -0x2000)), _f32)   # -0x2000 = 0xFFFFE000
         return types.float32(types.float32), codegen
 
     @intrinsic
@@ -110,6 +124,8 @@ else:
         the low 13 mantissa bits (round to nearest, ties away from zero)."""
         bits = np.array(x, dtype=np.float32).view(np.uint32)
         return (((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000))).view(np.float32)[()]
+
+    tf32_round_cvt = tf32_round
 
     def mma_tf32(*args):
         raise NotImplementedError("mma.sync needs a GPU: in the simulator the kernels use a NumPy twin of the step")
