@@ -269,7 +269,7 @@ def splitk_sum(out, work, accumulate, stream):
 @functools.cache
 def _k_matmul_warp(tile, trans_a, trans_b):
     t = make_warp_tile(tile)
-    mma, zero, store, store_part, TM, TN = t.mma[(trans_a, trans_b)], t.zero, t.store, t.store_part, t.TM, t.TN
+    mma, zero, store, TM, TN = t.mma[(trans_a, trans_b)], t.zero, t.store, t.TM, t.TN
 
     @cuda.jit(device=True)
     def product(out, work, a, b, accumulate, ksplit):
@@ -282,7 +282,7 @@ def _k_matmul_warp(tile, trans_a, trans_b):
         if cuda.gridDim.z == 1:
             store(out, acc, accumulate)
         else:
-            store_part(work, z, acc)
+            store(work[z], acc, False)         # slice z's partial tile
 
     if tile[0] == "simt":
         @cuda.jit

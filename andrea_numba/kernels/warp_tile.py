@@ -268,7 +268,7 @@ def make_warp_tile(tile):
     """Everything a kernel needs for one warp tile, the same names as matmul.make_tile:
         mma_nn, mma_nt, mma_tn, mma_tt     acc += a @ b, a @ b^T, a^T @ b, a^T @ b^T over all of K
         mma[(trans_a, trans_b)]            the same over k in [kb, ke): f(acc, a, b, kb, ke)
-        row(i), col(j), zero(acc), store(out, acc, accumulate), store_part(work, z, acc)
+        row(i), col(j), zero(acc), store(out, acc, accumulate)
         TM, TN, THREADS, grid(M, N, z)
     tile = (kind, BM, BN, BK, WM, WN, vec): kind "simt" (v3) or "tf32x3" (v4); vec: 128-bit copies
     (the caller checked the alignment: resolve())."""
@@ -303,21 +303,10 @@ def make_warp_tile(tile):
 
     zero, store = make_epilogue(row, col, TM, TN)
 
-    @cuda.jit(device=True)
-    def store_part(work, z, acc):
-        """work[z] = acc: one split-K slice's partial tile (work [S, M, N])."""
-        for i in range(TM):
-            r = row(i)
-            if r < work.shape[1]:
-                for j in range(TN):
-                    c = col(j)
-                    if c < work.shape[2]:
-                        work[z, r, c] = acc[i, j]
-
     return SimpleNamespace(
         mma=ranged, mma_nn=full(ranged[(False, False)], False), mma_nt=full(ranged[(False, True)], False),
         mma_tn=full(ranged[(True, False)], True), mma_tt=full(ranged[(True, True)], True),
-        row=row, col=col, zero=zero, store=store, store_part=store_part, TM=TM, TN=TN, THREADS=THREADS,
+        row=row, col=col, zero=zero, store=store, TM=TM, TN=TN, THREADS=THREADS,
         BK=BK, grid=lambda M, N, z=1: (cdiv(N, BN), cdiv(M, BM), z))
 
 
