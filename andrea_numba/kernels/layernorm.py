@@ -9,12 +9,14 @@ Backward, xhat = (x - mean) * rstd, dxhat = dout * g:
     dx = rstd * (dxhat - mean_c(dxhat) - xhat * mean_c(dxhat * xhat))     per row
     dg += sum over rows of dout * xhat,  db += sum over rows of dout        per channel
 
-Versions of layernorm_bwd (the forward has one):
+Versions of layernorm_bwd (the forward's v1 and v2 are its dx kernel's shapes, without the dg, db):
     v1  k_layernorm_bwd_v1 (dx, a block per row) + k_layernorm_bwd_params_v1: one thread per
         channel sums its whole column. Only C threads work (768 at 120M for 8192 rows: 2.2 ms a
         call on an H200).
     v2  the same dx kernel + k_layernorm_bwd_params_v2: RY threads share a column, each summing
         every RY-th row, and meet in a fixed tree.
+    v3  v2 with k_layernorm_bwd_v2: RW rows a block of RW x TPR threads, one tree's barriers for
+        all of them (layernorm_fwd_v2 likewise). Not yet timed on a GPU: the engine keeps v1 / v2.
 """
 import math
 
@@ -149,6 +151,108 @@ def layernorm_bwd_v2(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
     k_layernorm_bwd_params_v2[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, x, mean, rstd)
 
 
-VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1},
-            "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2}}
+# ---------------------------------------------------------------------------------------------
+# layernorm_fwd v2, layernorm_bwd v3: several rows a block. A row of C = 384 or 768 channels is
+# little work for a block of 256 threads, and every block_sum costs log2(256) = 8 barriers. Here a
+# block is RW rows x TPR threads (threadIdx.y = the row, threadIdx.x = the lane, TPR a power of
+# two): the rows share the barriers of one tree, each row summing in its own TPR slots of shared
+# memory. The same sums in a fixed order: deterministic.
+
+@cuda.jit(device=True)
+def rows_sum(buf, val):
+    """Sum `val` over the TPR = blockDim.x lanes of this thread's row (threadIdx.y), every lane
+    getting the total: a tree over buf[ty * TPR + tx], s = TPR/2, TPR/4, ..., 1. Every thread of
+    the block calls it (the barriers are the block's)."""
+    tx, ty, tpr = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x
+    base = ty * tpr
+    buf[base + tx] = val
+    cuda.syncthreads()
+    s = tpr // 2
+    while s > 0:
+        if tx < s:
+            buf[base + tx] += buf[base + tx + s]
+        cuda.syncthreads()
+        s //= 2
+    total = buf[base]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit
+def k_layernorm_fwd_v2(out, mean, rstd, x, g, b, eps):
+    """k_layernorm_fwd_v1 with RW rows a block: row = blockIdx.x * RW + threadIdx.y, its TPR lanes
+    striding over the C channels; rows past N add zeros and write nothing."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    tx, nt = cuda.threadIdx.x, cuda.blockDim.x
+    N, C = x.shape
+    live = row < N
+    inv_c = float32(1.0) / float32(C)
+    s = float32(0.0)
+    if live:
+        for c in range(tx, C, nt):
+            s += x[row, c]
+    mu = rows_sum(buf, s) * inv_c
+    s = float32(0.0)
+    if live:
+        for c in range(tx, C, nt):
+            d = x[row, c] - mu
+            s += d * d
+    r = float32(1.0) / math.sqrt(rows_sum(buf, s) * inv_c + eps)
+    if live:
+        for c in range(tx, C, nt):
+            out[row, c] = (x[row, c] - mu) * r * g[c] + b[c]
+        if tx == 0:
+            mean[row] = mu
+            rstd[row] = r
+
+
+@cuda.jit
+def k_layernorm_bwd_v2(dx, dout, x, mean, rstd, g):
+    """k_layernorm_bwd_v1 with RW rows a block (as k_layernorm_fwd_v2)."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    tx, nt = cuda.threadIdx.x, cuda.blockDim.x
+    N, C = x.shape
+    live = row < N
+    inv_c = float32(1.0) / float32(C)
+    s1 = float32(0.0)
+    s2 = float32(0.0)
+    mu = mean[row] if live else float32(0.0)
+    r = rstd[row] if live else float32(0.0)
+    if live:
+        for c in range(tx, C, nt):
+            dxhat = dout[row, c] * g[c]
+            s1 += dxhat
+            s2 += dxhat * (x[row, c] - mu) * r
+    m1 = rows_sum(buf, s1) * inv_c
+    m2 = rows_sum(buf, s2) * inv_c
+    if live:
+        for c in range(tx, C, nt):
+            xhat = (x[row, c] - mu) * r
+            dx[row, c] = r * (dout[row, c] * g[c] - m1 - xhat * m2)
+
+
+# block = (TPR lanes a row, RW rows a block); TPR * RW <= MAX_BLOCK
+ROW_BLOCKS = dict(gpu=((32, 8), (32, 4), (64, 4), (128, 2)), sim=((4, 2), (2, 4)))
+
+
+@blocks(**ROW_BLOCKS)
+def layernorm_fwd_v2(out, mean, rstd, x, g, b, eps, *, block, stream=0):
+    """As v1, RW rows of TPR threads a block: cdiv(N, RW) blocks of (TPR, RW) threads."""
+    tpr, rw = block
+    k_layernorm_fwd_v2[cdiv(x.shape[0], rw), (tpr, rw), stream](out, mean, rstd, x, g, b, float32(eps))
+
+
+@blocks(**ROW_BLOCKS)
+def layernorm_bwd_v3(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
+    """v2 with dx from k_layernorm_bwd_v2 (RW rows of TPR threads a block)."""
+    N, C = x.shape
+    tpr, rw = block
+    k_layernorm_bwd_v2[cdiv(N, rw), (tpr, rw), stream](dx, dout, x, mean, rstd, g)
+    k_layernorm_bwd_params_v2[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, x, mean, rstd)
+
+
+VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
+            "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3}}
 layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v2       # what the engine uses
