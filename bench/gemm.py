@@ -57,10 +57,22 @@ def timed(fn, reps=5, inner=3):
     return float(np.median(times))
 
 
+def _versions(text: str) -> list:
+    """"2,3,4": matmul versions, each one of VERSIONS (1 to 4)."""
+    import argparse
+    try:
+        vs = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be versions separated by commas (2,3,4), got {text!r}") from None
+    if not vs or any(v not in (1, 2, 3, 4) for v in vs):
+        raise argparse.ArgumentTypeError(f"each version must be 1, 2, 3 or 4, got {text!r}")
+    return vs
+
+
 def main(argv=None):
-    p = cli.Parser(description=__doc__.splitlines()[0])
+    p = cli.Parser(prog="python bench/gemm.py", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows as JSON")
-    p.add_argument("--versions", default="2,3,4", help="matmul versions to time (default 2,3,4)")
+    p.add_argument("--versions", default="2,3,4", type=_versions, help="matmul versions to time (default 2,3,4)")
     args = p.parse_args(argv)
     from numba import cuda
     from andrea_numba.kernels import matmul as MM
@@ -68,7 +80,7 @@ def main(argv=None):
         import cupy
     except ImportError:
         cupy = None
-    versions = [int(v) for v in args.versions.split(",")]
+    versions = args.versions
     rng = np.random.default_rng(0)
     rows = []
     print(f"| product | M | N | K | " + " | ".join(f"v{v} ms | v{v} TFLOP/s | v{v} err" for v in versions)

@@ -227,7 +227,7 @@ def tools():
     return {"config": config.main, "sample": sample.main, "plot": plot.main, "dashboard": dashboard.main,
             "data": data.main, "check": check.main, "gradcheck": gradcheck.main, "exercises": exercises.main,
             **{f"bench/{b}": _bench(b).main for b in ("kernels", "gpu_session", "step_time", "profile_step",
-                                                         "gpu_graph")}}
+                                                         "gpu_graph", "gemm", "tf32_check")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -392,6 +392,11 @@ ROWS = [
     ("bench/step_time", ["--iters", "0"], "argument --iters"),
     ("bench/step_time", ["--sizes", "7B"], "invalid choice: '7B'"),
     ("bench/step_time", ["--json", "{W}/nodir/x.json"], "does not exist"),
+    ("bench/step_time", ["--products", "fp8"], "invalid choice: 'fp8'"),
+    ("bench/gemm", ["--versions", "2,x"], "argument --versions"),
+    ("bench/gemm", ["--versions", "9"], "argument --versions"),
+    ("bench/gemm", ["--json", "{W}/nodir/x.json"], "does not exist"),
+    ("bench/tf32_check", ["--fast"], "unrecognized arguments: --fast"),
     ("bench/profile_step", ["--size", "7B"], "unknown size '7B'"),
     ("bench/profile_step", ["--iters", "-1"], "argument --iters"),
     ("bench/gpu_graph", [], "the following arguments are required: --out"),
