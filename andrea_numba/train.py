@@ -792,7 +792,9 @@ def main(argv=None) -> int:
         t0 = time.time()
         trainer.write_state()
         code = trainer.run()
-        log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {time.time() - t0:.1f} s")
+        wall = time.monotonic() - launch_time
+        log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {time.time() - t0:.1f} s of training, "
+            f"total wall time {wall:.1f} s ({wall / 60:.1f} min) from launch to exit")
         return code
     except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError, PlanError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
