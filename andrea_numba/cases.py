@@ -261,7 +261,16 @@ _OPS = [
 # engine, and not among the ops of lesson 03 and the exercises: flash attention saves lse [B, H, T]
 # instead of att [B, H, T, T] and recomputes the probabilities in its backward (lse is saved, not
 # differentiated: like attn's att it has no upstream gradient).
+def _residual_layernorm(d: Dims, rng):
+    return dict(x=_normal(rng, d.N, d.C), f=_normal(rng, d.N, d.C, scale=0.5), g=1 + _normal(rng, d.C, scale=0.5),
+                b=_normal(rng, d.C, scale=0.5), eps=d.eps)
+
+
 _VARIANTS = [
+    # the residual add and the LayerNorm after it as one op (df = dx: the engine passes one buffer)
+    OpCase("residual_layernorm", layernorm, "residual_layernorm_fwd", ("resid", "out", "mean", "rstd"),
+           _residual_layernorm, "residual_layernorm_bwd", ("dx", "df", "dg", "db"), accumulate=("dg", "db"),
+           upstream={"dresid": "resid", "dout": "out"}),
     OpCase("attn_flash", attn_flash, "attn_flash_fwd", ("y", "lse"), _attn,
            "attn_flash_bwd", ("dq", "dk", "dv"), upstream={"dy": "y"},
            scratch={"d_rowdot": (lambda d: (d.B, d.H, d.T), F32)}),

@@ -87,7 +87,6 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("d_skip", (N, C), "scratch"),              # the skip path's share of x[l]
         S("d_branch", (N, C), "scratch"),            # a branch output: mlp or attn_out, before the residual add
         S("d_ln_out", (N, C), "scratch"),            # a LayerNorm's output (lnf, ln2, ln1)
-        S("d_ln_in", (N, C), "scratch"),             # a LayerNorm's input, through the LayerNorm
         S("d_y", (N, C), "scratch"),                 # attention output
         S("d_q", (N, C), "scratch"),
         S("d_k", (N, C), "scratch"),
@@ -185,11 +184,13 @@ class GPUModel:
         self.keys = [[keys[l, i:i + 1] for i in range(D.SITES)] for l in range(m.n_layer)]
         self.p_drop = p_drop
         embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
+        # the first LayerNorm has no residual sum before it; every later one is fused with the
+        # residual add that makes its input (layernorm.residual_layernorm_fwd)
+        layernorm.layernorm_fwd(b["ln1"][0], b["ln1_mean"][0], b["ln1_rstd"][0], x[0],
+                                P["h0.ln1.g"], P["h0.ln1.b"], eps, stream=s)
         for l in range(m.n_layer):
             p = f"h{l}."
             k_att, k_ao, k_mlp = self.keys[l]
-            layernorm.layernorm_fwd(b["ln1"][l], b["ln1_mean"][l], b["ln1_rstd"][l], x[l],
-                                    P[p + "ln1.g"], P[p + "ln1.b"], eps, stream=s)
             self.qkv_fwd(b["q"][l], b["k"][l], b["v"][l], b["ln1"][l],
                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
@@ -200,16 +201,20 @@ class GPUModel:
             self.out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], stream=s)
             if p_drop:                                              # in place: branch = drop(branch)
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_ao, stream=s)
-            residual.residual_add(_flat(b["x_mid"][l]), _flat(x[l]), _flat(b["branch"]), stream=s)
-            layernorm.layernorm_fwd(b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], b["x_mid"][l],
-                                    P[p + "ln2.g"], P[p + "ln2.b"], eps, stream=s)
+            # x_mid = x[l] + branch, then ln2 = LN2(x_mid): one kernel
+            layernorm.residual_layernorm_fwd(b["x_mid"][l], b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], x[l],
+                                             b["branch"], P[p + "ln2.g"], P[p + "ln2.b"], eps, stream=s)
             self.mlp_fwd(b["branch"], b["h_pre"][l], b["h"][l], b["ln2"][l],
                          P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
             if p_drop:
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_mlp, stream=s)
-            residual.residual_add(_flat(x[l + 1]), _flat(b["x_mid"][l]), _flat(b["branch"]), stream=s)
-        layernorm.layernorm_fwd(b["lnf"], b["lnf_mean"], b["lnf_rstd"], x[m.n_layer],
-                                P["lnf.g"], P["lnf.b"], eps, stream=s)
+            # x[l+1] = x_mid + branch, then the next LayerNorm: block l+1's LN1, or LNf after the last
+            if l + 1 < m.n_layer:
+                nxt, q = (b["ln1"][l + 1], b["ln1_mean"][l + 1], b["ln1_rstd"][l + 1]), f"h{l + 1}.ln1."
+            else:
+                nxt, q = (b["lnf"], b["lnf_mean"], b["lnf_rstd"]), "lnf."
+            layernorm.residual_layernorm_fwd(x[l + 1], *nxt, b["x_mid"][l], b["branch"], P[q + "g"], P[q + "b"], eps,
+                                             stream=s)
         self.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], stream=s)
 
     def backward(self):
@@ -220,7 +225,7 @@ class GPUModel:
         B, T, C, H = self.B, self.T, m.d_model, m.n_head
         x, bt = b["x"], lambda name: b[name].reshape(B, T, C)        # [N, C] buffers seen as [B, T, C]
         d_resid, d_x_mid, d_skip, d_branch = b["d_resid"], b["d_x_mid"], b["d_skip"], b["d_branch"]
-        d_ln_out, d_ln_in = b["d_ln_out"], b["d_ln_in"]
+        d_ln_out = b["d_ln_out"]
         work = b["splitk"]                                           # split-K partial products
         self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, 1.0, b["lnf"], P["wte"], b["probs"], b["targets"],
                       stream=s)
@@ -236,9 +241,10 @@ class GPUModel:
                 dropout.dropout_bwd(_flat(d_branch), _flat(d_branch), p_drop, k_mlp, stream=s)
             self.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], work, d_branch, b["ln2"][l],
                          b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
-            layernorm.layernorm_bwd(d_ln_in, G[p + "ln2.g"], G[p + "ln2.b"], d_ln_out, b["x_mid"][l],
-                                    b["ln2_mean"][l], b["ln2_rstd"][l], P[p + "ln2.g"], stream=s)
-            residual.residual_add(_flat(d_x_mid), _flat(d_x_mid), _flat(d_ln_in), stream=s)  # both paths into x_mid
+            # both paths into x_mid: d_x_mid (the skip path's, in place) += LN2's grad_input
+            layernorm.residual_layernorm_bwd(d_x_mid, d_x_mid, G[p + "ln2.g"], G[p + "ln2.b"], d_x_mid, d_ln_out,
+                                             b["x_mid"][l], b["ln2_mean"][l], b["ln2_rstd"][l], P[p + "ln2.g"],
+                                             stream=s)
             # x_mid = x[l] + drop(W_O(attn(qkv(LN1(x[l])))))
             residual.residual_add_bwd(_flat(d_skip), _flat(d_branch), _flat(d_x_mid), stream=s)
             if p_drop:
@@ -254,9 +260,9 @@ class GPUModel:
             self.qkv_bwd(d_ln_out, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"], work,
                          b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
-            layernorm.layernorm_bwd(d_ln_in, G[p + "ln1.g"], G[p + "ln1.b"], d_ln_out, x[l],
-                                    b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"], stream=s)
-            residual.residual_add(_flat(d_resid), _flat(d_skip), _flat(d_ln_in), stream=s)   # both paths into x[l]
+            # both paths into x[l]: d_resid = d_skip + LN1's grad_input
+            layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln1.g"], G[p + "ln1.b"], d_skip, d_ln_out, x[l],
+                                             b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"], stream=s)
         embed.embed_bwd(G["wte"], G["wpe"], b["embed_links"], d_resid.reshape(B, T, C), b["tokens"],
                         m.vocab_size, m.context_length, stream=s)
 

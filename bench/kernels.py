@@ -48,6 +48,8 @@ def work(kernel: str, d: Dims) -> tuple[float, float, str]:
         "embed_bwd": (0, f * (N * C + 2 * (min(V, N) + T) * C), "byte"),
         "layernorm_fwd": (0, f * 2 * N * C, "byte"),
         "layernorm_bwd": (0, f * 3 * N * C, "byte"),
+        "residual_layernorm_fwd": (0, f * 4 * N * C, "byte"),          # x, f read; resid, out written
+        "residual_layernorm_bwd": (0, f * 4 * N * C, "byte"),          # dresid, dout, resid read; dx written
         "attn_qkv_fwd": (2 * N * C * C * 3, f * (4 * N * C + 3 * C * C), "flop"),
         "attn_qkv_bwd": (4 * N * C * C * 3, f * (5 * N * C + 6 * C * C), "flop"),
         "attn_fwd": (2 * causal, f * 4 * N * C, "flop"),

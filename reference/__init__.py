@@ -10,7 +10,7 @@ from .attn_out import attn_out_bwd, attn_out_fwd
 from .attn_qkv import attn_qkv_bwd, attn_qkv_fwd
 from .dropout import block_keys, dropout_bwd, dropout_fwd, dropout_key, site_key
 from .embed import embed_bwd, embed_fwd
-from .layernorm import layernorm_bwd, layernorm_fwd
+from .layernorm import layernorm_bwd, layernorm_fwd, residual_layernorm_bwd, residual_layernorm_fwd
 from .loss import loss_bwd, loss_fwd
 from .matmul import matmul
 from .mlp import gelu, gelu_grad, mlp_bwd, mlp_fwd

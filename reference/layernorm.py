@@ -29,3 +29,20 @@ def layernorm_bwd(dout, x, mean, rstd, g):
     dx = rstd[..., None] * (dxhat - dxhat.mean(axis=-1, keepdims=True)
                             - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
     return dx, dg, db
+
+
+def residual_layernorm_fwd(x, f, g, b, eps=1e-5):
+    """The residual add and the LayerNorm after it, fused: resid = x + f, out = layernorm(resid).
+    -> (resid, out, mean, rstd); resid is the residual stream, saved (the next add reads it)."""
+    resid = x + f
+    out, mean, rstd = layernorm_fwd(resid, g, b, eps)
+    return resid, out, mean, rstd
+
+
+def residual_layernorm_bwd(dresid, dout, resid, mean, rstd, g):
+    """dresid: the gradient reaching resid from the skip path; dout: from the LayerNorm's output.
+    -> (dx, df, dg, db): dx = dresid + the LayerNorm's grad_input, and df the same (resid = x + f:
+    both inputs get the sum's gradient; the engine keeps one buffer for both)."""
+    dln, dg, db = layernorm_bwd(dout, resid, mean, rstd, g)
+    dx = dresid + dln
+    return dx, dx.copy(), dg, db

@@ -10,7 +10,8 @@ import reference as R
 from andrea_numba import gradcheck as G
 from andrea_numba.cases import CASES
 
-OPS = {"embed", "layernorm", "attn_qkv", "attn", "attn_out", "mlp", "residual", "dropout", "loss", "attn_flash"}
+OPS = {"embed", "layernorm", "attn_qkv", "attn", "attn_out", "mlp", "residual", "dropout", "loss", "attn_flash",
+       "residual_layernorm"}
 
 
 @pytest.mark.parametrize("op", sorted(OPS))

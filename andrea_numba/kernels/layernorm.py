@@ -253,6 +253,97 @@ def layernorm_bwd_v3(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
     k_layernorm_bwd_params_v2[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, x, mean, rstd)
 
 
+# ---------------------------------------------------------------------------------------------
+# The residual add fused with the LayerNorm after it (twin: reference.residual_layernorm_fwd/bwd).
+# In the model every LayerNorm but the first reads a residual sum just made: x_mid = x + attn
+# branch, then LN2(x_mid); x[l+1] = x_mid + mlp branch, then the next LN1 (or LNf). One kernel
+# does both, reading x and f once and writing the sum as it goes. Backward, the sum's gradient
+# is the skip path's plus the LayerNorm's: dx = dresid + LN's grad_input, in one pass too.
+
+@cuda.jit
+def k_residual_layernorm_fwd_v1(resid, out, mean, rstd, x, f, g, b, eps):
+    """resid = x + f and out = layernorm(resid) (mean, rstd saved), RW rows of TPR lanes a block
+    as k_layernorm_fwd_v2; each lane reads back only the resid elements it wrote itself."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    tx, nt = cuda.threadIdx.x, cuda.blockDim.x
+    N, C = x.shape
+    live = row < N
+    inv_c = float32(1.0) / float32(C)
+    s = float32(0.0)
+    if live:
+        for c in range(tx, C, nt):
+            v = x[row, c] + f[row, c]
+            resid[row, c] = v
+            s += v
+    mu = rows_sum(buf, s) * inv_c
+    s = float32(0.0)
+    if live:
+        for c in range(tx, C, nt):
+            d = resid[row, c] - mu
+            s += d * d
+    r = float32(1.0) / math.sqrt(rows_sum(buf, s) * inv_c + eps)
+    if live:
+        for c in range(tx, C, nt):
+            out[row, c] = (resid[row, c] - mu) * r * g[c] + b[c]
+        if tx == 0:
+            mean[row] = mu
+            rstd[row] = r
+
+
+@cuda.jit
+def k_residual_layernorm_bwd_v1(dx, df, dresid, dout, x, mean, rstd, g, write_df):
+    """dx = dresid + LayerNorm grad_input (as k_layernorm_bwd_v2), and df = dx when write_df
+    (the engine keeps one buffer for both). dx may be dresid itself: each element is read by the
+    thread that then writes it."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    tx, nt = cuda.threadIdx.x, cuda.blockDim.x
+    N, C = x.shape
+    live = row < N
+    inv_c = float32(1.0) / float32(C)
+    s1 = float32(0.0)
+    s2 = float32(0.0)
+    mu = mean[row] if live else float32(0.0)
+    r = rstd[row] if live else float32(0.0)
+    if live:
+        for c in range(tx, C, nt):
+            dxhat = dout[row, c] * g[c]
+            s1 += dxhat
+            s2 += dxhat * (x[row, c] - mu) * r
+    m1 = rows_sum(buf, s1) * inv_c
+    m2 = rows_sum(buf, s2) * inv_c
+    if live:
+        for c in range(tx, C, nt):
+            xhat = (x[row, c] - mu) * r
+            v = dresid[row, c] + r * (dout[row, c] * g[c] - m1 - xhat * m2)
+            dx[row, c] = v
+            if write_df:
+                df[row, c] = v
+
+
+@blocks(**ROW_BLOCKS)
+def residual_layernorm_fwd_v1(resid, out, mean, rstd, x, f, g, b, eps, *, block, stream=0):
+    """resid, out, x, f [N, C]; mean, rstd [N]; g, b [C]. cdiv(N, RW) blocks of (TPR, RW) threads."""
+    tpr, rw = block
+    k_residual_layernorm_fwd_v1[cdiv(x.shape[0], rw), (tpr, rw), stream](resid, out, mean, rstd, x, f, g, b,
+                                                                         float32(eps))
+
+
+@blocks(**ROW_BLOCKS)
+def residual_layernorm_bwd_v1(dx, df, dg, db, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
+    """dx = dresid + grad_input of the LayerNorm (written; may be dresid itself) and df the same
+    (resid = x + f): give df = dx (the same array) to write it once; dg, db +=."""
+    N, C = resid.shape
+    tpr, rw = block
+    k_residual_layernorm_bwd_v1[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g,
+                                                                df is not dx)
+    k_layernorm_bwd_params_v2[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, resid, mean, rstd)
+
+
 VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
-            "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3}}
+            "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3},
+            "residual_layernorm_fwd": {1: residual_layernorm_fwd_v1},
+            "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1}}
+residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v1
 layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v2       # what the engine uses
