@@ -257,10 +257,11 @@ _OPS = [
            "loss_bwd", ("dx", "dwte"), accumulate=("dwte",), upstream={"dloss": "loss"},
            scratch={"dlogits": (lambda d: (d.N, d.V), F32), **_WORK}),
 ]
-# Other kernels of an op of the table, checked as cases of their own but not (yet) used by the
-# engine, and not among the ops of lesson 03 and the exercises: flash attention saves lse [B, H, T]
-# instead of att [B, H, T, T] and recomputes the probabilities in its backward (lse is saved, not
-# differentiated: like attn's att it has no upstream gradient).
+# Other kernels of the table's ops, checked as cases of their own and not among the ops of lesson
+# 03 and the exercises (which teach the plain ones): the engine runs both. Flash attention saves
+# lse [B, H, T] instead of att [B, H, T, T] and recomputes the probabilities in its backward (lse
+# is saved, not differentiated: like attn's att it has no upstream gradient); residual_layernorm is
+# the residual add and the LayerNorm after it in one pass.
 def _residual_layernorm(d: Dims, rng):
     return dict(x=_normal(rng, d.N, d.C), f=_normal(rng, d.N, d.C, scale=0.5), g=1 + _normal(rng, d.C, scale=0.5),
                 b=_normal(rng, d.C, scale=0.5), eps=d.eps)
@@ -295,6 +296,6 @@ _OPTIMISER = [
 
 CASES = {c.op: c for c in _OPS + _VARIANTS + _PRODUCTS + _OPTIMISER}
 OPS = [c.op for c in _OPS]               # the op pairs of the kernel table, in its order, and dropout
-VARIANTS = [c.op for c in _VARIANTS]     # other kernels of those ops, not used by the engine yet
+VARIANTS = [c.op for c in _VARIANTS]     # other kernels of those ops (flash attention, the fused residual + LayerNorm)
 KERNEL_MODULES = (embed, layernorm, attn_qkv, attn, attn_flash, attn_out, mlp, residual, dropout, loss, matmul,
                   optim)

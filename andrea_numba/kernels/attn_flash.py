@@ -1,6 +1,6 @@
 """Flash attention: causal self-attention that saves lse [B, H, T] instead of att [B, H, T, T].
-NumPy twin: reference/attn.py (attn_flash_fwd, attn_flash_bwd). A checked op case beside the
-present attention (attn.py): the engine (gpu_model.py) does not use it yet.
+NumPy twin: reference/attn.py (attn_flash_fwd, attn_flash_bwd). A checked op case beside plain
+attention (attn.py); the engine (gpu_model.py) runs its v2 (attn_flash_mma.py) by default.
 
 The op is attn.py's, with the same layout (q, k, v, y, dy, dq, dk, dv are [B, T, C], head h
 owns channels h*hs .. h*hs + hs - 1) and the same dropout (dropout_factor from the key and the
