@@ -4,8 +4,8 @@
     python -m andrea_numba.gradcheck --json   # {"ok": bool, "checks": [{"op", "tensor", "rel_err", "ok"}]}
 
 The ops are the op cases of andrea_numba/cases.py: the eight pairs of the kernel table and
-dropout, flash attention's twin and the fused residual + LayerNorm (cases.VARIANTS), with their input makers and upstream
-gradients. Dropout's mask is a function of a key and the element index, and the key is an input
+dropout, flash attention's twin and the fused residual + LayerNorm (cases.VARIANTS), with their
+input makers and upstream gradients. Dropout's mask is a function of a key and the element index, and the key is an input
 that is never perturbed: every evaluation draws the same mask, so the check sees the op with its
 mask fixed, as the backward does. An op maps inputs to outputs. With a random upstream gradient G
 for each output, the scalar
