@@ -178,27 +178,19 @@ def rows_sum(buf, val):
     return total
 
 
-@cuda.jit
-def k_layernorm_fwd_v2(out, mean, rstd, x, g, b, eps):
-    """k_layernorm_fwd_v1 with RW rows a block: row = blockIdx.x * RW + threadIdx.y, its TPR lanes
-    striding over the C channels; rows past N add zeros and write nothing."""
-    buf = cuda.shared.array(MAX_BLOCK, float32)
-    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+@cuda.jit(device=True)
+def normalise_row(buf, out, mean, rstd, x, g, b, eps, row, live, mu):
+    """The rest of k_layernorm_fwd_v1 for row `row` of x, given its mean mu: the variance pass
+    (rows_sum), then out[row], mean[row], rstd[row], by this thread's TPR lanes. Every thread of
+    the block calls it; a row past N (live False) adds zeros and writes nothing."""
     tx, nt = cuda.threadIdx.x, cuda.blockDim.x
-    N, C = x.shape
-    live = row < N
-    inv_c = float32(1.0) / float32(C)
-    s = float32(0.0)
-    if live:
-        for c in range(tx, C, nt):
-            s += x[row, c]
-    mu = rows_sum(buf, s) * inv_c
+    C = x.shape[1]
     s = float32(0.0)
     if live:
         for c in range(tx, C, nt):
             d = x[row, c] - mu
             s += d * d
-    r = float32(1.0) / math.sqrt(rows_sum(buf, s) * inv_c + eps)
+    r = float32(1.0) / math.sqrt(rows_sum(buf, s) * (float32(1.0) / float32(C)) + eps)
     if live:
         for c in range(tx, C, nt):
             out[row, c] = (x[row, c] - mu) * r * g[c] + b[c]
@@ -207,14 +199,13 @@ def k_layernorm_fwd_v2(out, mean, rstd, x, g, b, eps):
             rstd[row] = r
 
 
-@cuda.jit
-def k_layernorm_bwd_v2(dx, dout, x, mean, rstd, g):
-    """k_layernorm_bwd_v1 with RW rows a block (as k_layernorm_fwd_v2)."""
-    buf = cuda.shared.array(MAX_BLOCK, float32)
-    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+@cuda.jit(device=True)
+def layernorm_row_grad(buf, dout, x, mean, rstd, g, row, live):
+    """(mu, r, m1, m2) of row `row` for its backward, by this thread's TPR lanes: the saved mean
+    and rstd, m1 = mean_c(dxhat), m2 = mean_c(dxhat * xhat), dxhat = dout * g. Then
+    dx = r (dxhat - m1 - xhat m2). Every thread of the block calls it."""
     tx, nt = cuda.threadIdx.x, cuda.blockDim.x
-    N, C = x.shape
-    live = row < N
+    C = x.shape[1]
     inv_c = float32(1.0) / float32(C)
     s1 = float32(0.0)
     s2 = float32(0.0)
@@ -225,10 +216,33 @@ def k_layernorm_bwd_v2(dx, dout, x, mean, rstd, g):
             dxhat = dout[row, c] * g[c]
             s1 += dxhat
             s2 += dxhat * (x[row, c] - mu) * r
-    m1 = rows_sum(buf, s1) * inv_c
-    m2 = rows_sum(buf, s2) * inv_c
+    return mu, r, rows_sum(buf, s1) * inv_c, rows_sum(buf, s2) * inv_c
+
+
+@cuda.jit
+def k_layernorm_fwd_v2(out, mean, rstd, x, g, b, eps):
+    """k_layernorm_fwd_v1 with RW rows a block: row = blockIdx.x * RW + threadIdx.y, its TPR lanes
+    striding over the C channels: the sum pass, then normalise_row."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    live = row < x.shape[0]
+    s = float32(0.0)
     if live:
-        for c in range(tx, C, nt):
+        for c in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
+            s += x[row, c]
+    mu = rows_sum(buf, s) * (float32(1.0) / float32(x.shape[1]))
+    normalise_row(buf, out, mean, rstd, x, g, b, eps, row, live, mu)
+
+
+@cuda.jit
+def k_layernorm_bwd_v2(dx, dout, x, mean, rstd, g):
+    """k_layernorm_bwd_v1 with RW rows a block (as k_layernorm_fwd_v2)."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    live = row < x.shape[0]
+    mu, r, m1, m2 = layernorm_row_grad(buf, dout, x, mean, rstd, g, row, live)
+    if live:
+        for c in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
             xhat = (x[row, c] - mu) * r
             dx[row, c] = r * (dout[row, c] * g[c] - m1 - xhat * m2)
 
@@ -257,38 +271,26 @@ def layernorm_bwd_v3(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
 # The residual add fused with the LayerNorm after it (twin: reference.residual_layernorm_fwd/bwd).
 # In the model every LayerNorm but the first reads a residual sum just made: x_mid = x + attn
 # branch, then LN2(x_mid); x[l+1] = x_mid + mlp branch, then the next LN1 (or LNf). One kernel
-# does both, reading x and f once and writing the sum as it goes. Backward, the sum's gradient
-# is the skip path's plus the LayerNorm's: dx = dresid + LN's grad_input, in one pass too.
+# does both, reading x and f once and summing the row as it writes it (then normalise_row).
+# Backward, the sum's gradient is the skip path's plus the LayerNorm's: dx = dresid + LN's
+# grad_input, in one pass too.
 
 @cuda.jit
 def k_residual_layernorm_fwd_v1(resid, out, mean, rstd, x, f, g, b, eps):
-    """resid = x + f and out = layernorm(resid) (mean, rstd saved), RW rows of TPR lanes a block
-    as k_layernorm_fwd_v2; each lane reads back only the resid elements it wrote itself."""
+    """resid = x + f, summed as it is written; then out = layernorm(resid) (normalise_row, mean
+    and rstd saved), RW rows of TPR lanes a block as k_layernorm_fwd_v2; each lane reads back only
+    the resid elements it wrote itself."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
-    tx, nt = cuda.threadIdx.x, cuda.blockDim.x
-    N, C = x.shape
-    live = row < N
-    inv_c = float32(1.0) / float32(C)
+    live = row < x.shape[0]
     s = float32(0.0)
     if live:
-        for c in range(tx, C, nt):
+        for c in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
             v = x[row, c] + f[row, c]
             resid[row, c] = v
             s += v
-    mu = rows_sum(buf, s) * inv_c
-    s = float32(0.0)
-    if live:
-        for c in range(tx, C, nt):
-            d = resid[row, c] - mu
-            s += d * d
-    r = float32(1.0) / math.sqrt(rows_sum(buf, s) * inv_c + eps)
-    if live:
-        for c in range(tx, C, nt):
-            out[row, c] = (resid[row, c] - mu) * r * g[c] + b[c]
-        if tx == 0:
-            mean[row] = mu
-            rstd[row] = r
+    mu = rows_sum(buf, s) * (float32(1.0) / float32(x.shape[1]))
+    normalise_row(buf, out, mean, rstd, resid, g, b, eps, row, live, mu)
 
 
 @cuda.jit
@@ -298,23 +300,10 @@ def k_residual_layernorm_bwd_v1(dx, df, dresid, dout, x, mean, rstd, g, write_df
     thread that then writes it."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
-    tx, nt = cuda.threadIdx.x, cuda.blockDim.x
-    N, C = x.shape
-    live = row < N
-    inv_c = float32(1.0) / float32(C)
-    s1 = float32(0.0)
-    s2 = float32(0.0)
-    mu = mean[row] if live else float32(0.0)
-    r = rstd[row] if live else float32(0.0)
+    live = row < x.shape[0]
+    mu, r, m1, m2 = layernorm_row_grad(buf, dout, x, mean, rstd, g, row, live)
     if live:
-        for c in range(tx, C, nt):
-            dxhat = dout[row, c] * g[c]
-            s1 += dxhat
-            s2 += dxhat * (x[row, c] - mu) * r
-    m1 = rows_sum(buf, s1) * inv_c
-    m2 = rows_sum(buf, s2) * inv_c
-    if live:
-        for c in range(tx, C, nt):
+        for c in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
             xhat = (x[row, c] - mu) * r
             v = dresid[row, c] + r * (dout[row, c] * g[c] - m1 - xhat * m2)
             dx[row, c] = v
