@@ -134,6 +134,27 @@ def grad_scale_v1(grads, norm, max_norm, scale, *, block, stream=0):
 # ---------------------------------------------------------------------------------------------
 # AdamW
 
+@cuda.jit(device=True)
+def finite_step(stats):
+    """False when the step's loss stats[0] or gradient norm stats[1] is NaN or infinite."""
+    loss, norm = stats[0], stats[1]
+    return not (math.isnan(loss) or math.isinf(loss) or math.isnan(norm) or math.isinf(norm))
+
+
+@cuda.jit(device=True)
+def adamw_element(params, m, v, decay, i, g, lr, beta1, beta2, one_m_beta1, one_m_beta2, bc1, bc2, eps,
+                  weight_decay):
+    """Element i's AdamW update with gradient g (the formulas of k_adamw_v1's docstring)."""
+    mi = beta1 * m[i] + one_m_beta1 * g
+    vi = beta2 * v[i] + one_m_beta2 * (g * g)
+    m[i] = mi
+    v[i] = vi
+    m_hat = mi / bc1
+    v_hat = vi / bc2
+    p = params[i]
+    params[i] = p - lr * (m_hat / (math.sqrt(v_hat) + eps) + weight_decay * float32(decay[i]) * p)
+
+
 @cuda.jit
 def k_adamw_v1(params, grads, m, v, decay, stats, lr, beta1, beta2, one_m_beta1, one_m_beta2,
             bc1, bc2, eps, weight_decay):
@@ -145,20 +166,11 @@ def k_adamw_v1(params, grads, m, v, decay, stats, lr, beta1, beta2, one_m_beta1,
     Divergence guard: stats is the trainer's [loss summed over microbatches, gradient norm]. When
     either is NaN or infinite, every thread returns before touching params, m or v: the step is
     not applied, decided on the device, so the host never needs to look before the update."""
-    loss, norm = stats[0], stats[1]
-    if math.isnan(loss) or math.isinf(loss) or math.isnan(norm) or math.isinf(norm):
+    if not finite_step(stats):
         return
-    n = params.shape[0]
-    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-        g = grads[i]
-        mi = beta1 * m[i] + one_m_beta1 * g
-        vi = beta2 * v[i] + one_m_beta2 * (g * g)
-        m[i] = mi
-        v[i] = vi
-        m_hat = mi / bc1
-        v_hat = vi / bc2
-        p = params[i]
-        params[i] = p - lr * (m_hat / (math.sqrt(v_hat) + eps) + weight_decay * float32(decay[i]) * p)
+    for i in range(cuda.grid(1), params.shape[0], cuda.gridsize(1)):
+        adamw_element(params, m, v, decay, i, grads[i], lr, beta1, beta2, one_m_beta1, one_m_beta2, bc1, bc2,
+                      eps, weight_decay)
 
 
 @blocks(**STRIDE_BLOCKS)
@@ -185,22 +197,14 @@ def k_adamw_v2(params, grads, m, v, decay, hyper, stats, beta1, beta2, one_m_bet
         p_i = p_i - lr (m_i / bc1 / (sqrt(v_i / bc2) + eps) + weight_decay * decay_i * p_i)
     The same float32 operations in the same order as v1: given the same values it is bit-identical.
     Divergence guard as v1's, except that the gradient is cleared on either path."""
-    loss, norm = stats[0], stats[1]
-    apply = not (math.isnan(loss) or math.isinf(loss) or math.isnan(norm) or math.isinf(norm))
+    apply = finite_step(stats)
     lr, bc1, bc2 = hyper[0], hyper[1], hyper[2]
-    n = params.shape[0]
-    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+    for i in range(cuda.grid(1), params.shape[0], cuda.gridsize(1)):
         g = grads[i]
         grads[i] = float32(0.0)
         if apply:
-            mi = beta1 * m[i] + one_m_beta1 * g
-            vi = beta2 * v[i] + one_m_beta2 * (g * g)
-            m[i] = mi
-            v[i] = vi
-            m_hat = mi / bc1
-            v_hat = vi / bc2
-            p = params[i]
-            params[i] = p - lr * (m_hat / (math.sqrt(v_hat) + eps) + weight_decay * float32(decay[i]) * p)
+            adamw_element(params, m, v, decay, i, g, lr, beta1, beta2, one_m_beta1, one_m_beta2, bc1, bc2,
+                          eps, weight_decay)
 
 
 @blocks(**STRIDE_BLOCKS)
