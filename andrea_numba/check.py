@@ -166,9 +166,10 @@ def check_launcher(case, direction, launch, dims, rng, block=None, version=None,
                   kernel=kernel, version=version, block=str(block).replace(" ", ""))
 
 
-def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None) -> list[dict]:
-    """Every version of every launcher of every case (or of `ops`), at every block size it declares,
-    at rows N = B*T with the model's C, H, V and n_params."""
+def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None, versions=None) -> list[dict]:
+    """Every version of every launcher of every case (or of `ops`; only the version numbers in
+    `versions`, if given), at every block size it declares, at rows N = B*T with the model's C, H,
+    V and n_params."""
     dims = Dims.of(m, B, T)
     rows = []
     for case in CASES.values():
@@ -177,6 +178,8 @@ def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None) -> list[dict]:
         for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
             ref = reference_for(case, direction, dims, rng)
             for version, launch in case.versions(direction).items():
+                if versions and version not in versions:
+                    continue
                 for block in launch.blocks:
                     rows += check_launcher(case, direction, launch, dims, rng, block, version, ref)
     return rows
@@ -215,8 +218,10 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int) -> list[dict]:
     return rows
 
 
-def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=True, progress=None, only=None):
-    """Rows of the op checks (every case, or the cases named in `only`) and of the whole model."""
+def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=True, progress=None, only=None,
+               versions=None):
+    """Rows of the op checks (every case, or the cases named in `only`; every version, or those
+    numbered in `versions`) and of the whole model."""
     cfg = load_config(size)
     m = cfg.model
     (ob, ot), (mb, mt) = SHAPES.get(size, ((2, min(8, m.context_length)),) * 2)
@@ -226,7 +231,7 @@ def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=Tru
     rows = []
     if ops:
         t0 = time.time()
-        rows += op_rows(m, ob, ot, rng, only)
+        rows += op_rows(m, ob, ot, rng, only, versions)
         if progress:
             progress(f"ops checked at B={ob} T={ot} in {time.time() - t0:.1f} s")
     if model:
@@ -274,6 +279,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ops-only", action="store_true", help="skip the whole-model check")
     ap.add_argument("--op", action="append", metavar="OP", type=cli.one_of(CASES, "op"),
                     help=f"check only this op (repeatable): {', '.join(CASES)}")
+    ap.add_argument("--version", action="append", metavar="N", type=cli.int_range(1, 99),
+                    help="check only this version number of each launcher (repeatable; default every version)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
     T = load_config(args.size).model.context_length
@@ -289,8 +296,8 @@ def main(argv=None) -> int:
     seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
     say = (lambda s: print(s, file=sys.stderr, flush=True))
     say(f"seed {seed}, device: {device_name()}")
-    rows = run_checks(args.size, seed, args.batch, args.seq, model=not (args.ops_only or args.op), progress=say,
-                      only=args.op)
+    rows = run_checks(args.size, seed, args.batch, args.seq, model=not (args.ops_only or args.op or args.version),
+                      progress=say, only=args.op, versions=args.version)
     ok = all(r["ok"] for r in rows)
     if args.json:
         print(json.dumps({"ok": ok, "device": device_name(), "seed": seed, "size": args.size, "results": rows},

@@ -112,14 +112,15 @@ class GPUModel:
     share=<GPUModel> (with training=False, at a B x T no larger) runs on the first elements of
     that model's buffers and its parameters, allocating nothing: the trainer's sampler.
     products="tf32x3" (the default) runs the linear ops' v3, on 3xTF32 tensor-core warp tiles;
-    "simt" their v2, on SIMT warp tiles (kernels/warp_tile.py). Both are fp32-accurate."""
+    "tf32x3s" their v4, on the split tiles of kernels/split_tile.py; "simt" their v2, on SIMT warp
+    tiles (kernels/warp_tile.py). All are fp32-accurate."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
                  dropout: float = 0.0, flash: bool = True, products: str = "tf32x3", share=None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         assert products in PRODUCTS, f"products must be one of {sorted(PRODUCTS)}, got {products!r}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
-        # the linear ops' launchers: their v2 (SIMT warp tiles) or v3 (3xTF32 tensor cores)
+        # the linear ops' launchers: their v2 (SIMT warp tiles), v3 (3xTF32 tensor cores) or v4 (split tiles)
         self.products = products
         v = PRODUCTS[products]
         self.qkv_fwd, self.qkv_bwd = attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v]
@@ -294,7 +295,7 @@ class GPUModel:
 
 
 # products= of GPUModel: the version of the linear ops (attn_qkv, attn_out, mlp, loss) it runs
-PRODUCTS = {"simt": 2, "tf32x3": 3}
+PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4}
 
 
 def _flat(a):

@@ -3,6 +3,7 @@ run, beside cuBLAS SGEMM (through CuPy, TF32 off) measured in the same process.
 
     python bench/gemm.py                     # 12M and 120M shapes + 4096^3, markdown table on stdout
     python bench/gemm.py --json out.json
+    python bench/gemm.py --versions 4,5 --blocks     # every declared tile of each version, the best shown
 
 Each row is one product out[M, N] (+)= op(a) @ op(b) as the engine calls it (which operand is
 transposed, and whether it adds into out). "err" is max |out - ref| / max |ref| against a float64
@@ -58,21 +59,23 @@ def timed(fn, reps=5, inner=3):
 
 
 def _versions(text: str) -> list:
-    """"2,3,4": matmul versions, each one of VERSIONS (1 to 4)."""
+    """"2,3,4": matmul versions, each one of VERSIONS (1 to 5)."""
     import argparse
     try:
         vs = [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be versions separated by commas (2,3,4), got {text!r}") from None
-    if not vs or any(v not in (1, 2, 3, 4) for v in vs):
-        raise argparse.ArgumentTypeError(f"each version must be 1, 2, 3 or 4, got {text!r}")
+    if not vs or any(v not in (1, 2, 3, 4, 5) for v in vs):
+        raise argparse.ArgumentTypeError(f"each version must be 1, 2, 3, 4 or 5, got {text!r}")
     return vs
 
 
 def main(argv=None):
     p = cli.Parser(prog="python bench/gemm.py", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows as JSON")
-    p.add_argument("--versions", default="2,3,4", type=_versions, help="matmul versions to time (default 2,3,4)")
+    p.add_argument("--versions", default="2,3,4,5", type=_versions, help="matmul versions to time (default 2,3,4,5)")
+    p.add_argument("--blocks", action="store_true",
+                   help="time every declared tile of each version and show the fastest (default: the first tile only)")
     args = p.parse_args(argv)
     from numba import cuda
     from andrea_numba.kernels import matmul as MM
@@ -100,17 +103,25 @@ def main(argv=None):
         flops = 2.0 * M * N * K
         row = dict(product=label, M=M, N=N, K=K)
         cells = []
+        best_block = {}
         for v in versions:
             launch = MM.VERSIONS["matmul"][v]
-            kw = dict(trans_a=ta, trans_b=tb, accumulate=acc)
-            fn = (lambda: launch(out, work, da, db, **kw)) if v >= 3 else (lambda: launch(out, da, db, **kw))
-            out.copy_to_device(o0)
-            fn()
-            err = float("nan")
-            if ref is not None:
-                err = float(np.abs(out.copy_to_host() - ref).max() / np.abs(ref).max())
-            ms = timed(fn)
+            per_block = {}
+            for blk in (launch.blocks if args.blocks else launch.blocks[:1]):
+                kw = dict(trans_a=ta, trans_b=tb, accumulate=acc, block=blk)
+                fn = (lambda: launch(out, work, da, db, **kw)) if v >= 3 else (lambda: launch(out, da, db, **kw))
+                out.copy_to_device(o0)
+                fn()
+                err = float("nan")
+                if ref is not None:
+                    err = float(np.abs(out.copy_to_host() - ref).max() / np.abs(ref).max())
+                per_block[blk] = (timed(fn), err)
+            blk = min(per_block, key=lambda b: per_block[b][0])
+            ms, err = per_block[blk]
+            best_block[v] = blk
             row[f"v{v}_ms"], row[f"v{v}_tflops"], row[f"v{v}_err"] = ms, flops / ms / 1e9, err
+            row[f"v{v}_block"] = list(blk) if isinstance(blk, tuple) else blk
+            row[f"v{v}_blocks_ms"] = {str(b): round(t, 4) for b, (t, _) in per_block.items()}
             cells.append(f"{ms:.3f} | {flops / ms / 1e9:.1f} | {err:.1e}")
         if cupy is not None:
             ca = cupy.asarray(da).T if ta else cupy.asarray(da)
@@ -124,7 +135,8 @@ def main(argv=None):
         print(f"| {label} | {M} | {N} | {K} | " + " | ".join(cells) + " |", flush=True)
         for v in (v for v in versions if v >= 3):        # registers and spills of the warp-tile kernel
             from andrea_numba.kernels.warp_tile import resolve
-            kern = MM._k_matmul_warp(resolve({3: "simt", 4: "tf32x3"}[v], MM.matmul_v3.blocks[0], da, db), ta, tb)
+            kind = {3: "simt", 4: "tf32x3", 5: "tf32x3s"}[v]
+            kern = MM._k_matmul_warp(resolve(kind, best_block[v], da, db), ta, tb)
             try:
                 row[f"v{v}_regs"] = list(kern.get_regs_per_thread().values())
                 row[f"v{v}_local_bytes"] = list(kern.get_local_mem_per_thread().values())
@@ -132,7 +144,7 @@ def main(argv=None):
                 row[f"v{v}_regs"] = str(e)
         rows.append(row)
     for r in rows:
-        print(r["product"], {k: v for k, v in r.items() if "regs" in k or "local" in k})
+        print(r["product"], {k: v for k, v in r.items() if "regs" in k or "local" in k or "block" in k})
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

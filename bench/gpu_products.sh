@@ -3,6 +3,7 @@
 # harness for every version of the linear ops at 12M (with the whole model) and at 120M, their
 # kernel table, and the whole step beside PyTorch with both kinds of products. Writes to $OUT.
 #   bash bench/gpu_products.sh [steps...]      steps: gemm check12 check120 kernels step (default all)
+#   and for the split tiles (matmul v5, the linear ops' v4): gemm5 check5 step5 profile5
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -26,6 +27,20 @@ for s in $steps; do
              done; done ;;
     step) $py bench/step_time.py --sizes 12M 120M --products tf32x3 simt --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
           echo "step exit $?"; cat "$OUT/step.txt" | grep -v '^{' ;;
+    gemm5) $py bench/gemm.py --versions 4,5 --blocks --json "$OUT/gemm5.json" > "$OUT/gemm5.md" 2>&1
+           echo "gemm5 exit $?"; cat "$OUT/gemm5.md" ;;
+    check5) for size in 12M 120M; do
+              $py -m andrea_numba.check --size $size --seed 6 --op attn_qkv --op attn_out --op mlp --op loss --op matmul \
+                  --op "matmul a@b^T" --op "matmul a^T@b +=" --version 4 --version 5 --json > "$OUT/check5_$size.json" \
+                  2> "$OUT/check5_$size.err"; echo "check5 $size exit $?"; tail -2 "$OUT/check5_$size.err"
+              python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$OUT/check5_$size.json"
+            done ;;
+    step5) $py bench/step_time.py --sizes 12M 120M --products tf32x3 tf32x3s --json "$OUT/step5.json" > "$OUT/step5.txt" 2>&1
+           echo "step5 exit $?"; grep -v '^{' "$OUT/step5.txt" ;;
+    profile5) for size in 12M 120M; do
+                $py bench/profile_step.py --size $size --products tf32x3s --json "$OUT/profile5_$size.json" > "$OUT/profile5_$size.txt" 2>&1
+                echo "profile5 $size exit $?"; head -12 "$OUT/profile5_$size.txt"
+              done ;;
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done

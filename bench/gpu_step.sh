@@ -22,7 +22,7 @@ for s in $steps; do
            echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash_kernels.md" ;;
     graph) $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps 20 > "$OUT/graph.txt" 2>&1
            echo "gpu_graph exit $?"; tail -25 "$OUT/graph.txt" ;;
-    step) $py bench/step_time.py --sizes 12M 120M --flash --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
+    step) $py bench/step_time.py --sizes 12M 120M --attention both --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
           echo "step exit $?"; grep -v '^{' "$OUT/step.txt" ;;
     mem120) rm -rf /tmp/run120M
            $py -m andrea_numba.train --size 120M --steps 10 --out /tmp/run120M --log-every 5 > "$OUT/train120M.txt" 2>&1

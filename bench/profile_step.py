@@ -19,7 +19,7 @@ from numba import cuda
 from andrea_numba.cases import CASES, OPS, VARIANTS
 from andrea_numba import cli
 from andrea_numba.config import load_config
-from andrea_numba.gpu_model import GPUModel
+from andrea_numba.gpu_model import PRODUCTS, GPUModel
 from andrea_numba.layout import init_params
 
 
@@ -27,11 +27,12 @@ def main(argv=None):
     ap = cli.Parser(prog="python bench/profile_step.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=cli.config, default="120M")
     ap.add_argument("--iters", type=cli.int_range(1, 10_000), default=3)
+    ap.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3", help="the linear ops' version (GPUModel products=)")
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the results here too")
     args = ap.parse_args(argv)
     cfg = load_config(args.size)
     m, B, T = cfg.model, cfg.train.batch_size, cfg.train.seq_len
-    model = GPUModel(m, B, T)
+    model = GPUModel(m, B, T, products=args.products)
     model.params.copy_to_device(init_params(m, 0))
     x = cuda.to_device(np.random.default_rng(0).integers(0, m.vocab_size, (B, T)).astype(np.int32))
     model.forward(x, x)                      # compile

@@ -82,7 +82,7 @@ def main():
         # warp-tile products, which the harness's small shapes do not reach on a GPU's settings
         from andrea_numba.kernels import matmul
         out, a = np.zeros((64, 64), np.float32), np.zeros((8192, 64), np.float32)
-        for launch in (matmul.matmul_v3, matmul.matmul_v4):
+        for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5):
             launch(out, np.zeros(matmul.splitk_work(64), np.float32), a, a, trans_a=True, accumulate=True)
     for name in sorted(COMPILED):
         sigs = COMPILED[name]

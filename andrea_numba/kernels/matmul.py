@@ -292,11 +292,18 @@ def _k_matmul_warp(tile, trans_a, trans_b):
             product(out, work, a, b, accumulate, ksplit)
         return k_matmul_v3
 
+    if tile[0] == "tf32x3":
+        @cuda.jit
+        def k_matmul_v4(out, work, a, b, accumulate, ksplit):
+            """As k_matmul_v3, on 3xTF32 tensor-core warp tiles."""
+            product(out, work, a, b, accumulate, ksplit)
+        return k_matmul_v4
+
     @cuda.jit
-    def k_matmul_v4(out, work, a, b, accumulate, ksplit):
-        """As k_matmul_v3, on 3xTF32 tensor-core warp tiles."""
+    def k_matmul_v5(out, work, a, b, accumulate, ksplit):
+        """As k_matmul_v4, on split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads."""
         product(out, work, a, b, accumulate, ksplit)
-    return k_matmul_v4
+    return k_matmul_v5
 
 
 def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
@@ -325,7 +332,21 @@ def matmul_v4(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
     _matmul_warp("tf32x3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4}      # the linear ops' weight-gradient products
+# v5: split tiles (kernels/split_tile.py), BK = 16. Each value of a tile is split into its TF32
+# parts once, as it enters shared memory (two planes), the tiles keep k along their rows, and a
+# permutation of k gives each thread its fragment values side by side (128-bit shared reads).
+# Shared memory: 32 KiB for 64 x 64, 48 KiB (the static limit) for 128 x 64 and 64 x 128.
+SPLIT_TILES = dict(gpu=((64, 64, 16, 32, 32), (128, 64, 16, 32, 32), (64, 128, 16, 32, 32), (128, 64, 16, 64, 32)),
+                   sim=((32, 32, 16, 32, 32), (32, 64, 16, 16, 64)))
 
-VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4}}
+
+@blocks(**SPLIT_TILES)
+def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """3xTF32 on split tiles (BK = 16); otherwise as matmul_v4."""
+    _matmul_warp("tf32x3s", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
+WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5}   # the linear ops' weight-gradient products
+
+VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5}}
 matmul = matmul_v2        # what the engine uses

@@ -20,7 +20,7 @@ import math
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
+from .matmul import SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -140,8 +140,20 @@ def mlp_bwd_v3(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, blo
     _bwd_warp("tf32x3", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
+@blocks(**SPLIT_TILES)
+def mlp_fwd_v4(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """v1 on the split tiles of matmul v5 (3xTF32, parts made once, BK = 16)."""
+    _fwd_warp("tf32x3s", out, h_pre, h, x, w_1, w_2, block, stream)
+
+
+@blocks(**SPLIT_TILES)
+def mlp_bwd_v4(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v1 on the split tiles of matmul v5, the weight gradients split over K into work."""
+    _bwd_warp("tf32x3s", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+
+
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 
-VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3},
-            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3}}
+VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4},
+            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4}}
 mlp_fwd, mlp_bwd = mlp_fwd_v3, mlp_bwd_v3          # what the engine uses

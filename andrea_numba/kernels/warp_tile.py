@@ -57,8 +57,10 @@ from numba import cuda, float32
 
 from .common import SIMULATOR, cdiv
 from .ptx import load4, mma_tf32, store4, tf32_round
+from .split_tile import tile_mma_split
 
 WARP = 32
+KINDS = ("simt", "tf32x3", "tf32x3s")      # matmul v3, v4, v5
 
 
 def _copier(R, Cc, P, THREADS, vec):
@@ -270,10 +272,10 @@ def make_warp_tile(tile):
         mma[(trans_a, trans_b)]            the same over k in [kb, ke): f(acc, a, b, kb, ke)
         row(i), col(j), zero(acc), store(out, acc, accumulate)
         TM, TN, THREADS, grid(M, N, z)
-    tile = (kind, BM, BN, BK, WM, WN, vec): kind "simt" (v3) or "tf32x3" (v4); vec: 128-bit copies
-    (the caller checked the alignment: resolve())."""
+    tile = (kind, BM, BN, BK, WM, WN, vec): kind "simt" (v3), "tf32x3" (v4) or "tf32x3s" (v5, the
+    split tiles of split_tile.py); vec: 128-bit copies (the caller checked the alignment: resolve())."""
     kind, BM, BN, BK, WM, WN, vec = tile
-    assert kind in ("simt", "tf32x3"), kind
+    assert kind in KINDS, kind
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 8 == 0 and BK % 8 == 0, f"tile {tile}"
     MI, NI = WM // 16, WN // 8
     TM, TN = 2 * MI, 2 * NI
@@ -281,7 +283,10 @@ def make_warp_tile(tile):
     ranged = {}
     for ta in (False, True):
         for tb in (False, True):
-            ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, kind == "tf32x3", vec)
+            if kind == "tf32x3s":
+                ranged[(ta, tb)], THREADS = tile_mma_split(ta, tb, BM, BN, BK, WM, WN, vec)
+            else:
+                ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, kind == "tf32x3", vec)
 
     def full(f, trans_a):
         @cuda.jit(device=True)

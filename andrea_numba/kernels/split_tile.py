@@ -1,0 +1,228 @@
+"""Split tiles: the product tile of matmul v5 (3xTF32 on tensor cores, each value split once).
+
+matmul v4 (warp_tile.py) computes the right thing but spends its time around the tensor cores:
+every value a warp reads from shared memory is read one float at a time and split into its TF32
+parts big + small there and then (five instructions), and a value of the A tile is read and
+split again by each of the BN/WN warps that share it; after every 8-deep step each fragment's
+product is added to acc with four fp32 adds. v5 keeps v4's warps, fragment layout, output
+layout (row(i), col(j)) and split-K, and moves that work out of the inner loop:
+
+1. Split once. The copy into shared memory splits each value x into big = tf32(x) and
+   small = tf32(x - big) and stores them in two planes: s[0] holds the big parts, s[1] the small
+   ones. The inner loop reads ready TF32 parts.
+
+2. k along the rows. Both shared tiles are stored with k as the fast index, sa[plane, m, k] and
+   sb[plane, n, k], BK = 16 values of k per stage, pitch 16 (64 bytes). An operand stored with k
+   along its rows in global memory (a [M, K], b^T: b stored [N, K]) is copied straight, four
+   floats at a time; one stored with k down its columns (a^T: a stored [K, M], b [K, N]) is
+   copied transposed: each thread fetches 4 consecutive columns of one stored row and writes
+   them down a column of the tile (consecutive threads take consecutive k, so a warp's scalar
+   stores fall in different banks, at most two to a bank).
+
+3. A permutation of k that puts a thread's fragment values side by side. An mma sums its 8
+   values of k in whatever order we name them, as long as A and B use the same names. Within a
+   stage of 16 values of k, the lane with t = lane & 3 takes the run k = 4t .. 4t + 3 and uses it
+   as (ptx.py has the fragment layout: A columns t and t + 4, B rows t and t + 4):
+
+       k-step 0:   fragment column t <- k = 4t       fragment column t + 4 <- k = 4t + 1
+       k-step 1:   fragment column t <- k = 4t + 2   fragment column t + 4 <- k = 4t + 3
+
+   The four lanes t = 0..3 of a row cover k = 0..15 exactly once. A thread's run of a row is 4
+   contiguous floats: one 128-bit shared read (ld.shared.v4) gives it two k-steps of one row of
+   A (or of B), where v4 needed four scalar reads and four splits. Bank check: a 128-bit read is
+   served 8 lanes at a time; lanes 8p .. 8p + 7 read rows g = 2p, 2p + 1 at columns 4t, so their
+   16-byte groups are (4 g + t) mod 8 with pitch 16: eight different groups, no conflict.
+
+4. One fp32 add per stage. A fragment's three products (small*big, big*small, big*big) of both
+   k-steps are chained inside the tensor core, six mma.sync from zero, and the result is added
+   to acc once per stage (v4: after every k-step). A chain over all of K drifts (warp_tile.py);
+   a chain of six does not measurably.
+
+Shared memory: 2 stages x 2 planes x (BM + BN) x 16 floats: 32 KiB for a 64 x 64 tile, 48 KiB
+(the static limit) for 128 x 64. In the simulator the stage's products are a NumPy twin: each
+thread's TM x TN outputs of (big + small parts) from the same shared planes (warp_tile.py says
+why: mma.sync needs 32 real lanes).
+"""
+import numpy as np
+from numba import cuda, float32
+
+from .common import SIMULATOR
+from .ptx import load4, mma_tf32, store4, tf32_round
+
+WARP = 32
+BK_SPLIT = 16          # values of k per stage: two k-steps of 8, a 4-float run per lane and row
+
+
+def split_bytes(BM: int, BN: int) -> int:
+    """Shared memory of a split tile: 2 stages x 2 planes x (BM + BN) rows x 16 floats."""
+    return 4 * 2 * 2 * (BM + BN) * BK_SPLIT
+
+
+@cuda.jit(device=True)
+def split(x):
+    """x = big + small (+ about 2^-22 x): big = tf32(x), small = tf32(x - big)."""
+    big = tf32_round(x)
+    return big, tf32_round(x - big)
+
+
+def _split_copier(R, THREADS, straight, vec):
+    """fetch(regs, g, r0, c0, rlim, clim): this thread's share of one operand's tile of the stored
+    matrix g, from stored row r0 and column c0 (zero outside rows < rlim, columns < clim), into
+    registers; put(s, regs): split them into the planes of the k-major shared tile s[plane, row, k]
+    (R tile rows, BK_SPLIT values of k).
+    straight: the stored rows are the tile's rows, the stored columns are k: a chunk is 4
+      consecutive k of one row, written as one 128-bit store per plane.
+    transposed: the stored rows are k, the stored columns are the tile's rows: a chunk is 4
+      consecutive tile rows at one k, written as 4 scalar stores per plane; consecutive threads
+      take consecutive k.
+    vec: 128-bit global loads (the caller checked the alignment); otherwise one float at a time."""
+    BK = BK_SPLIT
+    E = R * BK // THREADS                 # elements per thread
+    CH = E // 4                           # 4-float chunks per thread
+    assert CH * 4 * THREADS == R * BK, f"a {R} x {BK} tile does not split into 4-float chunks over {THREADS} threads"
+
+    @cuda.jit(device=True)
+    def chunk(e):
+        """(stored row offset, stored column offset) of chunk e of the tile."""
+        if straight:
+            return e // (BK // 4), (e % (BK // 4)) * 4
+        return e % BK, (e // BK) * 4
+
+    @cuda.jit(device=True)
+    def fetch(regs, g, r0, c0, rlim, clim):
+        for j in range(CH):
+            dr, dc = chunk(cuda.threadIdx.x + j * THREADS)
+            r, c = r0 + dr, c0 + dc
+            if vec:
+                if r < rlim and c < clim:     # clim is a multiple of 4: a chunk is all in or all out
+                    regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
+                else:
+                    for i in range(4):
+                        regs[4 * j + i] = float32(0.0)
+            else:
+                for i in range(4):
+                    regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+
+    @cuda.jit(device=True)
+    def put(s, regs):
+        for j in range(CH):
+            dr, dc = chunk(cuda.threadIdx.x + j * THREADS)
+            b0, s0 = split(regs[4 * j])
+            b1, s1 = split(regs[4 * j + 1])
+            b2, s2 = split(regs[4 * j + 2])
+            b3, s3 = split(regs[4 * j + 3])
+            if straight and vec:              # tile row dr, k = dc .. dc + 3: one 16-byte store per plane
+                store4(s, dr * BK + dc, b0, b1, b2, b3)
+                store4(s, (R + dr) * BK + dc, s0, s1, s2, s3)
+            elif straight:
+                s[0, dr, dc], s[0, dr, dc + 1], s[0, dr, dc + 2], s[0, dr, dc + 3] = b0, b1, b2, b3
+                s[1, dr, dc], s[1, dr, dc + 1], s[1, dr, dc + 2], s[1, dr, dc + 3] = s0, s1, s2, s3
+            else:                             # k = dr, tile rows dc .. dc + 3
+                s[0, dc, dr], s[0, dc + 1, dr], s[0, dc + 2, dr], s[0, dc + 3, dr] = b0, b1, b2, b3
+                s[1, dc, dr], s[1, dc + 1, dr], s[1, dc + 2, dr], s[1, dc + 3, dr] = s0, s1, s2, s3
+    return fetch, put, E
+
+
+def _stage(BM, BN, MI, NI):
+    """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of the stage's product
+    op(a)[tile rows, 16 k] @ op(b)[16 k, tile columns], from the split planes sa (2, BM, 16) and
+    sb (2, BN, 16)."""
+    TM, TN = 2 * MI, 2 * NI
+    BK = BK_SPLIT
+
+    if SIMULATOR:
+        ROW = np.array([(i // 2) * 16 + (i % 2) * 8 for i in range(TM)])      # row(i) - wm0 - g
+        COL = np.array([(j // 2) * 8 + j % 2 for j in range(TN)])            # col(j) - wn0 - 2t
+
+        def stage(acc, sa, sb, wm0, wn0, g, t):
+            rows, cols = ROW + (wm0 + g), COL + (wn0 + 2 * t)
+            ab, as_ = sa[0][rows], sa[1][rows]            # TM x 16: this thread's rows of op(a)
+            bb, bs = sb[0][cols].T, sb[1][cols].T         # 16 x TN: its columns of op(b)
+            acc += (as_ @ bb + ab @ bs) + ab @ bb        # small*big + big*small + big*big
+        return stage
+
+    @cuda.jit(device=True)
+    def stage(acc, sa, sb, wm0, wn0, g, t):
+        ra = cuda.local.array((MI, 2, 2, 4), float32)   # [mi, row g or g + 8, plane, k run]
+        rb = cuda.local.array((NI, 2, 4), float32)      # [ni, plane, k run]
+        for mi in range(MI):
+            for h in range(2):
+                m = wm0 + 16 * mi + 8 * h + g
+                for p in range(2):
+                    ra[mi, h, p, 0], ra[mi, h, p, 1], ra[mi, h, p, 2], ra[mi, h, p, 3] = load4(sa, (p * BM + m) * BK + 4 * t)
+        for ni in range(NI):
+            n = wn0 + 8 * ni + g
+            for p in range(2):
+                rb[ni, p, 0], rb[ni, p, 1], rb[ni, p, 2], rb[ni, p, 3] = load4(sb, (p * BN + n) * BK + 4 * t)
+        zero = float32(0.0)
+        for mi in range(MI):
+            for ni in range(NI):
+                c0, c1, c2, c3 = zero, zero, zero, zero
+                for ks in range(2):
+                    u, v = 2 * ks, 2 * ks + 1        # the run's values used as columns t and t + 4
+                    # a0 A[g, t], a1 A[g+8, t], a2 A[g, t+4], a3 A[g+8, t+4];  b0 B[t, g], b1 B[t+4, g]
+                    c0, c1, c2, c3 = mma_tf32(ra[mi, 0, 1, u], ra[mi, 1, 1, u], ra[mi, 0, 1, v], ra[mi, 1, 1, v],
+                                              rb[ni, 0, u], rb[ni, 0, v], c0, c1, c2, c3)   # small * big
+                    c0, c1, c2, c3 = mma_tf32(ra[mi, 0, 0, u], ra[mi, 1, 0, u], ra[mi, 0, 0, v], ra[mi, 1, 0, v],
+                                              rb[ni, 1, u], rb[ni, 1, v], c0, c1, c2, c3)   # + big * small
+                    c0, c1, c2, c3 = mma_tf32(ra[mi, 0, 0, u], ra[mi, 1, 0, u], ra[mi, 0, 0, v], ra[mi, 1, 0, v],
+                                              rb[ni, 0, u], rb[ni, 0, v], c0, c1, c2, c3)   # + big * big
+                i, j = 2 * mi, 2 * ni                # c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1]
+                acc[i, j] += c0
+                acc[i, j + 1] += c1
+                acc[i + 1, j] += c2
+                acc[i + 1, j + 1] += c3
+    return stage
+
+
+def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec):
+    """Build tile_mma(acc, a, b, kb, ke): acc += this thread's share of the block's tile of
+    op(a)[:, kb:ke] @ op(b)[kb:ke, :], on split tiles (same warps and outputs as warp_tile's)."""
+    assert BK == BK_SPLIT, f"split tiles take BK = {BK_SPLIT}, got {BK}"
+    WARPS_N = BN // WN
+    THREADS = WARP * (BM // WM) * WARPS_N
+    # a [M, K] is straight, a^T (stored [K, M]) transposed; b^T (stored [N, K]) straight, b [K, N] transposed
+    fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec)
+    fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec)
+    stage = _stage(BM, BN, WM // 16, WN // 8)
+
+    @cuda.jit(device=True)
+    def load(ra, rb, a, b, k0, ke, row0, col0, M, N):
+        """Fetch the op(a) tile rows row0.., k0.. and the op(b) tile k0.., col0.. into registers."""
+        if trans_a:
+            fetch_a(ra, a, k0, row0, ke, M)
+        else:
+            fetch_a(ra, a, row0, k0, M, ke)
+        if trans_b:
+            fetch_b(rb, b, col0, k0, N, ke)
+        else:
+            fetch_b(rb, b, k0, col0, ke, N)
+
+    @cuda.jit(device=True)
+    def tile_mma(acc, a, b, kb, ke):
+        sa = cuda.shared.array((2, 2, BM, BK), float32, alignment=16)   # [stage, plane, m, k]
+        sb = cuda.shared.array((2, 2, BN, BK), float32, alignment=16)   # [stage, plane, n, k]
+        ra = cuda.local.array(EA, float32)                 # the next tiles, on their way in
+        rb = cuda.local.array(EB, float32)
+        tid = cuda.threadIdx.x
+        warp, lane = tid // WARP, tid % WARP
+        g, t = lane >> 2, lane & 3
+        wm0, wn0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        M = a.shape[1] if trans_a else a.shape[0]
+        N = b.shape[0] if trans_b else b.shape[1]
+        n_steps = (ke - kb + BK - 1) // BK
+        load(ra, rb, a, b, kb, ke, row0, col0, M, N)
+        put_a(sa[0], ra)
+        put_b(sb[0], rb)
+        cuda.syncthreads()
+        for s in range(n_steps):
+            st = s & 1
+            if s + 1 < n_steps:                            # next tiles: loads in flight during the math
+                load(ra, rb, a, b, kb + (s + 1) * BK, ke, row0, col0, M, N)
+            stage(acc, sa[st], sb[st], wm0, wn0, g, t)
+            if s + 1 < n_steps:                            # split into the other stage, read last
+                put_a(sa[1 - st], ra)                      # before the previous barrier
+                put_b(sb[1 - st], rb)
+            cuda.syncthreads()
+    return tile_mma, THREADS
