@@ -215,12 +215,14 @@ k_matmul_v2 = _k_matmul_v2(matmul_v2.blocks[0], False, False)   # the default ti
 # S depends only on the shapes and the size of the work buffer: the same launch every time, so
 # the same sums in the same order: deterministic.
 
-# (BM, BN, BK, WM, WN): 4 warps of 32 x 32 outputs (64 x 64 per block), 8 warps of 64 x 32
-# (128 x 128), 4 of 64 x 32 (128 x 64); in the simulator, which pays per thread, one warp of
-# 32 x 32 or two warps of 16 x 64 (few threads, many outputs each). The engine's, first, was the fastest or within 10% of it for every linear op
-# at 12M and 120M on the H200 (docs/kernels-h200.md): at 12M the 128 x 128 tiles leave SMs idle.
-WARP_TILES = dict(gpu=((64, 64, 16, 32, 32), (128, 128, 16, 64, 32), (128, 64, 16, 64, 32),
-                       (64, 64, 32, 32, 32)),          # BK = 32: half the barriers (not yet timed)
+# (BM, BN, BK, WM, WN): 4 warps of 64 x 32 outputs (128 x 64 per block), 4 warps of 32 x 32
+# (64 x 64), 8 warps of 64 x 32 (128 x 128), and 64 x 64 with BK = 32 (half the barriers); in the
+# simulator, which pays per thread, one warp of 32 x 32 or two warps of 16 x 64 (few threads, many
+# outputs each). The engine's, first: on the H200 (bench/gemm.py --blocks, 2026-12-01) v4 was
+# fastest with it for 8 of the 11 products timed, 5-17% ahead of 64 x 64 (the 120M logits: 14.8
+# against 17.3 ms), and at most 11% behind the best for the other three.
+WARP_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 32),
+                       (64, 64, 32, 32, 32)),
                   sim=((32, 32, 8, 32, 32), (32, 64, 8, 16, 64)))
 SPLITK_BLOCKS = 4 if SIMULATOR else 264   # split K until a launch has about this many blocks (2 per SM)
 
@@ -336,7 +338,7 @@ def matmul_v4(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 # parts once, as it enters shared memory (two planes), the tiles keep k along their rows, and a
 # permutation of k gives each thread its fragment values side by side (128-bit shared reads).
 # Shared memory: 32 KiB for 64 x 64, 48 KiB (the static limit) for 128 x 64 and 64 x 128.
-SPLIT_TILES = dict(gpu=((64, 64, 16, 32, 32), (128, 64, 16, 32, 32), (64, 128, 16, 32, 32), (128, 64, 16, 64, 32)),
+SPLIT_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 64, 16, 32, 32), (64, 128, 16, 32, 32)),
                    sim=((32, 32, 16, 32, 32), (32, 64, 16, 16, 64)))
 
 

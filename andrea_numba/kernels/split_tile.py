@@ -123,10 +123,11 @@ def _split_copier(R, THREADS, straight, vec):
     return fetch, put, E
 
 
-def _stage(BM, BN, MI, NI):
+def _stage(BM, BN, MI, NI, products=3):
     """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of the stage's product
     op(a)[tile rows, 16 k] @ op(b)[16 k, tile columns], from the split planes sa (2, BM, 16) and
-    sb (2, BN, 16)."""
+    sb (2, BN, 16). products: 3 (3xTF32); 1 and 0 are for measuring only (bench/gemm_ablate.py):
+    big*big alone (TF32 accuracy), or no mma at all (a multiply-add keeps the reads alive)."""
     TM, TN = 2 * MI, 2 * NI
     BK = BK_SPLIT
 
@@ -158,15 +159,19 @@ def _stage(BM, BN, MI, NI):
         for mi in range(MI):
             for ni in range(NI):
                 c0, c1, c2, c3 = zero, zero, zero, zero
-                for ks in range(2):
+                for ks in range(2 if products else 0):
                     u, v = 2 * ks, 2 * ks + 1        # the run's values used as columns t and t + 4
                     # a0 A[g, t], a1 A[g+8, t], a2 A[g, t+4], a3 A[g+8, t+4];  b0 B[t, g], b1 B[t+4, g]
-                    c0, c1, c2, c3 = mma_tf32(ra[mi, 0, 1, u], ra[mi, 1, 1, u], ra[mi, 0, 1, v], ra[mi, 1, 1, v],
-                                              rb[ni, 0, u], rb[ni, 0, v], c0, c1, c2, c3)   # small * big
-                    c0, c1, c2, c3 = mma_tf32(ra[mi, 0, 0, u], ra[mi, 1, 0, u], ra[mi, 0, 0, v], ra[mi, 1, 0, v],
-                                              rb[ni, 1, u], rb[ni, 1, v], c0, c1, c2, c3)   # + big * small
+                    if products == 3:
+                        c0, c1, c2, c3 = mma_tf32(ra[mi, 0, 1, u], ra[mi, 1, 1, u], ra[mi, 0, 1, v], ra[mi, 1, 1, v],
+                                                  rb[ni, 0, u], rb[ni, 0, v], c0, c1, c2, c3)   # small * big
+                        c0, c1, c2, c3 = mma_tf32(ra[mi, 0, 0, u], ra[mi, 1, 0, u], ra[mi, 0, 0, v], ra[mi, 1, 0, v],
+                                                  rb[ni, 1, u], rb[ni, 1, v], c0, c1, c2, c3)   # + big * small
                     c0, c1, c2, c3 = mma_tf32(ra[mi, 0, 0, u], ra[mi, 1, 0, u], ra[mi, 0, 0, v], ra[mi, 1, 0, v],
                                               rb[ni, 0, u], rb[ni, 0, v], c0, c1, c2, c3)   # + big * big
+                if products == 0:
+                    for q in range(4):
+                        c0 += ra[mi, 0, 0, q] * rb[ni, 0, q] + ra[mi, 1, 1, q] * rb[ni, 1, q]
                 i, j = 2 * mi, 2 * ni                # c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1]
                 acc[i, j] += c0
                 acc[i, j + 1] += c1
@@ -175,16 +180,17 @@ def _stage(BM, BN, MI, NI):
     return stage
 
 
-def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec):
+def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3):
     """Build tile_mma(acc, a, b, kb, ke): acc += this thread's share of the block's tile of
-    op(a)[:, kb:ke] @ op(b)[kb:ke, :], on split tiles (same warps and outputs as warp_tile's)."""
+    op(a)[:, kb:ke] @ op(b)[kb:ke, :], on split tiles (same warps and outputs as warp_tile's).
+    products: see _stage (3 for every kernel of the engine)."""
     assert BK == BK_SPLIT, f"split tiles take BK = {BK_SPLIT}, got {BK}"
     WARPS_N = BN // WN
     THREADS = WARP * (BM // WM) * WARPS_N
     # a [M, K] is straight, a^T (stored [K, M]) transposed; b^T (stored [N, K]) straight, b [K, N] transposed
     fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec)
     fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec)
-    stage = _stage(BM, BN, WM // 16, WN // 8)
+    stage = _stage(BM, BN, WM // 16, WN // 8, products)
 
     @cuda.jit(device=True)
     def load(ra, rb, a, b, k0, ke, row0, col0, M, N):

@@ -1,0 +1,63 @@
+"""Where a 3xTF32 product's time goes: the same split-tile kernel (matmul v5's) with three, one or
+no tensor-core products per fragment, timed on the GPU.
+
+    python bench/gemm_ablate.py
+
+If the time falls about threefold from three products to one, the tensor cores are the limit; if
+it hardly moves, the limit is elsewhere (copies, shared-memory reads, barriers, latency). "none"
+keeps every copy and shared read but replaces the mma by one multiply-add per value read: the
+floor that the data movement alone sets. Prints a markdown table (ms and TFLOP/s counted as
+2 M N K, whatever the kernel's accuracy; only "3xTF32" is an fp32-accurate product).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SHAPES = [("120M mlp fwd x @ W_1", 8192, 3072, 768), ("square 4096", 4096, 4096, 4096)]
+TILES = [(128, 64, 16, 64, 32), (64, 64, 16, 32, 32)]
+
+
+def main():
+    from numba import cuda, float32
+
+    from andrea_numba.kernels.split_tile import tile_mma_split
+    from andrea_numba.kernels.warp_tile import make_warp_tile
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gemm import timed
+
+    def kernel(tile, products):
+        mma, threads = tile_mma_split(False, False, *tile, True, products=products)
+        t = make_warp_tile(("tf32x3s", *tile, True))
+        zero, store, TM, TN = t.zero, t.store, t.TM, t.TN
+
+        @cuda.jit
+        def k_ablate(out, a, b):
+            acc = cuda.local.array((TM, TN), float32)
+            zero(acc)
+            mma(acc, a, b, 0, a.shape[1])
+            store(out, acc, False)
+        return k_ablate, t.grid, threads
+
+    rng = np.random.default_rng(0)
+    print("| product | tile | 3xTF32 ms | TFLOP/s | 1xTF32 ms | TFLOP/s | no mma ms | TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, M, N, K in SHAPES:
+        a = cuda.to_device(rng.standard_normal((M, K)).astype(np.float32))
+        b = cuda.to_device(rng.standard_normal((K, N)).astype(np.float32))
+        out = cuda.device_array((M, N), np.float32)
+        for tile in TILES:
+            cells = []
+            for products in (3, 1, 0):
+                k, grid, threads = kernel(tile, products)
+                ms = timed(lambda: k[grid(M, N), threads](out, a, b))
+                cells.append(f"{ms:.3f} | {2.0 * M * N * K / ms / 1e9:.1f}")
+            print(f"| {label} | {tile} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
