@@ -1,8 +1,11 @@
 """Flash attention (kernels/attn_flash.py): its twin is attention's twin with lse saved instead of
 att; its kernels agree with that twin at a shape of several query and key tiles with T not a
 multiple of any tile, rerun bit for bit, and without dropout give the y of attention's v2 kernels.
-(The harness rows of the "attn_flash" case are checked in test_kernels.py, its twin's backward
-against centred differences in test_gradcheck.py.) A few seconds in the simulator."""
+v1 (SIMT) and v3 (tensor cores, prefetched tiles; v2 is checked by the harness) run at each of
+their simulator blocks; v3 also at a head size that is not a multiple of 8 (hs = 12: zero padding,
+two k steps), with and without dropout, and with its 128-bit copies. (The harness rows of the
+"attn_flash" case are checked in test_kernels.py, its twin's backward against centred differences
+in test_gradcheck.py.) Some seconds in the simulator."""
 import math
 
 import numpy as np
@@ -12,7 +15,7 @@ from numba import cuda
 import reference as R
 from andrea_numba import check
 from andrea_numba.cases import CASES, Dims
-from andrea_numba.kernels import attn, attn_flash
+from andrea_numba.kernels import attn, attn_flash, attn_flash_v3
 
 B, T, C, H = 2, 21, 16, 2          # hs = 8; in the simulator: 3 key tiles of 8, 3 or 6 query tiles, the last partial
 KEY = 0x5EED1234
@@ -44,26 +47,38 @@ def test_the_case_saves_no_t_by_t_buffer():
     assert case.scratch["d_rowdot"][0](Dims(B, T, C, H, 7, T)) == (B, H, T)
 
 
-def _run(block, q, k, v, dy, p, key):
+def _run(version, block, q, k, v, dy, p, key, n_head=H):
     """Forward, then backward on the forward's y and lse; outputs and work buffer poisoned with NaN."""
+    fwd, bwd = (attn_flash.VERSIONS[name][version] for name in ("attn_flash_fwd", "attn_flash_bwd"))
+    B, T, C = q.shape
     nan = lambda *shape: cuda.to_device(np.full(shape, np.nan, np.float32))
     q_d, k_d, v_d, dy_d = (cuda.to_device(a) for a in (q, k, v, dy))
-    y, lse = nan(B, T, C), nan(B, H, T)
-    attn_flash.attn_flash_fwd_v1(y, lse, q_d, k_d, v_d, H, p, key, block=block)
-    dq, dk, dv, d_rowdot = nan(B, T, C), nan(B, T, C), nan(B, T, C), nan(B, H, T)
-    attn_flash.attn_flash_bwd_v1(dq, dk, dv, d_rowdot, dy_d, q_d, k_d, v_d, y, lse, H, p, key, block=block)
+    y, lse = nan(B, T, C), nan(B, n_head, T)
+    fwd(y, lse, q_d, k_d, v_d, n_head, p, key, block=block)
+    dq, dk, dv, d_rowdot = nan(B, T, C), nan(B, T, C), nan(B, T, C), nan(B, n_head, T)
+    bwd(dq, dk, dv, d_rowdot, dy_d, q_d, k_d, v_d, y, lse, n_head, p, key, block=block)
     return {name: a.copy_to_host() for name, a in dict(y=y, lse=lse, dq=dq, dk=dk, dv=dv).items()}
 
 
-@pytest.fixture(scope="module")
-def runs():
-    """Both simulator blocks, dropout on, each run twice; and the twin in float64 on the same inputs."""
-    q, k, v, dy = _qkv(np.random.default_rng(1), np.float32)
-    p = 0.25
-    got = {block: [_run(block, q, k, v, dy, p, KEY) for _ in range(2)] for block in attn_flash.attn_flash_fwd_v1.blocks}
+# (version, dropout p, shape B, T, C, H); v3's hs = 12 case at T = 37 walks two query tiles of 32
+# and three key tiles of 16 at its block (2, 16)
+RUNS = [pytest.param((1, 0.25, (B, T, C, H)), id="v1"), pytest.param((3, 0.25, (B, T, C, H)), id="v3"),
+        pytest.param((3, 0.25, (1, 37, 24, 2)), id="v3-hs12"),
+        pytest.param((3, 0.0, (1, T, 24, 2)), id="v3-hs12-no-dropout")]
+
+
+@pytest.fixture(scope="module", params=RUNS)
+def runs(request):
+    """Every simulator block of a version, each run twice; and the twin in float64 on the same inputs."""
+    version, p, (b_, t_, c_, h_) = request.param
+    rng = np.random.default_rng(1)
+    q, k, v, dy = (rng.standard_normal((b_, t_, c_)).astype(np.float32) for _ in range(4))
+    fwd, bwd = (attn_flash.VERSIONS[name][version] for name in ("attn_flash_fwd", "attn_flash_bwd"))
+    blocks = dict.fromkeys(fwd.blocks + bwd.blocks)          # each block once (in the simulator both declare the same)
+    got = {block: [_run(version, block, q, k, v, dy, p, KEY, h_) for _ in range(2)] for block in blocks}
     q64, k64, v64, dy64 = (a.astype(np.float64) for a in (q, k, v, dy))
-    y, lse = R.attn_flash_fwd(q64, k64, v64, H, p, KEY)
-    dq, dk, dv = R.attn_flash_bwd(dy64, q64, k64, v64, y, lse, H, p, KEY)
+    y, lse = R.attn_flash_fwd(q64, k64, v64, h_, p, KEY)
+    dq, dk, dv = R.attn_flash_bwd(dy64, q64, k64, v64, y, lse, h_, p, KEY)
     return got, dict(y=y, lse=lse, dq=dq, dk=dk, dv=dv)
 
 
@@ -81,6 +96,38 @@ def test_kernels_rerun_bit_identical(runs):
     for block, (first, second) in got.items():
         for name in first:
             assert np.array_equal(first[name], second[name]), (block, name)
+
+
+def test_v3_128_bit_copies_give_the_same_bits(monkeypatch):
+    """The 128-bit copy path (chosen on a GPU when the rows are 16-byte aligned, never in the
+    simulator) run in the simulator through ptx.py's twins of load4 / store4: the same tiles in
+    shared memory, so the same bits as the float-by-float copies. Block (1, 16) at hs = 8: a K
+    tile of 16 x 8 floats is 4 floats per thread, one chunk."""
+    rng = np.random.default_rng(3)
+    q, k, v, dy = (rng.standard_normal((1, T, C)).astype(np.float32) for _ in range(4))
+    plain = _run(3, (1, 16), q, k, v, dy, 0.25, KEY)
+    monkeypatch.setattr(attn_flash_v3, "aligned_rows", lambda hs, *arrays: True)
+    wide = _run(3, (1, 16), q, k, v, dy, 0.25, KEY)
+    assert (C // H, 1, 16, True) in attn_flash_v3._KERNELS
+    for name in plain:
+        assert np.array_equal(plain[name], wide[name]), name
+
+
+def test_v3_blocks_fit_and_a_block_that_does_not_is_refused():
+    """The declared GPU blocks fit 48 KiB at hs = 64 (the module docstring's table); a block that
+    does not is refused by the launcher with the bytes it would need, before any launch."""
+    fits = {(4, 16): 47616, (2, 32): 38912, (2, 16): 28160}
+    for block in attn_flash_v3.FLASH_V3_FWD_BLOCKS["gpu"]:
+        assert attn_flash_v3.shared_bytes(64, *block, forward_only=True) == fits[block]
+    fits = {(2, 16): 46720, (1, 16): 27776, (2, 8): 40256}
+    for block in attn_flash_v3.FLASH_V3_BWD_BLOCKS["gpu"]:
+        assert attn_flash_v3.shared_bytes(64, *block) == fits[block]
+    x = np.zeros((1, 16, 128), np.float32)
+    lse = np.zeros((1, 2, 16), np.float32)
+    with pytest.raises(ValueError, match="49664 bytes"):
+        attn_flash_v3.attn_flash_fwd_v3(x, lse, x, x, x, 2, block=(2, 48))
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        attn_flash_v3.attn_flash_bwd_v3(x, x, x, lse, x, x, x, x, x, lse, 2, block=(4, 16))
 
 
 def test_without_dropout_y_equals_attention_v2():

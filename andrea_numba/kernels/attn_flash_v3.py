@@ -1,0 +1,547 @@
+"""Flash attention v3: v2 (attn_flash_mma.py) with its loads hidden behind its arithmetic.
+
+The math, the saved tensors (y and lse), the dropout masks, the three kernels, the warps of 16
+rows and the 3xTF32 tensor-core products are v2's (read attn_flash.py, then attn_flash_mma.py).
+v2 reaches 3 to 8 TFLOP/s on an H200, and its code shows where the time goes: every K and V tile
+comes from global memory one float at a time, only after the previous tile's products are done,
+so the whole latency of a load is paid twice per key tile; the forward waits at five barriers
+per key tile; every key tile splits the same q values into TF32 big + small parts again; and
+its blocks are 64 threads. v3 changes four things.
+
+1. Prefetch into registers. The inner tiles (K and V in the forward and the dq kernel, Q and dY
+   in the dk/dv kernel) are copied by warp_tile._copier in two halves: `fetch` loads this
+   thread's share of a tile from global memory into registers, `put` writes those registers to
+   shared memory. A kernel fetches tile j + 1 at the top of iteration j, multiplies tile j (which
+   is already in shared memory) while those loads are in flight, and only then puts tile j + 1:
+
+       fetch tile 0; put; barrier
+       for each tile j:   fetch tile j + 1 (registers)       <- global loads start
+                          products and softmax on tile j     <- ... and arrive meanwhile
+                          barrier (every warp is done with tile j); put tile j + 1; barrier
+
+   The K and V tiles of the same keys travel together (two shared buffers, sk and sv), so an
+   iteration waits at two barriers, not five (forward) or three (backward). When every row of
+   the [B, T, C] arrays starts on a 16-byte boundary (hs and C multiples of 4, base pointers
+   16-byte aligned: aligned_rows) a thread moves 4 floats with one 128-bit load (ptx.load4) and
+   one 128-bit store; otherwise, and always in the simulator, one float at a time.
+
+2. The block's own tile is split once. The rows a block owns (q in the forward; q and dy in the
+   dq kernel; k and v in the dk/dv kernel) are the A operand of every s-like product, for every
+   inner tile. v3 reads them from global memory once, splits each value into its TF32 big and
+   small parts once, and keeps both in shared memory as two planes, stored in *fragment order*:
+
+       own[plane, w, ks, 4 lane + i]    plane 0 big, 1 small; warp w; k step ks (channels 8 ks ..)
+       i = 0: A[g, t]   1: A[g + 8, t]   2: A[g, t + 4]   3: A[g + 8, t + 4]    (lane = 4 g + t)
+
+   which is exactly the a0..a3 of mma.sync's A fragment (ptx.py). A thread's four values of a k
+   step sit side by side: one 128-bit shared load per plane, no bank conflicts (the warp reads
+   512 consecutive bytes), no padding, and no rounding in the loop (step_own below). Only the B
+   operand (the inner tile, shared by the block's warps) is split per step, as in v2.
+
+3. Warp-local syncs. The forward's row maxima and sums (red) and the p f / ds tiles (sp, sds,
+   spf) are written and read only by the warp that owns their rows, so they need __syncwarp(),
+   not a block barrier (warp_sync below). The simulator has no warps: there warp_sync is a
+   block barrier, which every thread reaches at the same place.
+
+4. Blocks. A block is (WARPS, BKV) as in v2: 16 WARPS own rows, inner tiles of BKV rows. The
+   planes cost twice the own tile, so what fits 48 KiB of static shared memory at hs = 64 is
+   (shared_bytes):
+       forward   (4, 16)  47,616 bytes   64 query rows share each K and V tile
+                 (2, 32)  38,912 bytes
+                 (2, 16)  28,160 bytes
+       backward  (2, 16)  46,720 bytes   (the dk/dv kernel; dq needs 44,032)
+                 (1, 16)  27,776 bytes
+                 (2,  8)  40,256 bytes
+   Four warps do not fit the backward at hs = 64: its two own tiles' planes alone are 64 KiB.
+   One warp with BKV = 32 fits (38,656 bytes), but each of its threads carries 128 floats of the
+   next Q and dY tiles: more than the registers hold, so ptxas spills them to local memory. The
+   blocks above compile for sm_90 with 126 to 255 registers a thread and no spills.
+
+A thread holds, of a 16-row tile product, rows g and g + 8 and the columns 2t, 2t + 1 of every
+8-column fragment: acc[hh, j] is row 8 hh + g, column 8 (j // 2) + 2 t + j % 2 (v2's layout).
+Every output element is summed by one thread, tile after tile in a fixed order: deterministic,
+no atomics. In the simulator the tensor-core steps are NumPy twins that compute each thread's
+outputs from the same shared tiles (the own tile from its planes, as big + small).
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .attn import NEG_INF, _check
+from .common import SIMULATOR, blocks, cdiv
+from .dropout import dropout_factor, key_value, mask_args
+from .ptx import load4, mma_tf32, tf32_round
+from .warp_tile import WARP, _copier, _kstep
+
+# (WARPS, BKV). GPU: the table in the module docstring, the first is the default. Simulator: one
+# and two warps, inner tiles of 8 and 16 rows (two fragments per product: more than one n step).
+FLASH_V3_FWD_BLOCKS = dict(gpu=((4, 16), (2, 32), (2, 16)), sim=((1, 8), (2, 16)))
+FLASH_V3_BWD_BLOCKS = dict(gpu=((2, 16), (1, 16), (2, 8)), sim=((1, 8), (2, 16)))
+SHARED_LIMIT = 48 * 1024                    # bytes of static shared memory per block
+
+
+def shared_bytes(hs: int, warps: int, bkv: int, forward_only: bool = False) -> int:
+    """Bytes of shared memory of the forward (forward_only) or of the larger backward kernel."""
+    HS8, BQ = cdiv(hs, 8) * 8, 16 * warps
+    P, PK = HS8 + 4, bkv + 4
+    own = 2 * BQ * HS8                                   # an own tile's two planes
+    fwd = own + 2 * bkv * P + BQ * PK + BQ * 4           # q planes, K and V tiles, p f, red
+    dq = 2 * own + 2 * bkv * P + BQ * PK                 # q, dy planes, K and V tiles, ds
+    dkdv = 2 * own + 2 * bkv * P + 2 * BQ * PK + 2 * bkv  # k, v planes, Q and dY tiles, P f, ds, lse, D
+    return 4 * (fwd if forward_only else max(dq, dkdv))
+
+
+def aligned_rows(hs: int, *arrays) -> bool:
+    """True when the tiles of these [B, T, C] arrays can be copied 4 floats at a time: hs and C
+    multiples of 4 (a chunk never straddles two heads or two rows), C-contiguous float32 arrays
+    starting on a 16-byte boundary. Never in the simulator (its copies go one float at a time)."""
+    if SIMULATOR or hs % 4:
+        return False
+    for x in arrays:
+        if x.ndim != 3 or x.shape[2] % 4 or x.strides != (4 * x.shape[1] * x.shape[2], 4 * x.shape[2], 4):
+            return False
+        face = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__   # (host arrays: ptxcheck)
+        if face["data"][0] % 16:
+            return False
+    return True
+
+
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def warp_sync():
+        """The simulator has no warps (and no syncwarp): a block barrier, stronger, in its place."""
+        cuda.syncthreads()
+else:
+    @cuda.jit(device=True)
+    def warp_sync():
+        """Wait for the other lanes of this warp; their shared-memory writes are then visible.
+        PTX: bar.warp.sync 0xffffffff;"""
+        cuda.syncwarp(0xFFFFFFFF)
+
+
+def _own_tile(HS, NK):
+    """load_own(f, x, r0, c0, T, w, g, t): this lane's A fragments of the 16 rows r0 + 16 w ..
+    of x [T, C] (channels c0 .. c0 + HS - 1, zero past T and past HS), split into big and small
+    parts, into the planes f[0] and f[1] in fragment order (module docstring, point 2). One float
+    at a time, straight from global memory: it runs once per block, before the first tile."""
+    @cuda.jit(device=True)
+    def load_own(f, x, r0, c0, T, w, g, t):
+        lane = 4 * g + t
+        for ks in range(NK):
+            for i in range(4):                            # a0 A[g, t], a1 A[g+8, t], a2 A[g, t+4], a3 A[g+8, t+4]
+                r = r0 + 16 * w + g + 8 * (i % 2)
+                d = 8 * ks + t + 4 * (i // 2)
+                val = x[r, c0 + d] if r < T and d < HS else float32(0.0)
+                big = tf32_round(val)
+                f[0, w, ks, 4 * lane + i] = big           # x = big + small (small: the next 11 bits)
+                f[1, w, ks, 4 * lane + i] = tf32_round(val - big)
+    return load_own
+
+
+def _kstep_own(WARPS, NK, NI):
+    """step(acc, f, sb, ks, w, g, t): acc (2, 2 NI) += this thread's share of
+    own[16 rows of warp w, 8 ks .. 8 ks + 7] @ tile^T, the own tile from its split planes f (in
+    fragment order), the tile stored [n, k] in shared memory (rows of K, V, Q or dY read as
+    [key or query, channel]): warp_tile._kstep(False, True, 1, NI, True) without the A split."""
+    PLANE = WARPS * NK * 4 * WARP                         # floats of one plane
+
+    if SIMULATOR:
+        # The twin (mma.sync needs 32 real lanes): rows g and g + 8 of the warp's A slice are the
+        # values big + small of lanes 4 g .. 4 g + 3 (slots 0 and 2 make row g, slots 1 and 3 row
+        # g + 8); this thread's 2 x 2 NI outputs are one NumPy product from the same shared tiles.
+        COL = np.array([(j // 2) * 8 + j % 2 for j in range(2 * NI)])        # col(j) - 2t
+
+        def step(acc, f, sb, ks, w, g, t):
+            a = (f[0, w, ks] + f[1, w, ks]).reshape(WARP, 4)[4 * g:4 * g + 4]  # lanes 4g .. 4g+3, slots
+            rows = np.stack([np.concatenate([a[:, 0], a[:, 2]]), np.concatenate([a[:, 1], a[:, 3]])])   # 2 x 8
+            acc += rows @ sb[COL + 2 * t, 8 * ks:8 * ks + 8].T
+        return step
+
+    @cuda.jit(device=True)
+    def step(acc, f, sb, ks, w, g, t):
+        i = (w * NK + ks) * 4 * WARP + 4 * (4 * g + t)
+        ab0, ab1, ab2, ab3 = load4(f, i)                  # big parts of a0 .. a3: one 128-bit load
+        as0, as1, as2, as3 = load4(f, i + PLANE)          # small parts
+        kk = 8 * ks
+        zero = float32(0.0)
+        for ni in range(NI):                              # b0 B[t, g] = tile[n, kk + t], b1 B[t+4, g]
+            n = ni * 8 + g
+            x0, x1 = sb[n, kk + t], sb[n, kk + t + 4]
+            bb0, bb1 = tf32_round(x0), tf32_round(x1)
+            bs0, bs1 = tf32_round(x0 - bb0), tf32_round(x1 - bb1)
+            c0, c1, c2, c3 = mma_tf32(as0, as1, as2, as3, bb0, bb1, zero, zero, zero, zero)   # small * big
+            c0, c1, c2, c3 = mma_tf32(ab0, ab1, ab2, ab3, bs0, bs1, c0, c1, c2, c3)           # + big * small
+            c0, c1, c2, c3 = mma_tf32(ab0, ab1, ab2, ab3, bb0, bb1, c0, c1, c2, c3)           # + big * big
+            acc[0, 2 * ni] += c0                          # acc += the 8-deep product in fp32 (warp_tile.py)
+            acc[0, 2 * ni + 1] += c1
+            acc[1, 2 * ni] += c2
+            acc[1, 2 * ni + 1] += c3
+    return step
+
+
+def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
+    """The three kernels for head size HS, block (WARPS, BKV) and 128-bit copies VEC (the caller
+    checked the alignment: aligned_rows)."""
+    HS8 = cdiv(HS, 8) * 8         # head size rounded up to the mma's k step (tiles zero-padded)
+    BQ = 16 * WARPS               # rows of the block's own tile: 16 per warp
+    NT = WARP * WARPS
+    P = HS8 + 4                   # pitch of the inner tiles: conflict-free fragment reads
+    PK = BKV + 4                  # pitch of the p f and ds tiles
+    NK = HS8 // 8                 # k steps over the head's channels
+    NQ, NH = BKV // 8, HS8 // 8   # 8-column fragments of a BKV-wide and of an HS8-wide product
+    SQ, SH = 2 * NQ, 2 * NH       # a thread's columns of such a product (two per fragment)
+    LPT = cdiv(BKV, NT)           # lse and D values per thread of a query tile (dk/dv kernel)
+    FR = 4 * WARP                 # floats of a warp's A fragments per k step (plane layout)
+    assert BKV % 8 == 0 and (BKV * HS8) % NT == 0, f"block ({WARPS}, {BKV}) does not tile head size {HS}"
+    E = BKV * HS8 // NT           # floats of an inner tile per thread
+    fetch, put, _ = _copier(BKV, HS8, P, NT, VEC and E % 4 == 0)
+    load_own = _own_tile(HS, NK)
+    # acc (2, 2 NQ) += own[16 rows, 8] @ tile^T, the own tile from its planes (q k^T, dy v^T, ...)
+    step_own = _kstep_own(WARPS, NK, NQ)
+    # acc (2, 2 NH) += A[16 rows, 8] @ B with B stored [k, n] (p f @ V, ds @ K, (P f)^T @ dY, ds^T @ Q)
+    step_nn = _kstep(False, False, 1, NH, True)
+
+    @cuda.jit(device=True)
+    def zero(acc):
+        for i in range(acc.shape[0]):
+            for j in range(acc.shape[1]):
+                acc[i, j] = 0.0
+
+    @cuda.jit(device=True)
+    def col(j, tq):
+        """Column (within a fragment row of 8 j-pairs) of acc[:, j] for lane t = tq."""
+        return (j // 2) * 8 + 2 * tq + j % 2
+
+    @cuda.jit
+    def k_attn_flash_fwd_v3(y, lse, q, k, v, scale, dropout_key, threshold, dscale):
+        """Block (query tile of BQ rows, b*H + h); warp w owns rows 16 w .. 16 w + 15. Online
+        softmax over the key tiles as k_attn_flash_fwd_v2, with the q planes split once and the
+        next K and V tiles loading during the current tile's products (module docstring)."""
+        key = key_value(dropout_key)
+        fq = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)   # q: big, small planes
+        sk = cuda.shared.array((BKV, P), float32, alignment=16)     # the K tile of the current keys
+        sv = cuda.shared.array((BKV, P), float32, alignment=16)     # the V tile of the same keys
+        sp = cuda.shared.array((BQ, PK), float32)                   # p f of the tile (rows of each warp)
+        red = cuda.shared.array((BQ, 4), float32)                   # a row's 4 lanes' partial max (or sum)
+        rk = cuda.local.array(E, float32)                  # the next K tile, on its way in
+        rv = cuda.local.array(E, float32)                  # the next V tile
+        s = cuda.local.array((2, SQ), float32)             # s of rows g, g + 8 (this thread's columns)
+        o = cuda.local.array((2, SH), float32)             # yacc of rows g, g + 8
+        m = cuda.local.array(2, float32)                   # running maximum of the two rows
+        lsum = cuda.local.array(2, float32)                # this lane's part of their running sums
+        T = q.shape[1]
+        H = lse.shape[1]
+        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        c0 = h * HS
+        t0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * BQ  # the longest rows first
+        w, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        wm0 = 16 * w
+        g, tq = lane >> 2, lane & 3
+        kb, vb = k[b], v[b]                                # [T, C] rows of this batch element
+        zero(o)
+        for hh in range(2):
+            m[hh] = NEG_INF
+            lsum[hh] = 0.0
+        load_own(fq, q[b], t0, c0, T, w, g, tq)            # split once, used for every key tile
+        n_tiles = (min(T, t0 + BQ) + BKV - 1) // BKV       # keys 0 .. min(T, t0 + BQ) - 1
+        fetch(rk, kb, 0, c0, T, c0 + HS)
+        fetch(rv, vb, 0, c0, T, c0 + HS)
+        put(sk, rk)
+        put(sv, rv)
+        cuda.syncthreads()                                 # the q planes and the first tiles are in place
+        for j in range(n_tiles):
+            u0 = j * BKV
+            more = j + 1 < n_tiles                         # the same in every thread of the block
+            if more:                                       # the next keys' K and V: loads in flight
+                fetch(rk, kb, u0 + BKV, c0, T, c0 + HS)    # during the products below
+                fetch(rv, vb, u0 + BKV, c0, T, c0 + HS)
+            zero(s)
+            for ks in range(NK):                           # s = q k^T over the head's channels
+                step_own(s, fq, sk, ks, w, g, tq)
+            for hh in range(2):
+                t = t0 + wm0 + 8 * hh + g
+                mt = NEG_INF
+                for jj in range(SQ):
+                    if u0 + col(jj, tq) <= t:              # causal: keys u <= t
+                        s[hh, jj] *= scale
+                        mt = max(mt, s[hh, jj])
+                red[wm0 + 8 * hh + g, tq] = mt
+            warp_sync()                                    # red's rows belong to this warp
+            for hh in range(2):
+                rr = wm0 + 8 * hh + g
+                t = t0 + rr
+                m_new = max(max(m[hh], max(red[rr, 0], red[rr, 1])), max(red[rr, 2], red[rr, 3]))
+                alpha = math.exp(m[hh] - m_new)            # 0 at the first tile (m = -inf)
+                lsum[hh] *= alpha
+                for jj in range(SH):
+                    o[hh, jj] *= alpha
+                for jj in range(SQ):
+                    c = col(jj, tq)
+                    p = float32(0.0)
+                    if u0 + c <= t:
+                        p = math.exp(s[hh, jj] - m_new)
+                        lsum[hh] += p                      # the softmax's sum: before dropout
+                        p *= dropout_factor(key, ((b * H + h) * T + t) * T + u0 + c, threshold, dscale)
+                    sp[rr, c] = p
+                m[hh] = m_new
+            warp_sync()                                    # so are sp's
+            for kk in range(0, BKV, 8):                    # yacc += (p f) @ v
+                step_nn(o, sp, sv, kk, wm0, 0, g, tq)
+            if more:
+                cuda.syncthreads()                         # every warp is done with sk and sv
+                put(sk, rk)
+                put(sv, rv)
+                cuda.syncthreads()                         # the next tiles are in place
+        for hh in range(2):
+            red[wm0 + 8 * hh + g, tq] = lsum[hh]
+        warp_sync()
+        for hh in range(2):
+            rr = wm0 + 8 * hh + g
+            t = t0 + rr
+            lt = ((red[rr, 0] + red[rr, 1]) + red[rr, 2]) + red[rr, 3]     # l: the lanes' parts in order
+            if t < T:
+                for jj in range(SH):
+                    d = col(jj, tq)
+                    if d < HS:
+                        y[b, t, c0 + d] = o[hh, jj] / lt
+                if tq == 0:
+                    lse[b, h, t] = m[hh] + math.log(lt)
+
+    @cuda.jit
+    def k_attn_flash_bwd_dq_v3(dq, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
+        """Block (query tile of BQ rows, b*H + h); per key tile u0 <= the tile's last query:
+            s = q k^T, datt' = dy v^T (q and dy from their planes), ds = P (f datt' - D) into
+            the warp's rows of a shared tile, dq += ds k; at the end dq *= scale. As
+            k_attn_flash_bwd_dq_v2, the next K and V tiles loading during the products."""
+        key = key_value(dropout_key)
+        fq = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)   # q: big, small planes
+        fdy = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)  # dy: big, small planes
+        sk = cuda.shared.array((BKV, P), float32, alignment=16)
+        sv = cuda.shared.array((BKV, P), float32, alignment=16)
+        sds = cuda.shared.array((BQ, PK), float32)
+        rk = cuda.local.array(E, float32)
+        rv = cuda.local.array(E, float32)
+        s = cuda.local.array((2, SQ), float32)
+        da = cuda.local.array((2, SQ), float32)
+        acc = cuda.local.array((2, SH), float32)
+        lse_t = cuda.local.array(2, float32)
+        d_t = cuda.local.array(2, float32)
+        T = q.shape[1]
+        H = lse.shape[1]
+        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        c0 = h * HS
+        t0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * BQ
+        w, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        wm0 = 16 * w
+        g, tq = lane >> 2, lane & 3
+        kb, vb = k[b], v[b]
+        zero(acc)
+        for hh in range(2):
+            t = t0 + wm0 + 8 * hh + g
+            lse_t[hh] = lse[b, h, t] if t < T else float32(0.0)
+            d_t[hh] = d_rowdot[b, h, t] if t < T else float32(0.0)
+        load_own(fq, q[b], t0, c0, T, w, g, tq)
+        load_own(fdy, dy[b], t0, c0, T, w, g, tq)
+        n_tiles = (min(T, t0 + BQ) + BKV - 1) // BKV
+        fetch(rk, kb, 0, c0, T, c0 + HS)
+        fetch(rv, vb, 0, c0, T, c0 + HS)
+        put(sk, rk)
+        put(sv, rv)
+        cuda.syncthreads()
+        for j in range(n_tiles):
+            u0 = j * BKV
+            more = j + 1 < n_tiles
+            if more:
+                fetch(rk, kb, u0 + BKV, c0, T, c0 + HS)
+                fetch(rv, vb, u0 + BKV, c0, T, c0 + HS)
+            zero(s)
+            zero(da)
+            for ks in range(NK):
+                step_own(s, fq, sk, ks, w, g, tq)         # q k^T
+                step_own(da, fdy, sv, ks, w, g, tq)       # dy v^T
+            for hh in range(2):
+                rr = wm0 + 8 * hh + g
+                t = t0 + rr
+                for jj in range(SQ):
+                    c = col(jj, tq)
+                    u = u0 + c
+                    gr = float32(0.0)
+                    if u <= t and t < T:
+                        p = math.exp(s[hh, jj] * scale - lse_t[hh])
+                        f = dropout_factor(key, ((b * H + h) * T + t) * T + u, threshold, dscale)
+                        gr = p * (da[hh, jj] * f - d_t[hh])
+                    sds[rr, c] = gr
+            warp_sync()                                    # sds's rows belong to this warp
+            for kk in range(0, BKV, 8):                    # dq += ds @ k (the K tile as [u, d] rows)
+                step_nn(acc, sds, sk, kk, wm0, 0, g, tq)
+            if more:
+                cuda.syncthreads()                         # every warp is done with sk and sv
+                put(sk, rk)
+                put(sv, rv)
+                cuda.syncthreads()
+        for hh in range(2):
+            t = t0 + wm0 + 8 * hh + g
+            if t < T:
+                for jj in range(SH):
+                    d = col(jj, tq)
+                    if d < HS:
+                        dq[b, t, c0 + d] = acc[hh, jj] * scale
+
+    @cuda.jit(device=True)
+    def fetch_rows(regs, a, b, h, t0, T):
+        """This thread's share of a[b, h, t0 .. t0 + BKV - 1] (lse or D) into registers (0 past T)."""
+        for i in range(LPT):
+            jj = cuda.threadIdx.x + i * NT
+            regs[i] = a[b, h, t0 + jj] if jj < BKV and t0 + jj < T else float32(0.0)
+
+    @cuda.jit(device=True)
+    def put_rows(s, regs):
+        for i in range(LPT):
+            jj = cuda.threadIdx.x + i * NT
+            if jj < BKV:
+                s[jj] = regs[i]
+
+    @cuda.jit
+    def k_attn_flash_bwd_dkdv_v3(dk, dv, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
+        """Block (key tile of BQ keys u, b*H + h); per query tile of BKV queries t >= u0:
+            s^T = k q^T, datt'^T = v dy^T (k and v from their planes), P^T = exp(scale s^T - lse),
+            dv += (P f)^T dy and dk += ds^T q; at the end dk *= scale. As k_attn_flash_bwd_dkdv_v2,
+            the next Q, dY tiles and their lse, D loading during the products."""
+        key = key_value(dropout_key)
+        fk = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)   # k: big, small planes
+        fv = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)   # v: big, small planes
+        sq = cuda.shared.array((BKV, P), float32, alignment=16)    # the Q tile of the current queries
+        sdy = cuda.shared.array((BKV, P), float32, alignment=16)   # the dY tile of the same queries
+        spf = cuda.shared.array((BQ, PK), float32)                 # (P f)^T: spf[key, query]
+        sds = cuda.shared.array((BQ, PK), float32)                 # ds^T: sds[key, query]
+        slse = cuda.shared.array(BKV, float32)
+        sd = cuda.shared.array(BKV, float32)
+        rq = cuda.local.array(E, float32)                  # the next Q tile, on its way in
+        rdy = cuda.local.array(E, float32)                 # the next dY tile
+        rl = cuda.local.array(LPT, float32)                # the next lse values
+        rd = cuda.local.array(LPT, float32)                # the next D values
+        st = cuda.local.array((2, SQ), float32)
+        dat = cuda.local.array((2, SQ), float32)
+        vacc = cuda.local.array((2, SH), float32)
+        kacc = cuda.local.array((2, SH), float32)
+        T = q.shape[1]
+        H = lse.shape[1]
+        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        c0 = h * HS
+        u0 = cuda.blockIdx.x * BQ                          # the longest columns (small u) first
+        w, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        wm0 = 16 * w
+        g, tq = lane >> 2, lane & 3
+        qb, dyb = q[b], dy[b]
+        zero(vacc)
+        zero(kacc)
+        load_own(fk, k[b], u0, c0, T, w, g, tq)
+        load_own(fv, v[b], u0, c0, T, w, g, tq)
+        n_tiles = (T - u0 + BKV - 1) // BKV                # queries u0 .. T - 1 (one block per key tile: u0 < T)
+        fetch(rq, qb, u0, c0, T, c0 + HS)
+        fetch(rdy, dyb, u0, c0, T, c0 + HS)
+        fetch_rows(rl, lse, b, h, u0, T)
+        fetch_rows(rd, d_rowdot, b, h, u0, T)
+        put(sq, rq)
+        put(sdy, rdy)
+        put_rows(slse, rl)
+        put_rows(sd, rd)
+        cuda.syncthreads()
+        for j in range(n_tiles):
+            t0 = u0 + j * BKV
+            more = j + 1 < n_tiles
+            if more:
+                fetch(rq, qb, t0 + BKV, c0, T, c0 + HS)
+                fetch(rdy, dyb, t0 + BKV, c0, T, c0 + HS)
+                fetch_rows(rl, lse, b, h, t0 + BKV, T)
+                fetch_rows(rd, d_rowdot, b, h, t0 + BKV, T)
+            zero(st)
+            zero(dat)
+            for ks in range(NK):
+                step_own(st, fk, sq, ks, w, g, tq)        # k q^T
+                step_own(dat, fv, sdy, ks, w, g, tq)      # v dy^T
+            for hh in range(2):
+                rr = wm0 + 8 * hh + g
+                u = u0 + rr
+                for jj in range(SQ):
+                    c = col(jj, tq)
+                    tt = t0 + c
+                    pf = float32(0.0)
+                    gr = float32(0.0)
+                    if tt < T and u <= tt:
+                        p = math.exp(st[hh, jj] * scale - slse[c])
+                        f = dropout_factor(key, ((b * H + h) * T + tt) * T + u, threshold, dscale)
+                        pf = p * f
+                        gr = p * (dat[hh, jj] * f - sd[c])
+                    spf[rr, c] = pf
+                    sds[rr, c] = gr
+            warp_sync()                                    # spf's and sds's rows belong to this warp
+            for kk in range(0, BKV, 8):
+                step_nn(vacc, spf, sdy, kk, wm0, 0, g, tq)  # dv += (P f)^T @ dy
+                step_nn(kacc, sds, sq, kk, wm0, 0, g, tq)   # dk += ds^T @ q
+            if more:
+                cuda.syncthreads()                         # every warp is done with sq, sdy, slse, sd
+                put(sq, rq)
+                put(sdy, rdy)
+                put_rows(slse, rl)
+                put_rows(sd, rd)
+                cuda.syncthreads()
+        for hh in range(2):
+            u = u0 + wm0 + 8 * hh + g
+            if u < T:
+                for jj in range(SH):
+                    d = col(jj, tq)
+                    if d < HS:
+                        dv[b, u, c0 + d] = vacc[hh, jj]
+                        dk[b, u, c0 + d] = kacc[hh, jj] * scale
+
+    return k_attn_flash_fwd_v3, k_attn_flash_bwd_dq_v3, k_attn_flash_bwd_dkdv_v3
+
+
+_KERNELS = {}       # (hs, WARPS, BKV, vec) -> the three kernels
+
+
+def kernels(hs, block, vec, forward_only=False):
+    """The kernels of head size hs and block (WARPS, BKV), after checking that they fit."""
+    warps, bkv = block
+    need = shared_bytes(hs, warps, bkv, forward_only=forward_only)
+    if need > SHARED_LIMIT:
+        raise ValueError(f"flash attention v3: head size {hs} needs {need} bytes of shared memory with "
+                         f"block {block}, more than {SHARED_LIMIT}")
+    if bkv % 8 or (bkv * cdiv(hs, 8) * 8) % (WARP * warps):
+        raise ValueError(f"flash attention v3: block {block} does not split a {bkv}-row tile of head size {hs} "
+                         f"over {WARP * warps} threads (BKV a multiple of 8)")
+    key = (hs, warps, bkv, vec)
+    if key not in _KERNELS:
+        _KERNELS[key] = make_kernels(hs, warps, bkv, vec)   # numba compiles each kernel on its first launch
+    return _KERNELS[key]
+
+
+@blocks(**FLASH_V3_FWD_BLOCKS)
+def attn_flash_fwd_v3(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+    """y [B, T, C] and lse [B, H, T]. Grid (T / (16 WARPS) query tiles, B*H), 32 WARPS threads;
+    block = (WARPS, BKV)."""
+    B, T, C, hs = _check(q, n_head)
+    warps = block[0]
+    fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True)[0]
+    fwd[(cdiv(T, 16 * warps), B * n_head), WARP * warps, stream](
+        y, lse, q, k, v, np.float32(1.0 / math.sqrt(hs)), *mask_args(dropout_p, dropout_key))
+
+
+@blocks(**FLASH_V3_BWD_BLOCKS)
+def attn_flash_bwd_v3(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+                      block, stream=0):
+    """d_rowdot [B, H, T] receives D = dy . y (v1's k_attn_flash_bwd_rowdot_v1), then the dq and
+    the dk/dv kernels on grid (T / (16 WARPS) tiles, B*H), 32 WARPS threads; block = (WARPS, BKV)."""
+    from .attn_flash import k_attn_flash_bwd_rowdot_v1
+    B, T, C, hs = _check(q, n_head)
+    warps = block[0]
+    _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy))
+    scale = np.float32(1.0 / math.sqrt(hs))
+    drop = mask_args(dropout_p, dropout_key)
+    NT = WARP * warps
+    k_attn_flash_bwd_rowdot_v1[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
+    grid = (cdiv(T, 16 * warps), B * n_head)
+    dq_kernel[grid, NT, stream](dq, dy, q, k, v, lse, d_rowdot, scale, *drop)
+    dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
