@@ -277,6 +277,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=cli.int_range(1, 4096), help="batch size B of the checks (default by size)")
     ap.add_argument("--seq", type=cli.int_range(1, 65536), help="sequence length T of the checks (default by size)")
     ap.add_argument("--ops-only", action="store_true", help="skip the whole-model check")
+    ap.add_argument("--model-only", action="store_true", help="only the whole-model check (the engine's kernels)")
     ap.add_argument("--op", action="append", metavar="OP", type=cli.one_of(CASES, "op"),
                     help=f"check only this op (repeatable): {', '.join(CASES)}")
     ap.add_argument("--version", action="append", metavar="N", type=cli.int_range(1, 99),
@@ -296,8 +297,11 @@ def main(argv=None) -> int:
     seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
     say = (lambda s: print(s, file=sys.stderr, flush=True))
     say(f"seed {seed}, device: {device_name()}")
-    rows = run_checks(args.size, seed, args.batch, args.seq, model=not (args.ops_only or args.op or args.version),
-                      progress=say, only=args.op, versions=args.version)
+    if args.model_only and (args.ops_only or args.op or args.version):
+        cli.fail("argument --model-only: cannot be combined with --ops-only, --op or --version")
+    rows = run_checks(args.size, seed, args.batch, args.seq, ops=not args.model_only,
+                      model=not (args.ops_only or args.op or args.version), progress=say, only=args.op,
+                      versions=args.version)
     ok = all(r["ok"] for r in rows)
     if args.json:
         print(json.dumps({"ok": ok, "device": device_name(), "seed": seed, "size": args.size, "results": rows},

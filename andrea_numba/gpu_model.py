@@ -111,16 +111,17 @@ class GPUModel:
     faster at 12M and 120M and needs 5.2 GB less at 120M (docs/kernels-h200.md).
     share=<GPUModel> (with training=False, at a B x T no larger) runs on the first elements of
     that model's buffers and its parameters, allocating nothing: the trainer's sampler.
-    products="tf32x3" (the default) runs the linear ops' v3, on 3xTF32 tensor-core warp tiles;
-    "tf32x3s" their v4, on the split tiles of kernels/split_tile.py; "simt" their v2, on SIMT warp
-    tiles (kernels/warp_tile.py). All are fp32-accurate."""
+    products="tf32x3k" (the default) runs the linear ops' v5, 3xTF32 on the k-major tiles of
+    kernels/split_tile.py (matmul v6); "tf32x3s" their v4 (split planes, matmul v5); "tf32x3"
+    their v3 (warp tiles, matmul v4); "simt" their v2 (SIMT warp tiles, matmul v3). All are
+    fp32-accurate."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
-                 dropout: float = 0.0, flash: bool = True, products: str = "tf32x3", share=None):
+                 dropout: float = 0.0, flash: bool = True, products: str = "tf32x3k", share=None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         assert products in PRODUCTS, f"products must be one of {sorted(PRODUCTS)}, got {products!r}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
-        # the linear ops' launchers: their v2 (SIMT warp tiles), v3 (3xTF32 tensor cores) or v4 (split tiles)
+        # the linear ops' launchers, by version (PRODUCTS)
         self.products = products
         v = PRODUCTS[products]
         self.qkv_fwd, self.qkv_bwd = attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v]
@@ -295,7 +296,7 @@ class GPUModel:
 
 
 # products= of GPUModel: the version of the linear ops (attn_qkv, attn_out, mlp, loss) it runs
-PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4}
+PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5}
 
 
 def _flat(a):

@@ -59,21 +59,21 @@ def timed(fn, reps=5, inner=3):
 
 
 def _versions(text: str) -> list:
-    """"2,3,4": matmul versions, each one of VERSIONS (1 to 5)."""
+    """"2,3,4": matmul versions, each one of VERSIONS (1 to 6)."""
     import argparse
     try:
         vs = [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be versions separated by commas (2,3,4), got {text!r}") from None
-    if not vs or any(v not in (1, 2, 3, 4, 5) for v in vs):
-        raise argparse.ArgumentTypeError(f"each version must be 1, 2, 3, 4 or 5, got {text!r}")
+    if not vs or any(v not in (1, 2, 3, 4, 5, 6) for v in vs):
+        raise argparse.ArgumentTypeError(f"each version must be 1 to 6, got {text!r}")
     return vs
 
 
 def main(argv=None):
     p = cli.Parser(prog="python bench/gemm.py", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows as JSON")
-    p.add_argument("--versions", default="2,3,4,5", type=_versions, help="matmul versions to time (default 2,3,4,5)")
+    p.add_argument("--versions", default="3,4,6", type=_versions, help="matmul versions to time (default 3,4,6)")
     p.add_argument("--blocks", action="store_true",
                    help="time every declared tile of each version and show the fastest (default: the first tile only)")
     args = p.parse_args(argv)
@@ -135,7 +135,7 @@ def main(argv=None):
         print(f"| {label} | {M} | {N} | {K} | " + " | ".join(cells) + " |", flush=True)
         for v in (v for v in versions if v >= 3):        # registers and spills of the warp-tile kernel
             from andrea_numba.kernels.warp_tile import resolve
-            kind = {3: "simt", 4: "tf32x3", 5: "tf32x3s"}[v]
+            kind = {3: "simt", 4: "tf32x3", 5: "tf32x3s", 6: "tf32x3k"}[v]
             kern = MM._k_matmul_warp(resolve(kind, best_block[v], da, db), ta, tb)
             try:
                 row[f"v{v}_regs"] = list(kern.get_regs_per_thread().values())

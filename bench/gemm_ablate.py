@@ -6,7 +6,8 @@ no tensor-core products per fragment, timed on the GPU.
 If the time falls about threefold from three products to one, the tensor cores are the limit; if
 it hardly moves, the limit is elsewhere (copies, shared-memory reads, barriers, latency). "none"
 keeps every copy and shared read but replaces the mma by one multiply-add per value read: the
-floor that the data movement alone sets. Prints a markdown table (ms and TFLOP/s counted as
+floor that the data movement alone sets. "split at read" keeps one shared plane of raw values and
+splits them as the fragments are read (half the shared traffic, more arithmetic). Prints a markdown table (ms and TFLOP/s counted as
 2 M N K, whatever the kernel's accuracy; only "3xTF32" is an fp32-accurate product).
 """
 from __future__ import annotations
@@ -19,19 +20,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = [("120M mlp fwd x @ W_1", 8192, 3072, 768), ("square 4096", 4096, 4096, 4096)]
-TILES = [(128, 64, 16, 64, 32), (64, 64, 16, 32, 32)]
+TILES = [(128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 64), (128, 128, 16, 64, 32)]
 
 
 def main():
     from numba import cuda, float32
 
-    from andrea_numba.kernels.split_tile import tile_mma_split
+    from andrea_numba.kernels.split_tile import split_bytes, tile_mma_split
     from andrea_numba.kernels.warp_tile import make_warp_tile
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gemm import timed
 
-    def kernel(tile, products):
-        mma, threads = tile_mma_split(False, False, *tile, True, products=products)
+    def kernel(tile, products, presplit=True):
+        mma, threads = tile_mma_split(False, False, *tile, True, products=products, presplit=presplit)
         t = make_warp_tile(("tf32x3s", *tile, True))
         zero, store, TM, TN = t.zero, t.store, t.TM, t.TN
 
@@ -44,16 +45,20 @@ def main():
         return k_ablate, t.grid, threads
 
     rng = np.random.default_rng(0)
-    print("| product | tile | 3xTF32 ms | TFLOP/s | 1xTF32 ms | TFLOP/s | no mma ms | TFLOP/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| product | tile | 3xTF32 ms | TFLOP/s | 1xTF32 ms | TFLOP/s | no mma ms | TFLOP/s "
+          "| 3xTF32, split at read ms | TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for label, M, N, K in SHAPES:
         a = cuda.to_device(rng.standard_normal((M, K)).astype(np.float32))
         b = cuda.to_device(rng.standard_normal((K, N)).astype(np.float32))
         out = cuda.device_array((M, N), np.float32)
         for tile in TILES:
             cells = []
-            for products in (3, 1, 0):
-                k, grid, threads = kernel(tile, products)
+            for products, presplit in ((3, True), (1, True), (0, True), (3, False)):
+                if presplit and split_bytes(*tile[:2]) > 48 * 1024:
+                    cells.append("- | -")                      # beyond the static shared-memory limit
+                    continue
+                k, grid, threads = kernel(tile, products, presplit)
                 ms = timed(lambda: k[grid(M, N), threads](out, a, b))
                 cells.append(f"{ms:.3f} | {2.0 * M * N * K / ms / 1e9:.1f}")
             print(f"| {label} | {tile} | " + " | ".join(cells) + " |", flush=True)

@@ -4,6 +4,7 @@
 # kernel table, and the whole step beside PyTorch with both kinds of products. Writes to $OUT.
 #   bash bench/gpu_products.sh [steps...]      steps: gemm check12 check120 kernels step (default all)
 #   and for the split tiles (matmul v5, the linear ops' v4): gemm5 check5 step5 profile5
+#   and for the k-major tiles (matmul v6, the linear ops' v5, the engine's): gemm6 check6 model step6
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -35,6 +36,21 @@ for s in $steps; do
                   2> "$OUT/check5_$size.err"; echo "check5 $size exit $?"; tail -2 "$OUT/check5_$size.err"
               python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$OUT/check5_$size.json"
             done ;;
+    gemm6) $py bench/gemm.py --versions 6 --blocks --json "$OUT/gemm6.json" > "$OUT/gemm6.md" 2>&1
+           echo "gemm6 exit $?"; cat "$OUT/gemm6.md" | grep -v "v6_regs" ; grep -o "'v6_regs': \[[0-9]*\]" "$OUT/gemm6.md" | sort | uniq -c ;;
+    check6) for size in 12M 120M; do
+              $py -m andrea_numba.check --size $size --seed 7 --op attn_qkv --op attn_out --op mlp --op loss --op matmul \
+                  --op "matmul a@b^T" --op "matmul a^T@b +=" --version 5 --version 6 --json > "$OUT/check6_$size.json" \
+                  2> "$OUT/check6_$size.err"; echo "check6 $size exit $?"; tail -1 "$OUT/check6_$size.err"
+              python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$OUT/check6_$size.json"
+            done ;;
+    model) for size in 12M 120M; do
+             $py -m andrea_numba.check --size $size --seed 8 --model-only --json > "$OUT/model_$size.json" 2> "$OUT/model_$size.err"
+             echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"
+             python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$OUT/model_$size.json"
+           done ;;
+    step6) $py bench/step_time.py --sizes 12M 120M --products tf32x3k tf32x3 --json "$OUT/step6.json" > "$OUT/step6.txt" 2>&1
+           echo "step6 exit $?"; grep -v '^{' "$OUT/step6.txt" ;;
     step5) $py bench/step_time.py --sizes 12M 120M --products tf32x3 tf32x3s --json "$OUT/step5.json" > "$OUT/step5.txt" 2>&1
            echo "step5 exit $?"; grep -v '^{' "$OUT/step5.txt" ;;
     profile5) for size in 12M 120M; do

@@ -3,7 +3,7 @@
     python bench/step_time.py                      # 12M at 16 x 512 and 120M at 8 x 1024
     python bench/step_time.py --sizes 12M --json out.json
     python bench/step_time.py --attention both     # flash attention (the engine's) and attention v2
-    python bench/step_time.py --products tf32x3 tf32x3s simt   # the linear ops' v3, v4 (split tiles), v2
+    python bench/step_time.py --products tf32x3k tf32x3 simt   # the linear ops' v5 (the engine's), v3, v2
 
 Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
 (it is not a dependency of the project), the same GPT written in PyTorch in fp32 (TF32 off, as
@@ -27,7 +27,7 @@ from andrea_numba.layout import init_params, n_params
 SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
 
 
-def time_ours(m, B, T, iters, flash=True, products="tf32x3"):
+def time_ours(m, B, T, iters, flash=True, products="tf32x3k"):
     model = GPUModel(m, B, T, flash=flash, products=products)
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
@@ -116,8 +116,8 @@ def main(argv=None):
     ap.add_argument("--attention", choices=("flash", "plain", "both"), default="flash",
                     help="flash attention (the engine's default), attention v2 (saves the probabilities), or both")
     ap.add_argument("--flash", action="store_const", const="both", dest="attention", help="the same as --attention both")
-    ap.add_argument("--products", nargs="+", choices=("tf32x3", "tf32x3s", "simt"), default=["tf32x3"],
-                    help="the linear ops' products: tf32x3 (the engine's, v3), tf32x3s (v4, split tiles), simt (v2)")
+    ap.add_argument("--products", nargs="+", choices=("tf32x3", "tf32x3s", "tf32x3k", "simt"), default=["tf32x3k"],
+                    help="the linear ops' products: tf32x3 (v3), tf32x3s (v4, split planes), tf32x3k (v5, k-major), simt (v2)")
     args = ap.parse_args(argv)
     rows = []
     for size in args.sizes:

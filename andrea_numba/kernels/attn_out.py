@@ -13,7 +13,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
+from .matmul import KMAJOR_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 
 @functools.cache
@@ -111,8 +111,20 @@ def attn_out_bwd_v4(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     _bwd_warp("tf32x3s", dy, dw_o, work, dout, y, w_o, block, stream)
 
 
+@blocks(**KMAJOR_TILES)
+def attn_out_fwd_v5(out, y, w_o, *, block, stream=0):
+    """v1 on the k-major tiles of matmul v6 (3xTF32, split as read, BK = 16)."""
+    _fwd_warp("tf32x3k", out, y, w_o, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def attn_out_bwd_v5(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v1 on the k-major tiles of matmul v6, the weight gradients split over K into work."""
+    _bwd_warp("tf32x3k", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
 k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd_v1.blocks[0])
 
-VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4},
-            "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4}}
-attn_out_fwd, attn_out_bwd = attn_out_fwd_v3, attn_out_bwd_v3          # what the engine uses
+VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5},
+            "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5}}
+attn_out_fwd, attn_out_bwd = attn_out_fwd_v5, attn_out_bwd_v5          # what the engine uses

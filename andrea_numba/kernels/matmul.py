@@ -301,11 +301,18 @@ def _k_matmul_warp(tile, trans_a, trans_b):
             product(out, work, a, b, accumulate, ksplit)
         return k_matmul_v4
 
+    if tile[0] == "tf32x3s":
+        @cuda.jit
+        def k_matmul_v5(out, work, a, b, accumulate, ksplit):
+            """As k_matmul_v4, on split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads."""
+            product(out, work, a, b, accumulate, ksplit)
+        return k_matmul_v5
+
     @cuda.jit
-    def k_matmul_v5(out, work, a, b, accumulate, ksplit):
-        """As k_matmul_v4, on split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads."""
+    def k_matmul_v6(out, work, a, b, accumulate, ksplit):
+        """As k_matmul_v5 with one plane of raw values in shared memory, split as the fragments are read."""
         product(out, work, a, b, accumulate, ksplit)
-    return k_matmul_v5
+    return k_matmul_v6
 
 
 def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
@@ -348,7 +355,23 @@ def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
     _matmul_warp("tf32x3s", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5}   # the linear ops' weight-gradient products
+# v6: v5's k-major tiles and k permutation with one shared plane of raw values, split into TF32
+# parts as each thread reads its fragments (split_tile.py, presplit=False). v5 halved the
+# arithmetic around the mma but doubled the shared-memory traffic, and shared memory was the
+# limit (bench/gemm_ablate.py on the H200: with no mma at all v5's kernel still took 66% of its
+# time); v6 halves that traffic. Shared memory: 16 KiB for 128 x 64, 32 KiB for 128 x 128.
+KMAJOR_TILES = dict(gpu=((128, 64, 16, 64, 32), (128, 128, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 64)),
+                    sim=SPLIT_TILES["sim"])
 
-VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5}}
+
+@blocks(**KMAJOR_TILES)
+def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """3xTF32 on k-major tiles split as read (BK = 16); otherwise as matmul_v4."""
+    _matmul_warp("tf32x3k", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
+WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
+               "tf32x3k": matmul_v6}                                               # weight-gradient products
+
+VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6}}
 matmul = matmul_v2        # what the engine uses

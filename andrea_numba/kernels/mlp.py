@@ -20,7 +20,7 @@ import math
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
+from .matmul import KMAJOR_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -152,8 +152,20 @@ def mlp_bwd_v4(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, blo
     _bwd_warp("tf32x3s", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
+@blocks(**KMAJOR_TILES)
+def mlp_fwd_v5(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """v1 on the k-major tiles of matmul v6 (3xTF32, split as read, BK = 16)."""
+    _fwd_warp("tf32x3k", out, h_pre, h, x, w_1, w_2, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_bwd_v5(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v1 on the k-major tiles of matmul v6, the weight gradients split over K into work."""
+    _bwd_warp("tf32x3k", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+
+
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 
-VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4},
-            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4}}
-mlp_fwd, mlp_bwd = mlp_fwd_v3, mlp_bwd_v3          # what the engine uses
+VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5},
+            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5}}
+mlp_fwd, mlp_bwd = mlp_fwd_v5, mlp_bwd_v5          # what the engine uses

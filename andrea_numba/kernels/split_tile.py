@@ -1,4 +1,4 @@
-"""Split tiles: the product tile of matmul v5 (3xTF32 on tensor cores, each value split once).
+"""k-major tiles: the product tiles of matmul v5 and v6 (3xTF32 on tensor cores).
 
 matmul v4 (warp_tile.py) computes the right thing but spends its time around the tensor cores:
 every value a warp reads from shared memory is read one float at a time and split into its TF32
@@ -39,9 +39,19 @@ layout (row(i), col(j)) and split-K, and moves that work out of the inner loop:
    a chain of six does not measurably.
 
 Shared memory: 2 stages x 2 planes x (BM + BN) x 16 floats: 32 KiB for a 64 x 64 tile, 48 KiB
-(the static limit) for 128 x 64. In the simulator the stage's products are a NumPy twin: each
-thread's TM x TN outputs of (big + small parts) from the same shared planes (warp_tile.py says
-why: mma.sync needs 32 real lanes).
+(the static limit) for 128 x 64.
+
+v6 (presplit=False) keeps 2, 3 and 4 and undoes 1: shared memory holds one plane of the raw
+values, and each thread splits its fragment values right after its 128-bit read. Measured on the
+H200 (bench/gemm_ablate.py, 2026-12-01), v5 was no faster than v4: with its mma instructions
+removed, v5's kernel still took two thirds of its time, so the limit was the data movement
+(two planes written and read per stage, with 8 of 64 warps per SM), not the arithmetic that v5
+moved out. v6 moves half the bytes through shared memory for some more arithmetic, and ran the
+120M MLP product (8192 x 3072 x 768) at 49 TFLOP/s against v5's 39 and cuBLAS SGEMM's 47.
+
+In the simulator the stage's products are a NumPy twin: each thread's TM x TN outputs of
+(big + small parts) from the same shared tiles (warp_tile.py says why: mma.sync needs 32 real
+lanes).
 """
 import numpy as np
 from numba import cuda, float32
@@ -65,7 +75,7 @@ def split(x):
     return big, tf32_round(x - big)
 
 
-def _split_copier(R, THREADS, straight, vec):
+def _split_copier(R, THREADS, straight, vec, presplit=True):
     """fetch(regs, g, r0, c0, rlim, clim): this thread's share of one operand's tile of the stored
     matrix g, from stored row r0 and column c0 (zero outside rows < rlim, columns < clim), into
     registers; put(s, regs): split them into the planes of the k-major shared tile s[plane, row, k]
@@ -75,7 +85,8 @@ def _split_copier(R, THREADS, straight, vec):
     transposed: the stored rows are k, the stored columns are the tile's rows: a chunk is 4
       consecutive tile rows at one k, written as 4 scalar stores per plane; consecutive threads
       take consecutive k.
-    vec: 128-bit global loads (the caller checked the alignment); otherwise one float at a time."""
+    vec: 128-bit global loads (the caller checked the alignment); otherwise one float at a time.
+    presplit=False: one plane of the raw values (split when read: _stage)."""
     BK = BK_SPLIT
     E = R * BK // THREADS                 # elements per thread
     CH = E // 4                           # 4-float chunks per thread
@@ -107,6 +118,15 @@ def _split_copier(R, THREADS, straight, vec):
     def put(s, regs):
         for j in range(CH):
             dr, dc = chunk(cuda.threadIdx.x + j * THREADS)
+            if not presplit:
+                x0, x1, x2, x3 = regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3]
+                if straight and vec:
+                    store4(s, dr * BK + dc, x0, x1, x2, x3)
+                elif straight:
+                    s[0, dr, dc], s[0, dr, dc + 1], s[0, dr, dc + 2], s[0, dr, dc + 3] = x0, x1, x2, x3
+                else:
+                    s[0, dc, dr], s[0, dc + 1, dr], s[0, dc + 2, dr], s[0, dc + 3, dr] = x0, x1, x2, x3
+                continue
             b0, s0 = split(regs[4 * j])
             b1, s1 = split(regs[4 * j + 1])
             b2, s2 = split(regs[4 * j + 2])
@@ -123,11 +143,12 @@ def _split_copier(R, THREADS, straight, vec):
     return fetch, put, E
 
 
-def _stage(BM, BN, MI, NI, products=3):
+def _stage(BM, BN, MI, NI, products=3, presplit=True):
     """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of the stage's product
     op(a)[tile rows, 16 k] @ op(b)[16 k, tile columns], from the split planes sa (2, BM, 16) and
     sb (2, BN, 16). products: 3 (3xTF32); 1 and 0 are for measuring only (bench/gemm_ablate.py):
-    big*big alone (TF32 accuracy), or no mma at all (a multiply-add keeps the reads alive)."""
+    big*big alone (TF32 accuracy), or no mma at all (a multiply-add keeps the reads alive).
+    presplit=False: sa and sb hold one plane of raw values, split here as they are read."""
     TM, TN = 2 * MI, 2 * NI
     BK = BK_SPLIT
 
@@ -135,10 +156,18 @@ def _stage(BM, BN, MI, NI, products=3):
         ROW = np.array([(i // 2) * 16 + (i % 2) * 8 for i in range(TM)])      # row(i) - wm0 - g
         COL = np.array([(j // 2) * 8 + j % 2 for j in range(TN)])            # col(j) - wn0 - 2t
 
+        def parts(x):
+            big = tf32_round(x)
+            return big, tf32_round(x - big)
+
         def stage(acc, sa, sb, wm0, wn0, g, t):
             rows, cols = ROW + (wm0 + g), COL + (wn0 + 2 * t)
-            ab, as_ = sa[0][rows], sa[1][rows]            # TM x 16: this thread's rows of op(a)
-            bb, bs = sb[0][cols].T, sb[1][cols].T         # 16 x TN: its columns of op(b)
+            if presplit:
+                ab, as_ = sa[0][rows], sa[1][rows]        # TM x 16: this thread's rows of op(a)
+                bb, bs = sb[0][cols].T, sb[1][cols].T     # 16 x TN: its columns of op(b)
+            else:
+                ab, as_ = parts(sa[0][rows])
+                bb, bs = parts(sb[0][cols].T)
             acc += (as_ @ bb + ab @ bs) + ab @ bb        # small*big + big*small + big*big
         return stage
 
@@ -149,12 +178,26 @@ def _stage(BM, BN, MI, NI, products=3):
         for mi in range(MI):
             for h in range(2):
                 m = wm0 + 16 * mi + 8 * h + g
-                for p in range(2):
-                    ra[mi, h, p, 0], ra[mi, h, p, 1], ra[mi, h, p, 2], ra[mi, h, p, 3] = load4(sa, (p * BM + m) * BK + 4 * t)
+                if presplit:
+                    for p in range(2):
+                        ra[mi, h, p, 0], ra[mi, h, p, 1], ra[mi, h, p, 2], ra[mi, h, p, 3] = load4(sa, (p * BM + m) * BK + 4 * t)
+                else:
+                    x0, x1, x2, x3 = load4(sa, m * BK + 4 * t)
+                    ra[mi, h, 0, 0], ra[mi, h, 1, 0] = split(x0)
+                    ra[mi, h, 0, 1], ra[mi, h, 1, 1] = split(x1)
+                    ra[mi, h, 0, 2], ra[mi, h, 1, 2] = split(x2)
+                    ra[mi, h, 0, 3], ra[mi, h, 1, 3] = split(x3)
         for ni in range(NI):
             n = wn0 + 8 * ni + g
-            for p in range(2):
-                rb[ni, p, 0], rb[ni, p, 1], rb[ni, p, 2], rb[ni, p, 3] = load4(sb, (p * BN + n) * BK + 4 * t)
+            if presplit:
+                for p in range(2):
+                    rb[ni, p, 0], rb[ni, p, 1], rb[ni, p, 2], rb[ni, p, 3] = load4(sb, (p * BN + n) * BK + 4 * t)
+            else:
+                x0, x1, x2, x3 = load4(sb, n * BK + 4 * t)
+                rb[ni, 0, 0], rb[ni, 1, 0] = split(x0)
+                rb[ni, 0, 1], rb[ni, 1, 1] = split(x1)
+                rb[ni, 0, 2], rb[ni, 1, 2] = split(x2)
+                rb[ni, 0, 3], rb[ni, 1, 3] = split(x3)
         zero = float32(0.0)
         for mi in range(MI):
             for ni in range(NI):
@@ -180,17 +223,19 @@ def _stage(BM, BN, MI, NI, products=3):
     return stage
 
 
-def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3):
+def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, presplit=True):
     """Build tile_mma(acc, a, b, kb, ke): acc += this thread's share of the block's tile of
     op(a)[:, kb:ke] @ op(b)[kb:ke, :], on split tiles (same warps and outputs as warp_tile's).
-    products: see _stage (3 for every kernel of the engine)."""
+    products: see _stage (3 for every kernel of the engine). presplit=False: one shared plane of
+    raw values, split as the fragments are read (half the shared memory and its traffic)."""
     assert BK == BK_SPLIT, f"split tiles take BK = {BK_SPLIT}, got {BK}"
     WARPS_N = BN // WN
     THREADS = WARP * (BM // WM) * WARPS_N
     # a [M, K] is straight, a^T (stored [K, M]) transposed; b^T (stored [N, K]) straight, b [K, N] transposed
-    fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec)
-    fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec)
-    stage = _stage(BM, BN, WM // 16, WN // 8, products)
+    fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec, presplit)
+    fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec, presplit)
+    stage = _stage(BM, BN, WM // 16, WN // 8, products, presplit)
+    PL = 2 if presplit else 1                              # shared planes
 
     @cuda.jit(device=True)
     def load(ra, rb, a, b, k0, ke, row0, col0, M, N):
@@ -206,8 +251,8 @@ def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3):
 
     @cuda.jit(device=True)
     def tile_mma(acc, a, b, kb, ke):
-        sa = cuda.shared.array((2, 2, BM, BK), float32, alignment=16)   # [stage, plane, m, k]
-        sb = cuda.shared.array((2, 2, BN, BK), float32, alignment=16)   # [stage, plane, n, k]
+        sa = cuda.shared.array((2, PL, BM, BK), float32, alignment=16)  # [stage, plane, m, k]
+        sb = cuda.shared.array((2, PL, BN, BK), float32, alignment=16)  # [stage, plane, n, k]
         ra = cuda.local.array(EA, float32)                 # the next tiles, on their way in
         rb = cuda.local.array(EB, float32)
         tid = cuda.threadIdx.x

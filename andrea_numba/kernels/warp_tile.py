@@ -60,7 +60,7 @@ from .ptx import load4, mma_tf32, store4, tf32_round
 from .split_tile import tile_mma_split
 
 WARP = 32
-KINDS = ("simt", "tf32x3", "tf32x3s")      # matmul v3, v4, v5
+KINDS = ("simt", "tf32x3", "tf32x3s", "tf32x3k")      # matmul v3, v4, v5, v6
 
 
 def _copier(R, Cc, P, THREADS, vec):
@@ -272,8 +272,9 @@ def make_warp_tile(tile):
         mma[(trans_a, trans_b)]            the same over k in [kb, ke): f(acc, a, b, kb, ke)
         row(i), col(j), zero(acc), store(out, acc, accumulate)
         TM, TN, THREADS, grid(M, N, z)
-    tile = (kind, BM, BN, BK, WM, WN, vec): kind "simt" (v3), "tf32x3" (v4) or "tf32x3s" (v5, the
-    split tiles of split_tile.py); vec: 128-bit copies (the caller checked the alignment: resolve())."""
+    tile = (kind, BM, BN, BK, WM, WN, vec): kind "simt" (v3), "tf32x3" (v4), "tf32x3s" (v5: split
+    planes) or "tf32x3k" (v6: k-major tiles split as read), the last two from split_tile.py;
+    vec: 128-bit copies (the caller checked the alignment: resolve())."""
     kind, BM, BN, BK, WM, WN, vec = tile
     assert kind in KINDS, kind
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 8 == 0 and BK % 8 == 0, f"tile {tile}"
@@ -283,8 +284,8 @@ def make_warp_tile(tile):
     ranged = {}
     for ta in (False, True):
         for tb in (False, True):
-            if kind == "tf32x3s":
-                ranged[(ta, tb)], THREADS = tile_mma_split(ta, tb, BM, BN, BK, WM, WN, vec)
+            if kind in ("tf32x3s", "tf32x3k"):
+                ranged[(ta, tb)], THREADS = tile_mma_split(ta, tb, BM, BN, BK, WM, WN, vec, presplit=kind == "tf32x3s")
             else:
                 ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, kind == "tf32x3", vec)
 
