@@ -113,7 +113,7 @@ def time_launch(launch, buffers, scalars, block, stream, min_ms=20.0) -> float:
     return float(np.median(times))
 
 
-def bench_case(case, dims: Dims, rng, say=print) -> list[dict]:
+def bench_case(case, dims: Dims, rng, say=print, versions=None) -> list[dict]:
     from numba import cuda
 
     from andrea_numba import check
@@ -124,6 +124,8 @@ def bench_case(case, dims: Dims, rng, say=print) -> list[dict]:
         ref = check.reference_for(case, direction, dims, rng)
         flops, nbytes, bound = work(kernel, dims)
         for version, launch in case.versions(direction).items():
+            if versions and version not in versions:
+                continue
             for block in launch.blocks:
                 agree = check.check_launcher(case, direction, launch, dims, rng, block, version, ref)
                 buffers, scalars = device_buffers(case, launch, dims, ref)
@@ -142,7 +144,7 @@ def bench_case(case, dims: Dims, rng, say=print) -> list[dict]:
     return rows
 
 
-def bench_size(size: str, ops, seed: int = 0, shape=None, say=lambda s: print(s, flush=True)) -> dict:
+def bench_size(size: str, ops, seed: int = 0, shape=None, say=lambda s: print(s, flush=True), versions=None) -> dict:
     """The table of `ops` at a model size: its training microbatch, or shape = (B, T)."""
     from andrea_numba.kernels.common import device_name
     m = load_config(size).model
@@ -152,7 +154,7 @@ def bench_size(size: str, ops, seed: int = 0, shape=None, say=lambda s: print(s,
         f"{device_name()}: peak {PEAK_TFLOPS} TFLOP/s fp32, {PEAK_GBS:.0f} GB/s\n{HEAD}")
     rows = []
     for op in ops:
-        rows += bench_case(CASES[op], dims, np.random.default_rng(seed), say=say)
+        rows += bench_case(CASES[op], dims, np.random.default_rng(seed), say=say, versions=versions)
     return {"size": size, "B": B, "T": dims.T, "device": device_name(), "rows": rows}
 
 
@@ -200,6 +202,8 @@ def main(argv=None) -> int:
                     help="model sizes, comma-separated (default 12M,120M)")
     ap.add_argument("--shape", type=_shape, help="B,T instead of the size's training microbatch")
     ap.add_argument("--seed", type=cli.seed, default=0)
+    ap.add_argument("--version", action="append", metavar="N", type=cli.int_range(1, 99),
+                    help="time only this version number of each launcher (repeatable; default every version)")
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the rows as JSON here")
     ap.add_argument("--markdown", type=cli.file_to_write(".md"), help="write the tables as Markdown here")
     args = ap.parse_args(argv)
@@ -212,7 +216,7 @@ def main(argv=None) -> int:
               "without NUMBA_ENABLE_CUDASIM=1", file=sys.stderr)
         return 2
     try:
-        tables = [bench_size(size, ops, args.seed, args.shape) for size in args.sizes]
+        tables = [bench_size(size, ops, args.seed, args.shape, versions=args.version) for size in args.sizes]
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
