@@ -342,4 +342,4 @@ from .attn_flash_v3 import attn_flash_bwd_v3, attn_flash_fwd_v3  # noqa: E402
 
 VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3},
             "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3}}
-attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v2, attn_flash_bwd_v2
+attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v3, attn_flash_bwd_v3          # what the engine uses
