@@ -82,8 +82,18 @@ def main():
         # warp-tile products, which the harness's small shapes do not reach on a GPU's settings
         from andrea_numba.kernels import matmul
         out, a = np.zeros((64, 64), np.float32), np.zeros((8192, 64), np.float32)
-        for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5):
+        for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5, matmul.matmul_v6):
             launch(out, np.zeros(matmul.splitk_work(64), np.float32), a, a, trans_a=True, accumulate=True)
+        # flash attention v2 and v3 at the models' head size (the harness's tiny size has hs = 4),
+        # every declared block, with dropout
+        from andrea_numba.kernels import attn_flash
+        x, lse = np.zeros((2, 128, 384), np.float32), np.zeros((2, 6, 128), np.float32)
+        for v in (2, 3):
+            fwd, bwd = attn_flash.VERSIONS["attn_flash_fwd"][v], attn_flash.VERSIONS["attn_flash_bwd"][v]
+            for blk in fwd.blocks:
+                fwd(x, lse, x, x, x, 6, 0.1, 7, block=blk)
+            for blk in bwd.blocks:
+                bwd(x, x, x, lse, x, x, x, x, x, lse, 6, 0.1, 7, block=blk)
     for name in sorted(COMPILED):
         sigs = COMPILED[name]
         print(f"{name:<32} {len(sigs)} signature(s) compiled for sm_{CC[0]}{CC[1]}, "
