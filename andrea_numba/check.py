@@ -284,6 +284,8 @@ def main(argv=None) -> int:
                     help="check only this version number of each launcher (repeatable; default every version)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
+    if args.model_only and (args.ops_only or args.op or args.version):
+        cli.fail("argument --model-only: cannot be combined with --ops-only, --op or --version")
     T = load_config(args.size).model.context_length
     if args.seq is not None and args.seq > T:
         cli.fail(f"argument --seq: {args.seq} exceeds the model's context length ({T}): use at most {T}")
@@ -297,8 +299,6 @@ def main(argv=None) -> int:
     seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
     say = (lambda s: print(s, file=sys.stderr, flush=True))
     say(f"seed {seed}, device: {device_name()}")
-    if args.model_only and (args.ops_only or args.op or args.version):
-        cli.fail("argument --model-only: cannot be combined with --ops-only, --op or --version")
     rows = run_checks(args.size, seed, args.batch, args.seq, ops=not args.model_only,
                       model=not (args.ops_only or args.op or args.version), progress=say, only=args.op,
                       versions=args.version)

@@ -47,3 +47,20 @@ def test_repeat_catches_a_nondeterministic_kernel():
 
     row = check.run_op("x", flaky, dict(x=x), dict(out=(6,)), [], dict(out=x.astype(np.float64)), rng=_rng())[0]
     assert row["max_abs_err"] < 1e-6 and not row["bitwise_repeat"] and not row["ok"]
+
+
+def test_op_rows_keep_only_the_versions_asked_for():
+    from andrea_numba.config import load_config
+    m = load_config("tiny").model
+    rows = check.op_rows(m, 2, 5, _rng(), ops=["residual"], versions=[1])
+    assert rows and {r["version"] for r in rows} == {1}
+    assert check.op_rows(m, 2, 5, _rng(), ops=["residual"], versions=[99]) == []
+
+
+def test_model_only_does_not_combine_with_op_filters(capsys):
+    import pytest
+    with pytest.raises(SystemExit) as e:
+        check.main(["--model-only", "--op", "residual"])
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--model-only" in err[0]
