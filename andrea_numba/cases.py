@@ -116,11 +116,13 @@ class OpCase:
         return tuple(name[1:] for name in self.bwd_out)
 
     # -- the kernels --
-    def versions(self, direction: str = "fwd") -> dict:
+    def versions(self, direction: str = "fwd", numbers=None) -> dict:
         """{version: launcher} of the forward ("fwd") or backward ("bwd") launcher (those in
-        `only`, when the case names some: the others are another case's)."""
+        `only`, when the case names some: the others are another case's; and of those, the
+        version numbers in `numbers`, when given: --version of the harness and the benchmarks)."""
         versions = self.module.VERSIONS[self.fwd if direction == "fwd" else self.bwd]
-        return {v: launch for v, launch in versions.items() if not self.only or v in self.only}
+        return {v: launch for v, launch in versions.items()
+                if (not self.only or v in self.only) and (not numbers or v in numbers)}
 
     def engine(self, direction: str = "fwd") -> Callable:
         """The launcher the engine uses (the module-level name without a version)."""

@@ -177,9 +177,7 @@ def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None, versions=None) -> lis
             continue
         for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
             ref = reference_for(case, direction, dims, rng)
-            for version, launch in case.versions(direction).items():
-                if versions and version not in versions:
-                    continue
+            for version, launch in case.versions(direction, versions).items():
                 for block in launch.blocks:
                     rows += check_launcher(case, direction, launch, dims, rng, block, version, ref)
     return rows

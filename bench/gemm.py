@@ -59,14 +59,17 @@ def timed(fn, reps=5, inner=3):
 
 
 def _versions(text: str) -> list:
-    """"2,3,4": matmul versions, each one of VERSIONS (1 to 6)."""
+    """"2,3,4": matmul versions, each a key of matmul.VERSIONS."""
     import argparse
+
+    from andrea_numba.kernels.matmul import VERSIONS
+    known = sorted(VERSIONS["matmul"])
     try:
         vs = [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be versions separated by commas (2,3,4), got {text!r}") from None
-    if not vs or any(v not in (1, 2, 3, 4, 5, 6) for v in vs):
-        raise argparse.ArgumentTypeError(f"each version must be 1 to 6, got {text!r}")
+    if not vs or any(v not in known for v in vs):
+        raise argparse.ArgumentTypeError(f"each version must be one of {known}, got {text!r}")
     return vs
 
 
@@ -135,7 +138,7 @@ def main(argv=None):
         print(f"| {label} | {M} | {N} | {K} | " + " | ".join(cells) + " |", flush=True)
         for v in (v for v in versions if v >= 3):        # registers and spills of the warp-tile kernel
             from andrea_numba.kernels.warp_tile import resolve
-            kind = {3: "simt", 4: "tf32x3", 5: "tf32x3s", 6: "tf32x3k"}[v]
+            kind = next(k for k, launch in MM.WARP_MATMUL.items() if launch is MM.VERSIONS["matmul"][v])
             kern = MM._k_matmul_warp(resolve(kind, best_block[v], da, db), ta, tb)
             try:
                 row[f"v{v}_regs"] = list(kern.get_regs_per_thread().values())

@@ -7,8 +7,9 @@ If the time falls about threefold from three products to one, the tensor cores a
 it hardly moves, the limit is elsewhere (copies, shared-memory reads, barriers, latency). "none"
 keeps every copy and shared read but replaces the mma by one multiply-add per value read: the
 floor that the data movement alone sets. "split at read" keeps one shared plane of raw values and
-splits them as the fragments are read (half the shared traffic, more arithmetic). Prints a markdown table (ms and TFLOP/s counted as
-2 M N K, whatever the kernel's accuracy; only "3xTF32" is an fp32-accurate product).
+splits them as the fragments are read (matmul v6: half the shared traffic, more arithmetic).
+Prints a markdown table (ms and TFLOP/s counted as 2 M N K, whatever the kernel's accuracy; only
+the 3xTF32 columns are fp32-accurate products).
 """
 from __future__ import annotations
 

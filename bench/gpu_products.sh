@@ -10,6 +10,20 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 py=python3
 steps=${*:-gemm check12 check120 kernels step}
+
+disagree() {     # rows in a check's JSON file, and the first rows that disagree
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$1"
+}
+
+check_versions() {   # check_versions TAG SEED --version N ...: the linear ops and products at 12M and 120M
+  local tag=$1 seed=$2; shift 2
+  for size in 12M 120M; do
+    $py -m andrea_numba.check --size $size --seed $seed --op attn_qkv --op attn_out --op mlp --op loss --op matmul \
+        --op "matmul a@b^T" --op "matmul a^T@b +=" "$@" --json > "$OUT/${tag}_$size.json" 2> "$OUT/${tag}_$size.err"
+    echo "$tag $size exit $?"; tail -1 "$OUT/${tag}_$size.err"; disagree "$OUT/${tag}_$size.json"
+  done
+}
+
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 for s in $steps; do
   t0=$(date +%s)
@@ -30,24 +44,13 @@ for s in $steps; do
           echo "step exit $?"; cat "$OUT/step.txt" | grep -v '^{' ;;
     gemm5) $py bench/gemm.py --versions 4,5 --blocks --json "$OUT/gemm5.json" > "$OUT/gemm5.md" 2>&1
            echo "gemm5 exit $?"; cat "$OUT/gemm5.md" ;;
-    check5) for size in 12M 120M; do
-              $py -m andrea_numba.check --size $size --seed 6 --op attn_qkv --op attn_out --op mlp --op loss --op matmul \
-                  --op "matmul a@b^T" --op "matmul a^T@b +=" --version 4 --version 5 --json > "$OUT/check5_$size.json" \
-                  2> "$OUT/check5_$size.err"; echo "check5 $size exit $?"; tail -2 "$OUT/check5_$size.err"
-              python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$OUT/check5_$size.json"
-            done ;;
+    check5) check_versions check5 6 --version 4 --version 5 ;;
     gemm6) $py bench/gemm.py --versions 6 --blocks --json "$OUT/gemm6.json" > "$OUT/gemm6.md" 2>&1
            echo "gemm6 exit $?"; cat "$OUT/gemm6.md" | grep -v "v6_regs" ; grep -o "'v6_regs': \[[0-9]*\]" "$OUT/gemm6.md" | sort | uniq -c ;;
-    check6) for size in 12M 120M; do
-              $py -m andrea_numba.check --size $size --seed 7 --op attn_qkv --op attn_out --op mlp --op loss --op matmul \
-                  --op "matmul a@b^T" --op "matmul a^T@b +=" --version 5 --version 6 --json > "$OUT/check6_$size.json" \
-                  2> "$OUT/check6_$size.err"; echo "check6 $size exit $?"; tail -1 "$OUT/check6_$size.err"
-              python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$OUT/check6_$size.json"
-            done ;;
+    check6) check_versions check6 7 --version 5 --version 6 ;;
     model) for size in 12M 120M; do
              $py -m andrea_numba.check --size $size --seed 8 --model-only --json > "$OUT/model_$size.json" 2> "$OUT/model_$size.err"
-             echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"
-             python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$OUT/model_$size.json"
+             echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"; disagree "$OUT/model_$size.json"
            done ;;
     step6) $py bench/step_time.py --sizes 12M 120M --products tf32x3k tf32x3 --json "$OUT/step6.json" > "$OUT/step6.txt" 2>&1
            echo "step6 exit $?"; grep -v '^{' "$OUT/step6.txt" ;;

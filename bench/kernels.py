@@ -123,9 +123,7 @@ def bench_case(case, dims: Dims, rng, say=print, versions=None) -> list[dict]:
         kernel = case.fwd if direction == "fwd" else case.bwd
         ref = check.reference_for(case, direction, dims, rng)
         flops, nbytes, bound = work(kernel, dims)
-        for version, launch in case.versions(direction).items():
-            if versions and version not in versions:
-                continue
+        for version, launch in case.versions(direction, versions).items():
             for block in launch.blocks:
                 agree = check.check_launcher(case, direction, launch, dims, rng, block, version, ref)
                 buffers, scalars = device_buffers(case, launch, dims, ref)

@@ -21,7 +21,7 @@ from numba import cuda
 
 from andrea_numba import cli
 from andrea_numba.config import load_config
-from andrea_numba.gpu_model import GPUModel
+from andrea_numba.gpu_model import PRODUCTS, GPUModel
 from andrea_numba.layout import init_params, n_params
 
 SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
@@ -116,7 +116,7 @@ def main(argv=None):
     ap.add_argument("--attention", choices=("flash", "plain", "both"), default="flash",
                     help="flash attention (the engine's default), attention v2 (saves the probabilities), or both")
     ap.add_argument("--flash", action="store_const", const="both", dest="attention", help="the same as --attention both")
-    ap.add_argument("--products", nargs="+", choices=("tf32x3", "tf32x3s", "tf32x3k", "simt"), default=["tf32x3k"],
+    ap.add_argument("--products", nargs="+", choices=sorted(PRODUCTS), default=["tf32x3k"],
                     help="the linear ops' products: tf32x3 (v3), tf32x3s (v4, split planes), tf32x3k (v5, k-major), simt (v2)")
     args = ap.parse_args(argv)
     rows = []
