@@ -31,10 +31,12 @@ SHAPES = [
     ("12M qkv / mlp fwd x @ W", 8192, 1536, 384, False, False, False),
     ("12M mlp dx = dh @ W_1^T", 8192, 384, 1536, False, True, False),
     ("12M dW_1 += x^T @ dh", 384, 1536, 8192, True, False, True),
+    ("12M dW_2 += h^T @ dout", 1536, 384, 8192, True, False, True),
     ("12M dW_O += y^T @ dout", 384, 384, 8192, True, False, True),
     ("120M mlp fwd x @ W_1", 8192, 3072, 768, False, False, False),
     ("120M mlp dx = dh @ W_1^T", 8192, 768, 3072, False, True, False),
     ("120M dW_1 += x^T @ dh", 768, 3072, 8192, True, False, True),
+    ("120M dW_2 += h^T @ dout", 3072, 768, 8192, True, False, True),
     ("120M dW_O += y^T @ dout", 768, 768, 8192, True, False, True),
     ("120M logits x @ wte^T", 8192, 50304, 768, False, True, False),
     ("120M dwte += dlogits^T @ x", 50304, 768, 8192, True, False, True),
@@ -102,7 +104,9 @@ def main(argv=None):
             ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64) + o0
         da, db = cuda.to_device(a), cuda.to_device(b)
         out = cuda.to_device(o0)
-        work = cuda.device_array(16 * 768 * 768, np.float32)      # the engine's split-K buffer at 120M
+        # the engine's split-K buffer for the weight gradients (a^T @ b) at the shape's width;
+        # the other products get none, as in the engine
+        work = cuda.device_array(MM.splitk_work(384 if label.startswith("12M") else 768), np.float32) if ta else None
         flops = 2.0 * M * N * K
         row = dict(product=label, M=M, N=N, K=K)
         cells = []

@@ -33,6 +33,7 @@ what they do with the sums. A "block" of these launchers is a tile shape (BM, BN
 import functools
 from types import SimpleNamespace
 
+import numba
 from numba import cuda, float32
 
 from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv
@@ -212,8 +213,19 @@ k_matmul_v2 = _k_matmul_v2(matmul_v2.blocks[0], False, False)   # the default ti
 # the grid's third dimension sums its slice into work[z] (a partial tile, no atomics), then
 # k_splitk_sum_v1 adds the slices in the fixed order z = 0, 1, .., S-1:
 #     out (+)= work[0] + work[1] + ... + work[S-1]
-# S depends only on the shapes and the size of the work buffer: the same launch every time, so
-# the same sums in the same order: deterministic.
+#
+# How many slices: a GPU runs a launch in waves. With R blocks resident at once (the occupancy of
+# the kernel: R = 2 blocks of 128 x 64 on each of the H200's 132 multiprocessors, 264; the CUDA
+# occupancy API says so, see resident_blocks), a launch of n blocks of equal work takes
+# ceil(n / R) waves, and a wave lasts as long as one block's K loop. The 120M's dW_1 is 6 x 48 = 288
+# tiles: one full wave and one of 24 blocks, the GPU 55% busy. Cutting K into S slices makes S
+# times the blocks, each S times shorter, so splitk picks the S of least
+#     waves(S) x stages per slice  +  the cost of the slices' partial tiles
+# (each slice's M x N partial is written, then read by k_splitk_sum_v1: about one wave-stage per
+# half a million partial values, plus the second launch). dW_1 at 120M: S = 1 costs 2 x 512 = 1024
+# wave-stages, S = 4 (1152 blocks, 5 waves x 128) 640 + 21, S = 8 (9 waves x 64) 576 + 38.
+# S depends only on the shapes, the work buffer's size and the kernel's occupancy on this GPU:
+# the same launch every time, so the same sums in the same order: deterministic.
 
 # (BM, BN, BK, WM, WN): 4 warps of 64 x 32 outputs (128 x 64 per block), 4 warps of 32 x 32
 # (64 x 64), 8 warps of 64 x 32 (128 x 128), and 64 x 64 with BK = 32 (half the barriers); in the
@@ -224,25 +236,35 @@ k_matmul_v2 = _k_matmul_v2(matmul_v2.blocks[0], False, False)   # the default ti
 WARP_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 32),
                        (64, 64, 32, 32, 32)),
                   sim=((32, 32, 8, 32, 32), (32, 64, 8, 16, 64)))
-SPLITK_BLOCKS = 4 if SIMULATOR else 264   # split K until a launch has about this many blocks (2 per SM)
+RESIDENT_BLOCKS = 4          # the simulator's stand-in for the GPU's resident blocks (resident_blocks)
+SPLIT_LAUNCH = 2             # k_splitk_sum_v1's launch and its pass, in wave-stages ...
+SPLIT_VALUES = 1 << 19       # ... plus one for every half million partial values written and read
 
 
 def splitk_work(C: int) -> int:
     """Floats of the split-K work buffer for a model of width C (the engine's, and the op cases'):
-    room for 4 slices of the largest weight gradient, W_1's C x 4C."""
-    return 16 * C * C
+    room for 8 slices of the largest weight gradient, W_1's C x 4C (32 of a C x C one)."""
+    return 32 * C * C
 
 
-def splitk(M, N, K, z, block, work):
-    """(S, ksplit): slices of K for a launch of z products of M x N (S = 1 without a work buffer
-    or with enough tiles already). Each slice is at least 2 BK long; S * z * M * N fits in work."""
+def splitk(M, N, K, z, block, work, resident=RESIDENT_BLOCKS):
+    """(S, ksplit): slices of K for a launch of z products of M x N, by the least cost in
+    wave-stages (the comment above) with `resident` blocks running at once; S = 1 without a work
+    buffer. Each slice is at least 2 BK long; S * z * M * N fits in work."""
     BM, BN, BK = block[:3]
-    tiles = cdiv(M, BM) * cdiv(N, BN) * z
-    if work is None or tiles >= SPLITK_BLOCKS:
+    if work is None:
         return 1, K
-    S = max(1, min(cdiv(SPLITK_BLOCKS, tiles), K // (2 * BK), work.shape[0] // (z * M * N)))
-    ksplit = cdiv(cdiv(K, S), BK) * BK
-    return cdiv(K, ksplit), ksplit
+    tiles = cdiv(M, BM) * cdiv(N, BN) * z
+    best = None
+    for S in range(1, max(1, min(K // (2 * BK), work.shape[0] // (z * M * N))) + 1):
+        ksplit = cdiv(cdiv(K, S), BK) * BK
+        S = cdiv(K, ksplit)                   # rounding ksplit up to whole stages may need fewer
+        cost = cdiv(tiles * S, resident) * (ksplit // BK)
+        if S > 1:
+            cost += SPLIT_LAUNCH + S * z * M * N / SPLIT_VALUES
+        if best is None or cost < best[0]:
+            best = (cost, S, ksplit)
+    return best[1], best[2]
 
 
 @cuda.jit
@@ -315,14 +337,32 @@ def _k_matmul_warp(tile, trans_a, trans_b):
     return k_matmul_v6
 
 
+@functools.cache
+def _resident(tile, trans_a, trans_b, sig):
+    kernel = _k_matmul_warp(tile, trans_a, trans_b).compile(sig)
+    return kernel.max_cooperative_grid_blocks(make_warp_tile(tile).THREADS)
+
+
+def resident_blocks(tile, trans_a, trans_b, args) -> int:
+    """Blocks of this product kernel the GPU runs at once: blocks per multiprocessor (set by
+    its registers and shared memory, from the CUDA occupancy API) x multiprocessors, for the
+    kernel compiled for these arguments. The simulator's stand-in: RESIDENT_BLOCKS."""
+    if SIMULATOR:
+        return RESIDENT_BLOCKS
+    return _resident(tile, trans_a, trans_b, tuple(numba.typeof(x) for x in args))
+
+
 def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     tile = resolve(kind, block, a, b)
     t = make_warp_tile(tile)
-    S, ksplit = splitk(M, N, K, 1, block, work)
+    trans_a, trans_b = bool(trans_a), bool(trans_b)
+    resident = 0 if work is None else resident_blocks(tile, trans_a, trans_b,
+                                                      (out, out.reshape(1, M, N), a, b, accumulate, K))
+    S, ksplit = splitk(M, N, K, 1, block, work, resident)
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
-    _k_matmul_warp(tile, bool(trans_a), bool(trans_b))[t.grid(M, N, S), t.THREADS, stream](
+    _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a, b, accumulate, ksplit)
     if S > 1:
         splitk_sum(out, part, accumulate, stream)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One GPU session: where the step's GPU time goes, kernel by kernel (Nsight Compute), the training
+# step in graph mode against eager, the whole step beside PyTorch, and harness runs. Writes to $OUT.
+#   bash bench/gpu_profile.sh [steps...]
+#   steps: profile (12M and 120M kernels by op), graph (12M, 20 steps, both modes), step (12M and
+#          120M beside PyTorch), check120 (linear ops v5 and matmul v6 at 120M), ln (layernorm and
+#          residual_layernorm, every version, at 12M)
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+py=python3
+steps=${*:-profile graph step check120 ln}
+
+disagree() {     # rows in a check's JSON file, and the first rows that disagree
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$1"
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
+for s in $steps; do
+  t0=$(date +%s)
+  case $s in
+    profile) for size in 12M 120M; do
+               timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
+                   $py bench/profile_kernels.py run --size $size --log "/tmp/launches_$size.json" > "/tmp/ncu_$size.csv" 2> "/tmp/ncu_$size.err"
+               echo "ncu $size exit $?"; grep -v "^==PROF==" "/tmp/ncu_$size.err" | tail -3
+               $py bench/profile_kernels.py table --log "/tmp/launches_$size.json" --ncu "/tmp/ncu_$size.csv" \
+                   --markdown "$OUT/kernels_$size.md" --json "$OUT/kernels_$size.json" > /dev/null
+               echo "table $size exit $?"; head -30 "$OUT/kernels_$size.md"
+             done ;;
+    graph) timeout 300 $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps 20 --dropout 0 > "$OUT/graph.txt" 2>&1
+           echo "gpu_graph exit $?"; tail -12 "$OUT/graph.txt" ;;
+    step) timeout 200 $py bench/step_time.py --sizes 12M 120M --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
+          echo "step exit $?"; grep -v '^{' "$OUT/step.txt" ;;
+    check120) timeout 400 $py -m andrea_numba.check --size 120M --seed 7 --op attn_qkv --op attn_out --op mlp --op loss \
+                  --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 5 --version 6 --ops-only --json \
+                  > "$OUT/check6_120M.json" 2> "$OUT/check6_120M.err"
+              echo "check6 120M exit $?"; tail -1 "$OUT/check6_120M.err"; disagree "$OUT/check6_120M.json" ;;
+    ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
+            > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
+        echo "ln 12M exit $?"; tail -1 "$OUT/check_ln_12M.err"; disagree "$OUT/check_ln_12M.json" ;;
+  esac
+  echo "[$s: $(( $(date +%s) - t0 )) s]"
+done
+for d in graph; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+true

@@ -1,0 +1,152 @@
+"""The GPU time of every kernel of one forward + backward, measured by Nsight Compute, by op.
+
+    ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \\
+        python bench/profile_kernels.py run --size 12M --log launches.json > ncu.csv
+    python bench/profile_kernels.py table --log launches.json --ncu ncu.csv --markdown profile.md
+
+`run` builds the engine's model (GPUModel, the config's B x T), runs one forward + backward to
+compile, then a second one between cuda.profile_start() and cuda.profile_stop(), so Nsight Compute
+times exactly that step's kernels. Every kernel launch of that step is logged in order, with the
+launcher of andrea_numba that made it (the outermost engine function on the call stack), its grid
+and its block. `table` joins the log with Nsight Compute's CSV (the i-th profiled kernel is the
+i-th logged launch; their names are checked to match) and prints the GPU time by launcher and by
+kernel. Unlike bench/profile_step.py, which times each launcher from the CPU with a synchronise
+around it (so the 12M step's launch cost is inside its figures), these are the kernels' own
+durations: their sum is the step's GPU time with no launch gaps, what a CUDA graph replay can reach.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from andrea_numba import cli  # noqa: E402
+
+ENGINE = str(ROOT / "andrea_numba")
+
+
+def launcher_name():
+    """The outermost frame in andrea_numba/kernels below the model: the launcher that made this launch."""
+    f, name = sys._getframe(2), "?"
+    while f is not None:
+        path = f.f_code.co_filename
+        if path.startswith(ENGINE) and "kernels" in Path(path).parts:
+            name = f.f_code.co_name
+        f = f.f_back
+    return name
+
+
+def run(args):
+    import numpy as np
+    from numba import cuda
+    from numba.cuda import dispatcher
+    from andrea_numba.config import load_config
+    from andrea_numba.gpu_model import GPUModel
+    from andrea_numba.layout import init_params
+
+    cfg = load_config(args.size)
+    m, B, T = cfg.model, cfg.train.batch_size, cfg.train.seq_len
+    model = GPUModel(m, B, T, products=args.products)
+    model.params.copy_to_device(init_params(m, 0))
+    rng = np.random.default_rng(0)
+    x = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
+    y = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
+    model.forward(x, y)                    # compile every kernel
+    model.backward()
+    cuda.synchronize()
+    log = []
+    call = dispatcher._LaunchConfiguration.__call__
+
+    def logged(self, *a):
+        log.append({"launcher": launcher_name(), "kernel": getattr(getattr(self.dispatcher, "py_func", None), "__name__", "?"),
+                    "grid": list(self.griddim) if isinstance(self.griddim, tuple) else self.griddim,
+                    "block": list(self.blockdim) if isinstance(self.blockdim, tuple) else self.blockdim})
+        return call(self, *a)
+    dispatcher._LaunchConfiguration.__call__ = logged
+    cuda.profile_start()
+    model.forward(x, y)
+    model.backward()
+    cuda.synchronize()
+    cuda.profile_stop()
+    dispatcher._LaunchConfiguration.__call__ = call
+    with open(args.log, "w") as f:
+        json.dump({"size": args.size, "B": B, "T": T, "products": args.products, "launches": log}, f, indent=0)
+    print(f"{len(log)} launches logged in one forward + backward of {cfg.name}, B={B} T={T}", file=sys.stderr)
+
+
+def ncu_rows(path):
+    """(kernel name, ms) per profiled kernel from Nsight Compute's --csv output, in launch order."""
+    rows = []
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]      # ncu prints its own notes before the CSV
+    for r in csv.DictReader(lines):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        v, unit = float(r["Metric Value"].replace(",", "")), r["Metric Unit"]
+        ms = v * {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}[unit]
+        rows.append((int(r["ID"]), r["Kernel Name"], ms))
+    return [(n, ms) for _, n, ms in sorted(rows)]
+
+
+def table(args):
+    with open(args.log) as f:
+        meta = json.load(f)
+    launches, timed = meta["launches"], ncu_rows(args.ncu)
+    if len(timed) != len(launches):
+        sys.exit(f"error: {args.ncu} has {len(timed)} kernels but {args.log} logged {len(launches)} launches; "
+                 "profile and log must come from the same run")
+    odd = [i for i, (la, (name, _)) in enumerate(zip(launches, timed)) if la["kernel"] not in name]
+    if odd:
+        i = odd[0]
+        print(f"warning: {len(odd)} kernel names differ between the files, the first at {i}: "
+              f"{timed[i][0]!r} against {launches[i]['kernel']!r}", file=sys.stderr)
+    total = sum(ms for _, ms in timed)
+    by_launcher, by_kernel = defaultdict(lambda: [0, 0.0]), defaultdict(lambda: [0, 0.0])
+    for la, (_, ms) in zip(launches, timed):
+        for d, key in ((by_launcher, la["launcher"]), (by_kernel, (la["launcher"], la["kernel"], str(la["grid"]), str(la["block"])))):
+            d[key][0] += 1
+            d[key][1] += ms
+    out = [f"{meta['size']}, B={meta['B']} T={meta['T']}, products {meta['products']}: one forward + backward, "
+           f"{len(launches)} kernels, {total:.2f} ms of GPU time (Nsight Compute, gpu__time_duration)", "",
+           "| launcher | kernels | ms | share |", "|---|---|---|---|"]
+    for k, (n, ms) in sorted(by_launcher.items(), key=lambda kv: -kv[1][1]):
+        out.append(f"| {k} | {n} | {ms:.3f} | {ms / total:.1%} |")
+    out += ["", "| launcher | kernel | grid | block | launches | ms | ms each |", "|---|---|---|---|---|---|---|"]
+    for (la, k, g, b), (n, ms) in sorted(by_kernel.items(), key=lambda kv: -kv[1][1]):
+        out.append(f"| {la} | {k} | {g} | {b} | {n} | {ms:.3f} | {ms / n:.4f} |")
+    text = "\n".join(out)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**{k: meta[k] for k in ("size", "B", "T", "products")}, "gpu_ms": total,
+                       "launchers": {k: {"kernels": n, "ms": ms} for k, (n, ms) in by_launcher.items()}}, f, indent=1)
+
+
+def main(argv=None):
+    from andrea_numba.gpu_model import PRODUCTS
+    ap = cli.Parser(prog="python bench/profile_kernels.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="one step between profile_start/stop, with its launches logged")
+    r.add_argument("--size", type=cli.config, default="12M")
+    r.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3k")
+    r.add_argument("--log", type=cli.file_to_write(".json"), required=True, help="the launch log to write")
+    t = sub.add_parser("table", help="join the launch log with Nsight Compute's CSV")
+    t.add_argument("--log", type=cli.existing_file, required=True)
+    t.add_argument("--ncu", type=cli.existing_file, required=True)
+    t.add_argument("--markdown", type=cli.file_to_write(".md"))
+    t.add_argument("--json", type=cli.file_to_write(".json"))
+    args = ap.parse_args(argv)
+    run(args) if args.cmd == "run" else table(args)
+
+
+if __name__ == "__main__":
+    main()
