@@ -4,7 +4,8 @@
 #   bash bench/gpu_profile.sh [steps...]
 #   steps: profile (12M and 120M kernels by op), graph (12M, 20 steps, both modes), step (12M and
 #          120M beside PyTorch), check120 (linear ops v5 and matmul v6 at 120M), ln (layernorm and
-#          residual_layernorm, every version, at 12M)
+#          residual_layernorm, every version, at 12M), checks (the harness on what changed, and the
+#          whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -35,11 +36,33 @@ for s in $steps; do
                   --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 5 --version 6 --ops-only --json \
                   > "$OUT/check6_120M.json" 2> "$OUT/check6_120M.err"
               echo "check6 120M exit $?"; tail -1 "$OUT/check6_120M.err"; disagree "$OUT/check6_120M.json" ;;
+    checks) # the split-K choice (linear ops v5, matmul v6), the LayerNorm versions and flash v3/v4 at 12M;
+            # 120M: flash v4 and the MLP's products; then the whole model at both sizes
+            run_check() { local tag=$1 size=$2 t=$3; shift 3
+              timeout $t $py -m andrea_numba.check --size $size --seed 11 --ops-only "$@" --json > "$OUT/$tag.json" 2> "$OUT/$tag.err"
+              echo "$tag exit $?"; tail -1 "$OUT/$tag.err"; disagree "$OUT/$tag.json"; }
+            run_check linear_12M 12M 200 --op mlp --op attn_out --op attn_qkv --op "matmul a^T@b +=" --version 5 --version 6
+            run_check ln_12M 12M 120 --op layernorm --op residual_layernorm
+            run_check flash_12M 12M 120 --op attn_flash --version 3 --version 4
+            run_check flash_120M 120M 120 --op attn_flash --version 4
+            run_check linear_120M 120M 150 --op mlp --op "matmul a^T@b +=" --version 5 --version 6
+            for size in 12M 120M; do
+              timeout 150 $py -m andrea_numba.check --size $size --seed 12 --model-only --json > "$OUT/model_$size.json" 2> "$OUT/model_$size.err"
+              echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"; disagree "$OUT/model_$size.json"
+            done
+            mkdir -p "$OUT/checks"
+            for f in linear_12M ln_12M flash_12M flash_120M linear_120M model_12M model_120M; do
+              mv "$OUT/$f.json" "$OUT/$f.err" "$OUT/checks/" 2>/dev/null; done ;;
+    gemm) timeout 150 $py bench/gemm.py --versions 6 --json "$OUT/gemm.json" > "$OUT/gemm.md" 2>&1
+          echo "gemm exit $?"; cat "$OUT/gemm.md" ;;
+    flash) timeout 200 $py bench/kernels.py attn_flash --sizes 12M,120M --version 3 --version 4 --markdown "$OUT/flash_kernels.md" \
+               > "$OUT/flash_kernels.txt" 2>&1
+           echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash_kernels.md" ;;
     ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
             > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
         echo "ln 12M exit $?"; tail -1 "$OUT/check_ln_12M.err"; disagree "$OUT/check_ln_12M.json" ;;
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

@@ -29,14 +29,16 @@ sys.path.insert(0, str(ROOT))
 from andrea_numba import cli  # noqa: E402
 
 ENGINE = str(ROOT / "andrea_numba")
+WRAPPERS = {"with_default"}          # common.blocks' wrapper around every launcher: not a launcher itself
 
 
 def launcher_name():
-    """The outermost frame in andrea_numba/kernels below the model: the launcher that made this launch."""
+    """The outermost function of andrea_numba/kernels on the call stack (the model calls it): the
+    launcher that made this launch."""
     f, name = sys._getframe(2), "?"
     while f is not None:
         path = f.f_code.co_filename
-        if path.startswith(ENGINE) and "kernels" in Path(path).parts:
+        if path.startswith(ENGINE) and "kernels" in Path(path).parts and f.f_code.co_name not in WRAPPERS:
             name = f.f_code.co_name
         f = f.f_back
     return name

@@ -130,6 +130,27 @@ def test_v3_blocks_fit_and_a_block_that_does_not_is_refused():
         attn_flash_v3.attn_flash_bwd_v3(x, x, x, lse, x, x, x, x, x, lse, 2, block=(4, 16))
 
 
+def test_v4_blocks_fit_with_one_plane_and_v4_gives_v3s_bits():
+    """v4 keeps the own tiles' values in one plane (split as read): the same sums in the same
+    order as v3's two split planes, so the same bits; its larger declared blocks fit 48 KiB at
+    hs = 64 only because of the single plane; its kernels carry _v4 names."""
+    fits = {(4, 32): 44032, (4, 16): 31232, (2, 32): 30720}
+    for block in attn_flash_v3.FLASH_V4_FWD_BLOCKS["gpu"]:
+        assert attn_flash_v3.shared_bytes(64, *block, forward_only=True, planes=1) == fits[block]
+    assert attn_flash_v3.shared_bytes(64, 4, 32, forward_only=True, planes=2) > attn_flash_v3.SHARED_LIMIT
+    fits = {(2, 32): 43264, (4, 8): 43328, (2, 16): 30336}
+    for block in attn_flash_v3.FLASH_V4_BWD_BLOCKS["gpu"]:
+        assert attn_flash_v3.shared_bytes(64, *block, planes=1) == fits[block]
+    assert attn_flash_v3.shared_bytes(64, 2, 32, planes=2) > attn_flash_v3.SHARED_LIMIT
+    rng = np.random.default_rng(4)
+    q, k, v, dy = (rng.standard_normal((1, T, C)).astype(np.float32) for _ in range(4))
+    v3, v4 = _run(3, (1, 8), q, k, v, dy, 0.25, KEY), _run(4, (1, 8), q, k, v, dy, 0.25, KEY)
+    for name in v3:
+        assert np.array_equal(v3[name], v4[name]), name
+    assert [f.__name__ for f in attn_flash_v3.kernels(C // H, (1, 8), False, planes=1)] == \
+        ["k_attn_flash_fwd_v4", "k_attn_flash_bwd_dq_v4", "k_attn_flash_bwd_dkdv_v4"]
+
+
 def test_without_dropout_y_equals_attention_v2():
     q, k, v, _ = _qkv(np.random.default_rng(2), np.float32)
     block = attn_flash.attn_flash_fwd_v1.blocks[0]

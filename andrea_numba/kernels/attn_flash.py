@@ -339,7 +339,9 @@ def attn_flash_bwd_v1(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
 from .attn_flash_mma import attn_flash_bwd_v2, attn_flash_fwd_v2  # noqa: E402  (it uses the rowdot kernel above)
 # v3: v2 with the next tiles loading during the products, the own tile split once (kernels/attn_flash_v3.py)
 from .attn_flash_v3 import attn_flash_bwd_v3, attn_flash_fwd_v3  # noqa: E402
+# v4: v3 with the own tiles' values in one plane, split as read: larger tiles fit (same file)
+from .attn_flash_v3 import attn_flash_bwd_v4, attn_flash_fwd_v4  # noqa: E402
 
-VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3},
-            "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3}}
+VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4},
+            "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4}}
 attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v3, attn_flash_bwd_v3          # what the engine uses

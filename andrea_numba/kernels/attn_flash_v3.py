@@ -1,4 +1,4 @@
-"""Flash attention v3: v2 (attn_flash_mma.py) with its loads hidden behind its arithmetic.
+"""Flash attention v3 and v4: v2 (attn_flash_mma.py) with its loads hidden behind its arithmetic.
 
 The math, the saved tensors (y and lse), the dropout masks, the three kernels, the warps of 16
 rows and the 3xTF32 tensor-core products are v2's (read attn_flash.py, then attn_flash_mma.py).
@@ -6,7 +6,7 @@ v2 reaches 3 to 8 TFLOP/s on an H200, and its code shows where the time goes: ev
 comes from global memory one float at a time, only after the previous tile's products are done,
 so the whole latency of a load is paid twice per key tile; the forward waits at five barriers
 per key tile; every key tile splits the same q values into TF32 big + small parts again; and
-its blocks are 64 threads. v3 changes four things.
+its blocks are 64 threads. v3 changes four things; v4 a fifth.
 
 1. Prefetch into registers. The inner tiles (K and V in the forward and the dq kernel, Q and dY
    in the dk/dv kernel) are copied by warp_tile._copier in two halves: `fetch` loads this
@@ -57,6 +57,16 @@ its blocks are 64 threads. v3 changes four things.
    next Q and dY tiles: more than the registers hold, so ptxas spills them to local memory. The
    blocks above compile for sm_90 with 126 to 255 registers a thread and no spills.
 
+5. v4: one plane, split as read. The two planes of point 2 cost twice an own tile of shared
+   memory: 32 KiB of q planes for the forward's 64 rows at hs = 64, so its key tiles stay 16 keys
+   long (two barriers and a softmax pass per 16 keys). Matmul v6 showed (kernels/matmul.py) that
+   on this GPU shared memory, not arithmetic, is what runs out, and that splitting each value
+   right after a 128-bit read beat reading two split planes (v6 against v5). v4 keeps an own tile's values in one
+   plane in the same fragment order (one load4 a k step instead of two) and splits them there
+   (step_own, PLANES = 1): the forward fits (4, 32), 64 query rows against 32-key tiles (44,032
+   bytes), the backward (2, 32) (43,264 bytes). The kernels are v3's text; make_kernels(...,
+   PLANES) builds either, named _v3 or _v4.
+
 A thread holds, of a 16-row tile product, rows g and g + 8 and the columns 2t, 2t + 1 of every
 8-column fragment: acc[hh, j] is row 8 hh + g, column 8 (j // 2) + 2 t + j % 2 (v2's layout).
 Every output element is summed by one thread, tile after tile in a fixed order: deterministic,
@@ -78,14 +88,18 @@ from .warp_tile import WARP, _copier, _kstep
 # and two warps, inner tiles of 8 and 16 rows (two fragments per product: more than one n step).
 FLASH_V3_FWD_BLOCKS = dict(gpu=((4, 16), (2, 32), (2, 16)), sim=((1, 8), (2, 16)))
 FLASH_V3_BWD_BLOCKS = dict(gpu=((2, 16), (1, 16), (2, 8)), sim=((1, 8), (2, 16)))
+# v4 (one plane of own values, module docstring point 5): what now fits 48 KiB at hs = 64
+FLASH_V4_FWD_BLOCKS = dict(gpu=((4, 32), (4, 16), (2, 32)), sim=((1, 8), (2, 16)))
+FLASH_V4_BWD_BLOCKS = dict(gpu=((2, 32), (4, 8), (2, 16)), sim=((1, 8), (2, 16)))
 SHARED_LIMIT = 48 * 1024                    # bytes of static shared memory per block
 
 
-def shared_bytes(hs: int, warps: int, bkv: int, forward_only: bool = False) -> int:
-    """Bytes of shared memory of the forward (forward_only) or of the larger backward kernel."""
+def shared_bytes(hs: int, warps: int, bkv: int, forward_only: bool = False, planes: int = 2) -> int:
+    """Bytes of shared memory of the forward (forward_only) or of the larger backward kernel, with
+    own tiles of `planes` planes (2: v3, 1: v4)."""
     HS8, BQ = cdiv(hs, 8) * 8, 16 * warps
     P, PK = HS8 + 4, bkv + 4
-    own = 2 * BQ * HS8                                   # an own tile's two planes
+    own = planes * BQ * HS8                              # an own tile's planes
     fwd = own + 2 * bkv * P + BQ * PK + BQ * 4           # q planes, K and V tiles, p f, red
     dq = 2 * own + 2 * bkv * P + BQ * PK                 # q, dy planes, K and V tiles, ds
     dkdv = 2 * own + 2 * bkv * P + 2 * BQ * PK + 2 * bkv  # k, v planes, Q and dY tiles, P f, ds, lse, D
@@ -120,11 +134,12 @@ else:
         cuda.syncwarp(0xFFFFFFFF)
 
 
-def _own_tile(HS, NK):
+def _own_tile(HS, NK, PLANES):
     """load_own(f, x, r0, c0, T, w, g, t): this lane's A fragments of the 16 rows r0 + 16 w ..
-    of x [T, C] (channels c0 .. c0 + HS - 1, zero past T and past HS), split into big and small
-    parts, into the planes f[0] and f[1] in fragment order (module docstring, point 2). One float
-    at a time, straight from global memory: it runs once per block, before the first tile."""
+    of x [T, C] (channels c0 .. c0 + HS - 1, zero past T and past HS) into f in fragment order
+    (module docstring, point 2): split into big and small parts, the planes f[0] and f[1]
+    (PLANES = 2, v3), or as they are, f[0] (PLANES = 1, v4: split as read). One float at a time,
+    straight from global memory: it runs once per block, before the first tile."""
     @cuda.jit(device=True)
     def load_own(f, x, r0, c0, T, w, g, t):
         lane = 4 * g + t
@@ -133,17 +148,21 @@ def _own_tile(HS, NK):
                 r = r0 + 16 * w + g + 8 * (i % 2)
                 d = 8 * ks + t + 4 * (i // 2)
                 val = x[r, c0 + d] if r < T and d < HS else float32(0.0)
-                big = tf32_round(val)
-                f[0, w, ks, 4 * lane + i] = big           # x = big + small (small: the next 11 bits)
-                f[1, w, ks, 4 * lane + i] = tf32_round(val - big)
+                if PLANES == 1:
+                    f[0, w, ks, 4 * lane + i] = val
+                else:
+                    big = tf32_round(val)
+                    f[0, w, ks, 4 * lane + i] = big       # x = big + small (small: the next 11 bits)
+                    f[1, w, ks, 4 * lane + i] = tf32_round(val - big)
     return load_own
 
 
-def _kstep_own(WARPS, NK, NI):
+def _kstep_own(WARPS, NK, NI, PLANES):
     """step(acc, f, sb, ks, w, g, t): acc (2, 2 NI) += this thread's share of
-    own[16 rows of warp w, 8 ks .. 8 ks + 7] @ tile^T, the own tile from its split planes f (in
-    fragment order), the tile stored [n, k] in shared memory (rows of K, V, Q or dY read as
-    [key or query, channel]): warp_tile._kstep(False, True, 1, NI, True) without the A split."""
+    own[16 rows of warp w, 8 ks .. 8 ks + 7] @ tile^T, the own tile from f in fragment order (its
+    split planes, PLANES = 2, or its values split here, PLANES = 1), the tile stored [n, k] in
+    shared memory (rows of K, V, Q or dY read as [key or query, channel]):
+    warp_tile._kstep(False, True, 1, NI, True) with the A fragments read 128 bits at a time."""
     PLANE = WARPS * NK * 4 * WARP                         # floats of one plane
 
     if SIMULATOR:
@@ -153,7 +172,13 @@ def _kstep_own(WARPS, NK, NI):
         COL = np.array([(j // 2) * 8 + j % 2 for j in range(2 * NI)])        # col(j) - 2t
 
         def step(acc, f, sb, ks, w, g, t):
-            a = (f[0, w, ks] + f[1, w, ks]).reshape(WARP, 4)[4 * g:4 * g + 4]  # lanes 4g .. 4g+3, slots
+            if PLANES == 2:
+                own = f[0, w, ks] + f[1, w, ks]
+            else:                                           # the same split as the GPU's, here
+                x = f[0, w, ks]
+                big = tf32_round(x)
+                own = big + tf32_round(x - big)
+            a = own.reshape(WARP, 4)[4 * g:4 * g + 4]      # lanes 4g .. 4g+3, slots
             rows = np.stack([np.concatenate([a[:, 0], a[:, 2]]), np.concatenate([a[:, 1], a[:, 3]])])   # 2 x 8
             acc += rows @ sb[COL + 2 * t, 8 * ks:8 * ks + 8].T
         return step
@@ -161,8 +186,14 @@ def _kstep_own(WARPS, NK, NI):
     @cuda.jit(device=True)
     def step(acc, f, sb, ks, w, g, t):
         i = (w * NK + ks) * 4 * WARP + 4 * (4 * g + t)
-        ab0, ab1, ab2, ab3 = load4(f, i)                  # big parts of a0 .. a3: one 128-bit load
-        as0, as1, as2, as3 = load4(f, i + PLANE)          # small parts
+        if PLANES == 2:
+            ab0, ab1, ab2, ab3 = load4(f, i)              # big parts of a0 .. a3: one 128-bit load
+            as0, as1, as2, as3 = load4(f, i + PLANE)      # small parts
+        else:
+            a0, a1, a2, a3 = load4(f, i)                  # a0 .. a3: one 128-bit load, then split
+            ab0, ab1, ab2, ab3 = tf32_round(a0), tf32_round(a1), tf32_round(a2), tf32_round(a3)
+            as0, as1 = tf32_round(a0 - ab0), tf32_round(a1 - ab1)
+            as2, as3 = tf32_round(a2 - ab2), tf32_round(a3 - ab3)
         kk = 8 * ks
         zero = float32(0.0)
         for ni in range(NI):                              # b0 B[t, g] = tile[n, kk + t], b1 B[t+4, g]
@@ -180,9 +211,10 @@ def _kstep_own(WARPS, NK, NI):
     return step
 
 
-def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
+def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2):
     """The three kernels for head size HS, block (WARPS, BKV) and 128-bit copies VEC (the caller
-    checked the alignment: aligned_rows)."""
+    checked the alignment: aligned_rows); the own tiles as two split planes (PLANES = 2, v3) or
+    one plane of values split as read (PLANES = 1, v4)."""
     HS8 = cdiv(HS, 8) * 8         # head size rounded up to the mma's k step (tiles zero-padded)
     BQ = 16 * WARPS               # rows of the block's own tile: 16 per warp
     NT = WARP * WARPS
@@ -196,9 +228,9 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
     assert BKV % 8 == 0 and (BKV * HS8) % NT == 0, f"block ({WARPS}, {BKV}) does not tile head size {HS}"
     E = BKV * HS8 // NT           # floats of an inner tile per thread
     fetch, put, _ = _copier(BKV, HS8, P, NT, VEC and E % 4 == 0)
-    load_own = _own_tile(HS, NK)
+    load_own = _own_tile(HS, NK, PLANES)
     # acc (2, 2 NQ) += own[16 rows, 8] @ tile^T, the own tile from its planes (q k^T, dy v^T, ...)
-    step_own = _kstep_own(WARPS, NK, NQ)
+    step_own = _kstep_own(WARPS, NK, NQ, PLANES)
     # acc (2, 2 NH) += A[16 rows, 8] @ B with B stored [k, n] (p f @ V, ds @ K, (P f)^T @ dY, ds^T @ Q)
     step_nn = _kstep(False, False, 1, NH, True)
 
@@ -213,13 +245,12 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
         """Column (within a fragment row of 8 j-pairs) of acc[:, j] for lane t = tq."""
         return (j // 2) * 8 + 2 * tq + j % 2
 
-    @cuda.jit
-    def k_attn_flash_fwd_v3(y, lse, q, k, v, scale, dropout_key, threshold, dscale):
+    def k_attn_flash_fwd(y, lse, q, k, v, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows, b*H + h); warp w owns rows 16 w .. 16 w + 15. Online
         softmax over the key tiles as k_attn_flash_fwd_v2, with the q planes split once and the
         next K and V tiles loading during the current tile's products (module docstring)."""
         key = key_value(dropout_key)
-        fq = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)   # q: big, small planes
+        fq = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)   # q's planes: big, small (v3) or values (v4)
         sk = cuda.shared.array((BKV, P), float32, alignment=16)     # the K tile of the current keys
         sv = cuda.shared.array((BKV, P), float32, alignment=16)     # the V tile of the same keys
         sp = cuda.shared.array((BQ, PK), float32)                   # p f of the tile (rows of each warp)
@@ -308,15 +339,14 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
                 if tq == 0:
                     lse[b, h, t] = m[hh] + math.log(lt)
 
-    @cuda.jit
-    def k_attn_flash_bwd_dq_v3(dq, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
+    def k_attn_flash_bwd_dq(dq, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows, b*H + h); per key tile u0 <= the tile's last query:
             s = q k^T, datt' = dy v^T (q and dy from their planes), ds = P (f datt' - D) into
             the warp's rows of a shared tile, dq += ds k; at the end dq *= scale. As
             k_attn_flash_bwd_dq_v2, the next K and V tiles loading during the products."""
         key = key_value(dropout_key)
-        fq = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)   # q: big, small planes
-        fdy = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)  # dy: big, small planes
+        fq = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)   # q's planes: big, small (v3) or values (v4)
+        fdy = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)  # dy's planes
         sk = cuda.shared.array((BKV, P), float32, alignment=16)
         sv = cuda.shared.array((BKV, P), float32, alignment=16)
         sds = cuda.shared.array((BQ, PK), float32)
@@ -402,15 +432,14 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
             if jj < BKV:
                 s[jj] = regs[i]
 
-    @cuda.jit
-    def k_attn_flash_bwd_dkdv_v3(dk, dv, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
+    def k_attn_flash_bwd_dkdv(dk, dv, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
         """Block (key tile of BQ keys u, b*H + h); per query tile of BKV queries t >= u0:
             s^T = k q^T, datt'^T = v dy^T (k and v from their planes), P^T = exp(scale s^T - lse),
             dv += (P f)^T dy and dk += ds^T q; at the end dk *= scale. As k_attn_flash_bwd_dkdv_v2,
             the next Q, dY tiles and their lse, D loading during the products."""
         key = key_value(dropout_key)
-        fk = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)   # k: big, small planes
-        fv = cuda.shared.array((2, WARPS, NK, FR), float32, alignment=16)   # v: big, small planes
+        fk = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)   # k's planes: big, small (v3) or values (v4)
+        fv = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)   # v's planes
         sq = cuda.shared.array((BKV, P), float32, alignment=16)    # the Q tile of the current queries
         sdy = cuda.shared.array((BKV, P), float32, alignment=16)   # the dY tile of the same queries
         spf = cuda.shared.array((BQ, PK), float32)                 # (P f)^T: spf[key, query]
@@ -496,48 +525,50 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
                         dv[b, u, c0 + d] = vacc[hh, jj]
                         dk[b, u, c0 + d] = kacc[hh, jj] * scale
 
-    return k_attn_flash_fwd_v3, k_attn_flash_bwd_dq_v3, k_attn_flash_bwd_dkdv_v3
+    version = 3 if PLANES == 2 else 4
+    return tuple(jit_as(f, version) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 
-_KERNELS = {}       # (hs, WARPS, BKV, vec) -> the three kernels
+def jit_as(fn, version):
+    """cuda.jit(fn) named fn_v<version> (k_attn_flash_fwd_v3, ...): the name profilers and errors show."""
+    fn.__name__ = fn.__qualname__ = f"{fn.__name__}_v{version}"
+    return cuda.jit(fn)
 
 
-def kernels(hs, block, vec, forward_only=False):
-    """The kernels of head size hs and block (WARPS, BKV), after checking that they fit."""
+_KERNELS = {}       # (hs, WARPS, BKV, vec) -> v3's three kernels; (hs, WARPS, BKV, vec, 1) -> v4's
+
+
+def kernels(hs, block, vec, forward_only=False, planes=2):
+    """The kernels of head size hs and block (WARPS, BKV), after checking that they fit; planes:
+    2 for v3's, 1 for v4's."""
     warps, bkv = block
-    need = shared_bytes(hs, warps, bkv, forward_only=forward_only)
+    v = 3 if planes == 2 else 4
+    need = shared_bytes(hs, warps, bkv, forward_only=forward_only, planes=planes)
     if need > SHARED_LIMIT:
-        raise ValueError(f"flash attention v3: head size {hs} needs {need} bytes of shared memory with "
+        raise ValueError(f"flash attention v{v}: head size {hs} needs {need} bytes of shared memory with "
                          f"block {block}, more than {SHARED_LIMIT}")
     if bkv % 8 or (bkv * cdiv(hs, 8) * 8) % (WARP * warps):
-        raise ValueError(f"flash attention v3: block {block} does not split a {bkv}-row tile of head size {hs} "
+        raise ValueError(f"flash attention v{v}: block {block} does not split a {bkv}-row tile of head size {hs} "
                          f"over {WARP * warps} threads (BKV a multiple of 8)")
-    key = (hs, warps, bkv, vec)
+    key = (hs, warps, bkv, vec) + (() if planes == 2 else (planes,))
     if key not in _KERNELS:
-        _KERNELS[key] = make_kernels(hs, warps, bkv, vec)   # numba compiles each kernel on its first launch
+        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes)   # numba compiles each on its first launch
     return _KERNELS[key]
 
 
-@blocks(**FLASH_V3_FWD_BLOCKS)
-def attn_flash_fwd_v3(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
-    """y [B, T, C] and lse [B, H, T]. Grid (T / (16 WARPS) query tiles, B*H), 32 WARPS threads;
-    block = (WARPS, BKV)."""
+def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream):
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
-    fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True)[0]
+    fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True, planes=planes)[0]
     fwd[(cdiv(T, 16 * warps), B * n_head), WARP * warps, stream](
         y, lse, q, k, v, np.float32(1.0 / math.sqrt(hs)), *mask_args(dropout_p, dropout_key))
 
 
-@blocks(**FLASH_V3_BWD_BLOCKS)
-def attn_flash_bwd_v3(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
-                      block, stream=0):
-    """d_rowdot [B, H, T] receives D = dy . y (v1's k_attn_flash_bwd_rowdot_v1), then the dq and
-    the dk/dv kernels on grid (T / (16 WARPS) tiles, B*H), 32 WARPS threads; block = (WARPS, BKV)."""
+def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream):
     from .attn_flash import k_attn_flash_bwd_rowdot_v1
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
-    _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy))
+    _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy), planes=planes)
     scale = np.float32(1.0 / math.sqrt(hs))
     drop = mask_args(dropout_p, dropout_key)
     NT = WARP * warps
@@ -545,3 +576,31 @@ def attn_flash_bwd_v3(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
     grid = (cdiv(T, 16 * warps), B * n_head)
     dq_kernel[grid, NT, stream](dq, dy, q, k, v, lse, d_rowdot, scale, *drop)
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
+
+
+@blocks(**FLASH_V3_FWD_BLOCKS)
+def attn_flash_fwd_v3(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+    """y [B, T, C] and lse [B, H, T]. Grid (T / (16 WARPS) query tiles, B*H), 32 WARPS threads;
+    block = (WARPS, BKV)."""
+    _fwd(2, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream)
+
+
+@blocks(**FLASH_V3_BWD_BLOCKS)
+def attn_flash_bwd_v3(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+                      block, stream=0):
+    """d_rowdot [B, H, T] receives D = dy . y (v1's k_attn_flash_bwd_rowdot_v1), then the dq and
+    the dk/dv kernels on grid (T / (16 WARPS) tiles, B*H), 32 WARPS threads; block = (WARPS, BKV)."""
+    _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream)
+
+
+@blocks(**FLASH_V4_FWD_BLOCKS)
+def attn_flash_fwd_v4(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+    """As v3 with the own tile's values in one plane, split as read: twice the key tile fits."""
+    _fwd(1, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream)
+
+
+@blocks(**FLASH_V4_BWD_BLOCKS)
+def attn_flash_bwd_v4(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+                      block, stream=0):
+    """As v3 with the own tiles' values in one plane each, split as read."""
+    _bwd(1, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream)
