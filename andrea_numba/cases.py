@@ -232,13 +232,15 @@ def _adamw_zero(d: Dims, rng):
 F32, I32 = np.float32, np.int32
 
 _WORK = {"work": (lambda d: (splitk_work(d.C),), F32)}     # split-K buffer of the warp-tile products
+# (also the layernorm backward's partial parameter sums: layernorm_bwd v4, residual_layernorm_bwd v2)
 
 _OPS = [
     OpCase("embed", embed, "embed_fwd", ("out",), _embed,
            "embed_bwd", ("dwte", "dwpe"), accumulate=("dwte", "dwpe"), upstream={"dout": "out"},
            scratch={"links": (lambda d: (2, d.N), I32)}),
     OpCase("layernorm", layernorm, "layernorm_fwd", ("out", "mean", "rstd"), _layernorm,
-           "layernorm_bwd", ("dx", "dg", "db"), accumulate=("dg", "db"), upstream={"dout": "out"}),
+           "layernorm_bwd", ("dx", "dg", "db"), accumulate=("dg", "db"), upstream={"dout": "out"},
+           scratch={**_WORK}),
     OpCase("attn_qkv", attn_qkv, "attn_qkv_fwd", ("q", "k", "v"), _attn_qkv,
            "attn_qkv_bwd", ("dx", "dw_q", "dw_k", "dw_v"), accumulate=("dw_q", "dw_k", "dw_v"),
            upstream={"dq": "q", "dk": "k", "dv": "v"}, scratch={**_WORK}),
@@ -273,7 +275,7 @@ _VARIANTS = [
     # the residual add and the LayerNorm after it as one op (df = dx: the engine passes one buffer)
     OpCase("residual_layernorm", layernorm, "residual_layernorm_fwd", ("resid", "out", "mean", "rstd"),
            _residual_layernorm, "residual_layernorm_bwd", ("dx", "df", "dg", "db"), accumulate=("dg", "db"),
-           upstream={"dresid": "resid", "dout": "out"}),
+           upstream={"dresid": "resid", "dout": "out"}, scratch={**_WORK}),
     OpCase("attn_flash", attn_flash, "attn_flash_fwd", ("y", "lse"), _attn,
            "attn_flash_bwd", ("dq", "dk", "dv"), upstream={"dy": "y"},
            scratch={"d_rowdot": (lambda d: (d.B, d.H, d.T), F32)}),

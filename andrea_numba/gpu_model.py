@@ -95,7 +95,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("d_rowdot", (B, H, T), "scratch") if flash else     # flash: D = dy . y per row
         S("d_scores", (B, H, T, T), "scratch"),      # attention scores: datt, then ds (one layer at a time)
         S("embed_links", (2, N), "scratch", i32),    # embed_bwd's per-token lists
-        S("splitk", (splitk_work(C),), "scratch"),   # split-K partial products of the weight gradients
+        S("splitk", (splitk_work(C),), "scratch"),   # split-K partial products, LayerNorms' partial dg, db
     ]
     backward_only = {"grads", "embed_links", "splitk"} | {s.name for s in specs if s.name.startswith("d_")}
     return [s for s in specs
@@ -228,10 +228,10 @@ class GPUModel:
         x, bt = b["x"], lambda name: b[name].reshape(B, T, C)        # [N, C] buffers seen as [B, T, C]
         d_resid, d_x_mid, d_skip, d_branch = b["d_resid"], b["d_x_mid"], b["d_skip"], b["d_branch"]
         d_ln_out = b["d_ln_out"]
-        work = b["splitk"]                                           # split-K partial products
+        work = b["splitk"]          # split-K partial products; the LayerNorms' partial dg, db sums
         self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, 1.0, b["lnf"], P["wte"], b["probs"], b["targets"],
                       stream=s)
-        layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], d_ln_out, x[m.n_layer],
+        layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], work, d_ln_out, x[m.n_layer],
                                 b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)
         p_drop = self.p_drop
         for l in reversed(range(m.n_layer)):
@@ -244,9 +244,9 @@ class GPUModel:
             self.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], work, d_branch, b["ln2"][l],
                          b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
             # both paths into x_mid: d_x_mid (the skip path's, in place) += LN2's grad_input
-            layernorm.residual_layernorm_bwd(d_x_mid, d_x_mid, G[p + "ln2.g"], G[p + "ln2.b"], d_x_mid, d_ln_out,
-                                             b["x_mid"][l], b["ln2_mean"][l], b["ln2_rstd"][l], P[p + "ln2.g"],
-                                             stream=s)
+            layernorm.residual_layernorm_bwd(d_x_mid, d_x_mid, G[p + "ln2.g"], G[p + "ln2.b"], work, d_x_mid,
+                                             d_ln_out, b["x_mid"][l], b["ln2_mean"][l], b["ln2_rstd"][l],
+                                             P[p + "ln2.g"], stream=s)
             # x_mid = x[l] + drop(W_O(attn(qkv(LN1(x[l])))))
             residual.residual_add_bwd(_flat(d_skip), _flat(d_branch), _flat(d_x_mid), stream=s)
             if p_drop:
@@ -263,8 +263,9 @@ class GPUModel:
                          b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
             # both paths into x[l]: d_resid = d_skip + LN1's grad_input
-            layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln1.g"], G[p + "ln1.b"], d_skip, d_ln_out, x[l],
-                                             b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"], stream=s)
+            layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln1.g"], G[p + "ln1.b"], work, d_skip,
+                                             d_ln_out, x[l], b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"],
+                                             stream=s)
         embed.embed_bwd(G["wte"], G["wpe"], b["embed_links"], d_resid.reshape(B, T, C), b["tokens"],
                         m.vocab_size, m.context_length, stream=s)
 

@@ -2,7 +2,8 @@
 
     module      launchers (VERSIONS)                          NumPy twin
     embed       embed_fwd v1, embed_bwd v1 v2                  reference/embed.py
-    layernorm   layernorm_fwd v1, layernorm_bwd v1 v2          reference/layernorm.py
+    layernorm   layernorm_fwd v1 v2, layernorm_bwd v1-v4       reference/layernorm.py
+                (and residual_layernorm_fwd v1, residual_layernorm_bwd v1 v2: the residual add fused in)
     attn_qkv    attn_qkv_fwd v1, attn_qkv_bwd v1               reference/attn_qkv.py
     attn        attn_fwd v1 v2, attn_bwd v1 v2                 reference/attn.py
     attn_flash  attn_flash_fwd v1, attn_flash_bwd v1           reference/attn.py (attn_flash_*)

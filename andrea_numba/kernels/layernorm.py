@@ -16,13 +16,21 @@ Versions of layernorm_bwd (the forward's v1 and v2 are its dx kernel's shapes, w
     v2  the same dx kernel + k_layernorm_bwd_params_v2: RY threads share a column, each summing
         every RY-th row, and meet in a fixed tree.
     v3  v2 with k_layernorm_bwd_v2: RW rows a block of RW x TPR threads, one tree's barriers for
-        all of them (layernorm_fwd_v2 likewise). Not yet timed on a GPU: the engine keeps v1 / v2.
+        all of them (layernorm_fwd_v2 likewise).
+    v4  v3's dx kernel + the parameter sums in two stages: k_layernorm_bwd_params_v3 cuts the rows
+        into R chunks as well as the channels into blocks of CX, each block writing its chunk's
+        partial sums to a work buffer, and k_layernorm_bwd_params_sum_v1 adds the R partials of a
+        channel in chunk order into dg, db. v2 launches only cdiv(C, 32) blocks (12 at C = 384, 24
+        at C = 768): the GPU idles (0.0875 ms a call for 8192 rows on an H200, about 575 GB/s).
+        The engine's; it takes the split-K work buffer (free between the products).
+Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with the params of v2;
+    v2 with the two-stage params of layernorm_bwd v4 (the engine's).
 """
 import math
 
 from numba import cuda, float32
 
-from .common import MAX_BLOCK, SIMULATOR, block_sum, blocks, cdiv
+from .common import ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, block_sum, blocks, cdiv
 
 
 @cuda.jit
@@ -268,6 +276,124 @@ def layernorm_bwd_v3(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
 
 
 # ---------------------------------------------------------------------------------------------
+# dg, db in two stages (layernorm_bwd v4, residual_layernorm_bwd v2). k_layernorm_bwd_params_v2
+# has only cdiv(C, CX) blocks, one per CX channels: 12 at C = 384, 24 at C = 768. An H200 has 132
+# SMs and runs 264 blocks of 1024 threads at once, so 108 of its SMs (120 at C = 384) have nothing
+# to do while the busy ones each walk all 8192 rows (0.0875 ms a call, about 575 GB/s of 4.8 TB/s).
+# More blocks need the rows cut too. The N rows are cut into R chunks of `rows` = cdiv(N, R)
+# consecutive rows (the last may be shorter): a grid of cdiv(C, CX) x R blocks.
+#
+#     stage 1, block (bx, chunk), threads (tx, ty) as in v2, c = bx * CX + tx:
+#         thread (tx, ty) sums rows chunk*rows + ty, + ty + RY, + ty + 2 RY, ... of its chunk, in
+#         order (a warp still reads CX = 32 consecutive channels of a row: coalesced); the RY sums
+#         of a channel meet in v2's fixed tree over ty, and the block WRITES (no atomics)
+#             part[0, chunk, c] = sum over the chunk's rows of dout * xhat
+#             part[1, chunk, c] = sum over the chunk's rows of dout
+#     stage 2, one thread per channel c:
+#         dg[c] += part[0, 0, c] + part[0, 1, c] + ... + part[0, R-1, c]     (in chunk order)
+#         db[c] += part[1, 0, c] + ... + part[1, R-1, c]
+#
+# part [2, R, C] is the front of the work buffer the launcher is given. Every sum has a fixed
+# order and R depends only on the shapes and the work buffer's size (param_chunks): deterministic.
+# The sums are grouped differently from v2's, so the last bits of dg, db differ from v2's.
+#
+# R: about PARAM_BLOCKS blocks in all (4 x 132 SMs: two full waves of the 264 resident blocks of
+# 1024 threads; 12 x 44 = 24 x 22 = 528 at C = 384 and 768), but at least PARAM_MIN_ROWS rows a
+# chunk (the RY = 32 thread rows of a block then sum 4 rows or more each, enough to pay for the
+# block's tree: 8192 rows allow up to 64 chunks), and 2 R C floats within the work buffer; at
+# least 1. In the simulator every thread is a Python thread and a barrier is slow: a handful of
+# blocks of 8 x 2 threads (PARAM_CX, PARAM_RY), still R > 1 at the harness's tiny sizes.
+PARAM_BLOCKS, PARAM_MIN_ROWS = (4, 4) if SIMULATOR else (528, 128)
+
+
+def param_chunks(N: int, C: int, work_size: int) -> int:
+    """R, the row chunks of k_layernorm_bwd_params_v3 for N rows of C channels and a work buffer of
+    work_size floats (see above): R = min(cdiv(PARAM_BLOCKS, cdiv(C, CX)), cdiv(N, PARAM_MIN_ROWS),
+    work_size // 2C), at least 1; then the fewest chunks of the same length cdiv(N, R) (no empty
+    chunk)."""
+    if work_size < 2 * C:
+        raise ValueError(f"layernorm params: a work buffer of {work_size} floats has no room for 2 x {C} partial sums")
+    R = max(1, min(cdiv(PARAM_BLOCKS, cdiv(C, PARAM_CX)), cdiv(N, PARAM_MIN_ROWS), work_size // (2 * C)))
+    return cdiv(N, cdiv(N, R))
+
+
+@cuda.jit
+def k_layernorm_bwd_params_v3(part, dout, x, mean, rstd):
+    """Stage 1: part[0, chunk, c] = sum over the chunk's rows of dout * xhat, part[1, chunk, c] =
+    sum of dout (written), chunk = blockIdx.y of R = part.shape[1], its rows chunk * rows up to
+    (chunk + 1) * rows, rows = cdiv(N, R). Within a block as k_layernorm_bwd_params_v2: thread
+    (tx, ty) of channel c = blockIdx.x * CX + tx sums every RY-th row of the chunk from ty, in order,
+    then a fixed tree over ty."""
+    sg = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
+    sb = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c = cuda.blockIdx.x * cuda.blockDim.x + tx
+    chunk = cuda.blockIdx.y
+    N, C = x.shape
+    rows = (N + part.shape[1] - 1) // part.shape[1]
+    start = chunk * rows
+    end = min(start + rows, N)
+    acc_g = float32(0.0)
+    acc_b = float32(0.0)
+    if c < C:
+        for row in range(start + ty, end, cuda.blockDim.y):
+            d = dout[row, c]
+            acc_g += d * (x[row, c] - mean[row]) * rstd[row]
+            acc_b += d
+    sg[ty, tx] = acc_g
+    sb[ty, tx] = acc_b
+    cuda.syncthreads()
+    s = cuda.blockDim.y // 2
+    while s > 0:
+        if ty < s:
+            sg[ty, tx] += sg[ty + s, tx]
+            sb[ty, tx] += sb[ty + s, tx]
+        cuda.syncthreads()
+        s //= 2
+    if ty == 0 and c < C:
+        part[0, chunk, c] = sg[0, tx]
+        part[1, chunk, c] = sb[0, tx]
+
+
+@cuda.jit
+def k_layernorm_bwd_params_sum_v1(dg, db, part):
+    """Stage 2: dg[c] += part[0, 0, c] + ... + part[0, R-1, c], db[c] += part[1, 0, c] + ... +
+    part[1, R-1, c], summed in chunk order 0, 1, ..., R-1 (one thread per channel c)."""
+    c = cuda.grid(1)
+    if c >= part.shape[2]:
+        return
+    sg = part[0, 0, c]
+    sb = part[1, 0, c]
+    for chunk in range(1, part.shape[1]):
+        sg += part[0, chunk, c]
+        sb += part[1, chunk, c]
+    dg[c] += sg
+    db[c] += sb
+
+
+def layernorm_bwd_params_two_stage(dg, db, work, dout, x, mean, rstd, stream=0):
+    """dg, db += the parameter gradients, the two stages above: R = param_chunks(N, C, work.size),
+    part = work[:2 R C] seen as [2, R, C]; cdiv(C, CX) x R blocks of (CX, RY) threads, then
+    cdiv(C, ELEMENTWISE_THREADS) blocks of ELEMENTWISE_THREADS. work: float32 [n], n >= 2 C."""
+    N, C = x.shape
+    R = param_chunks(N, C, work.shape[0])
+    part = work[:2 * R * C].reshape(2, R, C)
+    k_layernorm_bwd_params_v3[(cdiv(C, PARAM_CX), R), (PARAM_CX, PARAM_RY), stream](part, dout, x, mean, rstd)
+    k_layernorm_bwd_params_sum_v1[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
+
+
+@blocks(**ROW_BLOCKS)
+def layernorm_bwd_v4(dx, dg, db, work, dout, x, mean, rstd, g, *, block, stream=0):
+    """v3's dx (k_layernorm_bwd_v2, block = (TPR, RW)) with dg, db in two stages
+    (layernorm_bwd_params_two_stage). work: float32 [n] scratch, at least 2 C floats (the engine
+    passes its split-K buffer); its contents are overwritten."""
+    N = x.shape[0]
+    tpr, rw = block
+    k_layernorm_bwd_v2[cdiv(N, rw), (tpr, rw), stream](dx, dout, x, mean, rstd, g)
+    layernorm_bwd_params_two_stage(dg, db, work, dout, x, mean, rstd, stream)
+
+
+# ---------------------------------------------------------------------------------------------
 # The residual add fused with the LayerNorm after it (twin: reference.residual_layernorm_fwd/bwd).
 # In the model every LayerNorm but the first reads a residual sum just made: x_mid = x + attn
 # branch, then LN2(x_mid); x[l+1] = x_mid + mlp branch, then the next LN1 (or LNf). One kernel
@@ -330,9 +456,21 @@ def residual_layernorm_bwd_v1(dx, df, dg, db, dresid, dout, resid, mean, rstd, g
     k_layernorm_bwd_params_v2[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, resid, mean, rstd)
 
 
+@blocks(**ROW_BLOCKS)
+def residual_layernorm_bwd_v2(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
+    """v1 with dg, db in two stages (layernorm_bwd_params_two_stage, as layernorm_bwd_v4). work:
+    float32 [n] scratch, at least 2 C floats (the engine passes its split-K buffer)."""
+    N = resid.shape[0]
+    tpr, rw = block
+    k_residual_layernorm_bwd_v1[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g,
+                                                                df is not dx)
+    layernorm_bwd_params_two_stage(dg, db, work, dout, resid, mean, rstd, stream)
+
+
 VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
-            "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3},
+            "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3, 4: layernorm_bwd_v4},
             "residual_layernorm_fwd": {1: residual_layernorm_fwd_v1},
-            "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1}}
-residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v1
-layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v2       # what the engine uses
+            "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1, 2: residual_layernorm_bwd_v2}}
+# what the engine uses
+residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v2
+layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v4
