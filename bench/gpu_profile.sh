@@ -30,7 +30,7 @@ for s in $steps; do
              done ;;
     graph) timeout 300 $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps 20 --dropout 0 > "$OUT/graph.txt" 2>&1
            echo "gpu_graph exit $?"; tail -12 "$OUT/graph.txt" ;;
-    step) timeout 200 $py bench/step_time.py --sizes 12M 120M --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
+    step) timeout 200 $py bench/step_time.py --sizes 12M 120M --flash-version 3 4 --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
           echo "step exit $?"; grep -v '^{' "$OUT/step.txt" ;;
     check120) timeout 400 $py -m andrea_numba.check --size 120M --seed 7 --op attn_qkv --op attn_out --op mlp --op loss \
                   --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 5 --version 6 --ops-only --json \
@@ -41,11 +41,11 @@ for s in $steps; do
             run_check() { local tag=$1 size=$2 t=$3; shift 3
               timeout $t $py -m andrea_numba.check --size $size --seed 11 --ops-only "$@" --json > "$OUT/$tag.json" 2> "$OUT/$tag.err"
               echo "$tag exit $?"; tail -1 "$OUT/$tag.err"; disagree "$OUT/$tag.json"; }
-            run_check linear_12M 12M 200 --op mlp --op attn_out --op attn_qkv --op "matmul a^T@b +=" --version 5 --version 6
-            run_check ln_12M 12M 120 --op layernorm --op residual_layernorm
-            run_check flash_12M 12M 120 --op attn_flash --version 3 --version 4
-            run_check flash_120M 120M 120 --op attn_flash --version 4
-            run_check linear_120M 120M 150 --op mlp --op "matmul a^T@b +=" --version 5 --version 6
+            run_check linear_12M 12M 150 --op mlp --op attn_out --op attn_qkv --op "matmul a^T@b +=" --version 5 --version 6
+            run_check ln_12M 12M 90 --op layernorm --op residual_layernorm
+            run_check flash_12M 12M 100 --op attn_flash --version 3 --version 4
+            run_check flash_120M 120M 100 --op attn_flash --version 4
+            run_check linear_120M 120M 120 --op mlp --op "matmul a^T@b +=" --version 5 --version 6
             for size in 12M 120M; do
               timeout 150 $py -m andrea_numba.check --size $size --seed 12 --model-only --json > "$OUT/model_$size.json" 2> "$OUT/model_$size.err"
               echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"; disagree "$OUT/model_$size.json"

@@ -3,6 +3,7 @@
     python bench/step_time.py                      # 12M at 16 x 512 and 120M at 8 x 1024
     python bench/step_time.py --sizes 12M --json out.json
     python bench/step_time.py --attention both     # flash attention (the engine's) and attention v2
+    python bench/step_time.py --flash-version 3 4  # flash attention v3 and v4 in the engine's place
     python bench/step_time.py --products tf32x3k tf32x3 simt   # the linear ops' v5 (the engine's), v3, v2
 
 Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
@@ -22,12 +23,26 @@ from numba import cuda
 from andrea_numba import cli
 from andrea_numba.config import load_config
 from andrea_numba.gpu_model import PRODUCTS, GPUModel
+from andrea_numba.kernels import attn_flash
 from andrea_numba.layout import init_params, n_params
 
 SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
 
 
-def time_ours(m, B, T, iters, flash=True, products="tf32x3k"):
+def engine_flash_version() -> int:
+    """The version number of the flash attention the engine runs (attn_flash's module-level names)."""
+    return next(v for v, f in attn_flash.VERSIONS["attn_flash_fwd"].items() if f is attn_flash.attn_flash_fwd)
+
+
+def time_ours(m, B, T, iters, flash=True, products="tf32x3k", flash_version=None):
+    if flash and flash_version not in (None, engine_flash_version()):     # time another version in its place
+        saved = attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd
+        attn_flash.attn_flash_fwd = attn_flash.VERSIONS["attn_flash_fwd"][flash_version]
+        attn_flash.attn_flash_bwd = attn_flash.VERSIONS["attn_flash_bwd"][flash_version]
+        try:
+            return time_ours(m, B, T, iters, flash, products)
+        finally:
+            attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd = saved
     model = GPUModel(m, B, T, flash=flash, products=products)
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
@@ -118,7 +133,10 @@ def main(argv=None):
     ap.add_argument("--flash", action="store_const", const="both", dest="attention", help="the same as --attention both")
     ap.add_argument("--products", nargs="+", choices=sorted(PRODUCTS), default=["tf32x3k"],
                     help="the linear ops' products: tf32x3 (v3), tf32x3s (v4, split planes), tf32x3k (v5, k-major), simt (v2)")
+    ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_fwd"])[1:],
+                    help="flash attention versions to time (default: the engine's)")
     args = ap.parse_args(argv)
+    flash_versions = args.flash_version or [engine_flash_version()]
     rows = []
     for size in args.sizes:
         m = load_config(size).model
@@ -134,9 +152,12 @@ def main(argv=None):
         except ImportError:
             pass
         for products in args.products:
-            for flash in {"flash": (True,), "plain": (False,), "both": (False, True)}[args.attention]:
-                fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters, flash=flash, products=products)
-                row = {"size": size, "products": products, "flash": flash, "B": B, "T": T, "params": n_params(m),
+            runs = [(False, None)] if args.attention != "flash" else []
+            runs += [(True, v) for v in flash_versions] if args.attention != "plain" else []
+            for flash, fv in runs:
+                fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters, flash=flash, products=products, flash_version=fv)
+                row = {"size": size, "products": products, "flash": flash, "flash_version": fv, "B": B, "T": T,
+                       "params": n_params(m),
                        "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "tokens_per_s": B * T / (fwd + bwd),
                        "loss": loss, "buffers_GB": nbytes / 1e9, **torch_row}
                 rows.append(row)
@@ -146,7 +167,7 @@ def main(argv=None):
     print(head)
     for r in rows:
         ours = r["fwd_ms"] + r["bwd_ms"]
-        print(f"{r['size']:<6} {r['products']:<8} {'yes' if r['flash'] else 'no':<5} {r['B']:>4} x {r['T']:<4} "
+        print(f"{r['size']:<6} {r['products']:<8} {'v%d' % r['flash_version'] if r['flash'] else 'no':<5} {r['B']:>4} x {r['T']:<4} "
               f"{r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} {r['tokens_per_s']:>9.0f} {r['buffers_GB']:>6.2f} "
               f"{r.get('torch_fp32_ms', float('nan')):>14.1f} {r.get('torch_fp32_ms', float('nan')) / ours:>7.2f} "
               f"{r.get('torch_fp32_peak_GB', float('nan')):>9.2f} {r.get('torch_bf16_ms', float('nan')):>14.1f}")
