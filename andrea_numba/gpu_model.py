@@ -105,10 +105,11 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
 class GPUModel:
     """training=False builds a forward-only model (sampling, evaluation at another batch size);
     params=<device array> makes it use another model's parameter vector instead of its own;
-    flash=True (the default) runs flash attention (kernels/attn_flash.py, v2 on tensor cores: no
-    [B, H, T, T] buffer); flash=False attention v2 (kernels/attn.py, which saves the probabilities).
-    The two agree to float32 rounding, not bit for bit: a run keeps one. On the H200 flash v2 was
-    faster at 12M and 120M and needs 5.2 GB less at 120M (docs/kernels-h200.md).
+    flash=True (the default) runs flash attention (kernels/attn_flash.py, the module's engine
+    version: v3, on tensor cores, no [B, H, T, T] buffer); flash=False attention v2
+    (kernels/attn.py, which saves the probabilities). The two agree to float32 rounding, not bit
+    for bit: a run keeps one. On the H200 flash attention was faster at 12M and 120M and needs
+    5.2 GB less at 120M (docs/kernels-h200.md).
     share=<GPUModel> (with training=False, at a B x T no larger) runs on the first elements of
     that model's buffers and its parameters, allocating nothing: the trainer's sampler.
     products="tf32x3k" (the default) runs the linear ops' v5, 3xTF32 on the k-major tiles of

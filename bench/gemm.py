@@ -8,8 +8,11 @@ run, beside cuBLAS SGEMM (through CuPy, TF32 off) measured in the same process.
 Each row is one product out[M, N] (+)= op(a) @ op(b) as the engine calls it (which operand is
 transposed, and whether it adds into out). "err" is max |out - ref| / max |ref| against a float64
 product of the same inputs: fp32 products land near 1e-7 to 1e-6; a TF32-only product would show
-about 1e-3. Times are CUDA events around back-to-back launches, median of 5 repeats. CuPy is used
-by this benchmark only (the project never needs it).
+about 1e-3. Our kernels' times are CUDA graph replays of 3 calls timed with CUDA events (the GPU's
+time, as in the trainer's graph: a small product takes less time on the GPU than Python takes to
+launch it; --timing launches times back-to-back launches instead), cuBLAS's are events around
+back-to-back calls (its launches are cheap); medians of 5 repeats. CuPy is used by this benchmark
+only (the project never needs it).
 """
 from __future__ import annotations
 
@@ -42,6 +45,34 @@ SHAPES = [
     ("120M dwte += dlogits^T @ x", 50304, 768, 8192, True, False, True),
     ("square 4096", 4096, 4096, 4096, False, False, False),
 ]
+
+
+def timed_graph(launch_on, reps=5, inner=3):
+    """Median ms of one call of launch_on(stream) on the GPU: `inner` calls recorded once as a CUDA
+    graph (as the trainer records its step), the replays timed with CUDA events. A 12M product
+    runs on the GPU for less time than Python takes to launch it (its split-K is two launches), so
+    back-to-back launches would time the host, not the kernel. None if the capture fails."""
+    from numba import cuda
+    from andrea_numba.train import StepGraph
+    s = cuda.stream()
+    launch_on(s)                             # compiles, and asks for the occupancy, outside the capture
+    s.synchronize()
+    try:
+        graph = StepGraph(s, lambda builder: [launch_on(builder) for _ in range(inner)])
+    except Exception as e:                   # noqa: BLE001 (reported; the events' timing stands in)
+        print(f"graph capture failed ({' '.join(str(e).split())}): timing launches instead", file=sys.stderr)
+        return None
+    graph.launch()
+    s.synchronize()
+    times = []
+    for _ in range(reps):
+        e0, e1 = cuda.event(), cuda.event()
+        e0.record(stream=s)
+        graph.launch()
+        e1.record(stream=s)
+        e1.synchronize()
+        times.append(cuda.event_elapsed_time(e0, e1) / inner)
+    return float(np.median(times))
 
 
 def timed(fn, reps=5, inner=3):
@@ -81,6 +112,9 @@ def main(argv=None):
     p.add_argument("--versions", default="3,4,6", type=_versions, help="matmul versions to time (default 3,4,6)")
     p.add_argument("--blocks", action="store_true",
                    help="time every declared tile of each version and show the fastest (default: the first tile only)")
+    p.add_argument("--timing", choices=("graph", "launches"), default="graph",
+                   help="our kernels timed as CUDA graph replays (the GPU's time, the default) or as "
+                        "back-to-back launches from Python (the host's launch cost included)")
     args = p.parse_args(argv)
     from numba import cuda
     from andrea_numba.kernels import matmul as MM
@@ -116,13 +150,15 @@ def main(argv=None):
             per_block = {}
             for blk in (launch.blocks if args.blocks else launch.blocks[:1]):
                 kw = dict(trans_a=ta, trans_b=tb, accumulate=acc, block=blk)
-                fn = (lambda: launch(out, work, da, db, **kw)) if v >= 3 else (lambda: launch(out, da, db, **kw))
+                on = (lambda st: launch(out, work, da, db, **kw, stream=st)) if v >= 3 else \
+                    (lambda st: launch(out, da, db, **kw, stream=st))
                 out.copy_to_device(o0)
-                fn()
+                on(0)
                 err = float("nan")
                 if ref is not None:
                     err = float(np.abs(out.copy_to_host() - ref).max() / np.abs(ref).max())
-                per_block[blk] = (timed(fn), err)
+                ms = timed_graph(on) if args.timing == "graph" else None
+                per_block[blk] = (ms if ms is not None else timed(lambda: on(0)), err)
             blk = min(per_block, key=lambda b: per_block[b][0])
             ms, err = per_block[blk]
             best_block[v] = blk

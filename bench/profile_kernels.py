@@ -97,11 +97,15 @@ def ncu_rows(path):
 
 
 def table(args):
-    with open(args.log) as f:
-        meta = json.load(f)
-    launches, timed = meta["launches"], ncu_rows(args.ncu)
+    try:
+        with open(args.log) as f:
+            meta = json.load(f)
+        launches, timed = meta["launches"], ncu_rows(args.ncu)
+    except (ValueError, KeyError, TypeError) as e:
+        cli.fail(f"{args.log} is not a launch log of `run`, or {args.ncu} not Nsight Compute's --csv "
+                 f"output with gpu__time_duration.sum ({type(e).__name__}: {e})")
     if len(timed) != len(launches):
-        sys.exit(f"error: {args.ncu} has {len(timed)} kernels but {args.log} logged {len(launches)} launches; "
+        cli.fail(f"{args.ncu} has {len(timed)} kernels but {args.log} logged {len(launches)} launches; "
                  "profile and log must come from the same run")
     odd = [i for i, (la, (name, _)) in enumerate(zip(launches, timed)) if la["kernel"] not in name]
     if odd:

@@ -227,7 +227,7 @@ def tools():
     return {"config": config.main, "sample": sample.main, "plot": plot.main, "dashboard": dashboard.main,
             "data": data.main, "check": check.main, "gradcheck": gradcheck.main, "exercises": exercises.main,
             **{f"bench/{b}": _bench(b).main for b in ("kernels", "gpu_session", "step_time", "profile_step",
-                                                         "gpu_graph", "gemm", "tf32_check")}}
+                                                         "gpu_graph", "gemm", "tf32_check", "profile_kernels")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -393,6 +393,13 @@ ROWS = [
     ("bench/step_time", ["--sizes", "7B"], "invalid choice: '7B'"),
     ("bench/step_time", ["--json", "{W}/nodir/x.json"], "does not exist"),
     ("bench/step_time", ["--products", "fp8"], "invalid choice: 'fp8'"),
+    ("bench/step_time", ["--flash-version", "1"], "invalid choice: 1"),
+    ("bench/gemm", ["--timing", "wall"], "invalid choice: 'wall'"),
+    ("bench/profile_kernels", [], "the following arguments are required: cmd"),
+    ("bench/profile_kernels", ["run", "--size", "7B", "--log", "{W}/l.json"], "unknown size '7B'"),
+    ("bench/profile_kernels", ["run"], "the following arguments are required: --log"),
+    ("bench/profile_kernels", ["table", "--log", "{W}/none.json", "--ncu", "{W}/none.csv"], "does not exist"),
+    ("bench/profile_kernels", ["table", "--log", "{W}/files/good.json", "--ncu", "{W}/files/text.txt"], "is not a launch log"),
     ("bench/gemm", ["--versions", "2,x"], "argument --versions"),
     ("bench/gemm", ["--versions", "9"], "argument --versions"),
     ("bench/gemm", ["--json", "{W}/nodir/x.json"], "does not exist"),

@@ -55,6 +55,19 @@ def test_splitk_slices_cover_k_and_fit_the_work_buffer(M, N, K, z):
     assert MM.splitk(M, N, K, z, block, None) == (1, K)      # no buffer: no split
 
 
+def test_splitk_picks_the_slices_of_fewest_wave_stages():
+    """With the H200's 264 resident blocks of 128 x 64: the 120M dW_1 (288 tiles, one full wave
+    and a 24-block one unsplit) goes to 8 slices (9 full waves of 64 stages); dW_O (72 tiles) to
+    11; the 12M dW_O (18 tiles) to 14, one wave (15 would spill 6 blocks into a second); the
+    logits' weight gradient (4716 tiles) stays whole: splitting adds waves, not speed."""
+    block = (128, 64, 16, 64, 32)
+    work = np.zeros(MM.splitk_work(768), np.float32)
+    assert MM.splitk(768, 3072, 8192, 1, block, work, 264) == (8, 1024)
+    assert MM.splitk(768, 768, 8192, 1, block, work, 264) == (11, 752)
+    assert MM.splitk(50304, 768, 8192, 1, block, work, 264) == (1, 8192)
+    assert MM.splitk(384, 384, 8192, 1, block, np.zeros(MM.splitk_work(384), np.float32), 264) == (14, 592)
+
+
 def test_a_split_product_adds_its_slices_in_order_and_reruns_bit_identically():
     rng = np.random.default_rng(1)
     K, M, N = 70, 8, 24                               # a weight gradient's shape: long K, few tiles

@@ -251,12 +251,16 @@ def splitk(M, N, K, z, block, work, resident=RESIDENT_BLOCKS):
     """(S, ksplit): slices of K for a launch of z products of M x N, by the least cost in
     wave-stages (the comment above) with `resident` blocks running at once; S = 1 without a work
     buffer. Each slice is at least 2 BK long; S * z * M * N fits in work."""
-    BM, BN, BK = block[:3]
     if work is None:
         return 1, K
+    return _splitk(M, N, K, z, *block[:3], work.shape[0], resident)
+
+
+@functools.cache                 # a pure function of its numbers: worked out once per shape
+def _splitk(M, N, K, z, BM, BN, BK, work_size, resident):
     tiles = cdiv(M, BM) * cdiv(N, BN) * z
     best = None
-    for S in range(1, max(1, min(K // (2 * BK), work.shape[0] // (z * M * N))) + 1):
+    for S in range(1, max(1, min(K // (2 * BK), work_size // (z * M * N))) + 1):
         ksplit = cdiv(cdiv(K, S), BK) * BK
         S = cdiv(K, ksplit)                   # rounding ksplit up to whole stages may need fewer
         cost = cdiv(tiles * S, resident) * (ksplit // BK)
