@@ -5,7 +5,8 @@
 #   steps: profile (12M and 120M kernels by op), graph (12M, 20 steps, both modes), step (12M and
 #          120M beside PyTorch), check120 (linear ops v5 and matmul v6 at 120M), ln (layernorm and
 #          residual_layernorm, every version, at 12M), checks (the harness on what changed, and the
-#          whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed)
+#          whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed),
+#          mlp6 (the MLP's v6 against v5: harness, kernel table, the step)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -58,6 +59,16 @@ for s in $steps; do
     flash) timeout 200 $py bench/kernels.py attn_flash --sizes 12M,120M --version 3 --version 4 --markdown "$OUT/flash_kernels.md" \
                > "$OUT/flash_kernels.txt" 2>&1
            echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash_kernels.md" ;;
+    mlp6) # the MLP's v6 (sums kept in registers) against v5: harness, kernel table, the step
+          for size in 12M 120M; do
+            timeout 150 $py -m andrea_numba.check --size $size --seed 13 --ops-only --op mlp --version 5 --version 6 \
+                --json > "$OUT/mlp6_check_$size.json" 2> "$OUT/mlp6_check_$size.err"
+            echo "mlp6 check $size exit $?"; tail -1 "$OUT/mlp6_check_$size.err"; disagree "$OUT/mlp6_check_$size.json"
+          done
+          timeout 200 $py bench/kernels.py mlp --sizes 12M,120M --version 5 --version 6 --markdown "$OUT/mlp6_kernels.md" \
+              > "$OUT/mlp6_kernels.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/mlp6_kernels.md"
+          timeout 200 $py bench/step_time.py --sizes 12M 120M --mlp-version 6 --json "$OUT/mlp6_step.json" > "$OUT/mlp6_step.txt" 2>&1
+          echo "step mlp v6 exit $?"; grep -v '^{' "$OUT/mlp6_step.txt" ;;
     ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
             > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
         echo "ln 12M exit $?"; tail -1 "$OUT/check_ln_12M.err"; disagree "$OUT/check_ln_12M.json" ;;

@@ -55,6 +55,9 @@ def run(args):
     cfg = load_config(args.size)
     m, B, T = cfg.model, cfg.train.batch_size, cfg.train.seq_len
     model = GPUModel(m, B, T, products=args.products)
+    if args.mlp_version is not None:       # the MLP's launchers of another version (bench/step_time.py's flag)
+        from andrea_numba.kernels import mlp
+        model.mlp_fwd, model.mlp_bwd = mlp.VERSIONS["mlp_fwd"][args.mlp_version], mlp.VERSIONS["mlp_bwd"][args.mlp_version]
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
     x = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
@@ -145,6 +148,7 @@ def main(argv=None):
     r.add_argument("--size", type=cli.config, default="12M")
     r.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3k")
     r.add_argument("--log", type=cli.file_to_write(".json"), required=True, help="the launch log to write")
+    r.add_argument("--mlp-version", type=int, choices=(5, 6), help="the MLP's launchers of this version")
     t = sub.add_parser("table", help="join the launch log with Nsight Compute's CSV")
     t.add_argument("--log", type=cli.existing_file, required=True)
     t.add_argument("--ncu", type=cli.existing_file, required=True)

@@ -4,6 +4,7 @@
     python bench/step_time.py --sizes 12M --json out.json
     python bench/step_time.py --attention both     # flash attention (the engine's) and attention v2
     python bench/step_time.py --flash-version 3 4  # flash attention v3 and v4 in the engine's place
+    python bench/step_time.py --mlp-version 6      # the MLP's v6 in place of the engine's v5
     python bench/step_time.py --products tf32x3k tf32x3 simt   # the linear ops' v5 (the engine's), v3, v2
 
 Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
@@ -23,7 +24,7 @@ from numba import cuda
 from andrea_numba import cli
 from andrea_numba.config import load_config
 from andrea_numba.gpu_model import PRODUCTS, GPUModel
-from andrea_numba.kernels import attn_flash
+from andrea_numba.kernels import attn_flash, mlp
 from andrea_numba.layout import init_params, n_params
 
 SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
@@ -34,16 +35,18 @@ def engine_flash_version() -> int:
     return next(v for v, f in attn_flash.VERSIONS["attn_flash_fwd"].items() if f is attn_flash.attn_flash_fwd)
 
 
-def time_ours(m, B, T, iters, flash=True, products="tf32x3k", flash_version=None):
+def time_ours(m, B, T, iters, flash=True, products="tf32x3k", flash_version=None, mlp_version=None):
     if flash and flash_version not in (None, engine_flash_version()):     # time another version in its place
         saved = attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd
         attn_flash.attn_flash_fwd = attn_flash.VERSIONS["attn_flash_fwd"][flash_version]
         attn_flash.attn_flash_bwd = attn_flash.VERSIONS["attn_flash_bwd"][flash_version]
         try:
-            return time_ours(m, B, T, iters, flash, products)
+            return time_ours(m, B, T, iters, flash, products, mlp_version=mlp_version)
         finally:
             attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd = saved
     model = GPUModel(m, B, T, flash=flash, products=products)
+    if mlp_version is not None:            # the MLP's launchers of another version (the same tile kind)
+        model.mlp_fwd, model.mlp_bwd = mlp.VERSIONS["mlp_fwd"][mlp_version], mlp.VERSIONS["mlp_bwd"][mlp_version]
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
     tokens = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
@@ -135,6 +138,8 @@ def main(argv=None):
                     help="the linear ops' products: tf32x3 (v3), tf32x3s (v4, split planes), tf32x3k (v5, k-major), simt (v2)")
     ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_fwd"])[1:],
                     help="flash attention versions to time (default: the engine's)")
+    ap.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
+                    help="run the MLP's launchers of this version in the model (5 and 6: the k-major tiles)")
     args = ap.parse_args(argv)
     flash_versions = args.flash_version or [engine_flash_version()]
     rows = []
@@ -155,8 +160,10 @@ def main(argv=None):
             runs = [(False, None)] if args.attention != "flash" else []
             runs += [(True, v) for v in flash_versions] if args.attention != "plain" else []
             for flash, fv in runs:
-                fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters, flash=flash, products=products, flash_version=fv)
-                row = {"size": size, "products": products, "flash": flash, "flash_version": fv, "B": B, "T": T,
+                fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters, flash=flash, products=products, flash_version=fv,
+                                                   mlp_version=args.mlp_version)
+                row = {"size": size, "products": products, "flash": flash, "flash_version": fv,
+                       "mlp_version": args.mlp_version, "B": B, "T": T,
                        "params": n_params(m),
                        "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "tokens_per_s": B * T / (fwd + bwd),
                        "loss": loss, "buffers_GB": nbytes / 1e9, **torch_row}

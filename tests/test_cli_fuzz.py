@@ -394,6 +394,8 @@ ROWS = [
     ("bench/step_time", ["--json", "{W}/nodir/x.json"], "does not exist"),
     ("bench/step_time", ["--products", "fp8"], "invalid choice: 'fp8'"),
     ("bench/step_time", ["--flash-version", "1"], "invalid choice: 1"),
+    ("bench/step_time", ["--mlp-version", "4"], "invalid choice: 4"),
+    ("bench/profile_kernels", ["run", "--log", "{W}/l.json", "--mlp-version", "7"], "invalid choice: 7"),
     ("bench/gemm", ["--timing", "wall"], "invalid choice: 'wall'"),
     ("bench/profile_kernels", [], "the following arguments are required: cmd"),
     ("bench/profile_kernels", ["run", "--size", "7B", "--log", "{W}/l.json"], "unknown size '7B'"),

@@ -118,3 +118,28 @@ def test_in_the_simulator_v4s_step_twin_gives_v3s_outputs(trans_a, trans_b):
 
 def test_no_128_bit_copies_in_the_simulator():
     assert not aligned(np.zeros((4, 8), np.float32))
+
+
+def test_mlp_v6_keeps_v5s_bits():
+    """mlp v6 (k_mlp_fwd_v2 / k_mlp_bwd_v2: the sums stored from registers, the GELU and its
+    derivative applied to the values just written) gives v5's bits, forward and backward, with
+    dW += on top of random values and a shape that crosses the tiles' edges."""
+    from andrea_numba.kernels import mlp
+    rng = np.random.default_rng(7)
+    N, C = 37, 12
+    x, dout = rng.standard_normal((N, C)).astype(np.float32), rng.standard_normal((N, C)).astype(np.float32)
+    w_1, w_2 = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((C, 4 * C), (4 * C, C)))
+    dw0 = [rng.standard_normal(w.shape).astype(np.float32) for w in (w_1, w_2)]
+    work = cuda.to_device(np.zeros(MM.splitk_work(C), np.float32))
+    outs = {}
+    for v in (5, 6):
+        fwd, bwd = mlp.VERSIONS["mlp_fwd"][v], mlp.VERSIONS["mlp_bwd"][v]
+        d = {k: cuda.to_device(a) for k, a in dict(x=x, w_1=w_1, w_2=w_2, dout=dout).items()}
+        out, dx = cuda.to_device(np.full((N, C), np.nan, np.float32)), cuda.to_device(np.full((N, C), np.nan, np.float32))
+        h_pre, h, dh_pre = (cuda.to_device(np.full((N, 4 * C), np.nan, np.float32)) for _ in range(3))
+        dw_1, dw_2 = (cuda.to_device(a.copy()) for a in dw0)
+        fwd(out, h_pre, h, d["x"], d["w_1"], d["w_2"], block=fwd.blocks[0])
+        bwd(dx, dw_1, dw_2, dh_pre, work, d["dout"], d["x"], h_pre, h, d["w_1"], d["w_2"], block=bwd.blocks[0])
+        outs[v] = [a.copy_to_host() for a in (out, h_pre, h, dx, dw_1, dw_2, dh_pre)]
+    for a5, a6 in zip(outs[5], outs[6]):
+        assert np.isfinite(a5).all() and np.array_equal(a5, a6)

@@ -12,7 +12,9 @@ Backward:
 
 The kernels are built once per tile shape of matmul.py (`block` of the launchers): v1 on matmul
 v2's tiles, v2 on the SIMT warp tiles of matmul v3, v3 on the 3xTF32 tensor-core warp tiles of
-matmul v4 (kernels/warp_tile.py). The kernels' text is the same; the tile functions differ.
+matmul v4 (kernels/warp_tile.py), v4 and v5 on the split and k-major tiles of matmul v5 and v6.
+The kernels' text is the same; the tile functions differ. v6 is v5 with the kernels k_mlp_fwd_v2
+and k_mlp_bwd_v2, which keep the sums in registers (the comment above kernels_v2).
 """
 import functools
 import math
@@ -74,6 +76,52 @@ def kernels(tile):
     return k_mlp_fwd_v1, k_mlp_bwd_v1
 
 
+# The kernels above apply the GELU (or its derivative) in their own store loop: 64 outputs a
+# thread on the warp tiles, each with a tanh, a loop too long for the compiler to unroll. Then
+# acc[i, j] is read with indices known only at run time, and an array read that way cannot live
+# in registers: the compiler puts the whole of acc in local memory (the PTX of k_mlp_fwd_v1 on the
+# 128 x 64 k-major tile has a 256-byte __local_depot; Nsight Compute on the H200 counted its local
+# loads and stores as the kernel's worst memory traffic). The v2 kernels write acc with the
+# tile's own store (short loops, unrolled: acc stays in registers, as in the matmul kernels),
+# then each thread reads back the elements it wrote itself and applies the GELU there. The same
+# float32 values meet the same arithmetic: v2's bits are v1's.
+
+@functools.cache
+def kernels_v2(tile):
+    t = make_tile(tile)
+    mma_nn, mma_nt, zero, store, row, col, TM, TN = t.mma_nn, t.mma_nt, t.zero, t.store, t.row, t.col, t.TM, t.TN
+
+    @cuda.jit
+    def k_mlp_fwd_v2(h_pre, h, x, w_1):
+        """h_pre = x @ W_1 from the registers, then h = gelu(h_pre) from this thread's own h_pre."""
+        acc = cuda.local.array((TM, TN), float32)
+        zero(acc)
+        mma_nn(acc, x, w_1)
+        store(h_pre, acc, False)
+        for i in range(TM):
+            r = row(i)
+            for j in range(TN):
+                c = col(j)
+                if r < h.shape[0] and c < h.shape[1]:
+                    h[r, c] = gelu(h_pre[r, c])
+
+    @cuda.jit
+    def k_mlp_bwd_v2(dh_pre, dout, h_pre, w_2):
+        """dh_pre = dout @ W_2^T from the registers, then dh_pre *= gelu'(h_pre), element by element."""
+        acc = cuda.local.array((TM, TN), float32)
+        zero(acc)
+        mma_nt(acc, dout, w_2)
+        store(dh_pre, acc, False)
+        for i in range(TM):
+            r = row(i)
+            for j in range(TN):
+                c = col(j)
+                if r < dh_pre.shape[0] and c < dh_pre.shape[1]:
+                    dh_pre[r, c] = dh_pre[r, c] * gelu_grad(h_pre[r, c])
+
+    return k_mlp_fwd_v2, k_mlp_bwd_v2
+
+
 @blocks(**TILES)
 def mlp_fwd_v1(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """out, x [N, C]; h_pre, h [N, F]: saved for backward. block = the tile."""
@@ -97,21 +145,21 @@ def mlp_bwd_v1(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, *, block, st
 # v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores);
 # the plain products through that matmul, the weight gradients with split-K (work: its buffer).
 
-def _fwd_warp(kind, out, h_pre, h, x, w_1, w_2, block, stream):
+def _fwd_warp(kind, out, h_pre, h, x, w_1, w_2, block, stream, built=kernels):
     N, F = h.shape
     tile = resolve(kind, block, x, w_1)
     t = make_tile(tile)
-    kernels(tile)[0][t.grid(N, F), t.THREADS, stream](h_pre, h, x, w_1)
+    built(tile)[0][t.grid(N, F), t.THREADS, stream](h_pre, h, x, w_1)
     WARP_MATMUL[kind](out, None, h, w_2, block=block, stream=stream)                     # out = h @ W_2
 
 
-def _bwd_warp(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
+def _bwd_warp(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, built=kernels):
     N, F = h.shape
     tile = resolve(kind, block, dout, w_2)
     t = make_tile(tile)
     mm = WARP_MATMUL[kind]
     mm(dw_2, work, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)     # dW_2 += h^T @ dout
-    kernels(tile)[1][t.grid(N, F), t.THREADS, stream](dh_pre, dout, h_pre, w_2)
+    built(tile)[1][t.grid(N, F), t.THREADS, stream](dh_pre, dout, h_pre, w_2)
     mm(dw_1, work, x, dh_pre, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
     mm(dx, None, dh_pre, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
 
@@ -164,8 +212,21 @@ def mlp_bwd_v5(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, blo
     _bwd_warp("tf32x3k", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
-k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
+@blocks(**KMAJOR_TILES)
+def mlp_fwd_v6(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """v5 with k_mlp_fwd_v2: acc in registers, the GELU applied from the h_pre just written."""
+    _fwd_warp("tf32x3k", out, h_pre, h, x, w_1, w_2, block, stream, built=kernels_v2)
 
-VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5},
-            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5}}
+
+@blocks(**KMAJOR_TILES)
+def mlp_bwd_v6(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v5 with k_mlp_bwd_v2: acc in registers, GELU's derivative applied to the dh_pre just written."""
+    _bwd_warp("tf32x3k", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, built=kernels_v2)
+
+
+k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
+k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
+
+VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6},
+            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6}}
 mlp_fwd, mlp_bwd = mlp_fwd_v5, mlp_bwd_v5          # what the engine uses
