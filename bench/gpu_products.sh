@@ -5,15 +5,8 @@
 #   bash bench/gpu_products.sh [steps...]      steps: gemm check12 check120 kernels step (default all)
 #   and for the split tiles (matmul v5, the linear ops' v4): gemm5 check5 step5 profile5
 #   and for the k-major tiles (matmul v6, the linear ops' v5, the engine's): gemm6 check6 model step6
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-py=python3
+source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree
 steps=${*:-gemm check12 check120 kernels step}
-
-disagree() {     # rows in a check's JSON file, and the first rows that disagree
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$1"
-}
 
 check_versions() {   # check_versions TAG SEED --version N ...: the linear ops and products at 12M and 120M
   local tag=$1 seed=$2; shift 2

@@ -7,15 +7,8 @@
 #          residual_layernorm, every version, at 12M), checks (the harness on what changed, and the
 #          whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed),
 #          mlp6 (the MLP's v6 against v5: harness, kernel table, the step)
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-py=python3
+source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree
 steps=${*:-profile graph step check120 ln}
-
-disagree() {     # rows in a check's JSON file, and the first rows that disagree
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$1"
-}
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 for s in $steps; do

@@ -101,12 +101,13 @@ def k_layernorm_bwd_params_v1(dg, db, dout, x, mean, rstd):
 PARAM_CX, PARAM_RY = (8, 2) if SIMULATOR else (32, 32)
 
 
-@cuda.jit
-def k_layernorm_bwd_params_v2(dg, db, dout, x, mean, rstd):
-    """The same sums. A block is RY x CX threads over CX channels: thread (ty, tx) owns channel
-    c = blockIdx.x*CX + tx and rows ty, ty + RY, ty + 2 RY, ... summed in order (a warp reads 32
+@cuda.jit(device=True)
+def column_sums(dout, x, mean, rstd, start, end):
+    """(sum of dout * xhat, sum of dout) over rows start .. end - 1 of channel c = blockIdx.x * CX
+    + tx, for thread (tx, ty = 0); other threads get partial values. A block of CX x RY threads:
+    thread (tx, ty) sums rows start + ty, start + ty + RY, ... in order (a warp reads 32
     consecutive channels of a row: coalesced); then the RY partial sums of a channel meet in a
-    fixed tree over ty."""
+    fixed tree over ty in shared memory."""
     sg = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
     sb = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -114,7 +115,7 @@ def k_layernorm_bwd_params_v2(dg, db, dout, x, mean, rstd):
     acc_g = float32(0.0)
     acc_b = float32(0.0)
     if c < x.shape[1]:
-        for row in range(ty, x.shape[0], cuda.blockDim.y):
+        for row in range(start + ty, end, cuda.blockDim.y):
             d = dout[row, c]
             acc_g += d * (x[row, c] - mean[row]) * rstd[row]
             acc_b += d
@@ -128,9 +129,17 @@ def k_layernorm_bwd_params_v2(dg, db, dout, x, mean, rstd):
             sb[ty, tx] += sb[ty + s, tx]
         cuda.syncthreads()
         s //= 2
-    if ty == 0 and c < x.shape[1]:
-        dg[c] += sg[0, tx]
-        db[c] += sb[0, tx]
+    return sg[0, tx], sb[0, tx]
+
+
+@cuda.jit
+def k_layernorm_bwd_params_v2(dg, db, dout, x, mean, rstd):
+    """The same sums, a block of CX x RY threads over CX channels and all the rows (column_sums)."""
+    g, b = column_sums(dout, x, mean, rstd, 0, x.shape[0])
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if cuda.threadIdx.y == 0 and c < x.shape[1]:
+        dg[c] += g
+        db[c] += b
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,35 +334,15 @@ def k_layernorm_bwd_params_v3(part, dout, x, mean, rstd):
     (chunk + 1) * rows, rows = cdiv(N, R). Within a block as k_layernorm_bwd_params_v2: thread
     (tx, ty) of channel c = blockIdx.x * CX + tx sums every RY-th row of the chunk from ty, in order,
     then a fixed tree over ty."""
-    sg = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
-    sb = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    c = cuda.blockIdx.x * cuda.blockDim.x + tx
-    chunk = cuda.blockIdx.y
     N, C = x.shape
+    chunk = cuda.blockIdx.y
     rows = (N + part.shape[1] - 1) // part.shape[1]
     start = chunk * rows
-    end = min(start + rows, N)
-    acc_g = float32(0.0)
-    acc_b = float32(0.0)
-    if c < C:
-        for row in range(start + ty, end, cuda.blockDim.y):
-            d = dout[row, c]
-            acc_g += d * (x[row, c] - mean[row]) * rstd[row]
-            acc_b += d
-    sg[ty, tx] = acc_g
-    sb[ty, tx] = acc_b
-    cuda.syncthreads()
-    s = cuda.blockDim.y // 2
-    while s > 0:
-        if ty < s:
-            sg[ty, tx] += sg[ty + s, tx]
-            sb[ty, tx] += sb[ty + s, tx]
-        cuda.syncthreads()
-        s //= 2
-    if ty == 0 and c < C:
-        part[0, chunk, c] = sg[0, tx]
-        part[1, chunk, c] = sb[0, tx]
+    g, b = column_sums(dout, x, mean, rstd, start, min(start + rows, N))
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if cuda.threadIdx.y == 0 and c < C:
+        part[0, chunk, c] = g
+        part[1, chunk, c] = b
 
 
 @cuda.jit
