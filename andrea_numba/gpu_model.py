@@ -23,7 +23,7 @@ from numba import cuda
 from .config import ModelConfig
 import reference.dropout as D
 
-from .kernels import attn, attn_flash, attn_out, attn_qkv, dropout, embed, layernorm, loss, mlp, residual
+from .kernels import attn, attn_flash, attn_out, attn_qkv, dropout, embed, layernorm, loss, mlp
 from .kernels.matmul import splitk_work
 from .kernels.optim import zero
 from .layout import n_params, views
@@ -82,10 +82,8 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("loss", (1,), "activations"),              # mean loss
         S("branch", (N, C), "scratch"),              # output of attn_out / mlp before the residual add
         # backward scratch, each named after the gradient it holds (d_name = dL/d name):
-        S("d_resid", (N, C), "scratch"),             # the residual stream at a block boundary (x[l+1], then x[l])
-        S("d_x_mid", (N, C), "scratch"),             # x_mid, between a block's attention and MLP halves
-        S("d_skip", (N, C), "scratch"),              # the skip path's share of x[l]
-        S("d_branch", (N, C), "scratch"),            # a branch output: mlp or attn_out, before the residual add
+        S("d_resid", (N, C), "scratch"),             # the residual stream: x[l+1], then x_mid, then x[l] (backward)
+        S("d_branch", (N, C), "scratch"),            # a branch output (mlp, attn_out) with dropout: d_resid's masked copy
         S("d_ln_out", (N, C), "scratch"),            # a LayerNorm's output (lnf, ln2, ln1)
         S("d_y", (N, C), "scratch"),                 # attention output
         S("d_q", (N, C), "scratch"),
@@ -227,7 +225,13 @@ class GPUModel:
         b, P, G, m, s = {**self.buf, **self.inputs}, self.P, self.G, self.m, self.stream   # forward's token ids
         B, T, C, H = self.B, self.T, m.d_model, m.n_head
         x, bt = b["x"], lambda name: b[name].reshape(B, T, C)        # [N, C] buffers seen as [B, T, C]
-        d_resid, d_x_mid, d_skip, d_branch = b["d_resid"], b["d_x_mid"], b["d_skip"], b["d_branch"]
+        # One buffer carries the residual stream's gradient down the blocks. A residual add
+        # x_out = x_in + f passes d x_out on to both x_in and f unchanged (residual_add_bwd copies
+        # it twice), so the branch reads d_resid itself, and each fused residual + LayerNorm
+        # backward adds its LayerNorm's part into d_resid in place: d_resid holds d x[l+1], then
+        # d x_mid, then d x[l]. Only dropout needs a copy: the branch's gradient is then the
+        # masked d_resid, in d_branch.
+        d_resid, d_branch = b["d_resid"], b["d_branch"]
         d_ln_out = b["d_ln_out"]
         work = b["splitk"]          # split-K partial products; the LayerNorms' partial dg, db sums
         self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, 1.0, b["lnf"], P["wte"], b["probs"], b["targets"],
@@ -238,21 +242,23 @@ class GPUModel:
         for l in reversed(range(m.n_layer)):
             p = f"h{l}."
             k_att, k_ao, k_mlp = self.keys[l]
-            # x[l+1] = x_mid + drop(mlp(LN2(x_mid)))
-            residual.residual_add_bwd(_flat(d_x_mid), _flat(d_branch), _flat(d_resid), stream=s)
+            # x[l+1] = x_mid + drop(mlp(LN2(x_mid))): the MLP's upstream gradient is d_resid (masked)
+            d_out = d_resid
             if p_drop:
-                dropout.dropout_bwd(_flat(d_branch), _flat(d_branch), p_drop, k_mlp, stream=s)
-            self.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], work, d_branch, b["ln2"][l],
+                dropout.dropout_bwd(_flat(d_branch), _flat(d_resid), p_drop, k_mlp, stream=s)
+                d_out = d_branch
+            self.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], work, d_out, b["ln2"][l],
                          b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
-            # both paths into x_mid: d_x_mid (the skip path's, in place) += LN2's grad_input
-            layernorm.residual_layernorm_bwd(d_x_mid, d_x_mid, G[p + "ln2.g"], G[p + "ln2.b"], work, d_x_mid,
+            # both paths into x_mid: d_resid (the skip path's, in place) += LN2's grad_input
+            layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln2.g"], G[p + "ln2.b"], work, d_resid,
                                              d_ln_out, b["x_mid"][l], b["ln2_mean"][l], b["ln2_rstd"][l],
                                              P[p + "ln2.g"], stream=s)
-            # x_mid = x[l] + drop(W_O(attn(qkv(LN1(x[l])))))
-            residual.residual_add_bwd(_flat(d_skip), _flat(d_branch), _flat(d_x_mid), stream=s)
+            # x_mid = x[l] + drop(W_O(attn(qkv(LN1(x[l]))))): attn_out's upstream gradient is d_resid (masked)
+            d_out = d_resid
             if p_drop:
-                dropout.dropout_bwd(_flat(d_branch), _flat(d_branch), p_drop, k_ao, stream=s)
-            self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, d_branch, b["y"][l], P[p + "attn.w_o"], stream=s)
+                dropout.dropout_bwd(_flat(d_branch), _flat(d_resid), p_drop, k_ao, stream=s)
+                d_out = d_branch
+            self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, d_out, b["y"][l], P[p + "attn.w_o"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
                 attn_flash.attn_flash_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
@@ -263,8 +269,8 @@ class GPUModel:
             self.qkv_bwd(d_ln_out, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"], work,
                          b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
-            # both paths into x[l]: d_resid = d_skip + LN1's grad_input
-            layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln1.g"], G[p + "ln1.b"], work, d_skip,
+            # both paths into x[l]: d_resid (the skip path's, in place) += LN1's grad_input
+            layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln1.g"], G[p + "ln1.b"], work, d_resid,
                                              d_ln_out, x[l], b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"],
                                              stream=s)
         embed.embed_bwd(G["wte"], G["wpe"], b["embed_links"], d_resid.reshape(B, T, C), b["tokens"],
