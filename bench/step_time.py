@@ -10,7 +10,10 @@
 Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
 (it is not a dependency of the project), the same GPT written in PyTorch in fp32 (TF32 off, as
 our kernels) and in bf16 autocast, with PyTorch fp32's peak memory (torch.cuda.max_memory_allocated)
-beside our buffers. "x fp32" is PyTorch fp32's time over ours: above 1, ours is faster.
+beside our buffers. "x fp32" is PyTorch fp32's time over ours: above 1, ours is faster. Ours is
+timed twice: launched from Python (fwd ms, bwd ms: eager, as the harness and --no-graph run it)
+and as one CUDA graph of the forward + backward replayed (graph ms: the trainer's way, the GPU's
+time without the launch cost; on a GPU only).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from andrea_numba import cli
 from andrea_numba.config import load_config
 from andrea_numba.gpu_model import PRODUCTS, GPUModel
 from andrea_numba.kernels import attn_flash, mlp
+from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import init_params, n_params
 
 SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
@@ -65,7 +69,36 @@ def time_ours(m, B, T, iters, flash=True, products="tf32x3k", flash_version=None
         t2 = time.perf_counter()
         fwd.append(t1 - t0)
         bwd.append(t2 - t1)
-    return float(np.median(fwd)), float(np.median(bwd)), model.read_loss(), model.nbytes
+    return float(np.median(fwd)), float(np.median(bwd)), model.read_loss(), model.nbytes, graph_ms(model, tokens, targets, iters)
+
+
+def graph_ms(model, tokens, targets, iters):
+    """ms of one forward + backward recorded once as a CUDA graph and replayed (as the trainer
+    replays its step): the GPU's time without Python's launches. None where graphs do not run."""
+    if SIMULATOR:
+        return None
+    from andrea_numba.train import StepGraph
+
+    def work(builder):
+        with model.launching_on(builder):
+            model.forward(tokens, targets)
+            model.backward()
+    try:
+        graph = StepGraph(model.stream, work)
+    except Exception as e:                   # noqa: BLE001 (reported; the eager times stand)
+        print(f"graph capture failed ({' '.join(str(e).split())})", file=sys.stderr)
+        return None
+    graph.launch()
+    model.stream.synchronize()
+    times = []
+    for _ in range(iters):
+        e0, e1 = cuda.event(), cuda.event()
+        e0.record(stream=model.stream)
+        graph.launch()
+        e1.record(stream=model.stream)
+        e1.synchronize()
+        times.append(cuda.event_elapsed_time(e0, e1))
+    return float(np.median(times))
 
 
 def time_torch(m, B, T, iters, bf16):
@@ -160,24 +193,26 @@ def main(argv=None):
             runs = [(False, None)] if args.attention != "flash" else []
             runs += [(True, v) for v in flash_versions] if args.attention != "plain" else []
             for flash, fv in runs:
-                fwd, bwd, loss, nbytes = time_ours(m, B, T, args.iters, flash=flash, products=products, flash_version=fv,
-                                                   mlp_version=args.mlp_version)
+                fwd, bwd, loss, nbytes, graph = time_ours(m, B, T, args.iters, flash=flash, products=products,
+                                                          flash_version=fv, mlp_version=args.mlp_version)
                 row = {"size": size, "products": products, "flash": flash, "flash_version": fv,
                        "mlp_version": args.mlp_version, "B": B, "T": T,
                        "params": n_params(m),
-                       "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "tokens_per_s": B * T / (fwd + bwd),
+                       "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "tokens_per_s": B * T / (fwd + bwd), "graph_ms": graph,
                        "loss": loss, "buffers_GB": nbytes / 1e9, **torch_row}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     head = (f"{'size':<6} {'products':<8} {'flash':<5} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} "
-            f"{'GB':>6} {'torch fp32 ms':>14} {'x fp32':>7} {'torch GB':>9} {'torch bf16 ms':>14}")
+            f"{'GB':>6} {'torch fp32 ms':>14} {'x fp32':>7} {'torch GB':>9} {'torch bf16 ms':>14} {'graph ms':>9} "
+            f"{'graph x fp32':>13}")
     print(head)
     for r in rows:
         ours = r["fwd_ms"] + r["bwd_ms"]
         print(f"{r['size']:<6} {r['products']:<8} {'v%d' % r['flash_version'] if r['flash'] else 'no':<5} {r['B']:>4} x {r['T']:<4} "
               f"{r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} {r['tokens_per_s']:>9.0f} {r['buffers_GB']:>6.2f} "
               f"{r.get('torch_fp32_ms', float('nan')):>14.1f} {r.get('torch_fp32_ms', float('nan')) / ours:>7.2f} "
-              f"{r.get('torch_fp32_peak_GB', float('nan')):>9.2f} {r.get('torch_bf16_ms', float('nan')):>14.1f}")
+              f"{r.get('torch_fp32_peak_GB', float('nan')):>9.2f} {r.get('torch_bf16_ms', float('nan')):>14.1f} "
+              f"{r['graph_ms'] or float('nan'):>9.1f} {r.get('torch_fp32_ms', float('nan')) / (r['graph_ms'] or float('nan')):>13.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
