@@ -6,7 +6,8 @@
 #          120M beside PyTorch), check120 (linear ops v5 and matmul v6 at 120M), ln (layernorm and
 #          residual_layernorm, every version, at 12M), checks (the harness on what changed, and the
 #          whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed),
-#          mlp6 (the MLP's v6 against v5: harness, kernel table, the step)
+#          mlp6 (the MLP's v6 against v5: harness, kernel table, the step), model (the whole model
+#          against the twin at 12M and 120M)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree
 steps=${*:-profile graph step check120 ln}
 
@@ -62,6 +63,11 @@ for s in $steps; do
               > "$OUT/mlp6_kernels.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/mlp6_kernels.md"
           timeout 200 $py bench/step_time.py --sizes 12M 120M --mlp-version 6 --json "$OUT/mlp6_step.json" > "$OUT/mlp6_step.txt" 2>&1
           echo "step mlp v6 exit $?"; grep -v '^{' "$OUT/mlp6_step.txt" ;;
+    model) for size in 12M 120M; do      # the whole model against the float64 twin (the engine's kernels)
+             timeout 150 $py -m andrea_numba.check --size $size --seed 14 --model-only --json > "$OUT/model_$size.json" \
+                 2> "$OUT/model_$size.err"
+             echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"; disagree "$OUT/model_$size.json"
+           done ;;
     ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
             > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
         echo "ln 12M exit $?"; tail -1 "$OUT/check_ln_12M.err"; disagree "$OUT/check_ln_12M.json" ;;
