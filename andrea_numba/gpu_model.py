@@ -83,7 +83,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("branch", (N, C), "scratch"),              # output of attn_out / mlp before the residual add
         # backward scratch, each named after the gradient it holds (d_name = dL/d name):
         S("d_resid", (N, C), "scratch"),             # the residual stream: x[l+1], then x_mid, then x[l] (backward)
-        S("d_branch", (N, C), "scratch"),            # a branch output (mlp, attn_out) with dropout: d_resid's masked copy
+        S("d_branch", (N, C), "scratch"),            # with dropout: a branch output's gradient, d_resid masked
         S("d_ln_out", (N, C), "scratch"),            # a LayerNorm's output (lnf, ln2, ln1)
         S("d_y", (N, C), "scratch"),                 # attention output
         S("d_q", (N, C), "scratch"),
@@ -239,26 +239,25 @@ class GPUModel:
         layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], work, d_ln_out, x[m.n_layer],
                                 b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)
         p_drop = self.p_drop
+
+        def branch_grad(key):
+            """A branch's upstream gradient: d_resid itself, or with dropout its masked copy."""
+            if not p_drop:
+                return d_resid
+            dropout.dropout_bwd(_flat(d_branch), _flat(d_resid), p_drop, key, stream=s)
+            return d_branch
         for l in reversed(range(m.n_layer)):
             p = f"h{l}."
             k_att, k_ao, k_mlp = self.keys[l]
-            # x[l+1] = x_mid + drop(mlp(LN2(x_mid))): the MLP's upstream gradient is d_resid (masked)
-            d_out = d_resid
-            if p_drop:
-                dropout.dropout_bwd(_flat(d_branch), _flat(d_resid), p_drop, k_mlp, stream=s)
-                d_out = d_branch
-            self.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], work, d_out, b["ln2"][l],
-                         b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
+            # x[l+1] = x_mid + drop(mlp(LN2(x_mid)))
+            self.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], work, branch_grad(k_mlp),
+                         b["ln2"][l], b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
             # both paths into x_mid: d_resid (the skip path's, in place) += LN2's grad_input
             layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln2.g"], G[p + "ln2.b"], work, d_resid,
                                              d_ln_out, b["x_mid"][l], b["ln2_mean"][l], b["ln2_rstd"][l],
                                              P[p + "ln2.g"], stream=s)
-            # x_mid = x[l] + drop(W_O(attn(qkv(LN1(x[l]))))): attn_out's upstream gradient is d_resid (masked)
-            d_out = d_resid
-            if p_drop:
-                dropout.dropout_bwd(_flat(d_branch), _flat(d_resid), p_drop, k_ao, stream=s)
-                d_out = d_branch
-            self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, d_out, b["y"][l], P[p + "attn.w_o"], stream=s)
+            # x_mid = x[l] + drop(W_O(attn(qkv(LN1(x[l])))))
+            self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, branch_grad(k_ao), b["y"][l], P[p + "attn.w_o"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
                 attn_flash.attn_flash_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,

@@ -105,6 +105,7 @@ class StepGraph:
 
     def __init__(self, stream, work):
         from cuda.core import Stream as CoreStream
+        self.numba_stream = stream
         self.stream = CoreStream.from_handle(int(stream.handle))    # the run's stream, as cuda.core sees it
         builder = self.stream.create_graph_builder()               # captures what is queued on that stream
         with cuda.defer_cleanup():          # numba frees no earlier garbage while the capture is open
@@ -123,6 +124,22 @@ class StepGraph:
 
     def launch(self):
         self.graph.launch(self.stream)
+
+    def replay_ms(self, reps: int) -> float:
+        """For the benchmarks: the median ms of one replay, after a first one, each timed between
+        two CUDA events on the run's stream (the GPU's time; the host only queues it)."""
+        s = self.numba_stream
+        self.launch()
+        s.synchronize()
+        times = []
+        for _ in range(reps):
+            e0, e1 = cuda.event(), cuda.event()
+            e0.record(stream=s)
+            self.launch()
+            e1.record(stream=s)
+            e1.synchronize()
+            times.append(cuda.event_elapsed_time(e0, e1))
+        return float(np.median(times))
 
 
 def divergence_hints(t) -> str:

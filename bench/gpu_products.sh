@@ -5,7 +5,7 @@
 #   bash bench/gpu_products.sh [steps...]      steps: gemm check12 check120 kernels step (default all)
 #   and for the split tiles (matmul v5, the linear ops' v4): gemm5 check5 step5 profile5
 #   and for the k-major tiles (matmul v6, the linear ops' v5, the engine's): gemm6 check6 model step6
-source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree
+source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model
 steps=${*:-gemm check12 check120 kernels step}
 
 check_versions() {   # check_versions TAG SEED --version N ...: the linear ops and products at 12M and 120M
@@ -41,10 +41,7 @@ for s in $steps; do
     gemm6) $py bench/gemm.py --versions 6 --blocks --json "$OUT/gemm6.json" > "$OUT/gemm6.md" 2>&1
            echo "gemm6 exit $?"; cat "$OUT/gemm6.md" | grep -v "v6_regs" ; grep -o "'v6_regs': \[[0-9]*\]" "$OUT/gemm6.md" | sort | uniq -c ;;
     check6) check_versions check6 7 --version 5 --version 6 ;;
-    model) for size in 12M 120M; do
-             $py -m andrea_numba.check --size $size --seed 8 --model-only --json > "$OUT/model_$size.json" 2> "$OUT/model_$size.err"
-             echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"; disagree "$OUT/model_$size.json"
-           done ;;
+    model) check_model 8 ;;
     step6) $py bench/step_time.py --sizes 12M 120M --products tf32x3k tf32x3 --json "$OUT/step6.json" > "$OUT/step6.txt" 2>&1
            echo "step6 exit $?"; grep -v '^{' "$OUT/step6.txt" ;;
     step5) $py bench/step_time.py --sizes 12M 120M --products tf32x3 tf32x3s --json "$OUT/step5.json" > "$OUT/step5.txt" 2>&1

@@ -8,7 +8,7 @@
 #          whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed),
 #          mlp6 (the MLP's v6 against v5: harness, kernel table, the step), model (the whole model
 #          against the twin at 12M and 120M)
-source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree
+source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model
 steps=${*:-profile graph step check120 ln}
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
@@ -41,10 +41,7 @@ for s in $steps; do
             run_check flash_12M 12M 100 --op attn_flash --version 3 --version 4
             run_check flash_120M 120M 100 --op attn_flash --version 4
             run_check linear_120M 120M 120 --op mlp --op "matmul a^T@b +=" --version 5 --version 6
-            for size in 12M 120M; do
-              timeout 150 $py -m andrea_numba.check --size $size --seed 12 --model-only --json > "$OUT/model_$size.json" 2> "$OUT/model_$size.err"
-              echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"; disagree "$OUT/model_$size.json"
-            done
+            check_model 12
             mkdir -p "$OUT/checks"
             for f in linear_12M ln_12M flash_12M flash_120M linear_120M model_12M model_120M; do
               mv "$OUT/$f.json" "$OUT/$f.err" "$OUT/checks/" 2>/dev/null; done ;;
@@ -63,11 +60,7 @@ for s in $steps; do
               > "$OUT/mlp6_kernels.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/mlp6_kernels.md"
           timeout 200 $py bench/step_time.py --sizes 12M 120M --mlp-version 6 --json "$OUT/mlp6_step.json" > "$OUT/mlp6_step.txt" 2>&1
           echo "step mlp v6 exit $?"; grep -v '^{' "$OUT/mlp6_step.txt" ;;
-    model) for size in 12M 120M; do      # the whole model against the float64 twin (the engine's kernels)
-             timeout 150 $py -m andrea_numba.check --size $size --seed 14 --model-only --json > "$OUT/model_$size.json" \
-                 2> "$OUT/model_$size.err"
-             echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"; disagree "$OUT/model_$size.json"
-           done ;;
+    model) check_model 14 ;;             # the whole model against the float64 twin (the engine's kernels)
     ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
             > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
         echo "ln 12M exit $?"; tail -1 "$OUT/check_ln_12M.err"; disagree "$OUT/check_ln_12M.json" ;;

@@ -88,17 +88,7 @@ def graph_ms(model, tokens, targets, iters):
     except Exception as e:                   # noqa: BLE001 (reported; the eager times stand)
         print(f"graph capture failed ({' '.join(str(e).split())})", file=sys.stderr)
         return None
-    graph.launch()
-    model.stream.synchronize()
-    times = []
-    for _ in range(iters):
-        e0, e1 = cuda.event(), cuda.event()
-        e0.record(stream=model.stream)
-        graph.launch()
-        e1.record(stream=model.stream)
-        e1.synchronize()
-        times.append(cuda.event_elapsed_time(e0, e1))
-    return float(np.median(times))
+    return graph.replay_ms(iters)
 
 
 def time_torch(m, B, T, iters, bf16):
