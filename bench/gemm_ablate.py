@@ -10,6 +10,13 @@ floor that the data movement alone sets. "split at read" keeps one shared plane 
 splits them as the fragments are read (matmul v6: half the shared traffic, more arithmetic).
 Prints a markdown table (ms and TFLOP/s counted as 2 M N K, whatever the kernel's accuracy; only
 the 3xTF32 columns are fp32-accurate products).
+
+    python bench/gemm_ablate.py --splits
+
+times the split at read three ways (split_tile.SPLITS) on the 128 x 64 tile: "round" (v6, five
+instructions a value), "half" (four: small's low bits left for the tensor core to drop) and
+"trunc" (three: small truncated by the tensor core), and says whether each gives v6's bits and
+its error against float64.
 """
 from __future__ import annotations
 
@@ -24,7 +31,11 @@ SHAPES = [("120M mlp fwd x @ W_1", 8192, 3072, 768), ("square 4096", 4096, 4096,
 TILES = [(128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 64), (128, 128, 16, 64, 32)]
 
 
-def main():
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(prog="python bench/gemm_ablate.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--splits", action="store_true", help="time the three ways to split at read instead")
+    args = ap.parse_args(argv)
     from numba import cuda, float32
 
     from andrea_numba.kernels.split_tile import split_bytes, tile_mma_split
@@ -32,12 +43,13 @@ def main():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gemm import timed
 
-    def kernel(tile, products, presplit=True):
-        mma, threads = tile_mma_split(False, False, *tile, True, products=products, presplit=presplit)
+    def kernel(tile, products, presplit=True, split_mode="round", max_registers=None):
+        mma, threads = tile_mma_split(False, False, *tile, True, products=products, presplit=presplit,
+                                      split_mode=split_mode)
         t = make_warp_tile(("tf32x3s", *tile, True))
         zero, store, TM, TN = t.zero, t.store, t.TM, t.TN
 
-        @cuda.jit
+        @cuda.jit(max_registers=max_registers)
         def k_ablate(out, a, b):
             acc = cuda.local.array((TM, TN), float32)
             zero(acc)
@@ -46,6 +58,8 @@ def main():
         return k_ablate, t.grid, threads
 
     rng = np.random.default_rng(0)
+    if args.splits:
+        return splits(kernel, timed, rng)
     print("| product | tile | 3xTF32 ms | TFLOP/s | 1xTF32 ms | TFLOP/s | no mma ms | TFLOP/s "
           "| 3xTF32, split at read ms | TFLOP/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -63,6 +77,29 @@ def main():
                 ms = timed(lambda: k[grid(M, N), threads](out, a, b))
                 cells.append(f"{ms:.3f} | {2.0 * M * N * K / ms / 1e9:.1f}")
             print(f"| {label} | {tile} | " + " | ".join(cells) + " |", flush=True)
+
+
+def splits(kernel, timed, rng):
+    from numba import cuda
+    tile = TILES[0]
+    print("| product | split | register cap | ms | TFLOP/s | same bits as round | max error / max |ref| |")
+    print("|---|---|---|---|---|---|---|")
+    for label, M, N, K in SHAPES + [("120M mlp dx-like 8192 x 768 x 3072", 8192, 768, 3072)]:
+        ah = rng.standard_normal((M, K)).astype(np.float32)
+        bh = rng.standard_normal((K, N)).astype(np.float32)
+        ref = ah.astype(np.float64) @ bh.astype(np.float64)
+        a, b = cuda.to_device(ah), cuda.to_device(bh)
+        out = cuda.device_array((M, N), np.float32)
+        first = None
+        for mode, regs in (("round", None), ("half", None), ("trunc", None), ("half", 168), ("trunc", 168), ("trunc", 128)):
+            k, grid, threads = kernel(tile, 3, False, mode, regs)
+            k[grid(M, N), threads](out, a, b)
+            got = out.copy_to_host()
+            first = got if first is None else first
+            same = bool(np.array_equal(got.view(np.uint32), first.view(np.uint32)))
+            err = float(np.abs(got - ref).max() / np.abs(ref).max())
+            ms = timed(lambda: k[grid(M, N), threads](out, a, b))
+            print(f"| {label} | {mode} | {regs or '-'} | {ms:.3f} | {2.0 * M * N * K / ms / 1e9:.1f} | {same} | {err:.2e} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,17 @@ def test_big_plus_small_carries_about_21_bits():
     assert worst < 2.0 ** -20                     # a plain TF32 value: up to 2^-11
 
 
+def test_small_truncated_by_the_tensor_core_still_carries_about_21_bits():
+    """matmul v7 hands the tensor core x - big as it is; it keeps the top 19 bits (truncation)."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(2000) * 10.0 ** rng.integers(-6, 6, 2000)).astype(np.float32)
+    big = np.array([tf32_round(v) for v in x], np.float32)
+    small = ((x - big).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    rel = np.abs(big.astype(np.float64) + small - x) / np.abs(x)
+    assert rel.max() < 2.0 ** -21                 # small keeps 11 of its at most 13 significant bits
+    assert rel.max() > 2.0 ** -25                 # (and it is not exact: the check can fail)
+
+
 @pytest.mark.parametrize("M, N, K, z", [(8, 8, 64, 1), (8, 32, 39, 1), (8, 8, 39, 3), (39, 32, 8, 1), (400, 400, 64, 1)])
 def test_splitk_slices_cover_k_and_fit_the_work_buffer(M, N, K, z):
     block = MM.matmul_v3.blocks[0]

@@ -334,11 +334,18 @@ def _k_matmul_warp(tile, trans_a, trans_b):
             product(out, work, a, b, accumulate, ksplit)
         return k_matmul_v5
 
+    if tile[0] == "tf32x3k":
+        @cuda.jit
+        def k_matmul_v6(out, work, a, b, accumulate, ksplit):
+            """As k_matmul_v5 with one plane of raw values in shared memory, split as the fragments are read."""
+            product(out, work, a, b, accumulate, ksplit)
+        return k_matmul_v6
+
     @cuda.jit
-    def k_matmul_v6(out, work, a, b, accumulate, ksplit):
-        """As k_matmul_v5 with one plane of raw values in shared memory, split as the fragments are read."""
+    def k_matmul_v7(out, work, a, b, accumulate, ksplit):
+        """As k_matmul_v6, the small parts' low bits left for the tensor core to drop (split_tile.split_trunc)."""
         product(out, work, a, b, accumulate, ksplit)
-    return k_matmul_v6
+    return k_matmul_v7
 
 
 @functools.cache
@@ -414,8 +421,26 @@ def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
     _matmul_warp("tf32x3k", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
-               "tf32x3k": matmul_v6}                                               # weight-gradient products
+# v7: v6 with a split of three instructions a value instead of five. v6 splits x into
+# big = tf32(x) (add half a TF32 unit, clear the low 13 bits) and small = tf32(x - big) (the same
+# two again). An mma.sync reads a TF32 operand from its top 19 bits only: measured on the H200
+# (bench/gemm_ablate.py --splits, 2026-12-01), handing it x - big with the half unit added gives
+# v6's bits exactly. v7 hands it x - big as it is, and the tensor core truncates it: small then
+# keeps its 10 bits rounded toward zero instead of to nearest, an error below 2^-21 |x| where v6's
+# is below 2^-22 |x|, of either sign, next to the 2^-22 of the small * small product that 3xTF32
+# leaves out. Measured against float64 on the same run: 3.5e-7 (v6 3.9e-7) at 8192 x 3072 x 768,
+# 6.5e-7 (6.8e-7) at 8192 x 768 x 3072, 8.0e-7 (8.1e-7) at 4096^3. The inner loop loses 96 of its
+# ~550 instructions a warp and stage (the kernel issues instructions at about half the rate it
+# could, with 2 warps a scheduler: Nsight Compute), and ran 2-9% faster than v6.
+@blocks(**KMAJOR_TILES)
+def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """v6 with the small parts truncated by the tensor core (three instructions a split)."""
+    _matmul_warp("tf32x3t", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
-VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6}}
+
+WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
+               "tf32x3k": matmul_v6, "tf32x3t": matmul_v7}                         # weight-gradient products
+
+VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
+                       7: matmul_v7}}
 matmul = matmul_v2        # what the engine uses

@@ -224,9 +224,22 @@ def mlp_bwd_v6(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, blo
     _bwd_warp("tf32x3k", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, built=kernels_v2)
 
 
+@blocks(**KMAJOR_TILES)
+def mlp_fwd_v7(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """v5 on the tiles of matmul v7 (the small parts truncated by the tensor core). v6's store loop
+    was not faster on the H200 (2026-12-01): v7 keeps v5's kernels."""
+    _fwd_warp("tf32x3t", out, h_pre, h, x, w_1, w_2, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_bwd_v7(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v5 on the tiles of matmul v7, the weight gradients split over K into work."""
+    _bwd_warp("tf32x3t", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+
+
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 
-VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6},
-            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6}}
-mlp_fwd, mlp_bwd = mlp_fwd_v5, mlp_bwd_v5          # what the engine uses
+VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7},
+            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7}}
+mlp_fwd, mlp_bwd = mlp_fwd_v7, mlp_bwd_v7          # what the engine uses

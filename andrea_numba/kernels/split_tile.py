@@ -57,7 +57,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .common import SIMULATOR
-from .ptx import load4, mma_tf32, store4, tf32_round
+from .ptx import load4, mma_tf32, store4, tf32_half_up, tf32_round
 
 WARP = 32
 BK_SPLIT = 16          # values of k per stage: two k-steps of 8, a 4-float run per lane and row
@@ -73,6 +73,25 @@ def split(x):
     """x = big + small (+ about 2^-22 x): big = tf32(x), small = tf32(x - big)."""
     big = tf32_round(x)
     return big, tf32_round(x - big)
+
+
+@cuda.jit(device=True)
+def split_half(x):
+    """split(x) as the tensor core sees it, in four instructions instead of five: small's low 13
+    bits are left for the mma to drop (tf32_half_up). big must be whole: x - big needs it."""
+    big = tf32_round(x)
+    return big, tf32_half_up(x - big)
+
+
+@cuda.jit(device=True)
+def split_trunc(x):
+    """For measuring only (bench/gemm_ablate.py): small = x - big as it is, which the tensor core
+    truncates to TF32 (round toward zero, not to nearest): three instructions, a little less accurate."""
+    big = tf32_round(x)
+    return big, x - big
+
+
+SPLITS = {"round": split, "half": split_half, "trunc": split_trunc}
 
 
 def _split_copier(R, THREADS, straight, vec, presplit=True):
@@ -143,14 +162,16 @@ def _split_copier(R, THREADS, straight, vec, presplit=True):
     return fetch, put, E
 
 
-def _stage(BM, BN, MI, NI, products=3, presplit=True):
+def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round"):
     """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of the stage's product
     op(a)[tile rows, 16 k] @ op(b)[16 k, tile columns], from the split planes sa (2, BM, 16) and
     sb (2, BN, 16). products: 3 (3xTF32); 1 and 0 are for measuring only (bench/gemm_ablate.py):
     big*big alone (TF32 accuracy), or no mma at all (a multiply-add keeps the reads alive).
-    presplit=False: sa and sb hold one plane of raw values, split here as they are read."""
+    presplit=False: sa and sb hold one plane of raw values, split here as they are read, by
+    SPLITS[split_mode]."""
     TM, TN = 2 * MI, 2 * NI
     BK = BK_SPLIT
+    split = SPLITS[split_mode]
 
     if SIMULATOR:
         ROW = np.array([(i // 2) * 16 + (i % 2) * 8 for i in range(TM)])      # row(i) - wm0 - g
@@ -158,6 +179,8 @@ def _stage(BM, BN, MI, NI, products=3, presplit=True):
 
         def parts(x):
             big = tf32_round(x)
+            if split_mode == "trunc":              # what the tensor core makes of x - big
+                return big, ((x - big).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
             return big, tf32_round(x - big)
 
         def stage(acc, sa, sb, wm0, wn0, g, t):
@@ -223,18 +246,19 @@ def _stage(BM, BN, MI, NI, products=3, presplit=True):
     return stage
 
 
-def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, presplit=True):
+def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, presplit=True, split_mode="round"):
     """Build tile_mma(acc, a, b, kb, ke): acc += this thread's share of the block's tile of
     op(a)[:, kb:ke] @ op(b)[kb:ke, :], on split tiles (same warps and outputs as warp_tile's).
     products: see _stage (3 for every kernel of the engine). presplit=False: one shared plane of
-    raw values, split as the fragments are read (half the shared memory and its traffic)."""
+    raw values, split as the fragments are read (half the shared memory and its traffic), by
+    SPLITS[split_mode]: "round" (v6), "half" (v7: the same parts to the tensor core)."""
     assert BK == BK_SPLIT, f"split tiles take BK = {BK_SPLIT}, got {BK}"
     WARPS_N = BN // WN
     THREADS = WARP * (BM // WM) * WARPS_N
     # a [M, K] is straight, a^T (stored [K, M]) transposed; b^T (stored [N, K]) straight, b [K, N] transposed
     fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec, presplit)
     fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec, presplit)
-    stage = _stage(BM, BN, WM // 16, WN // 8, products, presplit)
+    stage = _stage(BM, BN, WM // 16, WN // 8, products, presplit, split_mode)
     PL = 2 if presplit else 1                              # shared planes
 
     @cuda.jit(device=True)
