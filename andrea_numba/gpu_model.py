@@ -110,14 +110,15 @@ class GPUModel:
     5.2 GB less at 120M (docs/kernels-h200.md).
     share=<GPUModel> (with training=False, at a B x T no larger) runs on the first elements of
     that model's buffers and its parameters, allocating nothing: the trainer's sampler.
-    products="tf32x3t" (the default) runs the linear ops' v6 (mlp v7), 3xTF32 on the k-major
-    tiles of kernels/split_tile.py with the small parts truncated by the tensor core (matmul v7);
+    products="tf32x3w" (the default) runs the linear ops' v7 (mlp v8): 3xTF32 on the swizzled
+    k-major tiles of kernels/split_tile.py, the small parts truncated by the tensor core (matmul
+    v8); "tf32x3t" their v6 (mlp v7), the same sums on v6's tiles (matmul v7);
     "tf32x3k" their v5, the same tiles with both parts rounded (matmul v6); "tf32x3s" their v4 (split planes, matmul v5); "tf32x3"
     their v3 (warp tiles, matmul v4); "simt" their v2 (SIMT warp tiles, matmul v3). All are
     fp32-accurate."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
-                 dropout: float = 0.0, flash: bool = True, products: str = "tf32x3t", share=None):
+                 dropout: float = 0.0, flash: bool = True, products: str = "tf32x3w", share=None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         assert products in PRODUCTS, f"products must be one of {sorted(PRODUCTS)}, got {products!r}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
@@ -306,8 +307,8 @@ class GPUModel:
 
 # products= of GPUModel: the version of the linear ops (attn_qkv, attn_out, mlp, loss) it runs;
 # the MLP's own number where it differs (its v6 is v5 with another store loop, not a product kind)
-PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6}
-MLP_VERSION = {"tf32x3t": 7}
+PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7}
+MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 8}
 
 
 def _flat(a):

@@ -7,8 +7,8 @@
 #          residual_layernorm, every version, at 12M), checks (the harness on what changed, and the
 #          whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed),
 #          mlp6 (the MLP's v6 against v5: harness, kernel table, the step), model (the whole model
-#          against the twin at 12M and 120M), v7 (matmul v7 and the linear ops on it: harness at 12M,
-#          the whole model, products beside cuBLAS, the step with products tf32x3t and tf32x3k)
+#          against the twin at 12M and 120M), v8 (matmul v8 and v7 and the linear ops on them: harness
+#          at 12M, the whole model, products beside cuBLAS, the step with products tf32x3w and tf32x3t)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model
 steps=${*:-profile graph step check120 ln}
 
@@ -61,15 +61,17 @@ for s in $steps; do
               > "$OUT/mlp6_kernels.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/mlp6_kernels.md"
           timeout 200 $py bench/step_time.py --sizes 12M 120M --mlp-version 6 --json "$OUT/mlp6_step.json" > "$OUT/mlp6_step.txt" 2>&1
           echo "step mlp v6 exit $?"; grep -v '^{' "$OUT/mlp6_step.txt" ;;
-    v7) timeout 200 $py -m andrea_numba.check --size 12M --seed 17 --ops-only --op attn_qkv --op attn_out --op mlp --op loss \
-            --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 6 --version 7 --json > "$OUT/v7_check_12M.json" 2> "$OUT/v7_check_12M.err"
-        echo "v7 check 12M exit $?"; tail -1 "$OUT/v7_check_12M.err"; disagree "$OUT/v7_check_12M.json"
-        check_model 19
-        timeout 150 $py bench/gemm.py --versions 6,7 --json "$OUT/gemm_v7.json" > "$OUT/gemm_v7.md" 2>&1
-        echo "gemm exit $?"; grep "^|" "$OUT/gemm_v7.md"
-        timeout 200 $py bench/step_time.py --sizes 12M 120M --products tf32x3t tf32x3k --json "$OUT/v7_step.json" > "$OUT/v7_step.txt" 2>&1
-        echo "step exit $?"; grep -v '^{' "$OUT/v7_step.txt"
-        mkdir -p "$OUT/v7"; mv "$OUT"/model_* "$OUT"/v7_check_* "$OUT/v7/" ;;
+    v8) # matmul v8 (swizzled tiles) against v7, and the linear ops on each: harness at 12M, the
+        # whole model (the engine's: v8), products beside cuBLAS, the step with both
+        timeout 200 $py -m andrea_numba.check --size 12M --seed 23 --ops-only --op attn_qkv --op attn_out --op mlp --op loss \
+            --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 7 --version 8 --json > "$OUT/v8_check_12M.json" 2> "$OUT/v8_check_12M.err"
+        echo "v8 check 12M exit $?"; tail -1 "$OUT/v8_check_12M.err"; disagree "$OUT/v8_check_12M.json"
+        check_model 29
+        timeout 150 $py bench/gemm.py --versions 7,8 --json "$OUT/gemm_v8.json" > "$OUT/gemm_v8.md" 2>&1
+        echo "gemm exit $?"; grep "^|" "$OUT/gemm_v8.md"
+        timeout 200 $py bench/step_time.py --sizes 12M 120M --products tf32x3w tf32x3t --json "$OUT/v8_step.json" > "$OUT/v8_step.txt" 2>&1
+        echo "step exit $?"; grep -v '^{' "$OUT/v8_step.txt"
+        mkdir -p "$OUT/v8"; mv "$OUT"/model_* "$OUT"/v8_check_* "$OUT/v8/" ;;
     model) check_model 14 ;;             # the whole model against the float64 twin (the engine's kernels)
     ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
             > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
@@ -77,5 +79,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v7; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

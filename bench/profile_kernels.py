@@ -146,7 +146,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="one step between profile_start/stop, with its launches logged")
     r.add_argument("--size", type=cli.config, default="12M")
-    r.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3t")
+    r.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3w")
     r.add_argument("--log", type=cli.file_to_write(".json"), required=True, help="the launch log to write")
     r.add_argument("--mlp-version", type=int, choices=(5, 6), help="the MLP's launchers of this version")
     t = sub.add_parser("table", help="join the launch log with Nsight Compute's CSV")

@@ -27,7 +27,7 @@ def main(argv=None):
     ap = cli.Parser(prog="python bench/profile_step.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=cli.config, default="120M")
     ap.add_argument("--iters", type=cli.int_range(1, 10_000), default=3)
-    ap.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3t", help="the linear ops' version (GPUModel products=)")
+    ap.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3w", help="the linear ops' version (GPUModel products=)")
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the results here too")
     args = ap.parse_args(argv)
     cfg = load_config(args.size)

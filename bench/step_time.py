@@ -5,7 +5,7 @@
     python bench/step_time.py --attention both     # flash attention (the engine's) and attention v2
     python bench/step_time.py --flash-version 3 4  # flash attention v3 and v4 in the engine's place
     python bench/step_time.py --mlp-version 6      # the MLP's v6 in place of the engine's
-    python bench/step_time.py --products tf32x3t tf32x3k simt  # the linear ops' v6 (the engine's), v5, v2
+    python bench/step_time.py --products tf32x3w tf32x3t simt  # the linear ops' v7 (the engine's), v6, v2
 
 Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
 (it is not a dependency of the project), the same GPT written in PyTorch in fp32 (TF32 off, as
@@ -39,7 +39,7 @@ def engine_flash_version() -> int:
     return next(v for v, f in attn_flash.VERSIONS["attn_flash_fwd"].items() if f is attn_flash.attn_flash_fwd)
 
 
-def time_ours(m, B, T, iters, flash=True, products="tf32x3t", flash_version=None, mlp_version=None):
+def time_ours(m, B, T, iters, flash=True, products="tf32x3w", flash_version=None, mlp_version=None):
     if flash and flash_version not in (None, engine_flash_version()):     # time another version in its place
         saved = attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd
         attn_flash.attn_flash_fwd = attn_flash.VERSIONS["attn_flash_fwd"][flash_version]
@@ -157,8 +157,8 @@ def main(argv=None):
     ap.add_argument("--attention", choices=("flash", "plain", "both"), default="flash",
                     help="flash attention (the engine's default), attention v2 (saves the probabilities), or both")
     ap.add_argument("--flash", action="store_const", const="both", dest="attention", help="the same as --attention both")
-    ap.add_argument("--products", nargs="+", choices=sorted(PRODUCTS), default=["tf32x3t"],
-                    help="the linear ops' products: tf32x3t (v6, the engine's), tf32x3k (v5, k-major), tf32x3s (v4, split planes), "
+    ap.add_argument("--products", nargs="+", choices=sorted(PRODUCTS), default=["tf32x3w"],
+                    help="the linear ops' products: tf32x3w (v7, the engine's), tf32x3t (v6), tf32x3k (v5, k-major), tf32x3s (v4, split planes), "
                          "tf32x3 (v3), simt (v2)")
     ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_fwd"])[1:],
                     help="flash attention versions to time (default: the engine's)")

@@ -154,3 +154,21 @@ def test_mlp_v6_keeps_v5s_bits():
         outs[v] = [a.copy_to_host() for a in (out, h_pre, h, dx, dw_1, dw_2, dh_pre)]
     for a5, a6 in zip(outs[5], outs[6]):
         assert np.isfinite(a5).all() and np.array_equal(a5, a6)
+
+
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_v8s_swizzled_tiles_give_v7s_bits(trans_a, trans_b):
+    """matmul v8 stores the same values at swizzled shared rows, transposed operands in 4 x W
+    blocks (W = 4 and 2 across the two simulator tiles): v7's bits at every transpose and tile,
+    for rows, columns and k past a tile's edge."""
+    rng = np.random.default_rng(3)
+    M, N, K = 45, 70, 37
+    a = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
+    for block in MM.matmul_v8.blocks:
+        outs = []
+        for launch in (MM.matmul_v7, MM.matmul_v8):
+            out = cuda.to_device(np.full((M, N), np.nan, np.float32))
+            launch(out, None, cuda.to_device(a), cuda.to_device(b), trans_a=trans_a, trans_b=trans_b, block=block)
+            outs.append(out.copy_to_host())
+        assert np.isfinite(outs[0]).all() and np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))

@@ -135,8 +135,20 @@ def attn_out_bwd_v6(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     _bwd_warp("tf32x3t", dy, dw_o, work, dout, y, w_o, block, stream)
 
 
+@blocks(**KMAJOR_TILES)
+def attn_out_fwd_v7(out, y, w_o, *, block, stream=0):
+    """v6 on the swizzled tiles of matmul v8 (v6's bits)."""
+    _fwd_warp("tf32x3w", out, y, w_o, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def attn_out_bwd_v7(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v6 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
+    _bwd_warp("tf32x3w", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
 k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd_v1.blocks[0])
 
-VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6},
-            "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6}}
-attn_out_fwd, attn_out_bwd = attn_out_fwd_v6, attn_out_bwd_v6          # what the engine uses
+VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7},
+            "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7}}
+attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7          # what the engine uses

@@ -174,8 +174,20 @@ def attn_qkv_bwd_v6(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *,
     _bwd_warp("tf32x3t", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
+@blocks(**KMAJOR_TILES)
+def attn_qkv_fwd_v7(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """v6 on the swizzled tiles of matmul v8 (v6's bits)."""
+    _fwd_warp("tf32x3w", q, k, v, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def attn_qkv_bwd_v7(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """v6 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
+    _bwd_warp("tf32x3w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+
+
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
-VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6},
-            "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6}}
-attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v6, attn_qkv_bwd_v6          # what the engine uses
+VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7},
+            "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7}}
+attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7          # what the engine uses

@@ -288,9 +288,31 @@ def k_splitk_sum_v1(out, work, accumulate):
         out[r, c] = s
 
 
-def splitk_sum(out, work, accumulate, stream):
-    """Launch k_splitk_sum_v1 over out (work [S, M, N])."""
+# v2: the same sums over flat views. v1 finds its element's row and column with an integer
+# division and remainder (64-bit), which kept the H200's integer pipe 75% busy while memory, the
+# real work, ran at 41% (Nsight Compute, 120M dW_1's sum). Flat, a thread's index is the element.
+@cuda.jit
+def k_splitk_sum_v2(out, work, accumulate):
+    """out[i] (+)= sum_z work[z, i], z = 0, 1, ... in order; out [M*N] and work [S, M*N] flat."""
+    i = cuda.grid(1)
+    if i >= out.shape[0]:
+        return
+    s = work[0, i]
+    for z in range(1, work.shape[0]):
+        s += work[z, i]
+    if accumulate:
+        out[i] += s
+    else:
+        out[i] = s
+
+
+def splitk_sum(out, work, accumulate, stream, version=1):
+    """Launch k_splitk_sum (v1, or v2 on flat views) over out (work [S, M, N])."""
     M, N = out.shape
+    if version == 2:
+        k_splitk_sum_v2[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](
+            out.reshape(M * N), work.reshape(work.shape[0], M * N), accumulate)
+        return
     k_splitk_sum_v1[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
 
 
@@ -341,11 +363,18 @@ def _k_matmul_warp(tile, trans_a, trans_b):
             product(out, work, a, b, accumulate, ksplit)
         return k_matmul_v6
 
+    if tile[0] == "tf32x3t":
+        @cuda.jit
+        def k_matmul_v7(out, work, a, b, accumulate, ksplit):
+            """As k_matmul_v6, the small parts' low bits left for the tensor core to drop (split_tile.split_trunc)."""
+            product(out, work, a, b, accumulate, ksplit)
+        return k_matmul_v7
+
     @cuda.jit
-    def k_matmul_v7(out, work, a, b, accumulate, ksplit):
-        """As k_matmul_v6, the small parts' low bits left for the tensor core to drop (split_tile.split_trunc)."""
+    def k_matmul_v8(out, work, a, b, accumulate, ksplit):
+        """As k_matmul_v7 on swizzled tiles: transposed operands stored 128 bits at a time, no bank conflicts."""
         product(out, work, a, b, accumulate, ksplit)
-    return k_matmul_v7
+    return k_matmul_v8
 
 
 @functools.cache
@@ -376,7 +405,7 @@ def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, str
     _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a, b, accumulate, ksplit)
     if S > 1:
-        splitk_sum(out, part, accumulate, stream)
+        splitk_sum(out, part, accumulate, stream, version=2 if kind == "tf32x3w" else 1)
 
 
 @blocks(**WARP_TILES)
@@ -438,9 +467,20 @@ def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
     _matmul_warp("tf32x3t", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
+# v8: v7 on swizzled k-major tiles (split_tile.py, "v8's shared tiles"). An operand stored with k
+# down its columns (a^T in the weight gradients, W in x @ W) reaches shared memory as 4 x W blocks,
+# each tile row's 4 values of k in one 128-bit store, where v6 and v7 wrote 4 scalars two to a bank;
+# a row swizzle keeps the stores and the fragment reads free of bank conflicts. The same values in
+# the same sums as v7: v8 gives v7's bits.
+@blocks(**KMAJOR_TILES)
+def matmul_v8(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """v7 on swizzled tiles with 128-bit stores of transposed operands."""
+    _matmul_warp("tf32x3w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
 WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
-               "tf32x3k": matmul_v6, "tf32x3t": matmul_v7}                         # weight-gradient products
+               "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_v8}   # weight-gradient products
 
 VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
-                       7: matmul_v7}}
+                       7: matmul_v7, 8: matmul_v8}}
 matmul = matmul_v2        # what the engine uses

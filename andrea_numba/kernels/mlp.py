@@ -237,9 +237,21 @@ def mlp_bwd_v7(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, blo
     _bwd_warp("tf32x3t", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
+@blocks(**KMAJOR_TILES)
+def mlp_fwd_v8(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """v7 on the swizzled tiles of matmul v8 (v7's bits)."""
+    _fwd_warp("tf32x3w", out, h_pre, h, x, w_1, w_2, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_bwd_v8(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v7 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
+    _bwd_warp("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+
+
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 
-VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7},
-            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7}}
-mlp_fwd, mlp_bwd = mlp_fwd_v7, mlp_bwd_v7          # what the engine uses
+VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8},
+            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8}}
+mlp_fwd, mlp_bwd = mlp_fwd_v8, mlp_bwd_v8          # what the engine uses

@@ -162,13 +162,117 @@ def _split_copier(R, THREADS, straight, vec, presplit=True):
     return fetch, put, E
 
 
-def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round"):
+# v8's shared tiles (swizzle=True): the k-major tile of v6, with two changes.
+#
+# 1. Transposed operands come in as 4 x W blocks. v6 copies an operand stored with k down its
+#    columns (a^T for the weight gradients, b for x @ W) 4 tile rows at one k per thread and
+#    writes them down a column of the tile: 4 scalar shared stores for 4 values, two to a bank
+#    (Nsight Compute on the 120M dW_1: shared memory 83% busy, half its store wavefronts
+#    conflicts). v8 gives each thread a block of 4 consecutive k by W consecutive tile rows
+#    (W = 4 when a tile has as many rows as the block has threads, else 2): W-float global loads
+#    from 4 stored rows, then each tile row's 4 values of k, now side by side in registers, go
+#    out as one 128-bit store. Thread b takes k = 4 (b % 4) .. + 3 and tile rows from W (b // 4).
+#
+# 2. A swizzle that keeps every access conflict-free: tile row r lives in shared row
+#        phys(r) = r ^ ((r >> 2) & 1)      (rows 4..7 of every 8 swap in pairs: 4<->5, 6<->7)
+#    A 128-bit access is served 8 lanes at a time, and 8 lanes are conflict-free when their
+#    16-byte groups (r * 4 + k / 4) mod 8 differ: r's parity picks the half, k / 4 the group.
+#    The fragment reads (rows g, g + 1 of a pair, k / 4 = t) and the straight copy (rows 2q,
+#    2q + 1, four k / 4) already have both parities; the 4 x W blocks have 8 lanes at 4 k / 4
+#    and two row groups of the same parity, which the swap sends to different halves. For
+#    W = 2 the two row groups of 8 lanes must differ in bit 1 of their index: swap_bits01 does.
+#    A warp's fragment rows are wm0 + 16 mi + 8 h + g with wm0 a multiple of 16, so
+#    phys(row) = wm0 + 16 mi + 8 h + phys(g): one XOR per thread, outside every loop.
+
+@cuda.jit(device=True)
+def phys(r):
+    """The shared row of tile row r (v8's swizzle)."""
+    return r ^ ((r >> 2) & 1)
+
+
+@cuda.jit(device=True)
+def swap_bits01(q):
+    """q with its bits 0 and 1 exchanged."""
+    return (q & ~3) | ((q & 1) << 1) | ((q >> 1) & 1)
+
+
+def _swizzled_copier(R, THREADS, straight, vec):
+    """fetch and put as _split_copier(presplit=False) makes them, for v8: one plane of raw values
+    at swizzled rows, transposed operands in 4 x W blocks (the comment above)."""
+    BK = BK_SPLIT
+    E = R * BK // THREADS                 # elements per thread
+    assert E * THREADS == R * BK and E % 4 == 0, f"a {R} x {BK} tile does not split into 4-float chunks over {THREADS} threads"
+    CH = E // 4
+    W = E // 4 if not straight else 4     # transposed: a block of 4 k x W tile rows per thread
+    assert straight or W in (1, 2, 4), f"a {R} x {BK} transposed tile over {THREADS} threads: {E} values each"
+
+    @cuda.jit(device=True)
+    def block(b):
+        """Transposed: (first k, first tile row) of thread b's 4 x W block."""
+        q = b // 4
+        if W == 2:
+            q = swap_bits01(q)
+        return 4 * (b % 4), W * q
+
+    @cuda.jit(device=True)
+    def fetch(regs, g, r0, c0, rlim, clim):
+        if straight:                      # as v6: chunk e is row e // 4, k = 4 (e % 4) .. + 3
+            for j in range(CH):
+                e = cuda.threadIdx.x + j * THREADS
+                r, c = r0 + e // (BK // 4), c0 + (e % (BK // 4)) * 4
+                if vec:
+                    if r < rlim and c < clim:
+                        regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
+                    else:
+                        for i in range(4):
+                            regs[4 * j + i] = float32(0.0)
+                else:
+                    for i in range(4):
+                        regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+        else:
+            dk, dm = block(cuda.threadIdx.x)  # regs[W j + i] = g[r0 + dk + j, c0 + dm + i]
+            for j in range(4):
+                r, c = r0 + dk + j, c0 + dm
+                if vec and W == 4:
+                    if r < rlim and c < clim:     # clim is a multiple of 4: a block row is all in or all out
+                        regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
+                    else:
+                        for i in range(4):
+                            regs[4 * j + i] = float32(0.0)
+                else:
+                    for i in range(W):
+                        regs[W * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+
+    @cuda.jit(device=True)
+    def put(s, regs):
+        if straight:
+            for j in range(CH):
+                e = cuda.threadIdx.x + j * THREADS
+                dr, dc = phys(e // (BK // 4)), (e % (BK // 4)) * 4
+                if vec:
+                    store4(s, dr * BK + dc, regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3])
+                else:
+                    s[0, dr, dc], s[0, dr, dc + 1], s[0, dr, dc + 2], s[0, dr, dc + 3] = (
+                        regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3])
+        else:
+            dk, dm = block(cuda.threadIdx.x)
+            for i in range(W):                # tile row dm + i, k = dk .. dk + 3: one 128-bit store
+                r = phys(dm + i)
+                if vec:
+                    store4(s, r * BK + dk, regs[i], regs[W + i], regs[2 * W + i], regs[3 * W + i])
+                else:
+                    s[0, r, dk], s[0, r, dk + 1], s[0, r, dk + 2], s[0, r, dk + 3] = (
+                        regs[i], regs[W + i], regs[2 * W + i], regs[3 * W + i])
+    return fetch, put, E
+
+
+def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round", swizzle=False):
     """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of the stage's product
     op(a)[tile rows, 16 k] @ op(b)[16 k, tile columns], from the split planes sa (2, BM, 16) and
     sb (2, BN, 16). products: 3 (3xTF32); 1 and 0 are for measuring only (bench/gemm_ablate.py):
     big*big alone (TF32 accuracy), or no mma at all (a multiply-add keeps the reads alive).
     presplit=False: sa and sb hold one plane of raw values, split here as they are read, by
-    SPLITS[split_mode]."""
+    SPLITS[split_mode]. swizzle: tile row r is at shared row phys(r) (v8)."""
     TM, TN = 2 * MI, 2 * NI
     BK = BK_SPLIT
     split = SPLITS[split_mode]
@@ -185,6 +289,8 @@ def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round"):
 
         def stage(acc, sa, sb, wm0, wn0, g, t):
             rows, cols = ROW + (wm0 + g), COL + (wn0 + 2 * t)
+            if swizzle:                                   # the shared rows of A's rows and B's columns
+                rows, cols = rows ^ ((rows >> 2) & 1), cols ^ ((cols >> 2) & 1)
             if presplit:
                 ab, as_ = sa[0][rows], sa[1][rows]        # TM x 16: this thread's rows of op(a)
                 bb, bs = sb[0][cols].T, sb[1][cols].T     # 16 x TN: its columns of op(b)
@@ -198,9 +304,10 @@ def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round"):
     def stage(acc, sa, sb, wm0, wn0, g, t):
         ra = cuda.local.array((MI, 2, 2, 4), float32)   # [mi, row g or g + 8, plane, k run]
         rb = cuda.local.array((NI, 2, 4), float32)      # [ni, plane, k run]
+        gs = phys(g) if swizzle else g                 # the shared row of fragment row g
         for mi in range(MI):
             for h in range(2):
-                m = wm0 + 16 * mi + 8 * h + g
+                m = wm0 + 16 * mi + 8 * h + gs
                 if presplit:
                     for p in range(2):
                         ra[mi, h, p, 0], ra[mi, h, p, 1], ra[mi, h, p, 2], ra[mi, h, p, 3] = load4(sa, (p * BM + m) * BK + 4 * t)
@@ -211,7 +318,7 @@ def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round"):
                     ra[mi, h, 0, 2], ra[mi, h, 1, 2] = split(x2)
                     ra[mi, h, 0, 3], ra[mi, h, 1, 3] = split(x3)
         for ni in range(NI):
-            n = wn0 + 8 * ni + g
+            n = wn0 + 8 * ni + gs
             if presplit:
                 for p in range(2):
                     rb[ni, p, 0], rb[ni, p, 1], rb[ni, p, 2], rb[ni, p, 3] = load4(sb, (p * BN + n) * BK + 4 * t)
@@ -246,19 +353,26 @@ def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round"):
     return stage
 
 
-def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, presplit=True, split_mode="round"):
+def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, presplit=True, split_mode="round",
+                   swizzle=False):
     """Build tile_mma(acc, a, b, kb, ke): acc += this thread's share of the block's tile of
     op(a)[:, kb:ke] @ op(b)[kb:ke, :], on split tiles (same warps and outputs as warp_tile's).
     products: see _stage (3 for every kernel of the engine). presplit=False: one shared plane of
     raw values, split as the fragments are read (half the shared memory and its traffic), by
-    SPLITS[split_mode]: "round" (v6), "half" (v7: the same parts to the tensor core)."""
+    SPLITS[split_mode]: "round" (v6), "trunc" (v7: small truncated by the tensor core).
+    swizzle (v8, presplit=False): swizzled shared rows, transposed operands in 4 x W blocks."""
     assert BK == BK_SPLIT, f"split tiles take BK = {BK_SPLIT}, got {BK}"
     WARPS_N = BN // WN
     THREADS = WARP * (BM // WM) * WARPS_N
     # a [M, K] is straight, a^T (stored [K, M]) transposed; b^T (stored [N, K]) straight, b [K, N] transposed
-    fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec, presplit)
-    fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec, presplit)
-    stage = _stage(BM, BN, WM // 16, WN // 8, products, presplit, split_mode)
+    if swizzle:
+        assert not presplit, "v8's swizzled tiles hold one plane of raw values"
+        fetch_a, put_a, EA = _swizzled_copier(BM, THREADS, not trans_a, vec)
+        fetch_b, put_b, EB = _swizzled_copier(BN, THREADS, trans_b, vec)
+    else:
+        fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec, presplit)
+        fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec, presplit)
+    stage = _stage(BM, BN, WM // 16, WN // 8, products, presplit, split_mode, swizzle)
     PL = 2 if presplit else 1                              # shared planes
 
     @cuda.jit(device=True)
