@@ -158,8 +158,8 @@ def test_mlp_v6_keeps_v5s_bits():
 
 @pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])
 def test_v8s_swizzled_tiles_give_v7s_bits(trans_a, trans_b):
-    """matmul v8 stores the same values at swizzled shared rows, transposed operands in 4 x W
-    blocks (W = 4 and 2 across the two simulator tiles): v7's bits at every transpose and tile,
+    """matmul v8 stores the same values at swizzled shared rows, transposed operands in 4 x 4
+    blocks or v6's chunks (both across the two simulator tiles): v7's bits at every transpose and tile,
     for rows, columns and k past a tile's edge."""
     rng = np.random.default_rng(3)
     M, N, K = 45, 70, 37

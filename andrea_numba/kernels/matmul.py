@@ -468,10 +468,10 @@ def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 
 
 # v8: v7 on swizzled k-major tiles (split_tile.py, "v8's shared tiles"). An operand stored with k
-# down its columns (a^T in the weight gradients, W in x @ W) reaches shared memory as 4 x W blocks,
-# each tile row's 4 values of k in one 128-bit store, where v6 and v7 wrote 4 scalars two to a bank;
-# a row swizzle keeps the stores and the fragment reads free of bank conflicts. The same values in
-# the same sums as v7: v8 gives v7's bits.
+# down its columns (a^T in the weight gradients) reaches shared memory in 4 x 4 blocks, each tile
+# row's 4 values of k in one 128-bit store, where v6 and v7 wrote 4 scalars two to a bank; a row
+# swizzle makes these stores, v6's scalar stores (kept for B of x @ W) and the fragment reads
+# free of bank conflicts. The same values in the same sums as v7: v8 gives v7's bits.
 @blocks(**KMAJOR_TILES)
 def matmul_v8(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """v7 on swizzled tiles with 128-bit stores of transposed operands."""

@@ -164,25 +164,28 @@ def _split_copier(R, THREADS, straight, vec, presplit=True):
 
 # v8's shared tiles (swizzle=True): the k-major tile of v6, with two changes.
 #
-# 1. Transposed operands come in as 4 x W blocks. v6 copies an operand stored with k down its
-#    columns (a^T for the weight gradients, b for x @ W) 4 tile rows at one k per thread and
-#    writes them down a column of the tile: 4 scalar shared stores for 4 values, two to a bank
-#    (Nsight Compute on the 120M dW_1: shared memory 83% busy, half its store wavefronts
-#    conflicts). v8 gives each thread a block of 4 consecutive k by W consecutive tile rows
-#    (W = 4 when a tile has as many rows as the block has threads, else 2): W-float global loads
-#    from 4 stored rows, then each tile row's 4 values of k, now side by side in registers, go
-#    out as one 128-bit store. Thread b takes k = 4 (b % 4) .. + 3 and tile rows from W (b // 4).
+# 1. A transposed operand of 16 values a thread comes in as 4 x 4 blocks. v6 copies an operand
+#    stored with k down its columns (a^T in the weight gradients, W in x @ W) 4 tile rows at one
+#    k per thread, written down a column of the tile: 4 scalar shared stores for 4 values, two to
+#    a bank (Nsight Compute on the 120M dW_1: shared memory 83% busy, half its store wavefronts
+#    conflicts). When the tile has as many rows as the block has threads (A of the 128 x 64
+#    tile: 16 values a thread), v8 gives each thread a block of 4 consecutive k by 4 consecutive
+#    tile rows, thread b at k = 4 (b % 4) .. + 3 and rows 4 (b // 4) .. + 3: four 128-bit global
+#    loads, one from each stored row, and then each tile row's 4 values of k, side by side in
+#    registers now, go out as one 128-bit store. Operands of 8 values a thread (B of the 128 x 64
+#    tile) keep v6's copy: 4 x 2 blocks halved the global loads' width and made x @ W 20%
+#    slower on the H200.
 #
-# 2. A swizzle that keeps every access conflict-free: tile row r lives in shared row
+# 2. A swizzle that makes every access conflict-free: tile row r lives in shared row
 #        phys(r) = r ^ ((r >> 2) & 1)      (rows 4..7 of every 8 swap in pairs: 4<->5, 6<->7)
-#    A 128-bit access is served 8 lanes at a time, and 8 lanes are conflict-free when their
-#    16-byte groups (r * 4 + k / 4) mod 8 differ: r's parity picks the half, k / 4 the group.
-#    The fragment reads (rows g, g + 1 of a pair, k / 4 = t) and the straight copy (rows 2q,
-#    2q + 1, four k / 4) already have both parities; the 4 x W blocks have 8 lanes at 4 k / 4
-#    and two row groups of the same parity, which the swap sends to different halves. For
-#    W = 2 the two row groups of 8 lanes must differ in bit 1 of their index: swap_bits01 does.
-#    A warp's fragment rows are wm0 + 16 mi + 8 h + g with wm0 a multiple of 16, so
-#    phys(row) = wm0 + 16 mi + 8 h + phys(g): one XOR per thread, outside every loop.
+#    A 128-bit access is served 8 lanes at a time, free of conflicts when their 16-byte groups
+#    (row * 4 + k / 4) mod 8 differ: the row's parity picks the half, k / 4 the group. Fragment
+#    reads (rows g, g + 1 of a pair, k / 4 = t) and straight copies (rows 2q, 2q + 1, four k / 4)
+#    have both parities either way; the 8 lanes of a 4 x 4 block store hit rows 4q + i and
+#    4q + 4 + i at four k / 4, one parity without the swap, both with it. v6's scalar stores
+#    (16 lanes down one row, 16 down the row 4 further on) were two to a bank for the same reason
+#    and are conflict-free with it too. A warp's fragment rows are wm0 + 16 mi + 8 h + g with wm0
+#    a multiple of 16, so phys(row) = wm0 + 16 mi + 8 h + phys(g): one XOR per thread.
 
 @cuda.jit(device=True)
 def phys(r):
@@ -190,29 +193,19 @@ def phys(r):
     return r ^ ((r >> 2) & 1)
 
 
-@cuda.jit(device=True)
-def swap_bits01(q):
-    """q with its bits 0 and 1 exchanged."""
-    return (q & ~3) | ((q & 1) << 1) | ((q >> 1) & 1)
-
-
 def _swizzled_copier(R, THREADS, straight, vec):
     """fetch and put as _split_copier(presplit=False) makes them, for v8: one plane of raw values
-    at swizzled rows, transposed operands in 4 x W blocks (the comment above)."""
+    at swizzled rows, transposed operands of 16 values a thread in 4 x 4 blocks (the comment above)."""
     BK = BK_SPLIT
     E = R * BK // THREADS                 # elements per thread
     assert E * THREADS == R * BK and E % 4 == 0, f"a {R} x {BK} tile does not split into 4-float chunks over {THREADS} threads"
     CH = E // 4
-    W = E // 4 if not straight else 4     # transposed: a block of 4 k x W tile rows per thread
-    assert straight or W in (1, 2, 4), f"a {R} x {BK} transposed tile over {THREADS} threads: {E} values each"
+    blocks4 = not straight and E == 16    # transposed, 16 values a thread: one 4 x 4 block each
 
     @cuda.jit(device=True)
     def block(b):
-        """Transposed: (first k, first tile row) of thread b's 4 x W block."""
-        q = b // 4
-        if W == 2:
-            q = swap_bits01(q)
-        return 4 * (b % 4), W * q
+        """Transposed: (first k, first tile row) of thread b's 4 x 4 block."""
+        return 4 * (b % 4), 4 * (b // 4)
 
     @cuda.jit(device=True)
     def fetch(regs, g, r0, c0, rlim, clim):
@@ -229,19 +222,32 @@ def _swizzled_copier(R, THREADS, straight, vec):
                 else:
                     for i in range(4):
                         regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
-        else:
-            dk, dm = block(cuda.threadIdx.x)  # regs[W j + i] = g[r0 + dk + j, c0 + dm + i]
+        elif blocks4:
+            dk, dm = block(cuda.threadIdx.x)  # regs[4 j + i] = g[r0 + dk + j, c0 + dm + i]
             for j in range(4):
                 r, c = r0 + dk + j, c0 + dm
-                if vec and W == 4:
+                if vec:
                     if r < rlim and c < clim:     # clim is a multiple of 4: a block row is all in or all out
                         regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
                     else:
                         for i in range(4):
                             regs[4 * j + i] = float32(0.0)
                 else:
-                    for i in range(W):
-                        regs[W * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+                    for i in range(4):
+                        regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+        else:                             # as v6: chunk e is k = e % 16, tile rows 4 (e // 16) .. + 3
+            for j in range(CH):
+                e = cuda.threadIdx.x + j * THREADS
+                r, c = r0 + e % BK, c0 + (e // BK) * 4
+                if vec:
+                    if r < rlim and c < clim:
+                        regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
+                    else:
+                        for i in range(4):
+                            regs[4 * j + i] = float32(0.0)
+                else:
+                    for i in range(4):
+                        regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
 
     @cuda.jit(device=True)
     def put(s, regs):
@@ -254,15 +260,21 @@ def _swizzled_copier(R, THREADS, straight, vec):
                 else:
                     s[0, dr, dc], s[0, dr, dc + 1], s[0, dr, dc + 2], s[0, dr, dc + 3] = (
                         regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3])
-        else:
+        elif blocks4:
             dk, dm = block(cuda.threadIdx.x)
-            for i in range(W):                # tile row dm + i, k = dk .. dk + 3: one 128-bit store
+            for i in range(4):                # tile row dm + i, k = dk .. dk + 3: one 128-bit store
                 r = phys(dm + i)
                 if vec:
-                    store4(s, r * BK + dk, regs[i], regs[W + i], regs[2 * W + i], regs[3 * W + i])
+                    store4(s, r * BK + dk, regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
                 else:
                     s[0, r, dk], s[0, r, dk + 1], s[0, r, dk + 2], s[0, r, dk + 3] = (
-                        regs[i], regs[W + i], regs[2 * W + i], regs[3 * W + i])
+                        regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
+        else:                             # k = e % 16 down tile rows 4 (e // 16) .. + 3: scalar stores
+            for j in range(CH):
+                e = cuda.threadIdx.x + j * THREADS
+                k, m = e % BK, (e // BK) * 4
+                for i in range(4):
+                    s[0, phys(m + i), k] = regs[4 * j + i]
     return fetch, put, E
 
 
@@ -360,7 +372,7 @@ def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, prespl
     products: see _stage (3 for every kernel of the engine). presplit=False: one shared plane of
     raw values, split as the fragments are read (half the shared memory and its traffic), by
     SPLITS[split_mode]: "round" (v6), "trunc" (v7: small truncated by the tensor core).
-    swizzle (v8, presplit=False): swizzled shared rows, transposed operands in 4 x W blocks."""
+    swizzle (v8, presplit=False): swizzled shared rows, transposed operands in 4 x 4 blocks."""
     assert BK == BK_SPLIT, f"split tiles take BK = {BK_SPLIT}, got {BK}"
     WARPS_N = BN // WN
     THREADS = WARP * (BM // WM) * WARPS_N
