@@ -130,6 +130,8 @@ def time_torch(m, B, T, iters, bf16):
             return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
 
     dev = "cuda"
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()       # this size's peak, not an earlier size's in the same run
     model = GPT().to(dev)
     idx = torch.randint(0, m.vocab_size, (B, T), device=dev)
     tgt = torch.randint(0, m.vocab_size, (B, T), device=dev)

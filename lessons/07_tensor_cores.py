@@ -22,6 +22,9 @@ What it teaches
        of four. Checked here with the lane-by-lane model of step 2, then run as a kernel.
     7. Waves: a GPU runs only so many blocks at once; a launch of few, long blocks (a weight
        gradient) leaves it idle in its last wave. How matmul.splitk picks its slices of K.
+    8. Bank conflicts and a swizzle (matmul v8): which shared-memory bank each lane's access
+       hits, for the fragment reads and the three ways of storing a tile, with and without v8's
+       row swizzle phys(r) = r ^ ((r >> 2) & 1).
 
 How to run (no GPU needed; a few seconds)
 
@@ -305,6 +308,62 @@ C.say("""
     slices' partial tiles are then added in a fixed order by a second kernel: no atomics, the same
     bits on every run.
 """)
+
+# %%
+C.step("Bank conflicts: why matmul v8 swizzles its shared rows")
+C.say("""
+    Shared memory has 32 banks of 4 bytes. A warp's 32-bit access is one pass if its 32 lanes hit
+    32 different banks; two lanes on one bank (at different addresses) cost a second pass. A
+    128-bit access is served 8 lanes at a time, one pass when the 8 lanes' 16-byte groups
+    (address / 16 mod 8) differ. The k-major tile keeps tile row r's 16 values of k in shared row r
+    (64 bytes: two rows to a 128-byte line). v8 moves tile row r to shared row
+    phys(r) = r ^ ((r >> 2) & 1). Below: the passes each access needs, counted from the addresses.
+""")
+
+
+def passes(addr_bytes, vec):
+    """Passes of one warp access: 128-bit (vec) in quarter-warps of 8 lanes, or 32-bit."""
+    addr = np.asarray(addr_bytes)
+    if not vec:
+        banks = (addr // 4) % 32
+        return max(np.bincount(banks, minlength=32))
+    return sum(max(np.bincount((addr[q:q + 8] // 16) % 8, minlength=8)) for q in range(0, 32, 8))
+
+
+lanes = np.arange(32)
+g8, t8 = lanes >> 2, lanes & 3
+ident = lambda r: r                                  # noqa: E731
+swz = lambda r: r ^ ((r >> 2) & 1)                   # noqa: E731
+patterns = [
+    ("fragment read: row g, k = 4t..4t+3 (128-bit)", lambda ph: [passes(4 * (16 * ph(g8) + 4 * t8), True)]),
+    ("straight copy: row e // 4, k = 4 (e % 4).. (128-bit)", lambda ph: [passes(4 * (16 * ph(lanes // 4) + 4 * (lanes % 4)), True)]),
+    ("v6's transposed copy: k = e % 16 down rows 4 (e // 16) + i (32-bit, x4)",
+     lambda ph: [passes(4 * (16 * ph(4 * (lanes // 16) + i) + lanes % 16), False) for i in range(4)]),
+    ("v8's 4 x 4 block: row 4 (b // 4) + i, k = 4 (b % 4).. (128-bit, x4)",
+     lambda ph: [passes(4 * (16 * ph(4 * (lanes // 4) + i) + 4 * (lanes % 4)), True) for i in range(4)]),
+]
+rows8 = []
+for name, f in patterns:
+    plain, swizzled = f(ident), f(swz)
+    ideal = len(plain) * (4 if "128" in name else 1)
+    rows8.append((name, sum(plain), sum(swizzled), ideal))
+C.table(rows8, header=("access of one warp", "passes, rows as they are", "with phys(r)", "passes at best"),
+        fmt=("", "d", "d", "d"))
+C.say("""
+    Without the swizzle the fragment reads and the straight copy are already at their best, but
+    v6's transposed copy (16 lanes down one tile row's column, 16 down the row four further on)
+    puts two lanes on every bank, and a 4 x 4 block store puts two lanes' groups together: rows
+    r and r + 4 have the same parity, so they share the same half of a 128-byte line. The swizzle
+    swaps rows 4..7 of every 8 in pairs: rows r and r + 4 then differ in parity, and every access
+    above needs the fewest passes. The swizzle costs one XOR per thread (a warp's fragment rows
+    are a multiple of 16 plus g). On the H200 v8's 4 x 4 blocks and swizzle took the weight
+    gradients from 80-85% of cuBLAS SGEMM's speed to 97-107% (docs/kernels-h200.md).
+""")
+out8 = cuda.to_device(np.zeros((K_, K_), f32))
+MM.matmul_v8(out8, None, cuda.to_device(x), cuda.to_device(x), trans_a=True)
+ref8 = x.T.astype(np.float64) @ x
+C.table([("v8 (swizzled tiles), x^T @ x", np.abs(out8.copy_to_host() - ref8).max() / np.abs(ref8).max())],
+        header=(f"out = x^T @ x, {K_} x {M_} @ {M_} x {K_}", "max |err| / max |ref|"), fmt=("", ".1e"))
 
 fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
 im = ax[0].imshow(owner, cmap="tab20", interpolation="nearest")

@@ -94,7 +94,44 @@ def split_trunc(x):
 SPLITS = {"round": split, "half": split_half, "trunc": split_trunc}
 
 
-def _split_copier(R, THREADS, straight, vec, presplit=True):
+# v8's shared tiles (swizzle=True): the k-major tile of v6, with two changes.
+#
+# 1. A transposed operand of 16 values a thread comes in as 4 x 4 blocks. v6 copies an operand
+#    stored with k down its columns (a^T in the weight gradients, W in x @ W) 4 tile rows at one
+#    k per thread, written down a column of the tile: 4 scalar shared stores for 4 values, two to
+#    a bank (Nsight Compute on the 120M dW_1: shared memory 83% busy, half its store wavefronts
+#    conflicts). When the tile has as many rows as the block has threads (A of the 128 x 64
+#    tile: 16 values a thread), v8 gives each thread a block of 4 consecutive k by 4 consecutive
+#    tile rows, thread b at k = 4 (b % 4) .. + 3 and rows 4 (b // 4) .. + 3: four 128-bit global
+#    loads, one from each stored row, and then each tile row's 4 values of k, side by side in
+#    registers now, go out as one 128-bit store. Operands of 8 values a thread (B of the 128 x 64
+#    tile) keep v6's copy: 4 x 2 blocks halved the global loads' width and made x @ W 20%
+#    slower on the H200.
+#
+# 2. A swizzle that makes every access conflict-free: tile row r lives in shared row
+#        phys(r) = r ^ ((r >> 2) & 1)      (rows 4..7 of every 8 swap in pairs: 4<->5, 6<->7)
+#    A 128-bit access is served 8 lanes at a time, free of conflicts when their 16-byte groups
+#    (row * 4 + k / 4) mod 8 differ: the row's parity picks the half, k / 4 the group. Fragment
+#    reads (rows g, g + 1 of a pair, k / 4 = t) and straight copies (rows 2q, 2q + 1, four k / 4)
+#    have both parities either way; the 8 lanes of a 4 x 4 block store hit rows 4q + i and
+#    4q + 4 + i at four k / 4, one parity without the swap, both with it. v6's scalar stores
+#    (16 lanes down one row, 16 down the row 4 further on) were two to a bank for the same reason
+#    and are conflict-free with it too. A warp's fragment rows are wm0 + 16 mi + 8 h + g with wm0
+#    a multiple of 16, so phys(row) = wm0 + 16 mi + 8 h + phys(g): one XOR per thread.
+
+@cuda.jit(device=True)
+def phys(r):
+    """The shared row of tile row r (v8's swizzle)."""
+    return r ^ ((r >> 2) & 1)
+
+
+@cuda.jit(device=True)
+def same(r):
+    """Tile row r's shared row without a swizzle (v5, v6, v7)."""
+    return r
+
+
+def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
     """fetch(regs, g, r0, c0, rlim, clim): this thread's share of one operand's tile of the stored
     matrix g, from stored row r0 and column c0 (zero outside rows < rlim, columns < clim), into
     registers; put(s, regs): split them into the planes of the k-major shared tile s[plane, row, k]
@@ -105,8 +142,12 @@ def _split_copier(R, THREADS, straight, vec, presplit=True):
       consecutive tile rows at one k, written as 4 scalar stores per plane; consecutive threads
       take consecutive k.
     vec: 128-bit global loads (the caller checked the alignment); otherwise one float at a time.
-    presplit=False: one plane of the raw values (split when read: _stage)."""
+    presplit=False: one plane of the raw values (split when read: _stage).
+    swizzle (v8, one plane): tile row r at shared row phys(r); a transposed operand of 16 values a
+    thread in 4 x 4 blocks (_block_copier)."""
+    assert not (swizzle and presplit), "v8's swizzled tiles hold one plane of raw values"
     BK = BK_SPLIT
+    row = phys if swizzle else same
     E = R * BK // THREADS                 # elements per thread
     CH = E // 4                           # 4-float chunks per thread
     assert CH * 4 * THREADS == R * BK, f"a {R} x {BK} tile does not split into 4-float chunks over {THREADS} threads"
@@ -140,11 +181,13 @@ def _split_copier(R, THREADS, straight, vec, presplit=True):
             if not presplit:
                 x0, x1, x2, x3 = regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3]
                 if straight and vec:
-                    store4(s, dr * BK + dc, x0, x1, x2, x3)
+                    store4(s, row(dr) * BK + dc, x0, x1, x2, x3)
                 elif straight:
-                    s[0, dr, dc], s[0, dr, dc + 1], s[0, dr, dc + 2], s[0, dr, dc + 3] = x0, x1, x2, x3
+                    r = row(dr)
+                    s[0, r, dc], s[0, r, dc + 1], s[0, r, dc + 2], s[0, r, dc + 3] = x0, x1, x2, x3
                 else:
-                    s[0, dc, dr], s[0, dc + 1, dr], s[0, dc + 2, dr], s[0, dc + 3, dr] = x0, x1, x2, x3
+                    s[0, row(dc), dr], s[0, row(dc + 1), dr], s[0, row(dc + 2), dr], s[0, row(dc + 3), dr] = (
+                        x0, x1, x2, x3)
                 continue
             b0, s0 = split(regs[4 * j])
             b1, s1 = split(regs[4 * j + 1])
@@ -159,123 +202,44 @@ def _split_copier(R, THREADS, straight, vec, presplit=True):
             else:                             # k = dr, tile rows dc .. dc + 3
                 s[0, dc, dr], s[0, dc + 1, dr], s[0, dc + 2, dr], s[0, dc + 3, dr] = b0, b1, b2, b3
                 s[1, dc, dr], s[1, dc + 1, dr], s[1, dc + 2, dr], s[1, dc + 3, dr] = s0, s1, s2, s3
+    if swizzle and not straight and E == 16:
+        fetch, put = _block_copier(THREADS, vec)
     return fetch, put, E
 
 
-# v8's shared tiles (swizzle=True): the k-major tile of v6, with two changes.
-#
-# 1. A transposed operand of 16 values a thread comes in as 4 x 4 blocks. v6 copies an operand
-#    stored with k down its columns (a^T in the weight gradients, W in x @ W) 4 tile rows at one
-#    k per thread, written down a column of the tile: 4 scalar shared stores for 4 values, two to
-#    a bank (Nsight Compute on the 120M dW_1: shared memory 83% busy, half its store wavefronts
-#    conflicts). When the tile has as many rows as the block has threads (A of the 128 x 64
-#    tile: 16 values a thread), v8 gives each thread a block of 4 consecutive k by 4 consecutive
-#    tile rows, thread b at k = 4 (b % 4) .. + 3 and rows 4 (b // 4) .. + 3: four 128-bit global
-#    loads, one from each stored row, and then each tile row's 4 values of k, side by side in
-#    registers now, go out as one 128-bit store. Operands of 8 values a thread (B of the 128 x 64
-#    tile) keep v6's copy: 4 x 2 blocks halved the global loads' width and made x @ W 20%
-#    slower on the H200.
-#
-# 2. A swizzle that makes every access conflict-free: tile row r lives in shared row
-#        phys(r) = r ^ ((r >> 2) & 1)      (rows 4..7 of every 8 swap in pairs: 4<->5, 6<->7)
-#    A 128-bit access is served 8 lanes at a time, free of conflicts when their 16-byte groups
-#    (row * 4 + k / 4) mod 8 differ: the row's parity picks the half, k / 4 the group. Fragment
-#    reads (rows g, g + 1 of a pair, k / 4 = t) and straight copies (rows 2q, 2q + 1, four k / 4)
-#    have both parities either way; the 8 lanes of a 4 x 4 block store hit rows 4q + i and
-#    4q + 4 + i at four k / 4, one parity without the swap, both with it. v6's scalar stores
-#    (16 lanes down one row, 16 down the row 4 further on) were two to a bank for the same reason
-#    and are conflict-free with it too. A warp's fragment rows are wm0 + 16 mi + 8 h + g with wm0
-#    a multiple of 16, so phys(row) = wm0 + 16 mi + 8 h + phys(g): one XOR per thread.
-
-@cuda.jit(device=True)
-def phys(r):
-    """The shared row of tile row r (v8's swizzle)."""
-    return r ^ ((r >> 2) & 1)
-
-
-def _swizzled_copier(R, THREADS, straight, vec):
-    """fetch and put as _split_copier(presplit=False) makes them, for v8: one plane of raw values
-    at swizzled rows, transposed operands of 16 values a thread in 4 x 4 blocks (the comment above)."""
+def _block_copier(THREADS, vec):
+    """v8's fetch and put of a transposed operand of 16 values a thread: thread b takes the 4 x 4
+    block of k = 4 (b % 4) .. + 3 and tile rows 4 (b // 4) .. + 3 (the comment above)."""
     BK = BK_SPLIT
-    E = R * BK // THREADS                 # elements per thread
-    assert E * THREADS == R * BK and E % 4 == 0, f"a {R} x {BK} tile does not split into 4-float chunks over {THREADS} threads"
-    CH = E // 4
-    blocks4 = not straight and E == 16    # transposed, 16 values a thread: one 4 x 4 block each
-
-    @cuda.jit(device=True)
-    def block(b):
-        """Transposed: (first k, first tile row) of thread b's 4 x 4 block."""
-        return 4 * (b % 4), 4 * (b // 4)
 
     @cuda.jit(device=True)
     def fetch(regs, g, r0, c0, rlim, clim):
-        if straight:                      # as v6: chunk e is row e // 4, k = 4 (e % 4) .. + 3
-            for j in range(CH):
-                e = cuda.threadIdx.x + j * THREADS
-                r, c = r0 + e // (BK // 4), c0 + (e % (BK // 4)) * 4
-                if vec:
-                    if r < rlim and c < clim:
-                        regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
-                    else:
-                        for i in range(4):
-                            regs[4 * j + i] = float32(0.0)
+        b = cuda.threadIdx.x              # regs[4 j + i] = g[r0 + dk + j, c0 + dm + i]
+        dk, dm = 4 * (b % 4), 4 * (b // 4)
+        for j in range(4):
+            r, c = r0 + dk + j, c0 + dm
+            if vec:
+                if r < rlim and c < clim:     # clim is a multiple of 4: a block row is all in or all out
+                    regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
                 else:
                     for i in range(4):
-                        regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
-        elif blocks4:
-            dk, dm = block(cuda.threadIdx.x)  # regs[4 j + i] = g[r0 + dk + j, c0 + dm + i]
-            for j in range(4):
-                r, c = r0 + dk + j, c0 + dm
-                if vec:
-                    if r < rlim and c < clim:     # clim is a multiple of 4: a block row is all in or all out
-                        regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
-                    else:
-                        for i in range(4):
-                            regs[4 * j + i] = float32(0.0)
-                else:
-                    for i in range(4):
-                        regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
-        else:                             # as v6: chunk e is k = e % 16, tile rows 4 (e // 16) .. + 3
-            for j in range(CH):
-                e = cuda.threadIdx.x + j * THREADS
-                r, c = r0 + e % BK, c0 + (e // BK) * 4
-                if vec:
-                    if r < rlim and c < clim:
-                        regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
-                    else:
-                        for i in range(4):
-                            regs[4 * j + i] = float32(0.0)
-                else:
-                    for i in range(4):
-                        regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+                        regs[4 * j + i] = float32(0.0)
+            else:
+                for i in range(4):
+                    regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
 
     @cuda.jit(device=True)
     def put(s, regs):
-        if straight:
-            for j in range(CH):
-                e = cuda.threadIdx.x + j * THREADS
-                dr, dc = phys(e // (BK // 4)), (e % (BK // 4)) * 4
-                if vec:
-                    store4(s, dr * BK + dc, regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3])
-                else:
-                    s[0, dr, dc], s[0, dr, dc + 1], s[0, dr, dc + 2], s[0, dr, dc + 3] = (
-                        regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3])
-        elif blocks4:
-            dk, dm = block(cuda.threadIdx.x)
-            for i in range(4):                # tile row dm + i, k = dk .. dk + 3: one 128-bit store
-                r = phys(dm + i)
-                if vec:
-                    store4(s, r * BK + dk, regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
-                else:
-                    s[0, r, dk], s[0, r, dk + 1], s[0, r, dk + 2], s[0, r, dk + 3] = (
-                        regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
-        else:                             # k = e % 16 down tile rows 4 (e // 16) .. + 3: scalar stores
-            for j in range(CH):
-                e = cuda.threadIdx.x + j * THREADS
-                k, m = e % BK, (e // BK) * 4
-                for i in range(4):
-                    s[0, phys(m + i), k] = regs[4 * j + i]
-    return fetch, put, E
+        b = cuda.threadIdx.x
+        dk, dm = 4 * (b % 4), 4 * (b // 4)
+        for i in range(4):                # tile row dm + i, k = dk .. dk + 3: one 128-bit store
+            r = phys(dm + i)
+            if vec:
+                store4(s, r * BK + dk, regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
+            else:
+                s[0, r, dk], s[0, r, dk + 1], s[0, r, dk + 2], s[0, r, dk + 3] = (
+                    regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
+    return fetch, put
 
 
 def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round", swizzle=False):
@@ -377,13 +341,8 @@ def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, prespl
     WARPS_N = BN // WN
     THREADS = WARP * (BM // WM) * WARPS_N
     # a [M, K] is straight, a^T (stored [K, M]) transposed; b^T (stored [N, K]) straight, b [K, N] transposed
-    if swizzle:
-        assert not presplit, "v8's swizzled tiles hold one plane of raw values"
-        fetch_a, put_a, EA = _swizzled_copier(BM, THREADS, not trans_a, vec)
-        fetch_b, put_b, EB = _swizzled_copier(BN, THREADS, trans_b, vec)
-    else:
-        fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec, presplit)
-        fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec, presplit)
+    fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec, presplit, swizzle)
+    fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec, presplit, swizzle)
     stage = _stage(BM, BN, WM // 16, WN // 8, products, presplit, split_mode, swizzle)
     PL = 2 if presplit else 1                              # shared planes
 
