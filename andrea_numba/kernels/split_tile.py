@@ -144,7 +144,7 @@ def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
     vec: 128-bit global loads (the caller checked the alignment); otherwise one float at a time.
     presplit=False: one plane of the raw values (split when read: _stage).
     swizzle (v8, one plane): tile row r at shared row phys(r); a transposed operand of 16 values a
-    thread in 4 x 4 blocks (_block_copier)."""
+    thread in 4 x 4 blocks."""
     assert not (swizzle and presplit), "v8's swizzled tiles hold one plane of raw values"
     BK = BK_SPLIT
     row = phys if swizzle else same
@@ -152,9 +152,14 @@ def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
     CH = E // 4                           # 4-float chunks per thread
     assert CH * 4 * THREADS == R * BK, f"a {R} x {BK} tile does not split into 4-float chunks over {THREADS} threads"
 
+    blocks4 = swizzle and not straight and E == 16     # v8: a 4 x 4 block per thread (the comment above)
+
     @cuda.jit(device=True)
-    def chunk(e):
-        """(stored row offset, stored column offset) of chunk e of the tile."""
+    def chunk(b, j):
+        """(stored row offset, stored column offset) of thread b's chunk j of the tile."""
+        if blocks4:                       # stored rows 4 (b % 4) + j (k), columns 4 (b // 4) .. (tile rows)
+            return 4 * (b % 4) + j, 4 * (b // 4)
+        e = b + j * THREADS
         if straight:
             return e // (BK // 4), (e % (BK // 4)) * 4
         return e % BK, (e // BK) * 4
@@ -162,7 +167,7 @@ def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
     @cuda.jit(device=True)
     def fetch(regs, g, r0, c0, rlim, clim):
         for j in range(CH):
-            dr, dc = chunk(cuda.threadIdx.x + j * THREADS)
+            dr, dc = chunk(cuda.threadIdx.x, j)
             r, c = r0 + dr, c0 + dc
             if vec:
                 if r < rlim and c < clim:     # clim is a multiple of 4: a chunk is all in or all out
@@ -176,8 +181,18 @@ def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
 
     @cuda.jit(device=True)
     def put(s, regs):
+        if blocks4:                       # tile rows dc + i, k = dr .. dr + 3 of the block: one 128-bit store each
+            dr, dc = chunk(cuda.threadIdx.x, 0)
+            for i in range(4):
+                r = phys(dc + i)
+                if vec:
+                    store4(s, r * BK + dr, regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
+                else:
+                    s[0, r, dr], s[0, r, dr + 1], s[0, r, dr + 2], s[0, r, dr + 3] = (
+                        regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
+            return
         for j in range(CH):
-            dr, dc = chunk(cuda.threadIdx.x + j * THREADS)
+            dr, dc = chunk(cuda.threadIdx.x, j)
             if not presplit:
                 x0, x1, x2, x3 = regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3]
                 if straight and vec:
@@ -202,44 +217,7 @@ def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
             else:                             # k = dr, tile rows dc .. dc + 3
                 s[0, dc, dr], s[0, dc + 1, dr], s[0, dc + 2, dr], s[0, dc + 3, dr] = b0, b1, b2, b3
                 s[1, dc, dr], s[1, dc + 1, dr], s[1, dc + 2, dr], s[1, dc + 3, dr] = s0, s1, s2, s3
-    if swizzle and not straight and E == 16:
-        fetch, put = _block_copier(THREADS, vec)
     return fetch, put, E
-
-
-def _block_copier(THREADS, vec):
-    """v8's fetch and put of a transposed operand of 16 values a thread: thread b takes the 4 x 4
-    block of k = 4 (b % 4) .. + 3 and tile rows 4 (b // 4) .. + 3 (the comment above)."""
-    BK = BK_SPLIT
-
-    @cuda.jit(device=True)
-    def fetch(regs, g, r0, c0, rlim, clim):
-        b = cuda.threadIdx.x              # regs[4 j + i] = g[r0 + dk + j, c0 + dm + i]
-        dk, dm = 4 * (b % 4), 4 * (b // 4)
-        for j in range(4):
-            r, c = r0 + dk + j, c0 + dm
-            if vec:
-                if r < rlim and c < clim:     # clim is a multiple of 4: a block row is all in or all out
-                    regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
-                else:
-                    for i in range(4):
-                        regs[4 * j + i] = float32(0.0)
-            else:
-                for i in range(4):
-                    regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
-
-    @cuda.jit(device=True)
-    def put(s, regs):
-        b = cuda.threadIdx.x
-        dk, dm = 4 * (b % 4), 4 * (b // 4)
-        for i in range(4):                # tile row dm + i, k = dk .. dk + 3: one 128-bit store
-            r = phys(dm + i)
-            if vec:
-                store4(s, r * BK + dk, regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
-            else:
-                s[0, r, dk], s[0, r, dk + 1], s[0, r, dk + 2], s[0, r, dk + 3] = (
-                    regs[i], regs[4 + i], regs[8 + i], regs[12 + i])
-    return fetch, put
 
 
 def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round", swizzle=False):
