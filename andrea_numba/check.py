@@ -34,7 +34,7 @@ import reference as R
 from . import cli
 from .cases import CASES, Dims, call
 from .config import ModelConfig, exit_on_config_error, load_config
-from .kernels.common import SIMULATOR, device_name
+from .kernels.common import SIMULATOR, BlockDoesNotFit, device_name
 from .layout import init_params, param_layout
 
 OP_TOL = (1e-3, 1e-4)       # (rtol, a): one op in float32 against float64
@@ -179,7 +179,10 @@ def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None, versions=None) -> lis
             ref = reference_for(case, direction, dims, rng)
             for version, launch in case.versions(direction, versions).items():
                 for block in launch.blocks:
-                    rows += check_launcher(case, direction, launch, dims, rng, block, version, ref)
+                    try:
+                        rows += check_launcher(case, direction, launch, dims, rng, block, version, ref)
+                    except BlockDoesNotFit as e:       # e.g. a GPU flash block at the tiny size's head size 4
+                        print(f"not checked at this size: {e}", file=sys.stderr)
     return rows
 
 

@@ -8,7 +8,8 @@
 #          whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed),
 #          mlp6 (the MLP's v6 against v5: harness, kernel table, the step), model (the whole model
 #          against the twin at 12M and 120M), v8 (matmul v8 and v7 and the linear ops on them: harness
-#          at 12M, the whole model, products beside cuBLAS, the step with products tf32x3w and tf32x3t)
+#          at 12M, the whole model, products beside cuBLAS, the step with products tf32x3w and tf32x3t),
+#          mlp9 (the MLP's v9 against v8: harness at 12M and 120M, kernel table, the step)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model
 steps=${*:-profile graph step check120 ln}
 
@@ -72,6 +73,17 @@ for s in $steps; do
         timeout 200 $py bench/step_time.py --sizes 12M 120M --products tf32x3w tf32x3t --json "$OUT/v8_step.json" > "$OUT/v8_step.txt" 2>&1
         echo "step exit $?"; grep -v '^{' "$OUT/v8_step.txt"
         mkdir -p "$OUT/v8"; mv "$OUT"/model_* "$OUT"/v8_check_* "$OUT/v8/" ;;
+    mlp9) # the MLP's v9 (plain products, the GELU in a pass of its own) against v8: harness, kernels, step
+          for size in 12M 120M; do
+            timeout 150 $py -m andrea_numba.check --size $size --seed 37 --ops-only --op mlp --version 8 --version 9 \
+                --json > "$OUT/mlp9_check_$size.json" 2> "$OUT/mlp9_check_$size.err"
+            echo "mlp9 check $size exit $?"; tail -1 "$OUT/mlp9_check_$size.err"; disagree "$OUT/mlp9_check_$size.json"
+          done
+          timeout 200 $py bench/kernels.py mlp --sizes 12M,120M --version 8 --version 9 --markdown "$OUT/mlp9_kernels.md" \
+              > "$OUT/mlp9_kernels.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/mlp9_kernels.md"
+          timeout 200 $py bench/step_time.py --sizes 12M 120M --mlp-version 9 --json "$OUT/mlp9_step.json" > "$OUT/mlp9_step.txt" 2>&1
+          echo "step mlp v9 exit $?"; grep -v '^{' "$OUT/mlp9_step.txt"
+          mkdir -p "$OUT/mlp9"; mv "$OUT"/mlp9_check_* "$OUT/mlp9/" ;;
     model) check_model 14 ;;             # the whole model against the float64 twin (the engine's kernels)
     ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
             > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
@@ -79,5 +91,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp9; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

@@ -142,13 +142,15 @@ def table(args):
 
 def main(argv=None):
     from andrea_numba.gpu_model import PRODUCTS
+    from andrea_numba.kernels import mlp
     ap = cli.Parser(prog="python bench/profile_kernels.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="one step between profile_start/stop, with its launches logged")
     r.add_argument("--size", type=cli.config, default="12M")
     r.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3w")
     r.add_argument("--log", type=cli.file_to_write(".json"), required=True, help="the launch log to write")
-    r.add_argument("--mlp-version", type=int, choices=(5, 6), help="the MLP's launchers of this version")
+    r.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
+                   help="the MLP's launchers of this version")
     t = sub.add_parser("table", help="join the launch log with Nsight Compute's CSV")
     t.add_argument("--log", type=cli.existing_file, required=True)
     t.add_argument("--ncu", type=cli.existing_file, required=True)

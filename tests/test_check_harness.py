@@ -57,6 +57,20 @@ def test_op_rows_keep_only_the_versions_asked_for():
     assert check.op_rows(m, 2, 5, _rng(), ops=["residual"], versions=[99]) == []
 
 
+def test_a_block_that_does_not_fit_the_size_is_skipped_and_said(monkeypatch, capsys):
+    """A GPU block of flash attention v4 at the tiny size's head size 4 (it splits no tile of 8
+    rows over 128 threads): the harness checks the other blocks and names the one it skipped."""
+    from andrea_numba.config import load_config
+    from andrea_numba.kernels import attn_flash
+    m = load_config("tiny").model
+    fwd = attn_flash.VERSIONS["attn_flash_fwd"][4]
+    monkeypatch.setattr(fwd, "blocks", (fwd.blocks[0], (4, 8)))
+    rows = check.op_rows(m, 1, 5, _rng(), ops=["attn_flash"], versions=[4])
+    assert rows and all(r["ok"] for r in rows)
+    assert "(4,8)" not in {r["block"] for r in rows if r["kernel"] == "attn_flash_fwd"}
+    assert "not checked at this size: flash attention v4: block (4, 8)" in capsys.readouterr().err
+
+
 def test_model_only_does_not_combine_with_op_filters(capsys):
     import pytest
     with pytest.raises(SystemExit) as e:

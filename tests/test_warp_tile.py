@@ -131,10 +131,12 @@ def test_no_128_bit_copies_in_the_simulator():
     assert not aligned(np.zeros((4, 8), np.float32))
 
 
-def test_mlp_v6_keeps_v5s_bits():
+@pytest.mark.parametrize("old, new", [(5, 6), (8, 9)])
+def test_mlp_versions_that_move_the_gelu_keep_the_bits(old, new):
     """mlp v6 (k_mlp_fwd_v2 / k_mlp_bwd_v2: the sums stored from registers, the GELU and its
-    derivative applied to the values just written) gives v5's bits, forward and backward, with
-    dW += on top of random values and a shape that crosses the tiles' edges."""
+    derivative applied to the values just written) gives v5's bits, and v9 (plain products, the
+    GELU in a pass of its own) gives v8's, forward and backward, with dW += on top of random
+    values and a shape that crosses the tiles' edges."""
     from andrea_numba.kernels import mlp
     rng = np.random.default_rng(7)
     N, C = 37, 12
@@ -143,7 +145,7 @@ def test_mlp_v6_keeps_v5s_bits():
     dw0 = [rng.standard_normal(w.shape).astype(np.float32) for w in (w_1, w_2)]
     work = cuda.to_device(np.zeros(MM.splitk_work(C), np.float32))
     outs = {}
-    for v in (5, 6):
+    for v in (old, new):
         fwd, bwd = mlp.VERSIONS["mlp_fwd"][v], mlp.VERSIONS["mlp_bwd"][v]
         d = {k: cuda.to_device(a) for k, a in dict(x=x, w_1=w_1, w_2=w_2, dout=dout).items()}
         out, dx = cuda.to_device(np.full((N, C), np.nan, np.float32)), cuda.to_device(np.full((N, C), np.nan, np.float32))
@@ -152,8 +154,8 @@ def test_mlp_v6_keeps_v5s_bits():
         fwd(out, h_pre, h, d["x"], d["w_1"], d["w_2"], block=fwd.blocks[0])
         bwd(dx, dw_1, dw_2, dh_pre, work, d["dout"], d["x"], h_pre, h, d["w_1"], d["w_2"], block=bwd.blocks[0])
         outs[v] = [a.copy_to_host() for a in (out, h_pre, h, dx, dw_1, dw_2, dh_pre)]
-    for a5, a6 in zip(outs[5], outs[6]):
-        assert np.isfinite(a5).all() and np.array_equal(a5, a6)
+    for a, b in zip(outs[old], outs[new]):
+        assert np.isfinite(a).all() and np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])

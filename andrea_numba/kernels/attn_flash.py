@@ -40,7 +40,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .attn import NEG_INF, _check, _split, row_max, row_sum, tile_helpers
-from .common import SIMULATOR, blocks, cdiv
+from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv
 from .dropout import dropout_factor, key_value, mask_args
 
 # Block (BQ, TPR) choices and key tiles BK as attn.py's v2. In the simulator small tiles, so that
@@ -301,7 +301,7 @@ def _kernels(hs, block):
     if key not in _KERNELS:
         fits = [bk for bk in BK_CHOICES if bk % block[1] == 0 and _shared_bytes(hs, bk, *block) <= SHARED_LIMIT]
         if not fits:
-            raise ValueError(f"flash attention: head size {hs} does not fit the shared tiles of block {block}")
+            raise BlockDoesNotFit(f"flash attention: head size {hs} does not fit the shared tiles of block {block}")
         _KERNELS[key] = make_flash_kernels(hs, fits[0], *block)
     return _KERNELS[key]
 

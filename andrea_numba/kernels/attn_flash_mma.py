@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .attn import NEG_INF, _check
-from .common import blocks, cdiv
+from .common import BlockDoesNotFit, blocks, cdiv
 from .dropout import dropout_factor, key_value, mask_args
 from .warp_tile import WARP, _kstep
 
@@ -317,7 +317,7 @@ def kernels(hs, block, forward_only=False):
     key = (hs, *block)
     need = shared_bytes(hs, *block, forward_only=forward_only)
     if need > SHARED_LIMIT:
-        raise ValueError(f"flash attention v2: head size {hs} needs {need} bytes of shared memory with "
+        raise BlockDoesNotFit(f"flash attention v2: head size {hs} needs {need} bytes of shared memory with "
                          f"block {block}, more than {SHARED_LIMIT}")
     if key not in _KERNELS:
         _KERNELS[key] = make_kernels(hs, *block)     # numba compiles each kernel on its first launch

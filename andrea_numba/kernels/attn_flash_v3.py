@@ -79,7 +79,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .attn import NEG_INF, _check
-from .common import SIMULATOR, blocks, cdiv
+from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv
 from .dropout import dropout_factor, key_value, mask_args
 from .ptx import load4, mma_tf32, tf32_round
 from .warp_tile import WARP, _copier, _kstep
@@ -545,10 +545,10 @@ def kernels(hs, block, vec, forward_only=False, planes=2):
     v = 3 if planes == 2 else 4
     need = shared_bytes(hs, warps, bkv, forward_only=forward_only, planes=planes)
     if need > SHARED_LIMIT:
-        raise ValueError(f"flash attention v{v}: head size {hs} needs {need} bytes of shared memory with "
+        raise BlockDoesNotFit(f"flash attention v{v}: head size {hs} needs {need} bytes of shared memory with "
                          f"block {block}, more than {SHARED_LIMIT}")
     if bkv % 8 or (bkv * cdiv(hs, 8) * 8) % (WARP * warps):
-        raise ValueError(f"flash attention v{v}: block {block} does not split a {bkv}-row tile of head size {hs} "
+        raise BlockDoesNotFit(f"flash attention v{v}: block {block} does not split a {bkv}-row tile of head size {hs} "
                          f"over {WARP * warps} threads (BKV a multiple of 8)")
     key = (hs, warps, bkv, vec) + (() if planes == 2 else (planes,))
     if key not in _KERNELS:

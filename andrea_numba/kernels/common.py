@@ -122,6 +122,11 @@ MAX_BLOCK = 1024          # the largest block any kernel here is launched with (
 ELEMENTWISE_THREADS = 32 if SIMULATOR else 256      # elementwise_launch's block
 
 
+class BlockDoesNotFit(ValueError):
+    """A launcher's block cannot run this shape (a tile that does not split the head size, or
+    needs more shared memory than a block has): the harness skips that block at that size."""
+
+
 def blocks(gpu, sim):
     """Declare the block sizes a launcher is checked (andrea_numba.check) and timed (bench/kernels.py)
     at, on a GPU and in the simulator; the first is the one it uses when called without `block=`.
