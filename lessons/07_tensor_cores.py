@@ -357,7 +357,7 @@ C.say("""
     swaps rows 4..7 of every 8 in pairs: rows r and r + 4 then differ in parity, and every access
     above needs the fewest passes. The swizzle costs one XOR per thread (a warp's fragment rows
     are a multiple of 16 plus g). On the H200 v8's 4 x 4 blocks and swizzle took the weight
-    gradients from 80-85% of cuBLAS SGEMM's speed to 97-107% (docs/kernels-h200.md).
+    gradients at 120M from 80-85% of cuBLAS SGEMM's speed to 100-107% (docs/kernels-h200.md).
 """)
 out8 = cuda.to_device(np.zeros((K_, K_), f32))
 MM.matmul_v8(out8, None, cuda.to_device(x), cuda.to_device(x), trans_a=True)
