@@ -85,7 +85,8 @@ def main():
         # warp-tile products, which the harness's small shapes do not reach on a GPU's settings
         from andrea_numba.kernels import matmul
         out, a = np.zeros((64, 64), np.float32), np.zeros((8192, 64), np.float32)
-        for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5, matmul.matmul_v6):
+        for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5, matmul.matmul_v6, matmul.matmul_v7,
+                       matmul.matmul_v8):
             launch(out, np.zeros(matmul.splitk_work(64), np.float32), a, a, trans_a=True, accumulate=True)
         # flash attention v2, v3 and v4 at the models' head size (the harness's tiny size has hs = 4),
         # every declared block, with dropout
