@@ -32,8 +32,8 @@ TILES = [(128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 64), (1
 
 
 def main(argv=None):
-    import argparse
-    ap = argparse.ArgumentParser(prog="python bench/gemm_ablate.py", description=__doc__.splitlines()[0])
+    from andrea_numba import cli
+    ap = cli.Parser(prog="python bench/gemm_ablate.py", description=__doc__.splitlines()[0])
     ap.add_argument("--splits", action="store_true", help="time the three ways to split at read instead")
     args = ap.parse_args(argv)
     from numba import cuda, float32
@@ -49,7 +49,7 @@ def main(argv=None):
         t = make_warp_tile(("tf32x3s", *tile, True))
         zero, store, TM, TN = t.zero, t.store, t.TM, t.TN
 
-        @cuda.jit(max_registers=max_registers)
+        @cuda.jit(**({"max_registers": max_registers} if max_registers else {}))   # (not in the simulator)
         def k_ablate(out, a, b):
             acc = cuda.local.array((TM, TN), float32)
             zero(acc)

@@ -227,7 +227,8 @@ def tools():
     return {"config": config.main, "sample": sample.main, "plot": plot.main, "dashboard": dashboard.main,
             "data": data.main, "check": check.main, "gradcheck": gradcheck.main, "exercises": exercises.main,
             **{f"bench/{b}": _bench(b).main for b in ("kernels", "gpu_session", "step_time", "profile_step",
-                                                         "gpu_graph", "gemm", "tf32_check", "profile_kernels")}}
+                                                         "gpu_graph", "gemm", "tf32_check", "profile_kernels",
+                                                         "gemm_ablate", "ncu_gemm")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -395,7 +396,7 @@ ROWS = [
     ("bench/step_time", ["--products", "fp8"], "invalid choice: 'fp8'"),
     ("bench/step_time", ["--flash-version", "1"], "invalid choice: 1"),
     ("bench/step_time", ["--mlp-version", "4"], "invalid choice: 4"),
-    ("bench/profile_kernels", ["run", "--log", "{W}/l.json", "--mlp-version", "7"], "invalid choice: 7"),
+    ("bench/profile_kernels", ["run", "--log", "{W}/l.json", "--mlp-version", "4"], "invalid choice: 4"),
     ("bench/gemm", ["--timing", "wall"], "invalid choice: 'wall'"),
     ("bench/profile_kernels", [], "the following arguments are required: cmd"),
     ("bench/profile_kernels", ["run", "--size", "7B", "--log", "{W}/l.json"], "unknown size '7B'"),
@@ -405,6 +406,10 @@ ROWS = [
     ("bench/gemm", ["--versions", "2,x"], "argument --versions"),
     ("bench/gemm", ["--versions", "9"], "argument --versions"),
     ("bench/gemm", ["--json", "{W}/nodir/x.json"], "does not exist"),
+    ("bench/gemm_ablate", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("bench/ncu_gemm", [], "the following arguments are required: --shape"),
+    ("bench/ncu_gemm", ["--shape", "nope"], "no shape matches ['nope']"),
+    ("bench/ncu_gemm", ["--shape", "4096", "--version", "99"], "no matmul version 99"),
     ("bench/tf32_check", ["--fast"], "unrecognized arguments: --fast"),
     ("bench/profile_step", ["--size", "7B"], "unknown size '7B'"),
     ("bench/profile_step", ["--iters", "-1"], "argument --iters"),
