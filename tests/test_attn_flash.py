@@ -108,7 +108,7 @@ def test_v3_128_bit_copies_give_the_same_bits(monkeypatch):
     plain = _run(3, (1, 16), q, k, v, dy, 0.25, KEY)
     monkeypatch.setattr(attn_flash_v3, "aligned_rows", lambda hs, *arrays: True)
     wide = _run(3, (1, 16), q, k, v, dy, 0.25, KEY)
-    assert (C // H, 1, 16, True) in attn_flash_v3._KERNELS
+    assert (C // H, 1, 16, True, 2, False) in attn_flash_v3._KERNELS      # (hs, warps, BKV, vec, planes, trunc)
     for name in plain:
         assert np.array_equal(plain[name], wide[name]), name
 

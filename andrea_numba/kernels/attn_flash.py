@@ -341,7 +341,11 @@ from .attn_flash_mma import attn_flash_bwd_v2, attn_flash_fwd_v2  # noqa: E402  
 from .attn_flash_v3 import attn_flash_bwd_v3, attn_flash_fwd_v3  # noqa: E402
 # v4: v3 with the own tiles' values in one plane, split as read: larger tiles fit (same file)
 from .attn_flash_v3 import attn_flash_bwd_v4, attn_flash_fwd_v4  # noqa: E402
+# v5: v3 with matmul v7's split (the small parts truncated by the tensor core) (same file)
+from .attn_flash_v3 import attn_flash_bwd_v5, attn_flash_fwd_v5  # noqa: E402
 
-VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4},
-            "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4}}
+VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
+                               5: attn_flash_fwd_v5},
+            "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
+                               5: attn_flash_bwd_v5}}
 attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v3, attn_flash_bwd_v3          # what the engine uses

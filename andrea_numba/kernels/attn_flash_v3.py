@@ -157,12 +157,13 @@ def _own_tile(HS, NK, PLANES):
     return load_own
 
 
-def _kstep_own(WARPS, NK, NI, PLANES):
+def _kstep_own(WARPS, NK, NI, PLANES, TRUNC=False):
     """step(acc, f, sb, ks, w, g, t): acc (2, 2 NI) += this thread's share of
     own[16 rows of warp w, 8 ks .. 8 ks + 7] @ tile^T, the own tile from f in fragment order (its
     split planes, PLANES = 2, or its values split here, PLANES = 1), the tile stored [n, k] in
     shared memory (rows of K, V, Q or dY read as [key or query, channel]):
-    warp_tile._kstep(False, True, 1, NI, True) with the A fragments read 128 bits at a time."""
+    warp_tile._kstep(False, True, 1, NI, True) with the A fragments read 128 bits at a time.
+    TRUNC (v5): the small parts made in the loop go to the tensor core as x - big (matmul v7's split)."""
     PLANE = WARPS * NK * 4 * WARP                         # floats of one plane
 
     if SIMULATOR:
@@ -192,15 +193,18 @@ def _kstep_own(WARPS, NK, NI, PLANES):
         else:
             a0, a1, a2, a3 = load4(f, i)                  # a0 .. a3: one 128-bit load, then split
             ab0, ab1, ab2, ab3 = tf32_round(a0), tf32_round(a1), tf32_round(a2), tf32_round(a3)
-            as0, as1 = tf32_round(a0 - ab0), tf32_round(a1 - ab1)
-            as2, as3 = tf32_round(a2 - ab2), tf32_round(a3 - ab3)
+            as0, as1, as2, as3 = a0 - ab0, a1 - ab1, a2 - ab2, a3 - ab3
+            if not TRUNC:
+                as0, as1, as2, as3 = tf32_round(as0), tf32_round(as1), tf32_round(as2), tf32_round(as3)
         kk = 8 * ks
         zero = float32(0.0)
         for ni in range(NI):                              # b0 B[t, g] = tile[n, kk + t], b1 B[t+4, g]
             n = ni * 8 + g
             x0, x1 = sb[n, kk + t], sb[n, kk + t + 4]
             bb0, bb1 = tf32_round(x0), tf32_round(x1)
-            bs0, bs1 = tf32_round(x0 - bb0), tf32_round(x1 - bb1)
+            bs0, bs1 = x0 - bb0, x1 - bb1
+            if not TRUNC:
+                bs0, bs1 = tf32_round(bs0), tf32_round(bs1)
             c0, c1, c2, c3 = mma_tf32(as0, as1, as2, as3, bb0, bb1, zero, zero, zero, zero)   # small * big
             c0, c1, c2, c3 = mma_tf32(ab0, ab1, ab2, ab3, bs0, bs1, c0, c1, c2, c3)           # + big * small
             c0, c1, c2, c3 = mma_tf32(ab0, ab1, ab2, ab3, bb0, bb1, c0, c1, c2, c3)           # + big * big
@@ -211,10 +215,11 @@ def _kstep_own(WARPS, NK, NI, PLANES):
     return step
 
 
-def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2):
+def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUNC: bool = False):
     """The three kernels for head size HS, block (WARPS, BKV) and 128-bit copies VEC (the caller
     checked the alignment: aligned_rows); the own tiles as two split planes (PLANES = 2, v3) or
-    one plane of values split as read (PLANES = 1, v4)."""
+    one plane of values split as read (PLANES = 1, v4); TRUNC: v3 with the small parts of the
+    inner tiles' values truncated by the tensor core (v5)."""
     HS8 = cdiv(HS, 8) * 8         # head size rounded up to the mma's k step (tiles zero-padded)
     BQ = 16 * WARPS               # rows of the block's own tile: 16 per warp
     NT = WARP * WARPS
@@ -230,9 +235,9 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2):
     fetch, put, _ = _copier(BKV, HS8, P, NT, VEC and E % 4 == 0)
     load_own = _own_tile(HS, NK, PLANES)
     # acc (2, 2 NQ) += own[16 rows, 8] @ tile^T, the own tile from its planes (q k^T, dy v^T, ...)
-    step_own = _kstep_own(WARPS, NK, NQ, PLANES)
+    step_own = _kstep_own(WARPS, NK, NQ, PLANES, TRUNC)
     # acc (2, 2 NH) += A[16 rows, 8] @ B with B stored [k, n] (p f @ V, ds @ K, (P f)^T @ dY, ds^T @ Q)
-    step_nn = _kstep(False, False, 1, NH, True)
+    step_nn = _kstep(False, False, 1, NH, True, TRUNC)
 
     @cuda.jit(device=True)
     def zero(acc):
@@ -525,7 +530,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2):
                         dv[b, u, c0 + d] = vacc[hh, jj]
                         dk[b, u, c0 + d] = kacc[hh, jj] * scale
 
-    version = 3 if PLANES == 2 else 4
+    version = 5 if TRUNC else 3 if PLANES == 2 else 4
     return tuple(jit_as(f, version) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 
@@ -535,14 +540,14 @@ def jit_as(fn, version):
     return cuda.jit(fn)
 
 
-_KERNELS = {}       # (hs, WARPS, BKV, vec) -> v3's three kernels; (hs, WARPS, BKV, vec, 1) -> v4's
+_KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc) -> the three kernels of v3, v4 or v5
 
 
-def kernels(hs, block, vec, forward_only=False, planes=2):
+def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False):
     """The kernels of head size hs and block (WARPS, BKV), after checking that they fit; planes:
-    2 for v3's, 1 for v4's."""
+    2 for v3's, 1 for v4's; trunc (with 2 planes): v5's."""
     warps, bkv = block
-    v = 3 if planes == 2 else 4
+    v = 5 if trunc else 3 if planes == 2 else 4
     need = shared_bytes(hs, warps, bkv, forward_only=forward_only, planes=planes)
     if need > SHARED_LIMIT:
         raise BlockDoesNotFit(f"flash attention v{v}: head size {hs} needs {need} bytes of shared memory with "
@@ -550,25 +555,26 @@ def kernels(hs, block, vec, forward_only=False, planes=2):
     if bkv % 8 or (bkv * cdiv(hs, 8) * 8) % (WARP * warps):
         raise BlockDoesNotFit(f"flash attention v{v}: block {block} does not split a {bkv}-row tile of head size {hs} "
                          f"over {WARP * warps} threads (BKV a multiple of 8)")
-    key = (hs, warps, bkv, vec) + (() if planes == 2 else (planes,))
+    key = (hs, warps, bkv, vec, planes, trunc)
     if key not in _KERNELS:
-        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes)   # numba compiles each on its first launch
+        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes, trunc)   # numba compiles each on its first launch
     return _KERNELS[key]
 
 
-def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream):
+def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=False):
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
-    fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True, planes=planes)[0]
+    fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True, planes=planes, trunc=trunc)[0]
     fwd[(cdiv(T, 16 * warps), B * n_head), WARP * warps, stream](
         y, lse, q, k, v, np.float32(1.0 / math.sqrt(hs)), *mask_args(dropout_p, dropout_key))
 
 
-def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream):
+def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
+         trunc=False):
     from .attn_flash import k_attn_flash_bwd_rowdot_v1
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
-    _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy), planes=planes)
+    _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy), planes=planes, trunc=trunc)
     scale = np.float32(1.0 / math.sqrt(hs))
     drop = mask_args(dropout_p, dropout_key)
     NT = WARP * warps
@@ -604,3 +610,21 @@ def attn_flash_bwd_v4(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
                       block, stream=0):
     """As v3 with the own tiles' values in one plane each, split as read."""
     _bwd(1, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream)
+
+
+# v5: v3 with matmul v7's split in the loop (kernels/matmul.py): each inner-tile value (and each
+# ds or p f value) is split into big = tf32(x) and x - big, which the tensor core truncates to
+# TF32, three instructions instead of five. The own tiles' planes are split once per block, as in
+# v3. The products' inner steps issue about 7.5 instructions a mma.sync (p f @ V at hs = 64: 20
+# splits of A and B values at five instructions, 24 mma); v5 removes 2 of every 5 split ones.
+@blocks(**FLASH_V3_FWD_BLOCKS)
+def attn_flash_fwd_v5(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+    """As v3 with the small parts truncated by the tensor core."""
+    _fwd(2, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=True)
+
+
+@blocks(**FLASH_V3_BWD_BLOCKS)
+def attn_flash_bwd_v5(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+                      block, stream=0):
+    """As v3 with the small parts truncated by the tensor core."""
+    _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream, trunc=True)

@@ -105,9 +105,11 @@ def _copier(R, Cc, P, THREADS, vec):
     return fetch, put, E
 
 
-def _kstep(trans_a, trans_b, MI, NI, tensor_cores):
+def _kstep(trans_a, trans_b, MI, NI, tensor_cores, trunc=False):
     """step(acc, sa, sb, kk, wm0, wn0, g, t): acc += this thread's share of
-    op(a)[tile rows, kk:kk+8] @ op(b)[kk:kk+8, tile columns], from one stage of shared memory."""
+    op(a)[tile rows, kk:kk+8] @ op(b)[kk:kk+8, tile columns], from one stage of shared memory.
+    trunc: the small TF32 parts go to the tensor core as x - big, truncated there (matmul v7's
+    split, kernels/matmul.py; flash attention v5)."""
     TM, TN = 2 * MI, 2 * NI
 
     @cuda.jit(device=True)
@@ -150,6 +152,8 @@ def _kstep(trans_a, trans_b, MI, NI, tensor_cores):
     @cuda.jit(device=True)
     def split(x):
         big = tf32_round(x)
+        if trunc:
+            return big, x - big
         return big, tf32_round(x - big)
 
     @cuda.jit(device=True)
