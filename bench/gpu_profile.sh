@@ -10,7 +10,7 @@
 #          against the twin at 12M and 120M), v8 (matmul v8 and v7 and the linear ops on them: harness
 #          at 12M, the whole model, products beside cuBLAS, the step with products tf32x3w and tf32x3t),
 #          mlp9 (the MLP's v9 against v8: harness at 12M and 120M, kernel table, the step), flash5
-#          (flash attention v5 against v3: the same three)
+#          (flash attention v5 and v6 against v3: the same three)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model
 steps=${*:-profile graph step check120 ln}
 
@@ -85,15 +85,16 @@ for s in $steps; do
           timeout 200 $py bench/step_time.py --sizes 12M 120M --mlp-version 9 --json "$OUT/mlp9_step.json" > "$OUT/mlp9_step.txt" 2>&1
           echo "step mlp v9 exit $?"; grep -v '^{' "$OUT/mlp9_step.txt"
           mkdir -p "$OUT/mlp9"; mv "$OUT"/mlp9_check_* "$OUT/mlp9/" ;;
-    flash5) # flash attention v5 (matmul v7's split) against v3: harness at 12M and 120M, kernels, the step
+    flash5) # flash attention v5 (matmul v7's split) and v6 (v5, swizzled tiles) against v3: harness at 12M
+            # and 120M, kernels, the step
             for size in 12M 120M; do
-              timeout 150 $py -m andrea_numba.check --size $size --seed 41 --ops-only --op attn_flash --version 3 --version 5 \
+              timeout 150 $py -m andrea_numba.check --size $size --seed 41 --ops-only --op attn_flash --version 3 --version 5 --version 6 \
                   --json > "$OUT/flash5_check_$size.json" 2> "$OUT/flash5_check_$size.err"
               echo "flash5 check $size exit $?"; tail -1 "$OUT/flash5_check_$size.err"; disagree "$OUT/flash5_check_$size.json"
             done
-            timeout 200 $py bench/kernels.py attn_flash --sizes 12M,120M --version 3 --version 5 --markdown "$OUT/flash5_kernels.md" \
+            timeout 240 $py bench/kernels.py attn_flash --sizes 12M,120M --version 3 --version 5 --version 6 --markdown "$OUT/flash5_kernels.md" \
                 > "$OUT/flash5_kernels.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash5_kernels.md"
-            timeout 200 $py bench/step_time.py --sizes 12M 120M --flash-version 3 5 --json "$OUT/flash5_step.json" > "$OUT/flash5_step.txt" 2>&1
+            timeout 240 $py bench/step_time.py --sizes 12M 120M --flash-version 3 5 6 --json "$OUT/flash5_step.json" > "$OUT/flash5_step.txt" 2>&1
             echo "step flash v5 exit $?"; grep -v '^{' "$OUT/flash5_step.txt"
             mkdir -p "$OUT/flash5"; mv "$OUT"/flash5_check_* "$OUT/flash5/" ;;
     model) check_model 14 ;;             # the whole model against the float64 twin (the engine's kernels)

@@ -108,7 +108,7 @@ def test_v3_128_bit_copies_give_the_same_bits(monkeypatch):
     plain = _run(3, (1, 16), q, k, v, dy, 0.25, KEY)
     monkeypatch.setattr(attn_flash_v3, "aligned_rows", lambda hs, *arrays: True)
     wide = _run(3, (1, 16), q, k, v, dy, 0.25, KEY)
-    assert (C // H, 1, 16, True, 2, False) in attn_flash_v3._KERNELS      # (hs, warps, BKV, vec, planes, trunc)
+    assert (C // H, 1, 16, True, 2, False, False) in attn_flash_v3._KERNELS   # (hs, warps, BKV, vec, planes, trunc, swizzle)
     for name in plain:
         assert np.array_equal(plain[name], wide[name]), name
 
@@ -191,3 +191,24 @@ def test_the_model_with_flash_attention_holds_no_T_by_T_buffer_and_agrees():
         model.forward(tokens, targets, dropout_key=12345)
         losses.append(model.read_loss())
     assert abs(losses[0] - losses[1]) < 1e-5 * abs(losses[0])
+
+
+def test_v6s_swizzled_tiles_give_v5s_bits_and_the_twins_gradients():
+    """At hs = 32 (rows of 32 floats: v6 swizzles) v6 stores its K, V, Q and dY tiles at swizzled
+    columns and reads them back through the same map, in the copies, in the s-like products and in
+    the products with B stored [key, channel]: v5's bits at both simulator blocks, with dropout,
+    and the float64 twin's values. (At hs = 8, the other tests' size, v6 is v5.)"""
+    assert attn_flash_v3.swizzled(32, True) and not attn_flash_v3.swizzled(8, True)
+    rng = np.random.default_rng(5)
+    b_, t_, c_, h_ = 1, 19, 64, 2
+    q, k, v, dy = (rng.standard_normal((b_, t_, c_)).astype(np.float32) for _ in range(4))
+    ref = None
+    for block in attn_flash.VERSIONS["attn_flash_fwd"][6].blocks:
+        v5, v6 = (_run(ver, block, q, k, v, dy, 0.25, KEY, h_) for ver in (5, 6))
+        for name in v5:
+            assert np.isfinite(v5[name]).all() and np.array_equal(v5[name], v6[name]), (block, name)
+        ref = ref or v5
+    assert (32, 1, 8, False, 2, True, True) in attn_flash_v3._KERNELS
+    plain = _run(1, attn_flash.VERSIONS["attn_flash_fwd"][1].blocks[0], q, k, v, dy, 0.25, KEY, h_)
+    for name in ref:                              # v1 (SIMT, no tiles in common) as the independent check
+        assert np.abs(ref[name] - plain[name]).max() <= 1e-5 * max(1.0, np.abs(plain[name]).max()), name

@@ -343,9 +343,11 @@ from .attn_flash_v3 import attn_flash_bwd_v3, attn_flash_fwd_v3  # noqa: E402
 from .attn_flash_v3 import attn_flash_bwd_v4, attn_flash_fwd_v4  # noqa: E402
 # v5: v3 with matmul v7's split (the small parts truncated by the tensor core) (same file)
 from .attn_flash_v3 import attn_flash_bwd_v5, attn_flash_fwd_v5  # noqa: E402
+# v6: v5 with swizzled inner tiles: no bank conflicts in either way they are read (same file)
+from .attn_flash_v3 import attn_flash_bwd_v6, attn_flash_fwd_v6  # noqa: E402
 
 VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
-                               5: attn_flash_fwd_v5},
+                               5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6},
             "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
-                               5: attn_flash_bwd_v5}}
+                               5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6}}
 attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v3, attn_flash_bwd_v3          # what the engine uses

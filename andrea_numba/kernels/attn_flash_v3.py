@@ -82,7 +82,7 @@ from .attn import NEG_INF, _check
 from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv
 from .dropout import dropout_factor, key_value, mask_args
 from .ptx import load4, mma_tf32, tf32_round
-from .warp_tile import WARP, _copier, _kstep
+from .warp_tile import WARP, _copier, _kstep, col_swizzle
 
 # (WARPS, BKV). GPU: the table in the module docstring, the first is the default. Simulator: one
 # and two warps, inner tiles of 8 and 16 rows (two fragments per product: more than one n step).
@@ -94,16 +94,29 @@ FLASH_V4_BWD_BLOCKS = dict(gpu=((2, 32), (4, 8), (2, 16)), sim=((1, 8), (2, 16))
 SHARED_LIMIT = 48 * 1024                    # bytes of static shared memory per block
 
 
-def shared_bytes(hs: int, warps: int, bkv: int, forward_only: bool = False, planes: int = 2) -> int:
+def shared_bytes(hs: int, warps: int, bkv: int, forward_only: bool = False, planes: int = 2,
+                 swizzle: bool = False) -> int:
     """Bytes of shared memory of the forward (forward_only) or of the larger backward kernel, with
-    own tiles of `planes` planes (2: v3, 1: v4)."""
+    own tiles of `planes` planes (2: v3, 1: v4); swizzle: v6's unpadded inner tiles."""
     HS8, BQ = cdiv(hs, 8) * 8, 16 * warps
-    P, PK = HS8 + 4, bkv + 4
+    P, PK = inner_pitch(HS8, swizzle), bkv + 4
     own = planes * BQ * HS8                              # an own tile's planes
     fwd = own + 2 * bkv * P + BQ * PK + BQ * 4           # q planes, K and V tiles, p f, red
     dq = 2 * own + 2 * bkv * P + BQ * PK                 # q, dy planes, K and V tiles, ds
     dkdv = 2 * own + 2 * bkv * P + 2 * BQ * PK + 2 * bkv  # k, v planes, Q and dY tiles, P f, ds, lse, D
     return 4 * (fwd if forward_only else max(dq, dkdv))
+
+
+def swizzled(HS8: int, swizzle: bool) -> bool:
+    """v6 swizzles an inner tile's columns when its rows are a multiple of 32 floats (hs = 32, 64,
+    ...); at other head sizes it keeps v3's padded rows."""
+    return swizzle and HS8 % 32 == 0
+
+
+def inner_pitch(HS8: int, swizzle: bool = False) -> int:
+    """Floats a row of an inner tile (K, V, Q, dY) takes in shared memory: HS8 + 4 (v3: the pad
+    that makes the [key, channel] reads conflict-free), or HS8 with v6's swizzle."""
+    return HS8 if swizzled(HS8, swizzle) else HS8 + 4
 
 
 def aligned_rows(hs: int, *arrays) -> bool:
@@ -157,13 +170,14 @@ def _own_tile(HS, NK, PLANES):
     return load_own
 
 
-def _kstep_own(WARPS, NK, NI, PLANES, TRUNC=False):
+def _kstep_own(WARPS, NK, NI, PLANES, TRUNC=False, SWZ=False):
     """step(acc, f, sb, ks, w, g, t): acc (2, 2 NI) += this thread's share of
     own[16 rows of warp w, 8 ks .. 8 ks + 7] @ tile^T, the own tile from f in fragment order (its
     split planes, PLANES = 2, or its values split here, PLANES = 1), the tile stored [n, k] in
     shared memory (rows of K, V, Q or dY read as [key or query, channel]):
     warp_tile._kstep(False, True, 1, NI, True) with the A fragments read 128 bits at a time.
-    TRUNC (v5): the small parts made in the loop go to the tensor core as x - big (matmul v7's split)."""
+    TRUNC (v5): the small parts made in the loop go to the tensor core as x - big (matmul v7's split).
+    SWZ (v6): the tile's column k of row n is at k ^ col_swizzle(n)."""
     PLANE = WARPS * NK * 4 * WARP                         # floats of one plane
 
     if SIMULATOR:
@@ -181,7 +195,11 @@ def _kstep_own(WARPS, NK, NI, PLANES, TRUNC=False):
                 own = big + tf32_round(x - big)
             a = own.reshape(WARP, 4)[4 * g:4 * g + 4]      # lanes 4g .. 4g+3, slots
             rows = np.stack([np.concatenate([a[:, 0], a[:, 2]]), np.concatenate([a[:, 1], a[:, 3]])])   # 2 x 8
-            acc += rows @ sb[COL + 2 * t, 8 * ks:8 * ks + 8].T
+            n = (COL + 2 * t)[:, None]                      # the tile's rows: this thread's columns
+            k = np.arange(8 * ks, 8 * ks + 8)[None, :]
+            if SWZ:
+                k = k ^ (((n & 3) << 3) | (((n >> 2) & 1) << 2))
+            acc += rows @ sb[n, k].T
         return step
 
     @cuda.jit(device=True)
@@ -198,9 +216,10 @@ def _kstep_own(WARPS, NK, NI, PLANES, TRUNC=False):
                 as0, as1, as2, as3 = tf32_round(as0), tf32_round(as1), tf32_round(as2), tf32_round(as3)
         kk = 8 * ks
         zero = float32(0.0)
+        sw = col_swizzle(g) if SWZ else 0                 # rows ni * 8 + g all swizzle as row g
         for ni in range(NI):                              # b0 B[t, g] = tile[n, kk + t], b1 B[t+4, g]
             n = ni * 8 + g
-            x0, x1 = sb[n, kk + t], sb[n, kk + t + 4]
+            x0, x1 = sb[n, (kk + t) ^ sw], sb[n, (kk + t + 4) ^ sw]
             bb0, bb1 = tf32_round(x0), tf32_round(x1)
             bs0, bs1 = x0 - bb0, x1 - bb1
             if not TRUNC:
@@ -215,15 +234,17 @@ def _kstep_own(WARPS, NK, NI, PLANES, TRUNC=False):
     return step
 
 
-def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUNC: bool = False):
+def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUNC: bool = False, SWZ: bool = False):
     """The three kernels for head size HS, block (WARPS, BKV) and 128-bit copies VEC (the caller
     checked the alignment: aligned_rows); the own tiles as two split planes (PLANES = 2, v3) or
     one plane of values split as read (PLANES = 1, v4); TRUNC: v3 with the small parts of the
-    inner tiles' values truncated by the tensor core (v5)."""
+    inner tiles' values truncated by the tensor core (v5); SWZ: v5 with swizzled inner tiles (v6)."""
     HS8 = cdiv(HS, 8) * 8         # head size rounded up to the mma's k step (tiles zero-padded)
     BQ = 16 * WARPS               # rows of the block's own tile: 16 per warp
     NT = WARP * WARPS
-    P = HS8 + 4                   # pitch of the inner tiles: conflict-free fragment reads
+    version = 6 if SWZ else 5 if TRUNC else 3 if PLANES == 2 else 4
+    SWZ = swizzled(HS8, SWZ)      # (at a head size of rows not a multiple of 32 floats, v6 is v5)
+    P = inner_pitch(HS8, SWZ)     # pitch of the inner tiles: conflict-free fragment reads
     PK = BKV + 4                  # pitch of the p f and ds tiles
     NK = HS8 // 8                 # k steps over the head's channels
     NQ, NH = BKV // 8, HS8 // 8   # 8-column fragments of a BKV-wide and of an HS8-wide product
@@ -232,12 +253,12 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
     FR = 4 * WARP                 # floats of a warp's A fragments per k step (plane layout)
     assert BKV % 8 == 0 and (BKV * HS8) % NT == 0, f"block ({WARPS}, {BKV}) does not tile head size {HS}"
     E = BKV * HS8 // NT           # floats of an inner tile per thread
-    fetch, put, _ = _copier(BKV, HS8, P, NT, VEC and E % 4 == 0)
+    fetch, put, _ = _copier(BKV, HS8, P, NT, VEC and E % 4 == 0, SWZ)
     load_own = _own_tile(HS, NK, PLANES)
     # acc (2, 2 NQ) += own[16 rows, 8] @ tile^T, the own tile from its planes (q k^T, dy v^T, ...)
-    step_own = _kstep_own(WARPS, NK, NQ, PLANES, TRUNC)
+    step_own = _kstep_own(WARPS, NK, NQ, PLANES, TRUNC, SWZ)
     # acc (2, 2 NH) += A[16 rows, 8] @ B with B stored [k, n] (p f @ V, ds @ K, (P f)^T @ dY, ds^T @ Q)
-    step_nn = _kstep(False, False, 1, NH, True, TRUNC)
+    step_nn = _kstep(False, False, 1, NH, True, TRUNC, SWZ)
 
     @cuda.jit(device=True)
     def zero(acc):
@@ -530,7 +551,6 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                         dv[b, u, c0 + d] = vacc[hh, jj]
                         dk[b, u, c0 + d] = kacc[hh, jj] * scale
 
-    version = 5 if TRUNC else 3 if PLANES == 2 else 4
     return tuple(jit_as(f, version) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 
@@ -540,41 +560,42 @@ def jit_as(fn, version):
     return cuda.jit(fn)
 
 
-_KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc) -> the three kernels of v3, v4 or v5
+_KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc, swizzle) -> the three kernels of v3, v4, v5 or v6
 
 
-def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False):
+def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False, swizzle=False):
     """The kernels of head size hs and block (WARPS, BKV), after checking that they fit; planes:
-    2 for v3's, 1 for v4's; trunc (with 2 planes): v5's."""
+    2 for v3's, 1 for v4's; trunc (with 2 planes): v5's; swizzle (with trunc): v6's."""
     warps, bkv = block
-    v = 5 if trunc else 3 if planes == 2 else 4
-    need = shared_bytes(hs, warps, bkv, forward_only=forward_only, planes=planes)
+    v = 6 if swizzle else 5 if trunc else 3 if planes == 2 else 4
+    need = shared_bytes(hs, warps, bkv, forward_only=forward_only, planes=planes, swizzle=swizzle)
     if need > SHARED_LIMIT:
         raise BlockDoesNotFit(f"flash attention v{v}: head size {hs} needs {need} bytes of shared memory with "
                          f"block {block}, more than {SHARED_LIMIT}")
     if bkv % 8 or (bkv * cdiv(hs, 8) * 8) % (WARP * warps):
         raise BlockDoesNotFit(f"flash attention v{v}: block {block} does not split a {bkv}-row tile of head size {hs} "
                          f"over {WARP * warps} threads (BKV a multiple of 8)")
-    key = (hs, warps, bkv, vec, planes, trunc)
+    key = (hs, warps, bkv, vec, planes, trunc, swizzle)
     if key not in _KERNELS:
-        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes, trunc)   # numba compiles each on its first launch
+        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes, trunc, swizzle)   # numba compiles each on its first launch
     return _KERNELS[key]
 
 
-def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=False):
+def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=False, swizzle=False):
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
-    fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True, planes=planes, trunc=trunc)[0]
+    fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True, planes=planes, trunc=trunc, swizzle=swizzle)[0]
     fwd[(cdiv(T, 16 * warps), B * n_head), WARP * warps, stream](
         y, lse, q, k, v, np.float32(1.0 / math.sqrt(hs)), *mask_args(dropout_p, dropout_key))
 
 
 def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
-         trunc=False):
+         trunc=False, swizzle=False):
     from .attn_flash import k_attn_flash_bwd_rowdot_v1
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
-    _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy), planes=planes, trunc=trunc)
+    _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy), planes=planes, trunc=trunc,
+                                        swizzle=swizzle)
     scale = np.float32(1.0 / math.sqrt(hs))
     drop = mask_args(dropout_p, dropout_key)
     NT = WARP * warps
@@ -628,3 +649,32 @@ def attn_flash_bwd_v5(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
                       block, stream=0):
     """As v3 with the small parts truncated by the tensor core."""
     _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream, trunc=True)
+
+
+# v6: v5 with swizzled inner tiles. The K, V, Q and dY tiles are read two ways: as the B operand of
+# an s-like product, row n = key (or query) at columns k = channel (step_own: 8 lanes g on 8 rows,
+# 4 lanes t on 4 columns), and as the B operand of p f @ V, ds @ K, (P f)^T @ dY and ds^T @ Q,
+# row k = key at columns n = channel (step_nn: 4 lanes t on 4 rows, 8 lanes g on 8 columns).
+# v3's pitch HS8 + 4 (4 banks further a row) makes the first conflict-free and the second two to a
+# bank (Nsight Compute on the H200: shared loads 1.9-way). No pitch serves both. v6 keeps rows of
+# HS8 floats (a multiple of 32: every row starts at bank 0) and stores column c of row r at
+# c ^ col_swizzle(r) = c ^ (8 (r & 3) + 4 ((r >> 2) & 1)):
+#   step_own, rows g = 0..7 at columns kk + t:   (kk + t) ^ (8 (g & 3) + 4 (g >> 2))  32 banks
+#   step_nn,  rows kk + t at columns 8 ni + g:   (8 ni + g) ^ 8 t                       32 banks
+#             rows kk + t + 4:                   (8 ni + g) ^ (8 t + 4)                 32 banks
+#   the copy, 16 lanes along a row in 4-float chunks: chunk ^ (a multiple of 4)    conflict-free
+# The XOR changes bits 2..4 of a column only, so a column stays in its row and a 4-float chunk
+# stays whole (128-bit copies as before). The same values meet the same arithmetic: v6 gives v5's
+# bits. At a head size whose rows are not a multiple of 32 floats v6 keeps v3's pad (it is v5).
+@blocks(**FLASH_V3_FWD_BLOCKS)
+def attn_flash_fwd_v6(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+    """As v5 with swizzled inner tiles."""
+    _fwd(2, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=True, swizzle=True)
+
+
+@blocks(**FLASH_V3_BWD_BLOCKS)
+def attn_flash_bwd_v6(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+                      block, stream=0):
+    """As v5 with swizzled inner tiles."""
+    _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
+         trunc=True, swizzle=True)

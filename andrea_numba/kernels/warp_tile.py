@@ -63,10 +63,19 @@ WARP = 32
 KINDS = ("simt", "tf32x3", "tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w")      # matmul v3 .. v8
 
 
-def _copier(R, Cc, P, THREADS, vec):
+@cuda.jit(device=True)
+def col_swizzle(r):
+    """Flash attention v6's column swizzle: row r of a tile with a pitch of a multiple of 32 floats
+    keeps its column c at c ^ col_swizzle(r), a multiple of 4 below 32 that is different for each
+    r mod 8 (kernels/attn_flash_v3.py says why)."""
+    return ((r & 3) << 3) | (((r >> 2) & 1) << 2)
+
+
+def _copier(R, Cc, P, THREADS, vec, swizzle=False):
     """fetch(regs, g, r0, c0, rlim, clim): this thread's share of the R x Cc tile of the stored
     matrix g at (r0, c0) into registers (zero outside rows < rlim, columns < clim);
-    put(s, regs): the registers into the shared tile s (rows of pitch P)."""
+    put(s, regs): the registers into the shared tile s (rows of pitch P; swizzle: column c of
+    row r at c ^ col_swizzle(r))."""
     E = R * Cc // THREADS                 # elements per thread
     assert E * THREADS == R * Cc, f"a {R} x {Cc} tile does not split over {THREADS} threads"
     if vec:
@@ -88,7 +97,10 @@ def _copier(R, Cc, P, THREADS, vec):
         def put(s, regs):
             for j in range(CH):
                 e = cuda.threadIdx.x + j * THREADS
-                store4(s, (e // CPR) * P + (e % CPR) * 4, regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3])
+                r, c = e // CPR, (e % CPR) * 4
+                if swizzle:
+                    c = c ^ col_swizzle(r)
+                store4(s, r * P + c, regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3])
     else:
         @cuda.jit(device=True)
         def fetch(regs, g, r0, c0, rlim, clim):
@@ -101,15 +113,20 @@ def _copier(R, Cc, P, THREADS, vec):
         def put(s, regs):
             for j in range(E):
                 e = cuda.threadIdx.x + j * THREADS
-                s[e // Cc, e % Cc] = regs[j]
+                r, c = e // Cc, e % Cc
+                if swizzle:
+                    c = c ^ col_swizzle(r)
+                s[r, c] = regs[j]
     return fetch, put, E
 
 
-def _kstep(trans_a, trans_b, MI, NI, tensor_cores, trunc=False):
+def _kstep(trans_a, trans_b, MI, NI, tensor_cores, trunc=False, swizzle_b=False):
     """step(acc, sa, sb, kk, wm0, wn0, g, t): acc += this thread's share of
     op(a)[tile rows, kk:kk+8] @ op(b)[kk:kk+8, tile columns], from one stage of shared memory.
     trunc: the small TF32 parts go to the tensor core as x - big, truncated there (matmul v7's
-    split, kernels/matmul.py; flash attention v5)."""
+    split, kernels/matmul.py; flash attention v5). swizzle_b (b stored [k, n] only): op(b)[k, n]
+    is at column n ^ col_swizzle(k) of the shared tile (flash attention v6)."""
+    assert not (swizzle_b and trans_b), "the swizzle is for b stored [k, n]"
     TM, TN = 2 * MI, 2 * NI
 
     @cuda.jit(device=True)
@@ -118,6 +135,8 @@ def _kstep(trans_a, trans_b, MI, NI, tensor_cores, trunc=False):
 
     @cuda.jit(device=True)
     def B(sb, k, n):                       # op(b)[k, n] of the shared tile
+        if swizzle_b:
+            return sb[k, n ^ col_swizzle(k)]
         return sb[n, k] if trans_b else sb[k, n]
 
     if tensor_cores and SIMULATOR:
@@ -130,7 +149,11 @@ def _kstep(trans_a, trans_b, MI, NI, tensor_cores, trunc=False):
         def step(acc, sa, sb, kk, wm0, wn0, g, t):
             rows, cols = ROW + (wm0 + g), COL + (wn0 + 2 * t)
             a = sa[kk:kk + 8][:, rows].T if trans_a else sa[rows, kk:kk + 8]     # TM x 8
-            b = sb[cols, kk:kk + 8].T if trans_b else sb[kk:kk + 8][:, cols]     # 8 x TN
+            if swizzle_b:                                                       # 8 x TN, from swizzled columns
+                ks = np.arange(kk, kk + 8)[:, None]
+                b = sb[ks, cols[None, :] ^ (((ks & 3) << 3) | (((ks >> 2) & 1) << 2))]
+            else:
+                b = sb[cols, kk:kk + 8].T if trans_b else sb[kk:kk + 8][:, cols]     # 8 x TN
             acc += a @ b
         return step
 
