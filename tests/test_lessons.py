@@ -29,7 +29,7 @@ CASES = {
     "07_tensor_cores.py": (
         ["mma.sync.m16n8k8", "a0 = A[g, t]", "3xTF32: small.big + big.small + big.big",
          "8 at a time, then fp32 adds (matmul v4)", "v4 (3xTF32)", "slot t + 4 holds", "v6 (3xTF32, k renamed)",
-         "splitk's choice   8    2304      9          576       97%", "v8 (swizzled tiles), x^T @ x",
+         "splitk's choice   8    2304      9          576       97%", "v8 (swizzled tiles), x^T @ x", "small = x - big, truncated by the tensor core (v7)",
          "(128-bit, x4)                            32            16              16"],
         ["07_tensor_cores.png"], []),
     "08_flash_attention.py": (
