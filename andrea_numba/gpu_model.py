@@ -115,10 +115,12 @@ class GPUModel:
     v8); "tf32x3t" their v6 (mlp v7), the same sums on v6's tiles (matmul v7);
     "tf32x3k" their v5, the same tiles with both parts rounded (matmul v6); "tf32x3s" their v4 (split planes, matmul v5); "tf32x3"
     their v3 (warp tiles, matmul v4); "simt" their v2 (SIMT warp tiles, matmul v3). All are
-    fp32-accurate."""
+    fp32-accurate. mlp_version=<n> runs the MLP's launchers of that version instead (the
+    benchmarks' --mlp-version)."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
-                 dropout: float = 0.0, flash: bool = True, products: str = "tf32x3w", share=None):
+                 dropout: float = 0.0, flash: bool = True, products: str = "tf32x3w", share=None,
+                 mlp_version: int | None = None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         assert products in PRODUCTS, f"products must be one of {sorted(PRODUCTS)}, got {products!r}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
@@ -127,7 +129,7 @@ class GPUModel:
         v = PRODUCTS[products]
         self.qkv_fwd, self.qkv_bwd = attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v]
         self.out_fwd, self.out_bwd = attn_out.VERSIONS["attn_out_fwd"][v], attn_out.VERSIONS["attn_out_bwd"][v]
-        vm = MLP_VERSION.get(products, v)
+        vm = MLP_VERSION.get(products, v) if mlp_version is None else mlp_version
         self.mlp_fwd, self.mlp_bwd = mlp.VERSIONS["mlp_fwd"][vm], mlp.VERSIONS["mlp_bwd"][vm]
         self.loss_fwd, self.loss_bwd = loss.VERSIONS["loss_fwd"][v], loss.VERSIONS["loss_bwd"][v]
         self.dropout = dropout                      # used by a forward given a dropout_key

@@ -11,7 +11,7 @@
 #          at 12M, the whole model, products beside cuBLAS, the step with products tf32x3w and tf32x3t),
 #          mlp9 (the MLP's v9 against v8: harness at 12M and 120M, kernel table, the step), flash5
 #          (flash attention v5 and v6 against v3: the same three)
-source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model
+source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, compare_versions
 steps=${*:-profile graph step check120 ln}
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
@@ -53,16 +53,7 @@ for s in $steps; do
     flash) timeout 200 $py bench/kernels.py attn_flash --sizes 12M,120M --version 3 --version 4 --markdown "$OUT/flash_kernels.md" \
                > "$OUT/flash_kernels.txt" 2>&1
            echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash_kernels.md" ;;
-    mlp6) # the MLP's v6 (sums kept in registers) against v5: harness, kernel table, the step
-          for size in 12M 120M; do
-            timeout 150 $py -m andrea_numba.check --size $size --seed 13 --ops-only --op mlp --version 5 --version 6 \
-                --json > "$OUT/mlp6_check_$size.json" 2> "$OUT/mlp6_check_$size.err"
-            echo "mlp6 check $size exit $?"; tail -1 "$OUT/mlp6_check_$size.err"; disagree "$OUT/mlp6_check_$size.json"
-          done
-          timeout 200 $py bench/kernels.py mlp --sizes 12M,120M --version 5 --version 6 --markdown "$OUT/mlp6_kernels.md" \
-              > "$OUT/mlp6_kernels.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/mlp6_kernels.md"
-          timeout 200 $py bench/step_time.py --sizes 12M 120M --mlp-version 6 --json "$OUT/mlp6_step.json" > "$OUT/mlp6_step.txt" 2>&1
-          echo "step mlp v6 exit $?"; grep -v '^{' "$OUT/mlp6_step.txt" ;;
+    mlp6) compare_versions mlp6 mlp 13 200 "5 6" --mlp-version 6 ;;     # the MLP's v6 (sums kept in registers) against v5
     v8) # matmul v8 (swizzled tiles) against v7, and the linear ops on each: harness at 12M, the
         # whole model (the engine's: v8), products beside cuBLAS, the step with both
         timeout 200 $py -m andrea_numba.check --size 12M --seed 23 --ops-only --op attn_qkv --op attn_out --op mlp --op loss \
@@ -74,29 +65,8 @@ for s in $steps; do
         timeout 200 $py bench/step_time.py --sizes 12M 120M --products tf32x3w tf32x3t --json "$OUT/v8_step.json" > "$OUT/v8_step.txt" 2>&1
         echo "step exit $?"; grep -v '^{' "$OUT/v8_step.txt"
         mkdir -p "$OUT/v8"; mv "$OUT"/model_* "$OUT"/v8_check_* "$OUT/v8/" ;;
-    mlp9) # the MLP's v9 (plain products, the GELU in a pass of its own) against v8: harness, kernels, step
-          for size in 12M 120M; do
-            timeout 150 $py -m andrea_numba.check --size $size --seed 37 --ops-only --op mlp --version 8 --version 9 \
-                --json > "$OUT/mlp9_check_$size.json" 2> "$OUT/mlp9_check_$size.err"
-            echo "mlp9 check $size exit $?"; tail -1 "$OUT/mlp9_check_$size.err"; disagree "$OUT/mlp9_check_$size.json"
-          done
-          timeout 200 $py bench/kernels.py mlp --sizes 12M,120M --version 8 --version 9 --markdown "$OUT/mlp9_kernels.md" \
-              > "$OUT/mlp9_kernels.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/mlp9_kernels.md"
-          timeout 200 $py bench/step_time.py --sizes 12M 120M --mlp-version 9 --json "$OUT/mlp9_step.json" > "$OUT/mlp9_step.txt" 2>&1
-          echo "step mlp v9 exit $?"; grep -v '^{' "$OUT/mlp9_step.txt"
-          mkdir -p "$OUT/mlp9"; mv "$OUT"/mlp9_check_* "$OUT/mlp9/" ;;
-    flash5) # flash attention v5 (matmul v7's split) and v6 (v5, swizzled tiles) against v3: harness at 12M
-            # and 120M, kernels, the step
-            for size in 12M 120M; do
-              timeout 150 $py -m andrea_numba.check --size $size --seed 41 --ops-only --op attn_flash --version 3 --version 5 --version 6 \
-                  --json > "$OUT/flash5_check_$size.json" 2> "$OUT/flash5_check_$size.err"
-              echo "flash5 check $size exit $?"; tail -1 "$OUT/flash5_check_$size.err"; disagree "$OUT/flash5_check_$size.json"
-            done
-            timeout 240 $py bench/kernels.py attn_flash --sizes 12M,120M --version 3 --version 5 --version 6 --markdown "$OUT/flash5_kernels.md" \
-                > "$OUT/flash5_kernels.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash5_kernels.md"
-            timeout 240 $py bench/step_time.py --sizes 12M 120M --flash-version 3 5 6 --json "$OUT/flash5_step.json" > "$OUT/flash5_step.txt" 2>&1
-            echo "step flash v5 exit $?"; grep -v '^{' "$OUT/flash5_step.txt"
-            mkdir -p "$OUT/flash5"; mv "$OUT"/flash5_check_* "$OUT/flash5/" ;;
+    mlp9) compare_versions mlp9 mlp 37 200 "8 9" --mlp-version 9 ;;     # the MLP's v9 (the GELU a pass of its own) against v8
+    flash5) compare_versions flash5 attn_flash 41 240 "3 5 6" --flash-version "3 5 6" ;;   # flash v5 (v7's split), v6 (swizzled) against v3
     model) check_model 14 ;;             # the whole model against the float64 twin (the engine's kernels)
     ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
             > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
@@ -104,5 +74,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8 mlp9 flash5; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp6 mlp9 flash5; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

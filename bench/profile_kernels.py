@@ -54,10 +54,7 @@ def run(args):
 
     cfg = load_config(args.size)
     m, B, T = cfg.model, cfg.train.batch_size, cfg.train.seq_len
-    model = GPUModel(m, B, T, products=args.products)
-    if args.mlp_version is not None:       # the MLP's launchers of another version (bench/step_time.py's flag)
-        from andrea_numba.kernels import mlp
-        model.mlp_fwd, model.mlp_bwd = mlp.VERSIONS["mlp_fwd"][args.mlp_version], mlp.VERSIONS["mlp_bwd"][args.mlp_version]
+    model = GPUModel(m, B, T, products=args.products, mlp_version=args.mlp_version)
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
     x = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))

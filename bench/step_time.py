@@ -48,9 +48,7 @@ def time_ours(m, B, T, iters, flash=True, products="tf32x3w", flash_version=None
             return time_ours(m, B, T, iters, flash, products, mlp_version=mlp_version)
         finally:
             attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd = saved
-    model = GPUModel(m, B, T, flash=flash, products=products)
-    if mlp_version is not None:            # the MLP's launchers of another version (the same tile kind)
-        model.mlp_fwd, model.mlp_bwd = mlp.VERSIONS["mlp_fwd"][mlp_version], mlp.VERSIONS["mlp_bwd"][mlp_version]
+    model = GPUModel(m, B, T, flash=flash, products=products, mlp_version=mlp_version)
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
     tokens = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
