@@ -79,7 +79,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .attn import NEG_INF, _check
-from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv
+from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv, jit_as
 from .dropout import dropout_factor, key_value, mask_args
 from .ptx import load4, mma_tf32, tf32_round
 from .warp_tile import WARP, _copier, _kstep, col_swizzle
@@ -552,12 +552,6 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                         dk[b, u, c0 + d] = kacc[hh, jj] * scale
 
     return tuple(jit_as(f, version) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
-
-
-def jit_as(fn, version):
-    """cuda.jit(fn) named fn_v<version> (k_attn_flash_fwd_v3, ...): the name profilers and errors show."""
-    fn.__name__ = fn.__qualname__ = f"{fn.__name__}_v{version}"
-    return cuda.jit(fn)
 
 
 _KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc, swizzle) -> the three kernels of v3, v4, v5 or v6

@@ -147,6 +147,13 @@ def blocks(gpu, sim):
     return mark
 
 
+def jit_as(fn, version):
+    """cuda.jit(fn) named fn_v<version> (k_matmul_v8, k_attn_flash_fwd_v3, ...): the name profilers
+    and errors show, for a kernel built once per tile or block shape."""
+    fn.__name__ = fn.__qualname__ = f"{fn.__name__}_v{version}"
+    return cuda.jit(fn)
+
+
 def device_name() -> str:
     """The GPU's name, or a note that the kernels run in the simulator (for logs and results)."""
     if SIMULATOR:

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import numba
 from numba import cuda, float32
 
-from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv
+from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
 from .warp_tile import make_epilogue, make_warp_tile, resolve
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
@@ -316,6 +316,15 @@ def splitk_sum(out, work, accumulate, stream, version=1):
     k_splitk_sum_v1[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
 
 
+# The warp-tile kernels, by tile kind: their version (the kernel's name, k_matmul_v<n>) and tiles.
+WARP_KERNELS = {"simt": (3, "SIMT warp tiles"),
+                "tf32x3": (4, "3xTF32 tensor-core warp tiles"),
+                "tf32x3s": (5, "split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads"),
+                "tf32x3k": (6, "k-major tiles of raw values, split as the fragments are read"),
+                "tf32x3t": (7, "v6's tiles, the small parts' low bits left for the tensor core to drop"),
+                "tf32x3w": (8, "v7's sums on swizzled tiles: transposed operands stored 128 bits at a time")}
+
+
 @functools.cache
 def _k_matmul_warp(tile, trans_a, trans_b):
     t = make_warp_tile(tile)
@@ -334,47 +343,13 @@ def _k_matmul_warp(tile, trans_a, trans_b):
         else:
             store(work[z], acc, False)         # slice z's partial tile
 
-    if tile[0] == "simt":
-        @cuda.jit
-        def k_matmul_v3(out, work, a, b, accumulate, ksplit):
-            """One BM x BN tile of out (+)= op(a) @ op(b) per block on SIMT warp tiles; with split-K,
-            block z writes its slice's partial tile to work[z]."""
-            product(out, work, a, b, accumulate, ksplit)
-        return k_matmul_v3
-
-    if tile[0] == "tf32x3":
-        @cuda.jit
-        def k_matmul_v4(out, work, a, b, accumulate, ksplit):
-            """As k_matmul_v3, on 3xTF32 tensor-core warp tiles."""
-            product(out, work, a, b, accumulate, ksplit)
-        return k_matmul_v4
-
-    if tile[0] == "tf32x3s":
-        @cuda.jit
-        def k_matmul_v5(out, work, a, b, accumulate, ksplit):
-            """As k_matmul_v4, on split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads."""
-            product(out, work, a, b, accumulate, ksplit)
-        return k_matmul_v5
-
-    if tile[0] == "tf32x3k":
-        @cuda.jit
-        def k_matmul_v6(out, work, a, b, accumulate, ksplit):
-            """As k_matmul_v5 with one plane of raw values in shared memory, split as the fragments are read."""
-            product(out, work, a, b, accumulate, ksplit)
-        return k_matmul_v6
-
-    if tile[0] == "tf32x3t":
-        @cuda.jit
-        def k_matmul_v7(out, work, a, b, accumulate, ksplit):
-            """As k_matmul_v6, the small parts' low bits left for the tensor core to drop (split_tile.split_trunc)."""
-            product(out, work, a, b, accumulate, ksplit)
-        return k_matmul_v7
-
-    @cuda.jit
-    def k_matmul_v8(out, work, a, b, accumulate, ksplit):
-        """As k_matmul_v7 on swizzled tiles: transposed operands stored 128 bits at a time, no bank conflicts."""
+    def k_matmul(out, work, a, b, accumulate, ksplit):
         product(out, work, a, b, accumulate, ksplit)
-    return k_matmul_v8
+
+    version, what = WARP_KERNELS[tile[0]]
+    k_matmul.__doc__ = (f"One BM x BN tile of out (+)= op(a) @ op(b) per block on {what}; with split-K, "
+                        f"block z writes its slice's partial tile to work[z].")
+    return jit_as(k_matmul, version)                   # k_matmul_v3 .. k_matmul_v8
 
 
 @functools.cache
