@@ -110,11 +110,13 @@ class GPUModel:
     5.2 GB less at 120M (docs/kernels-h200.md).
     share=<GPUModel> (with training=False, at a B x T no larger) runs on the first elements of
     that model's buffers and its parameters, allocating nothing: the trainer's sampler.
-    products="tf32x3w" (the default) runs the linear ops' v7 (mlp v8): 3xTF32 on the swizzled
-    k-major tiles of kernels/split_tile.py, the small parts truncated by the tensor core (matmul
-    v8); "tf32x3t" their v6 (mlp v7), the same sums on v6's tiles (matmul v7);
-    "tf32x3k" their v5, the same tiles with both parts rounded (matmul v6); "tf32x3s" their v4 (split planes, matmul v5); "tf32x3"
-    their v3 (warp tiles, matmul v4); "simt" their v2 (SIMT warp tiles, matmul v3). All are
+    products="tf32x3w" (the default) runs the linear ops' v7 (mlp v9, its GELU a pass of its
+    own): 3xTF32 on the swizzled k-major tiles of kernels/split_tile.py, the small parts truncated
+    by the tensor core (matmul v8); "tf32x3t" their v6 (mlp v7), the same sums on v6's tiles
+    (matmul v7); "tf32x3k" their v5, the same tiles with both parts rounded (matmul v6);
+    "tf32x3s" their v4 (split planes, matmul v5); "tf32x3" their v3 (warp tiles, matmul v4);
+    "simt2" their v8 (mlp v10): no tensor cores, SIMT multiply-adds on the k-major tiles of
+    kernels/simt_tile.py (matmul v9); "simt" their v2 (SIMT warp tiles, matmul v3). All are
     fp32-accurate. mlp_version=<n> runs the MLP's launchers of that version instead (the
     benchmarks' --mlp-version)."""
 
@@ -309,8 +311,8 @@ class GPUModel:
 
 # products= of GPUModel: the version of the linear ops (attn_qkv, attn_out, mlp, loss) it runs;
 # the MLP's own number where it differs (its v6 is v5 with another store loop, not a product kind)
-PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7}
-MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 8}
+PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8}
+MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 9, "simt2": 10}
 
 
 def _flat(a):

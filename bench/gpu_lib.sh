@@ -21,7 +21,7 @@ check_model() {  # check_model SEED: the whole model against the float64 twin at
 compare_versions() {  # compare_versions TAG OP SEED SECONDS "VERSIONS" STEP_FLAG "STEP_VALUES": versions of
   # one op side by side: the harness at 12M and 120M (into $OUT/TAG/), bench/kernels.py's table and
   # the step with STEP_FLAG STEP_VALUES (--mlp-version 9, --flash-version 3 5 6); SECONDS bounds
-  # the table and the step
+  # the table and the step (every file into $OUT/TAG/)
   local tag=$1 op=$2 seed=$3 t=$4 versions=$5 flag=$6 values=$7 size v vflags=()
   for v in $versions; do vflags+=(--version "$v"); done
   mkdir -p "$OUT/$tag"
@@ -30,9 +30,9 @@ compare_versions() {  # compare_versions TAG OP SEED SECONDS "VERSIONS" STEP_FLA
         --json > "$OUT/$tag/check_$size.json" 2> "$OUT/$tag/check_$size.err"
     echo "$tag check $size exit $?"; tail -1 "$OUT/$tag/check_$size.err"; disagree "$OUT/$tag/check_$size.json"
   done
-  timeout "$t" $py bench/kernels.py "$op" --sizes 12M,120M "${vflags[@]}" --markdown "$OUT/${tag}_kernels.md" \
-      > "$OUT/${tag}_kernels.txt" 2>&1; echo "kernels $op exit $?"; grep "^|" "$OUT/${tag}_kernels.md"
+  timeout "$t" $py bench/kernels.py "$op" --sizes 12M,120M "${vflags[@]}" --markdown "$OUT/$tag/kernels.md" \
+      > "$OUT/$tag/kernels.txt" 2>&1; echo "kernels $op exit $?"; grep "^|" "$OUT/$tag/kernels.md"
   # shellcheck disable=SC2086  (the values are words)
-  timeout "$t" $py bench/step_time.py --sizes 12M 120M $flag $values --json "$OUT/${tag}_step.json" > "$OUT/${tag}_step.txt" 2>&1
-  echo "step $flag $values exit $?"; grep -v '^{' "$OUT/${tag}_step.txt"
+  timeout "$t" $py bench/step_time.py --sizes 12M 120M $flag $values --json "$OUT/$tag/step.json" > "$OUT/$tag/step.txt" 2>&1
+  echo "step $flag $values exit $?"; grep -v '^{' "$OUT/$tag/step.txt"
 }

@@ -10,7 +10,8 @@
 #          against the twin at 12M and 120M), v8 (matmul v8 and v7 and the linear ops on them: harness
 #          at 12M, the whole model, products beside cuBLAS, the step with products tf32x3w and tf32x3t),
 #          mlp9 (the MLP's v9 against v8: harness at 12M and 120M, kernel table, the step), flash5
-#          (flash attention v5 and v6 against v3: the same three)
+#          (flash attention v5 and v6 against v3: the same three), simt2 (matmul v9 and the linear
+#          ops on it: the whole model, products beside v3 and cuBLAS, the step, the harness)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, compare_versions
 steps=${*:-profile graph step check120 ln}
 
@@ -67,6 +68,20 @@ for s in $steps; do
         mkdir -p "$OUT/v8"; mv "$OUT"/model_* "$OUT"/v8_check_* "$OUT/v8/" ;;
     mlp9) compare_versions mlp9 mlp 37 200 "8 9" --mlp-version 9 ;;     # the MLP's v9 (the GELU a pass of its own) against v8
     flash5) compare_versions flash5 attn_flash 41 240 "3 5 6" --flash-version "3 5 6" ;;   # flash v5 (v7's split), v6 (swizzled) against v3
+    simt2) # the engine's new MLP (v9) and flash attention (v5) in the whole model; matmul v9 (SIMT
+           # tiles) against v3 and cuBLAS; the step with tf32x3w, simt and simt2 products; the harness
+           # on the simt2 linear ops at 12M
+        mkdir -p "$OUT/simt2"
+        check_model 43; mv "$OUT"/model_* "$OUT/simt2/"
+        timeout 200 $py bench/gemm.py --versions 3,9 --blocks --json "$OUT/simt2/gemm.json" > "$OUT/simt2/gemm.md" 2>&1
+        echo "gemm exit $?"; grep "^|" "$OUT/simt2/gemm.md"
+        timeout 220 $py bench/step_time.py --sizes 12M 120M --products tf32x3w simt2 simt --json "$OUT/simt2/step.json" \
+            > "$OUT/simt2/step.txt" 2>&1
+        echo "step exit $?"; grep -v '^{' "$OUT/simt2/step.txt"
+        timeout 150 $py -m andrea_numba.check --size 12M --seed 47 --ops-only --op attn_qkv --op attn_out --op mlp --op loss \
+            --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 8 --version 9 --version 10 --json \
+            > "$OUT/simt2/check_12M.json" 2> "$OUT/simt2/check_12M.err"
+        echo "simt2 check 12M exit $?"; tail -1 "$OUT/simt2/check_12M.err"; disagree "$OUT/simt2/check_12M.json" ;;
     model) check_model 14 ;;             # the whole model against the float64 twin (the engine's kernels)
     ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
             > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
@@ -74,5 +89,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8 mlp6 mlp9 flash5; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp6 mlp9 flash5 simt2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

@@ -174,3 +174,23 @@ def test_v8s_swizzled_tiles_give_v7s_bits(trans_a, trans_b):
             launch(out, None, cuda.to_device(a), cuda.to_device(b), trans_a=trans_a, trans_b=trans_b, block=block)
             outs.append(out.copy_to_host())
         assert np.isfinite(outs[0]).all() and np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_v9s_simt_tiles_give_v3s_bits(trans_a, trans_b):
+    """matmul v9 (k-major shared tiles, 4 x 4 blocks of outputs a thread, transposing copies)
+    sums each output in the same k order as v3, one multiply-add at a time: v3's bits at every
+    transpose and at both simulator tiles, with rows, columns and k past a tile's edge."""
+    rng = np.random.default_rng(5)
+    M, N, K = 45, 70, 37
+    a = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
+    ref = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b)
+    v3 = cuda.to_device(np.full((M, N), np.nan, np.float32))
+    MM.matmul_v3(v3, None, cuda.to_device(a), cuda.to_device(b), trans_a=trans_a, trans_b=trans_b)
+    v3 = v3.copy_to_host()
+    assert np.abs(v3 - ref).max() <= 1e-5 * np.abs(ref).max()
+    for block in MM.matmul_v9.blocks:
+        out = cuda.to_device(np.full((M, N), np.nan, np.float32))
+        MM.matmul_v9(out, None, cuda.to_device(a), cuda.to_device(b), trans_a=trans_a, trans_b=trans_b, block=block)
+        assert np.array_equal(v3.view(np.uint32), out.copy_to_host().view(np.uint32)), block

@@ -350,4 +350,4 @@ VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: at
                                5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6},
             "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
                                5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6}}
-attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v3, attn_flash_bwd_v3          # what the engine uses
+attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v5, attn_flash_bwd_v5          # what the engine uses

@@ -13,7 +13,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import KMAJOR_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
+from .matmul import KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 
 @functools.cache
@@ -147,8 +147,22 @@ def attn_out_bwd_v7(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     _bwd_warp("tf32x3w", dy, dw_o, work, dout, y, w_o, block, stream)
 
 
+@blocks(**SIMT2_TILES)
+def attn_out_fwd_v8(out, y, w_o, *, block, stream=0):
+    """v1 on the SIMT tiles of matmul v9 (no tensor cores: fp32 multiply-adds, 128-bit shared reads)."""
+    _fwd_warp("simt2", out, y, w_o, block, stream)
+
+
+@blocks(**SIMT2_TILES)
+def attn_out_bwd_v8(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v1 on the SIMT tiles of matmul v9, dW_O split over K into work."""
+    _bwd_warp("simt2", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
 k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd_v1.blocks[0])
 
-VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7},
-            "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7}}
+VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7,
+                             8: attn_out_fwd_v8},
+            "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7,
+                             8: attn_out_bwd_v8}}
 attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7          # what the engine uses

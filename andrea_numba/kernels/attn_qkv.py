@@ -17,7 +17,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import KMAJOR_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, resolve
+from .matmul import KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, resolve
 
 
 @functools.cache
@@ -186,8 +186,22 @@ def attn_qkv_bwd_v7(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *,
     _bwd_warp("tf32x3w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
+@blocks(**SIMT2_TILES)
+def attn_qkv_fwd_v8(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """v1 on the SIMT tiles of matmul v9 (no tensor cores: fp32 multiply-adds, 128-bit shared reads)."""
+    _fwd_warp("simt2", q, k, v, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**SIMT2_TILES)
+def attn_qkv_bwd_v8(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """v1 on the SIMT tiles of matmul v9, the weight gradients split over K into work."""
+    _bwd_warp("simt2", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+
+
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
-VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7},
-            "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7}}
+VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7,
+                             8: attn_qkv_fwd_v8},
+            "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7,
+                             8: attn_qkv_bwd_v8}}
 attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7          # what the engine uses

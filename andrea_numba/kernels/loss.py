@@ -202,6 +202,18 @@ def loss_bwd_v7(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block
     _bwd_warp("tf32x3w", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 
-VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7},
-            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7}}
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v8(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """v1 with the logits from matmul v9 (SIMT products on k-major tiles, 128-bit shared reads)."""
+    _fwd_warp("simt2", loss, losses, probs, x, wte, targets, block, stream)
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v8(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """v1 with its products from matmul v9, dwte split over K into work."""
+    _bwd_warp("simt2", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
+
+
+VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8},
+            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8}}
 loss_fwd, loss_bwd = loss_fwd_v7, loss_bwd_v7          # what the engine uses

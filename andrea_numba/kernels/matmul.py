@@ -37,6 +37,7 @@ import numba
 from numba import cuda, float32
 
 from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
+from .simt_tile import make_simt_tile
 from .warp_tile import make_epilogue, make_warp_tile, resolve
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
@@ -170,9 +171,11 @@ def _make_tile_v2(tile):
 @functools.cache
 def make_tile(tile):
     """The tile functions of matmul v2 (tile = (BM, BN, BK, TM, TN)) or of a warp tile
-    (tile = (kind, BM, BN, BK, WM, WN, vec): warp_tile.make_warp_tile). The linear ops' kernels are
-    written against these names and run on either."""
-    return _make_tile_v2(tile) if len(tile) == 5 else make_warp_tile(tile)
+    (tile = (kind, BM, BN, BK, WM, WN, vec): warp_tile.make_warp_tile, or simt_tile.make_simt_tile
+    for kind "simt2"). The linear ops' kernels are written against these names and run on any."""
+    if len(tile) == 5:
+        return _make_tile_v2(tile)
+    return make_simt_tile(tile) if tile[0] == "simt2" else make_warp_tile(tile)
 
 
 @functools.cache
@@ -322,12 +325,13 @@ WARP_KERNELS = {"simt": (3, "SIMT warp tiles"),
                 "tf32x3s": (5, "split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads"),
                 "tf32x3k": (6, "k-major tiles of raw values, split as the fragments are read"),
                 "tf32x3t": (7, "v6's tiles, the small parts' low bits left for the tensor core to drop"),
-                "tf32x3w": (8, "v7's sums on swizzled tiles: transposed operands stored 128 bits at a time")}
+                "tf32x3w": (8, "v7's sums on swizzled tiles: transposed operands stored 128 bits at a time"),
+                "simt2": (9, "SIMT tiles of 4 x 4 blocks a thread on k-major shared tiles read 128 bits at a time")}
 
 
 @functools.cache
 def _k_matmul_warp(tile, trans_a, trans_b):
-    t = make_warp_tile(tile)
+    t = make_tile(tile)
     mma, zero, store, TM, TN = t.mma[(trans_a, trans_b)], t.zero, t.store, t.TM, t.TN
 
     @cuda.jit(device=True)
@@ -355,7 +359,7 @@ def _k_matmul_warp(tile, trans_a, trans_b):
 @functools.cache
 def _resident(tile, trans_a, trans_b, sig):
     kernel = _k_matmul_warp(tile, trans_a, trans_b).compile(sig)
-    return kernel.max_cooperative_grid_blocks(make_warp_tile(tile).THREADS)
+    return kernel.max_cooperative_grid_blocks(make_tile(tile).THREADS)
 
 
 def resident_blocks(tile, trans_a, trans_b, args) -> int:
@@ -371,7 +375,7 @@ def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, str
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     tile = resolve(kind, block, a, b)
-    t = make_warp_tile(tile)
+    t = make_tile(tile)
     trans_a, trans_b = bool(trans_a), bool(trans_b)
     resident = 0 if work is None else resident_blocks(tile, trans_a, trans_b,
                                                       (out, out.reshape(1, M, N), a, b, accumulate, K))
@@ -380,7 +384,7 @@ def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, str
     _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a, b, accumulate, ksplit)
     if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2 if kind == "tf32x3w" else 1)
+        splitk_sum(out, part, accumulate, stream, version=2 if WARP_KERNELS[kind][0] >= 8 else 1)
 
 
 @blocks(**WARP_TILES)
@@ -453,9 +457,26 @@ def matmul_v8(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
     _matmul_warp("tf32x3w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
+# v9: SIMT multiply-adds again, at the recipe of fast SGEMMs (kernels/simt_tile.py): k-major
+# shared tiles, a thread's outputs in 4 x 4 blocks whose operands come in 128-bit shared loads,
+# 4 loads for 64 multiply-adds where v3 made 16 scalar ones. For the SIMT engine (products="simt2"):
+# no tensor cores, every product an fp32 multiply-add. BK = 8: 8 KiB of shared memory for
+# 128 x 128 (two stages); 64 sums a thread at 8 warps of 64 x 32.
+SIMT2_TILES = dict(gpu=((128, 128, 8, 64, 32), (128, 64, 8, 64, 32), (64, 64, 8, 32, 32), (128, 128, 16, 64, 32)),
+                   sim=((32, 16, 8, 32, 16), (32, 32, 8, 32, 16)))
+
+
+@blocks(**SIMT2_TILES)
+def matmul_v9(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """SIMT products on k-major tiles with 128-bit shared reads; block = (BM, BN, BK, WM, WN)
+    (simt_tile.py); work: the split-K buffer (or None)."""
+    _matmul_warp("simt2", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
 WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
-               "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_v8}   # weight-gradient products
+               "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_v8,   # weight-gradient products
+               "simt2": matmul_v9}
 
 VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
-                       7: matmul_v7, 8: matmul_v8}}
+                       7: matmul_v7, 8: matmul_v8, 9: matmul_v9}}
 matmul = matmul_v2        # what the engine uses

@@ -22,7 +22,7 @@ import math
 from numba import cuda, float32
 
 from .common import blocks, elementwise_launch
-from .matmul import KMAJOR_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
+from .matmul import KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -274,22 +274,20 @@ def k_gelu_bwd_v1(dh_pre, h_pre):
         dh_pre[i] = dh_pre[i] * gelu_grad(h_pre[i])
 
 
-@blocks(**KMAJOR_TILES)
-def mlp_fwd_v9(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
-    """h_pre = x @ W_1 (matmul v8), h = gelu(h_pre) (k_gelu_fwd_v1), out = h @ W_2."""
+def _fwd_plain(kind, out, h_pre, h, x, w_1, w_2, block, stream):
+    """h_pre = x @ W_1, h = gelu(h_pre) (k_gelu_fwd_v1), out = h @ W_2, the products on kind's matmul."""
     N, F = h.shape
-    mm = WARP_MATMUL["tf32x3w"]
+    mm = WARP_MATMUL[kind]
     mm(h_pre, None, x, w_1, block=block, stream=stream)
     grid, threads = elementwise_launch(N * F)
     k_gelu_fwd_v1[grid, threads, stream](h.reshape(N * F), h_pre.reshape(N * F))
     mm(out, None, h, w_2, block=block, stream=stream)
 
 
-@blocks(**KMAJOR_TILES)
-def mlp_bwd_v9(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
-    """As v8's backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place."""
+def _bwd_plain(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
+    """The backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place."""
     N, F = h.shape
-    mm = WARP_MATMUL["tf32x3w"]
+    mm = WARP_MATMUL[kind]
     mm(dw_2, work, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)     # dW_2 += h^T @ dout
     mm(dh_pre, None, dout, w_2, trans_b=True, block=block, stream=stream)                  # dh = dout @ W_2^T
     grid, threads = elementwise_launch(N * F)
@@ -298,9 +296,36 @@ def mlp_bwd_v9(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, blo
     mm(dx, None, dh_pre, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
 
 
+@blocks(**KMAJOR_TILES)
+def mlp_fwd_v9(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """h_pre = x @ W_1 (matmul v8), h = gelu(h_pre) (k_gelu_fwd_v1), out = h @ W_2."""
+    _fwd_plain("tf32x3w", out, h_pre, h, x, w_1, w_2, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_bwd_v9(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """As v8's backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place."""
+    _bwd_plain("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+
+
+# v10: v9's form on the SIMT tiles of matmul v9 (products="simt2": no tensor cores).
+@blocks(**SIMT2_TILES)
+def mlp_fwd_v10(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+    """v9 with the products of matmul v9 (SIMT multiply-adds)."""
+    _fwd_plain("simt2", out, h_pre, h, x, w_1, w_2, block, stream)
+
+
+@blocks(**SIMT2_TILES)
+def mlp_bwd_v10(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v9's backward with the products of matmul v9."""
+    _bwd_plain("simt2", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+
+
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 
-VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9},
-            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9}}
-mlp_fwd, mlp_bwd = mlp_fwd_v8, mlp_bwd_v8          # what the engine uses
+VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
+                        10: mlp_fwd_v10},
+            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
+                        10: mlp_bwd_v10}}
+mlp_fwd, mlp_bwd = mlp_fwd_v9, mlp_bwd_v9          # what the engine uses

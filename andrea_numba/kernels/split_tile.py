@@ -58,8 +58,8 @@ from numba import cuda, float32
 
 from .common import SIMULATOR
 from .ptx import load4, mma_tf32, store4, tf32_half_up, tf32_round
+from .tile_loop import WARP, make_pipeline
 
-WARP = 32
 BK_SPLIT = 16          # values of k per stage: two k-steps of 8, a 4-float run per lane and row
 
 
@@ -324,43 +324,5 @@ def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, prespl
     stage = _stage(BM, BN, WM // 16, WN // 8, products, presplit, split_mode, swizzle)
     PL = 2 if presplit else 1                              # shared planes
 
-    @cuda.jit(device=True)
-    def load(ra, rb, a, b, k0, ke, row0, col0, M, N):
-        """Fetch the op(a) tile rows row0.., k0.. and the op(b) tile k0.., col0.. into registers."""
-        if trans_a:
-            fetch_a(ra, a, k0, row0, ke, M)
-        else:
-            fetch_a(ra, a, row0, k0, M, ke)
-        if trans_b:
-            fetch_b(rb, b, col0, k0, N, ke)
-        else:
-            fetch_b(rb, b, k0, col0, ke, N)
-
-    @cuda.jit(device=True)
-    def tile_mma(acc, a, b, kb, ke):
-        sa = cuda.shared.array((2, PL, BM, BK), float32, alignment=16)  # [stage, plane, m, k]
-        sb = cuda.shared.array((2, PL, BN, BK), float32, alignment=16)  # [stage, plane, n, k]
-        ra = cuda.local.array(EA, float32)                 # the next tiles, on their way in
-        rb = cuda.local.array(EB, float32)
-        tid = cuda.threadIdx.x
-        warp, lane = tid // WARP, tid % WARP
-        g, t = lane >> 2, lane & 3
-        wm0, wn0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
-        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        M = a.shape[1] if trans_a else a.shape[0]
-        N = b.shape[0] if trans_b else b.shape[1]
-        n_steps = (ke - kb + BK - 1) // BK
-        load(ra, rb, a, b, kb, ke, row0, col0, M, N)
-        put_a(sa[0], ra)
-        put_b(sb[0], rb)
-        cuda.syncthreads()
-        for s in range(n_steps):
-            st = s & 1
-            if s + 1 < n_steps:                            # next tiles: loads in flight during the math
-                load(ra, rb, a, b, kb + (s + 1) * BK, ke, row0, col0, M, N)
-            stage(acc, sa[st], sb[st], wm0, wn0, g, t)
-            if s + 1 < n_steps:                            # split into the other stage, read last
-                put_a(sa[1 - st], ra)                      # before the previous barrier
-                put_b(sb[1 - st], rb)
-            cuda.syncthreads()
-    return tile_mma, THREADS
+    return make_pipeline(trans_a, trans_b, BM, BN, BK, WM, WN, (fetch_a, put_a, EA, (PL, BM, BK)),
+                         (fetch_b, put_b, EB, (PL, BN, BK)), stage), THREADS

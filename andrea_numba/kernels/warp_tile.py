@@ -58,8 +58,8 @@ from numba import cuda, float32
 from .common import SIMULATOR, cdiv
 from .ptx import load4, mma_tf32, store4, tf32_round
 from .split_tile import tile_mma_split
+from .tile_loop import WARP, make_pipeline
 
-WARP = 32
 KINDS = ("simt", "tf32x3", "tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w")      # matmul v3 .. v8
 
 
@@ -224,47 +224,25 @@ def _tile_mma(trans_a, trans_b, BM, BN, BK, WM, WN, tensor_cores, vec):
     fetch_b, put_b, EB = _copier(RB, CB, PB, THREADS, vec)
     step = _kstep(trans_a, trans_b, WM // 16, WN // 8, tensor_cores)
 
-    @cuda.jit(device=True)
-    def load(ra, rb, a, b, k0, ke, row0, col0, M, N):
-        """Fetch the op(a) tile rows row0.., k0.. and the op(b) tile k0.., col0.. into registers."""
-        if trans_a:
-            fetch_a(ra, a, k0, row0, ke, M)
-        else:
-            fetch_a(ra, a, row0, k0, M, ke)
-        if trans_b:
-            fetch_b(rb, b, col0, k0, N, ke)
-        else:
-            fetch_b(rb, b, k0, col0, ke, N)
 
     @cuda.jit(device=True)
-    def tile_mma(acc, a, b, kb, ke):
-        sa = cuda.shared.array((2, RA, PA), float32, alignment=16)      # two stages; 16-byte
-        sb = cuda.shared.array((2, RB, PB), float32, alignment=16)      # rows for st.v4
-        ra = cuda.local.array(EA, float32)                 # the next tiles, on their way in
-        rb = cuda.local.array(EB, float32)
-        tid = cuda.threadIdx.x
-        warp, lane = tid // WARP, tid % WARP
-        g, t = lane >> 2, lane & 3
-        wm0, wn0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
-        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        M = a.shape[1] if trans_a else a.shape[0]
-        N = b.shape[0] if trans_b else b.shape[1]
-        n_steps = (ke - kb + BK - 1) // BK
-        load(ra, rb, a, b, kb, ke, row0, col0, M, N)
-        put_a(sa[0], ra)
-        put_b(sb[0], rb)
-        cuda.syncthreads()
-        for s in range(n_steps):
-            st = s & 1
-            if s + 1 < n_steps:                            # next tiles: loads in flight during the math
-                load(ra, rb, a, b, kb + (s + 1) * BK, ke, row0, col0, M, N)
-            for kk in range(0, BK, 8):
-                step(acc, sa[st], sb[st], kk, wm0, wn0, g, t)
-            if s + 1 < n_steps:                            # the other stage was last read before the
-                put_a(sa[1 - st], ra)                      # previous barrier: free to overwrite
-                put_b(sb[1 - st], rb)
-            cuda.syncthreads()
-    return tile_mma, THREADS
+    def stage(acc, sa, sb, wm0, wn0, g, t):
+        for kk in range(0, BK, 8):
+            step(acc, sa, sb, kk, wm0, wn0, g, t)
+
+    return make_pipeline(trans_a, trans_b, BM, BN, BK, WM, WN, (fetch_a, put_a, EA, (RA, PA)),
+                         (fetch_b, put_b, EB, (RB, PB)), stage), THREADS
+
+
+def whole_k(ranged):
+    """mma_nn, mma_nt, mma_tn, mma_tt (acc += op(a) @ op(b) over all of K) from the ranged tile
+    functions ranged[(trans_a, trans_b)](acc, a, b, kb, ke)."""
+    def full(f, trans_a):
+        @cuda.jit(device=True)
+        def mma_all(acc, a, b):
+            f(acc, a, b, 0, a.shape[0] if trans_a else a.shape[1])
+        return mma_all
+    return {f"mma_{'t' if ta else 'n'}{'t' if tb else 'n'}": full(f, ta) for (ta, tb), f in ranged.items()}
 
 
 def make_epilogue(row, col, TM, TN):
@@ -320,12 +298,6 @@ def make_warp_tile(tile):
             else:
                 ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, kind == "tf32x3", vec)
 
-    def full(f, trans_a):
-        @cuda.jit(device=True)
-        def mma_all(acc, a, b):
-            f(acc, a, b, 0, a.shape[0] if trans_a else a.shape[1])
-        return mma_all
-
     @cuda.jit(device=True)
     def row(i):
         """Row of out that acc[i, :] belongs to: wm0 + 16 (i // 2) + 8 (i % 2) + g."""
@@ -341,9 +313,7 @@ def make_warp_tile(tile):
     zero, store = make_epilogue(row, col, TM, TN)
 
     return SimpleNamespace(
-        mma=ranged, mma_nn=full(ranged[(False, False)], False), mma_nt=full(ranged[(False, True)], False),
-        mma_tn=full(ranged[(True, False)], True), mma_tt=full(ranged[(True, True)], True),
-        row=row, col=col, zero=zero, store=store, TM=TM, TN=TN, THREADS=THREADS,
+        mma=ranged, **whole_k(ranged), row=row, col=col, zero=zero, store=store, TM=TM, TN=TN, THREADS=THREADS,
         BK=BK, grid=lambda M, N, z=1: (cdiv(N, BN), cdiv(M, BM), z))
 
 
