@@ -11,7 +11,8 @@
 #          at 12M, the whole model, products beside cuBLAS, the step with products tf32x3w and tf32x3t),
 #          mlp9 (the MLP's v9 against v8: harness at 12M and 120M, kernel table, the step), flash5
 #          (flash attention v5 and v6 against v3: the same three), simt2 (matmul v9 and the linear
-#          ops on it: the whole model, products beside v3 and cuBLAS, the step, the harness)
+#          ops on it: the whole model, products beside v3 and cuBLAS, the step, the harness),
+#          trainstep (one whole 12M training step, kernel by kernel, against its graph replay)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, compare_versions
 steps=${*:-profile graph step check120 ln}
 
@@ -27,6 +28,13 @@ for s in $steps; do
                    --markdown "$OUT/kernels_$size.md" --json "$OUT/kernels_$size.json" > /dev/null
                echo "table $size exit $?"; head -30 "$OUT/kernels_$size.md"
              done ;;
+    trainstep) timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
+                   $py bench/profile_kernels.py run --size 12M --train-step /tmp/trainstep --log /tmp/launches_train.json \
+                   > /tmp/ncu_train.csv 2> /tmp/ncu_train.err
+               echo "ncu train step exit $?"; grep -v "^==PROF==" /tmp/ncu_train.err | tail -3
+               $py bench/profile_kernels.py table --log /tmp/launches_train.json --ncu /tmp/ncu_train.csv \
+                   --markdown "$OUT/trainstep_12M.md" --json "$OUT/trainstep_12M.json" > /dev/null
+               echo "table exit $?"; head -40 "$OUT/trainstep_12M.md" ;;
     graph) timeout 300 $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps 20 --dropout 0 > "$OUT/graph.txt" 2>&1
            echo "gpu_graph exit $?"; tail -12 "$OUT/graph.txt" ;;
     step) timeout 200 $py bench/step_time.py --sizes 12M 120M --flash-version 3 4 --json "$OUT/step.json" > "$OUT/step.txt" 2>&1

@@ -6,7 +6,10 @@
 
 `run` builds the engine's model (GPUModel, the config's B x T), runs one forward + backward to
 compile, then a second one between cuda.profile_start() and cuda.profile_stop(), so Nsight Compute
-times exactly that step's kernels. Every kernel launch of that step is logged in order, with the
+times exactly that step's kernels. `run --train-step DIR` profiles a whole training step instead:
+the trainer's (andrea_numba.train.Trainer, the size's config, its corpus prepared under DIR, eager
+launches), every microbatch's forward + backward, the gradient norm, clipping and AdamW; the
+sum of its kernels against a replay of the captured step says how much of the step is gaps. Every kernel launch of that step is logged in order, with the
 launcher of andrea_numba that made it (the outermost engine function on the call stack), its grid
 and its block. `table` joins the log with Nsight Compute's CSV (the i-th profiled kernel is the
 i-th logged launch; their names are checked to match) and prints the GPU time by launcher and by
@@ -44,10 +47,59 @@ def launcher_name():
     return name
 
 
+def logging_launches(log):
+    """Patch numba's launch so that every kernel launch appends (launcher, kernel, grid, block) to
+    log; returns the function that undoes it."""
+    from numba.cuda import dispatcher
+    call = dispatcher._LaunchConfiguration.__call__
+
+    def logged(self, *a):
+        log.append({"launcher": launcher_name(), "kernel": getattr(getattr(self.dispatcher, "py_func", None), "__name__", "?"),
+                    "grid": list(self.griddim) if isinstance(self.griddim, tuple) else self.griddim,
+                    "block": list(self.blockdim) if isinstance(self.blockdim, tuple) else self.blockdim})
+        return call(self, *a)
+    dispatcher._LaunchConfiguration.__call__ = logged
+
+    def undo():
+        dispatcher._LaunchConfiguration.__call__ = call
+    return undo
+
+
+def run_train_step(args):
+    """One training step of the trainer, profiled (eager); then the same step captured as a CUDA
+    graph and replayed, its GPU time printed beside it."""
+    from numba import cuda
+    from andrea_numba import train as tr
+    from andrea_numba.config import load_config
+    cfg = load_config(args.size)
+    trainer = tr.Trainer(cfg, args.train_step, log=lambda s: None, graph=False)
+    trainer.setup()
+    trainer.train_step(0)                  # compile every kernel
+    log = []
+    undo = logging_launches(log)
+    cuda.profile_start()
+    trainer.train_step(1)
+    cuda.profile_stop()
+    undo()
+    t = cfg.train
+    replay = tr.StepGraph(trainer.stream, trainer.step_work).replay_ms(10)
+    with open(args.log, "w") as f:
+        json.dump({"size": args.size, "B": t.batch_size, "T": t.seq_len, "products": trainer.model.products,
+                   "what": f"one training step ({t.n_microbatches} microbatches, norm, clipping, AdamW)",
+                   "graph_replay_ms": replay, "launches": log}, f, indent=0)
+    print(f"{len(log)} launches logged in one training step of {cfg.name}; its graph replays in "
+          f"{replay:.3f} ms", file=sys.stderr)
+
+
 def run(args):
+    from andrea_numba.kernels.common import SIMULATOR
+    if SIMULATOR:
+        cli.fail("bench/profile_kernels.py run times kernels on a GPU, with Nsight Compute (the simulator "
+                 "logs no launches): run it on a machine with a CUDA GPU")
+    if args.train_step:
+        return run_train_step(args)
     import numpy as np
     from numba import cuda
-    from numba.cuda import dispatcher
     from andrea_numba.config import load_config
     from andrea_numba.gpu_model import GPUModel
     from andrea_numba.layout import init_params
@@ -63,20 +115,13 @@ def run(args):
     model.backward()
     cuda.synchronize()
     log = []
-    call = dispatcher._LaunchConfiguration.__call__
-
-    def logged(self, *a):
-        log.append({"launcher": launcher_name(), "kernel": getattr(getattr(self.dispatcher, "py_func", None), "__name__", "?"),
-                    "grid": list(self.griddim) if isinstance(self.griddim, tuple) else self.griddim,
-                    "block": list(self.blockdim) if isinstance(self.blockdim, tuple) else self.blockdim})
-        return call(self, *a)
-    dispatcher._LaunchConfiguration.__call__ = logged
+    undo = logging_launches(log)
     cuda.profile_start()
     model.forward(x, y)
     model.backward()
     cuda.synchronize()
     cuda.profile_stop()
-    dispatcher._LaunchConfiguration.__call__ = call
+    undo()
     with open(args.log, "w") as f:
         json.dump({"size": args.size, "B": B, "T": T, "products": args.products, "launches": log}, f, indent=0)
     print(f"{len(log)} launches logged in one forward + backward of {cfg.name}, B={B} T={T}", file=sys.stderr)
@@ -118,8 +163,11 @@ def table(args):
         for d, key in ((by_launcher, la["launcher"]), (by_kernel, (la["launcher"], la["kernel"], str(la["grid"]), str(la["block"])))):
             d[key][0] += 1
             d[key][1] += ms
-    out = [f"{meta['size']}, B={meta['B']} T={meta['T']}, products {meta['products']}: one forward + backward, "
-           f"{len(launches)} kernels, {total:.2f} ms of GPU time (Nsight Compute, gpu__time_duration)", "",
+    what = meta.get("what", "one forward + backward")
+    replay = meta.get("graph_replay_ms")
+    out = [f"{meta['size']}, B={meta['B']} T={meta['T']}, products {meta['products']}: {what}, "
+           f"{len(launches)} kernels, {total:.2f} ms of GPU time (Nsight Compute, gpu__time_duration)"
+           + (f"; the same step as a CUDA graph replays in {replay:.2f} ms" if replay else ""), "",
            "| launcher | kernels | ms | share |", "|---|---|---|---|"]
     for k, (n, ms) in sorted(by_launcher.items(), key=lambda kv: -kv[1][1]):
         out.append(f"| {k} | {n} | {ms:.3f} | {ms / total:.1%} |")
@@ -133,7 +181,8 @@ def table(args):
             f.write(text + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**{k: meta[k] for k in ("size", "B", "T", "products")}, "gpu_ms": total,
+            json.dump({**{k: meta[k] for k in ("size", "B", "T", "products")}, "what": what, "gpu_ms": total,
+                       "graph_replay_ms": replay,
                        "launchers": {k: {"kernels": n, "ms": ms} for k, (n, ms) in by_launcher.items()}}, f, indent=1)
 
 
@@ -148,6 +197,8 @@ def main(argv=None):
     r.add_argument("--log", type=cli.file_to_write(".json"), required=True, help="the launch log to write")
     r.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
                    help="the MLP's launchers of this version")
+    r.add_argument("--train-step", type=cli.dir_to_write, metavar="DIR",
+                   help="profile one training step of the trainer instead (its run directory: DIR)")
     t = sub.add_parser("table", help="join the launch log with Nsight Compute's CSV")
     t.add_argument("--log", type=cli.existing_file, required=True)
     t.add_argument("--ncu", type=cli.existing_file, required=True)
