@@ -37,14 +37,16 @@ class SampleError(RuntimeError):
 
 
 def generate(model, tokenizer, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40,
-             buf=None) -> str:
+             buf=None, forward=None) -> str:
     """Autoregressive sampling with a forward-only GPUModel of batch 1: run the forward on the last
     model.T tokens (context_length here; the trainer's sampler, on its training model's buffers,
     sees seq_len), sample the next token from softmax(logits / temperature) restricted to the top_k
     most likely, repeat. buf: a [1, T] int32 host buffer for the tokens (the trainer passes pinned
-    memory allocated at setup, so the copy to the device is asynchronous)."""
+    memory allocated at setup, so the copy to the device is asynchronous). forward(buf): runs the
+    model's forward on buf (default model.forward(buf, buf); the trainer's replays a CUDA graph)."""
     T = model.T
     buf = np.zeros((1, T), np.int32) if buf is None else buf
+    forward = forward or (lambda b: model.forward(b, b))
     ids = list(tokenizer.encode(prompt)) or [0]
     rng = np.random.default_rng(seed)
     out = []
@@ -52,7 +54,7 @@ def generate(model, tokenizer, prompt: str, n_tokens: int, seed: int, temperatur
         ctx = ids[-T:]
         buf[0, :] = 0                # safe to refill: probs_row waited for the last copy out of buf
         buf[0, :len(ctx)] = ctx
-        model.forward(buf, buf)
+        forward(buf)
         p = model.probs_row(len(ctx) - 1).astype(np.float64)       # a host sync: the host draws the token
         nxt = sample_from(p, rng, temperature, top_k)
         ids.append(nxt)

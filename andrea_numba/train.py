@@ -165,6 +165,9 @@ class Trainer:
         self.launches_why = "" if self.launches == "graph" else "--no-graph" if not graph else \
             "the CUDA simulator runs no graphs"
         self.graph = None                    # the StepGraph, once captured
+        self.sampler_graph = None            # the sampler's forward as a StepGraph, once captured
+        self.sampler_warm = False            # the sampler ran once eagerly (compiled): ready to capture
+        self.launches_sampler = ""           # why the sampler stays eager in graph mode, if it does
         self.data_dir = Path(data_dir) if data_dir else self.run_dir / DATA_DIR
         self.stop_requested = False
         self.save_requests = self.saves_done = 0       # SIGUSR1 counts up; the loop catches up
@@ -458,7 +461,35 @@ class Trainer:
         """Sample n_tokens after prompt with the sampler (a forward at B=1 over the last seq_len
         tokens, on the training model's buffers)."""
         return generate_text(self.sampler, self.tokenizer, prompt, n_tokens, seed, temperature, top_k,
-                             self.sample_buf)
+                             self.sample_buf, forward=self.sampler_forward)
+
+    def sampler_forward(self, buf):
+        """The sampler's forward on the token ids in buf (the pinned [1, T] sample_buf). Eager: the
+        forward launched kernel by kernel, buf copied in by it. In graph mode, from the sampler's
+        second forward on (the first one compiles whatever the training step did not), buf is
+        copied into the sampler's token buffer and the forward, captured once as a CUDA graph that
+        reads that buffer, is replayed: one call instead of a launch per kernel for every sampled
+        token. The graph replays the same launches: the same probabilities, bit for bit."""
+        model, s = self.sampler, self.stream
+        tokens = model.buf["tokens"]
+        if self.launches == "graph" and self.sampler_graph is None and self.sampler_warm:
+            try:
+                self.sampler_graph = StepGraph(s, lambda stream: self._sampler_work(stream, tokens))
+                self.log("sampling: the sampler's forward captured as a CUDA graph; replayed for every token")
+            except Exception as e:                # sample on eagerly; the training step's graph is unaffected
+                self.sampler_warm = False
+                self.launches_sampler = f"eager (the sampler's CUDA graph capture failed: {' '.join(str(e).split())})"
+                self.log(f"sampling: {self.launches_sampler}")
+        if self.sampler_graph is not None:
+            tokens.copy_to_device(buf, stream=s)
+            self.sampler_graph.launch()
+        else:
+            model.forward(buf, buf)
+            self.sampler_warm = self.launches == "graph" and not self.launches_sampler
+
+    def _sampler_work(self, stream, tokens):
+        with self.sampler.launching_on(stream):
+            self.sampler.forward(tokens, tokens)
 
     # -- run files --
     def last_checkpoint(self) -> str:

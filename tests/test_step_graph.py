@@ -198,3 +198,33 @@ def test_a_failed_capture_trains_on_eagerly(tmp_path, monkeypatch):
     import json
     state = json.loads((tmp_path / "run" / ".state.json").read_text())
     assert state["launches"].startswith("eager (the CUDA graph capture failed")
+
+
+
+@pytest.mark.slow
+def test_the_sampler_replays_its_forward_as_a_graph_and_samples_the_eager_text(runs):
+    """In graph mode the sampler's first forward runs eagerly, the second is captured once (a
+    forward that reads the sampler's token buffer) and every later token replays it: the same text
+    as an eager trainer's, and a second generate replays the same graph. A capture that fails
+    leaves the sampler eager (said in the log), with the same text, and the step's graph as it was."""
+    (eager, _), (trainer, _) = runs.eager, runs.graph
+    want = [eager.generate("the ", 2, seed=3), eager.generate("a", 1, seed=4), eager.generate("an", 1, seed=5)]
+    with pytest.MonkeyPatch.context() as mp:
+        RECORDER.patch(mp)
+        FakeStepGraph.captured.clear()
+        assert trainer.graph is runs.captured[0] and trainer.sampler_graph is None     # the step's graph only
+        got = [trainer.generate("the ", 2, seed=3), trainer.generate("a", 1, seed=4)]
+        assert len(FakeStepGraph.captured) == 1 and trainer.sampler_graph is FakeStepGraph.captured[0]
+        launches = FakeStepGraph.captured[0].builder.launches
+        assert got == want[:2]
+        assert {k.fn.__name__ for k, _, _ in launches} >= {"k_embed_fwd_v1", "k_loss_fwd_v1"}   # the whole forward
+
+        lines, step_graph = [], trainer.graph
+        trainer.log, trainer.sampler_graph = lines.append, None            # as before its capture
+
+        def refuse(stream, work):
+            raise RuntimeError("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
+        mp.setattr(tr, "StepGraph", refuse)
+        assert trainer.generate("an", 1, seed=5) == want[2]
+    assert trainer.sampler_graph is None and trainer.graph is step_graph
+    assert lines == ["sampling: eager (the sampler's CUDA graph capture failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)"]

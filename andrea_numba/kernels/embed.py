@@ -20,9 +20,28 @@ block at the FIRST occurrence of a token walks its list, sums those rows of dout
 and adds the sum into dwte once. Blocks of the other positions return at once. All the distinct
 tokens work in parallel; a token's list is walked by one block, in order: still deterministic.
 
-Both versions get dwpe from k_embed_bwd_wpe_v1.
+v3, k_embed_bwd_sort_v3 + k_embed_bwd_v3: v2's sums, bit for bit, without its two slow parts.
+On real text a few tokens are very common (in bytes of English, the space is about one position in
+six), so v2's block for such a token walks a list of a thousand positions, each step a load that
+waits for the one before (the next link); and v2's link kernel scans up to N tokens per position.
+On the H200, 12M (N = 8192 positions of the default corpus), v2 took 2.6 ms a backward, more than
+the whole forward's attention. v3 finds each token's positions by sorting instead:
+  1. cut the N positions into chunks of SORT_CHUNK positions; one block sorts a chunk's keys
+        key = token * SORT_CHUNK + (position - chunk start)
+     in shared memory (a bitonic sort: a fixed network of compare-swaps, so it is deterministic).
+     In a sorted chunk a token's positions sit side by side, in position order.
+  2. one block per (chunk p, sorted slot r); it works only when slot r starts its token's run
+     in chunk p and the token is absent from chunks 0..p-1 (binary searches): the block of the
+     token's first position. Each thread (a channel c) then finds the token's run in chunks
+     p, p+1, ... by binary search and sums those rows of dout in chunk order, and in each run in
+     position order: the positions in order, as v2 adds them, so the bits are v2's. The loads of
+     8 rows go out before their adds (which keep their order), so a long run is not one load
+     latency a row.
+The sorted keys live in the first row of v2's links buffer: no new memory.
+
+Every version gets dwpe from k_embed_bwd_wpe_v1.
 """
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from .common import SIMULATOR, blocks, cdiv
 
@@ -165,5 +184,114 @@ def embed_bwd_v2(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *,
     k_embed_bwd_wpe_v1[cdiv(T * C, WPE_THREADS), WPE_THREADS, stream](dwpe, dout)
 
 
-VERSIONS = {"embed_fwd": {1: embed_fwd_v1}, "embed_bwd": {1: embed_bwd_v1, 2: embed_bwd_v2}}
-embed_fwd, embed_bwd = embed_fwd_v1, embed_bwd_v2          # what the engine uses
+# ---------------------------------------------------------------------------------------------
+# backward v3: sort each chunk of positions by token, then sum each token's runs in order
+
+SORT_CHUNK = 8 if SIMULATOR else 1024       # positions a sorting block holds (a power of two)
+KEY_PAD = 2**31 - 1                         # sorts after every key: the slots past the last position
+UNROLL = 8                                  # rows of dout whose loads go out together
+
+
+@cuda.jit
+def k_embed_bwd_sort_v3(order, tokens):
+    """tokens [N]. Block p sorts the keys of positions p*S .. p*S + S - 1 (S = SORT_CHUNK):
+        key(i) = tokens[i] * S + (i - p*S)
+    ascending, and writes them to order[p*S ...] (the chunk's own positions only).
+    Bitonic sort with S/2 threads: for k = 2, 4, ..., S (the length of the sorted runs being
+    merged) and j = k/2, ..., 1 (the distance of a compare-swap), thread t compares slots
+    i = 2j (t // j) + t % j and i + j, ascending where i & k == 0, descending elsewhere; a barrier
+    after each of the log2(S) (log2(S) + 1) / 2 rounds. The keys are distinct, so no ties."""
+    sh = cuda.shared.array(SORT_CHUNK, int32)
+    tid, N = cuda.threadIdx.x, tokens.shape[0]
+    start = cuda.blockIdx.x * SORT_CHUNK
+    for r in range(tid, SORT_CHUNK, cuda.blockDim.x):
+        i = start + r
+        sh[r] = tokens[i] * SORT_CHUNK + r if i < N else KEY_PAD
+    cuda.syncthreads()
+    k = 2
+    while k <= SORT_CHUNK:
+        j = k // 2
+        while j > 0:
+            for t in range(tid, SORT_CHUNK // 2, cuda.blockDim.x):
+                i = 2 * j * (t // j) + t % j
+                a, b = sh[i], sh[i + j]
+                if (a > b) == ((i & k) == 0):
+                    sh[i], sh[i + j] = b, a
+            cuda.syncthreads()
+            j //= 2
+        k *= 2
+    for r in range(tid, min(SORT_CHUNK, N - start), cuda.blockDim.x):
+        order[start + r] = sh[r]
+
+
+@cuda.jit(device=True, inline=True)
+def _first_at_least(order, lo, hi, key):
+    """The first index in [lo, hi) of the sorted order[lo:hi] whose value is >= key (hi if none)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if order[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@cuda.jit
+def k_embed_bwd_v3(dwte, dout, order):
+    """dout [N, C]; order [N]: every chunk's sorted keys (k_embed_bwd_sort_v3). One block per slot
+    q = p*S + r. Its token v = order[q] // S works here only if slot q begins v's run in chunk p
+    and v is in none of the chunks before p: then, for its channels c,
+        s = sum over chunks p' = p, p+1, ... of the rows dout[p'*S + key - v*S, c] of v's run
+            [first key >= v*S, first key >= (v+1)*S) in chunk p'
+    in that order (the positions of v in order, as v2), and dwte[v, c] += s."""
+    q, N, C = cuda.blockIdx.x, dout.shape[0], dout.shape[1]
+    S = SORT_CHUNK
+    p = q // S
+    start = p * S
+    v = order[q] // S
+    if q > start and order[q - 1] // S == v:
+        return                                   # not the start of v's run in this chunk
+    for e in range(p):                           # v seen in an earlier chunk: its block is there
+        lo = _first_at_least(order, e * S, e * S + S, v * S)
+        if lo < e * S + S and order[lo] // S == v:
+            return
+    n_chunks = (N + S - 1) // S
+    a = cuda.local.array(UNROLL, float32)        # registers, once the loops over it are unrolled
+    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+        s = float32(0.0)
+        for e in range(p, n_chunks):
+            base, end = e * S, min(e * S + S, N)
+            lo = _first_at_least(order, base, end, v * S)
+            hi = _first_at_least(order, lo, end, (v + 1) * S)
+            row0 = base - v * S                  # position = row0 + key
+            k = lo
+            while k + UNROLL <= hi:              # UNROLL loads in flight, then their adds in order
+                for u in range(UNROLL):
+                    a[u] = dout[row0 + order[k + u], c]
+                for u in range(UNROLL):
+                    s += a[u]
+                k += UNROLL
+            while k < hi:
+                s += dout[row0 + order[k], c]
+                k += 1
+        dwte[v, c] += s
+
+
+@blocks(gpu=(256, 128), sim=(4, 2))
+def embed_bwd_v3(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *, block, stream=0):
+    """v2's result, bit for bit; links [2, B*T] int32 as v2's (v3 uses its first row for the sorted
+    keys). Launch: k_embed_bwd_sort_v3, one block of SORT_CHUNK / 2 threads per chunk;
+    k_embed_bwd_v3, one block of `block` threads per position; k_embed_bwd_wpe_v1."""
+    _check_sizes(dwte, dwpe, vocab_size, context_length)
+    assert vocab_size * SORT_CHUNK < KEY_PAD, f"vocab_size {vocab_size} is too large for 32-bit sort keys"
+    B, T, C = dout.shape
+    N = B * T
+    order = links[0]
+    flat_tokens = tokens.reshape(N)
+    k_embed_bwd_sort_v3[cdiv(N, SORT_CHUNK), SORT_CHUNK // 2, stream](order, flat_tokens)
+    k_embed_bwd_v3[N, block, stream](dwte, dout.reshape(N, C), order)
+    k_embed_bwd_wpe_v1[cdiv(T * C, WPE_THREADS), WPE_THREADS, stream](dwpe, dout)
+
+
+VERSIONS = {"embed_fwd": {1: embed_fwd_v1}, "embed_bwd": {1: embed_bwd_v1, 2: embed_bwd_v2, 3: embed_bwd_v3}}
+embed_fwd, embed_bwd = embed_fwd_v1, embed_bwd_v3          # what the engine uses
