@@ -12,7 +12,8 @@
 #          mlp9 (the MLP's v9 against v8: harness at 12M and 120M, kernel table, the step), flash5
 #          (flash attention v5 and v6 against v3: the same three), simt2 (matmul v9 and the linear
 #          ops on it: the whole model, products beside v3 and cuBLAS, the step, the harness),
-#          trainstep (one whole 12M training step, kernel by kernel, against its graph replay)
+#          trainstep (one whole 12M training step, kernel by kernel, against its graph replay),
+#          embed3 (the harness on every embed version at 12M); GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, compare_versions
 steps=${*:-profile graph step check120 ln}
 
@@ -28,6 +29,9 @@ for s in $steps; do
                    --markdown "$OUT/kernels_$size.md" --json "$OUT/kernels_$size.json" > /dev/null
                echo "table $size exit $?"; head -30 "$OUT/kernels_$size.md"
              done ;;
+    embed3) timeout 90 $py -m andrea_numba.check --size 12M --seed 53 --op embed --ops-only --json \
+                > "$OUT/embed3_check_12M.json" 2> "$OUT/embed3_check_12M.err"
+            echo "embed3 check 12M exit $?"; tail -1 "$OUT/embed3_check_12M.err"; disagree "$OUT/embed3_check_12M.json" ;;
     trainstep) timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
                    $py bench/profile_kernels.py run --size 12M --train-step /tmp/trainstep --log /tmp/launches_train.json \
                    > /tmp/ncu_train.csv 2> /tmp/ncu_train.err
@@ -35,7 +39,7 @@ for s in $steps; do
                $py bench/profile_kernels.py table --log /tmp/launches_train.json --ncu /tmp/ncu_train.csv \
                    --markdown "$OUT/trainstep_12M.md" --json "$OUT/trainstep_12M.json" > /dev/null
                echo "table exit $?"; head -40 "$OUT/trainstep_12M.md" ;;
-    graph) timeout 300 $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps 20 --dropout 0 > "$OUT/graph.txt" 2>&1
+    graph) timeout 300 $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps "${GRAPH_STEPS:-20}" --dropout 0 > "$OUT/graph.txt" 2>&1
            echo "gpu_graph exit $?"; tail -12 "$OUT/graph.txt" ;;
     step) timeout 200 $py bench/step_time.py --sizes 12M 120M --flash-version 3 4 --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
           echo "step exit $?"; grep -v '^{' "$OUT/step.txt" ;;
