@@ -13,7 +13,9 @@
 #          (flash attention v5 and v6 against v3: the same three), simt2 (matmul v9 and the linear
 #          ops on it: the whole model, products beside v3 and cuBLAS, the step, the harness),
 #          trainstep (one whole 12M training step, kernel by kernel, against its graph replay),
-#          embed3 (the harness on every embed version at 12M); GRAPH_STEPS=n sets graph's steps (20)
+#          embed3 (the harness on every embed version at 12M), embed4 (embed_bwd v4 against v2 and v3:
+#          the harness at 12M and 120M, bench/kernels.py's table on text-like token ids);
+#          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, compare_versions
 steps=${*:-profile graph step check120 ln}
 
@@ -32,6 +34,14 @@ for s in $steps; do
     embed3) timeout 90 $py -m andrea_numba.check --size 12M --seed 53 --op embed --ops-only --json \
                 > "$OUT/embed3_check_12M.json" 2> "$OUT/embed3_check_12M.err"
             echo "embed3 check 12M exit $?"; tail -1 "$OUT/embed3_check_12M.err"; disagree "$OUT/embed3_check_12M.json" ;;
+    embed4) mkdir -p "$OUT/embed4"
+            for size in 12M 120M; do
+              timeout 120 $py -m andrea_numba.check --size $size --seed 59 --op embed --ops-only --json \
+                  > "$OUT/embed4/check_$size.json" 2> "$OUT/embed4/check_$size.err"
+              echo "embed4 check $size exit $?"; tail -1 "$OUT/embed4/check_$size.err"; disagree "$OUT/embed4/check_$size.json"
+            done
+            timeout 150 $py bench/kernels.py embed --sizes 12M,120M --markdown "$OUT/embed4/kernels.md" \
+                > "$OUT/embed4/kernels.txt" 2>&1; echo "kernels embed exit $?"; grep "^|" "$OUT/embed4/kernels.md" ;;
     trainstep) timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
                    $py bench/profile_kernels.py run --size 12M --train-step /tmp/trainstep --log /tmp/launches_train.json \
                    > /tmp/ncu_train.csv 2> /tmp/ncu_train.err
@@ -101,5 +111,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8 mlp6 mlp9 flash5 simt2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp6 mlp9 flash5 simt2 embed4; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

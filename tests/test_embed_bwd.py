@@ -1,5 +1,6 @@
-"""The embedding backward v3 (kernels/embed.py): each chunk of positions sorted by token, then each
-token's runs summed in position order. It must give v2's bits (the same sums in the same order)
+"""The embedding backward v3 and v4 (kernels/embed.py): each chunk of positions sorted by token, then
+each token's runs summed in position order (v4: a thread per channel, more loads in flight). Both
+must give v2's bits (the same sums in the same order)
 on the token streams that made v2 slow and on the edge cases of the chunks: one token in most
 positions (as the space in text), every position the same token (runs longer than the unrolled
 step), a token whose first position is not in the first chunk, a last chunk shorter than the
@@ -41,14 +42,15 @@ def _run(version, dwte0, dout, tokens, V, T_max):
     ("late", 2, 11, 4, 9),              # a last chunk of 6 positions (simulator: S = 8)
     ("spread", 1, 1, 3, 5),             # a single position
 ])
-def test_v3_gives_v2s_bits_and_the_twins_sums(kind, B, T, C, V):
+@pytest.mark.parametrize("version", [3, 4])
+def test_sorted_versions_give_v2s_bits_and_the_twins_sums(version, kind, B, T, C, V):
     rng = np.random.default_rng(len(kind) + B * T)
     tokens = _tokens(kind, B, T, V, rng).astype(np.int32)
     dout = rng.standard_normal((B, T, C)).astype(np.float32)
     dwte0 = rng.standard_normal((V, C)).astype(np.float32)              # += into what is there
-    v2, v3 = _run(2, dwte0, dout, tokens, V, T + 1), _run(3, dwte0, dout, tokens, V, T + 1)
+    v2, v3 = _run(2, dwte0, dout, tokens, V, T + 1), _run(version, dwte0, dout, tokens, V, T + 1)
     assert v3[0].tobytes() == v2[0].tobytes() and v3[1].tobytes() == v2[1].tobytes()
-    assert v3[0].tobytes() == _run(3, dwte0, dout, tokens, V, T + 1)[0].tobytes()
+    assert v3[0].tobytes() == _run(version, dwte0, dout, tokens, V, T + 1)[0].tobytes()
     ref_dwte, ref_dwpe = R.embed_bwd(dout.astype(np.float64), tokens, V, T + 1)
     np.testing.assert_allclose(v3[0] - dwte0.astype(np.float64), ref_dwte, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(v3[1], ref_dwpe, rtol=1e-5, atol=1e-5)

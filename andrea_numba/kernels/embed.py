@@ -21,11 +21,12 @@ and adds the sum into dwte once. Blocks of the other positions return at once. A
 tokens work in parallel; a token's list is walked by one block, in order: still deterministic.
 
 v3, k_embed_bwd_sort_v3 + k_embed_bwd_v3: v2's sums, bit for bit, without its two slow parts.
-On real text a few tokens are very common (in bytes of English, the space is about one position in
-six), so v2's block for such a token walks a list of a thousand positions, each step a load that
-waits for the one before (the next link); and v2's link kernel scans up to N tokens per position.
-On the H200, 12M (N = 8192 positions of the default corpus), v2 took 2.6 ms a backward, more than
-the whole forward's attention. v3 finds each token's positions by sorting instead:
+On real text a few tokens are very common (in the default corpus, Python's standard library read
+as bytes, the space is 30% of the positions), so v2's block for such a token walks a list of
+thousands of positions, each step a load that waits for the one before (the next link); and v2's
+link kernel scans up to N tokens per position. On the H200, 12M (N = 8192 positions of the default
+corpus), v2 took 2.6 ms a backward, more than the whole forward's attention; v3 0.76 ms
+(docs/kernels-h200.md). v3 finds each token's positions by sorting instead:
   1. cut the N positions into chunks of SORT_CHUNK positions; one block sorts a chunk's keys
         key = token * SORT_CHUNK + (position - chunk start)
      in shared memory (a bitonic sort: a fixed network of compare-swaps, so it is deterministic).
@@ -39,11 +40,17 @@ the whole forward's attention. v3 finds each token's positions by sorting instea
      latency a row.
 The sorted keys live in the first row of v2's links buffer: no new memory.
 
+v4, k_embed_bwd_sort_v3 + k_embed_bwd_v4: v3 with one thread per channel and 16 loads in flight.
+On the H200 v3's sums took 0.72 ms a call at 12M, nearly all of it the block of the most common
+token: 256 threads for C = 384 channels ran its 2,400 rows twice, 8 loads at a time. v4's block
+has a thread for every channel (C rounded up to a warp, at most 1024), so the run is walked once,
+16 rows of loads ahead of their adds. The same sums in the same order: v2's bits.
+
 Every version gets dwpe from k_embed_bwd_wpe_v1.
 """
 from numba import cuda, float32, int32
 
-from .common import SIMULATOR, blocks, cdiv
+from .common import SIMULATOR, blocks, cdiv, jit_as
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,62 +243,85 @@ def _first_at_least(order, lo, hi, key):
     return lo
 
 
-@cuda.jit
-def k_embed_bwd_v3(dwte, dout, order):
-    """dout [N, C]; order [N]: every chunk's sorted keys (k_embed_bwd_sort_v3). One block per slot
-    q = p*S + r. Its token v = order[q] // S works here only if slot q begins v's run in chunk p
-    and v is in none of the chunks before p: then, for its channels c,
-        s = sum over chunks p' = p, p+1, ... of the rows dout[p'*S + key - v*S, c] of v's run
-            [first key >= v*S, first key >= (v+1)*S) in chunk p'
-    in that order (the positions of v in order, as v2), and dwte[v, c] += s."""
-    q, N, C = cuda.blockIdx.x, dout.shape[0], dout.shape[1]
-    S = SORT_CHUNK
-    p = q // S
-    start = p * S
-    v = order[q] // S
-    if q > start and order[q - 1] // S == v:
-        return                                   # not the start of v's run in this chunk
-    for e in range(p):                           # v seen in an earlier chunk: its block is there
-        lo = _first_at_least(order, e * S, e * S + S, v * S)
-        if lo < e * S + S and order[lo] // S == v:
-            return
-    n_chunks = (N + S - 1) // S
-    a = cuda.local.array(UNROLL, float32)        # registers, once the loops over it are unrolled
-    for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
-        s = float32(0.0)
-        for e in range(p, n_chunks):
-            base, end = e * S, min(e * S + S, N)
-            lo = _first_at_least(order, base, end, v * S)
-            hi = _first_at_least(order, lo, end, (v + 1) * S)
-            row0 = base - v * S                  # position = row0 + key
-            k = lo
-            while k + UNROLL <= hi:              # UNROLL loads in flight, then their adds in order
-                for u in range(UNROLL):
-                    a[u] = dout[row0 + order[k + u], c]
-                for u in range(UNROLL):
-                    s += a[u]
-                k += UNROLL
-            while k < hi:
-                s += dout[row0 + order[k], c]
-                k += 1
-        dwte[v, c] += s
+def _make_run_sums(unroll):
+    """k_embed_bwd_v3's kernel with `unroll` rows of dout loaded before their adds (v3: 8, v4: 16)."""
+    def k_embed_bwd(dwte, dout, order):
+        """dout [N, C]; order [N]: every chunk's sorted keys (k_embed_bwd_sort_v3). One block per
+        slot q = p*S + r. Its token v = order[q] // S works here only if slot q begins v's run in
+        chunk p and v is in none of the chunks before p: then, for its channels c,
+            s = sum over chunks p' = p, p+1, ... of the rows dout[p'*S + key - v*S, c] of v's run
+                [first key >= v*S, first key >= (v+1)*S) in chunk p'
+        in that order (the positions of v in order, as v2), and dwte[v, c] += s."""
+        q, N, C = cuda.blockIdx.x, dout.shape[0], dout.shape[1]
+        S = SORT_CHUNK
+        p = q // S
+        start = p * S
+        v = order[q] // S
+        if q > start and order[q - 1] // S == v:
+            return                                   # not the start of v's run in this chunk
+        for e in range(p):                           # v seen in an earlier chunk: its block is there
+            lo = _first_at_least(order, e * S, e * S + S, v * S)
+            if lo < e * S + S and order[lo] // S == v:
+                return
+        n_chunks = (N + S - 1) // S
+        a = cuda.local.array(unroll, float32)        # registers, once the loops over it are unrolled
+        for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+            s = float32(0.0)
+            for e in range(p, n_chunks):
+                base, end = e * S, min(e * S + S, N)
+                lo = _first_at_least(order, base, end, v * S)
+                hi = _first_at_least(order, lo, end, (v + 1) * S)
+                row0 = base - v * S                  # position = row0 + key
+                k = lo
+                while k + unroll <= hi:              # `unroll` loads in flight, then their adds in order
+                    for u in range(unroll):
+                        a[u] = dout[row0 + order[k + u], c]
+                    for u in range(unroll):
+                        s += a[u]
+                    k += unroll
+                while k < hi:
+                    s += dout[row0 + order[k], c]
+                    k += 1
+            dwte[v, c] += s
+    return k_embed_bwd
 
 
-@blocks(gpu=(256, 128), sim=(4, 2))
-def embed_bwd_v3(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *, block, stream=0):
-    """v2's result, bit for bit; links [2, B*T] int32 as v2's (v3 uses its first row for the sorted
-    keys). Launch: k_embed_bwd_sort_v3, one block of SORT_CHUNK / 2 threads per chunk;
-    k_embed_bwd_v3, one block of `block` threads per position; k_embed_bwd_wpe_v1."""
+k_embed_bwd_v3 = jit_as(_make_run_sums(UNROLL), 3)
+
+
+def _sorted_sums(kernel, threads, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream):
+    """v3's and v4's launches: k_embed_bwd_sort_v3, one block of SORT_CHUNK / 2 threads per chunk;
+    `kernel`, one block of `threads` per position; k_embed_bwd_wpe_v1."""
     _check_sizes(dwte, dwpe, vocab_size, context_length)
     assert vocab_size * SORT_CHUNK < KEY_PAD, f"vocab_size {vocab_size} is too large for 32-bit sort keys"
     B, T, C = dout.shape
     N = B * T
     order = links[0]
-    flat_tokens = tokens.reshape(N)
-    k_embed_bwd_sort_v3[cdiv(N, SORT_CHUNK), SORT_CHUNK // 2, stream](order, flat_tokens)
-    k_embed_bwd_v3[N, block, stream](dwte, dout.reshape(N, C), order)
+    k_embed_bwd_sort_v3[cdiv(N, SORT_CHUNK), SORT_CHUNK // 2, stream](order, tokens.reshape(N))
+    kernel[N, threads, stream](dwte, dout.reshape(N, C), order)
     k_embed_bwd_wpe_v1[cdiv(T * C, WPE_THREADS), WPE_THREADS, stream](dwpe, dout)
 
 
-VERSIONS = {"embed_fwd": {1: embed_fwd_v1}, "embed_bwd": {1: embed_bwd_v1, 2: embed_bwd_v2, 3: embed_bwd_v3}}
+@blocks(gpu=(256, 128), sim=(4, 2))
+def embed_bwd_v3(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *, block, stream=0):
+    """v2's result, bit for bit; links [2, B*T] int32 as v2's (v3 uses its first row for the sorted
+    keys). k_embed_bwd_v3 runs `block` threads a block."""
+    _sorted_sums(k_embed_bwd_v3, block, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream)
+
+
+UNROLL_V4 = 16
+k_embed_bwd_v4 = jit_as(_make_run_sums(UNROLL_V4), 4)       # launched with a thread per channel
+WARP = 4 if SIMULATOR else 32               # v4's threads: the channels rounded up to this
+
+
+@blocks(gpu=(1024, 512), sim=(8, 4))
+def embed_bwd_v4(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *, block, stream=0):
+    """v3 (v2's bits) with a thread per channel: k_embed_bwd_v4 runs min(block, C rounded up to a
+    warp) threads a block, so each thread walks a token's runs once."""
+    threads = min(block, cdiv(dout.shape[2], WARP) * WARP)
+    _sorted_sums(k_embed_bwd_v4, threads, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream)
+
+
+VERSIONS = {"embed_fwd": {1: embed_fwd_v1},
+            "embed_bwd": {1: embed_bwd_v1, 2: embed_bwd_v2, 3: embed_bwd_v3, 4: embed_bwd_v4}}
 embed_fwd, embed_bwd = embed_fwd_v1, embed_bwd_v3          # what the engine uses
