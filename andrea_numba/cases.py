@@ -297,7 +297,7 @@ _OPTIMISER = [
     OpCase("adamw", optim, "adamw", ("params", "m", "v"), _adamw, only=(1,)),
     # version 2 reads lr and the bias corrections from the device and clears the gradient: its
     # twin is reference.adamw_zero (the learning rate and the corrections in one array, hyper)
-    OpCase("adamw_zero", optim, "adamw", ("params", "grads", "m", "v"), _adamw_zero, twin="adamw_zero", only=(2,)),
+    OpCase("adamw_zero", optim, "adamw", ("params", "grads", "m", "v"), _adamw_zero, twin="adamw_zero", only=(2, 3)),
     OpCase("zero", optim, "zero", ("arr",), lambda d, rng: dict(arr=_normal(rng, d.P))),
 ]
 

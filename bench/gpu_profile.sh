@@ -15,6 +15,7 @@
 #          trainstep (one whole 12M training step, kernel by kernel, against its graph replay),
 #          embed3 (the harness on every embed version at 12M), embed4 (embed_bwd v4 against v2 and v3:
 #          the harness at 12M and 120M, bench/kernels.py's table on text-like token ids);
+#          adamw3 (AdamW v3 against v2: the harness at 12M and 120M, bench/kernels.py's table);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -42,6 +43,13 @@ for s in $steps; do
             done
             timeout 150 $py bench/kernels.py embed --sizes 12M,120M --markdown "$OUT/embed4/kernels.md" \
                 > "$OUT/embed4/kernels.txt" 2>&1; echo "kernels embed exit $?"; grep "^|" "$OUT/embed4/kernels.md" ;;
+    adamw3) for size in 12M 120M; do
+              timeout 90 $py -m andrea_numba.check --size $size --seed 61 --op adamw_zero --ops-only --json \
+                  > "$OUT/adamw3_check_$size.json" 2> "$OUT/adamw3_check_$size.err"
+              echo "adamw3 check $size exit $?"; tail -1 "$OUT/adamw3_check_$size.err"; disagree "$OUT/adamw3_check_$size.json"
+            done
+            timeout 120 $py bench/kernels.py adamw_zero --sizes 12M,120M --markdown "$OUT/adamw3_kernels.md" \
+                > "$OUT/adamw3_kernels.txt" 2>&1; echo "kernels adamw_zero exit $?"; grep "^|" "$OUT/adamw3_kernels.md" ;;
     trainstep) timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
                    $py bench/profile_kernels.py run --size 12M --train-step /tmp/trainstep --log /tmp/launches_train.json \
                    > /tmp/ncu_train.csv 2> /tmp/ncu_train.err
