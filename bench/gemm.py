@@ -108,6 +108,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     from numba import cuda
     from andrea_numba.kernels import matmul as MM
+    from andrea_numba.kernels.common import SIMULATOR
+    if SIMULATOR or not cuda.is_available():
+        cli.fail("bench/gemm.py times the products on a GPU: run it on a machine with an NVIDIA GPU, "
+                 "without NUMBA_ENABLE_CUDASIM=1")
     try:
         import cupy
     except ImportError:

@@ -404,7 +404,8 @@ ROWS = [
     ("bench/profile_kernels", ["table", "--log", "{W}/none.json", "--ncu", "{W}/none.csv"], "does not exist"),
     ("bench/profile_kernels", ["table", "--log", "{W}/files/good.json", "--ncu", "{W}/files/text.txt"], "is not a launch log"),
     ("bench/gemm", ["--versions", "2,x"], "argument --versions"),
-    ("bench/gemm", ["--versions", "9"], "argument --versions"),
+    ("bench/gemm", ["--versions", "99"], "argument --versions"),
+    ("bench/gemm", ["--versions", "9"], "times the products on a GPU"),      # valid, but the simulator has no GPU
     ("bench/gemm", ["--json", "{W}/nodir/x.json"], "does not exist"),
     ("bench/gemm_ablate", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/ncu_gemm", [], "the following arguments are required: --shape"),
