@@ -1,5 +1,6 @@
 # Shared by the bench/gpu_*.sh session scripts (sourced): the output folder, the Python to run,
-# the summary of a harness result file, the whole-model check and the side-by-side of versions.
+# the summary of a harness result file, the whole-model check, the harness on one op at both
+# sizes and the side-by-side of versions.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -18,18 +19,24 @@ check_model() {  # check_model SEED: the whole model against the float64 twin at
   done
 }
 
+check_op_sizes() {    # check_op_sizes DIR OP SEED [check flags...]: the harness on OP at 12M and 120M, into
+  # DIR/check_12M.json and DIR/check_120M.json (and .err), with the rows that disagree
+  local dir=$1 op=$2 seed=$3 size; shift 3
+  mkdir -p "$dir"
+  for size in 12M 120M; do
+    timeout 150 $py -m andrea_numba.check --size $size --seed "$seed" --ops-only --op "$op" "$@" \
+        --json > "$dir/check_$size.json" 2> "$dir/check_$size.err"
+    echo "$(basename "$dir") check $size exit $?"; tail -1 "$dir/check_$size.err"; disagree "$dir/check_$size.json"
+  done
+}
+
 compare_versions() {  # compare_versions TAG OP SEED SECONDS "VERSIONS" STEP_FLAG "STEP_VALUES": versions of
   # one op side by side: the harness at 12M and 120M (into $OUT/TAG/), bench/kernels.py's table and
   # the step with STEP_FLAG STEP_VALUES (--mlp-version 9, --flash-version 3 5 6); SECONDS bounds
   # the table and the step (every file into $OUT/TAG/)
   local tag=$1 op=$2 seed=$3 t=$4 versions=$5 flag=$6 values=$7 size v vflags=()
   for v in $versions; do vflags+=(--version "$v"); done
-  mkdir -p "$OUT/$tag"
-  for size in 12M 120M; do
-    timeout 150 $py -m andrea_numba.check --size $size --seed "$seed" --ops-only --op "$op" "${vflags[@]}" \
-        --json > "$OUT/$tag/check_$size.json" 2> "$OUT/$tag/check_$size.err"
-    echo "$tag check $size exit $?"; tail -1 "$OUT/$tag/check_$size.err"; disagree "$OUT/$tag/check_$size.json"
-  done
+  check_op_sizes "$OUT/$tag" "$op" "$seed" "${vflags[@]}"
   timeout "$t" $py bench/kernels.py "$op" --sizes 12M,120M "${vflags[@]}" --markdown "$OUT/$tag/kernels.md" \
       > "$OUT/$tag/kernels.txt" 2>&1; echo "kernels $op exit $?"; grep "^|" "$OUT/$tag/kernels.md"
   # shellcheck disable=SC2086  (the values are words)

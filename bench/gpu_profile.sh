@@ -17,7 +17,7 @@
 #          the harness at 12M and 120M, bench/kernels.py's table on text-like token ids);
 #          adamw3 (AdamW v3 against v2: the harness at 12M and 120M, bench/kernels.py's table);
 #          GRAPH_STEPS=n sets graph's steps (20)
-source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, compare_versions
+source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
@@ -35,21 +35,12 @@ for s in $steps; do
     embed3) timeout 90 $py -m andrea_numba.check --size 12M --seed 53 --op embed --ops-only --json \
                 > "$OUT/embed3_check_12M.json" 2> "$OUT/embed3_check_12M.err"
             echo "embed3 check 12M exit $?"; tail -1 "$OUT/embed3_check_12M.err"; disagree "$OUT/embed3_check_12M.json" ;;
-    embed4) mkdir -p "$OUT/embed4"
-            for size in 12M 120M; do
-              timeout 120 $py -m andrea_numba.check --size $size --seed 59 --op embed --ops-only --json \
-                  > "$OUT/embed4/check_$size.json" 2> "$OUT/embed4/check_$size.err"
-              echo "embed4 check $size exit $?"; tail -1 "$OUT/embed4/check_$size.err"; disagree "$OUT/embed4/check_$size.json"
-            done
+    embed4) check_op_sizes "$OUT/embed4" embed 59
             timeout 150 $py bench/kernels.py embed --sizes 12M,120M --markdown "$OUT/embed4/kernels.md" \
                 > "$OUT/embed4/kernels.txt" 2>&1; echo "kernels embed exit $?"; grep "^|" "$OUT/embed4/kernels.md" ;;
-    adamw3) for size in 12M 120M; do
-              timeout 90 $py -m andrea_numba.check --size $size --seed 61 --op adamw_zero --ops-only --json \
-                  > "$OUT/adamw3_check_$size.json" 2> "$OUT/adamw3_check_$size.err"
-              echo "adamw3 check $size exit $?"; tail -1 "$OUT/adamw3_check_$size.err"; disagree "$OUT/adamw3_check_$size.json"
-            done
-            timeout 120 $py bench/kernels.py adamw_zero --sizes 12M,120M --markdown "$OUT/adamw3_kernels.md" \
-                > "$OUT/adamw3_kernels.txt" 2>&1; echo "kernels adamw_zero exit $?"; grep "^|" "$OUT/adamw3_kernels.md" ;;
+    adamw3) check_op_sizes "$OUT/adamw3" adamw_zero 61
+            timeout 120 $py bench/kernels.py adamw_zero --sizes 12M,120M --markdown "$OUT/adamw3/kernels.md" \
+                > "$OUT/adamw3/kernels.txt" 2>&1; echo "kernels adamw_zero exit $?"; grep "^|" "$OUT/adamw3/kernels.md" ;;
     trainstep) timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
                    $py bench/profile_kernels.py run --size 12M --train-step /tmp/trainstep --log /tmp/launches_train.json \
                    > /tmp/ncu_train.csv 2> /tmp/ncu_train.err
@@ -119,5 +110,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8 mlp6 mlp9 flash5 simt2 embed4; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp6 mlp9 flash5 simt2 embed4 adamw3; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true
