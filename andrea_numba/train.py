@@ -165,9 +165,8 @@ class Trainer:
         self.launches_why = "" if self.launches == "graph" else "--no-graph" if not graph else \
             "the CUDA simulator runs no graphs"
         self.graph = None                    # the StepGraph, once captured
-        self.sampler_graph = None            # the sampler's forward as a StepGraph, once captured
+        self.sampler_graph = None            # the sampler's forward as a StepGraph once captured (False: it failed)
         self.sampler_warm = False            # the sampler ran once eagerly (compiled): ready to capture
-        self.launches_sampler = ""           # why the sampler stays eager in graph mode, if it does
         self.data_dir = Path(data_dir) if data_dir else self.run_dir / DATA_DIR
         self.stop_requested = False
         self.save_requests = self.saves_done = 0       # SIGUSR1 counts up; the loop catches up
@@ -477,15 +476,14 @@ class Trainer:
                 self.sampler_graph = StepGraph(s, lambda stream: self._sampler_work(stream, tokens))
                 self.log("sampling: the sampler's forward captured as a CUDA graph; replayed for every token")
             except Exception as e:                # sample on eagerly; the training step's graph is unaffected
-                self.sampler_warm = False
-                self.launches_sampler = f"eager (the sampler's CUDA graph capture failed: {' '.join(str(e).split())})"
-                self.log(f"sampling: {self.launches_sampler}")
-        if self.sampler_graph is not None:
+                self.sampler_graph = False
+                self.log(f"sampling: eager (the sampler's CUDA graph capture failed: {' '.join(str(e).split())})")
+        if self.sampler_graph:
             tokens.copy_to_device(buf, stream=s)
             self.sampler_graph.launch()
         else:
             model.forward(buf, buf)
-            self.sampler_warm = self.launches == "graph" and not self.launches_sampler
+            self.sampler_warm = True
 
     def _sampler_work(self, stream, tokens):
         with self.sampler.launching_on(stream):

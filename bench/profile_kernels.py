@@ -8,10 +8,10 @@
 compile, then a second one between cuda.profile_start() and cuda.profile_stop(), so Nsight Compute
 times exactly that step's kernels. `run --train-step DIR` profiles a whole training step instead:
 the trainer's (andrea_numba.train.Trainer, the size's config, its corpus prepared under DIR, eager
-launches), every microbatch's forward + backward, the gradient norm, clipping and AdamW; the
-sum of its kernels against a replay of the captured step says how much of the step is gaps. Every kernel launch of that step is logged in order, with the
-launcher of andrea_numba that made it (the outermost engine function on the call stack), its grid
-and its block. `table` joins the log with Nsight Compute's CSV (the i-th profiled kernel is the
+launches), every microbatch's forward + backward, the gradient norm, clipping and AdamW; the sum
+of its kernels against a replay of the captured step says how much of the step is gaps. Every
+kernel launch of that step is logged in order, with the launcher of andrea_numba that made it
+(the outermost engine function on the call stack), its grid and its block. `table` joins the log with Nsight Compute's CSV (the i-th profiled kernel is the
 i-th logged launch; their names are checked to match) and prints the GPU time by launcher and by
 kernel. Unlike bench/profile_step.py, which times each launcher from the CPU with a synchronise
 around it (so the 12M step's launch cost is inside its figures), these are the kernels' own

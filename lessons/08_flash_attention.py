@@ -113,7 +113,7 @@ C.say("""
     The probabilities grow with T squared; lse with T. The price is time: the backward computes
     the scores again. On an H200 flash attention v2 was still faster than attention v2 at 12M and
     120M, and v3, which loads the next tile while it multiplies the current one, is 2.6 to 3.9
-    times faster than v2. The engine runs v5: v3 with matmul v7's cheaper split, 2-4% faster
+    times faster than v2. The engine runs v5: v3 with matmul v7's cheaper split, 1.5-4% faster
     on the H200 (docs/kernels-h200.md).
 """)
 

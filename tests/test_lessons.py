@@ -34,7 +34,7 @@ CASES = {
         ["07_tensor_cores.png"], []),
     "08_flash_attention.py": (
         ["lse = m + log(l)", "largest |flash - plain|", "att (probabilities, every layer)", "4,608.0",
-         "attn_flash_fwd_v3 / _bwd against the twin"],
+         "attn_flash_fwd_v5 / _bwd against the twin"],      # the engine's version
         ["08_flash_attention.png"], []),
     "05_accumulation.py": (
         ["buffer (kernels)", "twin g1 + g2", "twin, one batch of 2", "Largest |scaled buffer - twin gradient"],
