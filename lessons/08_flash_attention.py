@@ -13,8 +13,9 @@ What it teaches
        of reference.attn_bwd, which read the stored probabilities.
     4. What it saves at ANDREA-120M: the probabilities of every layer against lse, from the
        engine's buffer list.
-    5. The kernels (flash attention v3, andrea_numba/kernels/attn_flash_v3.py, the engine's; v2
-       in attn_flash_mma.py is the same tiling without the prefetch) against the twin.
+    5. The kernels (the engine's flash attention, v5 in andrea_numba/kernels/attn_flash_v3.py: v3
+       with matmul v7's cheaper split; v2 in attn_flash_mma.py is the same tiling without the
+       prefetch) against the twin.
 
 How to run (no GPU needed; a few seconds)
 

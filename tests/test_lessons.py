@@ -36,6 +36,11 @@ CASES = {
         ["lse = m + log(l)", "largest |flash - plain|", "att (probabilities, every layer)", "4,608.0",
          "attn_flash_fwd_v5 / _bwd against the twin"],      # the engine's version
         ["08_flash_attention.png"], []),
+    "09_skewed_sums.py": (
+        ["positions in reverse", "the default corpus:", "positions of its most common token",
+         "its list (positions, as links[0] chains them)", "key = token*S + position", "v2 and v3 bit for bit",
+         "identical"],
+        ["09_skewed_sums.png"], []),
     "05_accumulation.py": (
         ["buffer (kernels)", "twin g1 + g2", "twin, one batch of 2", "Largest |scaled buffer - twin gradient"],
         ["05_grad_norms.png"], []),
