@@ -41,8 +41,9 @@ corpus), v2 took 2.6 ms a backward, more than the whole forward's attention; v3 
 The sorted keys live in the first row of v2's links buffer: no new memory.
 
 v4, k_embed_bwd_sort_v3 + k_embed_bwd_v4: v3 with one thread per channel and 16 loads in flight.
-On the H200 v3's sums took 0.72 ms a call at 12M, nearly all of it the block of the most common
-token: 256 threads for C = 384 channels ran its 2,400 rows twice, 8 loads at a time. v4's block
+On the H200 v3's sums took 0.72 ms a call at 12M; the block of the most common token is the
+likely cause (not yet measured apart): its 256 threads for C = 384 channels walk 2,400 rows
+twice, 8 loads at a time. v4's block
 has a thread for every channel (C rounded up to a warp, at most 1024), so the run is walked once,
 16 rows of loads ahead of their adds. The same sums in the same order: v2's bits.
 
