@@ -20,18 +20,22 @@
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
 
+profile_kernels() {   # profile_kernels TAG LINES RUN_ARGS...: bench/profile_kernels.py run RUN_ARGS under Nsight
+  # Compute, then its table into $OUT/TAG.md and .json (the first LINES lines shown)
+  local tag=$1 lines=$2; shift 2
+  timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
+      $py bench/profile_kernels.py run "$@" --log "/tmp/launches_$tag.json" > "/tmp/ncu_$tag.csv" 2> "/tmp/ncu_$tag.err"
+  echo "ncu $tag exit $?"; grep -v "^==PROF==" "/tmp/ncu_$tag.err" | tail -3
+  $py bench/profile_kernels.py table --log "/tmp/launches_$tag.json" --ncu "/tmp/ncu_$tag.csv" \
+      --markdown "$OUT/$tag.md" --json "$OUT/$tag.json" > /dev/null
+  echo "table $tag exit $?"; head -"$lines" "$OUT/$tag.md"
+}
+
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 for s in $steps; do
   t0=$(date +%s)
   case $s in
-    profile) for size in 12M 120M; do
-               timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
-                   $py bench/profile_kernels.py run --size $size --log "/tmp/launches_$size.json" > "/tmp/ncu_$size.csv" 2> "/tmp/ncu_$size.err"
-               echo "ncu $size exit $?"; grep -v "^==PROF==" "/tmp/ncu_$size.err" | tail -3
-               $py bench/profile_kernels.py table --log "/tmp/launches_$size.json" --ncu "/tmp/ncu_$size.csv" \
-                   --markdown "$OUT/kernels_$size.md" --json "$OUT/kernels_$size.json" > /dev/null
-               echo "table $size exit $?"; head -30 "$OUT/kernels_$size.md"
-             done ;;
+    profile) for size in 12M 120M; do profile_kernels "kernels_$size" 30 --size $size; done ;;
     embed3) timeout 90 $py -m andrea_numba.check --size 12M --seed 53 --op embed --ops-only --json \
                 > "$OUT/embed3_check_12M.json" 2> "$OUT/embed3_check_12M.err"
             echo "embed3 check 12M exit $?"; tail -1 "$OUT/embed3_check_12M.err"; disagree "$OUT/embed3_check_12M.json" ;;
@@ -41,13 +45,7 @@ for s in $steps; do
     adamw3) check_op_sizes "$OUT/adamw3" adamw_zero 61
             timeout 120 $py bench/kernels.py adamw_zero --sizes 12M,120M --markdown "$OUT/adamw3/kernels.md" \
                 > "$OUT/adamw3/kernels.txt" 2>&1; echo "kernels adamw_zero exit $?"; grep "^|" "$OUT/adamw3/kernels.md" ;;
-    trainstep) timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
-                   $py bench/profile_kernels.py run --size 12M --train-step /tmp/trainstep --log /tmp/launches_train.json \
-                   > /tmp/ncu_train.csv 2> /tmp/ncu_train.err
-               echo "ncu train step exit $?"; grep -v "^==PROF==" /tmp/ncu_train.err | tail -3
-               $py bench/profile_kernels.py table --log /tmp/launches_train.json --ncu /tmp/ncu_train.csv \
-                   --markdown "$OUT/trainstep_12M.md" --json "$OUT/trainstep_12M.json" > /dev/null
-               echo "table exit $?"; head -40 "$OUT/trainstep_12M.md" ;;
+    trainstep) profile_kernels trainstep_12M 40 --size 12M --train-step /tmp/trainstep ;;
     graph) timeout 300 $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps "${GRAPH_STEPS:-20}" --dropout 0 > "$OUT/graph.txt" 2>&1
            echo "gpu_graph exit $?"; tail -12 "$OUT/graph.txt" ;;
     step) timeout 200 $py bench/step_time.py --sizes 12M 120M --flash-version 3 4 --json "$OUT/step.json" > "$OUT/step.txt" 2>&1

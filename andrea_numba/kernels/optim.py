@@ -213,11 +213,18 @@ def adamw_v2(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay,
     float32 [3] on the device, [lr, bc1, bc2] of this step (reference.adamw_hyper); stats: float32
     [2] on the device, [loss, gradient norm]. The constants beta1, beta2, eps and weight_decay come
     from the host. Launch: grid-stride, min(cdiv(n, block), 4096) blocks of `block` threads."""
+    _launch_hyper(k_adamw_v2, _stride_grid(params.shape[0], block), block, stream, params, grads, m, v, decay,
+                  hyper, beta1, beta2, eps, weight_decay, stats)
+
+
+def _launch_hyper(kernel, grid, block, stream, params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay,
+                  stats):
+    """Launch an AdamW kernel that reads [lr, bc1, bc2] from the device (v2, v3), the host's
+    constants as float32."""
     assert hyper.dtype == np.float32 and hyper.shape[0] >= 3, "hyper: float32 [lr, bc1, bc2] on the device"
     f = np.float32
-    k_adamw_v2[_stride_grid(params.shape[0], block), block, stream](params, grads, m, v, decay, hyper, stats,
-                                     f(beta1), f(beta2), f(1.0 - float(beta1)), f(1.0 - float(beta2)),
-                                     f(eps), f(weight_decay))
+    kernel[grid, block, stream](params, grads, m, v, decay, hyper, stats, f(beta1), f(beta2), f(1.0 - float(beta1)),
+                                f(1.0 - float(beta2)), f(eps), f(weight_decay))
 
 
 # v3: v2's arithmetic with every load of an element before any store, one element a thread. On the
@@ -256,11 +263,8 @@ def k_adamw_v3(params, grads, m, v, decay, hyper, stats, beta1, beta2, one_m_bet
 def adamw_v3(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay, stats, *, block, stream=0):
     """adamw_v2's step (its arguments, its bits) with k_adamw_v3: cdiv(n, block) blocks of
     `block` threads, one element a thread."""
-    assert hyper.dtype == np.float32 and hyper.shape[0] >= 3, "hyper: float32 [lr, bc1, bc2] on the device"
-    f = np.float32
-    k_adamw_v3[cdiv(params.shape[0], block), block, stream](params, grads, m, v, decay, hyper, stats,
-                                     f(beta1), f(beta2), f(1.0 - float(beta1)), f(1.0 - float(beta2)),
-                                     f(eps), f(weight_decay))
+    _launch_hyper(k_adamw_v3, cdiv(params.shape[0], block), block, stream, params, grads, m, v, decay, hyper,
+                  beta1, beta2, eps, weight_decay, stats)
 
 
 # ---------------------------------------------------------------------------------------------
