@@ -17,12 +17,14 @@ Every vector is the flat parameter layout of andrea_numba.layout: n_params float
 AdamW takes the trainer's stats buffer [loss, norm] too and skips the whole update, on the device,
 when either is NaN or infinite (a diverged step is not applied; the trainer then stops).
 
-Two AdamW versions. v1 gets the learning rate and the bias corrections from the host, as
-arguments of its launch. v2 (the engine's) reads them from a device array hyper = [lr, bc1, bc2]
+Three AdamW versions. v1 gets the learning rate and the bias corrections from the host, as
+arguments of its launch. v2 reads them from a device array hyper = [lr, bc1, bc2]
 (twin: reference.adamw_zero, scalars from reference.adamw_hyper) and clears each gradient
 element after its use, so the step needs no k_zero launch of its own. A kernel's host arguments
 are frozen into a CUDA graph when it is captured; values in device memory are read when the
 graph runs, so the trainer writes hyper before each replay and one captured step serves them all.
+v3 (the engine's) is v2's step and bits with every load before a store, one element a thread:
+2.4x faster than v2 on the H200 (below).
 
 Determinism: the norm is a two-stage reduction over a FIXED grid (NORM_BLOCKS blocks of
 `block` threads, whatever n is). Thread (b, t) sums its strided subset i = b*nt + t,
@@ -234,7 +236,8 @@ def _launch_hyper(kernel, grid, block, stream, params, grads, m, v, decay, hyper
 # memory), so each element waits for memory twice, and a capped grid-stride loop of 12 elements
 # a thread puts those waits one after the other. v3 reads g, m, v, p and the flag first, then
 # computes and stores, and launches a thread for every element (no cap): one wait an element,
-# all of a block's in flight together. The same float32 operations: v2's bits.
+# all of a block's in flight together. The same float32 operations: v2's bits. Measured on the H200
+# (bench/kernels.py adamw_zero, block 256): 12M 0.68 -> 0.29 ms (0.54 -> 1.29 TB/s); 120M 6.31 -> 2.76 ms.
 @cuda.jit
 def k_adamw_v3(params, grads, m, v, decay, hyper, stats, beta1, beta2, one_m_beta1, one_m_beta2, eps,
                weight_decay):
@@ -287,4 +290,4 @@ def zero_v1(arr, *, block, stream=0):
 
 VERSIONS = {"grad_norm": {1: grad_norm_v1}, "grad_scale": {1: grad_scale_v1},
             "adamw": {1: adamw_v1, 2: adamw_v2, 3: adamw_v3}, "zero": {1: zero_v1}}
-grad_norm, grad_scale, adamw, zero = grad_norm_v1, grad_scale_v1, adamw_v2, zero_v1      # what the engine uses
+grad_norm, grad_scale, adamw, zero = grad_norm_v1, grad_scale_v1, adamw_v3, zero_v1      # what the engine uses
