@@ -15,7 +15,9 @@
 #          trainstep (one whole 12M training step, kernel by kernel, against its graph replay),
 #          embed3 (the harness on every embed version at 12M), embed4 (embed_bwd v4 against v2 and v3:
 #          the harness at 12M and 120M, bench/kernels.py's table on text-like token ids);
-#          adamw3 (AdamW v3 against v2: the harness at 12M and 120M, bench/kernels.py's table);
+#          adamw3 (AdamW v3 against v2: the harness at 12M and 120M, bench/kernels.py's table),
+#          ln2 (residual_layernorm v2/v3 against v1/v2: the harness at 12M and 120M, the kernel table),
+#          torchstep (bench/step_time.py at 12M and 120M with PyTorch fp32's whole training step);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -46,6 +48,12 @@ for s in $steps; do
             timeout 120 $py bench/kernels.py adamw_zero --sizes 12M,120M --markdown "$OUT/adamw3/kernels.md" \
                 > "$OUT/adamw3/kernels.txt" 2>&1; echo "kernels adamw_zero exit $?"; grep "^|" "$OUT/adamw3/kernels.md" ;;
     trainstep) profile_kernels trainstep_12M 40 --size 12M --train-step /tmp/trainstep ;;
+    ln2) check_op_sizes "$OUT/ln2" residual_layernorm 67
+         timeout 150 $py bench/kernels.py residual_layernorm --sizes 12M,120M --markdown "$OUT/ln2/kernels.md" \
+             > "$OUT/ln2/kernels.txt" 2>&1; echo "kernels residual_layernorm exit $?"; grep "^|" "$OUT/ln2/kernels.md" ;;
+    torchstep) timeout 200 $py bench/step_time.py --sizes 12M 120M --torch-train-step --json "$OUT/torchstep.json" \
+                   > "$OUT/torchstep.txt" 2>&1
+               echo "step_time exit $?"; grep -v '^{' "$OUT/torchstep.txt" ;;
     graph) timeout 300 $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps "${GRAPH_STEPS:-20}" --dropout 0 > "$OUT/graph.txt" 2>&1
            echo "gpu_graph exit $?"; tail -12 "$OUT/graph.txt" ;;
     step) timeout 200 $py bench/step_time.py --sizes 12M 120M --flash-version 3 4 --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
@@ -108,5 +116,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8 mlp6 mlp9 flash5 simt2 embed4 adamw3; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp6 mlp9 flash5 simt2 embed4 adamw3 ln2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

@@ -89,7 +89,9 @@ def graph_ms(model, tokens, targets, iters):
     return graph.replay_ms(iters)
 
 
-def time_torch(m, B, T, iters, bf16):
+def torch_gpt(m, B, T):
+    """The same GPT in PyTorch, fp32 with TF32 off, on the GPU (PyTorch imported here: it is not a
+    dependency of the project)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -127,12 +129,19 @@ def time_torch(m, B, T, iters, bf16):
             logits = self.lnf(x) @ self.wte.weight.T
             return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
 
-    dev = "cuda"
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()       # this size's peak, not an earlier size's in the same run
-    model = GPT().to(dev)
-    idx = torch.randint(0, m.vocab_size, (B, T), device=dev)
-    tgt = torch.randint(0, m.vocab_size, (B, T), device=dev)
+    model = GPT().to("cuda")
+    idx = torch.randint(0, m.vocab_size, (B, T), device="cuda")
+    tgt = torch.randint(0, m.vocab_size, (B, T), device="cuda")
+    return model, idx, tgt
+
+
+def time_torch(m, B, T, iters, bf16):
+    """Median seconds of one forward + backward of PyTorch's GPT (fp32 or bf16 autocast), and its
+    peak memory in GB."""
+    import torch
+    model, idx, tgt = torch_gpt(m, B, T)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else torch.autocast("cuda", enabled=False)
     times = []
     for i in range(iters + 3):
@@ -148,12 +157,43 @@ def time_torch(m, B, T, iters, bf16):
     return float(np.median(times)), torch.cuda.max_memory_allocated() / 1e9
 
 
+def time_torch_train_step(m, tr, B, T, iters):
+    """Median seconds of PyTorch fp32's whole training step as the trainer runs one (config `tr`):
+    tr.n_microbatches forward + backward passes of B x T (the gradients added up, each loss
+    divided by n_microbatches), the global norm clipped to tr.clip_norm, torch.optim.AdamW's step
+    (its default implementation on CUDA, weight decay on the 2-D tensors as ours) and zero_grad."""
+    import torch
+    model, idx, tgt = torch_gpt(m, B, T)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tr.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=tr.lr, betas=(tr.beta1, tr.beta2), eps=tr.eps)
+    times = []
+    for i in range(iters + 3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(tr.n_microbatches):
+            loss = model(idx, tgt) / tr.n_microbatches
+            loss.backward()
+        if tr.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tr.clip_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def main(argv=None):
     ap = cli.Parser(prog="python bench/step_time.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", nargs="+", choices=list(SHAPES), default=["12M", "120M"])
     ap.add_argument("--iters", type=cli.int_range(1, 10_000), default=5)
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the results here too")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    ap.add_argument("--torch-train-step", action="store_true",
+                    help="also time PyTorch fp32's whole training step as the size's config runs one "
+                         "(its microbatches, clipping, AdamW): the reference of the trainer's step")
     ap.add_argument("--attention", choices=("flash", "plain", "both"), default="flash",
                     help="flash attention (the engine's default), attention v2 (saves the probabilities), or both")
     ap.add_argument("--flash", action="store_const", const="both", dest="attention", help="the same as --attention both")
@@ -178,6 +218,11 @@ def main(argv=None):
             torch_row["torch_fp32_ms"] *= 1e3
             torch_row["torch_bf16_ms"], _ = time_torch(m, B, T, args.iters, bf16=True)
             torch_row["torch_bf16_ms"] *= 1e3
+            if args.torch_train_step:
+                tr = load_config(size).train
+                step_s = time_torch_train_step(m, tr, tr.batch_size, tr.seq_len, args.iters)
+                torch_row.update(torch_train_step_ms=step_s * 1e3, torch_train_step_shape=[tr.n_microbatches, tr.batch_size, tr.seq_len],
+                                 torch_train_step_tokens_per_s=tr.n_microbatches * tr.batch_size * tr.seq_len / step_s)
         except ImportError:
             pass
         for products in args.products:
@@ -204,6 +249,11 @@ def main(argv=None):
               f"{r.get('torch_fp32_ms', float('nan')):>14.1f} {r.get('torch_fp32_ms', float('nan')) / ours:>7.2f} "
               f"{r.get('torch_fp32_peak_GB', float('nan')):>9.2f} {r.get('torch_bf16_ms', float('nan')):>14.1f} "
               f"{r['graph_ms'] or float('nan'):>9.1f} {r.get('torch_fp32_ms', float('nan')) / (r['graph_ms'] or float('nan')):>13.2f}")
+    for r in rows:
+        if "torch_train_step_ms" in r and r["products"] == rows[0]["products"] and r["flash_version"] == rows[0]["flash_version"]:
+            print(f"PyTorch fp32 training step, {r['size']}: {' x '.join(map(str, r['torch_train_step_shape']))} "
+                  f"forward + backward, clipping, AdamW: {r['torch_train_step_ms']:.2f} ms, "
+                  f"{r['torch_train_step_tokens_per_s']:,.0f} tokens/s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -17,6 +17,8 @@ from andrea_numba import check
 from andrea_numba.cases import CASES, Dims
 from andrea_numba.kernels import attn, attn_flash, attn_flash_v3
 
+pytestmark = [pytest.mark.xdist_group("attn_flash")]   # one worker of `pytest -n` runs the module: its module fixture once
+
 B, T, C, H = 2, 21, 16, 2          # hs = 8; in the simulator: 3 key tiles of 8, 3 or 6 query tiles, the last partial
 KEY = 0x5EED1234
 

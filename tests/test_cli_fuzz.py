@@ -27,6 +27,8 @@ from andrea_numba.config import load_config
 from andrea_numba.layout import n_params
 from andrea_numba.runlog import BEST_FILE, CHECKPOINT_FILE, LOSS_FILE, STATE_FILE
 
+pytestmark = [pytest.mark.xdist_group("cli_fuzz")]   # one worker of `pytest -n` runs the module: its module fixture once
+
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(60))
 

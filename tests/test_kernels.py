@@ -16,41 +16,45 @@ from andrea_numba.cases import CASES
 UTILITIES = {"grad_norm", "grad_scale", "adamw", "zero", "matmul"}
 
 
-@pytest.fixture(scope="module")
-def rows():
-    return check.run_checks("tiny", seed=1234)
+def expected_rows(case) -> set:
+    """(op, kernel, version, block) of every version of the case's launchers at every block size."""
+    keys = set()
+    for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
+        kernel = case.fwd if direction == "fwd" else case.bwd
+        for version, launch in case.versions(direction).items():
+            assert len(launch.blocks) >= 2, f"{launch.__name__}: check at two block sizes or more"
+            keys |= {(case.op, kernel, version, str(block).replace(" ", "")) for block in launch.blocks}
+    return keys
 
 
-@pytest.mark.slow
-def test_every_version_at_every_block_size_has_a_harness_row(rows):
-    """A new version in a module's VERSIONS is checked without another edit; one the harness misses fails."""
-    seen = {(r["op"], r.get("kernel"), r.get("version"), r.get("block")) for r in rows}
-    for case in CASES.values():
-        for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
-            kernel = case.fwd if direction == "fwd" else case.bwd
-            for version, launch in case.versions(direction).items():
-                assert len(launch.blocks) >= 2, f"{launch.__name__}: check at two block sizes or more"
-                for block in launch.blocks:
-                    key = (case.op, kernel, version, str(block).replace(" ", ""))
-                    assert key in seen, f"no harness row for {key}"
-
-
+# One harness run per op (not one for all): each is a test of its own, so `pytest -n` spreads them
+# over the CPU's cores.
 @pytest.mark.slow
 @pytest.mark.parametrize("op", sorted(CASES))
-def test_kernels_agree_with_the_twin(rows, op):
+def test_kernels_agree_with_the_twin(op):
+    """Every version of the op's launchers at every block size it declares has a harness row (a new
+    version in a module's VERSIONS is checked without another edit; one the harness misses fails),
+    agrees with the twin and reruns bit-identically."""
+    rows = check.run_checks("tiny", seed=1234, model=False, only=[op])
     mine = [r for r in rows if r["op"] == op]
-    assert mine
+    assert mine and len(mine) == len(rows)
+    seen = {(r["op"], r.get("kernel"), r.get("version"), r.get("block")) for r in mine}
+    missing = expected_rows(CASES[op]) - seen
+    assert not missing, f"no harness row for {sorted(missing)[:5]}"
     for r in mine:
         assert r["ok"], r
         assert r["bitwise_repeat"], r
 
 
 @pytest.mark.slow
-def test_whole_model_checks_loss_and_every_gradient_tensor(rows):
+def test_whole_model_checks_loss_and_every_gradient_tensor():
     from andrea_numba.config import load_config
     from andrea_numba.layout import param_layout
-    model = [r for r in rows if r["op"] == "model"]
-    assert {r["tensor"] for r in model} == {"loss"} | {"d " + s.name for s in param_layout(load_config("tiny").model)}
+    model = check.run_checks("tiny", seed=1234, ops=False)
+    assert {r["op"] for r in model} == {"model", "model, flash attention"}
+    for op in ("model", "model, flash attention"):
+        assert {r["tensor"] for r in model if r["op"] == op} == \
+            {"loss"} | {"d " + s.name for s in param_layout(load_config("tiny").model)}
     assert all(r["ok"] and r["bitwise_repeat"] for r in model)
 
 

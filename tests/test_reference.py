@@ -10,6 +10,8 @@ from andrea_numba.cases import CASES, OPS, VARIANTS
 from andrea_numba.gradcheck import DIMS
 from andrea_numba.layout import decay_mask, init_params, n_params
 
+pytestmark = [pytest.mark.xdist_group("reference")]   # one worker of `pytest -n` runs the module: its module fixture once
+
 
 @pytest.fixture(scope="module")
 def tiny():

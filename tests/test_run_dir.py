@@ -38,6 +38,8 @@ from andrea_numba.config import load_config
 from andrea_numba.layout import n_params
 from andrea_numba.runlog import RunLock, read_loss
 
+pytestmark = [pytest.mark.xdist_group("run_dir")]   # one worker of `pytest -n` runs the module: its module fixture once
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONUNBUFFERED": "1",
        "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}

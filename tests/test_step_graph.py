@@ -23,7 +23,8 @@ from andrea_numba.kernels.common import SIMULATOR
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import corpus_text, small_config  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the stand-in graph records the simulator's launches")
+pytestmark = [pytest.mark.skipif(not SIMULATOR, reason="the stand-in graph records the simulator's launches"),
+              pytest.mark.xdist_group("step_graph")]   # one worker of `pytest -n` runs the module: its module fixture once
 STEPS = 2                      # step 0 eager (then the capture), step 1 replayed
 
 

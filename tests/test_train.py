@@ -31,6 +31,8 @@ from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import n_params
 from andrea_numba.runlog import read_loss, read_samples
 
+pytestmark = [pytest.mark.xdist_group("train")]   # one worker of `pytest -n` runs the module: its module fixture once
+
 SIM_ENV = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONUNBUFFERED": "1"}
 STEPS = 5
 

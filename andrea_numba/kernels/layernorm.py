@@ -25,13 +25,15 @@ Versions of layernorm_bwd (the forward's v1 and v2 are its dx kernel's shapes, w
         The engine's; it takes the split-K work buffer (free between the products). On the H200
         a call takes 0.030 + 0.008 ms at C = 768 (docs/kernels-h200.md, 2026-12-01).
 Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with the params of v2;
-    v2 with the two-stage params of layernorm_bwd v4 (the engine's).
+    v2 with the two-stage params of layernorm_bwd v4 (the engine's); v3, v2's bits with the row
+    in registers and stage 2's loads ahead of its adds. residual_layernorm_fwd v2: v1's bits with
+    the row in registers.
 """
 import math
 
 from numba import cuda, float32
 
-from .common import ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, block_sum, blocks, cdiv
+from .common import ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, block_sum, blocks, cdiv, jit_as
 
 
 @cuda.jit
@@ -457,10 +459,171 @@ def residual_layernorm_bwd_v2(dx, df, dg, db, work, dresid, dout, resid, mean, r
     layernorm_bwd_params_two_stage(dg, db, work, dout, resid, mean, rstd, stream)
 
 
+# ---------------------------------------------------------------------------------------------
+# residual_layernorm v2 (forward) and v3 (backward): the row in registers.
+#
+# On the H200 (12M training step, 2026-12-01) the fused residual + LayerNorm kernels moved their
+# bytes at about 1.5 TB/s: v1's forward writes resid, then reads it back from memory twice (the
+# variance pass and the output pass), and the backward reads dout and x twice (the row sums, then
+# dx). Here a lane keeps its NPL = cdiv(C, TPR) values of the row in registers (a local array
+# the compiler keeps in registers: its indices are known when the loops are unrolled), loads
+# each input element once and writes each output element once:
+#     forward   read x, f; write resid, out           (v1: + two reads of resid)
+#     backward  read dresid, dout, x; write dx (df)   (v1: + a second read of dout and x)
+# The lanes visit the same channels in the same order (c = tx, tx + TPR, ...) and do the same
+# float32 operations as v1, so the row sums, the means and every output are v1's bits (the
+# harness and tests/test_layernorm_rows.py check it). One kernel is built per NPL (12 at C = 384,
+# 24 at C = 768 with TPR = 32).
+
+def _row_kernels(NPL):
+    @cuda.jit
+    def k_residual_layernorm_fwd(resid, out, mean, rstd, x, f, g, b, eps):
+        """resid = x + f, out = layernorm(resid), mean and rstd saved, as k_residual_layernorm_fwd_v1,
+        lane tx of row threadIdx.y holding resid[row, tx + i TPR] in v[i], i < NPL."""
+        buf = cuda.shared.array(MAX_BLOCK, float32)
+        v = cuda.local.array(NPL, float32)
+        row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+        tx, tpr = cuda.threadIdx.x, cuda.blockDim.x
+        C = x.shape[1]
+        live = row < x.shape[0]
+        s = float32(0.0)
+        for i in range(NPL):                       # resid = x + f: the row's only loads
+            c = tx + i * tpr
+            v[i] = float32(0.0)
+            if live and c < C:
+                v[i] = x[row, c] + f[row, c]
+                resid[row, c] = v[i]
+                s += v[i]
+        mu = rows_sum(buf, s) * (float32(1.0) / float32(C))
+        s = float32(0.0)
+        for i in range(NPL):                       # the variance, from the registers
+            if live and tx + i * tpr < C:
+                d = v[i] - mu
+                s += d * d
+        r = float32(1.0) / math.sqrt(rows_sum(buf, s) * (float32(1.0) / float32(C)) + eps)
+        if live:
+            for i in range(NPL):
+                c = tx + i * tpr
+                if c < C:
+                    out[row, c] = (v[i] - mu) * r * g[c] + b[c]
+            if tx == 0:
+                mean[row] = mu
+                rstd[row] = r
+
+    @cuda.jit
+    def k_residual_layernorm_bwd(dx, df, dresid, dout, x, mean, rstd, g, write_df):
+        """dx = dresid + LayerNorm grad_input (and df = dx when write_df), as
+        k_residual_layernorm_bwd_v1, lane tx holding dxhat = dout g and x - mean of its NPL
+        channels in registers. dx may be dresid itself (each element is read by the thread that
+        writes it)."""
+        buf = cuda.shared.array(MAX_BLOCK, float32)
+        dxh = cuda.local.array(NPL, float32)
+        xm = cuda.local.array(NPL, float32)
+        row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+        tx, tpr = cuda.threadIdx.x, cuda.blockDim.x
+        C = x.shape[1]
+        inv_c = float32(1.0) / float32(C)
+        live = row < x.shape[0]
+        mu = mean[row] if live else float32(0.0)
+        r = rstd[row] if live else float32(0.0)
+        s1 = float32(0.0)
+        s2 = float32(0.0)
+        for i in range(NPL):                       # dxhat and x - mean: the row's only loads of dout, x
+            c = tx + i * tpr
+            dxh[i] = float32(0.0)
+            xm[i] = float32(0.0)
+            if live and c < C:
+                dxh[i] = dout[row, c] * g[c]
+                xm[i] = x[row, c] - mu
+                s1 += dxh[i]
+                s2 += dxh[i] * xm[i] * r
+        m1 = rows_sum(buf, s1) * inv_c
+        m2 = rows_sum(buf, s2) * inv_c
+        if live:
+            for i in range(NPL):
+                c = tx + i * tpr
+                if c < C:
+                    xhat = xm[i] * r
+                    val = dresid[row, c] + r * (dxh[i] - m1 - xhat * m2)
+                    dx[row, c] = val
+                    if write_df:
+                        df[row, c] = val
+
+    return jit_as(k_residual_layernorm_fwd, 2), jit_as(k_residual_layernorm_bwd, 2)
+
+
+_ROW_KERNELS = {}      # NPL -> (k_residual_layernorm_fwd_v2, k_residual_layernorm_bwd_v2)
+
+
+def row_kernels(C: int, tpr: int):
+    """The register-row kernels for rows of C channels and TPR lanes a row (NPL = cdiv(C, TPR))."""
+    npl = cdiv(C, tpr)
+    if npl not in _ROW_KERNELS:
+        _ROW_KERNELS[npl] = _row_kernels(npl)        # numba compiles each on its first launch
+    return _ROW_KERNELS[npl]
+
+
+@cuda.jit
+def k_layernorm_bwd_params_sum_v2(dg, db, part):
+    """k_layernorm_bwd_params_sum_v1's sums (chunk order 0, 1, ..., R-1: its bits) with the loads
+    of 4 chunks issued before their adds: v1's thread waits on one load per chunk, one after the
+    other (on the H200, 13 us a call for R = 44 at C = 384, longer than stage 1's 22 us)."""
+    c = cuda.grid(1)
+    if c >= part.shape[2]:
+        return
+    R = part.shape[1]
+    sg = part[0, 0, c]
+    sb = part[1, 0, c]
+    k = 1
+    while k + 4 <= R:
+        g0, g1, g2, g3 = part[0, k, c], part[0, k + 1, c], part[0, k + 2, c], part[0, k + 3, c]
+        b0, b1, b2, b3 = part[1, k, c], part[1, k + 1, c], part[1, k + 2, c], part[1, k + 3, c]
+        sg += g0
+        sg += g1
+        sg += g2
+        sg += g3
+        sb += b0
+        sb += b1
+        sb += b2
+        sb += b3
+        k += 4
+    while k < R:
+        sg += part[0, k, c]
+        sb += part[1, k, c]
+        k += 1
+    dg[c] += sg
+    db[c] += sb
+
+
+@blocks(**ROW_BLOCKS)
+def residual_layernorm_fwd_v2(resid, out, mean, rstd, x, f, g, b, eps, *, block, stream=0):
+    """v1's result, bit for bit, with the row in registers (k_residual_layernorm_fwd_v2);
+    cdiv(N, RW) blocks of (TPR, RW) threads."""
+    tpr, rw = block
+    fwd, _ = row_kernels(x.shape[1], tpr)
+    fwd[cdiv(x.shape[0], rw), (tpr, rw), stream](resid, out, mean, rstd, x, f, g, b, float32(eps))
+
+
+@blocks(**ROW_BLOCKS)
+def residual_layernorm_bwd_v3(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
+    """v2's result, bit for bit: dx (and df) with the row in registers (k_residual_layernorm_bwd_v2),
+    then dg, db in v2's two stages with stage 2's loads ahead of its adds
+    (k_layernorm_bwd_params_sum_v2). work: float32 [n] scratch, at least 2 C floats."""
+    N, C = resid.shape
+    tpr, rw = block
+    _, bwd = row_kernels(C, tpr)
+    bwd[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g, df is not dx)
+    R = param_chunks(N, C, work.shape[0])
+    part = work[:2 * R * C].reshape(2, R, C)
+    k_layernorm_bwd_params_v3[(cdiv(C, PARAM_CX), R), (PARAM_CX, PARAM_RY), stream](part, dout, resid, mean, rstd)
+    k_layernorm_bwd_params_sum_v2[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
+
+
 VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
             "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3, 4: layernorm_bwd_v4},
-            "residual_layernorm_fwd": {1: residual_layernorm_fwd_v1},
-            "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1, 2: residual_layernorm_bwd_v2}}
+            "residual_layernorm_fwd": {1: residual_layernorm_fwd_v1, 2: residual_layernorm_fwd_v2},
+            "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1, 2: residual_layernorm_bwd_v2,
+                                       3: residual_layernorm_bwd_v3}}
 # what the engine uses
 residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v2
 layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v4
