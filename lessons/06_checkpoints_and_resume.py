@@ -1,7 +1,7 @@
 """Lesson 06: checkpoints and bit-exact resume. Stop a run, start a new trainer, get the same bits.
 
 What it teaches
-    1. Run A: a tiny Trainer runs 4 optimiser steps without stopping. At step 2 the lesson copies
+    1. Run A: a tiny Trainer runs 3 optimiser steps without stopping. At step 2 the lesson copies
        its run directory: the copy, run B, is exactly what a run stopped at step 2 leaves on disk.
     2. Run B: a NEW Trainer, in a fresh state, resumes from B's checkpoint (setup(resume=True)) and
        finishes, while nothing of A's trainer survives in it.
@@ -14,8 +14,8 @@ What it teaches
     5. The checkpoint's bytes: the 8-byte header (int32 step, int32 n_params), then float32s.
     6. The loss curve of the run (andrea_numba.plot.plot_run).
 
-How to run (the kernels run in Numba's CUDA simulator without a GPU: about 15 s for the
-4 + 2 steps; each step is one microbatch of 1 x 8 tokens)
+How to run (the kernels run in Numba's CUDA simulator without a GPU: about 25 s on a 2-core CPU
+for the 3 + 1 steps; each step is one microbatch of 1 x 8 tokens)
 
     python lessons/06_checkpoints_and_resume.py                        # run directories in a temp dir
     python lessons/06_checkpoints_and_resume.py --out runs/lesson06    # keep them (must not exist yet)
@@ -30,7 +30,7 @@ import _common as C
 
 def options(ap):
     ap.add_argument("--out", metavar="DIR", help="where the two run directories go (default: a temporary directory)")
-    ap.add_argument("--steps", type=int, default=4, help="optimiser steps of each run (default 4)")
+    ap.add_argument("--steps", type=int, default=3, help="optimiser steps of each run (default 3)")
     ap.add_argument("--stop", type=int, default=2, help="run B stops after this many steps (default 2)")
     ap.add_argument("--microbatches", type=int, default=1, help="microbatches per step (default 1: fast)")
 

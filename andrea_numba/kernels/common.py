@@ -118,6 +118,70 @@ if SIMULATOR:
     _simkernel.BlockManager.run = _block_run
     _simkernel.BlockThread.syncthreads = _syncthreads
 
+    # numba-cuda 0.30's simulator points a function's module at the launch's fake `cuda` module
+    # on every call of a device function, and back when the last caller leaves: a generator, two
+    # locks, an import and, each time no other thread is inside, a scan of the module's globals.
+    # The kernels here call small device functions in their inner loops (tile copies, the
+    # tensor-core step's twin), and that bookkeeping took about a third of the interpreter's time
+    # in a tiny training step. This replacement swaps a module's `cuda` names once per launch
+    # (on the first call from it) and puts the real module back when the launch ends; between
+    # launches every module sees the real `cuda`, as before. A device function called from the
+    # host (no launch running) keeps numba's own path.
+    _REAL_CUDA = (cuda,)                 # in a tuple: a module global bound to `cuda` itself would be swapped too
+    _launch_swaps = {}                   # id(module globals) -> (globals, the names swapped)
+    _swap_lock = threading.Lock()
+    _swapped_per_call = _simkernel.swapped_cuda_module
+    _kernel_call = _simkernel.FakeCUDAKernel.__call__
+
+    def _swap_in(fn, fake):
+        g = fn.__globals__
+        if id(g) not in _launch_swaps:
+            with _swap_lock:
+                if id(g) not in _launch_swaps:
+                    names = [k for k, v in g.items() if v is _REAL_CUDA[0]]
+                    for k in names:
+                        g[k] = fake
+                    _launch_swaps[id(g)] = (g, names)
+
+    def _restore_all():
+        with _swap_lock:
+            for g, names in _launch_swaps.values():
+                for k in names:
+                    g[k] = _REAL_CUDA[0]
+            _launch_swaps.clear()
+
+    class _SwappedForTheLaunch:
+        """swapped_cuda_module(fn, fake) inside a launch: swap once, restore at the launch's end."""
+        __slots__ = ()
+
+        def __enter__(self):
+            return None
+
+        def __exit__(self, *exc):
+            return False
+
+    _NOTHING_TO_UNDO = _SwappedForTheLaunch()
+
+    def _swapped_cuda_module(fn, fake):
+        if fake is None:                                  # called from the host: numba's own way
+            return _swapped_per_call(fn, fake)
+        _swap_in(fn, fake)
+        return _NOTHING_TO_UNDO
+
+    def _fake_kernel_call(self, *args):
+        if _simkernel._kernel_context is not None:       # called inside a launch: a device function
+            _swap_in(self.fn, _simkernel._kernel_context)
+            return self.fn(*args)
+        if self._device:                                   # a device function called from the host
+            return _kernel_call(self, *args)
+        try:                                               # a launch: restore the modules after it
+            return _kernel_call(self, *args)
+        finally:
+            _restore_all()
+
+    _simkernel.swapped_cuda_module = _swapped_cuda_module
+    _simkernel.FakeCUDAKernel.__call__ = _fake_kernel_call
+
 MAX_BLOCK = 1024          # the largest block any kernel here is launched with (shared scratch size)
 ELEMENTWISE_THREADS = 32 if SIMULATOR else 256      # elementwise_launch's block
 
