@@ -31,7 +31,6 @@ if SIMULATOR:
     # array and no longer share it (seen as rare wrong, non-repeatable sums). This replacement
     # does the same lookup under a lock, and reads only the caller's frame instead of the stack.
     import threading
-    import traceback
 
     import numpy as _np
     from numba.core import types as _types
@@ -48,7 +47,8 @@ if SIMULATOR:
             return _shared_array_unlocked(self, shape, dtype)
         if isinstance(dtype, _types.Type):
             dtype = _numpy_support.as_dtype(dtype)
-        caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[0])[0:2]   # (file, line)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)           # (file, line), as numba's lookup
         with _shared_lock:
             arr = self._allocations.get(caller)
             if arr is None:
@@ -181,6 +181,25 @@ if SIMULATOR:
 
     _simkernel.swapped_cuda_module = _swapped_cuda_module
     _simkernel.FakeCUDAKernel.__call__ = _fake_kernel_call
+
+    # Two more costs of every simulated thread, with the same results:
+    # - the kernels' array arguments reach them as the NumPy arrays the simulator's device arrays
+    #   hold, not behind its FakeWithinKernelCUDAArray wrapper (two Python calls an element read);
+    # - float32(x) (numba's type object called on a number) goes straight to NumPy's np.float32(x):
+    #   numba's Type.__call__ imports its signature helper and runs an ABC isinstance check on
+    #   every call. With types as arguments (a signature) it is numba's call, unchanged.
+    _simkernel.FakeWithinKernelCUDAArray = lambda fake: fake._ary
+    _PLAIN_NUMBERS = (float, int, bool, _np.float32, _np.float64, _np.int32, _np.int64, _np.uint8, _np.uint32,
+                      _np.uint64, _np.bool_, _np.int8, _np.int16, _np.uint16, _np.float16)
+    _type_call = _types.Type.__call__
+
+    def _number_call(self, *args):
+        if len(args) == 1 and type(args[0]) in _PLAIN_NUMBERS:
+            return getattr(_np, self.name)(args[0])
+        return _type_call(self, *args)
+
+    _types.scalars.Float.__call__ = _number_call
+    _types.scalars.Integer.__call__ = _number_call
 
 MAX_BLOCK = 1024          # the largest block any kernel here is launched with (shared scratch size)
 ELEMENTWISE_THREADS = 32 if SIMULATOR else 256      # elementwise_launch's block
