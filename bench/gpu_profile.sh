@@ -17,7 +17,7 @@
 #          the harness at 12M and 120M, bench/kernels.py's table on text-like token ids);
 #          adamw3 (AdamW v3 against v2: the harness at 12M and 120M, bench/kernels.py's table),
 #          ln2 (residual_layernorm v2/v3 against v1/v2: the harness at 12M and 120M, the kernel table),
-#          torchstep (bench/step_time.py at 12M and 120M with PyTorch fp32's whole training step);
+#          torchstep (bench/step_time.py at 12M and 120M, or TORCH_SIZES, with PyTorch fp32's whole training step);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -51,7 +51,7 @@ for s in $steps; do
     ln2) check_op_sizes "$OUT/ln2" residual_layernorm 67
          timeout 150 $py bench/kernels.py residual_layernorm --sizes 12M,120M --markdown "$OUT/ln2/kernels.md" \
              > "$OUT/ln2/kernels.txt" 2>&1; echo "kernels residual_layernorm exit $?"; grep "^|" "$OUT/ln2/kernels.md" ;;
-    torchstep) timeout 200 $py bench/step_time.py --sizes 12M 120M --torch-train-step --json "$OUT/torchstep.json" \
+    torchstep) timeout 200 $py bench/step_time.py --sizes ${TORCH_SIZES:-12M 120M} --torch-train-step --json "$OUT/torchstep.json" \
                    > "$OUT/torchstep.txt" 2>&1
                echo "step_time exit $?"; grep -v '^{' "$OUT/torchstep.txt" ;;
     graph) timeout 300 $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps "${GRAPH_STEPS:-20}" --dropout 0 > "$OUT/graph.txt" 2>&1

@@ -25,9 +25,9 @@ Versions of layernorm_bwd (the forward's v1 and v2 are its dx kernel's shapes, w
         The engine's; it takes the split-K work buffer (free between the products). On the H200
         a call takes 0.030 + 0.008 ms at C = 768 (docs/kernels-h200.md, 2026-12-01).
 Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with the params of v2;
-    v2 with the two-stage params of layernorm_bwd v4 (the engine's); v3, v2's bits with the row
+    v2 with the two-stage params of layernorm_bwd v4; v3 (the engine's), v2's bits with the row
     in registers and stage 2's loads ahead of its adds. residual_layernorm_fwd v2: v1's bits with
-    the row in registers.
+    the row in registers (the engine's).
 """
 import math
 
@@ -625,5 +625,5 @@ VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
             "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1, 2: residual_layernorm_bwd_v2,
                                        3: residual_layernorm_bwd_v3}}
 # what the engine uses
-residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v2
+residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v2, residual_layernorm_bwd_v3
 layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v4
