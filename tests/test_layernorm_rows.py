@@ -1,5 +1,5 @@
-"""residual_layernorm v2 (forward) and v3 (backward), kernels/layernorm.py: the row in registers.
-They must give the bits of v1 (forward) and v2 (backward): the same channels visited in the same
+"""residual_layernorm v2 (forward) and v3, v4 (backward), kernels/layernorm.py: the row in registers,
+stage 2's loads ahead of its adds. They must give the bits of v1 (forward) and v2 (backward): the same channels visited in the same
 order by the same lanes, the same float32 operations. Checked at a row width that is not a
 multiple of the lanes (the last lane's last register holds no channel), at a row count that
 leaves a block half empty, with dx written over dresid (as the engine does) and with a separate
@@ -63,7 +63,8 @@ def test_register_rows_give_the_bits_of_before(N, C, block):
     dg0, db0 = rng.standard_normal(C).astype(f32), rng.standard_normal(C).astype(f32)
     for alias in (True, False):
         u = _bwd(2, dresid, dout, resid, mean, rstd, g, dg0, db0, block, alias)
-        v = _bwd(3, dresid, dout, resid, mean, rstd, g, dg0, db0, block, alias)
-        for name, p, q in zip(("dx", "df", "dg", "db"), u, v):
-            assert p.tobytes() == q.tobytes(), (name, alias)
-        assert not np.array_equal(v[2], dg0) and np.isfinite(v[0]).all()  # dg accumulated, dx written
+        for version in (3, 4):
+            v = _bwd(version, dresid, dout, resid, mean, rstd, g, dg0, db0, block, alias)
+            for name, p, q in zip(("dx", "df", "dg", "db"), u, v):
+                assert p.tobytes() == q.tobytes(), (version, name, alias)
+            assert not np.array_equal(v[2], dg0) and np.isfinite(v[0]).all()  # dg accumulated, dx written

@@ -25,9 +25,11 @@ Versions of layernorm_bwd (the forward's v1 and v2 are its dx kernel's shapes, w
         The engine's; it takes the split-K work buffer (free between the products). On the H200
         a call takes 0.030 + 0.008 ms at C = 768 (docs/kernels-h200.md, 2026-12-01).
 Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with the params of v2;
-    v2 with the two-stage params of layernorm_bwd v4; v3 (the engine's), v2's bits with the row
-    in registers and stage 2's loads ahead of its adds. residual_layernorm_fwd v2: v1's bits with
-    the row in registers (the engine's).
+    v2 with the two-stage params of layernorm_bwd v4; v3, v2's bits with the row in registers and
+    stage 2's loads ahead of its adds; v4 (the engine's), v2's dx kernel with v3's stage 2.
+    residual_layernorm_fwd v2: v1's bits with the row in registers. On the H200 the register rows
+    were no faster (forward) and slower (backward) than v1's re-reads, which the L2 serves; v3's
+    stage 2 took half of v1's time (docs/kernels-h200.md, seventh session).
 """
 import math
 
@@ -474,6 +476,10 @@ def residual_layernorm_bwd_v2(dx, df, dg, db, work, dresid, dout, resid, mean, r
 # float32 operations as v1, so the row sums, the means and every output are v1's bits (the
 # harness and tests/test_layernorm_rows.py check it). One kernel is built per NPL (12 at C = 384,
 # 24 at C = 768 with TPR = 32).
+# Measured on the H200 (12M training step, Nsight Compute, a call): the forward 0.0334 ms against
+# v1's 0.0337, the backward's dx 0.0411 ms against v1's 0.0296. The re-reads come from L2 at no
+# visible cost, and the backward's two register arrays a lane cost more than they save: neither
+# is the engine's. They stay as the measured rung.
 
 def _row_kernels(NPL):
     @cuda.jit
@@ -619,11 +625,27 @@ def residual_layernorm_bwd_v3(dx, df, dg, db, work, dresid, dout, resid, mean, r
     k_layernorm_bwd_params_sum_v2[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
 
 
+# v4: v2's dx kernel (the H200 ran it faster than v3's register rows: 0.030 against 0.041 ms a
+# call in the 12M training step) with v3's stage 2 (0.0067 against 0.0134 ms). v2's bits.
+@blocks(**ROW_BLOCKS)
+def residual_layernorm_bwd_v4(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
+    """v2's result, bit for bit: k_residual_layernorm_bwd_v1's dx (and df), then dg, db in two
+    stages, the second k_layernorm_bwd_params_sum_v2. work: float32 [n] scratch, at least 2 C floats."""
+    N, C = resid.shape
+    tpr, rw = block
+    k_residual_layernorm_bwd_v1[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g,
+                                                                df is not dx)
+    R = param_chunks(N, C, work.shape[0])
+    part = work[:2 * R * C].reshape(2, R, C)
+    k_layernorm_bwd_params_v3[(cdiv(C, PARAM_CX), R), (PARAM_CX, PARAM_RY), stream](part, dout, resid, mean, rstd)
+    k_layernorm_bwd_params_sum_v2[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
+
+
 VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
             "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3, 4: layernorm_bwd_v4},
             "residual_layernorm_fwd": {1: residual_layernorm_fwd_v1, 2: residual_layernorm_fwd_v2},
             "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1, 2: residual_layernorm_bwd_v2,
-                                       3: residual_layernorm_bwd_v3}}
+                                       3: residual_layernorm_bwd_v3, 4: residual_layernorm_bwd_v4}}
 # what the engine uses
-residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v2, residual_layernorm_bwd_v3
+residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v4
 layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v4
