@@ -482,7 +482,6 @@ def residual_layernorm_bwd_v2(dx, df, dg, db, work, dresid, dout, resid, mean, r
 # is the engine's. They stay as the measured rung.
 
 def _row_kernels(NPL):
-    @cuda.jit
     def k_residual_layernorm_fwd(resid, out, mean, rstd, x, f, g, b, eps):
         """resid = x + f, out = layernorm(resid), mean and rstd saved, as k_residual_layernorm_fwd_v1,
         lane tx of row threadIdx.y holding resid[row, tx + i TPR] in v[i], i < NPL."""
@@ -516,7 +515,6 @@ def _row_kernels(NPL):
                 mean[row] = mu
                 rstd[row] = r
 
-    @cuda.jit
     def k_residual_layernorm_bwd(dx, df, dresid, dout, x, mean, rstd, g, write_df):
         """dx = dresid + LayerNorm grad_input (and df = dx when write_df), as
         k_residual_layernorm_bwd_v1, lane tx holding dxhat = dout g and x - mean of its NPL
@@ -555,7 +553,7 @@ def _row_kernels(NPL):
                     if write_df:
                         df[row, c] = val
 
-    return jit_as(k_residual_layernorm_fwd, 2), jit_as(k_residual_layernorm_bwd, 2)
+    return jit_as(k_residual_layernorm_fwd, 2), jit_as(k_residual_layernorm_bwd, 2)      # cuda.jit, named _v2
 
 
 _ROW_KERNELS = {}      # NPL -> (k_residual_layernorm_fwd_v2, k_residual_layernorm_bwd_v2)
