@@ -22,6 +22,7 @@ Order (C = d_model, V = vocab_size, T = context_length, L = n_layer):
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ class ParamSpec:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
     @property
     def end(self) -> int:
@@ -52,6 +53,11 @@ class ParamSpec:
 
 def param_layout(m: ModelConfig) -> list[ParamSpec]:
     """Every learnable tensor's name, shape and offset in the flat vector, in layout order."""
+    return list(_layout(m))
+
+
+@functools.cache         # a pure function of the (frozen) config: the twin's forward asks for it every call
+def _layout(m: ModelConfig) -> tuple:
     C, V, T = m.d_model, m.vocab_size, m.context_length
     shapes = [("wte", (V, C)), ("wpe", (T, C))]
     for l in range(m.n_layer):
@@ -68,18 +74,19 @@ def param_layout(m: ModelConfig) -> list[ParamSpec]:
     for name, shape in shapes:
         specs.append(ParamSpec(name, shape, offset))
         offset += specs[-1].size
-    return specs
+    return tuple(specs)
 
 
 def n_params(m: ModelConfig) -> int:
-    return param_layout(m)[-1].end
+    return _layout(m)[-1].end
 
 
 def views(flat: np.ndarray, m: ModelConfig) -> dict:
     """name -> view of `flat` with the tensor's shape (no copy: writes go into `flat`).
     Works for NumPy arrays and for Numba device arrays alike."""
-    assert flat.shape == (n_params(m),), f"flat vector has shape {flat.shape}, layout needs ({n_params(m)},)"
-    return {s.name: flat[s.offset:s.end].reshape(s.shape) for s in param_layout(m)}
+    layout = _layout(m)
+    assert flat.shape == (layout[-1].end,), f"flat vector has shape {flat.shape}, layout needs ({layout[-1].end},)"
+    return {s.name: flat[s.offset:s.end].reshape(s.shape) for s in layout}
 
 
 def decay_mask(m: ModelConfig, dtype=np.float32) -> np.ndarray:
