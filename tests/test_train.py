@@ -45,10 +45,13 @@ def corpus_text() -> str:
 
 
 def small_config(tmp_path, name="tiny-test.json", corpus=None, **train):
-    """ANDREA-tiny with microbatches small enough for the simulator (1 x 8 tokens, 2 per step),
-    trained on the text file `corpus` (default: the config's, the standard library's source)."""
+    """ANDREA-tiny with one block (the trainer's logic does not depend on the depth, and the
+    simulator pays per launch: the harness and the gradient checks cover the two-block model) and
+    microbatches small enough for the simulator (1 x 8 tokens, 2 per step), trained on the text
+    file `corpus` (default: the config's, the standard library's source)."""
     raw = load_config("tiny").to_dict()
     raw["name"] = "ANDREA-tiny-test"
+    raw["model"]["n_layer"] = 1
     if corpus is not None:
         raw["data"]["source"] = str(corpus)
     raw["train"].update(dict(batch_size=1, seq_len=8, n_microbatches=2, steps=STEPS, lr=3e-2, min_lr=3e-3,
