@@ -206,7 +206,7 @@ def main(argv=None):
                     help="run the MLP's launchers of this version in the model (5 and 6: the k-major tiles)")
     args = ap.parse_args(argv)
     flash_versions = args.flash_version or [engine_flash_version()]
-    rows = []
+    rows, train_steps = [], []         # train_steps: a line for each size's PyTorch training step
     for size in args.sizes:
         m = load_config(size).model
         B, T = SHAPES[size]
@@ -223,6 +223,9 @@ def main(argv=None):
                 step_s = time_torch_train_step(m, tr, tr.batch_size, tr.seq_len, args.iters)
                 torch_row.update(torch_train_step_ms=step_s * 1e3, torch_train_step_shape=[tr.n_microbatches, tr.batch_size, tr.seq_len],
                                  torch_train_step_tokens_per_s=tr.n_microbatches * tr.batch_size * tr.seq_len / step_s)
+                train_steps.append(f"PyTorch fp32 training step, {size}: {tr.n_microbatches} x {tr.batch_size} x "
+                                   f"{tr.seq_len} forward + backward, clipping, AdamW: {step_s * 1e3:.2f} ms, "
+                                   f"{torch_row['torch_train_step_tokens_per_s']:,.0f} tokens/s")
         except ImportError:
             pass
         for products in args.products:
@@ -249,11 +252,8 @@ def main(argv=None):
               f"{r.get('torch_fp32_ms', float('nan')):>14.1f} {r.get('torch_fp32_ms', float('nan')) / ours:>7.2f} "
               f"{r.get('torch_fp32_peak_GB', float('nan')):>9.2f} {r.get('torch_bf16_ms', float('nan')):>14.1f} "
               f"{r['graph_ms'] or float('nan'):>9.1f} {r.get('torch_fp32_ms', float('nan')) / (r['graph_ms'] or float('nan')):>13.2f}")
-    for r in rows:
-        if "torch_train_step_ms" in r and r["products"] == rows[0]["products"] and r["flash_version"] == rows[0]["flash_version"]:
-            print(f"PyTorch fp32 training step, {r['size']}: {' x '.join(map(str, r['torch_train_step_shape']))} "
-                  f"forward + backward, clipping, AdamW: {r['torch_train_step_ms']:.2f} ms, "
-                  f"{r['torch_train_step_tokens_per_s']:,.0f} tokens/s")
+    for line in train_steps:
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

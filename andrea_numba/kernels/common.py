@@ -30,6 +30,7 @@ if SIMULATOR:
     # without a lock: two threads of a block that arrive together can each create their own
     # array and no longer share it (seen as rare wrong, non-repeatable sums). This replacement
     # does the same lookup under a lock, and reads only the caller's frame instead of the stack.
+    import contextlib
     import threading
 
     import numpy as _np
@@ -150,23 +151,12 @@ if SIMULATOR:
                     g[k] = _REAL_CUDA[0]
             _launch_swaps.clear()
 
-    class _SwappedForTheLaunch:
-        """swapped_cuda_module(fn, fake) inside a launch: swap once, restore at the launch's end."""
-        __slots__ = ()
-
-        def __enter__(self):
-            return None
-
-        def __exit__(self, *exc):
-            return False
-
-    _NOTHING_TO_UNDO = _SwappedForTheLaunch()
-
     def _swapped_cuda_module(fn, fake):
+        """swapped_cuda_module(fn, fake) inside a launch: swap once; the launch's end restores."""
         if fake is None:                                  # called from the host: numba's own way
             return _swapped_per_call(fn, fake)
         _swap_in(fn, fake)
-        return _NOTHING_TO_UNDO
+        return contextlib.nullcontext()
 
     def _fake_kernel_call(self, *args):
         if _simkernel._kernel_context is not None:       # called inside a launch: a device function

@@ -365,15 +365,17 @@ def k_layernorm_bwd_params_sum_v1(dg, db, part):
     db[c] += sb
 
 
-def layernorm_bwd_params_two_stage(dg, db, work, dout, x, mean, rstd, stream=0):
+def layernorm_bwd_params_two_stage(dg, db, work, dout, x, mean, rstd, stream=0, stage2=None):
     """dg, db += the parameter gradients, the two stages above: R = param_chunks(N, C, work.size),
     part = work[:2 R C] seen as [2, R, C]; cdiv(C, CX) x R blocks of (CX, RY) threads, then
-    cdiv(C, ELEMENTWISE_THREADS) blocks of ELEMENTWISE_THREADS. work: float32 [n], n >= 2 C."""
+    cdiv(C, ELEMENTWISE_THREADS) blocks of ELEMENTWISE_THREADS. work: float32 [n], n >= 2 C.
+    stage2: the second stage's kernel (default k_layernorm_bwd_params_sum_v1; residual_layernorm_bwd
+    v3 and v4 pass k_layernorm_bwd_params_sum_v2, the same sums with its loads ahead)."""
     N, C = x.shape
     R = param_chunks(N, C, work.shape[0])
     part = work[:2 * R * C].reshape(2, R, C)
     k_layernorm_bwd_params_v3[(cdiv(C, PARAM_CX), R), (PARAM_CX, PARAM_RY), stream](part, dout, x, mean, rstd)
-    k_layernorm_bwd_params_sum_v1[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
+    (stage2 or k_layernorm_bwd_params_sum_v1)[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
 
 
 @blocks(**ROW_BLOCKS)
@@ -617,10 +619,7 @@ def residual_layernorm_bwd_v3(dx, df, dg, db, work, dresid, dout, resid, mean, r
     tpr, rw = block
     _, bwd = row_kernels(C, tpr)
     bwd[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g, df is not dx)
-    R = param_chunks(N, C, work.shape[0])
-    part = work[:2 * R * C].reshape(2, R, C)
-    k_layernorm_bwd_params_v3[(cdiv(C, PARAM_CX), R), (PARAM_CX, PARAM_RY), stream](part, dout, resid, mean, rstd)
-    k_layernorm_bwd_params_sum_v2[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
+    layernorm_bwd_params_two_stage(dg, db, work, dout, resid, mean, rstd, stream, stage2=k_layernorm_bwd_params_sum_v2)
 
 
 # v4: v2's dx kernel (the H200 ran it faster than v3's register rows: 0.030 against 0.041 ms a
@@ -629,14 +628,11 @@ def residual_layernorm_bwd_v3(dx, df, dg, db, work, dresid, dout, resid, mean, r
 def residual_layernorm_bwd_v4(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
     """v2's result, bit for bit: k_residual_layernorm_bwd_v1's dx (and df), then dg, db in two
     stages, the second k_layernorm_bwd_params_sum_v2. work: float32 [n] scratch, at least 2 C floats."""
-    N, C = resid.shape
+    N = resid.shape[0]
     tpr, rw = block
     k_residual_layernorm_bwd_v1[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g,
                                                                 df is not dx)
-    R = param_chunks(N, C, work.shape[0])
-    part = work[:2 * R * C].reshape(2, R, C)
-    k_layernorm_bwd_params_v3[(cdiv(C, PARAM_CX), R), (PARAM_CX, PARAM_RY), stream](part, dout, resid, mean, rstd)
-    k_layernorm_bwd_params_sum_v2[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
+    layernorm_bwd_params_two_stage(dg, db, work, dout, resid, mean, rstd, stream, stage2=k_layernorm_bwd_params_sum_v2)
 
 
 VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
