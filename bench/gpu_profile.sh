@@ -18,6 +18,7 @@
 #          adamw3 (AdamW v3 against v2: the harness at 12M and 120M, bench/kernels.py's table),
 #          ln2 (residual_layernorm v2/v3 against v1/v2: the harness at 12M and 120M, the kernel table),
 #          torchstep (bench/step_time.py at 12M and 120M, or TORCH_SIZES, with PyTorch fp32's whole training step);
+#          flash8 (flash attention v7 and v8 against v5: the harness at 12M and 120M, kernel table, the step);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -95,6 +96,7 @@ for s in $steps; do
         mkdir -p "$OUT/v8"; mv "$OUT"/model_* "$OUT"/v8_check_* "$OUT/v8/" ;;
     mlp9) compare_versions mlp9 mlp 37 200 "8 9" --mlp-version 9 ;;     # the MLP's v9 (the GELU a pass of its own) against v8
     flash5) compare_versions flash5 attn_flash 41 240 "3 5 6" --flash-version "3 5 6" ;;   # flash v5 (v7's split), v6 (swizzled) against v3
+    flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
     simt2) # the engine's new MLP (v9) and flash attention (v5) in the whole model; matmul v9 (SIMT
            # tiles) against v3 and cuBLAS; the step with tf32x3w, simt and simt2 products; the harness
            # on the simt2 linear ops at 12M
@@ -116,5 +118,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8 mlp6 mlp9 flash5 simt2 embed4 adamw3 ln2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp6 mlp9 flash5 flash8 simt2 embed4 adamw3 ln2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

@@ -88,11 +88,11 @@ def main():
         for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5, matmul.matmul_v6, matmul.matmul_v7,
                        matmul.matmul_v8):
             launch(out, np.zeros(matmul.splitk_work(64), np.float32), a, a, trans_a=True, accumulate=True)
-        # flash attention v2, v3 and v4 at the models' head size (the harness's tiny size has hs = 4),
+        # flash attention v2 to v8 at the models' head size (the harness's tiny size has hs = 4),
         # every declared block, with dropout
         from andrea_numba.kernels import attn_flash
         x, lse = np.zeros((2, 128, 384), np.float32), np.zeros((2, 6, 128), np.float32)
-        for v in (2, 3, 4, 5, 6):
+        for v in (2, 3, 4, 5, 6, 7, 8):
             fwd, bwd = attn_flash.VERSIONS["attn_flash_fwd"][v], attn_flash.VERSIONS["attn_flash_bwd"][v]
             for blk in fwd.blocks:
                 fwd(x, lse, x, x, x, 6, 0.1, 7, block=blk)

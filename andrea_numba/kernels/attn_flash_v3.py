@@ -79,7 +79,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .attn import NEG_INF, _check
-from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv, jit_as
+from .common import SIMULATOR, BlockDoesNotFit, as_is, blocks, cdiv, jit_as, nonneg
 from .dropout import dropout_factor, key_value, mask_args
 from .ptx import load4, mma_tf32, tf32_round
 from .warp_tile import WARP, _copier, _kstep, col_swizzle
@@ -234,15 +234,19 @@ def _kstep_own(WARPS, NK, NI, PLANES, TRUNC=False, SWZ=False):
     return step
 
 
-def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUNC: bool = False, SWZ: bool = False):
+def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUNC: bool = False, SWZ: bool = False,
+                 NONNEG: bool = False, HEAVY: bool = False):
     """The three kernels for head size HS, block (WARPS, BKV) and 128-bit copies VEC (the caller
     checked the alignment: aligned_rows); the own tiles as two split planes (PLANES = 2, v3) or
     one plane of values split as read (PLANES = 1, v4); TRUNC: v3 with the small parts of the
-    inner tiles' values truncated by the tensor core (v5); SWZ: v5 with swizzled inner tiles (v6)."""
+    inner tiles' values truncated by the tensor core (v5); SWZ: v5 with swizzled inner tiles (v6);
+    NONNEG: v5 with its thread and block indices through common.nonneg (v7); HEAVY: v7 on the grid
+    (B*H, tiles), the longest tiles of every head first (v8)."""
     HS8 = cdiv(HS, 8) * 8         # head size rounded up to the mma's k step (tiles zero-padded)
     BQ = 16 * WARPS               # rows of the block's own tile: 16 per warp
     NT = WARP * WARPS
-    version = 6 if SWZ else 5 if TRUNC else 3 if PLANES == 2 else 4
+    version = 8 if HEAVY else 7 if NONNEG else 6 if SWZ else 5 if TRUNC else 3 if PLANES == 2 else 4
+    ix = nonneg if NONNEG else as_is   # v7: indices the compiler knows are >= 0 (common.nonneg)
     SWZ = swizzled(HS8, SWZ)      # (at a head size of rows not a multiple of 32 floats, v6 is v5)
     P = inner_pitch(HS8, SWZ)     # pitch of the inner tiles: conflict-free fragment reads
     PK = BKV + 4                  # pitch of the p f and ds tiles
@@ -253,12 +257,23 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
     FR = 4 * WARP                 # floats of a warp's A fragments per k step (plane layout)
     assert BKV % 8 == 0 and (BKV * HS8) % NT == 0, f"block ({WARPS}, {BKV}) does not tile head size {HS}"
     E = BKV * HS8 // NT           # floats of an inner tile per thread
-    fetch, put, _ = _copier(BKV, HS8, P, NT, VEC and E % 4 == 0, SWZ)
+    fetch, put, _ = _copier(BKV, HS8, P, NT, VEC and E % 4 == 0, SWZ, NONNEG)
     load_own = _own_tile(HS, NK, PLANES)
     # acc (2, 2 NQ) += own[16 rows, 8] @ tile^T, the own tile from its planes (q k^T, dy v^T, ...)
     step_own = _kstep_own(WARPS, NK, NQ, PLANES, TRUNC, SWZ)
     # acc (2, 2 NH) += A[16 rows, 8] @ B with B stored [k, n] (p f @ V, ds @ K, (P f)^T @ dY, ds^T @ Q)
     step_nn = _kstep(False, False, 1, NH, True, TRUNC, SWZ)
+
+    if HEAVY:       # v8: grid (B*H, tiles); a block's tile is blockIdx.y (see the note above v8)
+        @cuda.jit(device=True, inline="always")
+        def grid_tile():
+            """(this block's tile, the number of tiles), (b*H + h)."""
+            return cuda.blockIdx.y, cuda.gridDim.y, cuda.blockIdx.x
+    else:           # v3 .. v7: grid (tiles, B*H)
+        @cuda.jit(device=True, inline="always")
+        def grid_tile():
+            """(this block's tile, the number of tiles), (b*H + h)."""
+            return cuda.blockIdx.x, cuda.gridDim.x, cuda.blockIdx.y
 
     @cuda.jit(device=True)
     def zero(acc):
@@ -289,10 +304,11 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
         lsum = cuda.local.array(2, float32)                # this lane's part of their running sums
         T = q.shape[1]
         H = lse.shape[1]
-        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        tile, n_tiles_grid, bh = grid_tile()
+        b, h = ix(ix(bh) // H), ix(ix(bh) % H)
         c0 = h * HS
-        t0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * BQ  # the longest rows first
-        w, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        t0 = ix(n_tiles_grid - 1 - tile) * BQ  # the longest rows first
+        w, lane = ix(cuda.threadIdx.x) // WARP, ix(cuda.threadIdx.x) % WARP
         wm0 = 16 * w
         g, tq = lane >> 2, lane & 3
         kb, vb = k[b], v[b]                                # [T, C] rows of this batch element
@@ -315,7 +331,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                 fetch(rv, vb, u0 + BKV, c0, T, c0 + HS)
             zero(s)
             for ks in range(NK):                           # s = q k^T over the head's channels
-                step_own(s, fq, sk, ks, w, g, tq)
+                step_own(s, fq, sk, ix(ks), w, g, tq)
             for hh in range(2):
                 t = t0 + wm0 + 8 * hh + g
                 mt = NEG_INF
@@ -344,7 +360,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                 m[hh] = m_new
             warp_sync()                                    # so are sp's
             for kk in range(0, BKV, 8):                    # yacc += (p f) @ v
-                step_nn(o, sp, sv, kk, wm0, 0, g, tq)
+                step_nn(o, sp, sv, ix(kk), wm0, 0, g, tq)
             if more:
                 cuda.syncthreads()                         # every warp is done with sk and sv
                 put(sk, rk)
@@ -385,10 +401,11 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
         d_t = cuda.local.array(2, float32)
         T = q.shape[1]
         H = lse.shape[1]
-        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        tile, n_tiles_grid, bh = grid_tile()
+        b, h = ix(ix(bh) // H), ix(ix(bh) % H)
         c0 = h * HS
-        t0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * BQ
-        w, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        t0 = ix(n_tiles_grid - 1 - tile) * BQ
+        w, lane = ix(cuda.threadIdx.x) // WARP, ix(cuda.threadIdx.x) % WARP
         wm0 = 16 * w
         g, tq = lane >> 2, lane & 3
         kb, vb = k[b], v[b]
@@ -414,8 +431,8 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
             zero(s)
             zero(da)
             for ks in range(NK):
-                step_own(s, fq, sk, ks, w, g, tq)         # q k^T
-                step_own(da, fdy, sv, ks, w, g, tq)       # dy v^T
+                step_own(s, fq, sk, ix(ks), w, g, tq)         # q k^T
+                step_own(da, fdy, sv, ix(ks), w, g, tq)       # dy v^T
             for hh in range(2):
                 rr = wm0 + 8 * hh + g
                 t = t0 + rr
@@ -430,7 +447,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                     sds[rr, c] = gr
             warp_sync()                                    # sds's rows belong to this warp
             for kk in range(0, BKV, 8):                    # dq += ds @ k (the K tile as [u, d] rows)
-                step_nn(acc, sds, sk, kk, wm0, 0, g, tq)
+                step_nn(acc, sds, sk, ix(kk), wm0, 0, g, tq)
             if more:
                 cuda.syncthreads()                         # every warp is done with sk and sv
                 put(sk, rk)
@@ -448,13 +465,13 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
     def fetch_rows(regs, a, b, h, t0, T):
         """This thread's share of a[b, h, t0 .. t0 + BKV - 1] (lse or D) into registers (0 past T)."""
         for i in range(LPT):
-            jj = cuda.threadIdx.x + i * NT
+            jj = ix(cuda.threadIdx.x) + i * NT
             regs[i] = a[b, h, t0 + jj] if jj < BKV and t0 + jj < T else float32(0.0)
 
     @cuda.jit(device=True)
     def put_rows(s, regs):
         for i in range(LPT):
-            jj = cuda.threadIdx.x + i * NT
+            jj = ix(cuda.threadIdx.x) + i * NT
             if jj < BKV:
                 s[jj] = regs[i]
 
@@ -482,10 +499,11 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
         kacc = cuda.local.array((2, SH), float32)
         T = q.shape[1]
         H = lse.shape[1]
-        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
+        tile, n_tiles_grid, bh = grid_tile()
+        b, h = ix(ix(bh) // H), ix(ix(bh) % H)
         c0 = h * HS
-        u0 = cuda.blockIdx.x * BQ                          # the longest columns (small u) first
-        w, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        u0 = ix(tile) * BQ                          # the longest columns (small u) first
+        w, lane = ix(cuda.threadIdx.x) // WARP, ix(cuda.threadIdx.x) % WARP
         wm0 = 16 * w
         g, tq = lane >> 2, lane & 3
         qb, dyb = q[b], dy[b]
@@ -514,8 +532,8 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
             zero(st)
             zero(dat)
             for ks in range(NK):
-                step_own(st, fk, sq, ks, w, g, tq)        # k q^T
-                step_own(dat, fv, sdy, ks, w, g, tq)      # v dy^T
+                step_own(st, fk, sq, ix(ks), w, g, tq)        # k q^T
+                step_own(dat, fv, sdy, ix(ks), w, g, tq)      # v dy^T
             for hh in range(2):
                 rr = wm0 + 8 * hh + g
                 u = u0 + rr
@@ -533,8 +551,8 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                     sds[rr, c] = gr
             warp_sync()                                    # spf's and sds's rows belong to this warp
             for kk in range(0, BKV, 8):
-                step_nn(vacc, spf, sdy, kk, wm0, 0, g, tq)  # dv += (P f)^T @ dy
-                step_nn(kacc, sds, sq, kk, wm0, 0, g, tq)   # dk += ds^T @ q
+                step_nn(vacc, spf, sdy, ix(kk), wm0, 0, g, tq)  # dv += (P f)^T @ dy
+                step_nn(kacc, sds, sq, ix(kk), wm0, 0, g, tq)   # dk += ds^T @ q
             if more:
                 cuda.syncthreads()                         # every warp is done with sq, sdy, slse, sd
                 put(sq, rq)
@@ -554,14 +572,15 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
     return tuple(jit_as(f, version) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 
-_KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc, swizzle) -> the three kernels of v3, v4, v5 or v6
+_KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc, swizzle, nonneg, heavy) -> the three kernels of v3 .. v8
 
 
-def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False, swizzle=False):
+def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False, swizzle=False, nonneg=False, heavy=False):
     """The kernels of head size hs and block (WARPS, BKV), after checking that they fit; planes:
-    2 for v3's, 1 for v4's; trunc (with 2 planes): v5's; swizzle (with trunc): v6's."""
+    2 for v3's, 1 for v4's; trunc (with 2 planes): v5's; swizzle (with trunc): v6's; nonneg
+    (with trunc): v7's; heavy (with nonneg): v8's."""
     warps, bkv = block
-    v = 6 if swizzle else 5 if trunc else 3 if planes == 2 else 4
+    v = 8 if heavy else 7 if nonneg else 6 if swizzle else 5 if trunc else 3 if planes == 2 else 4
     need = shared_bytes(hs, warps, bkv, forward_only=forward_only, planes=planes, swizzle=swizzle)
     if need > SHARED_LIMIT:
         raise BlockDoesNotFit(f"flash attention v{v}: head size {hs} needs {need} bytes of shared memory with "
@@ -569,32 +588,39 @@ def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False, swizzle=F
     if bkv % 8 or (bkv * cdiv(hs, 8) * 8) % (WARP * warps):
         raise BlockDoesNotFit(f"flash attention v{v}: block {block} does not split a {bkv}-row tile of head size {hs} "
                          f"over {WARP * warps} threads (BKV a multiple of 8)")
-    key = (hs, warps, bkv, vec, planes, trunc, swizzle)
+    key = (hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy)
     if key not in _KERNELS:
-        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes, trunc, swizzle)   # numba compiles each on its first launch
+        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy)   # numba compiles each on its first launch
     return _KERNELS[key]
 
 
-def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=False, swizzle=False):
+def _grid(T, warps, BH, heavy):
+    """(query or key tiles, B*H), or (B*H, tiles) for v8."""
+    return (BH, cdiv(T, 16 * warps)) if heavy else (cdiv(T, 16 * warps), BH)
+
+
+def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=False, swizzle=False,
+         nonneg=False, heavy=False):
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
-    fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True, planes=planes, trunc=trunc, swizzle=swizzle)[0]
-    fwd[(cdiv(T, 16 * warps), B * n_head), WARP * warps, stream](
+    fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True, planes=planes, trunc=trunc, swizzle=swizzle,
+                  nonneg=nonneg, heavy=heavy)[0]
+    fwd[_grid(T, warps, B * n_head, heavy), WARP * warps, stream](
         y, lse, q, k, v, np.float32(1.0 / math.sqrt(hs)), *mask_args(dropout_p, dropout_key))
 
 
 def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
-         trunc=False, swizzle=False):
+         trunc=False, swizzle=False, nonneg=False, heavy=False):
     from .attn_flash import k_attn_flash_bwd_rowdot_v1
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
     _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy), planes=planes, trunc=trunc,
-                                        swizzle=swizzle)
+                                        swizzle=swizzle, nonneg=nonneg, heavy=heavy)
     scale = np.float32(1.0 / math.sqrt(hs))
     drop = mask_args(dropout_p, dropout_key)
     NT = WARP * warps
     k_attn_flash_bwd_rowdot_v1[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
-    grid = (cdiv(T, 16 * warps), B * n_head)
+    grid = _grid(T, warps, B * n_head, heavy)
     dq_kernel[grid, NT, stream](dq, dy, q, k, v, lse, d_rowdot, scale, *drop)
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
 
@@ -672,3 +698,51 @@ def attn_flash_bwd_v6(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
     """As v5 with swizzled inner tiles."""
     _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
          trunc=True, swizzle=True)
+
+
+# v7: v5 with its indices through common.nonneg. Numba types cuda.threadIdx.x and cuda.blockIdx as
+# signed integers and keeps Python's meaning for a signed index (a[-1] is the last element; // and
+# % round toward minus infinity), so every shared-memory read of v5's inner steps, sb[n, kk + t]
+# with n and t from the lane, compiled to a test "if index < 0: index += size" for each of its
+# two indices, and lane // 4, lane % 4 to fix-ups for negative lanes: in v5's dk/dv kernel (PTX
+# for sm_90, hs = 64, block (2, 16)) the loop over the channels' k steps held 156 instructions
+# besides its 12 mma.sync, about 90 of them such index arithmetic. v7 reads every thread and
+# block index through nonneg (int64(uint32(i)): the same number, now known to be >= 0), and the
+# compiler drops those tests. Nothing else changes: the same elements meet the same arithmetic in
+# the same order, so v7 gives v5's bits.
+@blocks(**FLASH_V3_FWD_BLOCKS)
+def attn_flash_fwd_v7(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+    """As v5 with indices the compiler knows are >= 0."""
+    _fwd(2, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=True, nonneg=True)
+
+
+@blocks(**FLASH_V3_BWD_BLOCKS)
+def attn_flash_bwd_v7(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+                      block, stream=0):
+    """As v5 with indices the compiler knows are >= 0."""
+    _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
+         trunc=True, nonneg=True)
+
+
+# v8: v7 on the grid (B*H, tiles) instead of (tiles, B*H). A causal tile's work grows with its
+# length: query tile i of the forward and the dq kernel visits i + 1 key tiles, key tile j of the
+# dk/dv kernel visits n - j query tiles. Each kernel numbers its tiles so that block 0 is the
+# longest, but the GPU hands out blocks in the order x, then y: on (tiles, B*H) it sends every
+# head's tiles from the longest to the shortest, head after head, so the last head's longest
+# tiles start last, while the rest of the GPU runs out of work (Nsight Compute, v3's dk/dv kernel
+# at 12M: the multiprocessors busy 82% of its time). On (B*H, tiles) the longest tiles of every
+# head go first and the short ones fill in at the end (longest first: the classic rule for
+# scheduling jobs of unequal length on parallel machines). Each block computes what it computed
+# before: v8 gives v5's bits.
+@blocks(**FLASH_V3_FWD_BLOCKS)
+def attn_flash_fwd_v8(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+    """As v7 on the grid (B*H, query tiles): the longest tiles first."""
+    _fwd(2, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=True, nonneg=True, heavy=True)
+
+
+@blocks(**FLASH_V3_BWD_BLOCKS)
+def attn_flash_bwd_v8(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+                      block, stream=0):
+    """As v7 on the grid (B*H, tiles): the longest tiles first."""
+    _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
+         trunc=True, nonneg=True, heavy=True)

@@ -55,7 +55,7 @@ from types import SimpleNamespace
 import numpy as np
 from numba import cuda, float32
 
-from .common import SIMULATOR, cdiv
+from .common import SIMULATOR, as_is, cdiv, nonneg
 from .ptx import load4, mma_tf32, store4, tf32_round
 from .split_tile import tile_mma_split
 from .tile_loop import WARP, make_pipeline
@@ -71,11 +71,13 @@ def col_swizzle(r):
     return ((r & 3) << 3) | (((r >> 2) & 1) << 2)
 
 
-def _copier(R, Cc, P, THREADS, vec, swizzle=False):
+def _copier(R, Cc, P, THREADS, vec, swizzle=False, nonneg_index=False):
     """fetch(regs, g, r0, c0, rlim, clim): this thread's share of the R x Cc tile of the stored
     matrix g at (r0, c0) into registers (zero outside rows < rlim, columns < clim);
     put(s, regs): the registers into the shared tile s (rows of pitch P; swizzle: column c of
-    row r at c ^ col_swizzle(r))."""
+    row r at c ^ col_swizzle(r)). nonneg_index: the thread index through common.nonneg (flash
+    attention v7), so its divisions and indexing carry no code for negative values."""
+    ix = nonneg if nonneg_index else as_is
     E = R * Cc // THREADS                 # elements per thread
     assert E * THREADS == R * Cc, f"a {R} x {Cc} tile does not split over {THREADS} threads"
     if vec:
@@ -85,7 +87,7 @@ def _copier(R, Cc, P, THREADS, vec, swizzle=False):
         @cuda.jit(device=True)
         def fetch(regs, g, r0, c0, rlim, clim):
             for j in range(CH):
-                e = cuda.threadIdx.x + j * THREADS
+                e = ix(cuda.threadIdx.x) + j * THREADS
                 r, c = r0 + e // CPR, c0 + (e % CPR) * 4
                 if r < rlim and c < clim:                 # clim is a multiple of 4: a chunk is all in or all out
                     regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
@@ -96,7 +98,7 @@ def _copier(R, Cc, P, THREADS, vec, swizzle=False):
         @cuda.jit(device=True)
         def put(s, regs):
             for j in range(CH):
-                e = cuda.threadIdx.x + j * THREADS
+                e = ix(cuda.threadIdx.x) + j * THREADS
                 r, c = e // CPR, (e % CPR) * 4
                 if swizzle:
                     c = c ^ col_swizzle(r)
@@ -105,14 +107,14 @@ def _copier(R, Cc, P, THREADS, vec, swizzle=False):
         @cuda.jit(device=True)
         def fetch(regs, g, r0, c0, rlim, clim):
             for j in range(E):
-                e = cuda.threadIdx.x + j * THREADS
+                e = ix(cuda.threadIdx.x) + j * THREADS
                 r, c = r0 + e // Cc, c0 + e % Cc
                 regs[j] = g[r, c] if r < rlim and c < clim else float32(0.0)
 
         @cuda.jit(device=True)
         def put(s, regs):
             for j in range(E):
-                e = cuda.threadIdx.x + j * THREADS
+                e = ix(cuda.threadIdx.x) + j * THREADS
                 r, c = e // Cc, e % Cc
                 if swizzle:
                     c = c ^ col_swizzle(r)
