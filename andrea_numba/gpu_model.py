@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import contextlib
+import inspect
 
 import numpy as np
 from numba import cuda
@@ -93,7 +94,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("d_rowdot", (B, H, T), "scratch") if flash else     # flash: D = dy . y per row
         S("d_scores", (B, H, T, T), "scratch"),      # attention scores: datt, then ds (one layer at a time)
         S("embed_links", (2, N), "scratch", i32),    # embed_bwd's per-token lists
-        S("splitk", (splitk_work(C),), "scratch"),   # split-K partial products, LayerNorms' partial dg, db
+        S("splitk", (splitk_work(C, N),), "scratch"),   # split-K partial products (the MLP's forward too), LayerNorms' partial dg, db
     ]
     backward_only = {"grads", "embed_links", "splitk"} | {s.name for s in specs if s.name.startswith("d_")}
     return [s for s in specs
@@ -104,14 +105,15 @@ class GPUModel:
     """training=False builds a forward-only model (sampling, evaluation at another batch size);
     params=<device array> makes it use another model's parameter vector instead of its own;
     flash=True (the default) runs flash attention (kernels/attn_flash.py, the module's engine
-    version: v5, on tensor cores, no [B, H, T, T] buffer); flash=False attention v2
+    version: v8's forward and v9's backward, on tensor cores, no [B, H, T, T] buffer); flash=False attention v2
     (kernels/attn.py, which saves the probabilities). The two agree to float32 rounding, not bit
     for bit: a run keeps one. On the H200 flash attention was faster at 12M and 120M and needs
     5.2 GB less at 120M (docs/kernels-h200.md).
     share=<GPUModel> (with training=False, at a B x T no larger) runs on the first elements of
     that model's buffers and its parameters, allocating nothing: the trainer's sampler.
-    products="tf32x3w" (the default) runs the linear ops' v7 (mlp v9, its GELU a pass of its
-    own): 3xTF32 on the swizzled k-major tiles of kernels/split_tile.py, the small parts truncated
+    products="tf32x3w" (the default) runs the linear ops' v7 (mlp v12: its GELU a pass of its
+    own, its C-wide products split over K in the split-K buffer; the loss forward's v9, its softmax
+    rows on as few threads as they need): 3xTF32 on the swizzled k-major tiles of kernels/split_tile.py, the small parts truncated
     by the tensor core (matmul v8); "tf32x3t" their v6 (mlp v7), the same sums on v6's tiles
     (matmul v7); "tf32x3k" their v5, the same tiles with both parts rounded (matmul v6);
     "tf32x3s" their v4 (split planes, matmul v5); "tf32x3" their v3 (warp tiles, matmul v4);
@@ -133,7 +135,8 @@ class GPUModel:
         self.out_fwd, self.out_bwd = attn_out.VERSIONS["attn_out_fwd"][v], attn_out.VERSIONS["attn_out_bwd"][v]
         vm = MLP_VERSION.get(products, v) if mlp_version is None else mlp_version
         self.mlp_fwd, self.mlp_bwd = mlp.VERSIONS["mlp_fwd"][vm], mlp.VERSIONS["mlp_bwd"][vm]
-        self.loss_fwd, self.loss_bwd = loss.VERSIONS["loss_fwd"][v], loss.VERSIONS["loss_bwd"][v]
+        self.mlp_fwd_takes_work = "work" in inspect.signature(self.mlp_fwd).parameters   # v11 on
+        self.loss_fwd, self.loss_bwd = loss.VERSIONS["loss_fwd"][LOSS_FWD_VERSION.get(products, v)], loss.VERSIONS["loss_bwd"][v]
         self.dropout = dropout                      # used by a forward given a dropout_key
         self.flash = flash
         # every launch and copy of this model goes to one stream, never the legacy default stream
@@ -191,6 +194,9 @@ class GPUModel:
         keys = b["keys"] if keys is None else keys
         self.keys = [[keys[l, i:i + 1] for i in range(D.SITES)] for l in range(m.n_layer)]
         self.p_drop = p_drop
+        # an MLP launcher that splits its products over K (mlp v11, v12) takes the split-K buffer,
+        # free during the forward; a model without one (forward only) runs those products whole
+        mlp_work = {"work": b.get("splitk")} if self.mlp_fwd_takes_work else {}
         embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
         # the first LayerNorm has no residual sum before it; every later one is fused with the
         # residual add that makes its input (layernorm.residual_layernorm_fwd)
@@ -212,8 +218,8 @@ class GPUModel:
             # x_mid = x[l] + branch, then ln2 = LN2(x_mid): one kernel
             layernorm.residual_layernorm_fwd(b["x_mid"][l], b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], x[l],
                                              b["branch"], P[p + "ln2.g"], P[p + "ln2.b"], eps, stream=s)
-            self.mlp_fwd(b["branch"], b["h_pre"][l], b["h"][l], b["ln2"][l],
-                         P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
+            self.mlp_fwd(out=b["branch"], h_pre=b["h_pre"][l], h=b["h"][l], x=b["ln2"][l],
+                         w_1=P[p + "mlp.w_1"], w_2=P[p + "mlp.w_2"], stream=s, **mlp_work)
             if p_drop:
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_mlp, stream=s)
             # x[l+1] = x_mid + branch, then the next LayerNorm: block l+1's LN1, or LNf after the last
@@ -312,7 +318,8 @@ class GPUModel:
 # products= of GPUModel: the version of the linear ops (attn_qkv, attn_out, mlp, loss) it runs;
 # the MLP's own number where it differs (its v6 is v5 with another store loop, not a product kind)
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8}
-MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 9, "simt2": 10}
+MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10}
+LOSS_FWD_VERSION = {"tf32x3w": 9}          # the loss forward's, where it is not the linear ops' version
 
 
 def _flat(a):

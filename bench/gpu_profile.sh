@@ -19,6 +19,7 @@
 #          ln2 (residual_layernorm v2/v3 against v1/v2: the harness at 12M and 120M, the kernel table),
 #          torchstep (bench/step_time.py at 12M and 120M, or TORCH_SIZES, with PyTorch fp32's whole training step);
 #          flash8 (flash attention v7 and v8 against v5: the harness at 12M and 120M, kernel table, the step);
+#          s8 (flash v9, mlp v11/v12, loss_fwd v9: same bits, harness and kernel tables at 12M, the whole model);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -97,6 +98,22 @@ for s in $steps; do
     mlp9) compare_versions mlp9 mlp 37 200 "8 9" --mlp-version 9 ;;     # the MLP's v9 (the GELU a pass of its own) against v8
     flash5) compare_versions flash5 attn_flash 41 240 "3 5 6" --flash-version "3 5 6" ;;   # flash v5 (v7's split), v6 (swizzled) against v3
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
+    s8) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
+        # passes), loss_fwd v9 (softmax rows on fewer threads): the same bits where they claim them,
+        # the harness at 12M, their kernel tables at 12M, the whole model at 12M with the engine's
+        mkdir -p "$OUT/s8"
+        for pair in "attn_flash 5 9" "attn_flash 8 9" "mlp 11 12"; do set -- $pair
+          timeout 90 $py bench/same_bits.py --size 12M --op $1 --versions $2 $3 --json "$OUT/s8/bits_$1_$2_$3.json" \
+              > "$OUT/s8/bits_$1_$2_$3.txt" 2>&1; echo "same_bits $pair exit $?"; tail -1 "$OUT/s8/bits_$1_$2_$3.txt"; done
+        timeout 200 $py -m andrea_numba.check --size 12M --seed 89 --ops-only --op mlp --op loss --op attn_flash \
+            --version 9 --version 11 --version 12 --json > "$OUT/s8/check_12M.json" 2> "$OUT/s8/check_12M.err"
+        echo "s8 check 12M exit $?"; tail -1 "$OUT/s8/check_12M.err"; disagree "$OUT/s8/check_12M.json"
+        timeout 150 $py bench/kernels.py mlp --sizes 12M --version 9 --version 11 --version 12 --markdown "$OUT/s8/mlp.md" \
+            > "$OUT/s8/mlp.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/s8/mlp.md"
+        timeout 100 $py bench/kernels.py loss --sizes 12M --version 7 --version 9 --markdown "$OUT/s8/loss.md" \
+            > "$OUT/s8/loss.txt" 2>&1; echo "kernels loss exit $?"; grep "^|" "$OUT/s8/loss.md"
+        timeout 150 $py -m andrea_numba.check --size 12M --seed 97 --model-only --json > "$OUT/s8/model_12M.json" \
+            2> "$OUT/s8/model_12M.err"; echo "model 12M exit $?"; tail -1 "$OUT/s8/model_12M.err"; disagree "$OUT/s8/model_12M.json" ;;
     simt2) # the engine's new MLP (v9) and flash attention (v5) in the whole model; matmul v9 (SIMT
            # tiles) against v3 and cuBLAS; the step with tf32x3w, simt and simt2 products; the harness
            # on the simt2 linear ops at 12M
@@ -118,5 +135,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8 mlp6 mlp9 flash5 flash8 simt2 embed4 adamw3 ln2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp6 mlp9 flash5 flash8 s8 simt2 embed4 adamw3 ln2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

@@ -194,3 +194,35 @@ def test_v9s_simt_tiles_give_v3s_bits(trans_a, trans_b):
         out = cuda.to_device(np.full((M, N), np.nan, np.float32))
         MM.matmul_v9(out, None, cuda.to_device(a), cuda.to_device(b), trans_a=trans_a, trans_b=trans_b, block=block)
         assert np.array_equal(v3.view(np.uint32), out.copy_to_host().view(np.uint32)), block
+
+
+def test_mlp_v11_splits_the_c_wide_products_and_v12_keeps_v11s_bits():
+    """mlp v11 offers every product the split-K buffer: at N = 37, C = 24 (K = 4C = 96 for
+    out = h @ W_2 and dx = dh_pre @ W_1^T, two output tiles on the simulator's 4 resident blocks)
+    splitk cuts them into two slices, so out differs from v9's in its last bits (and agrees with it
+    to float32 rounding). v12 (the GELU passes four elements a thread) gives v11's bits, forward
+    and backward, with dW += on top of random values."""
+    from andrea_numba.kernels import mlp
+    rng = np.random.default_rng(8)
+    N, C = 37, 24
+    x, dout = rng.standard_normal((N, C)).astype(np.float32), rng.standard_normal((N, C)).astype(np.float32)
+    w_1, w_2 = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((C, 4 * C), (4 * C, C)))
+    dw0 = [rng.standard_normal(w.shape).astype(np.float32) for w in (w_1, w_2)]
+    work = cuda.to_device(np.full(MM.splitk_work(C, N), np.nan, np.float32))
+    block = mlp.mlp_fwd_v11.blocks[0]
+    assert MM.splitk(N, C, 4 * C, 1, block, work) == (2, 2 * C)
+    outs = {}
+    for v in (9, 11, 12):
+        fwd, bwd = mlp.VERSIONS["mlp_fwd"][v], mlp.VERSIONS["mlp_bwd"][v]
+        d = {k: cuda.to_device(a) for k, a in dict(x=x, w_1=w_1, w_2=w_2, dout=dout).items()}
+        out, dx = cuda.to_device(np.full((N, C), np.nan, np.float32)), cuda.to_device(np.full((N, C), np.nan, np.float32))
+        h_pre, h, dh_pre = (cuda.to_device(np.full((N, 4 * C), np.nan, np.float32)) for _ in range(3))
+        dw_1, dw_2 = (cuda.to_device(a.copy()) for a in dw0)
+        more = dict(work=work) if v > 9 else {}
+        fwd(out=out, h_pre=h_pre, h=h, x=d["x"], w_1=d["w_1"], w_2=d["w_2"], block=block, **more)
+        bwd(dx, dw_1, dw_2, dh_pre, work, d["dout"], d["x"], h_pre, h, d["w_1"], d["w_2"], block=block)
+        outs[v] = [a.copy_to_host() for a in (out, h_pre, h, dx, dw_1, dw_2, dh_pre)]
+    for a, b in zip(outs[11], outs[12]):
+        assert np.isfinite(a).all() and np.array_equal(a, b)
+    out9, out11 = outs[9][0], outs[11][0]
+    assert not np.array_equal(out9, out11) and np.allclose(out9, out11, rtol=1e-5, atol=1e-5)

@@ -235,17 +235,18 @@ def _kstep_own(WARPS, NK, NI, PLANES, TRUNC=False, SWZ=False):
 
 
 def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUNC: bool = False, SWZ: bool = False,
-                 NONNEG: bool = False, HEAVY: bool = False):
+                 NONNEG: bool = False, HEAVY: bool = False, ROWDOT: bool = False):
     """The three kernels for head size HS, block (WARPS, BKV) and 128-bit copies VEC (the caller
     checked the alignment: aligned_rows); the own tiles as two split planes (PLANES = 2, v3) or
     one plane of values split as read (PLANES = 1, v4); TRUNC: v3 with the small parts of the
     inner tiles' values truncated by the tensor core (v5); SWZ: v5 with swizzled inner tiles (v6);
     NONNEG: v5 with its thread and block indices through common.nonneg (v7); HEAVY: v7 on the grid
-    (B*H, tiles), the longest tiles of every head first (v8)."""
+    (B*H, tiles), the longest tiles of every head first (v8); ROWDOT: v8 with D = dy . y worked out
+    by the dq kernel for its rows (v9)."""
     HS8 = cdiv(HS, 8) * 8         # head size rounded up to the mma's k step (tiles zero-padded)
     BQ = 16 * WARPS               # rows of the block's own tile: 16 per warp
     NT = WARP * WARPS
-    version = 8 if HEAVY else 7 if NONNEG else 6 if SWZ else 5 if TRUNC else 3 if PLANES == 2 else 4
+    version = 9 if ROWDOT else 8 if HEAVY else 7 if NONNEG else 6 if SWZ else 5 if TRUNC else 3 if PLANES == 2 else 4
     ix = nonneg if NONNEG else as_is   # v7: indices the compiler knows are >= 0 (common.nonneg)
     SWZ = swizzled(HS8, SWZ)      # (at a head size of rows not a multiple of 32 floats, v6 is v5)
     P = inner_pitch(HS8, SWZ)     # pitch of the inner tiles: conflict-free fragment reads
@@ -381,11 +382,13 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                 if tq == 0:
                     lse[b, h, t] = m[hh] + math.log(lt)
 
-    def k_attn_flash_bwd_dq(dq, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
+    def k_attn_flash_bwd_dq(dq, d_rowdot, dy, q, k, v, y, lse, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows, b*H + h); per key tile u0 <= the tile's last query:
             s = q k^T, datt' = dy v^T (q and dy from their planes), ds = P (f datt' - D) into
             the warp's rows of a shared tile, dq += ds k; at the end dq *= scale. As
-            k_attn_flash_bwd_dq_v2, the next K and V tiles loading during the products."""
+            k_attn_flash_bwd_dq_v2, the next K and V tiles loading during the products. v3 to v8
+            read D from d_rowdot (k_attn_flash_bwd_rowdot_v1, launched before); v9 works it out
+            here for the tile's rows and writes it to d_rowdot for the dk/dv kernel."""
         key = key_value(dropout_key)
         fq = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)   # q's planes: big, small (v3) or values (v4)
         fdy = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)  # dy's planes
@@ -413,7 +416,18 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
         for hh in range(2):
             t = t0 + wm0 + 8 * hh + g
             lse_t[hh] = lse[b, h, t] if t < T else float32(0.0)
-            d_t[hh] = d_rowdot[b, h, t] if t < T else float32(0.0)
+            if not ROWDOT:
+                d_t[hh] = d_rowdot[b, h, t] if t < T else float32(0.0)
+        if ROWDOT:      # v9: D[t] = sum_d dy[t, d] y[t, d], a thread a row, in channel order (rowdot_v1's sum)
+            sd = cuda.shared.array(BQ, float32)
+            for r in range(ix(cuda.threadIdx.x), BQ, NT):
+                t = t0 + r
+                dd = float32(0.0)
+                if t < T:
+                    for d in range(HS):
+                        dd += dy[b, t, c0 + d] * y[b, t, c0 + d]
+                    d_rowdot[b, h, t] = dd                 # for the dk/dv kernel, launched next
+                sd[r] = dd
         load_own(fq, q[b], t0, c0, T, w, g, tq)
         load_own(fdy, dy[b], t0, c0, T, w, g, tq)
         n_tiles = (min(T, t0 + BQ) + BKV - 1) // BKV
@@ -422,6 +436,9 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
         put(sk, rk)
         put(sv, rv)
         cuda.syncthreads()
+        if ROWDOT:                                         # (sd written before the barrier)
+            for hh in range(2):
+                d_t[hh] = sd[wm0 + 8 * hh + g]
         for j in range(n_tiles):
             u0 = j * BKV
             more = j + 1 < n_tiles
@@ -572,15 +589,16 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
     return tuple(jit_as(f, version) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 
-_KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc, swizzle, nonneg, heavy) -> the three kernels of v3 .. v8
+_KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc, swizzle, nonneg, heavy, rowdot) -> the three kernels of v3 .. v9
 
 
-def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False, swizzle=False, nonneg=False, heavy=False):
+def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False, swizzle=False, nonneg=False, heavy=False,
+            rowdot=False):
     """The kernels of head size hs and block (WARPS, BKV), after checking that they fit; planes:
     2 for v3's, 1 for v4's; trunc (with 2 planes): v5's; swizzle (with trunc): v6's; nonneg
-    (with trunc): v7's; heavy (with nonneg): v8's."""
+    (with trunc): v7's; heavy (with nonneg): v8's; rowdot (with heavy): v9's."""
     warps, bkv = block
-    v = 8 if heavy else 7 if nonneg else 6 if swizzle else 5 if trunc else 3 if planes == 2 else 4
+    v = 9 if rowdot else 8 if heavy else 7 if nonneg else 6 if swizzle else 5 if trunc else 3 if planes == 2 else 4
     need = shared_bytes(hs, warps, bkv, forward_only=forward_only, planes=planes, swizzle=swizzle)
     if need > SHARED_LIMIT:
         raise BlockDoesNotFit(f"flash attention v{v}: head size {hs} needs {need} bytes of shared memory with "
@@ -588,9 +606,9 @@ def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False, swizzle=F
     if bkv % 8 or (bkv * cdiv(hs, 8) * 8) % (WARP * warps):
         raise BlockDoesNotFit(f"flash attention v{v}: block {block} does not split a {bkv}-row tile of head size {hs} "
                          f"over {WARP * warps} threads (BKV a multiple of 8)")
-    key = (hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy)
+    key = (hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy, rowdot)
     if key not in _KERNELS:
-        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy)   # numba compiles each on its first launch
+        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy, rowdot)   # numba compiles each on its first launch
     return _KERNELS[key]
 
 
@@ -610,18 +628,19 @@ def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream,
 
 
 def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
-         trunc=False, swizzle=False, nonneg=False, heavy=False):
+         trunc=False, swizzle=False, nonneg=False, heavy=False, rowdot=False):
     from .attn_flash import k_attn_flash_bwd_rowdot_v1
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
     _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy), planes=planes, trunc=trunc,
-                                        swizzle=swizzle, nonneg=nonneg, heavy=heavy)
+                                        swizzle=swizzle, nonneg=nonneg, heavy=heavy, rowdot=rowdot)
     scale = np.float32(1.0 / math.sqrt(hs))
     drop = mask_args(dropout_p, dropout_key)
     NT = WARP * warps
-    k_attn_flash_bwd_rowdot_v1[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
+    if not rowdot:                         # v9's dq kernel works out D itself
+        k_attn_flash_bwd_rowdot_v1[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
     grid = _grid(T, warps, B * n_head, heavy)
-    dq_kernel[grid, NT, stream](dq, dy, q, k, v, lse, d_rowdot, scale, *drop)
+    dq_kernel[grid, NT, stream](dq, d_rowdot, dy, q, k, v, y, lse, scale, *drop)
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
 
 
@@ -746,3 +765,18 @@ def attn_flash_bwd_v8(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
     """As v7 on the grid (B*H, tiles): the longest tiles first."""
     _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
          trunc=True, nonneg=True, heavy=True)
+
+
+# v9: v8 without the launch of k_attn_flash_bwd_rowdot_v1. D[t] = sum_d dy[t, d] y[t, d] (the
+# softmax backward's row sum, module docstring of attn_flash.py) is needed by the dq kernel for its
+# query rows and by the dk/dv kernel for every query, and the dq kernel runs first. So v9's dq
+# kernel works out D for its own tile's rows, one thread a row summing in channel order as the
+# rowdot kernel does (the same sum: v8's bits), keeps them in shared memory for its own use and
+# writes them to d_rowdot for the dk/dv kernel. The rowdot kernel read dy and y with a thread a row:
+# 0.031 ms a call at 12M (14 a step), about 0.8 TB/s.
+@blocks(**FLASH_V3_BWD_BLOCKS)
+def attn_flash_bwd_v9(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+                      block, stream=0):
+    """As v8 with D = dy . y worked out in the dq kernel (no rowdot launch)."""
+    _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
+         trunc=True, nonneg=True, heavy=True, rowdot=True)

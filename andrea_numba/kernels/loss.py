@@ -214,6 +214,34 @@ def loss_bwd_v8(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block
     _bwd_warp("simt2", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 
-VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8},
-            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8}}
+# v9: v7 with the softmax's block no wider than its row needs. k_loss_fwd_v1 runs a block per row
+# and v7 launches 1024 threads, the width that a 50,304-entry row of the 120M vocabulary needs. At
+# 12M a row has 256 entries: three of every four threads had nothing to load, and every one of
+# them took part in the two 1024-wide block reductions (ten barriers each): 0.174 ms a call on the
+# H200 for 8 MB of logits. v9 launches the smallest power of two of threads with at most four
+# entries each (at least a warp, at most the block): 64 at 12M, 1024 at 120M (v7's launch: its bits).
+def row_threads(V: int, block: int) -> int:
+    """Threads of a softmax row: the smallest power of two >= V / 4, at least 32, at most block."""
+    t = 32
+    while t < block and 4 * t < V:
+        t *= 2
+    return min(t, block)
+
+
+def _fwd_rows(kind, loss, losses, probs, x, wte, targets, block, stream):
+    """_fwd_warp with k_loss_fwd_v1 on row_threads(V, block) threads a row."""
+    N, V = probs.shape
+    WARP_MATMUL[kind](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
+    k_loss_fwd_v1[N, row_threads(V, block), stream](losses, probs, targets)
+    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+
+
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v9(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """v7 with the softmax rows on as few threads as four entries a thread allow (at most block)."""
+    _fwd_rows("tf32x3w", loss, losses, probs, x, wte, targets, block, stream)
+
+
+VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9},
+            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8, 9: loss_bwd_v7}}
 loss_fwd, loss_bwd = loss_fwd_v7, loss_bwd_v7          # what the engine uses

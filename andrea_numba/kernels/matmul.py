@@ -244,10 +244,11 @@ SPLIT_LAUNCH = 2             # k_splitk_sum_v1's launch and its pass, in wave-st
 SPLIT_VALUES = 1 << 19       # ... plus one for every half million partial values written and read
 
 
-def splitk_work(C: int) -> int:
-    """Floats of the split-K work buffer for a model of width C (the engine's, and the op cases'):
-    room for 8 slices of the largest weight gradient, W_1's C x 4C (32 of a C x C one)."""
-    return 32 * C * C
+def splitk_work(C: int, N: int = 0) -> int:
+    """Floats of the split-K work buffer for a model of width C at N = B*T rows (the engine's, and
+    the op cases'): room for 8 slices of the largest weight gradient, W_1's C x 4C (32 of a C x C
+    one), and for 2 slices of an N x C activation (mlp v11's C-wide products)."""
+    return max(32 * C * C, 2 * N * C)
 
 
 def splitk(M, N, K, z, block, work, resident=RESIDENT_BLOCKS):

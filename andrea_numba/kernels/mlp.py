@@ -21,7 +21,8 @@ import math
 
 from numba import cuda, float32
 
-from .common import blocks, elementwise_launch
+from .common import blocks, elementwise_launch, nonneg
+from .ptx import load4, store4
 from .matmul import KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
@@ -321,11 +322,126 @@ def mlp_bwd_v10(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     _bwd_plain("simt2", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
+# v11: v9 with every product given the split-K work buffer, the C-wide ones split. At 12M the
+# products of width C (out = h @ W_2, dx = dh_pre @ W_1^T: 8192 x 384 outputs, K = 1536) are
+# 64 x 6 = 384 tiles of 128 x 64 on a GPU that runs 264 at once: one full wave and one of 120
+# blocks, the GPU 73% busy, and they took 0.256 and 0.246 ms against 0.221 and 0.213 for the
+# products of width 4C with the same FLOPs (Nsight Compute, the training step on the H200). With
+# the work buffer matmul.splitk weighs the waves (the comment above splitk in matmul.py): S = 2
+# slices of K = 768 make 768 blocks, three waves of half the length, and k_splitk_sum_v2 adds the
+# two partial tiles in order (no atomics). The 4C-wide products and every 120M product stay
+# whole (S = 1: their waves are already full). Other sums than v9's, so other bits; the same at
+# every run. work is the engine's split-K buffer (matmul.splitk_work(C, N): room for two N x C
+# slices); a model without one (the sampler's) passes None and runs v9's products.
+
+def _fwd_split(kind, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass):
+    """_fwd_plain with every product offered the work buffer (splitk decides), the GELU pass given."""
+    N, F = h.shape
+    mm = WARP_MATMUL[kind]
+    mm(h_pre, work, x, w_1, block=block, stream=stream)
+    gelu_pass(h.reshape(N * F), h_pre.reshape(N * F), stream)
+    mm(out, work, h, w_2, block=block, stream=stream)
+
+
+def _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_grad_pass):
+    """_bwd_plain with every product offered the work buffer (splitk decides), the GELU' pass given."""
+    N, F = h.shape
+    mm = WARP_MATMUL[kind]
+    mm(dw_2, work, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)     # dW_2 += h^T @ dout
+    mm(dh_pre, work, dout, w_2, trans_b=True, block=block, stream=stream)                  # dh = dout @ W_2^T
+    gelu_grad_pass(dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)                    # dh_pre = dh gelu'(h_pre)
+    mm(dw_1, work, x, dh_pre, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
+    mm(dx, work, dh_pre, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
+
+
+def gelu_fwd_v1(h, h_pre, stream):
+    """k_gelu_fwd_v1 over the flat views: a thread an element."""
+    grid, threads = elementwise_launch(h.shape[0])
+    k_gelu_fwd_v1[grid, threads, stream](h, h_pre)
+
+
+def gelu_bwd_v1(dh_pre, h_pre, stream):
+    """k_gelu_bwd_v1 over the flat views: a thread an element."""
+    grid, threads = elementwise_launch(dh_pre.shape[0])
+    k_gelu_bwd_v1[grid, threads, stream](dh_pre, h_pre)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_fwd_v11(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+    """v9 with the products split over K into work where a wave would run part-empty."""
+    _fwd_split("tf32x3w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v1)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_bwd_v11(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v9's backward with dh = dout @ W_2^T and dx split over K into work where a wave would run part-empty."""
+    _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v1)
+
+
+# v12: v11 with the GELU passes four elements a thread, one 128-bit load and store each (ptx.py's
+# load4 and store4). k_gelu_fwd_v1 moved 100 MB (12M: h_pre in, h out) in 0.040 ms, 2.5 TB/s, on
+# an H200 that streams about 4: a thread per float issues four times the memory instructions.
+# The same float32 operations on the same values: v12 gives v11's bits. (A view that does not
+# start on a 16-byte boundary, or a length not a multiple of 4, takes the v1 kernels.)
+
+@cuda.jit
+def k_gelu_fwd_v2(h, h_pre):
+    """h[i .. i+3] = gelu(h_pre[i .. i+3]), i = 4 x (the thread's index): 128-bit loads and stores."""
+    i = 4 * nonneg(cuda.grid(1))
+    if i < h.shape[0]:
+        z0, z1, z2, z3 = load4(h_pre, i)
+        store4(h, i, gelu(z0), gelu(z1), gelu(z2), gelu(z3))
+
+
+@cuda.jit
+def k_gelu_bwd_v2(dh_pre, h_pre):
+    """dh_pre[i .. i+3] *= gelu'(h_pre[i .. i+3]) in place, four elements a thread."""
+    i = 4 * nonneg(cuda.grid(1))
+    if i < dh_pre.shape[0]:
+        d0, d1, d2, d3 = load4(dh_pre, i)
+        z0, z1, z2, z3 = load4(h_pre, i)
+        store4(dh_pre, i, d0 * gelu_grad(z0), d1 * gelu_grad(z1), d2 * gelu_grad(z2), d3 * gelu_grad(z3))
+
+
+def _vec4(*arrays) -> bool:
+    """Flat float32 views of a length that 4 divides, each starting on a 16-byte boundary."""
+    faces = [getattr(a, "__cuda_array_interface__", None) or a.__array_interface__ for a in arrays]
+    return all(a.shape[0] % 4 == 0 and f["data"][0] % 16 == 0 for a, f in zip(arrays, faces))
+
+
+def gelu_fwd_v2(h, h_pre, stream):
+    """k_gelu_fwd_v2 (four elements a thread) when the views allow it, else v1."""
+    if not _vec4(h, h_pre):
+        return gelu_fwd_v1(h, h_pre, stream)
+    grid, threads = elementwise_launch(h.shape[0] // 4)
+    k_gelu_fwd_v2[grid, threads, stream](h, h_pre)
+
+
+def gelu_bwd_v2(dh_pre, h_pre, stream):
+    """k_gelu_bwd_v2 (four elements a thread) when the views allow it, else v1."""
+    if not _vec4(dh_pre, h_pre):
+        return gelu_bwd_v1(dh_pre, h_pre, stream)
+    grid, threads = elementwise_launch(dh_pre.shape[0] // 4)
+    k_gelu_bwd_v2[grid, threads, stream](dh_pre, h_pre)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_fwd_v12(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+    """v11 with the GELU pass four elements a thread."""
+    _fwd_split("tf32x3w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v2)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_bwd_v12(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v11's backward with the GELU' pass four elements a thread."""
+    _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
+
+
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 
 VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
-                        10: mlp_fwd_v10},
+                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12},
             "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
-                        10: mlp_bwd_v10}}
+                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12}}
 mlp_fwd, mlp_bwd = mlp_fwd_v9, mlp_bwd_v9          # what the engine uses
