@@ -20,6 +20,7 @@
 #          torchstep (bench/step_time.py at 12M and 120M, or TORCH_SIZES, with PyTorch fp32's whole training step);
 #          flash8 (flash attention v7 and v8 against v5: the harness at 12M and 120M, kernel table, the step);
 #          s8 (flash v9, mlp v11/v12, loss_fwd v9: same bits, harness and kernel tables at 12M, the whole model);
+#          s8b (flash v10 against v9's bits; the harness on v10 at 12M and on the new versions at 120M);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -97,6 +98,17 @@ for s in $steps; do
         mkdir -p "$OUT/v8"; mv "$OUT"/model_* "$OUT"/v8_check_* "$OUT/v8/" ;;
     mlp9) compare_versions mlp9 mlp 37 200 "8 9" --mlp-version 9 ;;     # the MLP's v9 (the GELU a pass of its own) against v8
     flash5) compare_versions flash5 attn_flash 41 240 "3 5 6" --flash-version "3 5 6" ;;   # flash v5 (v7's split), v6 (swizzled) against v3
+    s8b) # flash v10 (D from 128-bit loads) against v9's bits, the harness on it at 12M, and at 120M on
+         # this session's new versions (mlp v11, v12, loss_fwd v9, flash v9, v10)
+        mkdir -p "$OUT/s8b"
+        timeout 90 $py bench/same_bits.py --size 12M --op attn_flash --versions 9 10 --json "$OUT/s8b/bits_flash_9_10.json" \
+            > "$OUT/s8b/bits_flash_9_10.txt" 2>&1; echo "same_bits attn_flash 9 10 exit $?"; tail -1 "$OUT/s8b/bits_flash_9_10.txt"
+        timeout 100 $py -m andrea_numba.check --size 12M --seed 101 --ops-only --op attn_flash --version 10 --json \
+            > "$OUT/s8b/check_12M.json" 2> "$OUT/s8b/check_12M.err"
+        echo "s8b check 12M exit $?"; tail -1 "$OUT/s8b/check_12M.err"; disagree "$OUT/s8b/check_12M.json"
+        timeout 200 $py -m andrea_numba.check --size 120M --seed 103 --ops-only --op mlp --op loss --op attn_flash \
+            --version 9 --version 10 --version 11 --version 12 --json > "$OUT/s8b/check_120M.json" 2> "$OUT/s8b/check_120M.err"
+        echo "s8b check 120M exit $?"; tail -1 "$OUT/s8b/check_120M.err"; disagree "$OUT/s8b/check_120M.json" ;;
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
     s8) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
         # passes), loss_fwd v9 (softmax rows on fewer threads): the same bits where they claim them,
@@ -135,5 +147,5 @@ for s in $steps; do
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8 mlp6 mlp9 flash5 flash8 s8 simt2 embed4 adamw3 ln2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp6 mlp9 flash5 flash8 s8 s8b simt2 embed4 adamw3 ln2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

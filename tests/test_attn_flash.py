@@ -107,12 +107,12 @@ def test_v3_128_bit_copies_give_the_same_bits(monkeypatch):
     tile of 16 x 8 floats is 4 floats per thread, one chunk."""
     rng = np.random.default_rng(3)
     q, k, v, dy = (rng.standard_normal((1, T, C)).astype(np.float32) for _ in range(4))
-    plain = _run(3, (1, 16), q, k, v, dy, 0.25, KEY)
+    plain, plain10 = _run(3, (1, 16), q, k, v, dy, 0.25, KEY), _run(10, (1, 16), q, k, v, dy, 0.25, KEY)
     monkeypatch.setattr(attn_flash_v3, "aligned_rows", lambda hs, *arrays: True)
-    wide = _run(3, (1, 16), q, k, v, dy, 0.25, KEY)
-    assert (C // H, 1, 16, True, 2, False, False, False, False, False) in attn_flash_v3._KERNELS   # (hs, warps, BKV, vec, planes, trunc, swizzle, nonneg, heavy, rowdot)
-    for name in plain:
-        assert np.array_equal(plain[name], wide[name]), name
+    wide, wide10 = _run(3, (1, 16), q, k, v, dy, 0.25, KEY), _run(10, (1, 16), q, k, v, dy, 0.25, KEY)
+    assert (C // H, 1, 16, True, 2, False, False, False, False, 0) in attn_flash_v3._KERNELS   # (hs, warps, BKV, vec, planes, trunc, swizzle, nonneg, heavy, rowdot)
+    for name in plain:                            # (v10: also D from 128-bit loads of dy and y)
+        assert np.array_equal(plain[name], wide[name]) and np.array_equal(plain10[name], wide10[name]), name
 
 
 def test_v3_blocks_fit_and_a_block_that_does_not_is_refused():
@@ -210,15 +210,16 @@ def test_v6s_swizzled_tiles_give_v5s_bits_and_the_twins_gradients():
         for name in v5:
             assert np.isfinite(v5[name]).all() and np.array_equal(v5[name], v6[name]), (block, name)
         ref = ref or v5
-    assert (32, 1, 8, False, 2, True, True, False, False, False) in attn_flash_v3._KERNELS
+    assert (32, 1, 8, False, 2, True, True, False, False, 0) in attn_flash_v3._KERNELS
     plain = _run(1, attn_flash.VERSIONS["attn_flash_fwd"][1].blocks[0], q, k, v, dy, 0.25, KEY, h_)
     for name in ref:                              # v1 (SIMT, no tiles in common) as the independent check
         assert np.abs(ref[name] - plain[name]).max() <= 1e-5 * max(1.0, np.abs(plain[name]).max()), name
 
 
-def test_v7_v8_and_v9_give_v5s_bits():
+def test_v7_to_v10_give_v5s_bits():
     """v7 reads its thread and block indices through common.nonneg, v8 also runs on the grid
-    (B*H, tiles), v9 also works out D = dy . y in its dq kernel: the same elements meet the same
+    (B*H, tiles), v9 also works out D = dy . y in its dq kernel (v10 from 128-bit loads where rows
+    are aligned, test_v3_128_bit_copies_give_the_same_bits): the same elements meet the same
     arithmetic, so v5's bits (and v9's d_rowdot is v5's), at both simulator blocks, with dropout,
     at hs = 12 (zero-padded to 16) and T = 37 (two query tiles of 32 rows at block (2, 16), a
     partial last key tile)."""
@@ -226,8 +227,8 @@ def test_v7_v8_and_v9_give_v5s_bits():
     b_, t_, c_, h_ = 1, 37, 24, 2
     q, k, v, dy = (rng.standard_normal((b_, t_, c_)).astype(np.float32) for _ in range(4))
     for block in attn_flash.VERSIONS["attn_flash_fwd"][8].blocks:
-        v5, v7, v8, v9 = (_run(ver, block, q, k, v, dy, 0.25, KEY, h_) for ver in (5, 7, 8, 9))
+        v5, v7, v8, v9, v10 = (_run(ver, block, q, k, v, dy, 0.25, KEY, h_) for ver in (5, 7, 8, 9, 10))
         for name in v5:
             assert np.isfinite(v5[name]).all(), (block, name)
-            assert all(np.array_equal(v5[name], other[name]) for other in (v7, v8, v9)), (block, name)
+            assert all(np.array_equal(v5[name], other[name]) for other in (v7, v8, v9, v10)), (block, name)
     assert attn_flash_v3.make_kernels(12, 1, 8, False, NONNEG=True, HEAVY=True)[0].__name__ == "k_attn_flash_fwd_v8"

@@ -350,11 +350,13 @@ from .attn_flash_v3 import attn_flash_bwd_v6, attn_flash_fwd_v6  # noqa: E402
 from .attn_flash_v3 import attn_flash_bwd_v7, attn_flash_bwd_v8, attn_flash_fwd_v7, attn_flash_fwd_v8  # noqa: E402
 # v9: v8's forward; its backward works out D = dy . y in the dq kernel (no rowdot launch)
 from .attn_flash_v3 import attn_flash_bwd_v9  # noqa: E402
+# v10: v9 with dy and y read 128 bits at a time for D (same file)
+from .attn_flash_v3 import attn_flash_bwd_v10  # noqa: E402
 
 VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
                                5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6, 7: attn_flash_fwd_v7,
-                               8: attn_flash_fwd_v8, 9: attn_flash_fwd_v8},
+                               8: attn_flash_fwd_v8, 9: attn_flash_fwd_v8, 10: attn_flash_fwd_v8},
             "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
                                5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6, 7: attn_flash_bwd_v7,
-                               8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9}}
-attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v8, attn_flash_bwd_v9          # what the engine uses
+                               8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_v10}}
+attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v8, attn_flash_bwd_v10         # what the engine uses
