@@ -757,7 +757,8 @@ def attn_flash_bwd_v7(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
 # v8: v7 on the grid (B*H, tiles) instead of (tiles, B*H). A causal tile's work grows with its
 # length: query tile i of the forward and the dq kernel visits i + 1 key tiles, key tile j of the
 # dk/dv kernel visits n - j query tiles. Each kernel numbers its tiles so that block 0 is the
-# longest, but the GPU hands out blocks in the order x, then y: on (tiles, B*H) it sends every
+# longest, but the GPU hands out blocks in the order x, then y (in practice; CUDA promises no
+# order, and the results do not depend on one): on (tiles, B*H) it sends every
 # head's tiles from the longest to the shortest, head after head, so the last head's longest
 # tiles start last, while the rest of the GPU runs out of work (Nsight Compute, v3's dk/dv kernel
 # at 12M: the multiprocessors busy 82% of its time). On (B*H, tiles) the longest tiles of every
