@@ -121,14 +121,8 @@ class OpCase:
         `only`, when the case names some: the others are another case's; and of those, the
         version numbers in `numbers`, when given: --version of the harness and the benchmarks)."""
         versions = self.module.VERSIONS[self.fwd if direction == "fwd" else self.bwd]
-        picked = {v: launch for v, launch in versions.items()
-                  if (not self.only or v in self.only) and (not numbers or v in numbers)}
-        # a version whose launcher is an earlier one's (flash attention v9's forward is v8's) is
-        # that launcher: checked and timed once, under the first number picked
-        first = {}
-        for v, launch in picked.items():
-            first.setdefault(id(launch), v)
-        return {v: launch for v, launch in picked.items() if first[id(launch)] == v}
+        return {v: launch for v, launch in versions.items()
+                if (not self.only or v in self.only) and (not numbers or v in numbers)}
 
     def engine(self, direction: str = "fwd") -> Callable:
         """The launcher the engine uses (the module-level name without a version)."""

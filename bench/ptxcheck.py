@@ -93,7 +93,7 @@ def main():
         from andrea_numba.kernels import attn_flash
         x, lse = np.zeros((2, 128, 384), np.float32), np.zeros((2, 6, 128), np.float32)
         for v in (2, 3, 4, 5, 6, 7, 8, 9, 10):
-            fwd, bwd = attn_flash.VERSIONS["attn_flash_fwd"][v], attn_flash.VERSIONS["attn_flash_bwd"][v]
+            fwd, bwd = attn_flash.flash_pair(v)
             for blk in fwd.blocks:
                 fwd(x, lse, x, x, x, 6, 0.1, 7, block=blk)
             for blk in bwd.blocks:

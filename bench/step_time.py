@@ -36,14 +36,13 @@ SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
 
 def engine_flash_version() -> int:
     """The version number of the flash attention the engine runs (attn_flash's module-level names)."""
-    return next(v for v, f in attn_flash.VERSIONS["attn_flash_fwd"].items() if f is attn_flash.attn_flash_fwd)
+    return next(v for v, f in attn_flash.VERSIONS["attn_flash_bwd"].items() if f is attn_flash.attn_flash_bwd)
 
 
 def time_ours(m, B, T, iters, flash=True, products="tf32x3w", flash_version=None, mlp_version=None):
     if flash and flash_version not in (None, engine_flash_version()):     # time another version in its place
         saved = attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd
-        attn_flash.attn_flash_fwd = attn_flash.VERSIONS["attn_flash_fwd"][flash_version]
-        attn_flash.attn_flash_bwd = attn_flash.VERSIONS["attn_flash_bwd"][flash_version]
+        attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd = attn_flash.flash_pair(flash_version)
         try:
             return time_ours(m, B, T, iters, flash, products, mlp_version=mlp_version)
         finally:
@@ -200,7 +199,7 @@ def main(argv=None):
     ap.add_argument("--products", nargs="+", choices=sorted(PRODUCTS), default=["tf32x3w"],
                     help="the linear ops' products: tf32x3w (v7, the engine's), tf32x3t (v6), tf32x3k (v5, k-major), tf32x3s (v4, split planes), "
                          "tf32x3 (v3), simt (v2)")
-    ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_fwd"])[1:],
+    ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_bwd"])[1:],
                     help="flash attention versions to time (default: the engine's)")
     ap.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
                     help="run the MLP's launchers of this version in the model (5 and 6: the k-major tiles)")

@@ -51,7 +51,7 @@ def test_the_case_saves_no_t_by_t_buffer():
 
 def _run(version, block, q, k, v, dy, p, key, n_head=H):
     """Forward, then backward on the forward's y and lse; outputs and work buffer poisoned with NaN."""
-    fwd, bwd = (attn_flash.VERSIONS[name][version] for name in ("attn_flash_fwd", "attn_flash_bwd"))
+    fwd, bwd = attn_flash.flash_pair(version)
     B, T, C = q.shape
     nan = lambda *shape: cuda.to_device(np.full(shape, np.nan, np.float32))
     q_d, k_d, v_d, dy_d = (cuda.to_device(a) for a in (q, k, v, dy))

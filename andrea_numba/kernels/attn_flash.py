@@ -348,15 +348,22 @@ from .attn_flash_v3 import attn_flash_bwd_v6, attn_flash_fwd_v6  # noqa: E402
 # v7: v5 with indices the compiler knows are >= 0 (no code for negative indices); v8: v7 with the
 # longest tiles of every head first (same file)
 from .attn_flash_v3 import attn_flash_bwd_v7, attn_flash_bwd_v8, attn_flash_fwd_v7, attn_flash_fwd_v8  # noqa: E402
-# v9: v8's forward; its backward works out D = dy . y in the dq kernel (no rowdot launch)
+# v9: (the backward only; v8's forward) D = dy . y worked out in the dq kernel (no rowdot launch)
 from .attn_flash_v3 import attn_flash_bwd_v9  # noqa: E402
-# v10: v9 with dy and y read 128 bits at a time for D (same file)
+# v10: (the backward only) v9 with dy and y read 128 bits at a time for D (same file)
 from .attn_flash_v3 import attn_flash_bwd_v10  # noqa: E402
 
 VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
                                5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6, 7: attn_flash_fwd_v7,
-                               8: attn_flash_fwd_v8, 9: attn_flash_fwd_v8, 10: attn_flash_fwd_v8},
+                               8: attn_flash_fwd_v8},
             "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
                                5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6, 7: attn_flash_bwd_v7,
                                8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_v10}}
 attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v8, attn_flash_bwd_v10         # what the engine uses
+
+
+def flash_pair(version: int):
+    """(forward, backward) launchers of flash attention `version`: the backward of that number and
+    the latest forward up to it (v9 and v10 change the backward only and run v8's forward)."""
+    fwd = max(v for v in VERSIONS["attn_flash_fwd"] if v <= version)
+    return VERSIONS["attn_flash_fwd"][fwd], VERSIONS["attn_flash_bwd"][version]

@@ -243,5 +243,5 @@ def loss_fwd_v9(loss, losses, probs, x, wte, targets, *, block, stream=0):
 
 
 VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9},
-            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8, 9: loss_bwd_v7}}
+            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8}}
 loss_fwd, loss_bwd = loss_fwd_v7, loss_bwd_v7          # what the engine uses
