@@ -277,24 +277,14 @@ def k_gelu_bwd_v1(dh_pre, h_pre):
 
 def _fwd_plain(kind, out, h_pre, h, x, w_1, w_2, block, stream):
     """h_pre = x @ W_1, h = gelu(h_pre) (k_gelu_fwd_v1), out = h @ W_2, the products on kind's matmul."""
-    N, F = h.shape
-    mm = WARP_MATMUL[kind]
-    mm(h_pre, None, x, w_1, block=block, stream=stream)
-    grid, threads = elementwise_launch(N * F)
-    k_gelu_fwd_v1[grid, threads, stream](h.reshape(N * F), h_pre.reshape(N * F))
-    mm(out, None, h, w_2, block=block, stream=stream)
+    _fwd_split(kind, out, h_pre, h, None, x, w_1, w_2, block, stream, gelu_fwd_v1)
 
 
 def _bwd_plain(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
-    """The backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place."""
-    N, F = h.shape
-    mm = WARP_MATMUL[kind]
-    mm(dw_2, work, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)     # dW_2 += h^T @ dout
-    mm(dh_pre, None, dout, w_2, trans_b=True, block=block, stream=stream)                  # dh = dout @ W_2^T
-    grid, threads = elementwise_launch(N * F)
-    k_gelu_bwd_v1[grid, threads, stream](dh_pre.reshape(N * F), h_pre.reshape(N * F))      # dh_pre = dh gelu'(h_pre)
-    mm(dw_1, work, x, dh_pre, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
-    mm(dx, None, dh_pre, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
+    """The backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place; only the
+    weight gradients split over K."""
+    _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v1,
+               split_dx=False)
 
 
 @blocks(**KMAJOR_TILES)
@@ -335,7 +325,8 @@ def mlp_bwd_v10(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 # slices); a model without one (the sampler's) passes None and runs v9's products.
 
 def _fwd_split(kind, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass):
-    """_fwd_plain with every product offered the work buffer (splitk decides), the GELU pass given."""
+    """h_pre = x @ W_1, h = gelu(h_pre) (gelu_pass), out = h @ W_2, both products offered the work
+    buffer (splitk decides; None: no split)."""
     N, F = h.shape
     mm = WARP_MATMUL[kind]
     mm(h_pre, work, x, w_1, block=block, stream=stream)
@@ -343,15 +334,18 @@ def _fwd_split(kind, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
     mm(out, work, h, w_2, block=block, stream=stream)
 
 
-def _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_grad_pass):
-    """_bwd_plain with every product offered the work buffer (splitk decides), the GELU' pass given."""
+def _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_grad_pass,
+               split_dx=True):
+    """The backward, the GELU' pass given: the weight gradients offered the work buffer, and with
+    split_dx (v11 on) dh = dout @ W_2^T and dx too (splitk decides)."""
     N, F = h.shape
     mm = WARP_MATMUL[kind]
+    wx = work if split_dx else None
     mm(dw_2, work, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)     # dW_2 += h^T @ dout
-    mm(dh_pre, work, dout, w_2, trans_b=True, block=block, stream=stream)                  # dh = dout @ W_2^T
+    mm(dh_pre, wx, dout, w_2, trans_b=True, block=block, stream=stream)                    # dh = dout @ W_2^T
     gelu_grad_pass(dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)                    # dh_pre = dh gelu'(h_pre)
     mm(dw_1, work, x, dh_pre, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
-    mm(dx, work, dh_pre, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
+    mm(dx, wx, dh_pre, w_1, trans_b=True, block=block, stream=stream)                      # dx = dh_pre @ W_1^T
 
 
 def gelu_fwd_v1(h, h_pre, stream):
