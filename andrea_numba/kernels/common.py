@@ -228,16 +228,23 @@ def blocks(gpu, sim):
 # were about two thirds of the instructions besides the mma.sync. Going through uint32 says so:
 # int64(uint32(i)) is the same number, known to lie in [0, 2^32), and LLVM drops the wrap-around
 # tests and the fix-ups. The same integers index the same elements: a kernel's bits do not change.
-@cuda.jit(device=True, inline="always")
-def nonneg(i):
-    """A thread or block index (or any int known to be >= 0) as an int64 the compiler knows is >= 0."""
-    return int64(uint32(i))
+if SIMULATOR:           # the same numbers, as plain functions: a device function call costs the simulator
+    def nonneg(i):
+        """A thread or block index (or any int known to be >= 0), as it is: the simulator has no compiler."""
+        return i
 
+    def as_is(i):
+        return i
+else:
+    @cuda.jit(device=True, inline="always")
+    def nonneg(i):
+        """A thread or block index (or any int known to be >= 0) as an int64 the compiler knows is >= 0."""
+        return int64(uint32(i))
 
-@cuda.jit(device=True, inline="always")
-def as_is(i):
-    """The index as it is (the kernels written before nonneg: their PTX unchanged)."""
-    return i
+    @cuda.jit(device=True, inline="always")
+    def as_is(i):
+        """The index as it is (the kernels written before nonneg: their PTX unchanged)."""
+        return i
 
 
 def jit_as(fn, version):
