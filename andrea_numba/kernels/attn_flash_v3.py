@@ -734,12 +734,14 @@ def attn_flash_bwd_v6(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
 # signed integers and keeps Python's meaning for a signed index (a[-1] is the last element; // and
 # % round toward minus infinity), so every shared-memory read of v5's inner steps, sb[n, kk + t]
 # with n and t from the lane, compiled to a test "if index < 0: index += size" for each of its
-# two indices, and lane // 4, lane % 4 to fix-ups for negative lanes: in v5's dk/dv kernel (PTX
-# for sm_90, hs = 64, block (2, 16)) the loop over the channels' k steps held 156 instructions
-# besides its 12 mma.sync, about 90 of them such index arithmetic. v7 reads every thread and
-# block index through nonneg (int64(uint32(i)): the same number, now known to be >= 0), and the
-# compiler drops those tests. Nothing else changes: the same elements meet the same arithmetic in
-# the same order, so v7 gives v5's bits.
+# two indices, and lane // 4, lane % 4 to fix-ups for negative lanes. v7 reads every thread and
+# block index, and the loop counters it indexes with, through nonneg (int64(uint32(i)): the same
+# number, now known to be >= 0), and the compiler drops those tests: in the dk/dv kernel (PTX for
+# sm_90, hs = 64, block (2, 16)) the loop over the channels' k steps went from 192 to 171
+# instructions for its 12 mma.sync, the loop over a tile's queries from 513 to 429 for 48 (the
+# forward: 169 to 128 and 287 to 220). On the H200 that was 0-4% of the time (docs/kernels-h200.md).
+# Nothing else changes: the same elements meet the same arithmetic in the same order, so v7 gives
+# v5's bits.
 @blocks(**FLASH_V3_FWD_BLOCKS)
 def attn_flash_fwd_v7(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """As v5 with indices the compiler knows are >= 0."""
