@@ -87,6 +87,15 @@ def compare(op, name, got, ref, tol, prefill=None, repeat=None, **labels) -> dic
             "ok": within and bitwise}
 
 
+def poisoned_buffers(outs: dict, scratch: dict | None) -> dict:
+    """Host arrays for a launch's outputs (name -> shape: float32 NaN) and work buffers
+    (name -> (shape, dtype): NaN, or -7 for integers), so that a value it does not write shows."""
+    poisoned = {k: np.full(shape, np.nan, np.float32) for k, shape in outs.items()}
+    poisoned.update({k: np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -7, dtype)
+                     for k, (shape, dtype) in (scratch or {}).items()})
+    return poisoned
+
+
 def run_op(op, launch, inputs, outs, accums, refs, tol=OP_TOL, rng=None, scratch=None, **labels):
     """Launch an op's kernels twice on fresh buffers and compare with the twin.
     inputs: name -> host array, copied before each run (some kernels update in place);
@@ -96,9 +105,7 @@ def run_op(op, launch, inputs, outs, accums, refs, tol=OP_TOL, rng=None, scratch
     scratch: name -> (shape, dtype) of a work buffer (poisoned too: NaN, or -7 for integers)."""
     prefill = {k: rng.standard_normal(np.shape(refs[k])).astype(np.float32)
                * np.float32(max(1e-3, float(np.max(np.abs(refs[k]))))) for k in accums}
-    poisoned = {k: np.full(shape, np.nan, np.float32) for k, shape in outs.items()}
-    poisoned.update({k: np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -7, dtype)
-                     for k, (shape, dtype) in (scratch or {}).items()})
+    poisoned = poisoned_buffers(outs, scratch)
     runs = []
     for _ in range(2):
         d = {k: to_dev(v) for k, v in {**inputs, **poisoned, **prefill}.items()}

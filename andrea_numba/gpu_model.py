@@ -105,7 +105,7 @@ class GPUModel:
     """training=False builds a forward-only model (sampling, evaluation at another batch size);
     params=<device array> makes it use another model's parameter vector instead of its own;
     flash=True (the default) runs flash attention (kernels/attn_flash.py, the module's engine
-    version: v8's forward and v9's backward, on tensor cores, no [B, H, T, T] buffer); flash=False attention v2
+    version: v8's forward and v10's backward, on tensor cores, no [B, H, T, T] buffer); flash=False attention v2
     (kernels/attn.py, which saves the probabilities). The two agree to float32 rounding, not bit
     for bit: a run keeps one. On the H200 flash attention was faster at 12M and 120M and needs
     5.2 GB less at 120M (docs/kernels-h200.md).

@@ -599,7 +599,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
     return tuple(jit_as(f, version) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 
-_KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc, swizzle, nonneg, heavy, rowdot) -> the three kernels of v3 .. v9
+_KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc, swizzle, nonneg, heavy, rowdot) -> the three kernels of v3 .. v10
 
 
 def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False, swizzle=False, nonneg=False, heavy=False,

@@ -228,20 +228,12 @@ def row_threads(V: int, block: int) -> int:
     return min(t, block)
 
 
-def _fwd_rows(kind, loss, losses, probs, x, wte, targets, block, stream):
-    """_fwd_warp with k_loss_fwd_v1 on row_threads(V, block) threads a row."""
-    N, V = probs.shape
-    WARP_MATMUL[kind](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
-    k_loss_fwd_v1[N, row_threads(V, block), stream](losses, probs, targets)
-    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
-
-
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd_v9(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """v7 with the softmax rows on as few threads as four entries a thread allow (at most block)."""
-    _fwd_rows("tf32x3w", loss, losses, probs, x, wte, targets, block, stream)
+    _fwd_warp("tf32x3w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
 VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9},
             "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8}}
-loss_fwd, loss_bwd = loss_fwd_v7, loss_bwd_v7          # what the engine uses
+loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses

@@ -438,4 +438,4 @@ VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_
                         10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12},
             "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
                         10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12}}
-mlp_fwd, mlp_bwd = mlp_fwd_v9, mlp_bwd_v9          # what the engine uses
+mlp_fwd, mlp_bwd = mlp_fwd_v12, mlp_bwd_v12        # what the engine uses
