@@ -59,13 +59,15 @@ import reference as R
 from . import data as D
 from .atomic import atomic_write_json, file_sha256, remove_stale_temporaries
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .cli import Parser, positive_int
+from .cli import Parser, nonneg_int, positive_int
 from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
+from .filewriter import FileWriter
 from .gpu_model import GPUModel
 from .kernels import optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
+from .precompile import MAX_WORKERS, compile_ahead, default_workers, record_launches
 from .plan import HYPER_WORDS, PlanError, check_device, check_fits, format_plan, memory_plan, step_scalar_words
 from .runlog import (
     BEST_FILE,
@@ -158,8 +160,10 @@ def divergence_hints(t) -> str:
 # the trainer
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir, data_dir=None, log=print, log_every=10, launch_time=None, graph=True):
+    def __init__(self, cfg: Config, run_dir, data_dir=None, log=print, log_every=10, launch_time=None, graph=True,
+                 compile_workers=0):
         self.cfg, self.run_dir, self.log, self.log_every = cfg, Path(run_dir), log, log_every
+        self.compile_workers = compile_workers   # processes that compile the kernels before step 1 (0: at launch)
         # how the steps launch: "graph" (captured after the first step, then replayed) or "eager"
         self.launches = "graph" if graph and GRAPHS else "eager"
         self.launches_why = "" if self.launches == "graph" else "--no-graph" if not graph else \
@@ -167,6 +171,8 @@ class Trainer:
         self.graph = None                    # the StepGraph, once captured
         self.sampler_graph = None            # the sampler's forward as a StepGraph once captured (False: it failed)
         self.sampler_warm = False            # the sampler ran once eagerly (compiled): ready to capture
+        self.eval_graph = None               # an evaluation batch as a StepGraph once captured (False: it failed)
+        self.eval_warm = False               # an evaluation ran once eagerly: ready to capture
         self.data_dir = Path(data_dir) if data_dir else self.run_dir / DATA_DIR
         self.stop_requested = False
         self.save_requests = self.saves_done = 0       # SIGUSR1 counts up; the loop catches up
@@ -177,7 +183,7 @@ class Trainer:
         self.best = None                     # {"file", "step", "val_loss", "sha256"} of best.bin
         self.checkpoint_step = None          # step of the checkpoint on disk (None: none yet)
         self.checkpoint_sha256 = self.previous_checkpoint_sha256 = None
-        self._host = None                    # (step, params, m, v): this step's host copies
+        self.files = FileWriter(log)         # writes best.bin, checkpoint.bin and their records
 
     def elapsed(self) -> float:
         """Wall seconds of this run since it was launched, over every process that worked on it."""
@@ -367,6 +373,8 @@ class Trainer:
         for i in range(t.eval_batches):
             self.eval_x[i], self.eval_y[i] = D.get_batch(self.val_tokens, B, T, t.seed, 0, i, split="val")
         self.stats_host = cuda.pinned_array(2, np.float32)
+        # the weights, m and v on their way to checkpoint.bin and best.bin: three [n_params]
+        self.state_host = [cuda.pinned_array(self.n, np.float32) for _ in range(3)]
         self.sample_buf = cuda.pinned_array((1, T), np.int32)
 
     def describe_launches(self) -> str:
@@ -430,6 +438,29 @@ class Trainer:
         optim.adamw(model.params, model.grads, self.adam_m, self.adam_v, self.decay, self.hyper,
                     t.beta1, t.beta2, t.eps, t.weight_decay, self.stats, stream=stream)
 
+    def compile_kernels(self):
+        """Before the first step: every kernel a step, an evaluation and the sampler launch,
+        compiled on compile_workers processes at once (andrea_numba.precompile) instead of one
+        after another at its first launch. Nothing runs on the GPU; a kernel that is not compiled
+        here is compiled at its first launch, as without this."""
+        if SIMULATOR or self.compile_workers < 1:
+            return
+        t0 = time.time()
+        report = compile_ahead(self.kernel_launches(), self.compile_workers, log=self.log)
+        for name, why in report["failed"]:
+            self.log(f"compiling ahead: {name} left to its first launch ({why})")
+        self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + time.time() - t0
+
+    def kernel_launches(self) -> list:
+        """(kernel, argument types) of every launch of a training step, an evaluation and the
+        sampler's forward, recorded without running them (andrea_numba.precompile)."""
+        s = self.stream
+        launches = record_launches(lambda: self.step_work(s),
+                                   lambda: self.model.forward(self.eval_x[0], self.eval_y[0]),
+                                   lambda: self.sampler.forward(self.sample_buf, self.sample_buf))
+        s.synchronize()                          # the recorded forwards copied their token ids in
+        return launches
+
     def capture(self):
         """Record step_work into a CUDA graph, once, after an eager step has compiled and run every
         kernel (a capture records launches; it must not compile or allocate). A capture that fails
@@ -445,16 +476,37 @@ class Trainer:
         self.log(f"launches: the step captured as a CUDA graph in {time.time() - t0:.2f} s; replayed from now on")
 
     def evaluate(self):
-        """Mean validation loss over eval_batches fixed microbatches (the same ones every time)."""
-        t, s = self.cfg.train, self.stream
-        loss_sum = self.stats[0:1]
+        """Mean validation loss over eval_batches fixed microbatches (the same ones every time).
+        Eager: each batch's forward launched kernel by kernel. In graph mode, from the second
+        evaluation on (the first one is eager), one batch's forward and its loss sum are a CUDA
+        graph that reads the model's token buffers: each batch is copied in, then the graph is
+        replayed (the same launches: the same loss, bit for bit)."""
+        t, s, b = self.cfg.train, self.stream, self.model.buf
         optim.zero(self.stats, stream=s)
+        if self.launches == "graph" and self.eval_graph is None and self.eval_warm:
+            try:
+                self.eval_graph = StepGraph(s, lambda stream: self._eval_work(stream, b["tokens"], b["targets"]))
+                self.log("evaluation: a batch's forward captured as a CUDA graph; replayed for every batch")
+            except Exception as e:                # evaluate on eagerly; the training step's graph is unaffected
+                self.eval_graph = False
+                self.log(f"evaluation: eager (the capture failed: {' '.join(str(e).split())})")
         for i in range(t.eval_batches):
-            self.model.forward(self.eval_x[i], self.eval_y[i])
-            residual.residual_add(loss_sum, loss_sum, self.model.buf["loss"], stream=s)
+            if self.eval_graph:
+                b["tokens"].copy_to_device(self.eval_x[i], stream=s)
+                b["targets"].copy_to_device(self.eval_y[i].reshape(-1), stream=s)
+                self.eval_graph.launch()
+            else:
+                self._eval_work(s, self.eval_x[i], self.eval_y[i])
+        self.eval_warm = True
         self.stats.copy_to_host(self.stats_host, stream=s)
         s.synchronize()                          # the evaluation's one sync
         return float(self.stats_host[0]) / t.eval_batches
+
+    def _eval_work(self, stream, tokens, targets):
+        """One validation batch: its forward, its mean loss added into stats[0]."""
+        with self.model.launching_on(stream):
+            self.model.forward(tokens, targets)
+        residual.residual_add(self.stats[0:1], self.stats[0:1], self.model.buf["loss"], stream=stream)
 
     def generate(self, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40) -> str:
         """Sample n_tokens after prompt with the sampler (a forward at B=1 over the last seq_len
@@ -496,42 +548,59 @@ class Trainer:
         return f"the last checkpoint ({self.run_dir / CHECKPOINT_FILE}, step {self.checkpoint_step}) is intact"
 
     def host_state(self):
-        """The weights, m and v of this step on the host (copied once a step, for checkpoint.bin
-        and best.bin alike), refused when any value is not finite."""
-        if self._host is None or self._host[0] != self.step:
-            host = [a.copy_to_host(stream=self.stream) for a in (self.model.params, self.adam_m, self.adam_v)]
-            self.stream.synchronize()            # the files are written from these host copies
-            for name, a in zip(("weights", "Adam m", "Adam v"), host):
-                if not np.all(np.isfinite(a)):
-                    raise TrainError(f"the {name} at step {self.step} hold NaN or infinite values, so no checkpoint "
-                                     f"was written and {self.last_checkpoint()}; the run diverged: "
-                                     f"{divergence_hints(self.cfg.train)}, then start a new run")
-            self._host = (self.step, *host)
-        return self._host[1:]
+        """The weights, m and v of this step, copied into the pinned host buffers (after the file
+        writer's last job, which wrote from them, has ended), refused when any value is not finite."""
+        self.files.wait()
+        host = [a.copy_to_host(h, stream=self.stream)
+                for a, h in zip((self.model.params, self.adam_m, self.adam_v), self.state_host)]
+        self.stream.synchronize()                # the files are written from these host copies
+        for name, a in zip(("weights", "Adam m", "Adam v"), host):
+            if not np.all(np.isfinite(a)):
+                raise TrainError(f"the {name} at step {self.step} hold NaN or infinite values, so no checkpoint "
+                                 f"was written and {self.last_checkpoint()}; the run diverged: "
+                                 f"{divergence_hints(self.cfg.train)}, then start a new run")
+        return host
+
+    def save(self, best_val: float | None = None, checkpoint: bool = False):
+        """This step's best.bin (best_val: its validation loss) and/or checkpoint.bin, from one host
+        copy, written by the file writer's thread (andrea_numba.filewriter) while training goes on."""
+        step, (params, mm, vv) = self.step, self.host_state()
+
+        def job(say):
+            if best_val is not None:
+                self._write_best(say, step, best_val, params, mm, vv)
+            if checkpoint:
+                self._write_checkpoint(say, step, params, mm, vv)
+        self.files.start(job)
 
     def checkpoint(self):
+        """checkpoint.bin of this step, written before this returns."""
+        self.save(checkpoint=True)
+        self.files.wait()
+
+    def _write_checkpoint(self, say, step, params, mm, vv):
         t0 = time.time()
-        params, mm, vv = self.host_state()
 
         def record(sha):                   # on disk, not yet in place: put both checksums on record
             self.previous_checkpoint_sha256 = self.checkpoint_sha256
-            self.checkpoint_sha256, self.checkpoint_step = sha, self.step
+            self.checkpoint_sha256, self.checkpoint_step = sha, step
             self.write_state()
 
-        save_checkpoint(self.run_dir / CHECKPOINT_FILE, self.step, params, mm, vv, before_replace=record)
-        self.log(f"checkpoint: step {self.step} -> {self.run_dir / CHECKPOINT_FILE} ({time.time() - t0:.1f} s)")
+        save_checkpoint(self.run_dir / CHECKPOINT_FILE, step, params, mm, vv, before_replace=record)
+        say(f"checkpoint: step {step} -> {self.run_dir / CHECKPOINT_FILE} ({time.time() - t0:.1f} s)")
 
-    def save_best(self, val_loss: float):
+    def _write_best(self, say, step, val_loss, params, mm, vv):
         """best.bin: the checkpoint of the lowest validation loss so far. The file is in place
         before its record goes into .state.json, and both before this step's checkpoint.bin, so a
         kill in between is undone by a resume replaying this evaluation (check_resume)."""
-        params, mm, vv = self.host_state()
-        sha = save_checkpoint(self.run_dir / BEST_FILE, self.step, params, mm, vv)
-        self.best = {"file": BEST_FILE, "step": self.step, "val_loss": val_loss, "sha256": sha}
+        sha = save_checkpoint(self.run_dir / BEST_FILE, step, params, mm, vv)
+        self.best = {"file": BEST_FILE, "step": step, "val_loss": val_loss, "sha256": sha}
         self.write_state()
-        self.log(f"best: val {val_loss:.4f} at step {self.step} -> {BEST_FILE}")
+        say(f"best: val {val_loss:.4f} at step {step} -> {BEST_FILE}")
 
     def write_state(self):
+        if not self.files.in_job():
+            self.files.wait()                    # the writer's records first, in their order
         t = self.cfg.train
         step = self.checkpoint_step or 0
         config = self.cfg.to_dict()
@@ -606,8 +675,13 @@ class Trainer:
                     val = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
                     self.log(f"step {self.step:>6}/{last} | loss {loss:.4f}{val} | lr {lr:.2e} | norm {norm:.3f} | "
                              f"{rec['tokens_per_s']:,.0f} tok/s | ETA {format_eta(eta)}")
-                if "val_loss" in rec and (self.best is None or rec["val_loss"] < self.best["val_loss"]):
-                    self.save_best(rec["val_loss"])     # before this step's checkpoint: see save_best
+                best, new_best = self.best, None
+                if "val_loss" in rec:
+                    self.files.wait()            # best.bin's record, as the writer left it
+                    best = self.best
+                    if best is None or rec["val_loss"] < best["val_loss"]:
+                        new_best = rec["val_loss"]
+                        best = {"step": self.step, "val_loss": new_best}
                 if self.step % t.sample_interval == 0 or self.step == last:
                     try:
                         text = self.generate("\n", t.sample_tokens, seed=t.seed * 1_000_003 + self.step)
@@ -619,12 +693,15 @@ class Trainer:
                 # the signal flags are read ONCE per step: a signal landing between a test of
                 # "checkpoint?" and one of "stop?" must not stop the run without its checkpoint
                 stop, saves = self.stop_requested, self.save_requests
-                early = "val_loss" in rec and self.stopped_early(self.step, self.best)
-                if (self.step % t.checkpoint_interval == 0 or self.step == last or stop or early
-                        or saves != self.saves_done):
+                early = "val_loss" in rec and self.stopped_early(self.step, best)
+                ckpt = (self.step % t.checkpoint_interval == 0 or self.step == last or stop or early
+                        or saves != self.saves_done)
+                if ckpt:
                     self.saves_done = saves
-                    self.checkpoint()
-                self._host = None
+                if new_best is not None or ckpt:  # best.bin before this step's checkpoint: see _write_best
+                    self.save(best_val=new_best, checkpoint=ckpt)
+                if early or stop:
+                    self.files.wait()            # the checkpoint is on disk before the run says it stopped
                 if early:
                     self.log(f"early stop at step {self.step}: {t.early_stop} evaluations without a validation loss "
                              f"below {self.best['val_loss']:.4f} (step {self.best['step']}, in {BEST_FILE}); "
@@ -633,10 +710,18 @@ class Trainer:
                 if stop:                          # the checkpoint was written just above
                     self.log(f"stopped by signal at step {self.step}; resume with --resume {self.run_dir}")
                     return 0
+                self.files.poll()                 # a finished write's lines, and its error
+            self.files.wait()
             return 0
         finally:
+            failing = sys.exc_info()[0] is not None
             if own_handlers:
                 self.restore_signal_handlers()
+            try:
+                self.files.wait()                 # a write in flight ends before the run does
+            except BaseException:
+                if not failing:                   # (an error already on its way out wins)
+                    raise
             self.report_memory()
 
     def report_memory(self):
@@ -729,7 +814,7 @@ def parser() -> Parser:
     g.add_argument("--size", help="tiny, 12M or 120M (default 12M)")
     g.add_argument("--config", help="a config JSON file instead of a size")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint "
-                   "(with its own settings: only --steps, --log-every and --no-graph may be given)")
+                   "(with its own settings: only --steps, --log-every, --no-graph and --compile-workers may be given)")
     ap.add_argument("--data", help="a UTF-8 text file to train on (default: the config's source)")
     ap.add_argument("--out", help="run directory (default runs/<config name>)")
     ap.add_argument("--steps", type=positive_int, help="optimiser steps (default: the config's; with --resume, "
@@ -741,6 +826,9 @@ def parser() -> Parser:
     ap.add_argument("--log-every", type=positive_int, default=10, help="print a progress line every N steps")
     ap.add_argument("--no-graph", action="store_true", help="launch every kernel of every step from Python "
                     "instead of replaying the step as a CUDA graph (the same results, bit for bit; slower)")
+    ap.add_argument("--compile-workers", type=nonneg_int, default=None, metavar="N",
+                    help="processes that compile the kernels before the first step (default: one per CPU, "
+                    f"at most {MAX_WORKERS}; 0: each kernel is compiled at its first launch, in this process)")
     return ap
 
 
@@ -750,7 +838,7 @@ def start_resume(args, log, launch_time) -> tuple[Trainer | None, RunLock]:
     for attr, flag in RESUME_FIXED:
         if getattr(args, attr) is not None:
             raise TrainError(f"{flag} cannot be given with --resume: a resumed run keeps its own settings "
-                             f"(only --steps, --log-every and --no-graph may change); drop {flag}, or start a "
+                             f"(only --steps, --log-every, --no-graph and --compile-workers may change); drop {flag}, or start a "
                              f"new run with --out")
     run_dir = Path(args.resume)
     if run_dir.exists() and not run_dir.is_dir():
@@ -763,7 +851,7 @@ def start_resume(args, log, launch_time) -> tuple[Trainer | None, RunLock]:
         cfg = resume_config(run_dir, state, args.steps)
         check_device(cfg, resuming=True)
         trainer = Trainer(cfg, run_dir, data_dir_of(run_dir, state), log, args.log_every, launch_time,
-                          graph=not args.no_graph)
+                          graph=not args.no_graph, compile_workers=compile_workers(args))
         found = trainer.check_resume(state)
     except BaseException:
         lock.release()
@@ -801,7 +889,12 @@ def start_new(args, log, launch_time) -> tuple[Trainer, RunLock]:
     except BaseException:
         lock.release()
         raise
-    return Trainer(cfg, run_dir, None, log, args.log_every, launch_time, graph=not args.no_graph), lock
+    return Trainer(cfg, run_dir, None, log, args.log_every, launch_time, graph=not args.no_graph,
+                   compile_workers=compile_workers(args)), lock
+
+
+def compile_workers(args) -> int:
+    return default_workers() if args.compile_workers is None else args.compile_workers
 
 
 def main(argv=None) -> int:
@@ -835,6 +928,7 @@ def main(argv=None) -> int:
             cfg = trainer.cfg
             log(f"{cfg.name}: {n_params(cfg.model):,} parameters, {device_name()}, run directory {run_dir}")
         trainer.setup(resume=bool(args.resume))
+        trainer.compile_kernels()
         t0 = time.time()
         trainer.write_state()
         code = trainer.run()

@@ -8,8 +8,9 @@ weights, Adam m and v; the table gives their step times.
 For each size and dropout probability it runs andrea_numba.train.Trainer twice on the size's
 config (the default corpus, prepared once per size under DIR): eager (--no-graph) and graph (the
 first step eager, then the step captured once and replayed). Halfway, both evaluate and sample a
-few tokens between two steps (eager work on the same stream and buffers as the replayed graph);
-the validation losses and the texts must match too. A capture that fails is reported with the
+few tokens between two steps (the graph run evaluates twice, the second time from its captured
+evaluation graph, on the same stream and buffers as the replayed step); the validation losses and
+the texts must match too. A capture that fails is reported with the
 driver's words, and tried once more with the capture mode "relaxed" to tell the two causes apart.
 
 DIR receives gpu_graph.json (every number), gpu_graph.md (the table) and log.txt (the trainers'
@@ -59,7 +60,9 @@ def train(cfg, graph: bool, run_dir: Path, data_dir: Path, log, probe_at: int) -
         steps.append(trainer.train_step(step))              # returns after the step's sync
         times.append(time.perf_counter() - t0)
         if step + 1 == probe_at:
-            probe = {"val_loss": trainer.evaluate(), "text": trainer.generate("\n", 8, seed=step)}
+            # twice: in graph mode the second evaluation replays its captured batch forward
+            probe = {"val_loss": trainer.evaluate(), "val_loss_again": trainer.evaluate(),
+                     "text": trainer.generate("\n", 8, seed=step)}
     state = [a.copy_to_host(stream=trainer.stream) for a in
              (trainer.model.params, trainer.adam_m, trainer.adam_v, trainer.model.grads)]
     trainer.stream.synchronize()

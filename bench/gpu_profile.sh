@@ -21,6 +21,8 @@
 #          flash8 (flash attention v7 and v8 against v5: the harness at 12M and 120M, kernel table, the step);
 #          s8 (flash v9, mlp v11/v12, loss_fwd v9: same bits, harness and kernel tables at 12M, the whole model);
 #          s8b (flash v10 against v9's bits; the harness on v10 at 12M and on the new versions at 120M);
+#          ahead (bench/compile_ahead_check.py at AHEAD_SIZE, default 12M); default (the default 12M run,
+#          timed, its run files and loss plot);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -109,6 +111,35 @@ for s in $steps; do
         timeout 200 $py -m andrea_numba.check --size 120M --seed 103 --ops-only --op mlp --op loss --op attn_flash \
             --version 9 --version 10 --version 11 --version 12 --json > "$OUT/s8b/check_120M.json" 2> "$OUT/s8b/check_120M.err"
         echo "s8b check 120M exit $?"; tail -1 "$OUT/s8b/check_120M.err"; disagree "$OUT/s8b/check_120M.json" ;;
+    ahead) # compiling ahead on worker processes against compiling at launch: the same PTX, and how long
+        timeout 240 $py bench/compile_ahead_check.py --size ${AHEAD_SIZE:-12M} --json "$OUT/ahead_${AHEAD_SIZE:-12M}.json" \
+            > "$OUT/ahead_${AHEAD_SIZE:-12M}.md" 2> "$OUT/ahead_${AHEAD_SIZE:-12M}.err"
+        echo "ahead exit $?"; head -1 "$OUT/ahead_${AHEAD_SIZE:-12M}.md"; tail -3 "$OUT/ahead_${AHEAD_SIZE:-12M}.err"
+        # two 30-step 12M runs, each in its own process: kernels compiled at their first launch, and
+        # compiled ahead on worker processes: the same losses and the same checkpoint, bit for bit
+        rm -rf /tmp/lazy /tmp/ahead
+        $py -m andrea_numba.train --size 12M --steps 30 --out /tmp/lazy --compile-workers 0 --log-every 10 > "$OUT/ahead_lazy.txt" 2>&1
+        echo "lazy exit $?"
+        $py -m andrea_numba.train --size 12M --steps 30 --out /tmp/ahead --log-every 10 > "$OUT/ahead_ahead.txt" 2>&1
+        echo "ahead run exit $?"; grep "^compiled" "$OUT/ahead_ahead.txt"
+        $py - > "$OUT/ahead_runs.json" <<'PY'
+import hashlib, json
+from andrea_numba.runlog import read_loss
+key = lambda d: [(r["step"], r["train_loss"], r.get("val_loss"), r["grad_norm"]) for r in read_loss(d)]
+sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
+res = {"losses_identical": key("/tmp/lazy") == key("/tmp/ahead"), "steps": len(key("/tmp/ahead")),
+       "checkpoints_identical": sha("/tmp/lazy/checkpoint.bin") == sha("/tmp/ahead/checkpoint.bin")}
+print(json.dumps(res))
+PY
+        cat "$OUT/ahead_runs.json" ;;
+    default) # the default run as a student starts it, timed from outside too; its loss, state and
+        # samples files into $OUT/default/ (not its checkpoints), the loss plot beside them
+        mkdir -p "$OUT/default"; rm -rf /tmp/run12M
+        /usr/bin/time -v $py -m andrea_numba.train --size 12M --out /tmp/run12M > "$OUT/default/train.txt" \
+            2> "$OUT/default/train.time"; echo "default run exit $?"
+        grep -E "^(compil|launches|done|memory)" "$OUT/default/train.txt"; grep "Elapsed" "$OUT/default/train.time"
+        for f in .loss.json .state.json .samples.json; do cp /tmp/run12M/$f "$OUT/default/${f#.}"; done
+        $py -m andrea_numba.plot /tmp/run12M --out "$OUT/default/loss_12M.png" > /dev/null 2>&1; echo "plot exit $?" ;;
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
     s8) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
         # passes), loss_fwd v9 (softmax rows on fewer threads): the same bits where they claim them,

@@ -2,15 +2,20 @@
 # A training GPU session: agreement after the latest kernel edits, a SIGTERM/resume
 # bit-exactness check at 12M, and 50 steps of 120M with its memory plan against the measured
 # peak. Writes what it measured to $OUT (run files stay in /tmp/runs: checkpoints are large).
-#   bash bench/gpu_train.sh            # PYTHONPATH set up as the README says
+#   bash bench/gpu_train.sh [parts...]   # parts: check resume 120M (default all three)
 set -u
 OUT=${OUT:-/tmp/out}; R=/tmp/runs; mkdir -p "$OUT" "$R"
 export PYTHONUNBUFFERED=1
 py=python3
+parts=" ${*:-check resume 120M} "
+want() { [[ $parts == *" $1 "* ]]; }
 
+if want check; then
 echo "== agreement harness, 12M"
 $py -m andrea_numba.check --size 12M --seed 2 --json > "$OUT/check_12M.json" 2> "$OUT/check_12M.err"; echo "exit $?"
+fi
 
+if want resume; then
 echo "== 12M: run a (80 steps) and run b (SIGTERM after 40 logged steps, then --resume)"
 $py -m andrea_numba.train --size 12M --microbatches 1 --steps 80 --out $R/a --log-every 20 > "$OUT/resume_a.log" 2>&1
 echo "a exit $?"
@@ -33,7 +38,9 @@ print(json.dumps(res, indent=1))
 PY
 cat "$OUT/resume_check.json"
 grep -h "stopped by signal\|resumed from" "$OUT"/resume_b*.log
+fi
 
+if want 120M; then
 echo "== 120M: 50 steps, memory sampled by nvidia-smi every 200 ms"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 200 > "$OUT/smi_120M.csv" &
 smi=$!
@@ -43,3 +50,4 @@ kill $smi
 cp $R/c/.loss.json "$OUT/loss_120M.json"; cp $R/c/.state.json "$OUT/state_120M.json"; cp $R/c/.samples.json "$OUT/samples_120M.json"
 tail -5 "$OUT/train_120M.log"
 sort -n "$OUT/smi_120M.csv" | tail -1 | sed 's/^/peak MiB used, total: /'
+fi

@@ -296,6 +296,8 @@ REFUSALS = {
     "--seed -1": (None, NEW + ("--seed", "-1"), "argument --seed: must be an integer from 0 to 2,147,483,647"),
     "--seed 2^31": (None, NEW + ("--seed", str(2 ** 31)), "argument --seed: must be an integer from 0 to"),
     "--log-every 0": (None, RESUME + ("--log-every", "0"), "argument --log-every: must be a positive integer"),
+    "--compile-workers -1": (None, NEW + ("--compile-workers", "-1"), "argument --compile-workers: must be an integer >= 0"),
+    "--compile-workers x (resume)": (None, RESUME + ("--compile-workers", "x"), "argument --compile-workers: must be an"),
     "--out a file": (None, ("--config", "{cfg}", "--out", "{run}/checkpoint.bin"), "is a file, not a directory"),
     "--resume a file": (None, ("--resume", "{run}/best.bin"), "is a file, not a run directory"),
     "--resume no run": (None, ("--resume", "{run}/data"), "has no .state.json"),

@@ -87,7 +87,7 @@ def main_in_process(capsys, *args):
 # what happens on the device while a run trains
 
 ALLOCATORS = ("device_array", "device_array_like", "to_device", "pinned_array", "mapped_array", "managed_array")
-PHASES = ("train_step", "evaluate", "generate", "checkpoint", "save_best", "host_state")
+PHASES = ("train_step", "evaluate", "generate", "save", "_write_checkpoint", "_write_best", "host_state")
 Event = collections.namedtuple("Event", "phase kind name stream array")
 
 
@@ -97,7 +97,15 @@ class DeviceRecorder:
     sync, each with the Trainer method it happened in (its phase; "loop" outside them)."""
 
     def __init__(self):
-        self.events, self.phase, self.calls = [], "loop", collections.Counter()
+        self.events, self.calls, self.local = [], collections.Counter(), threading.local()
+
+    @property
+    def phase(self):                    # per thread: the file writer's thread has phases of its own
+        return getattr(self.local, "phase", "loop")
+
+    @phase.setter
+    def phase(self, name):
+        self.local.phase = name
 
     def add(self, kind, name, stream=None, array=None):
         self.events.append(Event(self.phase, kind, name, stream, array))
@@ -256,13 +264,15 @@ def test_the_loop_allocates_nothing_and_uses_one_stream(runs):
     rec, stream = runs.record, runs.trainer.stream
     assert [e for e in rec.events if e.kind == "alloc"] == []
     saved = sorted(set(best_steps(runs.a)) | {STEPS})     # steps that wrote best.bin or checkpoint.bin
-    assert dict(rec.calls) == {"train_step": STEPS, "evaluate": 3, "generate": 1, "checkpoint": 1,
-                               "save_best": len(best_steps(runs.a)), "host_state": len(best_steps(runs.a)) + 1}
+    assert dict(rec.calls) == {"train_step": STEPS, "evaluate": 3, "generate": 1, "save": len(saved),
+                               "host_state": len(saved), "_write_checkpoint": 1,
+                               "_write_best": len(best_steps(runs.a))}
     for phase in ("train_step", "evaluate", "generate"):
         assert rec.count("launch", phase) > 0 and rec.count("copy", phase, "to_device") > 0, phase
     # weights, m and v copied once per step that saves, for best.bin and checkpoint.bin alike
     assert rec.count("copy", "host_state", "to_host") == 3 * len(saved)
-    assert rec.count("copy", "checkpoint") == rec.count("copy", "save_best") == 0
+    # the files are written from those copies, in the file writer's thread, which touches no GPU
+    assert rec.count("copy", "_write_checkpoint") == rec.count("copy", "_write_best") == 0
     # every launch, copy and sync of the loop on the run's own stream: none on the legacy default
     # stream (0), none on another stream, no cuda.synchronize() of the whole device
     stray = [e for e in rec.events if e.kind != "alloc" and e.stream is not stream]
@@ -278,7 +288,7 @@ def test_a_step_waits_for_the_gpu_once_and_copies_through_pinned_buffers(runs):
     assert rec.count("sync", "evaluate") == rec.count("copy", "evaluate", "to_host") == 3
     saved = set(best_steps(runs.a)) | {STEPS}
     assert rec.count("sync", "host_state") == len(saved)                     # once per step that saves
-    assert rec.count("sync", "checkpoint") == rec.count("sync", "save_best") == 0
+    assert rec.count("sync", "_write_checkpoint") == rec.count("sync", "_write_best") == 0
     assert rec.count("sync", "generate") == rec.count("copy", "generate", "to_host") == cfg.sample_tokens
     assert rec.count("sync", "loop") == 0
     # a step's inputs (token batches; dropout keys, lr and bias corrections) travel in two copies
