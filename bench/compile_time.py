@@ -1,8 +1,9 @@
 """How long the engine's kernels take to compile, kernel by kernel, without a GPU.
 
-The first training step of a run compiles every kernel it launches (Numba types and lowers each
-one, NVVM turns it into PTX, the driver into machine code). In the default 12M run on an H200 that
-step ended 30.6 s after launch, an eighth of the run. This tool runs one forward + backward of
+A kernel is compiled at its first launch (Numba types and lowers it, NVVM turns it into PTX, the
+driver into machine code). Compiled that way, one after another, the default 12M run's first step
+ended 30.6 s after launch on an H200, an eighth of the run; the trainer now compiles them ahead on
+worker processes (andrea_numba.precompile: 11 s there). This tool runs one forward + backward of
 GPUModel at a size under bench/ptxcheck.py's compile-only mode, compiles each kernel once per
 argument signature as a launch would (to PTX for sm_90; the driver's last step is not counted) and
 prints the seconds each took, largest first.

@@ -22,7 +22,8 @@
 #          s8 (flash v9, mlp v11/v12, loss_fwd v9: same bits, harness and kernel tables at 12M, the whole model);
 #          s8b (flash v10 against v9's bits; the harness on v10 at 12M and on the new versions at 120M);
 #          ahead (bench/compile_ahead_check.py at AHEAD_SIZE, default 12M); default (the default 12M run,
-#          timed, its run files and loss plot);
+#          timed, its run files and loss plot); s9 (the harness at 120M on mlp v11/v12, loss_fwd v9, flash
+#          v9/v10, and the whole model at 12M, in parallel);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -140,6 +141,21 @@ PY
         grep -E "^(compil|launches|done|memory)" "$OUT/default/train.txt"; grep "Elapsed" "$OUT/default/train.time"
         for f in .loss.json .state.json .samples.json; do cp /tmp/run12M/$f "$OUT/default/${f#.}"; done
         $py -m andrea_numba.plot /tmp/run12M --out "$OUT/default/loss_12M.png" > /dev/null 2>&1; echo "plot exit $?" ;;
+    s9) # what the eighth session's last run could not finish: the harness at 120M on mlp v11/v12,
+        # loss_fwd v9 and flash v9/v10, and the whole model at 12M with the engine's kernels (flash
+        # v10): four processes at once (each compiles its own kernels, the slow part), into $OUT/s9/
+        mkdir -p "$OUT/s9"
+        check120() {   # check120 TAG SEED OP VERSIONS...
+          local tag=$1 seed=$2 op=$3; shift 3
+          local vflags=(); for v in "$@"; do vflags+=(--version "$v"); done
+          timeout 420 $py -m andrea_numba.check --size 120M --seed "$seed" --ops-only --op "$op" "${vflags[@]}" --json \
+              > "$OUT/s9/check_120M_$tag.json" 2> "$OUT/s9/check_120M_$tag.err"; echo "check 120M $tag exit $?"
+        }
+        check120 mlp 107 mlp 11 12 & check120 loss 109 loss 9 & check120 flash 113 attn_flash 9 10 &
+        timeout 420 $py -m andrea_numba.check --size 12M --seed 127 --model-only --json > "$OUT/s9/model_12M.json" \
+            2> "$OUT/s9/model_12M.err"; echo "model 12M exit $?"
+        wait
+        for f in "$OUT"/s9/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
     s8) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
         # passes), loss_fwd v9 (softmax rows on fewer threads): the same bits where they claim them,
