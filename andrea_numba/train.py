@@ -446,7 +446,13 @@ class Trainer:
         if SIMULATOR or self.compile_workers < 1:
             return
         t0 = time.time()
-        report = compile_ahead(self.kernel_launches(), self.compile_workers, log=self.log)
+        try:
+            launches = self.kernel_launches()
+        except Exception as e:                  # compiled at their first launch instead, as without this
+            self.log(f"compiling ahead: skipped, the launches could not be recorded "
+                     f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+            return
+        report = compile_ahead(launches, self.compile_workers, log=self.log)
         for name, why in report["failed"]:
             self.log(f"compiling ahead: {name} left to its first launch ({why})")
         self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + time.time() - t0
