@@ -65,10 +65,11 @@ def to_host(d):
     return d.copy_to_host() if hasattr(d, "copy_to_host") else np.array(d)
 
 
-def compare(op, name, got, ref, tol, prefill=None, repeat=None, **labels) -> dict:
+def compare(op, name, got, ref, tol, prefill=None, repeat=None, bound=None, **labels) -> dict:
     """One result row. got: kernel output (float32); ref: twin (float64); prefill: the values an
     accumulating buffer held before the launch; repeat: the same output from a second run;
-    labels: kernel, version, block (what ran)."""
+    bound: an elementwise allowance added to the tolerance (a low-precision version against the
+    fp32 twin: what rounding its inputs may move each output by); labels: kernel, version, block."""
     rtol, a = tol
     g = got.astype(np.float64) - (0 if prefill is None else prefill.astype(np.float64))
     ref = np.asarray(ref, dtype=np.float64).reshape(g.shape)
@@ -77,12 +78,13 @@ def compare(op, name, got, ref, tol, prefill=None, repeat=None, **labels) -> dic
     err = np.abs(g - ref)
     max_err = float(np.max(err)) if err.size else 0.0
     finite = bool(np.all(np.isfinite(g)))
-    within = finite and bool(np.all(err <= atol + rtol * np.abs(ref)))
+    allowed = atol + rtol * np.abs(ref) + (0.0 if bound is None else np.asarray(bound, np.float64).reshape(g.shape))
+    within = finite and bool(np.all(err <= allowed))
     bitwise = True if repeat is None else bool(np.array_equal(got, repeat, equal_nan=True))
     return {"op": op, **labels, "tensor": name,
             "max_abs_err": max_err if finite else math.inf,
             "rel_err": (max_err / scale if scale > 0 else max_err) if finite else math.inf,
-            "tol": {"atol": atol, "rtol": rtol},
+            "tol": {"atol": atol, "rtol": rtol, **({} if bound is None else {"bound": "input rounding"})},
             "bitwise_repeat": bitwise,
             "ok": within and bitwise}
 
@@ -96,13 +98,15 @@ def poisoned_buffers(outs: dict, scratch: dict | None) -> dict:
     return poisoned
 
 
-def run_op(op, launch, inputs, outs, accums, refs, tol=OP_TOL, rng=None, scratch=None, **labels):
+def run_op(op, launch, inputs, outs, accums, refs, tol=OP_TOL, rng=None, scratch=None, also=None, **labels):
     """Launch an op's kernels twice on fresh buffers and compare with the twin.
     inputs: name -> host array, copied before each run (some kernels update in place);
     outs: name -> shape of a float32 output (NaN-poisoned before each run);
     accums: names of += buffers (pre-filled with the same random values before each run);
     refs: name -> float64 twin result (for accums: the amount to be added);
-    scratch: name -> (shape, dtype) of a work buffer (poisoned too: NaN, or -7 for integers)."""
+    scratch: name -> (shape, dtype) of a work buffer (poisoned too: NaN, or -7 for integers);
+    also: (refs, bound, suffix): the same outputs compared again, with another twin and an
+    elementwise allowance (a low-precision version against the fp32 twin), rows named name + suffix."""
     prefill = {k: rng.standard_normal(np.shape(refs[k])).astype(np.float32)
                * np.float32(max(1e-3, float(np.max(np.abs(refs[k]))))) for k in accums}
     poisoned = poisoned_buffers(outs, scratch)
@@ -112,7 +116,12 @@ def run_op(op, launch, inputs, outs, accums, refs, tol=OP_TOL, rng=None, scratch
         launch(d)
         cuda.synchronize()
         runs.append({k: to_host(d[k]) for k in refs})
-    return [compare(op, k, runs[0][k], refs[k], tol, prefill.get(k), runs[1][k], **labels) for k in refs]
+    rows = [compare(op, k, runs[0][k], refs[k], tol, prefill.get(k), runs[1][k], **labels) for k in refs]
+    if also is not None:
+        refs2, bound, suffix = also
+        rows += [compare(op, k + suffix, runs[0][k], refs2[k], tol, prefill.get(k), runs[1][k], bound=bound, **labels)
+                 for k in refs2]
+    return rows
 
 
 def f32(a):
@@ -147,6 +156,31 @@ def reference_for(case, direction, dims, rng):
     return values, case.backward(values), case.bwd_out, case.accumulate
 
 
+# Versions whose products round their inputs below fp32 (launch.precision, e.g. matmul v10: "bf16")
+# are checked twice. Against the twin run on the case's float inputs rounded the same way
+# (reference/precision.py): both then multiply the same numbers, every product of two bf16 is
+# exact, and only the order of the fp32 sums differs, so the fp32 tolerance OP_TOL holds. And
+# against the fp32 twin, where the rounding of the inputs may move each output by up to
+#     (2u + u^2) sum_k |a_ik| |b_kj|,   u = 2^-8 for bf16 (half the gap between neighbours at 1.0)
+# (precision.bf16_error_bound), an allowance added to OP_TOL element by element: a version that
+# rounds more, or rounds the wrong values, fails it. Only the ops listed in LOW_PRECISION_BOUNDS
+# have such versions so far, and for each of them the kernel rounds exactly the case's float inputs.
+LOW_PRECISION_ROUND = {"bf16": R.round_bf16}
+LOW_PRECISION_BOUNDS = {("matmul", "bf16"): lambda v, fixed: R.bf16_error_bound(
+    v["a"], v["b"], fixed.get("trans_a", False), fixed.get("trans_b", False))}
+
+
+def low_precision_reference(case, direction, ref, precision):
+    """ref (reference_for's tuple) with the twin's results recomputed on the float inputs rounded
+    to `precision`; the values the launcher gets stay as they were (it rounds them itself)."""
+    values, _, outputs, accums = ref
+    rnd = LOW_PRECISION_ROUND[precision]
+    rounded = {k: (rnd(v).astype(np.float64) if _is_array(v) and v.dtype.kind == "f" else v)
+               for k, v in values.items()}
+    refs = case.forward(rounded) if direction == "fwd" else case.backward(rounded)
+    return values, refs, outputs, accums
+
+
 def launcher_args(case, launch, dims, values, refs, outputs, accums):
     """What one launcher is called with, as the names of its parameters pick it from a case's
     values (a launcher may do part of an op, as an exercise's does: only its outputs count):
@@ -164,10 +198,27 @@ def launcher_args(case, launch, dims, values, refs, outputs, accums):
 
 def check_launcher(case, direction, launch, dims, rng, block=None, version=None, ref=None, tol=OP_TOL):
     """Rows for one launcher (one version at one block size) of an op against its twin, called
-    with keyword buffers (launcher_args)."""
-    values, refs, outputs, accums = ref or reference_for(case, direction, dims, rng)
+    with keyword buffers (launcher_args). A low-precision version (launch.precision) against the
+    twin on rounded inputs, and its outputs again against the fp32 twin within the rounding's
+    bound (the comment above low_precision_reference)."""
+    ref = ref or reference_for(case, direction, dims, rng)
+    precision = getattr(launch, "precision", None)
+    if precision is None:
+        return _check_launcher(case, direction, launch, dims, rng, block, version, ref, tol)
+    values, fp32_refs, _, _ = ref
+    bound = LOW_PRECISION_BOUNDS[(case.fwd, precision)](values, case.fixed)
+    return _check_launcher(case, direction, launch, dims, rng, block, version,
+                           low_precision_reference(case, direction, ref, precision), tol,
+                           also=(fp32_refs, bound, f" vs fp32 twin ({precision} inputs)"))
+
+
+def _check_launcher(case, direction, launch, dims, rng, block, version, ref, tol, also=None):
+    values, refs, outputs, accums = ref
     inputs, outs, accums, scratch, scalars = launcher_args(case, launch, dims, values, refs, outputs, accums)
-    refs = {k: np.atleast_1d(refs[k]) for k in outputs if k in outs or k in accums or k in inputs}
+    keep = [k for k in outputs if k in outs or k in accums or k in inputs]
+    refs = {k: np.atleast_1d(refs[k]) for k in keep}
+    if also is not None:
+        also = ({k: np.atleast_1d(also[0][k]) for k in keep}, *also[1:])
     extra = {"block": block} if hasattr(launch, "blocks") else {}
 
     def run(d):
@@ -176,7 +227,7 @@ def check_launcher(case, direction, launch, dims, rng, block=None, version=None,
     kernel = case.fwd if direction == "fwd" else case.bwd
     if block is None:
         block = getattr(launch, "blocks", ("default",))[0]
-    return run_op(case.op, run, inputs, outs, accums, refs, tol, rng, scratch,
+    return run_op(case.op, run, inputs, outs, accums, refs, tol, rng, scratch, also=also,
                   kernel=kernel, version=version, block=str(block).replace(" ", ""))
 
 

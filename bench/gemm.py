@@ -12,7 +12,9 @@ about 1e-3. Our kernels' times are CUDA graph replays of 3 calls timed with CUDA
 time, as in the trainer's graph: a small product takes less time on the GPU than Python takes to
 launch it; --timing launches times back-to-back launches instead), cuBLAS's are events around
 back-to-back calls (its launches are cheap); medians of 5 repeats. CuPy is used by this benchmark
-only (the project never needs it).
+only (the project never needs it). When a bf16 version is timed (v10) and PyTorch is installed,
+a last column times PyTorch's bf16 matmul on the same shapes (cuBLAS's bf16 tensor-core GEMM,
+bf16 out, what bf16 autocast runs; for a += product the product alone).
 """
 from __future__ import annotations
 
@@ -117,11 +119,17 @@ def main(argv=None):
     except ImportError:
         cupy = None
     versions = args.versions
+    torch = None
+    if any(getattr(MM.VERSIONS["matmul"][v], "precision", None) == "bf16" for v in versions):
+        try:
+            import torch
+        except ImportError:
+            pass
     rng = np.random.default_rng(0)
     rows = []
     print(f"| product | M | N | K | " + " | ".join(f"v{v} ms | v{v} TFLOP/s | v{v} err" for v in versions)
-          + " | cuBLAS SGEMM ms | cuBLAS TFLOP/s |")
-    print("|---" * (4 + 3 * len(versions) + 2) + "|")
+          + " | cuBLAS SGEMM ms | cuBLAS TFLOP/s |" + (" torch bf16 ms | torch bf16 TFLOP/s |" if torch else ""))
+    print("|---" * (4 + 3 * len(versions) + 2 + (2 if torch else 0)) + "|")
     for label, M, N, K, ta, tb, acc in SHAPES:
         a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
@@ -169,6 +177,15 @@ def main(argv=None):
             cells.append(f"{ms:.3f} | {flops / ms / 1e9:.1f}")
         else:
             cells.append("- | -")
+        if torch is not None:
+            tdev = torch.device("cuda")
+            ta_ = torch.as_tensor(a, device=tdev).to(torch.bfloat16)
+            tb_ = torch.as_tensor(b, device=tdev).to(torch.bfloat16)
+            ta_, tb_ = (ta_.T if ta else ta_), (tb_.T if tb else tb_)
+            ms = timed(lambda: torch.matmul(ta_, tb_))
+            row["torch_bf16_ms"], row["torch_bf16_tflops"] = ms, flops / ms / 1e9
+            cells.append(f"{ms:.3f} | {flops / ms / 1e9:.1f}")
+            del ta_, tb_
         print(f"| {label} | {M} | {N} | {K} | " + " | ".join(cells) + " |", flush=True)
         for v in (v for v in versions if v >= 3):        # registers and spills of the warp-tile kernel
             from andrea_numba.kernels.warp_tile import resolve

@@ -23,7 +23,8 @@
 #          s8b (flash v10 against v9's bits; the harness on v10 at 12M and on the new versions at 120M);
 #          ahead (bench/compile_ahead_check.py at AHEAD_SIZE, default 12M); default (the default 12M run,
 #          timed, its run files and loss plot); s9 (the harness at 120M on mlp v11/v12, loss_fwd v9, flash
-#          v9/v10, and the whole model at 12M, in parallel);
+#          v9/v10, and the whole model at 12M, in parallel); bf16 (matmul v10 against v8: the harness at
+#          12M and 120M, the products beside cuBLAS SGEMM and PyTorch's bf16 matmul);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -156,6 +157,19 @@ PY
             2> "$OUT/s9/model_12M.err"; echo "model 12M exit $?"
         wait
         for f in "$OUT"/s9/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
+    bf16) # matmul v10 (bf16 tensor cores) against v8 (3xTF32): the harness on the three product cases
+        # at 12M and 120M at once (against the rounded twin and within the rounding bound of the
+        # fp32 twin), then the products beside cuBLAS SGEMM and PyTorch's bf16 matmul
+        mkdir -p "$OUT/bf16"
+        for size in 12M 120M; do
+          timeout 300 $py -m andrea_numba.check --size $size --seed 131 --ops-only --op matmul --op "matmul a@b^T" \
+              --op "matmul a^T@b +=" --version 8 --version 10 --json > "$OUT/bf16/check_$size.json" \
+              2> "$OUT/bf16/check_$size.err" &
+        done
+        wait
+        for size in 12M 120M; do echo "bf16 check $size: $(tail -1 "$OUT/bf16/check_$size.err")"; disagree "$OUT/bf16/check_$size.json"; done
+        timeout 240 $py bench/gemm.py --versions 8,10 --json "$OUT/bf16/gemm.json" > "$OUT/bf16/gemm.md" 2> "$OUT/bf16/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$OUT/bf16/gemm.md"; tail -3 "$OUT/bf16/gemm.err" ;;
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
     s8) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
         # passes), loss_fwd v9 (softmax rows on fewer threads): the same bits where they claim them,

@@ -327,7 +327,8 @@ WARP_KERNELS = {"simt": (3, "SIMT warp tiles"),
                 "tf32x3k": (6, "k-major tiles of raw values, split as the fragments are read"),
                 "tf32x3t": (7, "v6's tiles, the small parts' low bits left for the tensor core to drop"),
                 "tf32x3w": (8, "v7's sums on swizzled tiles: transposed operands stored 128 bits at a time"),
-                "simt2": (9, "SIMT tiles of 4 x 4 blocks a thread on k-major shared tiles read 128 bits at a time")}
+                "simt2": (9, "SIMT tiles of 4 x 4 blocks a thread on k-major shared tiles read 128 bits at a time"),
+                "bf16w": (10, "bf16 tensor cores (inputs rounded as read) on swizzled k-major tiles")}
 
 
 @functools.cache
@@ -474,10 +475,25 @@ def matmul_v9(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
     _matmul_warp("simt2", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
+# v10: bf16 products on v8's tiles (split_tile.py, "bf16"): the operands stay fp32 in memory and in
+# shared memory; each thread rounds its fragment values to bf16 as it reads them (cvt.rn.bf16x2.f32,
+# two values an instruction) and one mma.sync m16n8k16 takes a fragment's whole stage of 16 values
+# of k, where v8 issued six m16n8k8 (three TF32 products, two k-steps). Not an fp32 product: each
+# input keeps 8 significant bits (reference/precision.py), every product of two bf16 is exact and
+# the sums are fp32. The harness checks it against the twin on bf16-rounded inputs at the fp32
+# tolerance, and against the fp32 twin within the bound that rounding allows.
+@blocks(**KMAJOR_TILES)
+def matmul_v10(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """bf16 tensor-core products (inputs rounded to bf16, fp32 sums) on v8's swizzled tiles."""
+    _matmul_warp("bf16w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
+matmul_v10.precision = "bf16"     # the harness compares it with the twin on bf16-rounded inputs
+
 WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
                "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_v8,   # weight-gradient products
-               "simt2": matmul_v9}
+               "simt2": matmul_v9, "bf16w": matmul_v10}
 
 VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
-                       7: matmul_v7, 8: matmul_v8, 9: matmul_v9}}
+                       7: matmul_v7, 8: matmul_v8, 9: matmul_v9, 10: matmul_v10}}
 matmul = matmul_v2        # what the engine uses

@@ -1,7 +1,8 @@
 """One-instruction device functions that Numba does not offer, for the fast product kernels.
 
 Numba compiles Python to LLVM IR, which the NVPTX backend turns into PTX. A few instructions have
-no Python spelling: the tensor-core matrix product `mma.sync` and the TF32 rounding `cvt.rna.tf32`.
+no Python spelling: the tensor-core matrix product `mma.sync`, the TF32 rounding `cvt.rna.tf32` and
+the bf16 rounding and packing `cvt.rn.bf16x2.f32`.
 numba-cuda lets a package add them as `@intrinsic` functions whose code generator writes the LLVM
 IR by hand, here an inline-assembly call of exactly one PTX instruction (numba-cuda's own
 `cache_hints` module does the same for cached loads). The 128-bit loads and stores are one LLVM
@@ -23,6 +24,18 @@ for mma.m16n8k8"), one warp, lane = 4 g + t (g = lane >> 2 in 0..7, t = lane & 3
     C, D (16 x 8):           c0 = C[g, 2t]    c1 = C[g, 2t + 1]    c2 = C[g + 8, 2t]    c3 = C[g + 8, 2t + 1]
 
     D = A @ B + C, with A and B read as TF32 (1 sign, 8 exponent, 10 mantissa bits), products and
+    sums in fp32.
+
+Fragment layout of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA, "Matrix
+fragments for mma.m16n8k16 with floating point type"): each .b32 register holds two bf16 values,
+the lower k in the low half (bf16x2 packs them), same g and t:
+
+    A (16 x 16):   a0 = A[g, 2t:2t+2]       a1 = A[g + 8, 2t:2t+2]
+                   a2 = A[g, 2t+8:2t+10]    a3 = A[g + 8, 2t+8:2t+10]
+    B (16 x 8):    b0 = B[2t:2t+2, g]       b1 = B[2t+8:2t+10, g]
+    C, D (16 x 8): as for m16n8k8
+
+    D = A @ B + C: sixteen values of k a row in one instruction, every product of two bf16 exact,
     sums in fp32.
 """
 import numpy as np
@@ -94,6 +107,39 @@ if not SIMULATOR:
             return context.make_tuple(builder, _F4, [builder.extract_value(d, i) for i in range(4)])
         return sig, codegen
 
+    @intrinsic
+    def bf16x2(typingctx, lo, hi):
+        """lo and hi rounded to the nearest bfloat16 (ties to even) and packed in one 32-bit
+        register, lo in the low half: the form an mma.sync takes two bf16 operands in.
+        PTX: cvt.rn.bf16x2.f32 %r, %hi, %lo;   (the first source goes to the upper half)"""
+        if lo != types.float32 or hi != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(_i32, [_f32, _f32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [args[1], args[0]])
+        return types.int32(types.float32, types.float32), codegen
+
+    @intrinsic
+    def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """(d0, d1, d2, d3) = one warp's 16x8 tile of A @ B + C, A 16 x 16 and B 16 x 8 in bf16, two
+        values to a register (bf16x2), products exact, sums in fp32 (fragment layout in the
+        module docstring). Every lane of the warp must call it together.
+        PTX: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0..d3}, {a0..a3}, {b0, b1}, {c0..c3};"""
+        sig = _F4(*([types.int32] * 6 + [types.float32] * 4))
+
+        def codegen(context, builder, sig, args):
+            out = ir.LiteralStructType([_f32] * 4)
+            asm = ir.InlineAsm(ir.FunctionType(out, [_i32] * 6 + [_f32] * 4),
+                               "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                               "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            ab = [context.cast(builder, v, t, types.int32) for v, t in zip(args[:6], sig.args[:6])]
+            c = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
+            d = builder.call(asm, ab + c)
+            return context.make_tuple(builder, _F4, [builder.extract_value(d, i) for i in range(4)])
+        return sig, codegen
+
     def _element_pointer(context, builder, arrty, arr, index, indexty):
         """Address of element `index` of a C-contiguous array, counted in elements from its start."""
         data = context.make_array(arrty)(context, builder, arr).data
@@ -143,6 +189,15 @@ else:
 
     def mma_tf32(*args):
         raise NotImplementedError("mma.sync needs a GPU: in the simulator the kernels use a NumPy twin of the step")
+
+    mma_bf16 = mma_tf32
+
+    def bf16x2(lo, hi):
+        """Simulator twin of cvt.rn.bf16x2.f32: the two bf16 bit patterns (ties to even), lo in
+        the low half of an int32."""
+        from reference.precision import round_bf16
+        bits = round_bf16(np.array([lo, hi], np.float32)).view(np.uint32) >> np.uint32(16)
+        return np.int32(np.uint32(bits[0] | (bits[1] << np.uint32(16))).view(np.int32))
 
     def load4(arr, index):
         flat = arr.reshape(-1)

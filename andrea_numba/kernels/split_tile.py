@@ -54,10 +54,12 @@ In the simulator the stage's products are a NumPy twin: each thread's TM x TN ou
 lanes).
 """
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int32
+
+from reference.precision import round_bf16
 
 from .common import SIMULATOR
-from .ptx import load4, mma_tf32, store4, tf32_half_up, tf32_round
+from .ptx import bf16x2, load4, mma_bf16, mma_tf32, store4, tf32_half_up, tf32_round
 from .tile_loop import WARP, make_pipeline
 
 BK_SPLIT = 16          # values of k per stage: two k-steps of 8, a 4-float run per lane and row
@@ -220,6 +222,60 @@ def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
     return fetch, put, E
 
 
+# bf16 (matmul v10): the same tiles, one mma a fragment a stage. mma.sync m16n8k16 takes 16 values
+# of k at once, two bf16 to a register (ptx.py). A stage holds 16 values of k, and lane t's run of
+# a row is k = 4t .. 4t + 3 (one 128-bit shared read, as for 3xTF32). An mma sums its 16 values of
+# k in whatever order we name them, as long as A and B use the same names, so lane t names its run
+#     k = 4t, 4t + 1   ->  fragment k 2t, 2t + 1        (registers a0, a1 of A and b0 of B)
+#     k = 4t + 2, 4t + 3  ->  fragment k 2t + 8, 2t + 9   (registers a2, a3 of A and b1 of B)
+# and the four lanes t = 0..3 cover the stage's 16 values of k once. Each pair is rounded to bf16
+# and packed by one cvt.rn.bf16x2.f32 as it is read: the shared tiles keep the fp32 values. Where
+# 3xTF32 needed six mma.sync a fragment a stage (three products, two k-steps), bf16 needs one.
+def _stage_bf16(BM, BN, MI, NI, swizzle):
+    """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of the stage's product, the
+    values of one plane of raw fp32 tiles rounded to bf16 as they are read."""
+    TM, TN = 2 * MI, 2 * NI
+    BK = BK_SPLIT
+
+    if SIMULATOR:
+        ROW = np.array([(i // 2) * 16 + (i % 2) * 8 for i in range(TM)])
+        COL = np.array([(j // 2) * 8 + j % 2 for j in range(TN)])
+
+        def stage(acc, sa, sb, wm0, wn0, g, t):
+            rows, cols = ROW + (wm0 + g), COL + (wn0 + 2 * t)
+            if swizzle:
+                rows, cols = rows ^ ((rows >> 2) & 1), cols ^ ((cols >> 2) & 1)
+            acc += round_bf16(sa[0][rows]) @ round_bf16(sb[0][cols].T)   # exact products, fp32 sums
+        return stage
+
+    @cuda.jit(device=True)
+    def stage(acc, sa, sb, wm0, wn0, g, t):
+        ra = cuda.local.array((MI, 2, 2), int32)   # [mi, row g or g + 8, k pair 2t.. or 2t + 8..]: bf16x2
+        rb = cuda.local.array((NI, 2), int32)      # [ni, k pair]
+        gs = phys(g) if swizzle else g
+        for mi in range(MI):
+            for h in range(2):
+                x0, x1, x2, x3 = load4(sa, (wm0 + 16 * mi + 8 * h + gs) * BK + 4 * t)
+                ra[mi, h, 0] = bf16x2(x0, x1)
+                ra[mi, h, 1] = bf16x2(x2, x3)
+        for ni in range(NI):
+            y0, y1, y2, y3 = load4(sb, (wn0 + 8 * ni + gs) * BK + 4 * t)
+            rb[ni, 0] = bf16x2(y0, y1)
+            rb[ni, 1] = bf16x2(y2, y3)
+        zero = float32(0.0)
+        for mi in range(MI):
+            for ni in range(NI):
+                # a0 A[g, 2t..], a1 A[g+8, 2t..], a2 A[g, 2t+8..], a3 A[g+8, 2t+8..]; b0 B[2t.., g], b1 B[2t+8.., g]
+                c0, c1, c2, c3 = mma_bf16(ra[mi, 0, 0], ra[mi, 1, 0], ra[mi, 0, 1], ra[mi, 1, 1],
+                                          rb[ni, 0], rb[ni, 1], zero, zero, zero, zero)
+                i, j = 2 * mi, 2 * ni                # c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1]
+                acc[i, j] += c0
+                acc[i, j + 1] += c1
+                acc[i + 1, j] += c2
+                acc[i + 1, j + 1] += c3
+    return stage
+
+
 def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round", swizzle=False):
     """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of the stage's product
     op(a)[tile rows, 16 k] @ op(b)[16 k, tile columns], from the split planes sa (2, BM, 16) and
@@ -308,20 +364,24 @@ def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round", swizzl
 
 
 def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, presplit=True, split_mode="round",
-                   swizzle=False):
+                   swizzle=False, bf16=False):
     """Build tile_mma(acc, a, b, kb, ke): acc += this thread's share of the block's tile of
     op(a)[:, kb:ke] @ op(b)[kb:ke, :], on split tiles (same warps and outputs as warp_tile's).
     products: see _stage (3 for every kernel of the engine). presplit=False: one shared plane of
     raw values, split as the fragments are read (half the shared memory and its traffic), by
     SPLITS[split_mode]: "round" (v6), "trunc" (v7: small truncated by the tensor core).
-    swizzle (v8, presplit=False): swizzled shared rows, transposed operands in 4 x 4 blocks."""
+    swizzle (v8, presplit=False): swizzled shared rows, transposed operands in 4 x 4 blocks.
+    bf16 (v10, presplit=False): the values rounded to bf16 as they are read, one mma.sync m16n8k16
+    a fragment a stage (_stage_bf16)."""
+    assert not (bf16 and presplit), "bf16 tiles hold one plane of raw values"
     assert BK == BK_SPLIT, f"split tiles take BK = {BK_SPLIT}, got {BK}"
     WARPS_N = BN // WN
     THREADS = WARP * (BM // WM) * WARPS_N
     # a [M, K] is straight, a^T (stored [K, M]) transposed; b^T (stored [N, K]) straight, b [K, N] transposed
     fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec, presplit, swizzle)
     fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec, presplit, swizzle)
-    stage = _stage(BM, BN, WM // 16, WN // 8, products, presplit, split_mode, swizzle)
+    stage = (_stage_bf16(BM, BN, WM // 16, WN // 8, swizzle) if bf16 else
+             _stage(BM, BN, WM // 16, WN // 8, products, presplit, split_mode, swizzle))
     PL = 2 if presplit else 1                              # shared planes
 
     return make_pipeline(trans_a, trans_b, BM, BN, BK, WM, WN, (fetch_a, put_a, EA, (PL, BM, BK)),

@@ -1,0 +1,46 @@
+"""Number formats below fp32, as the kernels round to them.
+
+A float32 is 1 sign bit, 8 exponent bits and 23 mantissa bits. bfloat16 ("brain float") keeps the
+sign and all 8 exponent bits, so its range is float32's, and only the top 7 mantissa bits: a
+bf16 value is a float32 whose low 16 bits are zero. With the implicit leading 1 that is 8
+significant bits: neighbours 2^-7 apart at 1.0, so a float32 rounded to the nearest bf16 moves by
+at most half of that, u = 2^-8 of itself (about 0.4%: the unit roundoff).
+
+Rounding to nearest, ties to even, on the bit pattern (what the GPU's cvt.rn.bf16x2.f32 does):
+
+    bits = x viewed as uint32
+    keep = bits >> 16                      # the bf16 that truncation would give
+    bits += 0x7FFF + (keep & 1)            # past the halfway point (or at it, with keep odd): carry
+    bf16 = bits & 0xFFFF0000               # a carry into the exponent is the right rounding too
+
+A product of two bf16 values has at most 16 significant bits: it is exact in float32. That is
+why the tensor cores multiply bf16 pairs and add in fp32, and why a bf16 product kernel and the
+twin below agree to fp32 rounding once both see the same rounded inputs.
+"""
+import numpy as np
+
+
+def round_bf16(x):
+    """x (float32 or float64, any shape) rounded to the nearest bfloat16 (ties to even), returned
+    as float32 (the low 16 bits zero). NaN stays NaN; values past bf16's largest finite value
+    round to infinity, as the GPU's conversion does."""
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)           # room for the carry
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    out = bits.astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), x, out)
+
+
+def matmul_bf16(a, b, trans_a=False, trans_b=False):
+    """The product a bf16 tensor-core kernel computes: inputs rounded to bf16, every product exact,
+    summed in float64 here (the kernel sums in fp32)."""
+    a, b = round_bf16(a).astype(np.float64), round_bf16(b).astype(np.float64)
+    return (a.T if trans_a else a) @ (b.T if trans_b else b)
+
+
+def bf16_error_bound(a, b, trans_a=False, trans_b=False):
+    """Elementwise bound on |bf16 product - exact product| from the rounding of the inputs alone:
+    each input moves by at most u = 2^-8 of itself, so each product a_ik b_kj by at most
+    (2u + u^2) |a_ik| |b_kj|, and the sum over k by that times sum_k |a_ik| |b_kj|."""
+    a, b = np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64))
+    return (2 ** -7 + 2 ** -16) * ((a.T if trans_a else a) @ (b.T if trans_b else b))

@@ -1,0 +1,92 @@
+"""bfloat16 rounding (reference/precision.py), its twin of the GPU's packing instruction (ptx.bf16x2)
+and the harness's two checks of a bf16 product version (check.LOW_PRECISION_BOUNDS)."""
+import numpy as np
+import pytest
+
+import reference as R
+from andrea_numba import check
+from andrea_numba.cases import CASES, Dims
+from andrea_numba.config import load_config
+from andrea_numba.kernels import matmul
+from andrea_numba.kernels.common import SIMULATOR
+
+
+def bits(x):
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+def test_round_bf16_is_to_nearest_with_ties_to_even():
+    one = 1.0
+    gap = 2.0 ** -7                                       # bf16 neighbours of 1.0 are 2^-7 apart
+    x = np.array([one + gap / 2, one + 3 * gap / 2,       # ties: to the even neighbour (1, then 1 + 2 gap)
+                  one + gap / 2 + 2 ** -20,               # just past the tie: up
+                  one + gap / 2 - 2 ** -20,               # just below: down
+                  -(one + 3 * gap / 2)], np.float32)
+    want = np.array([one, one + 2 * gap, one + gap, one, -(one + 2 * gap)], np.float32)
+    assert np.array_equal(R.round_bf16(x), want)
+
+
+def test_round_bf16_keeps_8_significant_bits_and_float32s_range():
+    x = np.random.default_rng(0).standard_normal(50_000).astype(np.float32) * np.float32(1e3)
+    y = R.round_bf16(x)
+    assert np.all(bits(y) & 0xFFFF == 0)                  # a float32 with its low 16 bits zero
+    assert np.max(np.abs(y - x) / np.abs(x)) <= 2.0 ** -8  # moved by at most u = 2^-8 of itself
+    assert np.array_equal(R.round_bf16(y), y)             # bf16 values stay as they are
+    special = R.round_bf16(np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 3.4e38], np.float32))
+    assert np.isinf(special[0]) and special[0] > 0 and np.isinf(special[1]) and np.isnan(special[2])
+    assert bits(special[3]) == 0 and bits(special[4]) == 0x80000000
+    assert np.isinf(special[5])                           # past bf16's largest finite value
+
+
+def test_round_bf16_matches_an_independent_nearest_neighbour_search():
+    x = np.random.default_rng(1).standard_normal(2_000).astype(np.float32)
+    lo = (bits(x) & 0xFFFF0000).view(np.float32).astype(np.float64)     # truncation: one neighbour
+    hi = ((bits(x) & 0xFFFF0000) + 0x10000).astype(np.uint32).view(np.float32).astype(np.float64)
+    xd = x.astype(np.float64)
+    nearest = np.where(np.abs(xd - lo) < np.abs(xd - hi), lo, hi)      # (no exact ties in random data)
+    assert np.array_equal(R.round_bf16(x).astype(np.float64), nearest)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's twin of cvt.rn.bf16x2.f32")
+def test_bf16x2_packs_the_low_value_in_the_low_half():
+    from andrea_numba.kernels.ptx import bf16x2
+    packed = np.int32(bf16x2(np.float32(1.0), np.float32(-2.0))).view(np.uint32)
+    assert packed & 0xFFFF == 0x3F80 and packed >> 16 == 0xC000       # bf16 1.0 and -2.0
+
+
+def test_the_rounding_bound_holds_and_catches_coarser_rounding():
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((40, 64)), rng.standard_normal((64, 24))
+    exact = a @ b
+    bound = R.bf16_error_bound(a, b)
+    assert np.all(np.abs(R.matmul_bf16(a, b) - exact) <= bound)
+    coarse = lambda x: (bits(x) & 0xFFF00000).view(np.float32).astype(np.float64)   # 4 bits kept, truncated
+    assert np.any(np.abs(coarse(a) @ coarse(b) - exact) > bound)
+
+
+def test_the_harness_checks_a_bf16_version_twice():
+    """Against the twin on rounded inputs at the fp32 tolerance, and against the fp32 twin within
+    the rounding bound: a launcher that does not round fails the first, one that rounds more the second."""
+    case = CASES["matmul"]
+    dims = Dims.of(load_config("tiny").model, 3, 13)
+    rng = np.random.default_rng(3)
+    ref = check.reference_for(case, "fwd", dims, rng)
+
+    def fake(rounding):
+        def launch(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block=None, stream=0):
+            got = rounding(check.to_host(a)).astype(np.float64) @ rounding(check.to_host(b)).astype(np.float64)
+            out.copy_to_device(got.astype(np.float32))
+        launch.precision = "bf16"
+        return launch
+    ok = check.check_launcher(case, "fwd", fake(R.round_bf16), dims, rng, version=10, ref=ref)
+    assert [r["tensor"] for r in ok] == ["out", "out vs fp32 twin (bf16 inputs)"] and all(r["ok"] for r in ok)
+    unrounded = check.check_launcher(case, "fwd", fake(lambda x: x), dims, rng, version=10, ref=ref)
+    assert not unrounded[0]["ok"] and unrounded[1]["ok"]
+    coarse = lambda x: (bits(x) & 0xFFF00000).view(np.float32)
+    rough = check.check_launcher(case, "fwd", fake(coarse), dims, rng, version=10, ref=ref)
+    assert not rough[0]["ok"] and not rough[1]["ok"]
+
+
+def test_matmul_v10_is_a_bf16_version_of_the_ladder():
+    assert matmul.VERSIONS["matmul"][10] is matmul.matmul_v10 and matmul.matmul_v10.precision == "bf16"
+    assert matmul.WARP_KERNELS["bf16w"][0] == 10
