@@ -105,8 +105,9 @@ def run_op(op, launch, inputs, outs, accums, refs, tol=OP_TOL, rng=None, scratch
     accums: names of += buffers (pre-filled with the same random values before each run);
     refs: name -> float64 twin result (for accums: the amount to be added);
     scratch: name -> (shape, dtype) of a work buffer (poisoned too: NaN, or -7 for integers);
-    also: (refs, bound, suffix): the same outputs compared again, with another twin and an
-    elementwise allowance (a low-precision version against the fp32 twin), rows named name + suffix."""
+    also: (refs, bounds, suffix): the same outputs compared again, with another twin and an
+    elementwise allowance per output (a low-precision version against the fp32 twin), rows
+    named name + suffix."""
     prefill = {k: rng.standard_normal(np.shape(refs[k])).astype(np.float32)
                * np.float32(max(1e-3, float(np.max(np.abs(refs[k]))))) for k in accums}
     poisoned = poisoned_buffers(outs, scratch)
@@ -119,8 +120,8 @@ def run_op(op, launch, inputs, outs, accums, refs, tol=OP_TOL, rng=None, scratch
     rows = [compare(op, k, runs[0][k], refs[k], tol, prefill.get(k), runs[1][k], **labels) for k in refs]
     if also is not None:
         refs2, bound, suffix = also
-        rows += [compare(op, k + suffix, runs[0][k], refs2[k], tol, prefill.get(k), runs[1][k], bound=bound, **labels)
-                 for k in refs2]
+        rows += [compare(op, k + suffix, runs[0][k], refs2[k], tol, prefill.get(k), runs[1][k], bound=bound[k],
+                         **labels) for k in refs2]
     return rows
 
 
@@ -157,27 +158,34 @@ def reference_for(case, direction, dims, rng):
 
 
 # Versions whose products round their inputs below fp32 (launch.precision, e.g. matmul v10: "bf16")
-# are checked twice. Against the twin run on the case's float inputs rounded the same way
-# (reference/precision.py): both then multiply the same numbers, every product of two bf16 is
-# exact, and only the order of the fp32 sums differs, so the fp32 tolerance OP_TOL holds. And
-# against the fp32 twin, where the rounding of the inputs may move each output by up to
+# are checked twice. Against the twin run with the same precision (the twins' products go through
+# reference.precision.mm, which rounds their inputs as the kernels do): both then multiply the same
+# numbers, every product of two bf16 is exact, and only the order of the fp32 sums differs, so the
+# fp32 tolerance OP_TOL holds. And against the fp32 twin, within an allowance added to OP_TOL
+# element by element. For a plain product the allowance is what the rounding of the inputs may
+# move each output by,
 #     (2u + u^2) sum_k |a_ik| |b_kj|,   u = 2^-8 for bf16 (half the gap between neighbours at 1.0)
-# (precision.bf16_error_bound), an allowance added to OP_TOL element by element: a version that
-# rounds more, or rounds the wrong values, fails it. Only the ops listed in LOW_PRECISION_BOUNDS
-# have such versions so far, and for each of them the kernel rounds exactly the case's float inputs.
-LOW_PRECISION_ROUND = {"bf16": R.round_bf16}
-LOW_PRECISION_BOUNDS = {("matmul", "bf16"): lambda v, fixed: R.bf16_error_bound(
+# (precision.bf16_error_bound): a version that rounds more, or rounds the wrong values, fails it.
+# For an op with more than a product (GELU or a softmax between two products) it is twice the
+# distance between the low-precision twin and the fp32 twin: the row then reports how far the
+# rounding took the op from fp32, and fails only a kernel much farther away than its twin.
+LOW_PRECISION_BOUNDS = {("matmul", "bf16"): lambda v, fixed, lp, fp: R.bf16_error_bound(
     v["a"], v["b"], fixed.get("trans_a", False), fixed.get("trans_b", False))}
 
 
+def low_precision_bound(case, precision, values, lp_ref, fp_ref, name):
+    rule = LOW_PRECISION_BOUNDS.get((case.fwd, precision))
+    if rule is not None:
+        return rule(values, case.fixed, lp_ref, fp_ref)
+    return 2.0 * np.abs(np.asarray(lp_ref[name], np.float64) - np.asarray(fp_ref[name], np.float64))
+
+
 def low_precision_reference(case, direction, ref, precision):
-    """ref (reference_for's tuple) with the twin's results recomputed on the float inputs rounded
-    to `precision`; the values the launcher gets stay as they were (it rounds them itself)."""
+    """ref (reference_for's tuple) with the twin's results recomputed at `precision`; the values
+    the launcher gets stay as they were (it rounds them itself)."""
     values, _, outputs, accums = ref
-    rnd = LOW_PRECISION_ROUND[precision]
-    rounded = {k: (rnd(v).astype(np.float64) if _is_array(v) and v.dtype.kind == "f" else v)
-               for k, v in values.items()}
-    refs = case.forward(rounded) if direction == "fwd" else case.backward(rounded)
+    at = {**values, "precision": precision}
+    refs = case.forward(at) if direction == "fwd" else case.backward(at)
     return values, refs, outputs, accums
 
 
@@ -206,10 +214,10 @@ def check_launcher(case, direction, launch, dims, rng, block=None, version=None,
     if precision is None:
         return _check_launcher(case, direction, launch, dims, rng, block, version, ref, tol)
     values, fp32_refs, _, _ = ref
-    bound = LOW_PRECISION_BOUNDS[(case.fwd, precision)](values, case.fixed)
-    return _check_launcher(case, direction, launch, dims, rng, block, version,
-                           low_precision_reference(case, direction, ref, precision), tol,
-                           also=(fp32_refs, bound, f" vs fp32 twin ({precision} inputs)"))
+    lp = low_precision_reference(case, direction, ref, precision)
+    bounds = {k: low_precision_bound(case, precision, values, lp[1], fp32_refs, k) for k in fp32_refs}
+    return _check_launcher(case, direction, launch, dims, rng, block, version, lp, tol,
+                           also=(fp32_refs, bounds, f" vs fp32 twin ({precision} products)"))
 
 
 def _check_launcher(case, direction, launch, dims, rng, block, version, ref, tol, also=None):

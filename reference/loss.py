@@ -14,11 +14,14 @@ Backward from dloss (1.0 when loss is the final output):
 """
 import numpy as np
 
+from .precision import mm
 
-def loss_fwd(x, wte, targets):
+
+def loss_fwd(x, wte, targets, precision=None):
     """x [B, T, C] (final LayerNorm output), wte [V, C], targets [B, T] int
-    -> loss (0-d array); saved for backward: losses [B, T], probs [B, T, V]."""
-    logits = x @ wte.T                                        # [B, T, V]
+    -> loss (0-d array); saved for backward: losses [B, T], probs [B, T, V].
+    precision: of the products (precision.mm); the softmax and the loss stay exact."""
+    logits = mm(x, wte.T, precision)                          # [B, T, V]
     mx = logits.max(axis=-1, keepdims=True)
     e = np.exp(logits - mx)
     se = e.sum(axis=-1, keepdims=True)
@@ -28,7 +31,7 @@ def loss_fwd(x, wte, targets):
     return losses.mean(), losses, probs
 
 
-def loss_bwd(dloss, x, wte, probs, targets):
+def loss_bwd(dloss, x, wte, probs, targets, precision=None):
     """dloss (scalar) -> (dx [B, T, C], dwte [V, C]). Leading axes may also be one axis N = B*T."""
     V, C = probs.shape[-1], x.shape[-1]
     n_pos = probs.size // V                                   # B*T positions
@@ -36,6 +39,6 @@ def loss_bwd(dloss, x, wte, probs, targets):
     np.put_along_axis(dlogits, targets[..., None],
                       np.take_along_axis(probs, targets[..., None], axis=-1) - 1, axis=-1)
     dlogits *= float(dloss) / n_pos                           # a Python float keeps the dtype
-    dx = dlogits @ wte                                        # [B, T, C]
-    dwte = dlogits.reshape(-1, V).T @ x.reshape(-1, C)        # [V, C]
+    dx = mm(dlogits, wte, precision)                          # [B, T, C]
+    dwte = mm(dlogits.reshape(-1, V).T, x.reshape(-1, C), precision)   # [V, C]
     return dx, dwte

@@ -31,6 +31,19 @@ def round_bf16(x):
     return np.where(np.isnan(x), x, out)
 
 
+ROUND = {"bf16": round_bf16}         # precision -> rounding of a product's inputs
+
+
+def mm(a, b, precision=None):
+    """a @ b as a product kernel of this precision computes it: precision None (or "fp32") the
+    plain product; "bf16" both inputs rounded to bf16 first (every product of two bf16 values is
+    exact; the sums stay in the inputs' dtype). The twins' products all go through here."""
+    if precision in (None, "fp32"):
+        return a @ b
+    rnd = ROUND[precision]
+    return rnd(a).astype(a.dtype) @ rnd(b).astype(b.dtype)
+
+
 def matmul_bf16(a, b, trans_a=False, trans_b=False):
     """The product a bf16 tensor-core kernel computes: inputs rounded to bf16, every product exact,
     summed in float64 here (the kernel sums in fp32)."""

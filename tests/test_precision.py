@@ -79,7 +79,7 @@ def test_the_harness_checks_a_bf16_version_twice():
         launch.precision = "bf16"
         return launch
     ok = check.check_launcher(case, "fwd", fake(R.round_bf16), dims, rng, version=10, ref=ref)
-    assert [r["tensor"] for r in ok] == ["out", "out vs fp32 twin (bf16 inputs)"] and all(r["ok"] for r in ok)
+    assert [r["tensor"] for r in ok] == ["out", "out vs fp32 twin (bf16 products)"] and all(r["ok"] for r in ok)
     unrounded = check.check_launcher(case, "fwd", fake(lambda x: x), dims, rng, version=10, ref=ref)
     assert not unrounded[0]["ok"] and unrounded[1]["ok"]
     coarse = lambda x: (bits(x) & 0xFFF00000).view(np.float32)
