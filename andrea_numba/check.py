@@ -36,6 +36,7 @@ from . import cli
 from .cases import CASES, Dims, call
 from .config import ModelConfig, exit_on_config_error, load_config
 from .kernels.common import SIMULATOR, BlockDoesNotFit, device_name
+from .gpu_model import PRECISION, PRODUCTS
 from .layout import init_params, param_layout
 
 OP_TOL = (1e-3, 1e-4)       # (rtol, a): one op in float32 against float64
@@ -44,6 +45,7 @@ OP_TOL = (1e-3, 1e-4)       # (rtol, a): one op in float32 against float64
 # a tensor off by 1% fails (its largest element is off by 1e-2 max|ref| > (1e-4 + 1e-3) max|ref|).
 MODEL_TOL = (1e-3, 1e-4)
 MODEL_DROPOUT = 0.1         # the whole-model check is a training forward: dropout on, at every site
+MODEL_TOLS = {"fp32": MODEL_TOL, "bf16": MODEL_TOL}    # by the precision of the products (below)
 
 # (B, T) of the op checks and of the whole-model check, by size. The op shapes cross tile edges:
 # B*T rows are not a multiple of any tile's rows and T spans several attention tiles (in the
@@ -261,10 +263,11 @@ def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None, versions=None, vocab=
     return rows
 
 
-def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int) -> list[dict]:
+def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "tf32x3w") -> list[dict]:
     """The whole model: loss and every gradient tensor of GPUModel against reference.model, in a
     training forward with dropout (probability MODEL_DROPOUT, a key drawn from rng); once with the
-    engine's attention ("model") and once with flash attention ("model, flash attention")."""
+    engine's attention ("model") and once with flash attention ("model, flash attention").
+    products: GPUModel's (its precision picks the twin's, and the tolerance: MODEL_TOLS)."""
     from .gpu_model import GPUModel
 
     params = init_params(m, seed)
@@ -272,12 +275,16 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int) -> list[dict]:
     tokens = rng.integers(0, m.vocab_size, size=(B, T)).astype(np.int32)
     targets = rng.integers(0, m.vocab_size, size=(B, T)).astype(np.int32)
     key = int(rng.integers(0, 2 ** 32))
-    ref_loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets, MODEL_DROPOUT, key)
+    precision = PRECISION.get(products, "fp32")
+    tol = MODEL_TOLS[precision]
+    ref_loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets, MODEL_DROPOUT, key,
+                                     None if precision == "fp32" else precision)
     ref_grads = R.model_backward(params.astype(np.float64), m, acts)
     del acts
     rows = []
-    for op, flash in (("model", False), ("model, flash attention", True)):
-        model = GPUModel(m, B, T, dropout=MODEL_DROPOUT, flash=flash)
+    label = "" if precision == "fp32" else f", {precision} products"
+    for op, flash in ((f"model{label}", False), (f"model, flash attention{label}", True)):
+        model = GPUModel(m, B, T, dropout=MODEL_DROPOUT, flash=flash, products=products)
         model.params.copy_to_device(params)
         runs = []
         for _ in range(2):
@@ -286,18 +293,18 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int) -> list[dict]:
             model.backward()
             cuda.synchronize()
             runs.append((np.array([model.read_loss()]), to_host(model.grads)))
-        rows.append(compare(op, "loss", runs[0][0], np.array([float(ref_loss)]), MODEL_TOL, repeat=runs[1][0]))
+        rows.append(compare(op, "loss", runs[0][0], np.array([float(ref_loss)]), tol, repeat=runs[1][0]))
         for s in param_layout(m):
             sl = slice(s.offset, s.end)
-            rows.append(compare(op, "d " + s.name, runs[0][1][sl], ref_grads[sl], MODEL_TOL, repeat=runs[1][1][sl]))
+            rows.append(compare(op, "d " + s.name, runs[0][1][sl], ref_grads[sl], tol, repeat=runs[1][1][sl]))
         del model                             # one model's buffers at a time (120M: several GB each)
     return rows
 
 
 def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=True, progress=None, only=None,
-               versions=None):
+               versions=None, products="tf32x3w"):
     """Rows of the op checks (every case, or the cases named in `only`; every version, or those
-    numbered in `versions`) and of the whole model."""
+    numbered in `versions`) and of the whole model (GPUModel with `products`)."""
     cfg = load_config(size)
     m = cfg.model
     (ob, ot), (mb, mt) = SHAPES.get(size, ((2, min(8, m.context_length)),) * 2)
@@ -313,7 +320,7 @@ def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=Tru
             progress(f"ops checked at B={ob} T={ot}{vocab} in {time.time() - t0:.1f} s")
     if model:
         t0 = time.time()
-        rows += model_rows(m, mb, mt, rng, seed)
+        rows += model_rows(m, mb, mt, rng, seed, products)
         if progress:
             progress(f"whole model checked at B={mb} T={mt} in {time.time() - t0:.1f} s")
     return rows
@@ -359,8 +366,14 @@ def main(argv=None) -> int:
                     help=f"check only this op (repeatable): {', '.join(CASES)}")
     ap.add_argument("--version", action="append", metavar="N", type=cli.int_range(1, 99),
                     help="check only this version number of each launcher (repeatable; default every version)")
+    ap.add_argument("--products", default="tf32x3w", type=cli.one_of(PRODUCTS, "products"),
+                    help="the whole model's products (GPUModel products=): tf32x3w, the engine's (default), or "
+                         "bf16w (bf16 products, checked against the twin at bf16)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
+    if args.products != "tf32x3w" and (args.ops_only or args.op or args.version):
+        cli.fail("argument --products: picks the whole model's products; it cannot be combined with --ops-only, "
+                 "--op or --version")
     if args.model_only and (args.ops_only or args.op or args.version):
         cli.fail("argument --model-only: cannot be combined with --ops-only, --op or --version")
     T = load_config(args.size).model.context_length
@@ -378,7 +391,7 @@ def main(argv=None) -> int:
     say(f"seed {seed}, device: {device_name()}")
     rows = run_checks(args.size, seed, args.batch, args.seq, ops=not args.model_only,
                       model=not (args.ops_only or args.op or args.version), progress=say, only=args.op,
-                      versions=args.version)
+                      versions=args.version, products=args.products)
     ok = all(r["ok"] for r in rows)
     if args.json:
         print(json.dumps({"ok": ok, "device": device_name(), "seed": seed, "size": args.size, "results": rows},

@@ -119,8 +119,10 @@ class GPUModel:
     "tf32x3s" their v4 (split planes, matmul v5); "tf32x3" their v3 (warp tiles, matmul v4);
     "simt2" their v8 (mlp v10): no tensor cores, SIMT multiply-adds on the k-major tiles of
     kernels/simt_tile.py (matmul v9); "simt" their v2 (SIMT warp tiles, matmul v3). All are
-    fp32-accurate. mlp_version=<n> runs the MLP's launchers of that version instead (the
-    benchmarks' --mlp-version)."""
+    fp32-accurate. "bf16w" runs their bf16 versions (attn_qkv, attn_out v9, mlp v13, loss_fwd
+    v10, loss_bwd v9: matmul v10's tiles, every product's inputs rounded to bf16, fp32 sums); its
+    twin is reference.model at precision "bf16" (self.precision). mlp_version=<n> runs the MLP's
+    launchers of that version instead (the benchmarks' --mlp-version)."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
                  dropout: float = 0.0, flash: bool = True, products: str = "tf32x3w", share=None,
@@ -130,6 +132,7 @@ class GPUModel:
         self.m, self.B, self.T, self.N = m, B, T, B * T
         # the linear ops' launchers, by version (PRODUCTS)
         self.products = products
+        self.precision = PRECISION.get(products, "fp32")     # of the products: the twin's precision
         v = PRODUCTS[products]
         self.qkv_fwd, self.qkv_bwd = attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v]
         self.out_fwd, self.out_bwd = attn_out.VERSIONS["attn_out_fwd"][v], attn_out.VERSIONS["attn_out_bwd"][v]
@@ -317,9 +320,13 @@ class GPUModel:
 
 # products= of GPUModel: the version of the linear ops (attn_qkv, attn_out, mlp, loss) it runs;
 # the MLP's own number where it differs (its v6 is v5 with another store loop, not a product kind)
-PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8}
-MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10}
-LOSS_FWD_VERSION = {"tf32x3w": 9}          # the loss forward's, where it is not the linear ops' version
+# "bf16w": every product of the linear ops in bf16 (matmul v10's tiles: inputs rounded to bf16 as
+# they are read, fp32 sums), the engine's tf32x3w versions otherwise (attention, LayerNorm, the
+# softmax and the loss, the optimiser stay fp32): issue 11's first form of --precision bf16
+PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9}
+MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10}   # the loss forward's, where it is not the linear ops' version
+PRECISION = {"bf16w": "bf16"}              # products -> the precision of the twin that matches it (default fp32)
 
 
 def _flat(a):

@@ -170,6 +170,17 @@ PY
         for size in 12M 120M; do echo "bf16 check $size: $(tail -1 "$OUT/bf16/check_$size.err")"; disagree "$OUT/bf16/check_$size.json"; done
         timeout 240 $py bench/gemm.py --versions 8,10 --json "$OUT/bf16/gemm.json" > "$OUT/bf16/gemm.md" 2> "$OUT/bf16/gemm.err"
         echo "gemm exit $?"; grep "^|" "$OUT/bf16/gemm.md"; tail -3 "$OUT/bf16/gemm.err" ;;
+    bf16b) # the linear ops' bf16 versions (attn_qkv, attn_out v9, mlp v13, loss_fwd v10, loss_bwd v9) at
+        # 12M, and the whole model with bf16 products against the twin at bf16, at 12M and 120M: at once
+        mkdir -p "$OUT/bf16b"
+        timeout 230 $py -m andrea_numba.check --size 12M --seed 137 --ops-only --op attn_qkv --op attn_out --op mlp \
+            --op loss --version 9 --version 10 --version 13 --json > "$OUT/bf16b/ops_12M.json" 2> "$OUT/bf16b/ops_12M.err" &
+        for size in 12M 120M; do
+          timeout 230 $py -m andrea_numba.check --size $size --seed 139 --model-only --products bf16w --json \
+              > "$OUT/bf16b/model_$size.json" 2> "$OUT/bf16b/model_$size.err" &
+        done
+        wait
+        for f in "$OUT"/bf16b/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
     s8) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
         # passes), loss_fwd v9 (softmax rows on fewer threads): the same bits where they claim them,

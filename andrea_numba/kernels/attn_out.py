@@ -161,8 +161,25 @@ def attn_out_bwd_v8(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 
 k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd_v1.blocks[0])
 
+# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
+# harness to check them against the twin at that precision (check.py, LOW_PRECISION_BOUNDS).
+@blocks(**KMAJOR_TILES)
+def attn_out_fwd_v9(out, y, w_o, *, block, stream=0):
+    """v7 with bf16 products (matmul v10's tiles)."""
+    _fwd_warp("bf16w", out, y, w_o, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def attn_out_bwd_v9(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v7's backward with bf16 products, dW_O split over K into work."""
+    _bwd_warp("bf16w", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
+attn_out_fwd_v9.precision = attn_out_bwd_v9.precision = "bf16"
+
 VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7,
-                             8: attn_out_fwd_v8},
+                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9},
             "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7,
-                             8: attn_out_bwd_v8}}
+                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9}}
 attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7          # what the engine uses

@@ -198,10 +198,27 @@ def attn_qkv_bwd_v8(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *,
     _bwd_warp("simt2", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
+# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
+# harness to check them against the twin at that precision (check.py, LOW_PRECISION_BOUNDS).
+@blocks(**KMAJOR_TILES)
+def attn_qkv_fwd_v9(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """v7 with bf16 products (matmul v10's tiles)."""
+    _fwd_warp("bf16w", q, k, v, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def attn_qkv_bwd_v9(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """v7's backward with bf16 products, the weight gradients split over K into work."""
+    _bwd_warp("bf16w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+
+
+attn_qkv_fwd_v9.precision = attn_qkv_bwd_v9.precision = "bf16"
+
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
 VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7,
-                             8: attn_qkv_fwd_v8},
+                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9},
             "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7,
-                             8: attn_qkv_bwd_v8}}
+                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9}}
 attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7          # what the engine uses

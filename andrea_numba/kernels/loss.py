@@ -234,6 +234,26 @@ def loss_fwd_v9(loss, losses, probs, x, wte, targets, *, block, stream=0):
     _fwd_warp("tf32x3w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
-VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9},
-            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8}}
+# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
+# harness to check them against the twin at that precision (check.py, LOW_PRECISION_BOUNDS).
+# The loss forward's bf16 version is v10 (v9's softmax rows), the backward's v9 (v7's form).
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v10(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """v9 with the logits from bf16 products (matmul v10); the softmax and the loss in fp32."""
+    _fwd_warp("bf16w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v9(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """v7 with bf16 products (matmul v10), dwte split over K into work."""
+    _bwd_warp("bf16w", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
+
+
+loss_fwd_v10.precision = loss_bwd_v9.precision = "bf16"
+
+VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9,
+                         10: loss_fwd_v10},
+            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8,
+                         9: loss_bwd_v9}}
 loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses

@@ -431,11 +431,28 @@ def mlp_bwd_v12(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
 
 
+# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
+# harness to check them against the twin at that precision (check.py, LOW_PRECISION_BOUNDS).
+@blocks(**KMAJOR_TILES)
+def mlp_fwd_v13(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+    """v12 with bf16 products (matmul v10's tiles)."""
+    _fwd_split("bf16w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v2)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_bwd_v13(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v12's backward with bf16 products."""
+    _bwd_split("bf16w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
+
+
+mlp_fwd_v13.precision = mlp_bwd_v13.precision = "bf16"
+
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 
 VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
-                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12},
+                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13},
             "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
-                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12}}
+                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13}}
 mlp_fwd, mlp_bwd = mlp_fwd_v12, mlp_bwd_v12        # what the engine uses
