@@ -45,7 +45,14 @@ OP_TOL = (1e-3, 1e-4)       # (rtol, a): one op in float32 against float64
 # a tensor off by 1% fails (its largest element is off by 1e-2 max|ref| > (1e-4 + 1e-3) max|ref|).
 MODEL_TOL = (1e-3, 1e-4)
 MODEL_DROPOUT = 0.1         # the whole-model check is a training forward: dropout on, at every site
-MODEL_TOLS = {"fp32": MODEL_TOL, "bf16": MODEL_TOL}    # by the precision of the products (below)
+# With bf16 products the kernels and the twin round slightly different values (fp32 against
+# float64) to bf16, and where one lies at a rounding boundary they round it to neighbours; over the
+# layers and the backward these differences add up: on the H200 every gradient tensor of the
+# whole model landed within 7.2e-3 (12M) and 8.9e-3 (120M) of its largest value from the twin at
+# bf16 (medians 3.7e-3 and 4.7e-3; 2026-12-02). The bf16 check allows a = 2^-5 (eight units of bf16
+# rounding): it catches a kernel that is wrong (errors of the order of the values), not one 1% off;
+# the fp32 check (MODEL_TOL) and the op checks are the sharp ones.
+MODEL_TOLS = {"fp32": MODEL_TOL, "bf16": (1e-3, 2.0 ** -5)}    # by the precision of the products
 
 # (B, T) of the op checks and of the whole-model check, by size. The op shapes cross tile edges:
 # B*T rows are not a multiple of any tile's rows and T spans several attention tiles (in the
@@ -80,7 +87,8 @@ def compare(op, name, got, ref, tol, prefill=None, repeat=None, bound=None, **la
     err = np.abs(g - ref)
     max_err = float(np.max(err)) if err.size else 0.0
     finite = bool(np.all(np.isfinite(g)))
-    allowed = atol + rtol * np.abs(ref) + (0.0 if bound is None else np.asarray(bound, np.float64).reshape(g.shape))
+    extra = 0.0 if bound is None else np.broadcast_to(np.asarray(bound, np.float64), g.shape)
+    allowed = atol + rtol * np.abs(ref) + extra
     within = finite and bool(np.all(err <= allowed))
     bitwise = True if repeat is None else bool(np.array_equal(got, repeat, equal_nan=True))
     return {"op": op, **labels, "tensor": name,
@@ -169,17 +177,27 @@ def reference_for(case, direction, dims, rng):
 #     (2u + u^2) sum_k |a_ik| |b_kj|,   u = 2^-8 for bf16 (half the gap between neighbours at 1.0)
 # (precision.bf16_error_bound): a version that rounds more, or rounds the wrong values, fails it.
 # For an op with more than a product (GELU or a softmax between two products) it is twice the
-# distance between the low-precision twin and the fp32 twin: the row then reports how far the
-# rounding took the op from fp32, and fails only a kernel much farther away than its twin.
+# largest distance between the low-precision twin and the fp32 twin over the tensor: the row then
+# reports how far the rounding took the op from fp32, and fails a kernel much farther away.
+#
+# An op that computes a product's input itself (the MLP's h = gelu(x @ W_1) and dh_pre, the loss
+# backward's dlogits) rounds a value the kernel holds in fp32 and the twin in float64. Where such a
+# value lies within their difference (about 1e-7 of it) of a point halfway between two bf16 values,
+# kernel and twin round it to different neighbours: one term of a sum over K off by u = 2^-8 of
+# itself, about u / sqrt(K) of the output's scale. The first check of those ops allows
+# LOW_PRECISION_TOL: on the H200 at 12M (K = 384 and 1536) the MLP's bf16 version reached 4.2e-4 of
+# the scale against the bf16 twin (2026-12-02), where a = 1e-4 had been the limit.
 LOW_PRECISION_BOUNDS = {("matmul", "bf16"): lambda v, fixed, lp, fp: R.bf16_error_bound(
     v["a"], v["b"], fixed.get("trans_a", False), fixed.get("trans_b", False))}
+LOW_PRECISION_TOL = {"mlp": (1e-3, 2e-3), "loss": (1e-3, 2e-3)}   # (rtol, a), by case
 
 
 def low_precision_bound(case, precision, values, lp_ref, fp_ref, name):
     rule = LOW_PRECISION_BOUNDS.get((case.fwd, precision))
     if rule is not None:
         return rule(values, case.fixed, lp_ref, fp_ref)
-    return 2.0 * np.abs(np.asarray(lp_ref[name], np.float64) - np.asarray(fp_ref[name], np.float64))
+    gap = np.abs(np.asarray(lp_ref[name], np.float64) - np.asarray(fp_ref[name], np.float64))
+    return 2.0 * float(np.max(gap)) if gap.size else 0.0
 
 
 def low_precision_reference(case, direction, ref, precision):
@@ -218,6 +236,7 @@ def check_launcher(case, direction, launch, dims, rng, block=None, version=None,
     values, fp32_refs, _, _ = ref
     lp = low_precision_reference(case, direction, ref, precision)
     bounds = {k: low_precision_bound(case, precision, values, lp[1], fp32_refs, k) for k in fp32_refs}
+    tol = LOW_PRECISION_TOL.get(case.op, tol)
     return _check_launcher(case, direction, launch, dims, rng, block, version, lp, tol,
                            also=(fp32_refs, bounds, f" vs fp32 twin ({precision} products)"))
 

@@ -360,6 +360,8 @@ ROWS = [
     ("check", ["--seq", "0"], "argument --seq"),
     ("check", ["--seq", "17"], "exceeds the model's context length (16)"),
     ("check", ["--op", "nope"], "argument --op: unknown op 'nope': choose from embed, layernorm"),
+    ("check", ["--products", "nope"], "argument --products: unknown products 'nope'"),
+    ("check", ["--products", "bf16w", "--op", "mlp"], "argument --products: picks the whole model's products"),
     ("check", ["--size", "7B"], "unknown size '7B'"),
     ("check", ["--size", "{W}/files/missing.json"], "not found"),
     ("gradcheck", ["--seed", "-1"], "argument --seed"),

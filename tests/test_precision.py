@@ -90,3 +90,22 @@ def test_the_harness_checks_a_bf16_version_twice():
 def test_matmul_v10_is_a_bf16_version_of_the_ladder():
     assert matmul.VERSIONS["matmul"][10] is matmul.matmul_v10 and matmul.matmul_v10.precision == "bf16"
     assert matmul.WARP_KERNELS["bf16w"][0] == 10
+
+
+@pytest.mark.slow
+def test_the_whole_model_with_bf16_products_agrees_with_the_twin_at_bf16():
+    rows = check.run_checks("tiny", seed=1234, ops=False, products="bf16w")
+    assert {r["op"] for r in rows} == {"model, bf16 products", "model, flash attention, bf16 products"}
+    assert all(r["ok"] and r["bitwise_repeat"] for r in rows)
+
+
+def test_the_bf16_model_tolerance_fails_a_gradient_tensor_five_percent_off():
+    """bf16-grade differences pass (a few units of 2^-8 on some elements); a tensor 5% off fails."""
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(500)
+    tol = check.MODEL_TOLS["bf16"]
+    flipped = ref.copy()
+    flipped[rng.integers(0, 500, 50)] *= 1 + 4 * 2.0 ** -8                 # 50 values moved by 4 units
+    assert check.compare("model", "d w", flipped.astype(np.float32), ref, tol)["ok"]
+    for f in (1.05, 0.95):
+        assert not check.compare("model", "d w", (ref * f).astype(np.float32), ref, tol)["ok"]
