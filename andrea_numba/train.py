@@ -280,6 +280,7 @@ class Trainer:
         self.device = device_name()
         self.allocate()
         self.log(f"launches: {self.describe_launches()}")
+        self.log(f"precision: {PRECISION_NOTES[t.precision]}")
         self.timings = {"setup_s": 0.0, "train_s": 0.0}
         tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
         if found is not None and found["params"] is not None:
@@ -337,7 +338,7 @@ class Trainer:
         # one stream for the whole run: every launch and copy is ordered on it, none goes to the
         # legacy default stream (which would wait for, and hold up, all other work on the GPU)
         s = self.stream = cuda.stream()
-        self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout)
+        self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout, products=PRODUCTS_OF[t.precision])
         # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
         # are free between steps), with the training sequence length as its window
         self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, products=self.model.products)
@@ -773,15 +774,23 @@ def format_eta(seconds: float) -> str:
 # ----------------------------------------------------------------------------------------------
 # command line
 
+# train.precision -> GPUModel's products, and what the log says of it
+PRODUCTS_OF = {"fp32": "tf32x3w", "bf16": "bf16w"}
+PRECISION_NOTES = {
+    "fp32": "fp32 (products on tensor cores as 3xTF32, as accurate as fp32)",
+    "bf16": "bf16 products (attn_qkv, attn_out, mlp and the classifier: inputs rounded to bf16, sums in fp32); "
+            "weights, gradients, AdamW, LayerNorm, attention, the softmax and the loss in fp32"}
+
 # flags that would make a resumed run another run: --resume refuses them
 RESUME_FIXED = (("data", "--data"), ("batch_size", "--batch-size"), ("seq_len", "--seq-len"), ("seed", "--seed"),
-                ("microbatches", "--microbatches"), ("out", "--out"))
+                ("microbatches", "--microbatches"), ("precision", "--precision"), ("out", "--out"))
 
 
 def build_config(args) -> Config:
     cfg = load_config(args.config or args.size or "12M")
     train = {k: v for k, v in (("steps", args.steps), ("seed", args.seed), ("batch_size", args.batch_size),
-                               ("n_microbatches", args.microbatches), ("seq_len", args.seq_len)) if v is not None}
+                               ("n_microbatches", args.microbatches), ("seq_len", args.seq_len),
+                               ("precision", args.precision)) if v is not None}
     raw = cfg.to_dict()
     raw["train"].update(train)
     source = args.data or raw["data"]["source"]
@@ -829,6 +838,9 @@ def parser() -> Parser:
     ap.add_argument("--batch-size", type=positive_int, help="sequences per microbatch")
     ap.add_argument("--microbatches", type=positive_int, help="microbatches per optimiser step")
     ap.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
+    ap.add_argument("--precision", metavar="P", help="of the linear ops' products: fp32 (the reference) or bf16 "
+                    "(their inputs rounded to bf16, fp32 sums; weights, gradients, AdamW, LayerNorm, attention "
+                    "and the loss stay fp32); default: the config's")
     ap.add_argument("--log-every", type=positive_int, default=10, help="print a progress line every N steps")
     ap.add_argument("--no-graph", action="store_true", help="launch every kernel of every step from Python "
                     "instead of replaying the step as a CUDA graph (the same results, bit for bit; slower)")

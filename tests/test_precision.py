@@ -109,3 +109,24 @@ def test_the_bf16_model_tolerance_fails_a_gradient_tensor_five_percent_off():
     assert check.compare("model", "d w", flipped.astype(np.float32), ref, tol)["ok"]
     for f in (1.05, 0.95):
         assert not check.compare("model", "d w", (ref * f).astype(np.float32), ref, tol)["ok"]
+
+
+def test_a_config_without_precision_trains_in_fp32_and_bf16_picks_the_bf16_versions(tmp_path):
+    import json
+
+    from andrea_numba import train as tr
+    from andrea_numba.config import config_from_dict, validate
+    raw = load_config("tiny").to_dict()
+    raw["train"].pop("precision")                        # a config (or run state) from before the field
+    assert validate(config_from_dict(raw)).train.precision == "fp32"
+    raw["train"]["precision"] = "bf16"
+    cfg = validate(config_from_dict(raw))
+    trainer = tr.Trainer(cfg, tmp_path / "run", log=lambda s: None, graph=False)
+    trainer.setup()
+    model = trainer.model
+    assert model.products == "bf16w" and model.precision == "bf16"
+    assert all(getattr(f, "precision", None) == "bf16" for f in (model.qkv_fwd, model.qkv_bwd, model.out_fwd,
+                                                                 model.out_bwd, model.mlp_fwd, model.mlp_bwd,
+                                                                 model.loss_fwd, model.loss_bwd))
+    trainer.write_state()
+    assert json.loads((tmp_path / "run" / ".state.json").read_text())["config"]["train"]["precision"] == "bf16"
