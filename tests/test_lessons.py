@@ -41,6 +41,11 @@ CASES = {
          "its list (positions, as links[0] chains them)", "key = token*S + position", "v2 and v3 bit for bit",
          "identical"],
         ["09_skewed_sums.png"], []),
+    "10_number_formats.py": (
+        ["bf16                8              7                 8", "1 + gap/2 (a tie)    1.0039062500  1.0000000000",
+         "weight stays at 1.0000", "the total stops growing", "skip the step, halve S", "double S",
+         "differs from the float64 product of the rounded inputs by", "cover k 0..15 once: True"],
+        ["10_number_formats.png"], []),
     "05_accumulation.py": (
         ["buffer (kernels)", "twin g1 + g2", "twin, one batch of 2", "Largest |scaled buffer - twin gradient"],
         ["05_grad_norms.png"], []),

@@ -1,0 +1,250 @@
+"""Lesson 10: number formats below fp32, and which parts of training may use them.
+
+What it teaches
+    1. fp32, tf32, bf16 and fp16 bit by bit: how many exponent and mantissa bits each keeps, and
+       what follows: the largest value, the smallest normal one, the gap between neighbours at 1.0
+       (u, the unit roundoff, is half of it). bf16 keeps fp32's range with 8 significant bits;
+       fp16 keeps 11 bits in a much smaller range.
+    2. Rounding to nearest, ties to even, on the bit pattern (reference/precision.py), checked on
+       the cases where it matters.
+    3. Why the weights and AdamW stay fp32: an update a thousand times smaller than the weight
+       vanishes in bf16 (the weight's neighbours are 2^-7 apart), so a bf16 master copy stops
+       learning. The products may round their inputs; the running state may not.
+    4. Why sums stay fp32: a long sum in bf16 stops growing once each new term is smaller than
+       half a gap (swamping); the softmax's sum over the vocabulary and the loss's mean are such sums.
+    5. Loss scaling for fp16: small gradients fall below fp16's smallest value and become 0.
+       Multiplying the loss by S (2^16 here) moves every gradient up by S; the optimiser divides by
+       S in fp32. Too large an S overflows to inf: the step is skipped and S halved, and after a
+       run of good steps S doubles again (dynamic loss scaling), traced on made-up gradients.
+    6. One bf16 tensor-core instruction traced by hand: mma.sync.m16n8k16 takes two bf16 values
+       in each 32-bit register (the lower k in the low half: cvt.rn.bf16x2.f32, ptx.bf16x2). The
+       lesson packs the 32 lanes' registers, runs the instruction's math lane by lane, and gets
+       A @ B of the rounded values; then the k renaming of matmul v10, where a lane's four values
+       of k in shared memory fill its two registers.
+
+How to run (no GPU needed; a few seconds)
+
+    python lessons/10_number_formats.py
+    python lessons/10_number_formats.py --interactive --figures figs/
+
+Open it in Jupyter or VS Code as a notebook: the `# %%` lines are cells.
+"""
+# %%
+import _common as C
+
+args = C.start(__doc__)
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from andrea_numba.kernels.ptx import tf32_round  # noqa: E402
+from reference.precision import round_bf16  # noqa: E402
+
+f32 = np.float32
+
+
+def bits(x) -> str:
+    """sign | exponent | mantissa of a float32."""
+    b = format(int(np.array(x, dtype=f32).view(np.uint32)), "032b")
+    return f"{b[0]} {b[1:9]} {b[9:]}"
+
+
+def tf32(x):
+    return np.vectorize(lambda v: float(tf32_round(f32(v))), otypes=[f32])(x)
+
+
+def fp16(x):
+    with np.errstate(over="ignore"):                   # past 65504 is inf, which is the point
+        return np.asarray(x, f32).astype(np.float16).astype(f32)
+
+
+def bits16(x) -> str:
+    """sign | exponent | mantissa of an fp16."""
+    b = format(int(np.array(x, dtype=np.float16).view(np.uint16)), "016b")
+    return f"{b[0]} {b[1:6]} {b[6:]}"
+
+
+# %%
+C.step("Four formats, bit by bit")
+# (name, exponent bits, mantissa bits kept) -> largest finite, smallest normal, gap at 1.0
+FORMATS = [("fp32", 8, 23), ("tf32", 8, 10), ("bf16", 8, 7), ("fp16", 5, 10)]
+rows = []
+for name, e, m in FORMATS:
+    bias = 2 ** (e - 1) - 1
+    largest = (2 - 2.0 ** -m) * 2.0 ** bias            # all exponent bits but the last set, mantissa all ones
+    smallest = 2.0 ** (1 - bias)                       # the smallest normal number
+    rows.append((name, e, m, m + 1, f"{largest:.4g}", f"{smallest:.3g}", f"2^-{m} = {2.0 ** -m:.2e}"))
+C.table(rows, header=("format", "exponent bits", "mantissa bits", "significant bits", "largest",
+                      "smallest normal", "gap at 1.0"))
+# the same edges measured with the formats' own rounding, not only derived
+assert fp16(65504.0) == 65504.0 and np.isinf(fp16(70000.0))
+bf16_max = (2 - 2.0 ** -7) * 2.0 ** 127
+assert round_bf16(f32(bf16_max)) == f32(bf16_max) and np.isinf(round_bf16(np.finfo(f32).max))
+x = f32(np.pi)
+C.table([("fp32", bits(x), f"{float(x):.9f}"), ("tf32", bits(tf32(x)), f"{float(tf32(x)):.9f}"),
+         ("bf16", bits(round_bf16(x)), f"{float(round_bf16(x)):.9f}"), ("fp16", bits16(x), f"{float(fp16(x)):.9f}")],
+        header=("pi in", "sign exponent mantissa", "value"))
+C.say("""
+    bf16 is fp32 with the last 16 bits dropped: the same exponent, so the same range (about
+    3.4e38 down to 1.2e-38), and 8 significant bits: neighbours 2^-7 apart at 1.0, so rounding
+    moves a value by up to u = 2^-8 of itself (0.4%). fp16 keeps 11 significant bits (u = 2^-11)
+    but only 5 exponent bits: nothing above 65504, nothing normal below 6.1e-5. 70000 in fp16 is inf.
+""")
+
+# %%
+C.step("Rounding to nearest, ties to even, on the bit pattern")
+gap = 2.0 ** -7
+cases = [("1 + gap/2 (a tie)", 1 + gap / 2), ("1 + 3 gap/2 (a tie)", 1 + 3 * gap / 2),
+         ("1 + gap/2 + 2^-20", 1 + gap / 2 + 2 ** -20), ("1 + gap/2 - 2^-20", 1 + gap / 2 - 2 ** -20)]
+C.table([(name, f"{v:.10f}", f"{float(round_bf16(f32(v))):.10f}") for name, v in cases],
+        header=("x", "x", "bf16(x)"))
+C.say("""
+    bits += 0x7FFF + (bit 16 of bits); bits &= 0xFFFF0000. Past the halfway point the add carries
+    into the kept bits (round up); below it, it does not (round down); exactly at it, it carries
+    only when the kept part is odd, so a tie goes to the even neighbour: 1 + gap/2 rounds down to
+    1, 1 + 3 gap/2 up to 1 + 2 gap. The GPU's cvt.rn.bf16x2.f32 does the same (matmul v10).
+""")
+
+# %%
+C.step("Why the weights and the optimiser stay fp32")
+w16, w32 = round_bf16(f32(1.0)), f32(1.0)
+update = 1e-3                                          # lr x (m / sqrt(v)): about lr, here 1e-3
+trace16, trace32 = [], []
+for _ in range(1000):
+    w16 = round_bf16(f32(w16 + f32(update)))           # a bf16 master weight
+    w32 = f32(w32 + f32(update))
+    trace16.append(float(w16))
+    trace32.append(float(w32))
+C.say(f"""
+    A weight of 1.0 and an AdamW update of 1e-3 a step, for 1000 steps: fp32 gets to
+    {trace32[-1]:.4f}; a bf16 weight stays at {trace16[-1]:.4f}, because 1.0 + 1e-3 rounds back to
+    1.0 (its neighbours are 2^-7 = 7.8e-3 apart) every single step. Updates are about lr times the
+    weight's scale, far below bf16's resolution: so the master weights, the gradients' sum over
+    microbatches and AdamW's m and v stay fp32, and only a product's inputs are rounded.
+""")
+
+# %%
+C.step("Why long sums stay fp32")
+terms = np.full(4096, 1e-3, np.float64)
+s16 = f32(0.0)
+stalled = None
+for i, t in enumerate(terms):
+    new = round_bf16(f32(s16 + f32(t)))
+    if new == s16 and stalled is None:
+        stalled = i
+    s16 = new
+C.say(f"""
+    4096 terms of 1e-3 (exactly 4.096 in all), summed into a bf16 total: the total stops growing
+    after {stalled} terms at {float(s16):.4f}: there bf16's neighbours are 2^-8 = {2.0 ** -8:.4f} apart,
+    a term is less than half of that, and the total plus a term rounds back to the total (swamping). In fp32 the sum is {float(np.sum(terms.astype(f32))):.4f}.
+    The softmax sums 256 (12M) or 50,304 (120M) exponentials per row and the loss averages 8,192
+    positions: those sums, and the kernels' product sums, stay fp32.
+""")
+
+# %%
+C.step("Loss scaling for fp16")
+rng = np.random.default_rng(10)
+grads = np.exp(rng.normal(np.log(3e-6), 2.5, 200_000))        # gradients spread over many decades
+tiny = 2.0 ** -24                                              # fp16's smallest subnormal, 6.0e-8
+lost = np.mean(fp16(grads) == 0)
+lost_bf16 = np.mean(round_bf16(grads) == 0)
+S = 2.0 ** 16
+lost_scaled = np.mean(fp16(grads * S) == 0)
+over_scaled = np.mean(np.isinf(fp16(grads * S)))
+C.say(f"""
+    Made-up gradients around 3e-6, spread over many decades: in fp16, {lost:.1%} of them are below
+    its smallest value ({tiny:.1e}) and become 0; in bf16 {lost_bf16:.1%} do (its range is fp32's). Scale the
+    loss by S = 2^16 before the backward: every gradient is S times larger, {lost_scaled:.1%} are
+    lost and {over_scaled:.3%} overflow; the optimiser divides by S in fp32 before it uses them.
+""")
+scale, good, log = 2.0 ** 24, 0, []
+for step in range(12):
+    g = np.exp(rng.normal(np.log(3e-6), 2.5, 20_000)) * (50 if step == 7 else 1)   # step 7: a spike
+    if np.any(np.isinf(fp16(g * scale))):
+        log.append((step, f"2^{int(np.log2(scale))}", "inf in the scaled gradients: skip the step, halve S"))
+        scale, good = scale / 2, 0
+        continue
+    good += 1
+    note = "apply the step with g = (scaled g) / S, in fp32"
+    if good == 4:                                       # a run of good steps: try a larger S again
+        note += "; 4 good in a row: double S"
+    log.append((step, f"2^{int(np.log2(scale))}", note))
+    if good == 4:
+        scale, good = scale * 2, 0
+C.table(log, header=("step", "S", "decision"))
+C.say("""
+    Dynamic loss scaling: start with a large S; a step whose scaled gradients hold an inf is
+    skipped (the weights stay as they were) and S halves; after a run of good steps S doubles.
+    Every decision is logged, and S belongs in the run's state so that a resumed run makes the
+    same ones. bf16 needs none of this: that is why the engine's first low-precision path is bf16.
+""")
+
+# %%
+C.step("mma.sync.m16n8k16 in bf16, one warp, traced by hand")
+
+
+def pack(lo, hi):
+    """Two bf16 in one 32-bit register, lo in the low half (cvt.rn.bf16x2.f32 hi, lo)."""
+    b = round_bf16(np.array([lo, hi], f32)).view(np.uint32) >> 16
+    return int(b[0]) | (int(b[1]) << 16)
+
+
+def unpack(r):
+    return (np.array([r & 0xFFFF, r >> 16], np.uint32) << 16).view(f32)
+
+
+A = rng.standard_normal((16, 16)).astype(f32)
+B = rng.standard_normal((16, 8)).astype(f32)
+regs_a, regs_b = {}, {}
+for lane in range(32):
+    g, t = lane >> 2, lane & 3
+    regs_a[lane] = [pack(A[g, 2 * t], A[g, 2 * t + 1]), pack(A[g + 8, 2 * t], A[g + 8, 2 * t + 1]),
+                    pack(A[g, 2 * t + 8], A[g, 2 * t + 9]), pack(A[g + 8, 2 * t + 8], A[g + 8, 2 * t + 9])]
+    regs_b[lane] = [pack(B[2 * t, g], B[2 * t + 1, g]), pack(B[2 * t + 8, g], B[2 * t + 9, g])]
+# the instruction: every lane's C entries from all lanes' registers (a warp-wide product)
+Ab = np.zeros((16, 16), f32)
+Bb = np.zeros((16, 8), f32)
+for lane in range(32):
+    g, t = lane >> 2, lane & 3
+    for (r, c), reg in zip(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)), regs_a[lane]):
+        Ab[r, c:c + 2] = unpack(reg)
+    for (k, n), reg in zip(((2 * t, g), (2 * t + 8, g)), regs_b[lane]):
+        Bb[k:k + 2, n] = unpack(reg)
+D = np.zeros((16, 8), f32)
+for lane in range(32):
+    g, t = lane >> 2, lane & 3
+    for r, c in ((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)):   # c0..c3 of this lane
+        D[r, c] = f32(np.dot(Ab[r].astype(np.float64), Bb[:, c].astype(np.float64)))
+exact = round_bf16(A).astype(np.float64) @ round_bf16(B).astype(np.float64)
+lane5 = regs_a[5]
+C.say(f"""
+    Lane 5 (g = 1, t = 1) holds A[1, 2:4], A[9, 2:4], A[1, 10:12], A[9, 10:12] as four registers:
+    {', '.join(f'0x{r:08x}' for r in lane5)}; the first unpacks to {unpack(lane5[0])} (A[1, 2:4] =
+    {A[1, 2:4]} rounded). Put back together from the 32 lanes, the 16 x 8 result D differs from
+    the float64 product of the rounded inputs by {np.max(np.abs(D - exact)):.1e} (every product of
+    two bf16 is exact; only the fp32 sum rounds), and from the product of the unrounded inputs by
+    {np.max(np.abs(D - A.astype(np.float64) @ B.astype(np.float64))) / np.max(np.abs(exact)):.1e}
+    of the scale (the inputs' rounding).
+""")
+perm = {4 * t + j: (2 * t + j if j < 2 else 2 * t + 8 + j - 2) for t in range(4) for j in range(4)}
+C.say(f"""
+    matmul v10 renames k: in shared memory lane t's run of a row is k = 4t .. 4t + 3 (one 128-bit
+    read), and it names them fragment k {[perm[4 + j] for j in range(4)]} for t = 1: its two
+    registers (a0 and a2 of A, b0 and b1 of B). An mma sums its 16 values of k in any order, so
+    A and B renamed alike give the same product; the four lanes t = 0..3 cover k 0..15 once:
+    {sorted(perm.values()) == list(range(16))}.
+""")
+
+# %%
+C.step("The formats' resolution across their ranges")
+fig, ax = plt.subplots(figsize=(7, 4))
+for name, e, m in FORMATS:
+    bias = 2 ** (e - 1) - 1
+    exps = np.arange(1 - bias, bias + 1)
+    ax.loglog(2.0 ** exps.astype(float), 2.0 ** (exps - m).astype(float), label=f"{name} (gap = 2^(e-{m}))")
+ax.set_xlabel("magnitude of the value")
+ax.set_ylabel("gap to the next value")
+ax.set_title("Where each format can and cannot represent a number")
+ax.legend()
+C.savefig(fig, "10_number_formats.png")
+C.finish()
