@@ -204,8 +204,8 @@ def low_precision_reference(case, direction, ref, precision):
     """ref (reference_for's tuple) with the twin's results recomputed at `precision`; the values
     the launcher gets stay as they were (it rounds them itself)."""
     values, _, outputs, accums = ref
-    at = {**values, "precision": precision}
-    refs = case.forward(at) if direction == "fwd" else case.backward(at)
+    with R.products_in(precision):
+        refs = case.forward(values) if direction == "fwd" else case.backward(values)
     return values, refs, outputs, accums
 
 

@@ -9,19 +9,18 @@ Backward: x feeds three products, so its gradient is the sum of three:
 from .precision import mm
 
 
-def attn_qkv_fwd(x, w_q, w_k, w_v, precision=None):
-    """x [B, T, C], w_* [C, C] -> q, k, v [B, T, C]. Saved for backward: x. precision: of the
-    products (precision.mm: "bf16" rounds their inputs)."""
-    return mm(x, w_q, precision), mm(x, w_k, precision), mm(x, w_v, precision)
+def attn_qkv_fwd(x, w_q, w_k, w_v):
+    """x [B, T, C], w_* [C, C] -> q, k, v [B, T, C]. Saved for backward: x. (mm(a, b) is a @ b,
+    at the products' precision: reference/precision.py.)"""
+    return mm(x, w_q), mm(x, w_k), mm(x, w_v)
 
 
-def attn_qkv_bwd(dq, dk, dv, x, w_q, w_k, w_v, precision=None):
+def attn_qkv_bwd(dq, dk, dv, x, w_q, w_k, w_v):
     """dq, dk, dv [B, T, C] -> (dx [B, T, C], dw_q, dw_k, dw_v [C, C])."""
     C = x.shape[-1]
     x2 = x.reshape(-1, C)                                     # [B*T, C]
-    p = precision
-    dx = mm(dq, w_q.T, p) + mm(dk, w_k.T, p) + mm(dv, w_v.T, p)   # [B, T, C]
-    dw_q = mm(x2.T, dq.reshape(-1, C), p)                     # [C, C]
-    dw_k = mm(x2.T, dk.reshape(-1, C), p)
-    dw_v = mm(x2.T, dv.reshape(-1, C), p)
+    dx = mm(dq, w_q.T) + mm(dk, w_k.T) + mm(dv, w_v.T)   # [B, T, C]
+    dw_q = mm(x2.T, dq.reshape(-1, C))                     # [C, C]
+    dw_k = mm(x2.T, dk.reshape(-1, C))
+    dw_v = mm(x2.T, dv.reshape(-1, C))
     return dx, dw_q, dw_k, dw_v

@@ -17,11 +17,10 @@ import numpy as np
 from .precision import mm
 
 
-def loss_fwd(x, wte, targets, precision=None):
+def loss_fwd(x, wte, targets):
     """x [B, T, C] (final LayerNorm output), wte [V, C], targets [B, T] int
-    -> loss (0-d array); saved for backward: losses [B, T], probs [B, T, V].
-    precision: of the products (precision.mm); the softmax and the loss stay exact."""
-    logits = mm(x, wte.T, precision)                          # [B, T, V]
+    -> loss (0-d array); saved for backward: losses [B, T], probs [B, T, V]."""
+    logits = mm(x, wte.T)                          # [B, T, V]
     mx = logits.max(axis=-1, keepdims=True)
     e = np.exp(logits - mx)
     se = e.sum(axis=-1, keepdims=True)
@@ -31,7 +30,7 @@ def loss_fwd(x, wte, targets, precision=None):
     return losses.mean(), losses, probs
 
 
-def loss_bwd(dloss, x, wte, probs, targets, precision=None):
+def loss_bwd(dloss, x, wte, probs, targets):
     """dloss (scalar) -> (dx [B, T, C], dwte [V, C]). Leading axes may also be one axis N = B*T."""
     V, C = probs.shape[-1], x.shape[-1]
     n_pos = probs.size // V                                   # B*T positions
@@ -39,6 +38,6 @@ def loss_bwd(dloss, x, wte, probs, targets, precision=None):
     np.put_along_axis(dlogits, targets[..., None],
                       np.take_along_axis(probs, targets[..., None], axis=-1) - 1, axis=-1)
     dlogits *= float(dloss) / n_pos                           # a Python float keeps the dtype
-    dx = mm(dlogits, wte, precision)                          # [B, T, C]
-    dwte = mm(dlogits.reshape(-1, V).T, x.reshape(-1, C), precision)   # [V, C]
+    dx = mm(dlogits, wte)                          # [B, T, C]
+    dwte = mm(dlogits.reshape(-1, V).T, x.reshape(-1, C))   # [V, C]
     return dx, dwte

@@ -29,20 +29,19 @@ def gelu_grad(z):
     return 0.5 * (1.0 + th) + 0.5 * z * (1.0 - th * th) * GELU_K * (1.0 + 3.0 * GELU_C * z * z)
 
 
-def mlp_fwd(x, w_1, w_2, precision=None):
+def mlp_fwd(x, w_1, w_2):
     """x [B, T, C], w_1 [C, 4C], w_2 [4C, C] -> out [B, T, C];
-    saved for backward: h_pre [B, T, 4C] (before GELU) and h [B, T, 4C] (after GELU).
-    precision: of the products (precision.mm: "bf16" rounds their inputs; GELU stays exact)."""
-    h_pre = mm(x, w_1, precision)
+    saved for backward: h_pre [B, T, 4C] (before GELU) and h [B, T, 4C] (after GELU)."""
+    h_pre = mm(x, w_1)
     h = gelu(h_pre)
-    return mm(h, w_2, precision), h_pre, h
+    return mm(h, w_2), h_pre, h
 
 
-def mlp_bwd(dout, x, h_pre, h, w_1, w_2, precision=None):
+def mlp_bwd(dout, x, h_pre, h, w_1, w_2):
     """dout [B, T, C] -> (dx [B, T, C], dw_1 [C, 4C], dw_2 [4C, C])."""
-    C, F, p = x.shape[-1], h.shape[-1], precision
-    dw_2 = mm(h.reshape(-1, F).T, dout.reshape(-1, C), p)     # [4C, C]
-    dh_pre = mm(dout, w_2.T, p) * gelu_grad(h_pre)            # [B, T, 4C]
-    dw_1 = mm(x.reshape(-1, C).T, dh_pre.reshape(-1, F), p)   # [C, 4C]
-    dx = mm(dh_pre, w_1.T, p)                                 # [B, T, C]
+    C, F = x.shape[-1], h.shape[-1]
+    dw_2 = mm(h.reshape(-1, F).T, dout.reshape(-1, C))     # [4C, C]
+    dh_pre = mm(dout, w_2.T) * gelu_grad(h_pre)            # [B, T, 4C]
+    dw_1 = mm(x.reshape(-1, C).T, dh_pre.reshape(-1, F))   # [C, 4C]
+    dx = mm(dh_pre, w_1.T)                                 # [B, T, C]
     return dx, dw_1, dw_2

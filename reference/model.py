@@ -45,30 +45,28 @@ from .embed import embed_bwd, embed_fwd
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .loss import loss_bwd, loss_fwd
 from .mlp import mlp_bwd, mlp_fwd
-from .precision import mm
+from .precision import mm, products_in
 from .residual import residual_add, residual_add_bwd
 
 
-def _trunk(params, m: ModelConfig, tokens, dropout_p=0.0, dropout_key=None, precision=None):
-    """Embedding, the L blocks and the final LayerNorm; returns the saved activations. precision:
-    of the linear ops' products (precision.mm: "bf16" rounds their inputs)."""
+def _trunk(params, m: ModelConfig, tokens, dropout_p=0.0, dropout_key=None):
+    """Embedding, the L blocks and the final LayerNorm; returns the saved activations."""
     P = views(params, m)
     eps, H = m.ln_eps, m.n_head
     p_drop = dropout_p if dropout_key is not None else 0.0
     x = embed_fwd(tokens, P["wte"], P["wpe"])
-    acts = {"tokens": tokens, "x0": x, "blocks": [], "dropout": (p_drop, dropout_key), "precision": precision}
+    acts = {"tokens": tokens, "x0": x, "blocks": [], "dropout": (p_drop, dropout_key)}
     for l in range(m.n_layer):
         p = f"h{l}."
         k_att, k_ao, k_mlp = block_keys(dropout_key, l)
         a = {"x_in": x}
         a["ln1"], a["ln1_mean"], a["ln1_rstd"] = layernorm_fwd(x, P[p + "ln1.g"], P[p + "ln1.b"], eps)
-        a["q"], a["k"], a["v"] = attn_qkv_fwd(a["ln1"], P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"],
-                                              precision)
+        a["q"], a["k"], a["v"] = attn_qkv_fwd(a["ln1"], P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
         a["y"], a["att"] = attn_fwd(a["q"], a["k"], a["v"], H, p_drop, k_att)
-        attn_out = dropout_fwd(attn_out_fwd(a["y"], P[p + "attn.w_o"], precision), p_drop, k_ao)
+        attn_out = dropout_fwd(attn_out_fwd(a["y"], P[p + "attn.w_o"]), p_drop, k_ao)
         x = a["x_mid"] = residual_add(x, attn_out)
         a["ln2"], a["ln2_mean"], a["ln2_rstd"] = layernorm_fwd(x, P[p + "ln2.g"], P[p + "ln2.b"], eps)
-        mlp_out, a["h_pre"], a["h"] = mlp_fwd(a["ln2"], P[p + "mlp.w_1"], P[p + "mlp.w_2"], precision)
+        mlp_out, a["h_pre"], a["h"] = mlp_fwd(a["ln2"], P[p + "mlp.w_1"], P[p + "mlp.w_2"])
         x = residual_add(x, dropout_fwd(mlp_out, p_drop, k_mlp))
         acts["blocks"].append(a)
     acts["x_out"] = x
@@ -81,27 +79,34 @@ def model_forward(params, m: ModelConfig, tokens, targets, dropout_p=0.0, dropou
     dropout_key (with dropout_p > 0): a training forward with dropout; None: nothing dropped.
     precision: of the linear ops' products (None: exact; "bf16": their inputs rounded)."""
     assert tokens.shape[1] <= m.context_length, "sequence longer than the context"
-    acts = _trunk(params, m, tokens, dropout_p, dropout_key, precision)
-    acts["targets"] = targets
-    loss, acts["losses"], acts["probs"] = loss_fwd(acts["lnf"], views(params, m)["wte"], targets, precision)
+    with products_in(precision):
+        acts = _trunk(params, m, tokens, dropout_p, dropout_key)
+        acts["targets"], acts["precision"] = targets, precision
+        loss, acts["losses"], acts["probs"] = loss_fwd(acts["lnf"], views(params, m)["wte"], targets)
     return loss, acts
 
 
 def model_logits(params, m: ModelConfig, tokens, precision=None):
     """tokens [B, T] -> logits [B, T, V] (no targets, nothing saved): for sampling and evaluation."""
-    acts = _trunk(params, m, tokens, precision=precision)
-    return mm(acts["lnf"], views(params, m)["wte"].T, precision)
+    with products_in(precision):
+        acts = _trunk(params, m, tokens)
+        return mm(acts["lnf"], views(params, m)["wte"].T)
 
 
 def model_backward(params, m: ModelConfig, acts):
     """Gradient of the mean loss with respect to every parameter, as a flat vector like params."""
+    with products_in(acts.get("precision")):    # the forward's precision of the products
+        return _backward(params, m, acts)
+
+
+def _backward(params, m: ModelConfig, acts):
+    """model_backward's work, the products at the precision products_in set."""
     P = views(params, m)
     grads = np.zeros_like(params)
     G = views(grads, m)                     # views: += below writes into the flat vector
     H = m.n_head
     p_drop, dropout_key = acts.get("dropout", (0.0, None))
-    pr = acts.get("precision")                # the forward's precision of the products
-    dx, dwte = loss_bwd(1.0, acts["lnf"], P["wte"], acts["probs"], acts["targets"], pr)
+    dx, dwte = loss_bwd(1.0, acts["lnf"], P["wte"], acts["probs"], acts["targets"])
     G["wte"] += dwte                        # the tied projection's share of wte's gradient
     dx, dg, db = layernorm_bwd(dx, acts["x_out"], acts["lnf_mean"], acts["lnf_rstd"], P["lnf.g"])
     G["lnf.g"] += dg
@@ -112,7 +117,7 @@ def model_backward(params, m: ModelConfig, acts):
         # x_out = x_mid + drop(mlp(LN2(x_mid)))
         dx_mid, dmlp = residual_add_bwd(dx)
         dmlp = dropout_bwd(dmlp, p_drop, k_mlp)
-        dln2, dw_1, dw_2 = mlp_bwd(dmlp, a["ln2"], a["h_pre"], a["h"], P[p + "mlp.w_1"], P[p + "mlp.w_2"], pr)
+        dln2, dw_1, dw_2 = mlp_bwd(dmlp, a["ln2"], a["h_pre"], a["h"], P[p + "mlp.w_1"], P[p + "mlp.w_2"])
         G[p + "mlp.w_1"] += dw_1
         G[p + "mlp.w_2"] += dw_2
         dx_ln, dg, db = layernorm_bwd(dln2, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], P[p + "ln2.g"])
@@ -122,11 +127,11 @@ def model_backward(params, m: ModelConfig, acts):
         # x_mid = x_in + drop(W_O(attn(qkv(LN1(x_in)))))
         dx_in, dattn_out = residual_add_bwd(dx_mid)
         dattn_out = dropout_bwd(dattn_out, p_drop, k_ao)
-        dy, dw_o = attn_out_bwd(dattn_out, a["y"], P[p + "attn.w_o"], pr)
+        dy, dw_o = attn_out_bwd(dattn_out, a["y"], P[p + "attn.w_o"])
         G[p + "attn.w_o"] += dw_o
         dq, dk, dv = attn_bwd(dy, a["q"], a["k"], a["v"], a["att"], H, p_drop, k_att)
         dln1, dw_q, dw_k, dw_v = attn_qkv_bwd(dq, dk, dv, a["ln1"],
-                                              P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], pr)
+                                              P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
         G[p + "attn.w_q"] += dw_q
         G[p + "attn.w_k"] += dw_k
         G[p + "attn.w_v"] += dw_v

@@ -17,6 +17,9 @@ A product of two bf16 values has at most 16 significant bits: it is exact in flo
 why the tensor cores multiply bf16 pairs and add in fp32, and why a bf16 product kernel and the
 twin below agree to fp32 rounding once both see the same rounded inputs.
 """
+import contextlib
+import contextvars
+
 import numpy as np
 
 
@@ -32,13 +35,26 @@ def round_bf16(x):
 
 
 ROUND = {"bf16": round_bf16}         # precision -> rounding of a product's inputs
+_PRODUCTS = contextvars.ContextVar("products", default=None)
 
 
-def mm(a, b, precision=None):
-    """a @ b as a product kernel of this precision computes it: precision None (or "fp32") the
-    plain product; "bf16" both inputs rounded to bf16 first (every product of two bf16 values is
+@contextlib.contextmanager
+def products_in(precision):
+    """Inside: the twins' products (mm) run at `precision` ("bf16": their inputs rounded; None or
+    "fp32": exact). The twins keep the signatures of the math (and of the exercises)."""
+    token = _PRODUCTS.set(None if precision == "fp32" else precision)
+    try:
+        yield
+    finally:
+        _PRODUCTS.reset(token)
+
+
+def mm(a, b):
+    """a @ b as a product kernel of the current precision (products_in) computes it: exact by
+    default; at "bf16" both inputs rounded to bf16 first (every product of two bf16 values is
     exact; the sums stay in the inputs' dtype). The twins' products all go through here."""
-    if precision in (None, "fp32"):
+    precision = _PRODUCTS.get()
+    if precision is None:
         return a @ b
     rnd = ROUND[precision]
     return rnd(a).astype(a.dtype) @ rnd(b).astype(b.dtype)
