@@ -282,11 +282,13 @@ def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None, versions=None, vocab=
     return rows
 
 
-def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "tf32x3w") -> list[dict]:
+def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "tf32x3w",
+               attention=(False, True)) -> list[dict]:
     """The whole model: loss and every gradient tensor of GPUModel against reference.model, in a
     training forward with dropout (probability MODEL_DROPOUT, a key drawn from rng); once with the
     engine's attention ("model") and once with flash attention ("model, flash attention").
-    products: GPUModel's (its precision picks the twin's, and the tolerance: MODEL_TOLS)."""
+    products: GPUModel's (its precision picks the twin's, and the tolerance: MODEL_TOLS);
+    attention: which of the two to run (flash: True)."""
     from .gpu_model import GPUModel
 
     params = init_params(m, seed)
@@ -303,6 +305,8 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "
     rows = []
     label = "" if precision == "fp32" else f", {precision} products"
     for op, flash in ((f"model{label}", False), (f"model, flash attention{label}", True)):
+        if flash not in attention:
+            continue
         model = GPUModel(m, B, T, dropout=MODEL_DROPOUT, flash=flash, products=products)
         model.params.copy_to_device(params)
         runs = []
