@@ -24,7 +24,9 @@
 #          ahead (bench/compile_ahead_check.py at AHEAD_SIZE, default 12M); default (the default 12M run,
 #          timed, its run files and loss plot); s9 (the harness at 120M on mlp v11/v12, loss_fwd v9, flash
 #          v9/v10, and the whole model at 12M, in parallel); bf16 (matmul v10 against v8: the harness at
-#          12M and 120M, the products beside cuBLAS SGEMM and PyTorch's bf16 matmul);
+#          12M and 120M, the products beside cuBLAS SGEMM and PyTorch's bf16 matmul); bf16b (the linear
+#          ops' bf16 versions at 12M, the whole model at bf16 at 12M and 120M); bf16c (the same at 120M with
+#          the tolerances that bf16b's figures set, and the step with bf16 products beside PyTorch bf16);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -181,6 +183,19 @@ PY
         done
         wait
         for f in "$OUT"/bf16b/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
+    bf16c) # for the next session: the bf16 step beside PyTorch bf16 (12M and 120M), the harness on the
+        # linear ops' bf16 versions at 120M and the whole model at bf16 with its tolerance, at once
+        mkdir -p "$OUT/bf16c"
+        timeout 300 $py -m andrea_numba.check --size 120M --seed 149 --ops-only --op attn_qkv --op attn_out --op mlp \
+            --op loss --version 9 --version 10 --version 13 --json > "$OUT/bf16c/ops_120M.json" 2> "$OUT/bf16c/ops_120M.err" &
+        for size in 12M 120M; do
+          timeout 300 $py -m andrea_numba.check --size $size --seed 151 --model-only --products bf16w --json \
+              > "$OUT/bf16c/model_$size.json" 2> "$OUT/bf16c/model_$size.err" &
+        done
+        wait
+        for f in "$OUT"/bf16c/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        timeout 300 $py bench/step_time.py --sizes 12M 120M --products tf32x3w bf16w --json "$OUT/bf16c/step.json" \
+            > "$OUT/bf16c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/bf16c/step.txt" ;;
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
     s8) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
         # passes), loss_fwd v9 (softmax rows on fewer threads): the same bits where they claim them,
