@@ -323,10 +323,12 @@ class GPUModel:
 # "bf16w": every product of the linear ops in bf16 (matmul v10's tiles: inputs rounded to bf16 as
 # they are read, fp32 sums), the engine's tf32x3w versions otherwise (attention, LayerNorm, the
 # softmax and the loss, the optimiser stay fp32): issue 11's first form of --precision bf16
-PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9}
-MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10}   # the loss forward's, where it is not the linear ops' version
-PRECISION = {"bf16w": "bf16"}              # products -> the precision of the twin that matches it (default fp32)
+# "f16w": the same in fp16 (matmul v11's tiles), for --precision fp16 with loss scaling
+PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
+            "f16w": 10}
+MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11}   # the loss forward's, where not the linear ops'
+PRECISION = {"bf16w": "bf16", "f16w": "fp16"}   # products -> the precision of the twin that matches it (default fp32)
 
 
 def _flat(a):

@@ -34,7 +34,15 @@ def round_bf16(x):
     return np.where(np.isnan(x), x, out)
 
 
-ROUND = {"bf16": round_bf16}         # precision -> rounding of a product's inputs
+def round_fp16(x):
+    """x rounded to the nearest IEEE half (fp16: 5 exponent bits, 10 mantissa bits, ties to even;
+    past 65504: inf; below 6.1e-5 the subnormals, spaced 2^-24), returned as float32: NumPy's own
+    float16, which rounds as the GPU's cvt.rn.f16x2.f32 does."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
+ROUND = {"bf16": round_bf16, "fp16": round_fp16}   # precision -> rounding of a product's inputs
 _PRODUCTS = contextvars.ContextVar("products", default=None)
 
 
@@ -65,6 +73,19 @@ def matmul_bf16(a, b, trans_a=False, trans_b=False):
     summed in float64 here (the kernel sums in fp32)."""
     a, b = round_bf16(a).astype(np.float64), round_bf16(b).astype(np.float64)
     return (a.T if trans_a else a) @ (b.T if trans_b else b)
+
+
+def fp16_error_bound(a, b, trans_a=False, trans_b=False):
+    """As bf16_error_bound for fp16: each input moves by at most u |x| + e, u = 2^-11 and e = 2^-25
+    (half the subnormals' spacing), so each product by at most
+    (2u + u^2) |a||b| + e (1 + u) (|a| + |b|) + e^2, summed over k. (No input may exceed 65504:
+    it would be inf.)"""
+    a, b = np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64))
+    a, b = (a.T if trans_a else a), (b.T if trans_b else b)
+    u, e = 2.0 ** -11, 2.0 ** -25
+    K = a.shape[1]
+    return ((2 * u + u * u) * (a @ b) + e * (1 + u) * (a.sum(axis=1, keepdims=True) + b.sum(axis=0, keepdims=True))
+            + K * e * e)
 
 
 def bf16_error_bound(a, b, trans_a=False, trans_b=False):

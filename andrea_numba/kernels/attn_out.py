@@ -178,8 +178,24 @@ def attn_out_bwd_v9(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 
 attn_out_fwd_v9.precision = attn_out_bwd_v9.precision = "bf16"
 
+
+# fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+@blocks(**KMAJOR_TILES)
+def attn_out_fwd_v10(out, y, w_o, *, block, stream=0):
+    """v7 with fp16 products (matmul v11's tiles)."""
+    _fwd_warp("f16w", out, y, w_o, block, stream)
+
+
+@blocks(**KMAJOR_TILES)
+def attn_out_bwd_v10(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v7's backward with fp16 products, dW_O split over K into work."""
+    _bwd_warp("f16w", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
+attn_out_fwd_v10.precision = attn_out_bwd_v10.precision = "fp16"
+
 VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7,
-                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9},
+                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10},
             "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7,
-                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9}}
+                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10}}
 attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7          # what the engine uses

@@ -252,8 +252,24 @@ def loss_bwd_v9(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block
 
 loss_fwd_v10.precision = loss_bwd_v9.precision = "bf16"
 
+
+# fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v11(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """v9 with the logits from fp16 products (matmul v11); the softmax and the loss in fp32."""
+    _fwd_warp("f16w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v10(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """v7 with fp16 products (matmul v11), dwte split over K into work."""
+    _bwd_warp("f16w", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
+
+
+loss_fwd_v11.precision = loss_bwd_v10.precision = "fp16"
+
 VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9,
-                         10: loss_fwd_v10},
+                         10: loss_fwd_v10, 11: loss_fwd_v11},
             "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8,
-                         9: loss_bwd_v9}}
+                         9: loss_bwd_v9, 10: loss_bwd_v10}}
 loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses

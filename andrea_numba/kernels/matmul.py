@@ -328,7 +328,8 @@ WARP_KERNELS = {"simt": (3, "SIMT warp tiles"),
                 "tf32x3t": (7, "v6's tiles, the small parts' low bits left for the tensor core to drop"),
                 "tf32x3w": (8, "v7's sums on swizzled tiles: transposed operands stored 128 bits at a time"),
                 "simt2": (9, "SIMT tiles of 4 x 4 blocks a thread on k-major shared tiles read 128 bits at a time"),
-                "bf16w": (10, "bf16 tensor cores (inputs rounded as read) on swizzled k-major tiles")}
+                "bf16w": (10, "bf16 tensor cores (inputs rounded as read) on swizzled k-major tiles"),
+                "f16w": (11, "fp16 tensor cores (inputs rounded as read) on swizzled k-major tiles")}
 
 
 @functools.cache
@@ -490,10 +491,23 @@ def matmul_v10(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 matmul_v10.precision = "bf16"     # the harness compares it with the twin on bf16-rounded inputs
 
+
+# v11: v10 in fp16 (cvt.rn.f16x2.f32, mma.sync ... .f16.f16): 11 significant bits where bf16 keeps
+# 8, but 5 exponent bits: an input past 65504 becomes inf, one below 6.1e-5 loses bits, which is why
+# training in fp16 needs loss scaling (lesson 10).
+@blocks(**KMAJOR_TILES)
+def matmul_v11(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """fp16 tensor-core products (inputs rounded to fp16, fp32 sums) on v8's swizzled tiles."""
+    _matmul_warp("f16w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
+matmul_v11.precision = "fp16"
+
 WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
                "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_v8,   # weight-gradient products
-               "simt2": matmul_v9, "bf16w": matmul_v10}
+               "simt2": matmul_v9, "bf16w": matmul_v10, "f16w": matmul_v11}
 
 VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
-                       7: matmul_v7, 8: matmul_v8, 9: matmul_v9, 10: matmul_v10}}
+                       7: matmul_v7, 8: matmul_v8, 9: matmul_v9, 10: matmul_v10,
+                       11: matmul_v11}}
 matmul = matmul_v2        # what the engine uses

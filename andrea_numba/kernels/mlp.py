@@ -448,11 +448,27 @@ def mlp_bwd_v13(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 
 mlp_fwd_v13.precision = mlp_bwd_v13.precision = "bf16"
 
+
+# fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+@blocks(**KMAJOR_TILES)
+def mlp_fwd_v14(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+    """v12 with fp16 products (matmul v11's tiles)."""
+    _fwd_split("f16w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v2)
+
+
+@blocks(**KMAJOR_TILES)
+def mlp_bwd_v14(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v12's backward with fp16 products."""
+    _bwd_split("f16w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
+
+
+mlp_fwd_v14.precision = mlp_bwd_v14.precision = "fp16"
+
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 
 VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
-                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13},
+                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13, 14: mlp_fwd_v14},
             "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
-                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13}}
+                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13, 14: mlp_bwd_v14}}
 mlp_fwd, mlp_bwd = mlp_fwd_v12, mlp_bwd_v12        # what the engine uses

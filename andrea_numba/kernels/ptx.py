@@ -121,24 +121,48 @@ if not SIMULATOR:
         return types.int32(types.float32, types.float32), codegen
 
     @intrinsic
+    def f16x2(typingctx, lo, hi):
+        """lo and hi rounded to the nearest fp16 (ties to even; past 65504: inf) and packed in one
+        32-bit register, lo in the low half.   PTX: cvt.rn.f16x2.f32 %r, %hi, %lo;"""
+        if lo != types.float32 or hi != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(_i32, [_f32, _f32]), "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [args[1], args[0]])
+        return types.int32(types.float32, types.float32), codegen
+
+    def _mma16(kind):
+        """An m16n8k16 mma.sync of two 16-bit formats (bf16 or f16), fp32 sums."""
+        ptx = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
+               "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+
+        def typer(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            sig = _F4(*([types.int32] * 6 + [types.float32] * 4))
+
+            def codegen(context, builder, sig, args):
+                out = ir.LiteralStructType([_f32] * 4)
+                asm = ir.InlineAsm(ir.FunctionType(out, [_i32] * 6 + [_f32] * 4), ptx, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+                ab = [context.cast(builder, v, t, types.int32) for v, t in zip(args[:6], sig.args[:6])]
+                c = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
+                d = builder.call(asm, ab + c)
+                return context.make_tuple(builder, _F4, [builder.extract_value(d, i) for i in range(4)])
+            return sig, codegen
+        return typer
+
+    @intrinsic
+    def mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """mma_bf16 for fp16 operands (two to a register, f16x2), products exact, sums in fp32.
+        PTX: mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {d0..d3}, {a0..a3}, {b0, b1}, {c0..c3};"""
+        return _mma16("f16")(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+    @intrinsic
     def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """(d0, d1, d2, d3) = one warp's 16x8 tile of A @ B + C, A 16 x 16 and B 16 x 8 in bf16, two
         values to a register (bf16x2), products exact, sums in fp32 (fragment layout in the
         module docstring). Every lane of the warp must call it together.
         PTX: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0..d3}, {a0..a3}, {b0, b1}, {c0..c3};"""
-        sig = _F4(*([types.int32] * 6 + [types.float32] * 4))
-
-        def codegen(context, builder, sig, args):
-            out = ir.LiteralStructType([_f32] * 4)
-            asm = ir.InlineAsm(ir.FunctionType(out, [_i32] * 6 + [_f32] * 4),
-                               "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                               "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
-            ab = [context.cast(builder, v, t, types.int32) for v, t in zip(args[:6], sig.args[:6])]
-            c = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
-            d = builder.call(asm, ab + c)
-            return context.make_tuple(builder, _F4, [builder.extract_value(d, i) for i in range(4)])
-        return sig, codegen
+        return _mma16("bf16")(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
 
     def _element_pointer(context, builder, arrty, arr, index, indexty):
         """Address of element `index` of a C-contiguous array, counted in elements from its start."""
@@ -190,7 +214,14 @@ else:
     def mma_tf32(*args):
         raise NotImplementedError("mma.sync needs a GPU: in the simulator the kernels use a NumPy twin of the step")
 
-    mma_bf16 = mma_tf32
+    mma_bf16 = mma_f16 = mma_tf32
+
+    def f16x2(lo, hi):
+        """Simulator twin of cvt.rn.f16x2.f32: the two fp16 bit patterns (ties to even, inf past
+        65504), lo in the low half of an int32."""
+        with np.errstate(over="ignore"):
+            h = np.array([lo, hi], np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+        return np.int32(np.uint32(h[0] | (h[1] << np.uint32(16))).view(np.int32))
 
     def bf16x2(lo, hi):
         """Simulator twin of cvt.rn.bf16x2.f32: the two bf16 bit patterns (ties to even), lo in

@@ -56,10 +56,10 @@ lanes).
 import numpy as np
 from numba import cuda, float32, int32
 
-from reference.precision import round_bf16
+from reference.precision import round_bf16, round_fp16
 
 from .common import SIMULATOR
-from .ptx import bf16x2, load4, mma_bf16, mma_tf32, store4, tf32_half_up, tf32_round
+from .ptx import bf16x2, f16x2, load4, mma_bf16, mma_f16, mma_tf32, store4, tf32_half_up, tf32_round
 from .tile_loop import WARP, make_pipeline
 
 BK_SPLIT = 16          # values of k per stage: two k-steps of 8, a 4-float run per lane and row
@@ -231,11 +231,17 @@ def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
 # and the four lanes t = 0..3 cover the stage's 16 values of k once. Each pair is rounded to bf16
 # and packed by one cvt.rn.bf16x2.f32 as it is read: the shared tiles keep the fp32 values. Where
 # 3xTF32 needed six mma.sync a fragment a stage (three products, two k-steps), bf16 needs one.
-def _stage_bf16(BM, BN, MI, NI, swizzle):
+# fp16 (matmul v11) is the same stage with cvt.rn.f16x2.f32 and the f16 mma.sync: 11 significant
+# bits instead of 8, a range up to 65504 instead of fp32's.
+HALF = {"bf16": (bf16x2, mma_bf16, round_bf16), "fp16": (f16x2, mma_f16, round_fp16)}
+
+
+def _stage_16(BM, BN, MI, NI, swizzle, fmt="bf16"):
     """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of the stage's product, the
-    values of one plane of raw fp32 tiles rounded to bf16 as they are read."""
+    values of one plane of raw fp32 tiles rounded to `fmt` (bf16 or fp16) as they are read."""
     TM, TN = 2 * MI, 2 * NI
     BK = BK_SPLIT
+    pack, mma16, rnd = HALF[fmt]
 
     if SIMULATOR:
         ROW = np.array([(i // 2) * 16 + (i % 2) * 8 for i in range(TM)])
@@ -245,7 +251,7 @@ def _stage_bf16(BM, BN, MI, NI, swizzle):
             rows, cols = ROW + (wm0 + g), COL + (wn0 + 2 * t)
             if swizzle:
                 rows, cols = rows ^ ((rows >> 2) & 1), cols ^ ((cols >> 2) & 1)
-            acc += round_bf16(sa[0][rows]) @ round_bf16(sb[0][cols].T)   # exact products, fp32 sums
+            acc += rnd(sa[0][rows]) @ rnd(sb[0][cols].T)   # exact products, fp32 sums
         return stage
 
     @cuda.jit(device=True)
@@ -256,18 +262,18 @@ def _stage_bf16(BM, BN, MI, NI, swizzle):
         for mi in range(MI):
             for h in range(2):
                 x0, x1, x2, x3 = load4(sa, (wm0 + 16 * mi + 8 * h + gs) * BK + 4 * t)
-                ra[mi, h, 0] = bf16x2(x0, x1)
-                ra[mi, h, 1] = bf16x2(x2, x3)
+                ra[mi, h, 0] = pack(x0, x1)
+                ra[mi, h, 1] = pack(x2, x3)
         for ni in range(NI):
             y0, y1, y2, y3 = load4(sb, (wn0 + 8 * ni + gs) * BK + 4 * t)
-            rb[ni, 0] = bf16x2(y0, y1)
-            rb[ni, 1] = bf16x2(y2, y3)
+            rb[ni, 0] = pack(y0, y1)
+            rb[ni, 1] = pack(y2, y3)
         zero = float32(0.0)
         for mi in range(MI):
             for ni in range(NI):
                 # a0 A[g, 2t..], a1 A[g+8, 2t..], a2 A[g, 2t+8..], a3 A[g+8, 2t+8..]; b0 B[2t.., g], b1 B[2t+8.., g]
-                c0, c1, c2, c3 = mma_bf16(ra[mi, 0, 0], ra[mi, 1, 0], ra[mi, 0, 1], ra[mi, 1, 1],
-                                          rb[ni, 0], rb[ni, 1], zero, zero, zero, zero)
+                c0, c1, c2, c3 = mma16(ra[mi, 0, 0], ra[mi, 1, 0], ra[mi, 0, 1], ra[mi, 1, 1],
+                                       rb[ni, 0], rb[ni, 1], zero, zero, zero, zero)
                 i, j = 2 * mi, 2 * ni                # c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1]
                 acc[i, j] += c0
                 acc[i, j + 1] += c1
@@ -364,23 +370,23 @@ def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round", swizzl
 
 
 def tile_mma_split(trans_a, trans_b, BM, BN, BK, WM, WN, vec, products=3, presplit=True, split_mode="round",
-                   swizzle=False, bf16=False):
+                   swizzle=False, half=None):
     """Build tile_mma(acc, a, b, kb, ke): acc += this thread's share of the block's tile of
     op(a)[:, kb:ke] @ op(b)[kb:ke, :], on split tiles (same warps and outputs as warp_tile's).
     products: see _stage (3 for every kernel of the engine). presplit=False: one shared plane of
     raw values, split as the fragments are read (half the shared memory and its traffic), by
     SPLITS[split_mode]: "round" (v6), "trunc" (v7: small truncated by the tensor core).
     swizzle (v8, presplit=False): swizzled shared rows, transposed operands in 4 x 4 blocks.
-    bf16 (v10, presplit=False): the values rounded to bf16 as they are read, one mma.sync m16n8k16
-    a fragment a stage (_stage_bf16)."""
-    assert not (bf16 and presplit), "bf16 tiles hold one plane of raw values"
+    half="bf16" (v10) or "fp16" (v11), presplit=False: the values rounded to that 16-bit format as
+    they are read, one mma.sync m16n8k16 a fragment a stage (_stage_16)."""
+    assert not (half and presplit), "16-bit tiles hold one plane of raw values"
     assert BK == BK_SPLIT, f"split tiles take BK = {BK_SPLIT}, got {BK}"
     WARPS_N = BN // WN
     THREADS = WARP * (BM // WM) * WARPS_N
     # a [M, K] is straight, a^T (stored [K, M]) transposed; b^T (stored [N, K]) straight, b [K, N] transposed
     fetch_a, put_a, EA = _split_copier(BM, THREADS, not trans_a, vec, presplit, swizzle)
     fetch_b, put_b, EB = _split_copier(BN, THREADS, trans_b, vec, presplit, swizzle)
-    stage = (_stage_bf16(BM, BN, WM // 16, WN // 8, swizzle) if bf16 else
+    stage = (_stage_16(BM, BN, WM // 16, WN // 8, swizzle, half) if half else
              _stage(BM, BN, WM // 16, WN // 8, products, presplit, split_mode, swizzle))
     PL = 2 if presplit else 1                              # shared planes
 

@@ -60,7 +60,8 @@ from .ptx import load4, mma_tf32, store4, tf32_round
 from .split_tile import tile_mma_split
 from .tile_loop import WARP, make_pipeline
 
-KINDS = ("simt", "tf32x3", "tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w", "bf16w")      # matmul v3 .. v8, v10
+KINDS = ("simt", "tf32x3", "tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w", "bf16w", "f16w")   # matmul v3 .. v8, v10, v11
+HALF_KINDS = {"bf16w": "bf16", "f16w": "fp16"}        # the 16-bit kinds and their formats
 
 
 @cuda.jit(device=True)
@@ -283,7 +284,8 @@ def make_warp_tile(tile):
     planes), "tf32x3k" (v6: k-major tiles split as read) or "tf32x3t" (v7: v6 with the small
     part's low bits left for the tensor core to truncate) or "tf32x3w" (v8: v7 on swizzled tiles
     with 128-bit stores of transposed operands) or "bf16w" (v10: v8's tiles, the values rounded to
-    bf16 as read, one mma.sync m16n8k16 a fragment a stage), the last five from split_tile.py;
+    bf16 as read, one mma.sync m16n8k16 a fragment a stage) or "f16w" (v11: the same in fp16), the
+    last six from split_tile.py;
     vec: 128-bit copies (the caller checked the alignment: resolve())."""
     kind, BM, BN, BK, WM, WN, vec = tile
     assert kind in KINDS, kind
@@ -294,11 +296,11 @@ def make_warp_tile(tile):
     ranged = {}
     for ta in (False, True):
         for tb in (False, True):
-            if kind in ("tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w", "bf16w"):
+            if kind in ("tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w", *HALF_KINDS):
                 ranged[(ta, tb)], THREADS = tile_mma_split(
                     ta, tb, BM, BN, BK, WM, WN, vec, presplit=kind == "tf32x3s",
                     split_mode="trunc" if kind in ("tf32x3t", "tf32x3w") else "round",
-                    swizzle=kind in ("tf32x3w", "bf16w"), bf16=kind == "bf16w")
+                    swizzle=kind in ("tf32x3w", *HALF_KINDS), half=HALF_KINDS.get(kind))
             else:
                 ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, kind == "tf32x3", vec)
 
