@@ -80,8 +80,8 @@ class TrainConfig:
     sample_interval: int       # steps between text samples
     sample_tokens: int         # tokens generated per sample
     seed: int                  # seeds initialisation and the data order
-    precision: str             # of the linear ops' products: "fp32" (the reference) or "bf16" (inputs
-                               # rounded to bf16, fp32 sums); everything else stays fp32 either way
+    precision: str             # of the linear ops' products: "fp32" (the reference), "bf16" or "fp16"
+                               # (inputs rounded to it, fp32 sums; fp16 with loss scaling); the rest stays fp32
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 # fields added after runs were already written with configs that lack them: (section, field) ->
 # the value that gives those runs' behaviour (a config file should still name every field)
 DEFAULTS = {("train", "dropout"): 0.0, ("train", "early_stop"): 0, ("train", "precision"): "fp32"}
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
 LR_DECAYS = ("cosine", "constant")
 INT32_MAX = 2 ** 31 - 1      # the checkpoint stores the step and the parameter count as int32
 # the largest value of an int field, and why: the engine stores ints as int32 (token ids, the
@@ -216,8 +216,6 @@ def validate(cfg: Config) -> Config:
     _require(t.eps > 0, f"field 'train.eps' must be positive, got {t.eps}")
     _require(t.weight_decay >= 0, f"field 'train.weight_decay' must be >= 0, got {t.weight_decay}")
     _require(0 <= t.dropout < 1, f"field 'train.dropout' must lie in [0, 1), got {t.dropout}")
-    _require(t.precision != "fp16", "field 'train.precision' is fp16, which is not available yet (it needs "
-             "loss scaling): use fp32 or bf16")
     _require(t.precision in PRECISIONS,
              f"field 'train.precision' must be one of {', '.join(PRECISIONS)}, got '{t.precision}'")
     _require(t.clip_norm >= 0, f"field 'train.clip_norm' must be >= 0 (0 = no clipping), got {t.clip_norm}")

@@ -234,9 +234,10 @@ class GPUModel:
                                              stream=s)
         self.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], stream=s)
 
-    def backward(self):
-        """Adds d(mean loss)/d(params) into grads (+=: call zero_grads between optimiser steps).
-        Uses the activations of the last forward; turns probs into dlogits in place."""
+    def backward(self, dloss: float = 1.0):
+        """Adds dloss * d(mean loss)/d(params) into grads (+=: call zero_grads between optimiser
+        steps); dloss is 1 but for loss scaling (andrea_numba/loss_scale.py). Uses the activations
+        of the last forward; turns probs into dlogits in place."""
         assert self.training, "this model was built with training=False: it has no gradient buffers"
         b, P, G, m, s = {**self.buf, **self.inputs}, self.P, self.G, self.m, self.stream   # forward's token ids
         B, T, C, H = self.B, self.T, m.d_model, m.n_head
@@ -250,7 +251,7 @@ class GPUModel:
         d_resid, d_branch = b["d_resid"], b["d_branch"]
         d_ln_out = b["d_ln_out"]
         work = b["splitk"]          # split-K partial products; the LayerNorms' partial dg, db sums
-        self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, 1.0, b["lnf"], P["wte"], b["probs"], b["targets"],
+        self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, dloss, b["lnf"], P["wte"], b["probs"], b["targets"],
                       stream=s)
         layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], work, d_ln_out, x[m.n_layer],
                                 b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)

@@ -63,6 +63,7 @@ from .cli import Parser, nonneg_int, positive_int
 from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
+from .loss_scale import MIN_SCALE, LossScale, LossScaleError
 from .gpu_model import GPUModel
 from .kernels import optim, residual
 from .kernels.common import SIMULATOR, device_name
@@ -184,6 +185,10 @@ class Trainer:
         self.checkpoint_step = None          # step of the checkpoint on disk (None: none yet)
         self.checkpoint_sha256 = self.previous_checkpoint_sha256 = None
         self.files = FileWriter(log)         # writes best.bin, checkpoint.bin and their records
+        # fp16: the dynamic loss scale (andrea_numba/loss_scale.py); the record of it that goes with
+        # the checkpoint on disk (written into .state.json with it)
+        self.scaler = LossScale() if cfg.train.precision == "fp16" else None
+        self.checkpoint_loss_scale = None
 
     def elapsed(self) -> float:
         """Wall seconds of this run since it was launched, over every process that worked on it."""
@@ -211,7 +216,11 @@ class Trainer:
                              f"for (--steps): give --steps {step} or more")
         best = self._check_best(state, step, n)
         meta = self._check_data(state)
-        self.resume = dict(state=state, step=step, params=params, m=mm, v=vv, sha=sha, best=best, meta=meta)
+        scaler = None                        # fp16: the loss scale that goes with the checkpoint
+        if self.scaler is not None and params is not None:
+            scaler = LossScale.from_dict(state.get("loss_scale"), str(self.run_dir / STATE_FILE))
+        self.resume = dict(state=state, step=step, params=params, m=mm, v=vv, sha=sha, best=best, meta=meta,
+                           loss_scale=scaler)
         return self.resume
 
     def _check_best(self, state: dict, step: int, n: int) -> dict | None:
@@ -300,6 +309,9 @@ class Trainer:
                 self.timings.update({k: v for k, v in timings.items() if isinstance(v, (int, float))})
             self.elapsed_before = float(self.timings.pop("elapsed_s", 0.0))
             self.best = found["best"]
+            if found["loss_scale"] is not None:  # fp16: the scale of the checkpoint
+                self.scaler = found["loss_scale"]
+                self.checkpoint_loss_scale = self.scaler.to_dict()
         self.tokens_seen = self.step * tokens_per_step
         s = self.stream
         self.model.params.copy_to_device(params, stream=s)
@@ -415,7 +427,8 @@ class Trainer:
                 self.train_tokens, t.batch_size, t.seq_len, t.seed, step, micro)
             key = R.dropout_key(t.seed, step, micro)
             self.keys_host[micro] = [R.block_keys(key, l) for l in range(m.n_layer)]
-        self.hyper_host[:3] = R.adamw_hyper(step + 1, lr, t.beta1, t.beta2)      # AdamW's t counts from 1
+        applied = step - (self.scaler.skipped if self.scaler else 0)       # steps AdamW applied before this one
+        self.hyper_host[:3] = R.adamw_hyper(applied + 1, lr, t.beta1, t.beta2)   # AdamW's t counts from 1
         self.batches.copy_to_device(self.batches_host, stream=s)
         self.scalars.copy_to_device(self.scalars_host, stream=s)
 
@@ -428,9 +441,10 @@ class Trainer:
         with model.launching_on(stream):
             for tokens, targets, keys in self.micro_inputs:
                 model.forward(tokens, targets, keys=keys)
-                model.backward()
+                model.backward(dloss=self.loss_scale())
                 residual.residual_add(self.loss_sum, self.loss_sum, model.buf["loss"], stream=stream)
-        optim.grad_scale(model.grads, self.norm, 0.0, 1.0 / t.n_microbatches, stream=stream)   # mean over microbatches
+        # the mean over microbatches (and with fp16, undoing the loss scale: exact, a power of two)
+        optim.grad_scale(model.grads, self.norm, 0.0, 1.0 / (t.n_microbatches * self.loss_scale()), stream=stream)
         optim.grad_norm(self.norm, self.partial, model.grads, stream=stream)
         optim.grad_scale(model.grads, self.norm, t.clip_norm, 1.0, stream=stream)          # clip by global norm
         # the divergence guard is on the device: with a NaN or infinite loss or norm in stats,
@@ -467,6 +481,11 @@ class Trainer:
                                    lambda: self.sampler.forward(self.sample_buf, self.sample_buf))
         s.synchronize()                          # the recorded forwards copied their token ids in
         return launches
+
+    def loss_scale(self) -> float:
+        """The loss scale of the next step (1 without fp16). A captured graph holds it: the trainer
+        drops the graph when the scale changes, and the next step runs eagerly and captures anew."""
+        return 1.0 if self.scaler is None else self.scaler.scale
 
     def capture(self):
         """Record step_work into a CUDA graph, once, after an eager step has compiled and run every
@@ -572,12 +591,13 @@ class Trainer:
         """This step's best.bin (best_val: its validation loss) and/or checkpoint.bin, from one host
         copy, written by the file writer's thread (andrea_numba.filewriter) while training goes on."""
         step, (params, mm, vv) = self.step, self.host_state()
+        scaler = None if self.scaler is None else self.scaler.to_dict()     # as it stands after this step
 
         def job(say):
             if best_val is not None:
                 self._write_best(say, step, best_val, params, mm, vv)
             if checkpoint:
-                self._write_checkpoint(say, step, params, mm, vv)
+                self._write_checkpoint(say, step, params, mm, vv, scaler)
         self.files.start(job)
 
     def checkpoint(self):
@@ -585,12 +605,13 @@ class Trainer:
         self.save(checkpoint=True)
         self.files.wait()
 
-    def _write_checkpoint(self, say, step, params, mm, vv):
+    def _write_checkpoint(self, say, step, params, mm, vv, scaler=None):
         t0 = time.time()
 
         def record(sha):                   # on disk, not yet in place: put both checksums on record
             self.previous_checkpoint_sha256 = self.checkpoint_sha256
             self.checkpoint_sha256, self.checkpoint_step = sha, step
+            self.checkpoint_loss_scale = scaler
             self.write_state()
 
         save_checkpoint(self.run_dir / CHECKPOINT_FILE, step, params, mm, vv, before_replace=record)
@@ -621,7 +642,7 @@ class Trainer:
                  "timings": {**self.timings, "elapsed_s": round(self.elapsed(), 3)},
                  "checkpoint": CHECKPOINT_FILE, "checkpoint_sha256": self.checkpoint_sha256,
                  "previous_checkpoint_sha256": self.previous_checkpoint_sha256, "best": self.best,
-                 "memory": self.memory, "device": self.device,
+                 "memory": self.memory, "device": self.device, "loss_scale": self.checkpoint_loss_scale,
                  "launches": self.launches + (f" ({self.launches_why})" if self.launches_why else ""),
                  "time": time.time()}
         atomic_write_json(self.run_dir / STATE_FILE, state)
@@ -658,16 +679,28 @@ class Trainer:
                 return 0
             while self.step < last:
                 t0 = time.time()
+                scale = self.loss_scale()
                 loss, norm, lr = self.train_step(self.step)
                 dt = time.time() - t0
-                if not (math.isfinite(loss) and math.isfinite(norm)):
+                overflow = self.scaler is not None and math.isfinite(loss) and not math.isfinite(norm)
+                if not (math.isfinite(loss) and (math.isfinite(norm) or overflow)) or \
+                        (overflow and self.scaler.scale <= MIN_SCALE):
                     raise self.diverged(self.step + 1, f"loss {loss:.6g}, gradient norm {norm:.6g}")
+                if self.scaler is not None:          # fp16: the step was applied, or skipped by AdamW
+                    decision = self.scaler.update(not overflow, self.step + 1)
+                    if decision:
+                        self.log(decision)
+                        self.graph = None            # the next step runs eagerly with the new scale, then is captured
                 self.step += 1
                 done_here += 1
                 self.tokens_seen += tokens_per_step
                 self.timings["train_s"] += dt
-                rec = {"step": self.step, "train_loss": loss, "lr": lr, "grad_norm": norm,
+                rec = {"step": self.step, "train_loss": loss, "lr": lr, "grad_norm": None if overflow else norm,
                        "tokens_per_s": tokens_per_step / dt, "time": time.time()}
+                if self.scaler is not None:
+                    rec["loss_scale"] = scale
+                    if overflow:
+                        rec["skipped"] = True
                 if self.step % t.eval_interval == 0 or self.step == last:
                     val = rec["val_loss"] = self.evaluate()
                     if not math.isfinite(val):
@@ -775,11 +808,14 @@ def format_eta(seconds: float) -> str:
 # command line
 
 # train.precision -> GPUModel's products, and what the log says of it
-PRODUCTS_OF = {"fp32": "tf32x3w", "bf16": "bf16w"}
+PRODUCTS_OF = {"fp32": "tf32x3w", "bf16": "bf16w", "fp16": "f16w"}
 PRECISION_NOTES = {
     "fp32": "fp32 (products on tensor cores as 3xTF32, as accurate as fp32)",
     "bf16": "bf16 products (attn_qkv, attn_out, mlp and the classifier: inputs rounded to bf16, sums in fp32); "
-            "weights, gradients, AdamW, LayerNorm, attention, the softmax and the loss in fp32"}
+            "weights, gradients, AdamW, LayerNorm, attention, the softmax and the loss in fp32",
+    "fp16": "fp16 products (attn_qkv, attn_out, mlp and the classifier: inputs rounded to fp16, sums in fp32) "
+            "with dynamic loss scaling (andrea_numba/loss_scale.py); weights, gradients, AdamW, LayerNorm, "
+            "attention, the softmax and the loss in fp32"}
 
 # flags that would make a resumed run another run: --resume refuses them
 RESUME_FIXED = (("data", "--data"), ("batch_size", "--batch-size"), ("seq_len", "--seq-len"), ("seed", "--seed"),
@@ -954,7 +990,7 @@ def main(argv=None) -> int:
         log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {time.time() - t0:.1f} s of training, "
             f"total wall time {wall:.1f} s ({wall / 60:.1f} min) from launch to exit")
         return code
-    except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError, PlanError) as e:
+    except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError, PlanError, LossScaleError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return 2
     except OSError as e:

@@ -1,0 +1,57 @@
+"""Dynamic loss scaling (andrea_numba/loss_scale.py) and a run with fp16 products that overflows."""
+import json
+
+import numpy as np
+import pytest
+
+from andrea_numba import loss_scale as LS
+
+
+def test_overflow_halves_and_skips_a_run_of_good_steps_doubles():
+    s = LS.LossScale(2.0 ** 10)
+    assert "overflowed at scale 1024" in s.update(False, 7) and s.scale == 512 and s.skipped == 1 and s.good == 0
+    for step in range(LS.INTERVAL - 1):
+        assert s.update(True, 8 + step) is None
+    assert "good steps in a row, scale -> 1024" in s.update(True, 9999) and s.scale == 1024 and s.good == 0
+    assert s.to_dict() == {"scale": 1024.0, "good": 0, "skipped": 1}
+
+
+@pytest.mark.parametrize("bad", [None, {}, {"scale": 3.0, "good": 0, "skipped": 0},
+                                 {"scale": 1024.0, "good": -1, "skipped": 0}, {"scale": 1024.0, "good": 0},
+                                 {"scale": True, "good": 0, "skipped": 0}, {"scale": 2.0 ** 80, "good": 0, "skipped": 0},
+                                 {"scale": 1024.0, "good": 0, "skipped": 0, "x": 1}])
+def test_a_damaged_record_is_refused_in_one_line(bad):
+    with pytest.raises(LS.LossScaleError, match="'loss_scale' is not a record of a loss scale"):
+        LS.LossScale.from_dict(bad, "run/.state.json")
+    assert LS.LossScale.from_dict({"scale": 65536, "good": 3, "skipped": 2}, "x").to_dict() == \
+        {"scale": 65536.0, "good": 3, "skipped": 2}
+
+
+@pytest.mark.slow
+def test_fp16_steps_that_overflow_are_skipped_and_the_scale_halves(tmp_path, monkeypatch):
+    """A scale of 2^120 makes the scaled gradients inf once they are rounded to fp16: both steps are
+    skipped (the weights stay the initial ones), the scale halves twice, the log and the loss log
+    say so, and the checkpoint's state records the scale."""
+    from andrea_numba import train as tr
+    from andrea_numba.config import config_from_dict, load_config, validate
+    from andrea_numba.layout import init_params
+    monkeypatch.setattr(LS, "INIT", 2.0 ** 120)
+    monkeypatch.setattr(LS.LossScale.__init__, "__defaults__", (2.0 ** 120, 0, 0))
+    raw = load_config("tiny").to_dict()
+    raw["model"]["n_layer"] = 1
+    raw["train"].update(precision="fp16", steps=2, eval_interval=100, sample_interval=100, checkpoint_interval=2)
+    cfg = validate(config_from_dict(raw))
+    lines = []
+    trainer = tr.Trainer(cfg, tmp_path / "run", log=lines.append, graph=False)
+    trainer.setup()
+    assert trainer.model.products == "f16w"
+    assert trainer.run() == 0
+    assert sum("overflowed at scale" in line for line in lines) == 2, lines
+    assert trainer.scaler.scale == 2.0 ** 118 and trainer.scaler.skipped == 2
+    params = trainer.model.params.copy_to_host()
+    assert np.array_equal(params, init_params(cfg.model, cfg.train.seed))          # nothing applied
+    state = json.loads((tmp_path / "run" / ".state.json").read_text())
+    assert state["loss_scale"] == {"scale": 2.0 ** 118, "good": 0, "skipped": 2}
+    log = [json.loads(line) for line in (tmp_path / "run" / ".loss.json").read_text().splitlines()]
+    assert [r.get("skipped") for r in log] == [True, True] and log[0]["grad_norm"] is None
+    assert [r["loss_scale"] for r in log] == [2.0 ** 120, 2.0 ** 119]
