@@ -874,9 +874,9 @@ def parser() -> Parser:
     ap.add_argument("--batch-size", type=positive_int, help="sequences per microbatch")
     ap.add_argument("--microbatches", type=positive_int, help="microbatches per optimiser step")
     ap.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
-    ap.add_argument("--precision", metavar="P", help="of the linear ops' products: fp32 (the reference) or bf16 "
-                    "(their inputs rounded to bf16, fp32 sums; weights, gradients, AdamW, LayerNorm, attention "
-                    "and the loss stay fp32); default: the config's")
+    ap.add_argument("--precision", metavar="P", help="of the linear ops' products: fp32 (the reference), bf16 or "
+                    "fp16 (their inputs rounded to it, fp32 sums; fp16 with dynamic loss scaling; weights, "
+                    "gradients, AdamW, LayerNorm, attention and the loss stay fp32); default: the config's")
     ap.add_argument("--log-every", type=positive_int, default=10, help="print a progress line every N steps")
     ap.add_argument("--no-graph", action="store_true", help="launch every kernel of every step from Python "
                     "instead of replaying the step as a CUDA graph (the same results, bit for bit; slower)")

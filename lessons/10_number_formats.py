@@ -176,7 +176,8 @@ C.say("""
     Dynamic loss scaling: start with a large S; a step whose scaled gradients hold an inf is
     skipped (the weights stay as they were) and S halves; after a run of good steps S doubles.
     Every decision is logged, and S belongs in the run's state so that a resumed run makes the
-    same ones. bf16 needs none of this: that is why the engine's first low-precision path is bf16.
+    same ones. The trainer does exactly this with --precision fp16 (andrea_numba/loss_scale.py);
+    bf16 needs none of it, its range being fp32's.
 """)
 
 # %%
