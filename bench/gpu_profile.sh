@@ -27,6 +27,7 @@
 #          12M and 120M, the products beside cuBLAS SGEMM and PyTorch's bf16 matmul); bf16b (the linear
 #          ops' bf16 versions at 12M, the whole model at bf16 at 12M and 120M); bf16c (the same at 120M with
 #          the tolerances that bf16b's figures set, and the step with bf16 products beside PyTorch bf16);
+#          quality (12M trained in fp32, bf16 and fp16, validation losses together: QUALITY_STEPS, 2000);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -196,6 +197,12 @@ PY
         for f in "$OUT"/bf16c/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         timeout 300 $py bench/step_time.py --sizes 12M 120M --products tf32x3w bf16w --json "$OUT/bf16c/step.json" \
             > "$OUT/bf16c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/bf16c/step.txt" ;;
+    quality) # issue 11's training-quality target: 12M for QUALITY_STEPS (2000) steps in fp32, bf16 and fp16,
+        # the validation losses side by side and plotted (bench/precision_runs.py), into $OUT/quality/
+        timeout 560 $py bench/precision_runs.py --out /tmp/quality --size 12M --steps "${QUALITY_STEPS:-2000}" \
+            --precisions fp32,bf16,fp16 > "$OUT/quality.txt" 2>&1; echo "quality exit $?"; grep "^|" "$OUT/quality.txt" | tail -4
+        mkdir -p "$OUT/quality"; cp /tmp/quality/precision_runs.* "$OUT/quality/"
+        grep "loss scale" "$OUT/quality.txt" | head -5 ;;
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
     s8) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
         # passes), loss_fwd v9 (softmax rows on fewer threads): the same bits where they claim them,

@@ -230,7 +230,7 @@ def tools():
             "data": data.main, "check": check.main, "gradcheck": gradcheck.main, "exercises": exercises.main,
             **{f"bench/{b}": _bench(b).main for b in ("kernels", "gpu_session", "step_time", "profile_step",
                                                          "gpu_graph", "gemm", "tf32_check", "profile_kernels",
-                                                         "gemm_ablate", "ncu_gemm")}}
+                                                         "gemm_ablate", "ncu_gemm", "precision_runs")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -424,6 +424,11 @@ ROWS = [
     ("bench/gpu_graph", ["--out", "{W}/new", "--sizes", "7B"], "unknown size '7B'"),
     ("bench/gpu_graph", ["--out", "{W}/new", "--dropout", "0,1"], "argument --dropout"),
     ("bench/gpu_graph", ["--out", "{W}/new", "--dropout", "x"], "argument --dropout"),
+    ("bench/precision_runs", [], "the following arguments are required: --out"),
+    ("bench/precision_runs", ["--out", "{W}/new", "--precisions", "fp32,fp8"], "argument --precisions"),
+    ("bench/precision_runs", ["--out", "{W}/new", "--precisions", "bf16,bf16"], "argument --precisions"),
+    ("bench/precision_runs", ["--out", "{W}/new", "--steps", "0"], "argument --steps"),
+    ("bench/precision_runs", ["--out", "{W}/files/afile"], "is a file, not a directory"),
 ]
 
 

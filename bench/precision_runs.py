@@ -1,0 +1,93 @@
+"""Training quality by precision: the same run (size, seed, data, steps) trained with fp32, bf16
+and fp16 products, its validation losses side by side and plotted together.
+
+    python bench/precision_runs.py --out DIR [--size 12M] [--steps 2000] [--precisions fp32,bf16]
+
+Each precision trains in its own process (`python -m andrea_numba.train --size SIZE --precision P
+--steps N --out DIR/P`), one after another. DIR receives precision_runs.md (every evaluation's
+validation loss by precision, and each one's difference from fp32's at the same step),
+precision_runs.json and precision_runs.png (the validation curves together). Exit code 0 when every
+run finished and, with fp32 among them, every other precision's last validation loss is within 1%
+of fp32's (issue 11's target); 1 otherwise.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from andrea_numba import cli  # noqa: E402
+
+
+def precisions(text: str) -> list[str]:
+    import argparse
+
+    from andrea_numba.config import PRECISIONS
+    values = [v for v in text.split(",") if v]
+    bad = [v for v in values if v not in PRECISIONS]
+    if bad or not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"must be precisions from {', '.join(PRECISIONS)} separated by commas, "
+                                         f"each once, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
+    ap = cli.Parser(prog="python bench/precision_runs.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=cli.dir_to_write, required=True, help="folder for the runs and the result files")
+    ap.add_argument("--size", type=cli.config, default="12M", help="tiny, 12M, 120M or a config file (default 12M)")
+    ap.add_argument("--steps", type=cli.positive_int, default=2000, help="steps of each run (default 2000)")
+    ap.add_argument("--precisions", type=precisions, default=["fp32", "bf16"],
+                    help="comma-separated (default fp32,bf16)")
+    args = ap.parse_args(argv)
+    from andrea_numba.runlog import read_loss
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    curves, ok = {}, True
+    for p in args.precisions:
+        run = out / p
+        if run.exists():
+            cli.fail(f"{run} exists already: choose another --out, or delete it")
+        cmd = [sys.executable, "-m", "andrea_numba.train", "--size", args.size, "--precision", p,
+               "--steps", str(args.steps), "--out", str(run), "--log-every", "250"]
+        print(f"{p}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        code = subprocess.run(cmd, cwd=ROOT).returncode
+        ok &= code == 0
+        curves[p] = [(r["step"], r["val_loss"]) for r in read_loss(run) if r.get("val_loss") is not None]
+    steps = sorted({s for c in curves.values() for s, _ in c})
+    head = "| step | " + " | ".join(curves) + " | " + " | ".join(f"{p} vs fp32" for p in curves if p != "fp32") + " |"
+    lines = [head, "|---" * (1 + len(curves) + sum(p != "fp32" for p in curves)) + "|"]
+    rows = []
+    for s in steps:
+        v = {p: dict(c).get(s) for p, c in curves.items()}
+        rel = {p: (v[p] / v["fp32"] - 1) for p in curves if p != "fp32" and "fp32" in v and v[p] and v["fp32"]}
+        rows.append({"step": s, "val_loss": v, "rel_to_fp32": rel})
+        lines.append(f"| {s} | " + " | ".join("-" if v[p] is None else f"{v[p]:.4f}" for p in curves) + " | "
+                     + " | ".join(f"{100 * rel[p]:+.2f}%" if p in rel else "-" for p in curves if p != "fp32") + " |")
+    if rows and "fp32" in curves:
+        last = rows[-1]["rel_to_fp32"]
+        ok &= all(abs(r) <= 0.01 for r in last.values()) and len(last) == len(curves) - 1
+    (out / "precision_runs.md").write_text("\n".join(lines) + "\n")
+    (out / "precision_runs.json").write_text(json.dumps({"size": args.size, "steps": args.steps, "ok": ok,
+                                                         "rows": rows}, indent=1))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for p, c in curves.items():
+        if c:
+            ax.plot(*zip(*c), marker="o", ms=3, label=p)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss")
+    ax.set_title(f"{args.size}: the same run by precision of the products")
+    ax.legend()
+    fig.savefig(out / "precision_runs.png", dpi=120, bbox_inches="tight")
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
