@@ -107,30 +107,32 @@ if not SIMULATOR:
             return context.make_tuple(builder, _F4, [builder.extract_value(d, i) for i in range(4)])
         return sig, codegen
 
+    def _pack16(kind):
+        """cvt.rn.<kind>x2.f32: two float32 rounded to a 16-bit format and packed in one register."""
+        ptx = f"cvt.rn.{kind}x2.f32 $0, $1, $2;"
+
+        def typer(typingctx, lo, hi):
+            if lo != types.float32 or hi != types.float32:
+                return None
+
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(_i32, [_f32, _f32]), ptx, "=r,f,f")
+                return builder.call(asm, [args[1], args[0]])       # the first source goes to the upper half
+            return types.int32(types.float32, types.float32), codegen
+        return typer
+
     @intrinsic
     def bf16x2(typingctx, lo, hi):
         """lo and hi rounded to the nearest bfloat16 (ties to even) and packed in one 32-bit
         register, lo in the low half: the form an mma.sync takes two bf16 operands in.
         PTX: cvt.rn.bf16x2.f32 %r, %hi, %lo;   (the first source goes to the upper half)"""
-        if lo != types.float32 or hi != types.float32:
-            return None
-
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(_i32, [_f32, _f32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
-            return builder.call(asm, [args[1], args[0]])
-        return types.int32(types.float32, types.float32), codegen
+        return _pack16("bf16")(typingctx, lo, hi)
 
     @intrinsic
     def f16x2(typingctx, lo, hi):
         """lo and hi rounded to the nearest fp16 (ties to even; past 65504: inf) and packed in one
         32-bit register, lo in the low half.   PTX: cvt.rn.f16x2.f32 %r, %hi, %lo;"""
-        if lo != types.float32 or hi != types.float32:
-            return None
-
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(_i32, [_f32, _f32]), "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f")
-            return builder.call(asm, [args[1], args[0]])
-        return types.int32(types.float32, types.float32), codegen
+        return _pack16("f16")(typingctx, lo, hi)
 
     def _mma16(kind):
         """An m16n8k16 mma.sync of two 16-bit formats (bf16 or f16), fp32 sums."""
