@@ -62,14 +62,15 @@ def generate(model, tokenizer, prompt: str, n_tokens: int, seed: int, temperatur
     return tokenizer.decode(out)
 
 
-def generate_cpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40) -> str:
-    """The same sampling loop as generate, with the NumPy twin computing the logits."""
+def generate_cpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40, precision="fp32") -> str:
+    """The same sampling loop as generate, with the NumPy twin computing the logits (its products
+    at the run's precision)."""
     ids = list(tokenizer.encode(prompt)) or [0]
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n_tokens):
         ctx = np.array([ids[-m.context_length:]])
-        logits = R.model_logits(params, m, ctx)[0, -1].astype(np.float64)
+        logits = R.model_logits(params, m, ctx, precision)[0, -1].astype(np.float64)
         p = np.exp(logits - logits.max())
         nxt = sample_from(p / p.sum(), rng, temperature, top_k)
         ids.append(nxt)
@@ -96,11 +97,12 @@ def _require_gpu() -> None:
         raise SampleError("no CUDA GPU found: sample with --cpu (the NumPy twin)")
 
 
-def generate_gpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40) -> str:
-    """generate on a forward-only GPUModel of batch 1 holding the given weights."""
-    from .gpu_model import GPUModel
+def generate_gpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40, precision="fp32") -> str:
+    """generate on a forward-only GPUModel of batch 1 holding the given weights, its products at
+    the run's precision (as the trainer's own samples)."""
+    from .gpu_model import PRODUCTS_FOR, GPUModel
     _require_gpu()
-    model = GPUModel(m, 1, m.context_length, training=False)
+    model = GPUModel(m, 1, m.context_length, training=False, products=PRODUCTS_FOR[precision])
     model.params.copy_to_device(params, stream=model.stream)       # ordered before the first forward
     return generate(model, tokenizer, prompt, n_tokens, seed, temperature, top_k)
 
@@ -193,10 +195,11 @@ def main(argv=None) -> int:
     step, params, *_ = load_checkpoint(path, n_params(m), shas)
     if not args.cpu:
         _require_gpu()
-    print(f"{cfg.name}, {what} at step {step} ({'NumPy twin on the CPU' if args.cpu else 'CUDA kernels'})",
-          file=sys.stderr)
+    precision = cfg.train.precision
+    print(f"{cfg.name}, {what} at step {step} ({'NumPy twin on the CPU' if args.cpu else 'CUDA kernels'}"
+          f"{'' if precision == 'fp32' else f', {precision} products'})", file=sys.stderr)
     gen = generate_cpu if args.cpu else generate_gpu
-    text = gen(params, m, tokenizer, args.prompt, args.tokens, args.seed, args.temperature, args.top_k)
+    text = gen(params, m, tokenizer, args.prompt, args.tokens, args.seed, args.temperature, args.top_k, precision)
     out = args.prompt + text
     try:
         print(out)

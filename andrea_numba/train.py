@@ -64,7 +64,7 @@ from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
-from .gpu_model import GPUModel
+from .gpu_model import PRODUCTS_FOR, GPUModel
 from .kernels import optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
@@ -808,7 +808,7 @@ def format_eta(seconds: float) -> str:
 # command line
 
 # train.precision -> GPUModel's products, and what the log says of it
-PRODUCTS_OF = {"fp32": "tf32x3w", "bf16": "bf16w", "fp16": "f16w"}
+PRODUCTS_OF = PRODUCTS_FOR
 PRECISION_NOTES = {
     "fp32": "fp32 (products on tensor cores as 3xTF32, as accurate as fp32)",
     "bf16": "bf16 products (attn_qkv, attn_out, mlp and the classifier: inputs rounded to bf16, sums in fp32); "
