@@ -184,18 +184,23 @@ PY
         done
         wait
         for f in "$OUT"/bf16b/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
-    bf16c) # for the next session: the bf16 step beside PyTorch bf16 (12M and 120M), the harness on the
-        # linear ops' bf16 versions at 120M and the whole model at bf16 with its tolerance, at once
+    bf16c) # for the next session: the 16-bit step beside PyTorch bf16 (12M and 120M); the harness on the
+        # linear ops' bf16 and fp16 versions (attn_qkv, attn_out v9/v10, mlp v13/v14, loss_fwd v10/v11,
+        # loss_bwd v9/v10) at 12M and 120M, matmul v11 at both, and the whole model with bf16 and fp16
+        # products at 12M (and bf16 at 120M), with their tolerances: six processes at once
         mkdir -p "$OUT/bf16c"
-        timeout 300 $py -m andrea_numba.check --size 120M --seed 149 --ops-only --op attn_qkv --op attn_out --op mlp \
-            --op loss --version 9 --version 10 --version 13 --json > "$OUT/bf16c/ops_120M.json" 2> "$OUT/bf16c/ops_120M.err" &
         for size in 12M 120M; do
-          timeout 300 $py -m andrea_numba.check --size $size --seed 151 --model-only --products bf16w --json \
-              > "$OUT/bf16c/model_$size.json" 2> "$OUT/bf16c/model_$size.err" &
+          timeout 300 $py -m andrea_numba.check --size $size --seed 149 --ops-only --op attn_qkv --op attn_out --op mlp \
+              --op loss --op matmul --op "matmul a^T@b +=" --version 9 --version 10 --version 11 --version 13 \
+              --version 14 --json > "$OUT/bf16c/ops_$size.json" 2> "$OUT/bf16c/ops_$size.err" &
+        done
+        for run in "12M bf16w" "12M f16w" "120M bf16w"; do set -- $run
+          timeout 300 $py -m andrea_numba.check --size $1 --seed 151 --model-only --products $2 --json \
+              > "$OUT/bf16c/model_$1_$2.json" 2> "$OUT/bf16c/model_$1_$2.err" &
         done
         wait
         for f in "$OUT"/bf16c/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 300 $py bench/step_time.py --sizes 12M 120M --products tf32x3w bf16w --json "$OUT/bf16c/step.json" \
+        timeout 300 $py bench/step_time.py --sizes 12M 120M --products tf32x3w bf16w f16w --json "$OUT/bf16c/step.json" \
             > "$OUT/bf16c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/bf16c/step.txt" ;;
     quality) # issue 11's training-quality target: 12M for QUALITY_STEPS (2000) steps in fp32, bf16 and fp16,
         # the validation losses side by side and plotted (bench/precision_runs.py), into $OUT/quality/
