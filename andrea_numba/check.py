@@ -328,9 +328,17 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "
 
 
 def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=True, progress=None, only=None,
-               versions=None, products="tf32x3w"):
+               versions=None, products="tf32x3w", compile_workers=0):
     """Rows of the op checks (every case, or the cases named in `only`; every version, or those
-    numbered in `versions`) and of the whole model (GPUModel with `products`)."""
+    numbered in `versions`) and of the whole model (GPUModel with `products`). compile_workers > 0
+    (on a GPU): first the same checks with every launch recorded instead of run (their rows thrown
+    away), every kernel they launch compiled on that many processes (andrea_numba.precompile), then
+    the checks themselves, whose launches find their kernels compiled."""
+    if compile_workers and not SIMULATOR:
+        from .precompile import compile_ahead, record_launches
+        launches = record_launches(lambda: run_checks(size, seed, batch, seq, ops, model, None, only, versions,
+                                                      products))
+        compile_ahead(launches, compile_workers, log=progress)
     cfg = load_config(size)
     m = cfg.model
     (ob, ot), (mb, mt) = SHAPES.get(size, ((2, min(8, m.context_length)),) * 2)
@@ -395,6 +403,9 @@ def main(argv=None) -> int:
     ap.add_argument("--products", default="tf32x3w", type=cli.one_of(PRODUCTS, "products"),
                     help="the whole model's products (GPUModel products=): tf32x3w, the engine's (default), or "
                          "bf16w (bf16 products, checked against the twin at bf16)")
+    ap.add_argument("--compile-workers", type=cli.int_range(0, 64), default=0, metavar="N",
+                    help="on a GPU: compile every kernel the checks launch on N processes first (default 0: each "
+                         "at its first launch)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
     if args.products != "tf32x3w" and (args.ops_only or args.op or args.version):
@@ -417,7 +428,7 @@ def main(argv=None) -> int:
     say(f"seed {seed}, device: {device_name()}")
     rows = run_checks(args.size, seed, args.batch, args.seq, ops=not args.model_only,
                       model=not (args.ops_only or args.op or args.version), progress=say, only=args.op,
-                      versions=args.version, products=args.products)
+                      versions=args.version, products=args.products, compile_workers=args.compile_workers)
     ok = all(r["ok"] for r in rows)
     if args.json:
         print(json.dumps({"ok": ok, "device": device_name(), "seed": seed, "size": args.size, "results": rows},

@@ -361,6 +361,8 @@ ROWS = [
     ("check", ["--seq", "17"], "exceeds the model's context length (16)"),
     ("check", ["--op", "nope"], "argument --op: unknown op 'nope': choose from embed, layernorm"),
     ("check", ["--products", "nope"], "argument --products: unknown products 'nope'"),
+    ("check", ["--compile-workers", "-1"], "argument --compile-workers"),
+    ("check", ["--compile-workers", "65"], "argument --compile-workers"),
     ("check", ["--products", "bf16w", "--op", "mlp"], "argument --products: picks the whole model's products"),
     ("check", ["--size", "7B"], "unknown size '7B'"),
     ("check", ["--size", "{W}/files/missing.json"], "not found"),
