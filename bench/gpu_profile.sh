@@ -187,15 +187,16 @@ PY
     bf16c) # for the next session: the 16-bit step beside PyTorch bf16 (12M and 120M); the harness on the
         # linear ops' bf16 and fp16 versions (attn_qkv, attn_out v9/v10, mlp v13/v14, loss_fwd v10/v11,
         # loss_bwd v9/v10) at 12M and 120M, matmul v11 at both, and the whole model with bf16 and fp16
-        # products at 12M (and bf16 at 120M), with their tolerances: six processes at once
+        # products at 12M (and bf16 at 120M), with their tolerances: five processes at once, each compiling
+        # its kernels on two more first (check --compile-workers)
         mkdir -p "$OUT/bf16c"
         for size in 12M 120M; do
-          timeout 300 $py -m andrea_numba.check --size $size --seed 149 --ops-only --op attn_qkv --op attn_out --op mlp \
+          timeout 300 $py -m andrea_numba.check --size $size --seed 149 --compile-workers 2 --ops-only --op attn_qkv --op attn_out --op mlp \
               --op loss --op matmul --op "matmul a^T@b +=" --version 9 --version 10 --version 11 --version 13 \
               --version 14 --json > "$OUT/bf16c/ops_$size.json" 2> "$OUT/bf16c/ops_$size.err" &
         done
         for run in "12M bf16w" "12M f16w" "120M bf16w"; do set -- $run
-          timeout 300 $py -m andrea_numba.check --size $1 --seed 151 --model-only --products $2 --json \
+          timeout 300 $py -m andrea_numba.check --size $1 --seed 151 --compile-workers 2 --model-only --products $2 --json \
               > "$OUT/bf16c/model_$1_$2.json" 2> "$OUT/bf16c/model_$1_$2.err" &
         done
         wait
