@@ -176,7 +176,7 @@ def reference_for(case, direction, dims, rng):
 # element by element. For a plain product the allowance is what the rounding of the inputs may
 # move each output by,
 #     (2u + u^2) sum_k |a_ik| |b_kj|,   u = 2^-8 for bf16 (half the gap between neighbours at 1.0)
-# (precision.bf16_error_bound): a version that rounds more, or rounds the wrong values, fails it.
+# (precision.error_bound): a version that rounds more, or rounds the wrong values, fails it.
 # For an op with more than a product (GELU or a softmax between two products) it is twice the
 # largest distance between the low-precision twin and the fp32 twin over the tensor: the row then
 # reports how far the rounding took the op from fp32, and fails a kernel much farther away.
@@ -188,28 +188,28 @@ def reference_for(case, direction, dims, rng):
 # itself, about u / sqrt(K) of the output's scale. The first check of those ops allows
 # LOW_PRECISION_TOL: on the H200 at 12M (K = 384 and 1536) the MLP's bf16 version reached 4.2e-4 of
 # the scale against the bf16 twin (2026-12-02), where a = 1e-4 had been the limit.
-LOW_PRECISION_BOUNDS = {("matmul", "bf16"): lambda v, fixed, lp, fp: R.bf16_error_bound(
-                            v["a"], v["b"], fixed.get("trans_a", False), fixed.get("trans_b", False)),
-                        ("matmul", "fp16"): lambda v, fixed, lp, fp: R.fp16_error_bound(
-                            v["a"], v["b"], fixed.get("trans_a", False), fixed.get("trans_b", False))}
 LOW_PRECISION_TOL = {"mlp": (1e-3, 2e-3), "loss": (1e-3, 2e-3)}   # (rtol, a), by case
 
 
 def low_precision_bound(case, precision, values, lp_ref, fp_ref, name):
-    rule = LOW_PRECISION_BOUNDS.get((case.fwd, precision))
-    if rule is not None:
-        return rule(values, case.fixed, lp_ref, fp_ref)
+    """The allowance of output `name` against the fp32 twin (the comment above)."""
+    if case.fwd == "matmul":                  # a plain product: the bound from its inputs
+        f = case.fixed
+        return R.error_bound(values["a"], values["b"], precision, f.get("trans_a", False), f.get("trans_b", False))
     gap = np.abs(np.asarray(lp_ref[name], np.float64) - np.asarray(fp_ref[name], np.float64))
     return 2.0 * float(np.max(gap)) if gap.size else 0.0
 
 
 def low_precision_reference(case, direction, ref, precision):
-    """ref (reference_for's tuple) with the twin's results recomputed at `precision`; the values
-    the launcher gets stay as they were (it rounds them itself)."""
-    values, _, outputs, accums = ref
+    """(ref with the twin's results recomputed at `precision`, the values the launcher gets staying
+    as they were: it rounds them itself; the fp32 comparison `also` of _check_launcher: the fp32
+    twin's results, each output's allowance, the rows' suffix). Worked out once per precision for
+    all of an op's versions and blocks (op_rows)."""
+    values, fp32_refs, outputs, accums = ref
     with R.products_in(precision):
         refs = case.forward(values) if direction == "fwd" else case.backward(values)
-    return values, refs, outputs, accums
+    bounds = {k: low_precision_bound(case, precision, values, refs, fp32_refs, k) for k in fp32_refs}
+    return (values, refs, outputs, accums), (fp32_refs, bounds, f" vs fp32 twin ({precision} products)")
 
 
 def launcher_args(case, launch, dims, values, refs, outputs, accums):
@@ -227,21 +227,18 @@ def launcher_args(case, launch, dims, values, refs, outputs, accums):
     return inputs, outs, accums, scratch, {**scalars, **case.fixed}
 
 
-def check_launcher(case, direction, launch, dims, rng, block=None, version=None, ref=None, tol=OP_TOL):
+def check_launcher(case, direction, launch, dims, rng, block=None, version=None, ref=None, tol=OP_TOL, low=None):
     """Rows for one launcher (one version at one block size) of an op against its twin, called
     with keyword buffers (launcher_args). A low-precision version (launch.precision) against the
     twin on rounded inputs, and its outputs again against the fp32 twin within the rounding's
-    bound (the comment above low_precision_reference)."""
+    bound (the comment above low_precision_reference, which gives `low` when it is not given)."""
     ref = ref or reference_for(case, direction, dims, rng)
     precision = getattr(launch, "precision", None)
     if precision is None:
         return _check_launcher(case, direction, launch, dims, rng, block, version, ref, tol)
-    values, fp32_refs, _, _ = ref
-    lp = low_precision_reference(case, direction, ref, precision)
-    bounds = {k: low_precision_bound(case, precision, values, lp[1], fp32_refs, k) for k in fp32_refs}
-    tol = LOW_PRECISION_TOL.get(case.op, tol)
-    return _check_launcher(case, direction, launch, dims, rng, block, version, lp, tol,
-                           also=(fp32_refs, bounds, f" vs fp32 twin ({precision} products)"))
+    lp, also = low or low_precision_reference(case, direction, ref, precision)
+    return _check_launcher(case, direction, launch, dims, rng, block, version, lp,
+                           LOW_PRECISION_TOL.get(case.op, tol), also=also)
 
 
 def _check_launcher(case, direction, launch, dims, rng, block, version, ref, tol, also=None):
@@ -276,10 +273,15 @@ def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None, versions=None, vocab=
             continue
         for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
             ref = reference_for(case, direction, dims, rng)
+            low = {}                                   # precision -> low_precision_reference, once
             for version, launch in case.versions(direction, versions).items():
+                precision = getattr(launch, "precision", None)
+                if precision is not None and precision not in low:
+                    low[precision] = low_precision_reference(case, direction, ref, precision)
                 for block in launch.blocks:
                     try:
-                        rows += check_launcher(case, direction, launch, dims, rng, block, version, ref)
+                        rows += check_launcher(case, direction, launch, dims, rng, block, version, ref,
+                                               low=low.get(precision))
                     except BlockDoesNotFit as e:       # e.g. a GPU flash block at the tiny size's head size 4
                         print(f"not checked at this size: {e}", file=sys.stderr)
     return rows
@@ -301,8 +303,7 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "
     key = int(rng.integers(0, 2 ** 32))
     precision = PRECISION.get(products, "fp32")
     tol = MODEL_TOLS[precision]
-    ref_loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets, MODEL_DROPOUT, key,
-                                     None if precision == "fp32" else precision)
+    ref_loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets, MODEL_DROPOUT, key, precision)
     ref_grads = R.model_backward(params.astype(np.float64), m, acts)
     del acts
     rows = []

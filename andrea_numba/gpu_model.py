@@ -329,8 +329,9 @@ PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "t
             "f16w": 10}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14}
 LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11}   # the loss forward's, where not the linear ops'
-PRECISION = {"bf16w": "bf16", "f16w": "fp16"}   # products -> the precision of the twin that matches it (default fp32)
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16w", "fp16": "f16w"}   # train.precision -> the engine's products
+# products -> the precision of the twin that matches it (every other kind: fp32)
+PRECISION = {products: p for p, products in PRODUCTS_FOR.items() if p != "fp32"}
 
 
 def _flat(a):

@@ -17,6 +17,8 @@ The constants are PyTorch's GradScaler defaults.
 """
 from __future__ import annotations
 
+import math
+
 INIT = 2.0 ** 16
 GROWTH = 2.0
 BACKOFF = 0.5
@@ -61,13 +63,8 @@ class LossScale:
                       for k in ("good", "skipped")))
         if ok:
             s = float(record["scale"])
-            ok = MIN_SCALE <= s <= MAX_SCALE and s == 2.0 ** round(_log2(s))
+            ok = MIN_SCALE <= s <= MAX_SCALE and math.frexp(s)[0] == 0.5     # a power of two
         if not ok:
             raise LossScaleError(f"{where}: 'loss_scale' is not a record of a loss scale (scale: a power of two "
                                  f"from 2^-24 to 2^64, good and skipped: counts): restore the file, or start a new run")
         return cls(record["scale"], record["good"], record["skipped"])
-
-
-def _log2(x: float) -> float:
-    import math
-    return math.log2(x)

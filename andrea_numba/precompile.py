@@ -55,7 +55,6 @@ def _recording(notes):
     """Inside: a kernel launch appends (dispatcher, argument types) to `notes` and runs nothing."""
     import numba
     import numba.cuda.dispatcher as dispatcher
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray  # noqa: F401  (typeof knows device arrays)
 
     from .kernels import matmul
 

@@ -350,7 +350,7 @@ class Trainer:
         # one stream for the whole run: every launch and copy is ordered on it, none goes to the
         # legacy default stream (which would wait for, and hold up, all other work on the GPU)
         s = self.stream = cuda.stream()
-        self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout, products=PRODUCTS_OF[t.precision])
+        self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout, products=PRODUCTS_FOR[t.precision])
         # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
         # are free between steps), with the training sequence length as its window
         self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, products=self.model.products)
@@ -715,13 +715,12 @@ class Trainer:
                     val = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
                     self.log(f"step {self.step:>6}/{last} | loss {loss:.4f}{val} | lr {lr:.2e} | norm {norm:.3f} | "
                              f"{rec['tokens_per_s']:,.0f} tok/s | ETA {format_eta(eta)}")
-                best, new_best = self.best, None
+                new_best = None
                 if "val_loss" in rec:
                     self.files.wait()            # best.bin's record, as the writer left it
-                    best = self.best
-                    if best is None or rec["val_loss"] < best["val_loss"]:
+                    if self.best is None or rec["val_loss"] < self.best["val_loss"]:
                         new_best = rec["val_loss"]
-                        best = {"step": self.step, "val_loss": new_best}
+                best = self.best if new_best is None else {"step": self.step, "val_loss": new_best}
                 if self.step % t.sample_interval == 0 or self.step == last:
                     try:
                         text = self.generate("\n", t.sample_tokens, seed=t.seed * 1_000_003 + self.step)
@@ -807,8 +806,7 @@ def format_eta(seconds: float) -> str:
 # ----------------------------------------------------------------------------------------------
 # command line
 
-# train.precision -> GPUModel's products, and what the log says of it
-PRODUCTS_OF = PRODUCTS_FOR
+# train.precision: what the log says of it (gpu_model.PRODUCTS_FOR: the products it runs)
 PRECISION_NOTES = {
     "fp32": "fp32 (products on tensor cores as 3xTF32, as accurate as fp32)",
     "bf16": "bf16 products (attn_qkv, attn_out, mlp and the classifier: inputs rounded to bf16, sums in fp32); "

@@ -16,6 +16,6 @@ from .loss import loss_bwd, loss_fwd
 from .matmul import matmul
 from .mlp import gelu, gelu_grad, mlp_bwd, mlp_fwd
 from .model import model_backward, model_forward, model_logits
-from .precision import bf16_error_bound, fp16_error_bound, matmul_bf16, mm, products_in, round_bf16, round_fp16
+from .precision import error_bound, mm, products_in, round_bf16, round_fp16
 from .optim import adamw, adamw_hyper, adamw_zero, clip_grad_norm, grad_norm, grad_scale, lr_at, zero
 from .residual import residual_add, residual_add_bwd

@@ -68,29 +68,20 @@ def mm(a, b):
     return rnd(a).astype(a.dtype) @ rnd(b).astype(b.dtype)
 
 
-def matmul_bf16(a, b, trans_a=False, trans_b=False):
-    """The product a bf16 tensor-core kernel computes: inputs rounded to bf16, every product exact,
-    summed in float64 here (the kernel sums in fp32)."""
-    a, b = round_bf16(a).astype(np.float64), round_bf16(b).astype(np.float64)
-    return (a.T if trans_a else a) @ (b.T if trans_b else b)
+# (u, e) of a format: rounding moves a value x by at most u |x| + e (e: half the spacing of its
+# subnormals, where they matter for the inputs of a product; bf16's are fp32's, far below)
+ROUNDING = {"bf16": (2.0 ** -8, 0.0), "fp16": (2.0 ** -11, 2.0 ** -25)}
 
 
-def fp16_error_bound(a, b, trans_a=False, trans_b=False):
-    """As bf16_error_bound for fp16: each input moves by at most u |x| + e, u = 2^-11 and e = 2^-25
-    (half the subnormals' spacing), so each product by at most
-    (2u + u^2) |a||b| + e (1 + u) (|a| + |b|) + e^2, summed over k. (No input may exceed 65504:
-    it would be inf.)"""
+def error_bound(a, b, precision, trans_a=False, trans_b=False):
+    """Elementwise bound on |op(a) @ op(b) at `precision` - the exact product| from the rounding of
+    the inputs alone: each input moves by at most u |x| + e (ROUNDING), so each product a_ik b_kj by
+    at most (2u + u^2) |a_ik| |b_kj| + e (1 + u) (|a_ik| + |b_kj|) + e^2, summed over k (bf16:
+    (2u + u^2) sum_k |a_ik| |b_kj|, u = 2^-8). An fp16 input past 65504 would be inf: none may be."""
+    u, e = ROUNDING[precision]
     a, b = np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64))
     a, b = (a.T if trans_a else a), (b.T if trans_b else b)
-    u, e = 2.0 ** -11, 2.0 ** -25
-    K = a.shape[1]
-    return ((2 * u + u * u) * (a @ b) + e * (1 + u) * (a.sum(axis=1, keepdims=True) + b.sum(axis=0, keepdims=True))
-            + K * e * e)
-
-
-def bf16_error_bound(a, b, trans_a=False, trans_b=False):
-    """Elementwise bound on |bf16 product - exact product| from the rounding of the inputs alone:
-    each input moves by at most u = 2^-8 of itself, so each product a_ik b_kj by at most
-    (2u + u^2) |a_ik| |b_kj|, and the sum over k by that times sum_k |a_ik| |b_kj|."""
-    a, b = np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64))
-    return (2 ** -7 + 2 ** -16) * ((a.T if trans_a else a) @ (b.T if trans_b else b))
+    bound = (2 * u + u * u) * (a @ b)
+    if e:
+        bound += e * (1 + u) * (a.sum(axis=1, keepdims=True) + b.sum(axis=0, keepdims=True)) + a.shape[1] * e * e
+    return bound

@@ -1,5 +1,5 @@
 """bfloat16 rounding (reference/precision.py), its twin of the GPU's packing instruction (ptx.bf16x2)
-and the harness's two checks of a bf16 product version (check.LOW_PRECISION_BOUNDS)."""
+and the harness's two checks of a bf16 product version (check.low_precision_reference)."""
 import numpy as np
 import pytest
 
@@ -58,8 +58,9 @@ def test_the_rounding_bound_holds_and_catches_coarser_rounding():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((40, 64)), rng.standard_normal((64, 24))
     exact = a @ b
-    bound = R.bf16_error_bound(a, b)
-    assert np.all(np.abs(R.matmul_bf16(a, b) - exact) <= bound)
+    bound = R.error_bound(a, b, "bf16")
+    with R.products_in("bf16"):
+        assert np.all(np.abs(R.matmul(a, b) - exact) <= bound)
     coarse = lambda x: (bits(x) & 0xFFF00000).view(np.float32).astype(np.float64)   # 4 bits kept, truncated
     assert np.any(np.abs(coarse(a) @ coarse(b) - exact) > bound)
 

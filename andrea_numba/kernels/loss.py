@@ -236,7 +236,7 @@ def loss_fwd_v9(loss, losses, probs, x, wte, targets, *, block, stream=0):
 
 # bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
-# harness to check them against the twin at that precision (check.py, LOW_PRECISION_BOUNDS).
+# harness to check them against the twin at that precision (check.py, low_precision_reference).
 # The loss forward's bf16 version is v10 (v9's softmax rows), the backward's v9 (v7's form).
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd_v10(loss, losses, probs, x, wte, targets, *, block, stream=0):

@@ -433,7 +433,7 @@ def mlp_bwd_v12(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 
 # bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
-# harness to check them against the twin at that precision (check.py, LOW_PRECISION_BOUNDS).
+# harness to check them against the twin at that precision (check.py, low_precision_reference).
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v13(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v12 with bf16 products (matmul v10's tiles)."""
