@@ -82,6 +82,8 @@ class TrainConfig:
     seed: int                  # seeds initialisation and the data order
     precision: str             # of the linear ops' products: "fp32" (the reference), "bf16" or "fp16"
                                # (inputs rounded to it, fp32 sums; fp16 with loss scaling); the rest stays fp32
+    products: str              # who computes them: "numba" (our kernels) or "cublas" (cuBLASLt through
+                               # nvmath-python: pip install -e ".[cublas]", a GPU only)
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,10 @@ class Config:
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 # fields added after runs were already written with configs that lack them: (section, field) ->
 # the value that gives those runs' behaviour (a config file should still name every field)
-DEFAULTS = {("train", "dropout"): 0.0, ("train", "early_stop"): 0, ("train", "precision"): "fp32"}
+DEFAULTS = {("train", "dropout"): 0.0, ("train", "early_stop"): 0, ("train", "precision"): "fp32",
+            ("train", "products"): "numba"}
 PRECISIONS = ("fp32", "bf16", "fp16")
+PRODUCT_ROUTES = ("numba", "cublas")
 LR_DECAYS = ("cosine", "constant")
 INT32_MAX = 2 ** 31 - 1      # the checkpoint stores the step and the parameter count as int32
 # the largest value of an int field, and why: the engine stores ints as int32 (token ids, the
@@ -218,6 +222,8 @@ def validate(cfg: Config) -> Config:
     _require(0 <= t.dropout < 1, f"field 'train.dropout' must lie in [0, 1), got {t.dropout}")
     _require(t.precision in PRECISIONS,
              f"field 'train.precision' must be one of {', '.join(PRECISIONS)}, got '{t.precision}'")
+    _require(t.products in PRODUCT_ROUTES,
+             f"field 'train.products' must be one of {', '.join(PRODUCT_ROUTES)}, got '{t.products}'")
     _require(t.clip_norm >= 0, f"field 'train.clip_norm' must be >= 0 (0 = no clipping), got {t.clip_norm}")
     _require(d.tokenizer in TOKENIZERS,
              f"field 'data.tokenizer' must be one of {', '.join(TOKENIZERS)}, got '{d.tokenizer}'")

@@ -24,7 +24,7 @@ from numba import cuda
 from .config import ModelConfig
 import reference.dropout as D
 
-from .kernels import attn, attn_flash, attn_out, attn_qkv, dropout, embed, layernorm, loss, mlp
+from .kernels import attn, attn_flash, attn_out, attn_qkv, cublaslt, dropout, embed, layernorm, loss, mlp
 from .kernels.matmul import splitk_work
 from .kernels.optim import zero
 from .layout import n_params, views
@@ -121,8 +121,10 @@ class GPUModel:
     kernels/simt_tile.py (matmul v9); "simt" their v2 (SIMT warp tiles, matmul v3). All are
     fp32-accurate. "bf16w" runs their bf16 versions (attn_qkv, attn_out v9, mlp v13, loss_fwd
     v10, loss_bwd v9: matmul v10's tiles, every product's inputs rounded to bf16, fp32 sums); its
-    twin is reference.model at precision "bf16" (self.precision). mlp_version=<n> runs the MLP's
-    launchers of that version instead (the benchmarks' --mlp-version)."""
+    twin is reference.model at precision "bf16" (self.precision); "f16w" the same in fp16.
+    "cublas", "cublas-bf16", "cublas-fp16" run every product of the linear ops through cuBLASLt
+    in fp32, bf16 or fp16 (kernels/cublaslt.py: the library route, on a GPU with nvmath-python).
+    mlp_version=<n> runs the MLP's launchers of that version instead (the benchmarks' --mlp-version)."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
                  dropout: float = 0.0, flash: bool = True, products: str = "tf32x3w", share=None,
@@ -134,12 +136,21 @@ class GPUModel:
         self.products = products
         self.precision = PRECISION.get(products, "fp32")     # of the products: the twin's precision
         v = PRODUCTS[products]
-        self.qkv_fwd, self.qkv_bwd = attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v]
-        self.out_fwd, self.out_bwd = attn_out.VERSIONS["attn_out_fwd"][v], attn_out.VERSIONS["attn_out_bwd"][v]
-        vm = MLP_VERSION.get(products, v) if mlp_version is None else mlp_version
-        self.mlp_fwd, self.mlp_bwd = mlp.VERSIONS["mlp_fwd"][vm], mlp.VERSIONS["mlp_bwd"][vm]
+        if v is None:                       # the library route: every product through cuBLASLt
+            ops = cublaslt.linear_ops(LIBRARY_PRECISION[products], B * T, m.d_model, m.vocab_size)   # (one line
+            # if it cannot run here)
+            self.qkv_fwd, self.qkv_bwd = ops["attn_qkv_fwd"], ops["attn_qkv_bwd"]
+            self.out_fwd, self.out_bwd = ops["attn_out_fwd"], ops["attn_out_bwd"]
+            self.mlp_fwd, self.mlp_bwd = ops["mlp_fwd"], ops["mlp_bwd"]
+            self.loss_fwd, self.loss_bwd = ops["loss_fwd"], ops["loss_bwd"]
+        else:
+            self.qkv_fwd, self.qkv_bwd = attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v]
+            self.out_fwd, self.out_bwd = attn_out.VERSIONS["attn_out_fwd"][v], attn_out.VERSIONS["attn_out_bwd"][v]
+            vm = MLP_VERSION.get(products, v) if mlp_version is None else mlp_version
+            self.mlp_fwd, self.mlp_bwd = mlp.VERSIONS["mlp_fwd"][vm], mlp.VERSIONS["mlp_bwd"][vm]
+            self.loss_fwd = loss.VERSIONS["loss_fwd"][LOSS_FWD_VERSION.get(products, v)]
+            self.loss_bwd = loss.VERSIONS["loss_bwd"][v]
         self.mlp_fwd_takes_work = "work" in inspect.signature(self.mlp_fwd).parameters   # v11 on
-        self.loss_fwd, self.loss_bwd = loss.VERSIONS["loss_fwd"][LOSS_FWD_VERSION.get(products, v)], loss.VERSIONS["loss_bwd"][v]
         self.dropout = dropout                      # used by a forward given a dropout_key
         self.flash = flash
         # every launch and copy of this model goes to one stream, never the legacy default stream
@@ -162,7 +173,11 @@ class GPUModel:
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.specs)
+        """Its buffers' bytes (with cuBLASLt's workspace and 16-bit scratch when the library computes
+        its products)."""
+        library = 0 if PRODUCTS[self.products] is None else \
+            cublaslt.WORKSPACE_BYTES + cublaslt.scratch_bytes(self.precision, self.N, self.m.d_model, self.m.vocab_size)
+        return sum(s.nbytes for s in self.specs) + library
 
     def forward(self, tokens, targets, dropout_key=None, keys=None):
         """tokens, targets [B, T] int32: host arrays (copied into the model's buffers on its stream;
@@ -325,13 +340,18 @@ class GPUModel:
 # they are read, fp32 sums), the engine's tf32x3w versions otherwise (attention, LayerNorm, the
 # softmax and the loss, the optimiser stay fp32): issue 11's first form of --precision bf16
 # "f16w": the same in fp16 (matmul v11's tiles), for --precision fp16 with loss scaling
+# "cublas", "cublas-bf16", "cublas-fp16": the library route (kernels/cublaslt.py): the same ops with every
+# product through cuBLASLt in fp32 (an SGEMM), bf16 or fp16, the engine's kernels for the rest (None:
+# no version of ours); on a GPU with nvmath-python only
+LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp16"}
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10}
+            "f16w": 10, **{kind: None for kind in LIBRARY_PRECISION}}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14}
 LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16w", "fp16": "f16w"}   # train.precision -> the engine's products
+LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
 # products -> the precision of the twin that matches it (every other kind: fp32)
-PRECISION = {products: p for p, products in PRODUCTS_FOR.items() if p != "fp32"}
+PRECISION = {products: p for p, products in (*PRODUCTS_FOR.items(), *LIBRARY_FOR.items()) if p != "fp32"}
 
 
 def _flat(a):

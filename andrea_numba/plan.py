@@ -20,7 +20,7 @@ from reference.dropout import SITES
 
 from .config import Config, load_config
 from .gpu_model import buffer_specs
-from .kernels import optim
+from .kernels import cublaslt, optim
 from .kernels.common import SIMULATOR
 from .layout import n_params
 
@@ -47,6 +47,11 @@ def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]
              ("optimizer", "norm_partial", 4 * optim.NORM_BLOCKS), ("optimizer", "stats", 8)]
     rows += [("step", "batches", 4 * t.n_microbatches * 2 * B * t.seq_len),      # int32 [n_micro, 2, B, T]
              ("step", "step_scalars", 8 * step_scalar_words(cfg))]
+    if t.products == "cublas":                  # cuBLASLt's workspace, the operands' 16-bit copies (kernels/cublaslt.py)
+        rows.append(("library", "cublaslt_workspace", cublaslt.WORKSPACE_BYTES))
+        if t.precision != "fp32":
+            rows.append(("library", "operands_16bit", cublaslt.scratch_bytes(t.precision, B * t.seq_len, m.d_model,
+                                                                             m.vocab_size)))
     return rows
 
 
@@ -111,7 +116,10 @@ def check_simulator_size(cfg: Config, resuming: bool = False) -> None:
 
 def check_device(cfg: Config, resuming: bool = False) -> None:
     """Before any data is prepared: the run must fit the GPU's free memory (or, in the simulator,
-    be small enough to finish)."""
+    be small enough to finish), and cuBLASLt must be able to run where the config asks for it."""
+    reason = cublaslt.unavailable() if cfg.train.products == "cublas" else None
+    if reason:
+        raise PlanError(reason)
     if SIMULATOR:
         check_simulator_size(cfg, resuming)
     else:

@@ -56,7 +56,7 @@ def _recording(notes):
     import numba
     import numba.cuda.dispatcher as dispatcher
 
-    from .kernels import matmul
+    from .kernels import cublaslt, matmul
 
     def configure(self, griddim, blockdim, stream=0, sharedmem=0):
         def launch(*args):
@@ -71,11 +71,13 @@ def _recording(notes):
     saved = [(obj, name, getattr(obj, name)) for obj, name in saved]
     dispatcher.CUDADispatcher.configure = configure
     matmul.resident_blocks = lambda *args: sms
+    cublaslt.RECORDING[0] = True               # the library's products (products="cublas..."): skipped
     try:
         yield notes
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+        cublaslt.RECORDING[0] = False
 
 
 def record_launches(*launching) -> list:

@@ -64,8 +64,8 @@ from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
-from .gpu_model import PRODUCTS_FOR, GPUModel
-from .kernels import optim, residual
+from .gpu_model import LIBRARY_FOR, PRODUCTS_FOR, GPUModel
+from .kernels import cublaslt, optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
 from .precompile import MAX_WORKERS, compile_ahead, default_workers, record_launches
@@ -290,6 +290,8 @@ class Trainer:
         self.allocate()
         self.log(f"launches: {self.describe_launches()}")
         self.log(f"precision: {PRECISION_NOTES[t.precision]}")
+        if t.products == "cublas":
+            self.log(f"products: cuBLASLt {cublaslt.version()} (kernels/cublaslt.py; every other op our kernels)")
         self.timings = {"setup_s": 0.0, "train_s": 0.0}
         tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
         if found is not None and found["params"] is not None:
@@ -350,7 +352,8 @@ class Trainer:
         # one stream for the whole run: every launch and copy is ordered on it, none goes to the
         # legacy default stream (which would wait for, and hold up, all other work on the GPU)
         s = self.stream = cuda.stream()
-        self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout, products=PRODUCTS_FOR[t.precision])
+        products = (LIBRARY_FOR if t.products == "cublas" else PRODUCTS_FOR)[t.precision]
+        self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout, products=products)
         # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
         # are free between steps), with the training sequence length as its window
         self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, products=self.model.products)
@@ -643,6 +646,7 @@ class Trainer:
                  "checkpoint": CHECKPOINT_FILE, "checkpoint_sha256": self.checkpoint_sha256,
                  "previous_checkpoint_sha256": self.previous_checkpoint_sha256, "best": self.best,
                  "memory": self.memory, "device": self.device, "loss_scale": self.checkpoint_loss_scale,
+                 **({"cublaslt_version": cublaslt.version()} if t.products == "cublas" else {}),
                  "launches": self.launches + (f" ({self.launches_why})" if self.launches_why else ""),
                  "time": time.time()}
         atomic_write_json(self.run_dir / STATE_FILE, state)
@@ -817,14 +821,15 @@ PRECISION_NOTES = {
 
 # flags that would make a resumed run another run: --resume refuses them
 RESUME_FIXED = (("data", "--data"), ("batch_size", "--batch-size"), ("seq_len", "--seq-len"), ("seed", "--seed"),
-                ("microbatches", "--microbatches"), ("precision", "--precision"), ("out", "--out"))
+                ("microbatches", "--microbatches"), ("precision", "--precision"), ("products", "--products"),
+                ("out", "--out"))
 
 
 def build_config(args) -> Config:
     cfg = load_config(args.config or args.size or "12M")
     train = {k: v for k, v in (("steps", args.steps), ("seed", args.seed), ("batch_size", args.batch_size),
                                ("n_microbatches", args.microbatches), ("seq_len", args.seq_len),
-                               ("precision", args.precision)) if v is not None}
+                               ("precision", args.precision), ("products", args.products)) if v is not None}
     raw = cfg.to_dict()
     raw["train"].update(train)
     source = args.data or raw["data"]["source"]
@@ -875,6 +880,9 @@ def parser() -> Parser:
     ap.add_argument("--precision", metavar="P", help="of the linear ops' products: fp32 (the reference), bf16 or "
                     "fp16 (their inputs rounded to it, fp32 sums; fp16 with dynamic loss scaling; weights, "
                     "gradients, AdamW, LayerNorm, attention and the loss stay fp32); default: the config's")
+    ap.add_argument("--products", metavar="R", help="who computes the linear ops' products: numba (our "
+                    "tensor-core kernels) or cublas (cuBLASLt through nvmath-python, pip install -e \".[cublas]\"; "
+                    "a GPU only); default: the config's")
     ap.add_argument("--log-every", type=positive_int, default=10, help="print a progress line every N steps")
     ap.add_argument("--no-graph", action="store_true", help="launch every kernel of every step from Python "
                     "instead of replaying the step as a CUDA graph (the same results, bit for bit; slower)")

@@ -12,7 +12,9 @@ about 1e-3. Our kernels' times are CUDA graph replays of 3 calls timed with CUDA
 time, as in the trainer's graph: a small product takes less time on the GPU than Python takes to
 launch it; --timing launches times back-to-back launches instead), cuBLAS's are events around
 back-to-back calls (its launches are cheap); medians of 5 repeats. CuPy is used by this benchmark
-only (the project never needs it). When a bf16 version is timed (v10) and PyTorch is installed,
+only (the project never needs it). v20-v22 are the products through cuBLASLt (kernels/cublaslt.py:
+fp32, bf16 and fp16 compute on the same fp32 buffers), present on a GPU with nvmath-python, timed
+as our kernels are. When a bf16 version is timed (v10) and PyTorch is installed,
 a last column times PyTorch's bf16 matmul on the same shapes (cuBLAS's bf16 tensor-core GEMM,
 bf16 out, what bf16 autocast runs; for a += product the product alone).
 """
@@ -188,8 +190,10 @@ def main(argv=None):
             del ta_, tb_
         print(f"| {label} | {M} | {N} | {K} | " + " | ".join(cells) + " |", flush=True)
         for v in (v for v in versions if v >= 3):        # registers and spills of the warp-tile kernel
-            from andrea_numba.kernels.warp_tile import resolve
-            kind = next(k for k, launch in MM.WARP_MATMUL.items() if launch is MM.VERSIONS["matmul"][v])
+            from andrea_numba.kernels.warp_tile import KINDS, resolve
+            kind = next((k for k, launch in MM.WARP_MATMUL.items() if launch is MM.VERSIONS["matmul"][v]), None)
+            if kind not in KINDS:                       # another tile module's kernel, or the library (v20-v22)
+                continue
             kern = MM._k_matmul_warp(resolve(kind, best_block[v], da, db), ta, tb)
             try:
                 row[f"v{v}_regs"] = list(kern.get_regs_per_thread().values())

@@ -28,6 +28,9 @@
 #          ops' bf16 versions at 12M, the whole model at bf16 at 12M and 120M); bf16c (the same at 120M with
 #          the tolerances that bf16b's figures set, and the step with bf16 products beside PyTorch bf16);
 #          quality (12M trained in fp32, bf16 and fp16, validation losses together: QUALITY_STEPS, 2000);
+#          mm12 (matmul v12, bf16 tiles read by ldmatrix: the harness at 12M and 120M, the products of
+#          v8, v10 and v12 beside cuBLAS SGEMM and PyTorch bf16, and v12 at each of its tiles);
+#          cublas (the products through cuBLASLt: harness, whole model, gemm and step tables, graph = eager);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -203,6 +206,71 @@ PY
         for f in "$OUT"/bf16c/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         timeout 300 $py bench/step_time.py --sizes 12M 120M --products tf32x3w bf16w f16w --json "$OUT/bf16c/step.json" \
             > "$OUT/bf16c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/bf16c/step.txt" ;;
+    bf16d) # started in the background (a later step's wait, or bf16d_report, waits for them): the harness
+        # of the 16-bit versions of the linear ops at 120M (bf16c's ran out of time), and the whole model
+        # with fp16 products at 12M with the loss scaled as in training (check.MODEL_DLOSS)
+        mkdir -p "$OUT/bf16d"
+        timeout 450 $py -m andrea_numba.check --size 120M --seed 149 --compile-workers 4 --ops-only --op attn_qkv \
+            --op attn_out --op mlp --op loss --op matmul --op "matmul a^T@b +=" --version 9 --version 10 --version 11 \
+            --version 13 --version 14 --json > "$OUT/bf16d/ops_120M.json" 2> "$OUT/bf16d/ops_120M.err" &
+        timeout 200 $py -m andrea_numba.check --size 12M --seed 151 --compile-workers 2 --model-only --products f16w \
+            --json > "$OUT/bf16d/model_12M_f16w.json" 2> "$OUT/bf16d/model_12M_f16w.err" & ;;
+    bf16d_report) wait
+        for f in "$OUT"/bf16d/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
+    cublas) # the library route (kernels/cublaslt.py, nvmath-python carried as a wheel): matmul v20-v22
+        # (cuBLASLt fp32 / bf16 / fp16) in the harness at 12M and 120M; the whole model with cuBLASLt
+        # products at 12M (fp32, bf16, fp16) and 120M (bf16); v20-v22 timed beside v8, v10 and PyTorch
+        # bf16; the step with cublas-bf16 beside bf16w and PyTorch bf16; a 12M bf16 run of 30 steps with
+        # cuBLASLt products as a graph and eagerly: the same losses and checkpoint, bit for bit
+        mkdir -p "$OUT/cublas"
+        $py -c "import nvmath; from nvmath.bindings import cublasLt; print('nvmath', nvmath.__version__, 'cublasLt', cublasLt.get_version())"
+        for size in 12M 120M; do
+          timeout 200 $py -m andrea_numba.check --size $size --seed 157 --ops-only --op matmul --op "matmul a@b^T" \
+              --op "matmul a^T@b +=" --version 20 --version 21 --version 22 --json > "$OUT/cublas/ops_$size.json" \
+              2> "$OUT/cublas/ops_$size.err" &
+        done
+        for run in "12M cublas" "12M cublas-bf16" "12M cublas-fp16" "120M cublas-bf16"; do set -- $run
+          timeout 200 $py -m andrea_numba.check --size $1 --seed 163 --model-only --products $2 --json \
+              > "$OUT/cublas/model_$1_$2.json" 2> "$OUT/cublas/model_$1_$2.err" &
+        done
+        wait
+        for f in "$OUT"/cublas/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        timeout 150 $py bench/gemm.py --versions 8,10,20,21,22 --json "$OUT/cublas/gemm.json" > "$OUT/cublas/gemm.md" 2>&1
+        echo "gemm exit $?"; grep "^|" "$OUT/cublas/gemm.md"
+        timeout 200 $py bench/step_time.py --sizes 12M 120M --products bf16w cublas-bf16 cublas --json "$OUT/cublas/step.json" \
+            > "$OUT/cublas/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/cublas/step.txt"
+        rm -rf /tmp/lt_graph /tmp/lt_eager
+        for mode in graph eager; do
+          timeout 120 $py -m andrea_numba.train --size 12M --steps 30 --precision bf16 --products cublas --out /tmp/lt_$mode \
+              --log-every 10 $([ $mode = eager ] && echo --no-graph) > "$OUT/cublas/train_$mode.txt" 2>&1
+          echo "train $mode exit $?"; grep "products:\|launches:\|step *30" "$OUT/cublas/train_$mode.txt" | head -4
+        done
+        $py - > "$OUT/cublas/train_same.json" <<'PY'
+import hashlib, json
+from andrea_numba.runlog import read_loss
+key = lambda d: [(r["step"], r["train_loss"], r.get("val_loss"), r["grad_norm"]) for r in read_loss(d)]
+sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
+print(json.dumps({"losses_identical": key("/tmp/lt_graph") == key("/tmp/lt_eager"), "steps": len(key("/tmp/lt_graph")),
+                  "checkpoint_identical": sha("/tmp/lt_graph/checkpoint.bin") == sha("/tmp/lt_eager/checkpoint.bin"),
+                  "state": json.load(open("/tmp/lt_graph/.state.json")).get("cublaslt_version")}))
+PY
+        cat "$OUT/cublas/train_same.json" ;;
+    mm12) # matmul v12 (bf16 shared tiles, ldmatrix fragments; kernels/half_tile.py): the harness on the
+        # three product cases at 12M and 120M at once (against the twin on bf16-rounded inputs, and within
+        # the rounding bound of the fp32 twin), then v8, v10 and v12 beside cuBLAS SGEMM and PyTorch's bf16
+        # matmul (the default tiles), then v12 at every declared tile (--blocks: the fastest shown)
+        mkdir -p "$OUT/mm12"
+        for size in 12M 120M; do
+          timeout 300 $py -m andrea_numba.check --size $size --seed 163 --ops-only --op matmul --op "matmul a@b^T" \
+              --op "matmul a^T@b +=" --version 12 --json > "$OUT/mm12/check_$size.json" 2> "$OUT/mm12/check_$size.err" &
+        done
+        wait
+        for size in 12M 120M; do echo "mm12 check $size: $(tail -1 "$OUT/mm12/check_$size.err")"; disagree "$OUT/mm12/check_$size.json"; done
+        timeout 240 $py bench/gemm.py --versions 8,10,12 --json "$OUT/mm12/gemm.json" > "$OUT/mm12/gemm.md" 2> "$OUT/mm12/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$OUT/mm12/gemm.md"; tail -3 "$OUT/mm12/gemm.err"
+        timeout 240 $py bench/gemm.py --versions 12 --blocks --json "$OUT/mm12/gemm_blocks.json" > "$OUT/mm12/gemm_blocks.md" \
+            2> "$OUT/mm12/gemm_blocks.err"
+        echo "gemm --blocks exit $?"; grep "^|" "$OUT/mm12/gemm_blocks.md"; tail -3 "$OUT/mm12/gemm_blocks.err" ;;
     quality) # issue 11's training-quality target: 12M for QUALITY_STEPS (2000) steps in fp32, bf16 and fp16,
         # the validation losses side by side and plotted (bench/precision_runs.py), into $OUT/quality/
         timeout 560 $py bench/precision_runs.py --out /tmp/quality --size 12M --steps "${QUALITY_STEPS:-2000}" \

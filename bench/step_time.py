@@ -139,7 +139,12 @@ def torch_gpt(m, B, T):
 def time_torch(m, B, T, iters, bf16):
     """Median seconds of one forward + backward of PyTorch's GPT (fp32 or bf16 autocast), and its
     peak memory in GB."""
+    import gc
+
     import torch
+    gc.collect()                                  # the last call's model gone: each peak is its own
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
     model, idx, tgt = torch_gpt(m, B, T)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else torch.autocast("cuda", enabled=False)
     times = []
@@ -198,7 +203,7 @@ def main(argv=None):
     ap.add_argument("--flash", action="store_const", const="both", dest="attention", help="the same as --attention both")
     ap.add_argument("--products", nargs="+", choices=sorted(PRODUCTS), default=["tf32x3w"],
                     help="the linear ops' products: tf32x3w (v7, the engine's), tf32x3t (v6), tf32x3k (v5, k-major), tf32x3s (v4, split planes), "
-                         "tf32x3 (v3), simt (v2)")
+                         "tf32x3 (v3), simt (v2), bf16w / f16w (bf16 / fp16), cublas / cublas-bf16 / cublas-fp16 (cuBLASLt)")
     ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_bwd"])[1:],
                     help="flash attention versions to time (default: the engine's)")
     ap.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
@@ -215,7 +220,7 @@ def main(argv=None):
                 raise ImportError
             torch_row["torch_fp32_ms"], torch_row["torch_fp32_peak_GB"] = time_torch(m, B, T, args.iters, bf16=False)
             torch_row["torch_fp32_ms"] *= 1e3
-            torch_row["torch_bf16_ms"], _ = time_torch(m, B, T, args.iters, bf16=True)
+            torch_row["torch_bf16_ms"], torch_row["torch_bf16_peak_GB"] = time_torch(m, B, T, args.iters, bf16=True)
             torch_row["torch_bf16_ms"] *= 1e3
             if args.torch_train_step:
                 tr = load_config(size).train
@@ -240,17 +245,19 @@ def main(argv=None):
                        "loss": loss, "buffers_GB": nbytes / 1e9, **torch_row}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    head = (f"{'size':<6} {'products':<8} {'flash':<5} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} "
-            f"{'GB':>6} {'torch fp32 ms':>14} {'x fp32':>7} {'torch GB':>9} {'torch bf16 ms':>14} {'graph ms':>9} "
-            f"{'graph x fp32':>13}")
+    head = (f"{'size':<6} {'products':<11} {'flash':<5} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} "
+            f"{'GB':>6} {'torch fp32 ms':>14} {'x fp32':>7} {'torch GB':>9} {'torch bf16 ms':>14} {'bf16 GB':>8} "
+            f"{'graph ms':>9} {'graph x fp32':>13} {'graph x bf16':>13}")
     print(head)
     for r in rows:
         ours = r["fwd_ms"] + r["bwd_ms"]
-        print(f"{r['size']:<6} {r['products']:<8} {'v%d' % r['flash_version'] if r['flash'] else 'no':<5} {r['B']:>4} x {r['T']:<4} "
+        print(f"{r['size']:<6} {r['products']:<11} {'v%d' % r['flash_version'] if r['flash'] else 'no':<5} {r['B']:>4} x {r['T']:<4} "
               f"{r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} {r['tokens_per_s']:>9.0f} {r['buffers_GB']:>6.2f} "
               f"{r.get('torch_fp32_ms', float('nan')):>14.1f} {r.get('torch_fp32_ms', float('nan')) / ours:>7.2f} "
               f"{r.get('torch_fp32_peak_GB', float('nan')):>9.2f} {r.get('torch_bf16_ms', float('nan')):>14.1f} "
-              f"{r['graph_ms'] or float('nan'):>9.1f} {r.get('torch_fp32_ms', float('nan')) / (r['graph_ms'] or float('nan')):>13.2f}")
+              f"{r.get('torch_bf16_peak_GB', float('nan')):>8.2f} {r['graph_ms'] or float('nan'):>9.1f} "
+              f"{r.get('torch_fp32_ms', float('nan')) / (r['graph_ms'] or float('nan')):>13.2f} "
+              f"{r.get('torch_bf16_ms', float('nan')) / (r['graph_ms'] or float('nan')):>13.2f}")
     for line in train_steps:
         print(line)
     if args.json:

@@ -93,20 +93,21 @@ def model_logits(params, m: ModelConfig, tokens, precision=None):
         return mm(acts["lnf"], views(params, m)["wte"].T)
 
 
-def model_backward(params, m: ModelConfig, acts):
-    """Gradient of the mean loss with respect to every parameter, as a flat vector like params."""
+def model_backward(params, m: ModelConfig, acts, dloss: float = 1.0):
+    """Gradient of dloss x the mean loss with respect to every parameter, as a flat vector like
+    params (dloss is 1 but for loss scaling: fp16's products, andrea_numba/loss_scale.py)."""
     with products_in(acts.get("precision")):    # the forward's precision of the products
-        return _backward(params, m, acts)
+        return _backward(params, m, acts, dloss)
 
 
-def _backward(params, m: ModelConfig, acts):
+def _backward(params, m: ModelConfig, acts, dloss=1.0):
     """model_backward's work, the products at the precision products_in set."""
     P = views(params, m)
     grads = np.zeros_like(params)
     G = views(grads, m)                     # views: += below writes into the flat vector
     H = m.n_head
     p_drop, dropout_key = acts.get("dropout", (0.0, None))
-    dx, dwte = loss_bwd(1.0, acts["lnf"], P["wte"], acts["probs"], acts["targets"])
+    dx, dwte = loss_bwd(dloss, acts["lnf"], P["wte"], acts["probs"], acts["targets"])
     G["wte"] += dwte                        # the tied projection's share of wte's gradient
     dx, dg, db = layernorm_bwd(dx, acts["x_out"], acts["lnf_mean"], acts["lnf_rstd"], P["lnf.g"])
     G["lnf.g"] += dg

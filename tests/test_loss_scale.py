@@ -27,6 +27,20 @@ def test_a_damaged_record_is_refused_in_one_line(bad):
         {"scale": 65536.0, "good": 3, "skipped": 2}
 
 
+def test_the_twin_backward_scales_with_dloss_exactly():
+    """The harness checks fp16 products with a scaled loss (check.MODEL_DLOSS): the twin's gradients
+    of S x loss are S x its gradients, bit for bit in float64 for a power of two S."""
+    import reference as R
+    from andrea_numba.config import load_config
+    from andrea_numba.layout import init_params
+    m = load_config("tiny").model
+    rng = np.random.default_rng(0)
+    p = init_params(m, 0).astype(np.float64)
+    tokens, targets = (rng.integers(0, m.vocab_size, (1, 8)) for _ in range(2))
+    _, acts = R.model_forward(p, m, tokens, targets)
+    np.testing.assert_array_equal(R.model_backward(p, m, acts, LS.INIT), LS.INIT * R.model_backward(p, m, acts))
+
+
 @pytest.mark.slow
 def test_fp16_steps_that_overflow_are_skipped_and_the_scale_halves(tmp_path, monkeypatch):
     """A scale of 2^120 makes the scaled gradients inf once they are rounded to fp16: both steps are

@@ -1,0 +1,366 @@
+"""The library route: the linear ops' products through cuBLASLt, NVIDIA's matrix-product library.
+
+Every product of the ladder in matmul.py is a kernel of ours. This module runs the same products
+through the library that frameworks call (PyTorch's matmuls are cuBLAS/cuBLASLt), on the engine's
+own device buffers, so that one harness checks both and one table times both: the reference that
+our kernels are measured against, and the route the original engine took for its products.
+
+    out (+)= op(a) @ op(b)        a, b, out: float32 device arrays, row major (the engine's buffers)
+
+Precision:
+    fp32   the operands as they are, CUBLAS_COMPUTE_32F: fp32 products and sums (no TF32), an SGEMM
+    bf16   each operand first rounded to bf16 (ties to even) into a scratch copy by k_round_bf16_v1
+           below, then a bf16 x bf16 product with fp32 sums and an fp32 output: the products of
+           matmul v10 (the twin at "bf16" rounds the same inputs the same way)
+    fp16   the same with fp16 copies (k_round_fp16_v1; matmul v11)
+so the harness checks the bf16 and fp16 forms against the twin at that precision, as it checks
+our own bf16 kernels (check.py, low_precision_reference). Why not hand cuBLAS the fp32 operands
+with CUBLAS_COMPUTE_32F_FAST_16BF ("down-convert to bf16 as you go")? On the H200 (cuBLASLt 13.1,
+2026-12-02) that ran TF32 kernels instead: errors 3e-4 of the output's scale where bf16 inputs
+give 2.4e-3, the same kernels for FAST_16F, and 310-390 TFLOP/s where bf16 products run 580-790.
+The library may pick any precision at least as good; the harness then compares unlike with like.
+
+Row major against column major. cuBLAS stores matrices column by column (Fortran's order); our
+buffers are row major. A row-major [R, C] array with row stride ld is, read column-major, the
+matrix's transpose: [C, R] with leading dimension ld. So out = op(a) @ op(b) (row major, [M, N])
+is, column-major, out^T = op(b)^T @ op(a)^T ([N, M]): cuBLAS is asked for D = op(A') op(B') with
+A' = b and B' = a, swapped, each transposed by cuBLAS exactly when we did not transpose it
+(lt_operands below; a test replays it with NumPy).
+
+Determinism. A cuBLASLt product is bit-identical from run to run when the same algorithm runs
+with the same workspace on the same GPU and library version. The first call of each shape asks
+the library's heuristic for its best algorithm once, with a fixed workspace and with the
+"in place" split-K reduction excluded (it adds the slices' partial sums into the output, with
+counters in the workspace ordering them); algorithms that reduce slices in a workspace and then
+in a separate kernel stay allowed. That plan is kept for the process: every later call of the
+shape runs that algorithm. The library version goes into the trainer's run state.
+
+Needs nvmath-python (NVIDIA's Python bindings of the CUDA math libraries: `pip install -e
+".[cublas]"`) and a GPU; the simulator cannot run it (unavailable() says why, in one line).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import numpy as np
+from numba import cuda, int64, uint16
+
+from ..config import ConfigError
+from .common import SIMULATOR
+
+WORKSPACE_BYTES = 32 << 20          # cuBLASLt's scratch for every product (NVIDIA suggests 32 MiB on Hopper)
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPERAND_TYPE = {"fp32": "CUDA_R_32F", "bf16": "CUDA_R_16BF", "fp16": "CUDA_R_16F"}   # of A and B (C, D: fp32)
+VERSION_OF = {"fp32": 20, "bf16": 21, "fp16": 22}   # matmul's version numbers of the library route
+ALIGN = 128                         # elements (256 bytes) between the two 16-bit copies in the scratch
+
+
+# ---------------------------------------------------------------------------------------------
+# the 16-bit copies of a product's operands: dst (flat, rows one after another) = round(src [R, C])
+
+@cuda.jit
+def k_round_bf16_v1(dst, src_bits):
+    """dst[i * C + j] = bf16(src[i, j]) with ties to even, on the bit pattern (reference/precision.py:
+    round_bf16): add 0x7FFF plus the lowest kept bit, keep the high 16 bits; NaN stays NaN.
+    src_bits: the fp32 operand seen as uint32 [R, C] (rows may be strided), dst: uint16 [>= R*C].
+    A thread an element, x along a row (coalesced), rows over y (strided past 65,535 rows)."""
+    j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    R, C = src_bits.shape
+    if j < C:
+        for i in range(cuda.blockIdx.y, R, cuda.gridDim.y):
+            b = int64(src_bits[i, j])
+            if (b & 0x7FFFFFFF) > 0x7F800000:                 # NaN: keep it a (quiet) NaN
+                dst[i * C + j] = uint16((b >> 16) | 0x40)
+            else:
+                dst[i * C + j] = uint16((b + 0x7FFF + ((b >> 16) & 1)) >> 16)
+
+
+@cuda.jit
+def k_round_fp16_v1(dst, src):
+    """dst[i * C + j] = fp16(src[i, j]): the conversion rounds to nearest, ties to even (past 65504:
+    inf; below 6.1e-5 the subnormals); dst: float16 [>= R*C]. The same threads as k_round_bf16_v1."""
+    j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    R, C = src.shape
+    if j < C:
+        for i in range(cuda.blockIdx.y, R, cuda.gridDim.y):
+            dst[i * C + j] = src[i, j]                           # float32 -> float16: cvt.rn.f16.f32
+
+
+ROUND_THREADS = 4 if SIMULATOR else 256
+
+
+def round_into(dst, src, precision, stream=0):
+    """dst[:R*C] = src [R, C] rounded to bf16 (dst uint16: the bit patterns) or fp16 (dst float16)."""
+    R, C = src.shape
+    grid = ((C + ROUND_THREADS - 1) // ROUND_THREADS, min(R, 65535))
+    if precision == "bf16":
+        k_round_bf16_v1[grid, ROUND_THREADS, stream](dst, src.view(np.uint32))
+    else:
+        k_round_fp16_v1[grid, ROUND_THREADS, stream](dst, src)
+
+
+class LibraryUnavailable(ConfigError):
+    """cuBLASLt cannot run here; str(err) is one line: why, and what to do."""
+
+
+def unavailable() -> str | None:
+    """Why the cuBLASLt route cannot run in this process (None: it can)."""
+    if SIMULATOR:
+        return "cuBLASLt products need a GPU: the CUDA simulator cannot run a library (use --products numba)"
+    if importlib.util.find_spec("nvmath") is None:
+        return 'cuBLASLt products need nvmath-python: pip install -e ".[cublas]" (or use --products numba)'
+    return None
+
+
+def require():
+    reason = unavailable()
+    if reason:
+        raise LibraryUnavailable(reason)
+
+
+def lt_operands(M: int, N: int, K: int, trans_a: bool, trans_b: bool, lda: int, ldb: int, ldc: int) -> dict:
+    """The column-major call that computes row-major out[M, N] = op(a) @ op(b) (module docstring).
+    lda, ldb, ldc: the row strides of a, b and out in elements. Returns cuBLAS's view:
+    D[m, n] = op_A(A)[m, k] op_B(B)[k, n], A = b's memory, B = a's, each (rows, cols, ld) as stored."""
+    return {"m": N, "n": M, "k": K,
+            "trans_A": trans_b, "A": (K, N, ldb) if trans_b else (N, K, ldb),    # b stored [N, K] or [K, N]
+            "trans_B": trans_a, "B": (M, K, lda) if trans_a else (K, M, lda),    # a stored [K, M] or [M, K]
+            "D": (N, M, ldc)}
+
+
+def _pointer(arr) -> int:
+    return int(arr.__cuda_array_interface__["data"][0])
+
+
+def _alignment(ptr: int) -> int:
+    """The largest power of two (at most 256) that divides a device address: what the plan may assume."""
+    a = 256
+    while ptr % a:
+        a //= 2
+    return a
+
+
+def _stream_pointer(stream) -> int:
+    """A CUstream address from a numba stream, a cuda.core GraphBuilder (the trainer's graph capture:
+    cuBLASLt is then recorded into the graph like our kernels) or 0 (the default stream)."""
+    if not stream:
+        return 0
+    stream = getattr(stream, "stream", stream)          # a GraphBuilder: the stream it captures
+    handle = stream.handle
+    return int(getattr(handle, "value", handle) or 0)   # ctypes c_void_p or a cuda.bindings CUstream
+
+
+def _row_stride(arr, name) -> int:
+    """The row stride of a 2-D float32 array whose rows are contiguous, in elements."""
+    if arr.ndim != 2 or arr.dtype != np.float32 or (arr.shape[1] > 1 and arr.strides[1] != 4):
+        raise ValueError(f"cuBLASLt products take 2-D float32 arrays with contiguous rows: {name} "
+                         f"is {arr.dtype} {arr.shape} with strides {arr.strides}")
+    return max(arr.strides[0] // 4, arr.shape[1], 1)
+
+
+class Library:
+    """One cuBLASLt handle, its workspace (allocated here, before any step), the scratch that holds the
+    16-bit copies of a product's two operands, and the plans of the shapes seen so far:
+    (precision, shape, transposes, strides, alignments) -> (descriptors, algorithm)."""
+
+    def __init__(self):
+        require()
+        from nvmath.bindings import cublas, cublasLt
+        self.lt, self.cublas = cublasLt, cublas
+        self.handle = cublasLt.create()
+        self.version = int(cublasLt.get_version())
+        self.workspace = cuda.device_array(WORKSPACE_BYTES, dtype=np.uint8)
+        self.scratch = cuda.device_array(0, dtype=np.uint16)
+        self.plans = {}
+        self.one, self.zero = np.ones(1, np.float32), np.zeros(1, np.float32)    # alpha, beta (host)
+
+    def reserve(self, a_elements: int, b_elements: int):
+        """Room for 16-bit copies of an a and a b operand of these sizes: the trainer's model reserves
+        its largest product's before its first step (linear_ops); a standalone product (the harness,
+        bench/gemm.py) grows the scratch when it needs more."""
+        need = _slot_b(a_elements) + b_elements
+        if self.scratch.size < need:
+            self.scratch = cuda.device_array(need, dtype=np.uint16)
+
+    def _set(self, setter, obj, attr, value, dtype_of):
+        buf = np.array([value], dtype=dtype_of(attr))
+        setter(obj, attr, buf.ctypes.data, buf.nbytes)
+
+    def plan(self, precision, op: dict, aligns: tuple) -> tuple:
+        import nvmath
+        lt, D, P = self.lt, self.lt.MatmulDescAttribute, self.lt.MatmulPreferenceAttribute
+        f32, operand = int(nvmath.CudaDataType.CUDA_R_32F), int(getattr(nvmath.CudaDataType, OPERAND_TYPE[precision]))
+        desc = lt.matmul_desc_create(int(self.cublas.ComputeType.COMPUTE_32F), f32)     # fp32 sums, fp32 alpha/beta
+        op_of = {False: int(self.cublas.Operation.N), True: int(self.cublas.Operation.T)}
+        self._set(lt.matmul_desc_set_attribute, desc, D.TRANSA, op_of[op["trans_A"]], lt.get_matmul_desc_attribute_dtype)
+        self._set(lt.matmul_desc_set_attribute, desc, D.TRANSB, op_of[op["trans_B"]], lt.get_matmul_desc_attribute_dtype)
+        layouts = [lt.matrix_layout_create(operand, *op["A"]), lt.matrix_layout_create(operand, *op["B"]),
+                   lt.matrix_layout_create(f32, *op["D"])]
+        pref = lt.matmul_preference_create()
+        dt = lt.get_matmul_preference_attribute_dtype
+        self._set(lt.matmul_preference_set_attribute, pref, P.MAX_WORKSPACE_BYTES, WORKSPACE_BYTES, dt)
+        allowed = int(lt.ReductionScheme.COMPUTE_TYPE) | int(lt.ReductionScheme.OUTPUT_TYPE)   # not INPLACE
+        self._set(lt.matmul_preference_set_attribute, pref, P.REDUCTION_SCHEME_MASK, allowed, dt)
+        for attr, align in zip((P.MIN_ALIGNMENT_A_BYTES, P.MIN_ALIGNMENT_B_BYTES, P.MIN_ALIGNMENT_C_BYTES,
+                                P.MIN_ALIGNMENT_D_BYTES), aligns):
+            self._set(lt.matmul_preference_set_attribute, pref, attr, align, dt)
+        found = lt.MatmulHeuristicResult(1)
+        count = np.zeros(1, np.int32)
+        lt.matmul_algo_get_heuristic(self.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref, 1,
+                                     found.ptr, count.ctypes.data)
+        lt.matmul_preference_destroy(pref)
+        if count[0] < 1:
+            raise LibraryUnavailable(f"cuBLASLt {self.version} has no algorithm for a {precision} product of "
+                                     f"shape {op}: use --products numba")
+        return desc, layouts, found               # found.ptr: its first member is the algorithm
+
+    def matmul(self, out, a, b, trans_a, trans_b, accumulate, precision, stream):
+        M, N = out.shape
+        K = a.shape[0] if trans_a else a.shape[1]
+        assert (b.shape[1] if trans_b else b.shape[0]) == K and (a.shape[1] if trans_a else a.shape[0]) == M \
+            and (b.shape[0] if trans_b else b.shape[1]) == N, f"shapes {a.shape} {b.shape} -> {out.shape}"
+        lda, ldb = _row_stride(a, "a"), _row_stride(b, "b")
+        if precision != "fp32":                   # the operands' 16-bit copies, rows packed, in the scratch
+            self.reserve(a.size, b.size)
+            view = self.scratch if precision == "bf16" else self.scratch.view(np.float16)
+            a16, b16 = view[:a.size], view[_slot_b(a.size):_slot_b(a.size) + b.size]
+            round_into(a16, a, precision, stream)
+            round_into(b16, b, precision, stream)
+            a, b, lda, ldb = a16, b16, a.shape[1], b.shape[1]
+        op = lt_operands(M, N, K, bool(trans_a), bool(trans_b), lda, ldb, _row_stride(out, "out"))
+        ptr_a, ptr_b, ptr_out = _pointer(a), _pointer(b), _pointer(out)
+        aligns = (_alignment(ptr_b), _alignment(ptr_a), _alignment(ptr_out), _alignment(ptr_out))
+        key = (precision, tuple(sorted((k, v) for k, v in op.items())), aligns)
+        if key not in self.plans:
+            self.plans[key] = self.plan(precision, op, aligns)
+        desc, (la, lb, ld), found = self.plans[key]
+        beta = self.one if accumulate else self.zero
+        self.lt.matmul(self.handle, desc, self.one.ctypes.data, ptr_b, la, ptr_a, lb, beta.ctypes.data,
+                       ptr_out, ld, ptr_out, ld, found.ptr, _pointer(self.workspace), WORKSPACE_BYTES,
+                       _stream_pointer(stream))
+
+
+def _slot_b(a_elements: int) -> int:
+    """Where b's copy starts in the scratch: after a's, on a 256-byte boundary."""
+    return (a_elements + ALIGN - 1) // ALIGN * ALIGN
+
+
+@functools.cache
+def library() -> Library:
+    """The process's cuBLASLt handle and workspace (made at the first call: GPUModel makes it at setup)."""
+    return Library()
+
+
+def version() -> int:
+    """cuBLASLt's version number (e.g. 130100 for 13.1.0), for run states and tables."""
+    return library().version
+
+
+# While andrea_numba.precompile records a step's launches (nothing may run), a product is skipped.
+RECORDING = [False]
+
+
+def _make_matmul(precision):
+    def launch(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block=None, stream=0):
+        if not RECORDING[0]:
+            library().matmul(out, a, b, trans_a, trans_b, accumulate, precision, stream)
+    launch.__name__ = launch.__qualname__ = f"matmul_v{VERSION_OF[precision]}"
+    launch.__doc__ = (f"out (+)= op(a) @ op(b) through cuBLASLt, {OPERAND_TYPE[precision]} operands, fp32 sums "
+                      f"(work and block unused: the library picks its own tiles and split).")
+    launch.blocks = ("cublasLt",)
+    if precision != "fp32":
+        launch.precision = precision
+    return launch
+
+
+MATMUL = {p: _make_matmul(p) for p in PRECISIONS}
+
+
+def matmul_versions() -> dict:
+    """{version: launcher} of the library route for matmul.VERSIONS: 20 (fp32), 21 (bf16), 22 (fp16),
+    where it can run (on a GPU with nvmath-python); none elsewhere (the simulator, CI)."""
+    return {} if unavailable() else {VERSION_OF[p]: MATMUL[p] for p in PRECISIONS}
+
+
+def operand_elements(N: int, C: int, V: int) -> tuple[int, int]:
+    """The most elements an a and a b operand of the linear ops' products have, for N = B*T rows,
+    width C (the MLP's 4C) and vocabulary V: a = dlogits [N, V] (or h [N, 4C]), b = wte [V, C]
+    (or dh_pre [N, 4C], the MLP's dW_1 product)."""
+    return N * max(V, 4 * C), max(V * C, N * 4 * C)
+
+
+def scratch_bytes(precision: str, N: int, C: int, V: int) -> int:
+    """Bytes of the 16-bit copies' scratch that a model of these sizes reserves (none in fp32)."""
+    if precision == "fp32":
+        return 0
+    a, b = operand_elements(N, C, V)
+    return 2 * (_slot_b(a) + b)
+
+
+def linear_ops(precision: str, N: int, C: int, V: int):
+    """GPUModel's five linear-op launchers with every product through cuBLASLt at `precision`, for
+    N = B*T rows, width C and vocabulary V (the 16-bit scratch reserved here, before any step); the
+    GELU passes, the softmax and the loss are the engine's own kernels (mlp v12's, loss v9's). Same
+    arguments and meaning as the engine's launchers (kernels/attn_qkv.py, attn_out.py, mlp.py,
+    loss.py); the work buffers go unused (the library splits K itself, in its workspace)."""
+    require()
+    if precision != "fp32":                      # the handle, workspace and scratch, before the first step
+        library().reserve(*operand_elements(N, C, V))
+    else:
+        library()
+    from . import loss as L
+    from .mlp import gelu_bwd_v2, gelu_fwd_v2
+    mm = MATMUL[precision]
+
+    def attn_qkv_fwd(q, k, v, x, w_q, w_k, w_v, *, stream=0):
+        """q, k, v = x @ W_q, x @ W_k, x @ W_v"""
+        for out, w in ((q, w_q), (k, w_k), (v, w_v)):
+            mm(out, None, x, w, stream=stream)
+
+    def attn_qkv_bwd(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, stream=0):
+        """dx = dq W_q^T + dk W_k^T + dv W_v^T (three products into one buffer); dW_* += x^T d*"""
+        for i, (d, w) in enumerate(((dq, w_q), (dk, w_k), (dv, w_v))):
+            mm(dx, None, d, w, trans_b=True, accumulate=i > 0, stream=stream)
+        for dw, d in ((dw_q, dq), (dw_k, dk), (dw_v, dv)):
+            mm(dw, None, x, d, trans_a=True, accumulate=True, stream=stream)
+
+    def attn_out_fwd(out, y, w_o, *, stream=0):
+        mm(out, None, y, w_o, stream=stream)
+
+    def attn_out_bwd(dy, dw_o, work, dout, y, w_o, *, stream=0):
+        mm(dy, None, dout, w_o, trans_b=True, stream=stream)                      # dy = dout W_O^T
+        mm(dw_o, None, y, dout, trans_a=True, accumulate=True, stream=stream)     # dW_O += y^T dout
+
+    def mlp_fwd(out, h_pre, h, work, x, w_1, w_2, *, stream=0):
+        N, F = h.shape
+        mm(h_pre, None, x, w_1, stream=stream)                                    # h_pre = x W_1
+        gelu_fwd_v2(h.reshape(N * F), h_pre.reshape(N * F), stream)               # h = gelu(h_pre)
+        mm(out, None, h, w_2, stream=stream)                                      # out = h W_2
+
+    def mlp_bwd(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, stream=0):
+        N, F = h.shape
+        mm(dw_2, None, h, dout, trans_a=True, accumulate=True, stream=stream)     # dW_2 += h^T dout
+        mm(dh_pre, None, dout, w_2, trans_b=True, stream=stream)                  # dh = dout W_2^T
+        gelu_bwd_v2(dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)          # dh_pre = dh gelu'(h_pre)
+        mm(dw_1, None, x, dh_pre, trans_a=True, accumulate=True, stream=stream)   # dW_1 += x^T dh_pre
+        mm(dx, None, dh_pre, w_1, trans_b=True, stream=stream)                    # dx = dh_pre W_1^T
+
+    def loss_fwd(loss, losses, probs, x, wte, targets, *, stream=0):
+        N, V = probs.shape
+        mm(probs, None, x, wte, trans_b=True, stream=stream)                      # logits = x wte^T, into probs
+        L.k_loss_fwd_v1[N, L.row_threads(V, 1024), stream](losses, probs, targets)
+        L.k_loss_mean_v1[1, L.MEAN_THREADS, stream](loss, losses)
+
+    def loss_bwd(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stream=0):
+        N, V = probs.shape
+        L.k_loss_bwd_v1[N, 256, stream](dlogits, probs, targets, np.float32(float(dloss) / N))
+        mm(dx, None, dlogits, wte, stream=stream)                                 # dx = dlogits wte
+        mm(dwte, None, dlogits, x, trans_a=True, accumulate=True, stream=stream)  # dwte += dlogits^T x
+
+    ops = dict(attn_qkv_fwd=attn_qkv_fwd, attn_qkv_bwd=attn_qkv_bwd, attn_out_fwd=attn_out_fwd,
+               attn_out_bwd=attn_out_bwd, mlp_fwd=mlp_fwd, mlp_bwd=mlp_bwd, loss_fwd=loss_fwd, loss_bwd=loss_bwd)
+    for f in ops.values():
+        if precision != "fp32":
+            f.precision = precision
+    return ops
