@@ -217,6 +217,34 @@ PY
             --json > "$OUT/bf16d/model_12M_f16w.json" 2> "$OUT/bf16d/model_12M_f16w.err" & ;;
     bf16d_report) wait
         for f in "$OUT"/bf16d/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
+    resume16) # bit-exact resume in bf16 and fp16 (issue 11): for each, 12M run a (60 steps straight) and run b
+        # (SIGTERM after 30 logged steps, then --resume), both precisions at once: the same losses, loss
+        # scales and checkpoint bytes
+        mkdir -p "$OUT/resume16"; rm -rf /tmp/r16
+        resume_pair() {   # resume_pair PRECISION
+          local p=$1 d=/tmp/r16/$1 args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4"
+          $py -m andrea_numba.train $args --precision $p --out $d/a > "$OUT/resume16/${p}_a.log" 2>&1; echo "$p a exit $?"
+          $py -m andrea_numba.train $args --precision $p --out $d/b > "$OUT/resume16/${p}_b1.log" 2>&1 &
+          local pid=$!
+          until [ -f $d/b/.loss.json ] && [ "$(wc -l < $d/b/.loss.json)" -ge 30 ]; do sleep 0.1; done
+          kill -TERM $pid; wait $pid; echo "$p b (SIGTERM) exit $?"
+          $py -m andrea_numba.train --resume $d/b > "$OUT/resume16/${p}_b2.log" 2>&1; echo "$p b (resume) exit $?"
+        }
+        resume_pair bf16 & resume_pair fp16 & wait
+        $py - > "$OUT/resume16/check.json" <<'PY'
+import hashlib, json
+from andrea_numba.runlog import read_loss
+key = lambda d: [(r["step"], r["train_loss"], r.get("val_loss"), r["lr"], r["grad_norm"], r.get("loss_scale"))
+                 for r in read_loss(d)]
+sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
+res = {}
+for p in ("bf16", "fp16"):
+    a, b = key(f"/tmp/r16/{p}/a"), key(f"/tmp/r16/{p}/b")
+    res[p] = {"steps_a": len(a), "steps_b": len(b), "loss_json_identical": a == b,
+              "checkpoints_identical": sha(f"/tmp/r16/{p}/a/checkpoint.bin") == sha(f"/tmp/r16/{p}/b/checkpoint.bin")}
+print(json.dumps(res))
+PY
+        cat "$OUT/resume16/check.json"; grep -h "stopped by signal\|resumed from\|loss scale" "$OUT"/resume16/*_b*.log | head -8 ;;
     cublas) # the library route (kernels/cublaslt.py, nvmath-python carried as a wheel): matmul v20-v22
         # (cuBLASLt fp32 / bf16 / fp16) in the harness at 12M and 120M; the whole model with cuBLASLt
         # products at 12M (fp32, bf16, fp16) and 120M (bf16); v20-v22 timed beside v8, v10 and PyTorch
@@ -273,8 +301,11 @@ PY
         echo "gemm --blocks exit $?"; grep "^|" "$OUT/mm12/gemm_blocks.md"; tail -3 "$OUT/mm12/gemm_blocks.err" ;;
     quality) # issue 11's training-quality target: 12M for QUALITY_STEPS (2000) steps in fp32, bf16 and fp16,
         # the validation losses side by side and plotted (bench/precision_runs.py), into $OUT/quality/
+        # the three at once on the GPU (--parallel: the same losses as one after another);
+        # QUALITY_PRODUCTS=cublas trains bf16 and fp16 with cuBLASLt's products
         timeout 560 $py bench/precision_runs.py --out /tmp/quality --size 12M --steps "${QUALITY_STEPS:-2000}" \
-            --precisions fp32,bf16,fp16 > "$OUT/quality.txt" 2>&1; echo "quality exit $?"; grep "^|" "$OUT/quality.txt" | tail -4
+            --precisions fp32,bf16,fp16 --parallel --products "${QUALITY_PRODUCTS:-numba}" > "$OUT/quality.txt" 2>&1
+        echo "quality exit $?"; grep "^|" "$OUT/quality.txt" | tail -4
         mkdir -p "$OUT/quality"; cp /tmp/quality/precision_runs.* "$OUT/quality/"
         grep "loss scale" "$OUT/quality.txt" | head -5 ;;
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5

@@ -4,7 +4,10 @@ and fp16 products, its validation losses side by side and plotted together.
     python bench/precision_runs.py --out DIR [--size 12M] [--steps 2000] [--precisions fp32,bf16]
 
 Each precision trains in its own process (`python -m andrea_numba.train --size SIZE --precision P
---steps N --out DIR/P`), one after another. DIR receives precision_runs.md (every evaluation's
+--steps N --out DIR/P`), one after another, or all at once on the one GPU with --parallel (the same
+losses, bit for bit: a run's numbers do not depend on what else the GPU runs, only its time does).
+--products cublas trains the bf16 and fp16 runs with cuBLASLt's products (fp32 stays the engine's
+reference). DIR receives precision_runs.md (every evaluation's
 validation loss by precision, and each one's difference from fp32's at the same step),
 precision_runs.json and precision_runs.png (the validation curves together). Exit code 0 when every
 run finished and, with fp32 among them, every other precision's last validation loss is within 1%
@@ -42,21 +45,30 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=cli.positive_int, default=2000, help="steps of each run (default 2000)")
     ap.add_argument("--precisions", type=precisions, default=["fp32", "bf16"],
                     help="comma-separated (default fp32,bf16)")
+    ap.add_argument("--products", choices=("numba", "cublas"), default="numba",
+                    help="who computes the bf16 and fp16 runs' products (default numba: our kernels)")
+    ap.add_argument("--parallel", action="store_true", help="train the precisions at the same time on the one GPU")
     args = ap.parse_args(argv)
     from andrea_numba.runlog import read_loss
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    curves, ok = {}, True
+    curves, ok, runs = {}, True, {}
     for p in args.precisions:
-        run = out / p
-        if run.exists():
-            cli.fail(f"{run} exists already: choose another --out, or delete it")
+        if (out / p).exists():
+            cli.fail(f"{out / p} exists already: choose another --out, or delete it")
+    for p in args.precisions:
         cmd = [sys.executable, "-m", "andrea_numba.train", "--size", args.size, "--precision", p,
-               "--steps", str(args.steps), "--out", str(run), "--log-every", "250"]
+               "--steps", str(args.steps), "--out", str(out / p), "--log-every", "250",
+               "--products", "numba" if p == "fp32" else args.products]
+        if args.parallel:                       # the CPUs shared by the runs' compile workers too
+            cmd += ["--compile-workers", "4"]
         print(f"{p}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-        code = subprocess.run(cmd, cwd=ROOT).returncode
-        ok &= code == 0
-        curves[p] = [(r["step"], r["val_loss"]) for r in read_loss(run) if r.get("val_loss") is not None]
+        runs[p] = subprocess.Popen(cmd, cwd=ROOT)
+        if not args.parallel:
+            runs[p].wait()
+    for p, proc in runs.items():
+        ok &= proc.wait() == 0
+        curves[p] = [(r["step"], r["val_loss"]) for r in read_loss(out / p) if r.get("val_loss") is not None]
     steps = sorted({s for c in curves.values() for s, _ in c})
     head = "| step | " + " | ".join(curves) + " | " + " | ".join(f"{p} vs fp32" for p in curves if p != "fp32") + " |"
     lines = [head, "|---" * (1 + len(curves) + sum(p != "fp32" for p in curves)) + "|"]
@@ -72,7 +84,7 @@ def main(argv=None) -> int:
         ok &= all(abs(r) <= 0.01 for r in last.values()) and len(last) == len(curves) - 1
     (out / "precision_runs.md").write_text("\n".join(lines) + "\n")
     (out / "precision_runs.json").write_text(json.dumps({"size": args.size, "steps": args.steps, "ok": ok,
-                                                         "rows": rows}, indent=1))
+                                                         "products": args.products, "rows": rows}, indent=1))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -82,7 +94,7 @@ def main(argv=None) -> int:
             ax.plot(*zip(*c), marker="o", ms=3, label=p)
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss")
-    ax.set_title(f"{args.size}: the same run by precision of the products")
+    ax.set_title(f"{args.size}: the same run by precision of the products ({args.products})")
     ax.legend()
     fig.savefig(out / "precision_runs.png", dpi=120, bbox_inches="tight")
     print("\n".join(lines))

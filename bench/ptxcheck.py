@@ -6,6 +6,8 @@ it types the launch's arguments as a real launch would (numba.typeof) and runs N
 compiler down to PTX. It needs NVVM (pip install numba-cuda[cu12]) but no driver and no GPU.
 
     python bench/ptxcheck.py          # compiles every kernel the agreement harness launches
+    python bench/ptxcheck.py --v12    # matmul v12's kernels at each GPU tile: instruction counts,
+                                      # registers (with ptxas on the PATH), local memory
 
 In code: `with compile_only(): some_launch_function(numpy arrays ...)`.
 """
@@ -16,6 +18,8 @@ import types
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     sys.exit("ptxcheck compiles for a real GPU: run it without NUMBA_ENABLE_CUDASIM=1")
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout, as bench/gemm.py
 
 import numba.cuda.dispatcher as _dispatcher  # noqa: E402
 import numpy as np  # noqa: E402
@@ -74,8 +78,78 @@ def compile_only():
             setattr(obj, name, value)
 
 
+# What matmul v12's kernel (kernels/half_tile.py) should hold: the K loop's body is one stage; the
+# prologue copies the first stage (its global loads, cvt and shared stores) and the epilogue adds
+# into out (its scalar ld.global.f32 when accumulating), so those show twice or more in the whole.
+V12_COUNTS = {"ldmatrix": "ldmatrix.sync", "mma": "mma.sync", "cvt.bf16x2": "cvt.rn.bf16x2.f32",
+              "ld.global.v4": "ld.global.v4.f32", "ld.global (scalar)": "ld.global.f32",
+              "st.shared": "st.shared", "bar.sync": "bar.sync", "local": ".local"}
+
+
+def _loop_body(ptx):
+    """The lines of the K loop of a v12 kernel: from the label the loop's back branch goes to, to
+    that branch (the loop whose body holds the mma.sync)."""
+    lines = ptx.splitlines()
+    first_mma = next(i for i, line in enumerate(lines) if "mma.sync" in line)
+    for j in range(first_mma, len(lines)):
+        parts = lines[j].split()
+        if "bra" in lines[j] and parts and parts[-1].rstrip(";") + ":" in lines[:first_mma]:
+            return lines[lines.index(parts[-1].rstrip(";") + ":"):j + 1]
+    return []
+
+
+def _ptxas(ptx):
+    """'N registers, S bytes spill stores' from ptxas -v for sm_90, or why not."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+    if not shutil.which("ptxas"):
+        return "ptxas not on the PATH"
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        p = subprocess.run(["ptxas", f"-arch=sm_{CC[0]}{CC[1]}", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+    regs = re.search(r"Used (\d+) registers", p.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", p.stderr)
+    stack = re.search(r"(\d+) bytes stack frame", p.stderr)
+    if not regs:
+        return "ptxas: " + " ".join(p.stderr.split())[-300:]
+    return (f"{regs.group(1)} registers, {stack.group(1) if stack else '?'} bytes stack, "
+            f"{spill.group(1) if spill else '?'}/{spill.group(2) if spill else '?'} bytes spilled (stores/loads)")
+
+
+def v12_report():
+    """Compile matmul v12 at each GPU tile, every transpose, with 128-bit copies (an aligned
+    launch's kernel), and print its instruction counts: in the whole kernel and in the K loop (one stage)."""
+    from numba.core import types as nbt
+
+    from andrea_numba.kernels import matmul
+    M = N = K = 256
+    print("| tile | op | " + " | ".join(f"{k} (loop / all)" for k in V12_COUNTS) + " | ptxas |")
+    print("|---" * (3 + len(V12_COUNTS)) + "|")
+    with compile_only():
+        for block in matmul.matmul_v12.blocks:
+            for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
+                a = np.zeros((K, M) if ta else (M, K), np.float32)
+                b = np.zeros((N, K) if tb else (K, N), np.float32)
+                out = np.zeros((M, N), np.float32)
+                kernel = matmul._k_matmul_warp(("bf16l", *block, True), ta, tb)
+                sig = nbt.void(*(typeof(x) for x in (out, out.reshape(1, M, N), a, b, True, K)))
+                ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=CC)
+                body = "\n".join(_loop_body(ptx))
+                cells = [f"{body.count(pat)} / {ptx.count(pat)}" for pat in V12_COUNTS.values()]
+                op = f"{'a^T' if ta else 'a'} @ {'b^T' if tb else 'b'}"
+                print(f"| {block} | {op} | " + " | ".join(cells) + f" | {_ptxas(ptx)} |", flush=True)
+
+
 def main():
     import warnings
+    if "--v12" in sys.argv[1:]:
+        v12_report()
+        return
 
     from andrea_numba import check
     with compile_only(), warnings.catch_warnings():
@@ -86,13 +160,13 @@ def main():
         from andrea_numba.kernels import matmul
         out, a = np.zeros((64, 64), np.float32), np.zeros((8192, 64), np.float32)
         for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5, matmul.matmul_v6, matmul.matmul_v7,
-                       matmul.matmul_v8):
+                       matmul.matmul_v8, matmul.matmul_v12):
             launch(out, np.zeros(matmul.splitk_work(64), np.float32), a, a, trans_a=True, accumulate=True)
-        # flash attention v2 to v8 at the models' head size (the harness's tiny size has hs = 4),
-        # every declared block, with dropout
+        # flash attention v2 to v12 at the models' head size (the harness's tiny size has hs = 4),
+        # every declared block, with dropout (v11, v12: bf16 and fp16 products)
         from andrea_numba.kernels import attn_flash
         x, lse = np.zeros((2, 128, 384), np.float32), np.zeros((2, 6, 128), np.float32)
-        for v in (2, 3, 4, 5, 6, 7, 8, 9, 10):
+        for v in (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12):
             fwd, bwd = attn_flash.flash_pair(v)
             for blk in fwd.blocks:
                 fwd(x, lse, x, x, x, 6, 0.1, 7, block=blk)

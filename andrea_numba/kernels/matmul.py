@@ -37,6 +37,7 @@ import numba
 from numba import cuda, float32
 
 from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
+from .half_tile import make_half_tile
 from .simt_tile import make_simt_tile
 from .warp_tile import make_epilogue, make_warp_tile, resolve
 
@@ -175,6 +176,8 @@ def make_tile(tile):
     for kind "simt2"). The linear ops' kernels are written against these names and run on any."""
     if len(tile) == 5:
         return _make_tile_v2(tile)
+    if tile[0] == "bf16l":                  # matmul v12 (half_tile.py)
+        return make_half_tile(tile)
     return make_simt_tile(tile) if tile[0] == "simt2" else make_warp_tile(tile)
 
 
@@ -510,4 +513,40 @@ WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,    
 VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
                        7: matmul_v7, 8: matmul_v8, 9: matmul_v9, 10: matmul_v10,
                        11: matmul_v11}}
+
+
+# v12: bf16 products the way fast half-precision GEMMs do them (kernels/half_tile.py). The operands
+# stay fp32 in global memory; each block loads its next stage (BK = 32) into registers before the
+# current stage's products, rounds it to bf16 (cvt.rn.bf16x2.f32, ties to even) and stores the
+# bf16 pairs to the other of two swizzled shared stages, so shared memory holds 2 bytes a value
+# and each value is rounded once per block (v10: 4 bytes, rounded by every warp that reads it);
+# ldmatrix.x4 (.trans for an operand stored with k down its columns) reads the mma.sync fragments
+# 16 x 16 at a time. Same math as v10 (inputs rounded to bf16, exact products, fp32 sums), other
+# order of the sums: other bits than v10. Tiles: 8 warps of 64 x 32 (128 x 128, the default), 4
+# warps of 64 x 32 (128 x 64) and of 32 x 32 (64 x 64); 32 KiB, 24 KiB, 16 KiB of shared memory.
+# In the simulator one warp of 32 x 32 and two warps of 32 x 16 (a 64-row tile: the GPU's swizzle
+# of 128-byte rows).
+HALF_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32), (64, 64, 32, 32, 32)),
+                  sim=((32, 32, 32, 32, 32), (64, 16, 32, 32, 16)))
+
+
+@blocks(**HALF_TILES)
+def matmul_v12(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """bf16 tensor-core products (inputs rounded to bf16 once, on their way into shared memory;
+    fp32 sums) with ldmatrix fragment reads; block = (BM, BN, 32, WM, WN); work: the split-K buffer."""
+    _matmul_warp("bf16l", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
+matmul_v12.precision = "bf16"
+WARP_KERNELS["bf16l"] = (12, "bf16 tensor cores on bf16 shared tiles (rounded once) read by ldmatrix")
+WARP_MATMUL["bf16l"] = matmul_v12
+VERSIONS["matmul"][12] = matmul_v12
+
 matmul = matmul_v2        # what the engine uses
+
+# v20-v22: not rungs of the ladder but the library beside it: the same products through cuBLASLt in
+# fp32, bf16 and fp16 (kernels/cublaslt.py), present where they can run (a GPU with nvmath-python),
+# so that the harness checks the library as it checks our kernels and bench/gemm.py times it.
+from .cublaslt import matmul_versions  # noqa: E402
+
+VERSIONS["matmul"].update(matmul_versions())

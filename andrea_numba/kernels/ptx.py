@@ -203,6 +203,88 @@ if not SIMULATOR:
             return context.get_dummy_value()
         return types.void(arr, index, v0, v1, v2, v3), codegen
 
+    # ldmatrix and the 64-bit shared store of bf16 pairs (matmul v12, kernels/half_tile.py). ldmatrix
+    # reads 8 x 8 matrices of 16-bit values from shared memory for the whole warp at once: lane
+    # 8 i + j (j = 0..7) gives the shared address of row j of matrix i (16 contiguous, 16-byte
+    # aligned bytes: 8 values), and every lane receives, for each matrix i, one 32-bit register:
+    #
+    #     ldmatrix.sync.aligned.m8n8.x4.shared.b16        r_i = (M_i[g, 2t], M_i[g, 2t + 1])
+    #     ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16  r_i = (M_i[2t, g], M_i[2t + 1, g])
+    #
+    # (lane = 4 g + t; the first value in the low half.) That is the A, B fragment layout of
+    # mma.m16n8k16 above: four matrices are the four registers a0..a3 of a 16 x 16 A fragment,
+    # or b0, b1 of two 16 x 8 B fragments. .trans reads a matrix stored the other way round
+    # (rows k instead of rows m or n) and hands each lane the same pairs.
+    _I4 = types.UniTuple(types.int32, 4)
+
+    def _word_array(arr, index):
+        """An array of 32-bit words (int32, or float32 holding bit patterns) and an integer index."""
+        return (isinstance(arr, types.Array) and arr.dtype in (types.int32, types.float32)
+                and isinstance(index, types.Integer))
+
+    def _shared_address(context, builder, arrty, arr, index, indexty):
+        """The 32-bit shared-window address of 32-bit element `index` of a shared array: Numba
+        keeps a shared array's data as a generic pointer; addrspacecast to the shared space (3)
+        and ptrtoint give the .u32 address that ld/st/ldmatrix .shared take (cvta.to.shared,
+        which the compiler drops when it sees the array is shared), plus 4 index bytes."""
+        data = builder.bitcast(context.make_array(arrty)(context, builder, arr).data, ir.PointerType(ir.IntType(8)))
+        base = builder.ptrtoint(builder.addrspacecast(data, ir.PointerType(ir.IntType(8), 3)), _i32)
+        idx = builder.trunc(context.cast(builder, index, indexty, types.intp), _i32)   # 32-bit arithmetic:
+        return builder.add(base, builder.shl(idx, ir.Constant(_i32, 2)))              # shared memory is < 4 GiB
+
+    def _ldmatrix(trans):
+        ptx = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") +
+               ".shared.b16 {$0, $1, $2, $3}, [$4];")
+
+        def typer(typingctx, arr, index):
+            if not _word_array(arr, index):
+                return None
+
+            def codegen(context, builder, sig, args):
+                addr = _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                out = ir.LiteralStructType([_i32] * 4)
+                # side_effect: it reads what other threads stored; keep it where the barrier put it
+                asm = ir.InlineAsm(ir.FunctionType(out, [_i32]), ptx, "=r,=r,=r,=r,r", side_effect=True)
+                d = builder.call(asm, [addr])
+                return context.make_tuple(builder, _I4, [builder.extract_value(d, i) for i in range(4)])
+            return _I4(arr, index), codegen
+        return typer
+
+    @intrinsic
+    def ldmatrix_x4(typingctx, arr, index):
+        """(r0, r1, r2, r3): four 8 x 8 matrices of bf16 (or fp16) from the shared array arr, this
+        lane giving the address of element `index` (a 16-byte aligned row of 8 values: row
+        lane % 8 of matrix lane // 8); lane 4 g + t receives r_i = (M_i[g, 2t], M_i[g, 2t + 1]),
+        two values a register, the first in the low half (layout in the comment above). Every lane
+        of the warp must call it together.
+        PTX: ldmatrix.sync.aligned.m8n8.x4.shared.b16 {r0, r1, r2, r3}, [addr];"""
+        return _ldmatrix(False)(typingctx, arr, index)
+
+    @intrinsic
+    def ldmatrix_x4_trans(typingctx, arr, index):
+        """ldmatrix_x4 of the transposed matrices: the rows given are M_i's rows, and lane 4 g + t
+        receives r_i = (M_i[2t, g], M_i[2t + 1, g]), the first in the low half.
+        PTX: ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {r0, r1, r2, r3}, [addr];"""
+        return _ldmatrix(True)(typingctx, arr, index)
+
+    @intrinsic
+    def store2(typingctx, arr, index, w0, w1):
+        """arr[index], arr[index + 1] = the bits of the int32 words w0, w1: one 64-bit store to the
+        shared array arr (int32, or float32 holding bit patterns; element `index` on an 8-byte
+        boundary), its address in 32-bit arithmetic as ldmatrix's.
+        PTX: st.shared.v2.b32 [addr], {w0, w1};"""
+        if not _word_array(arr, index):
+            return None
+
+        def codegen(context, builder, sig, args):
+            addr = _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            w = [context.cast(builder, v, t, types.int32) for v, t in zip(args[2:], sig.args[2:])]
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32] * 3), "st.shared.v2.b32 [$0], {$1, $2};",
+                               "r,r,r,~{memory}", side_effect=True)
+            builder.call(asm, [addr] + w)
+            return context.get_dummy_value()
+        return types.void(arr, index, w0, w1), codegen
+
 else:
     def tf32_round(x):
         """Simulator twin of cvt.rna.tf32.f32: add half a TF32 unit to the magnitude bits, clear
@@ -239,3 +321,62 @@ else:
     def store4(arr, index, v0, v1, v2, v3):
         flat = arr.reshape(-1)
         flat[index], flat[index + 1], flat[index + 2], flat[index + 3] = v0, v1, v2, v3
+
+
+    def ldmatrix_x4(arr, index):
+        raise NotImplementedError("ldmatrix is a warp instruction: in the simulator the kernels use ldmatrix_warp")
+
+    ldmatrix_x4_trans = ldmatrix_x4
+
+    def store2(arr, index, w0, w1):
+        """Simulator twin of the 64-bit store: the bits of two int32 words (arr may be float32)."""
+        flat = arr.reshape(-1).view(np.int32)
+        flat[index], flat[index + 1] = w0, w1
+
+    # Warp twins for the simulator: what one instruction gives all 32 lanes, from every lane's
+    # operands at once (lanes along the second-to-last axis; any leading axes are a batch).
+    _LANE = np.arange(32)
+    _G, _T = _LANE >> 2, _LANE & 3
+
+    def ldmatrix_warp(words, index, trans=False):
+        """ldmatrix_x4 (trans: ldmatrix_x4_trans) for the whole warp: words, a flat int32 view of the
+        shared tile; index[..., 32], each lane's word index of its row (row lane % 8 of matrix
+        lane // 8, 4 words = 8 bf16). Returns the lanes' registers [..., 32, 4]: r_i of lane 4 g + t
+        = (M_i[g, 2t], M_i[g, 2t + 1]), or (M_i[2t, g], M_i[2t + 1, g]) with trans."""
+        index = np.asarray(index)
+        rows = words[index[..., None] + np.arange(4)]                    # [..., 32 rows, 4 words]
+        rows = rows.reshape(*index.shape[:-1], 4, 8, 4)                  # [..., matrix i, row, word]
+        if not trans:
+            return np.moveaxis(rows[..., _G, _T], -2, -1)               # word t of row g: values 2t, 2t + 1
+        half = rows.view(np.uint16)                                      # [..., i, row, value] (little-endian halves)
+        half = half.reshape(*index.shape[:-1], 4, 8, 8)
+        lo, hi = half[..., 2 * _T, _G], half[..., 2 * _T + 1, _G]       # [..., i, lane]
+        reg = lo.astype(np.uint32) | (hi.astype(np.uint32) << np.uint32(16))
+        return np.moveaxis(reg.view(np.int32), -2, -1)
+
+    def _unpack(regs):
+        """The two bf16 values of each int32 register as float32 [..., 2] (low half first)."""
+        bits = np.asarray(regs).astype(np.int64) & 0xFFFFFFFF
+        lo = ((bits & 0xFFFF) << 16).astype(np.uint32).view(np.float32)
+        hi = (bits & 0xFFFF0000).astype(np.uint32).view(np.float32)
+        return np.stack([lo, hi], axis=-1)
+
+    # where lane (g, t)'s register i, half p sits in the fragment (ptx.py's docstring)
+    _A_ROW = (_G[:, None, None] + 8 * (np.arange(4)[None, :, None] & 1)) + 0 * np.arange(2)
+    _A_COL = 2 * _T[:, None, None] + 8 * (np.arange(4)[None, :, None] >> 1) + np.arange(2)
+    _B_ROW = 2 * _T[:, None, None] + 8 * np.arange(2)[None, :, None] + np.arange(2)
+    _B_COL = _G[:, None, None] + 0 * _B_ROW
+
+    def mma_bf16_warp(a, b):
+        """mma.sync m16n8k16 .bf16 for the whole warp, from zero: a[..., 32, 4] and b[..., 32, 2],
+        the lanes' bf16x2 registers (A 16 x 16 and B 16 x 8 in the fragment layout of the module
+        docstring); returns the lanes' d0..d3 [..., 32, 4] of D = A @ B (exact products, fp32 sums)."""
+        av, bv = _unpack(a), _unpack(b)                                  # [..., 32, 4, 2], [..., 32, 2, 2]
+        A = np.zeros(av.shape[:-3] + (16, 16), np.float32)
+        B = np.zeros(bv.shape[:-3] + (16, 8), np.float32)
+        A[..., _A_ROW, _A_COL] = av
+        B[..., _B_ROW, _B_COL] = bv
+        D = A @ B
+        # d0 D[g, 2t], d1 D[g, 2t + 1], d2 D[g + 8, 2t], d3 D[g + 8, 2t + 1]
+        return np.stack([D[..., _G, 2 * _T], D[..., _G, 2 * _T + 1], D[..., _G + 8, 2 * _T],
+                         D[..., _G + 8, 2 * _T + 1]], axis=-1)

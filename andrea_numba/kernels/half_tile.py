@@ -1,0 +1,271 @@
+"""bf16 tiles read by ldmatrix: the product tile of matmul v12 (kind "bf16l").
+
+matmul v10 (split_tile.py) keeps fp32 values in shared memory and every lane rounds its fragment
+values to bf16 as it reads them: each value crosses shared memory as 4 bytes and is converted
+once for every warp that reads it (the A tile by each of the BN/WN warps of a row). v12 is built
+the way fast half-precision GEMMs are (cuBLAS, CUTLASS): the values are rounded once, on their way
+into shared memory, and shared memory holds bf16, 2 bytes a value, read by ldmatrix straight
+into the registers of the mma.sync fragments. Same math as v10: the inputs rounded to bf16
+(nearest, ties to even), products exact, sums in fp32; another order of the sums, so other bits
+than v10's, the same bits at every run.
+
+One stage (BK = 32 values of k) on its way, for each operand:
+
+    global fp32  --ld.global.v4-->  registers (4 floats a chunk, issued before the current
+                                    stage's products: in flight while the tensor cores work)
+                 --cvt.rn.bf16x2--> two bf16x2 words a chunk (ties to even, two values an instruction)
+                 --st.shared.v2-->  the other shared stage (8 bytes a chunk, swizzled, below)
+    barrier (one a stage: the two shared stages alternate, tile_loop.make_pipeline)
+    shared bf16  --ldmatrix.x4-->   a warp's fragments: one instruction gives a 16 x 16 A fragment
+                                    (a0..a3) or the B fragments (b0, b1) of two 16 x 8 tiles
+                 --mma.sync m16n8k16--> fp32 sums of each 16 x 8 piece of the warp's tile
+
+1. Shared tiles keep the orientation the operand has in global memory, so the copy is straight
+   (stored rows to tile rows, 4 floats a thread at a time, consecutive threads along a row):
+       a [M, K]   -> k-inner tile: BM rows (m) of BK = 32 bf16 (16 words, 64 bytes)
+       a^T [K, M] -> k-outer tile: BK rows (k) of BM bf16 (BM / 2 words)
+       b^T [N, K] -> k-inner tile: BN rows (n) of 32 bf16
+       b [K, N]   -> k-outer tile: BK rows (k) of BN bf16
+   ldmatrix reads 8 x 8 blocks whose rows are 16 contiguous bytes. A k-inner tile's 8 x 8 block
+   has rows m (or n) and columns k, as the fragment wants them: plain ldmatrix. A k-outer tile's
+   block has rows k and columns m (n): ldmatrix.trans hands each lane the same pairs (ptx.py).
+
+2. Which lane points at which row (lane = 4 g + t, matrix i = lane >> 3, row lane & 7):
+       A, 16 x 16 fragment at rows m0.., k0 = 16 ks:  matrix i -> a_i, rows m0 + 8 (i & 1) + 0..7,
+                                                      k0 + 8 (i >> 1) + 0..7
+       B, two 16 x 8 fragments at n0.., k0:           matrix i -> b_(i & 1) of tile n0 + 8 (i >> 1),
+                                                      k0 + 8 (i & 1) + 0..7
+   so for A lane bit 3 picks the +8 rows of m and lane bit 4 the +8 of k; for B bit 4 picks the
+   +8 of n and bit 3 the +8 of k. In a k-inner tile a lane's row is m (n) = base + its 8-offset +
+   (lane & 7) at the 16-byte chunk k / 8; in a k-outer tile it is k = k0 + its 8-offset + (lane & 7)
+   at the chunk (base + its 8-offset) / 8.
+
+3. The swizzle (bank arithmetic). Shared memory has 32 banks of 4 bytes: 128 bytes, eight 16-byte
+   chunks, a line. A tile row of W words holds C = W / 4 chunks, and chunk q of row r is stored at
+   chunk q ^ s(r) of that row with
+       s(r) = (r >> log2(8 / X)) & (X - 1),    X = min(C, 8)
+   k-outer tiles on the GPU have C = 8 or 16 (BM or BN = 64, 128): s(r) = r & 7. k-inner tiles have
+   C = 4 (64-byte rows, two to a line): s(r) = (r >> 1) & 3.
+   - ldmatrix reads a matrix's 8 rows of 16 bytes as one 128-byte request: free of conflicts when
+     the 8 chunks land in 8 different chunk positions of the line (r W / 4 + q ^ s(r)) mod 8. For 8
+     consecutive rows r = 8p .. 8p + 7 at one logical chunk q: C >= 8: (q ^ (r & 7)) mod 8 takes
+     all 8 values. C = 4: r's parity picks the half line (4 (r & 1)) and q ^ ((r >> 1) & 3) the
+     chunk within it: (r & 1, (r >> 1) & 3) runs through all 8 pairs. No conflict. (Without the
+     swizzle a k-outer tile of 128 or 256-byte rows puts all 8 rows in one chunk position:
+     8-way conflicts; a k-inner one, two-way.)
+   - The stores: each lane writes 8 bytes (4 values) with st.shared.v2, served 16 lanes (128 bytes)
+     at a time. 16 consecutive lanes cover 64 consecutive values of the stored rows: one whole
+     line of bf16, either two k-inner rows r, r + 1 (r even: both halves of the line, each row's
+     4 chunks permuted among themselves) or 8 aligned chunks of one k-outer row (permuted among
+     themselves by the XOR with r & 7). 16 different 8-byte slots: no conflict.
+   In the simulator's small tiles C can be 2 (16-wide tiles); the same formula serves.
+
+4. The stage. A warp owns WM x WN of the block's tile (the warp layout of warp_tile.py, and the
+   same outputs per lane: acc[2 mi + h, 2 ni + c] is row wm0 + 16 mi + 8 h + g, column
+   wn0 + 8 ni + 2 t + c). It loads the stage's NI = WN / 8 B fragments of both k-steps (one
+   ldmatrix.x4 for two fragments), then for each of the MI = WM / 16 rows of fragments the A
+   fragment of both k-steps (one ldmatrix.x4 each) and, for each 16 x 8 piece, one mma.sync over
+   k-step 0 from zero, one over k-step 1 chained on it, and one fp32 add of the stage's sum into
+   acc (v10 added every 16 values of k; a chain of two inside the tensor core, not of all K:
+   warp_tile.py measured a long chain drifting). Default tile 128 x 128 with 8 warps of 64 x 32:
+   a warp issues 12 ldmatrix.x4 and 32 mma.sync a stage, each thread 4 + 4 ld.global.v4,
+   16 cvt.rn.bf16x2 and 8 st.shared.v2 (bench/ptxcheck.py --v12 counts them in the PTX).
+
+In the simulator (no ldmatrix, no mma.sync: warp instructions) the stage is a NumPy twin that
+runs the GPU's instructions for the whole warp from the same shared words: every lane's ldmatrix
+address from the same index functions (ptx.ldmatrix_warp), the fragments into ptx.mma_bf16_warp,
+this lane's four results added into acc. It checks the copies, the swizzle, the lane addresses,
+the fragment layouts and the edges; what it cannot check is that the GPU's ldmatrix and mma.sync
+do what the PTX ISA says (the harness on a GPU does).
+"""
+import functools
+from types import SimpleNamespace
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from .common import SIMULATOR, cdiv, nonneg
+from .ptx import bf16x2, ldmatrix_x4, ldmatrix_x4_trans, load4, mma_bf16, store2
+from .tile_loop import WARP, make_pipeline
+from .warp_tile import make_epilogue, whole_k
+
+if SIMULATOR:
+    from .ptx import ldmatrix_warp, mma_bf16_warp     # the warp instructions' NumPy twins
+
+BK_HALF = 32           # values of k a stage: two k-steps of 16; a k-inner row is 64 bytes of bf16
+
+
+def _dev(f):
+    """f as an inlined device function on a GPU; in the simulator the plain function, which also
+    takes NumPy arrays of lanes (the stage's twin computes every lane's address at once)."""
+    return f if SIMULATOR else cuda.jit(device=True, inline="always")(f)
+
+
+def _word(W):
+    """word(r, q): the word index of logical 16-byte chunk q of tile row r, rows of W words, with
+    the swizzle of point 3 of the docstring: q is stored at q ^ s(r), s(r) = (r >> shift) & (X - 1)."""
+    C = W // 4                                        # 16-byte chunks a row
+    X = min(C, 8)
+    assert C >= 1 and (C % 8 == 0 or 8 % C == 0), f"rows of {W} words"
+    shift = {1: 3, 2: 2, 4: 1, 8: 0}[X]
+
+    def word(r, q):
+        return r * W + ((q ^ ((r >> shift) & (X - 1))) << 2)
+    return _dev(word)
+
+
+def _frag_index(k_inner, W, mn_bit, k_bit):
+    """index(base, ks, lane): the word this lane hands to ldmatrix for the 16 x 16 block at rows
+    (m or n) base.., k = 16 ks.. of a tile with rows of W words (point 2 of the docstring).
+    mn_bit and k_bit: the lane bits that pick the +8 of m (n) and of k (A: 3, 4; B: 4, 3)."""
+    word = _word(W)
+
+    def index(base, ks, lane):
+        mn = base + 8 * ((lane >> mn_bit) & 1)
+        k = 16 * ks + 8 * ((lane >> k_bit) & 1)
+        if k_inner:                                   # rows m (n), chunk k / 8
+            return word(mn + (lane & 7), k >> 3)
+        return word(k + (lane & 7), mn >> 3)          # rows k, chunk m / 8 (n / 8)
+    return _dev(index)
+
+
+def _chunk_word(R, Cc):
+    """chunk_word(e): the word of the shared tile (R rows of Cc / 2 words) where the two bf16x2 words
+    of 4-float chunk e of an R x Cc stored tile go: stored row e // (Cc / 4), columns 4 (e % (Cc / 4))..,
+    half of the 16-byte chunk (e % (Cc / 4)) // 2 of that row."""
+    CPR = Cc // 4
+    word = _word(Cc // 2)
+
+    def chunk_word(e):
+        r, c4 = e // CPR, e % CPR
+        return word(r, c4 >> 1) + 2 * (c4 & 1)
+    return _dev(chunk_word)
+
+
+def _copier(R, Cc, THREADS, vec):
+    """fetch(regs, g, r0, c0, rlim, clim): this thread's 4-float chunks of the R x Cc tile of the
+    stored matrix g at (r0, c0) into registers (zero outside rows < rlim, columns < clim; vec:
+    one 128-bit load a chunk, the caller checked the alignment); put(s, regs): each chunk rounded
+    to two bf16x2 words, stored with one 64-bit store at its swizzled place in the tile s (R rows
+    of Cc / 2 words). Chunk e = thread + j THREADS is stored row e // (Cc / 4), columns 4 (e % (Cc / 4)).."""
+    CPR = Cc // 4                                     # chunks a stored row
+    CH = R * CPR // THREADS                           # chunks a thread
+    assert CH * THREADS == R * CPR, f"a {R} x {Cc} tile does not split into 4-float chunks over {THREADS} threads"
+    chunk_word = _chunk_word(R, Cc)
+
+    @cuda.jit(device=True)
+    def fetch(regs, g, r0, c0, rlim, clim):
+        for j in range(CH):
+            e = nonneg(cuda.threadIdx.x) + j * THREADS
+            r, c = r0 + e // CPR, c0 + (e % CPR) * 4
+            if vec:
+                if r < rlim and c < clim:             # clim is a multiple of 4: a chunk is all in or all out
+                    regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
+                else:
+                    for i in range(4):
+                        regs[4 * j + i] = float32(0.0)
+            else:
+                for i in range(4):
+                    regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+
+    @cuda.jit(device=True)
+    def put(s, regs):
+        for j in range(CH):
+            e = nonneg(cuda.threadIdx.x) + j * THREADS
+            store2(s, chunk_word(e), bf16x2(regs[4 * j], regs[4 * j + 1]), bf16x2(regs[4 * j + 2], regs[4 * j + 3]))
+    return fetch, put, 4 * CH
+
+
+def _stage(trans_a, trans_b, BM, BN, MI, NI):
+    """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of one stage's product, from
+    the bf16 words of the shared tiles sa and sb (one stage each)."""
+    a_index = _frag_index(not trans_a, BM // 2 if trans_a else BK_HALF // 2, 3, 4)
+    b_index = _frag_index(trans_b, BK_HALF // 2 if trans_b else BN // 2, 4, 3)
+    NJ = NI // 2                                      # ldmatrix.x4 of B: two 16 x 8 fragments
+
+    if SIMULATOR:
+        lanes = np.arange(WARP)
+        MBASE, NBASE = 16 * np.arange(MI)[:, None], 16 * np.arange(NJ)[:, None]
+
+        def stage(acc, sa, sb, wm0, wn0, g, t):
+            wa, wb = sa.reshape(-1).view(np.int32), sb.reshape(-1).view(np.int32)
+            c = 0
+            for ks in range(2):
+                fa = ldmatrix_warp(wa, a_index(wm0 + MBASE, ks, lanes), trans=trans_a)      # [MI, 32, 4]
+                fb = ldmatrix_warp(wb, b_index(wn0 + NBASE, ks, lanes), trans=not trans_b)  # [NJ, 32, 4]
+                fb = fb.reshape(NJ, WARP, 2, 2).transpose(0, 2, 1, 3).reshape(NI, WARP, 2)  # [NI, 32, 2]
+                c = c + mma_bf16_warp(fa[:, None], fb[None, :])                           # [MI, NI, 32, 4]
+            mine = c[:, :, 4 * g + t].reshape(MI, NI, 2, 2).transpose(0, 2, 1, 3)           # [mi, h, ni, c]
+            acc += mine.reshape(2 * MI, 2 * NI)
+        return stage
+
+    ld_a = ldmatrix_x4_trans if trans_a else ldmatrix_x4
+    ld_b = ldmatrix_x4 if trans_b else ldmatrix_x4_trans
+
+    @cuda.jit(device=True)
+    def stage(acc, sa, sb, wm0, wn0, g, t):
+        fb = cuda.local.array((2, NI, 2), int32)     # [k-step, ni, b0 b1]: bf16x2 words, the whole stage
+        fa = cuda.local.array((2, 4), int32)         # [k-step, a0..a3] of one mi at a time (fewer registers)
+        lane = 4 * g + t
+        for ks in range(2):
+            for nj in range(NJ):
+                fb[ks, 2 * nj, 0], fb[ks, 2 * nj, 1], fb[ks, 2 * nj + 1, 0], fb[ks, 2 * nj + 1, 1] = ld_b(
+                    sb, b_index(wn0 + 16 * nj, ks, lane))
+        zero = float32(0.0)
+        for mi in range(MI):
+            for ks in range(2):
+                fa[ks, 0], fa[ks, 1], fa[ks, 2], fa[ks, 3] = ld_a(sa, a_index(wm0 + 16 * mi, ks, lane))
+            for ni in range(NI):
+                # a0 A[g, 2t..], a1 A[g+8, 2t..], a2 A[g, 2t+8..], a3 A[g+8, 2t+8..]; b0 B[2t.., g], b1 B[2t+8.., g]
+                c0, c1, c2, c3 = mma_bf16(fa[0, 0], fa[0, 1], fa[0, 2], fa[0, 3], fb[0, ni, 0], fb[0, ni, 1],
+                                          zero, zero, zero, zero)                  # k-step 0, from zero
+                c0, c1, c2, c3 = mma_bf16(fa[1, 0], fa[1, 1], fa[1, 2], fa[1, 3], fb[1, ni, 0], fb[1, ni, 1],
+                                          c0, c1, c2, c3)                          # + k-step 1
+                i, j = 2 * mi, 2 * ni                # c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1]
+                acc[i, j] += c0
+                acc[i, j + 1] += c1
+                acc[i + 1, j] += c2
+                acc[i + 1, j + 1] += c3
+    return stage
+
+
+@functools.cache
+def make_half_tile(tile):
+    """Everything a kernel needs for one bf16 ldmatrix tile, the names of warp_tile.make_warp_tile
+    (mma, mma_nn .. mma_tt, row, col, zero, store, TM, TN, THREADS, BK, grid).
+    tile = ("bf16l", BM, BN, BK, WM, WN, vec): BK = 32; vec: 128-bit global loads (warp_tile.resolve).
+    The shared stages are tile_loop's float32 arrays, each 32-bit element holding a bf16 pair
+    (written by store2, read by ldmatrix, never as a float): the K loop is make_pipeline's."""
+    kind, BM, BN, BK, WM, WN, vec = tile
+    assert kind == "bf16l", kind
+    assert BK == BK_HALF, f"bf16 ldmatrix tiles take BK = {BK_HALF}, got {BK}"
+    assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 16 == 0, f"tile {tile}"
+    MI, NI = WM // 16, WN // 8
+    TM, TN = 2 * MI, 2 * NI
+    WARPS_N = BN // WN
+    THREADS = WARP * (BM // WM) * WARPS_N
+    ranged = {}
+    for ta in (False, True):
+        for tb in (False, True):
+            # stored tiles: a [M, K] -> BM x BK, a^T [K, M] -> BK x BM; b^T [N, K] -> BN x BK, b [K, N] -> BK x BN
+            fetch_a, put_a, EA = _copier(*((BK, BM) if ta else (BM, BK)), THREADS, vec)
+            fetch_b, put_b, EB = _copier(*((BN, BK) if tb else (BK, BN)), THREADS, vec)
+            ranged[(ta, tb)] = make_pipeline(ta, tb, BM, BN, BK, WM, WN, (fetch_a, put_a, EA, (BM * BK // 2,)),
+                                             (fetch_b, put_b, EB, (BN * BK // 2,)), _stage(ta, tb, BM, BN, MI, NI))
+
+    @cuda.jit(device=True)
+    def row(i):
+        """Row of out that acc[i, :] belongs to: wm0 + 16 (i // 2) + 8 (i % 2) + g."""
+        warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        return cuda.blockIdx.y * BM + (warp // WARPS_N) * WM + (i // 2) * 16 + (i % 2) * 8 + (lane >> 2)
+
+    @cuda.jit(device=True)
+    def col(j):
+        """Column of out that acc[:, j] belongs to: wn0 + 8 (j // 2) + 2 t + j % 2."""
+        warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        return cuda.blockIdx.x * BN + (warp % WARPS_N) * WN + (j // 2) * 8 + 2 * (lane & 3) + j % 2
+
+    zero, store = make_epilogue(row, col, TM, TN)
+    return SimpleNamespace(
+        mma=ranged, **whole_k(ranged), row=row, col=col, zero=zero, store=store, TM=TM, TN=TN, THREADS=THREADS,
+        BK=BK, grid=lambda M, N, z=1: (cdiv(N, BN), cdiv(M, BM), z))
