@@ -194,7 +194,13 @@ def reference_for(case, direction, dims, rng):
 # itself, about u / sqrt(K) of the output's scale. The first check of those ops allows
 # LOW_PRECISION_TOL: on the H200 at 12M (K = 384 and 1536) the MLP's bf16 version reached 4.2e-4 of
 # the scale against the bf16 twin (2026-12-02), where a = 1e-4 had been the limit.
-LOW_PRECISION_TOL = {"mlp": (1e-3, 2e-3), "loss": (1e-3, 2e-3)}   # (rtol, a), by case
+# Flash attention in bf16 or fp16 (v11, v12) rounds values it computes itself too (the unnormalised
+# probabilities, ds), in fp32 where the twin has float64: the twin run at bf16 in float32 against
+# float64 (the same effect, emulated) needed a = 4.3e-4 at the tiny size over 200 seeds, 1.7e-4 at
+# 12M and 1.5e-4 at 120M (fp16: 8.6e-5, 4.3e-5, 6e-5); a = 1e-3 leaves room for the tensor core's
+# own sums, and still fails a bf16 kernel that rounds the normalised probabilities instead
+# (1.4e-3 to 4.3e-3).
+LOW_PRECISION_TOL = {"mlp": (1e-3, 2e-3), "loss": (1e-3, 2e-3), "attn_flash": (1e-3, 1e-3)}   # (rtol, a), by case
 
 
 def low_precision_bound(case, precision, values, lp_ref, fp_ref, name):

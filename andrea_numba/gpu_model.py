@@ -344,14 +344,17 @@ class GPUModel:
 # product through cuBLASLt in fp32 (an SGEMM), bf16 or fp16, the engine's kernels for the rest (None:
 # no version of ours); on a GPU with nvmath-python only
 LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp16"}
+# "bf16l": bf16 products on matmul v12's tiles (bf16 shared tiles read with ldmatrix: attn_qkv, attn_out
+# v11, mlp v15, loss_fwd v12, loss_bwd v11)
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10, **{kind: None for kind in LIBRARY_PRECISION}}
-MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11}   # the loss forward's, where not the linear ops'
+            "f16w": 10, "bf16l": 11, **{kind: None for kind in LIBRARY_PRECISION}}
+MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16w", "fp16": "f16w"}   # train.precision -> the engine's products
 LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
 # products -> the precision of the twin that matches it (every other kind: fp32)
-PRECISION = {products: p for p, products in (*PRODUCTS_FOR.items(), *LIBRARY_FOR.items()) if p != "fp32"}
+PRECISION = {products: p for p, products in (*PRODUCTS_FOR.items(), *LIBRARY_FOR.items(), ("bf16", "bf16l"))
+             if p != "fp32"}
 
 
 def _flat(a):

@@ -245,6 +245,35 @@ for p in ("bf16", "fp16"):
 print(json.dumps(res))
 PY
         cat "$OUT/resume16/check.json"; grep -h "stopped by signal\|resumed from\|loss scale" "$OUT"/resume16/*_b*.log | head -8 ;;
+    s10) # the tenth session's last run (the timing tables at the end, alone on the GPU):
+        #  1. the harness, all at once: matmul v12 and the cuBLASLt bf16/fp16 route (v21, v22: operands
+        #     rounded into 16-bit copies) at 12M and 120M; the linear ops on v12's tiles (attn_qkv, attn_out
+        #     v11, mlp v15, loss_fwd v12, loss_bwd v11) at 12M; flash attention v11 (bf16) and v12 (fp16) at
+        #     12M and 120M; the whole model with bf16l, cublas-bf16 and cublas-fp16 products at 12M;
+        #  2. then: the step at 12M and 120M with bf16l and cublas-bf16 products, flash v10 and v11, beside
+        #     PyTorch bf16; v10, v12, v21, v22 beside cuBLAS SGEMM and PyTorch bf16; flash v8/v10 against
+        #     v11/v12 kernel by kernel
+        mkdir -p "$OUT/s10"; d="$OUT/s10"
+        for size in 12M 120M; do
+          timeout 240 $py -m andrea_numba.check --size $size --seed 173 --compile-workers 2 --ops-only --op matmul --op "matmul a@b^T" \
+              --op "matmul a^T@b +=" --version 12 --version 21 --version 22 --json > "$d/mm_$size.json" 2> "$d/mm_$size.err" &
+          timeout 240 $py -m andrea_numba.check --size $size --seed 167 --compile-workers 2 --ops-only --op attn_flash \
+              --version 11 --version 12 --json > "$d/flash_$size.json" 2> "$d/flash_$size.err" &
+        done
+        timeout 240 $py -m andrea_numba.check --size 12M --seed 179 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
+            --op mlp --op loss --version 11 --version 12 --version 15 --json > "$d/ops_12M.json" 2> "$d/ops_12M.err" &
+        for products in bf16l cublas-bf16 cublas-fp16; do
+          timeout 240 $py -m andrea_numba.check --size 12M --seed 181 --compile-workers 2 --model-only --products $products \
+              --json > "$d/model_12M_$products.json" 2> "$d/model_12M_$products.err" &
+        done
+        wait
+        for f in "$d"/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        timeout 170 $py bench/step_time.py --sizes 12M 120M --products bf16l cublas-bf16 --flash-version 10 11 \
+            --iters 3 --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        timeout 80 $py bench/gemm.py --versions 10,12,21,22 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
+        timeout 55 $py bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
+            --markdown "$d/flash_kernels.md" > "$d/flash_kernels.txt" 2>&1; echo "flash kernels exit $?"; grep "^|" "$d/flash_kernels.md" ;;
     cublas) # the library route (kernels/cublaslt.py, nvmath-python carried as a wheel): matmul v20-v22
         # (cuBLASLt fp32 / bf16 / fp16) in the harness at 12M and 120M; the whole model with cuBLASLt
         # products at 12M (fp32, bf16, fp16) and 120M (bf16); v20-v22 timed beside v8, v10 and PyTorch

@@ -352,18 +352,26 @@ from .attn_flash_v3 import attn_flash_bwd_v7, attn_flash_bwd_v8, attn_flash_fwd_
 from .attn_flash_v3 import attn_flash_bwd_v9  # noqa: E402
 # v10: (the backward only) v9 with dy and y read 128 bits at a time for D (same file)
 from .attn_flash_v3 import attn_flash_bwd_v10  # noqa: E402
+# v11: v8's forward and v10's backward with bf16 products (mma.sync m16n8k16, inputs rounded as read,
+# the forward's softmax in base 2); v12: the same in fp16 (kernels/attn_flash_lowp.py). Forward and
+# backward share the number (there is no forward v9 or v10: those versions changed the backward only)
+from .attn_flash_lowp import attn_flash_bwd_v11, attn_flash_bwd_v12, attn_flash_fwd_v11, attn_flash_fwd_v12  # noqa: E402
 
 VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
                                5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6, 7: attn_flash_fwd_v7,
-                               8: attn_flash_fwd_v8},
+                               8: attn_flash_fwd_v8, 11: attn_flash_fwd_v11, 12: attn_flash_fwd_v12},
             "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
                                5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6, 7: attn_flash_bwd_v7,
-                               8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_v10}}
+                               8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_v10,
+                               11: attn_flash_bwd_v11, 12: attn_flash_bwd_v12}}
 attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v8, attn_flash_bwd_v10         # what the engine uses
 
 
 def flash_pair(version: int):
     """(forward, backward) launchers of flash attention `version`: the backward of that number and
-    the latest forward up to it (v9 and v10 change the backward only and run v8's forward)."""
-    fwd = max(v for v in VERSIONS["attn_flash_fwd"] if v <= version)
+    the latest forward up to it whose products have the same precision (`.precision`: none is fp32).
+    v9 and v10 change the backward only and run v8's forward; v11 (bf16) and v12 (fp16) are pairs."""
+    precision = getattr(VERSIONS["attn_flash_bwd"][version], "precision", None)
+    fwd = max(v for v, f in VERSIONS["attn_flash_fwd"].items()
+              if v <= version and getattr(f, "precision", None) == precision)
     return VERSIONS["attn_flash_fwd"][fwd], VERSIONS["attn_flash_bwd"][version]

@@ -76,7 +76,7 @@ outputs from the same shared tiles (the own tile from its planes, as big + small
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from .attn import NEG_INF, _check
 from .common import SIMULATOR, BlockDoesNotFit, as_is, blocks, cdiv, jit_as, nonneg
@@ -95,12 +95,13 @@ SHARED_LIMIT = 48 * 1024                    # bytes of static shared memory per 
 
 
 def shared_bytes(hs: int, warps: int, bkv: int, forward_only: bool = False, planes: int = 2,
-                 swizzle: bool = False) -> int:
+                 swizzle: bool = False, half: bool = False) -> int:
     """Bytes of shared memory of the forward (forward_only) or of the larger backward kernel, with
-    own tiles of `planes` planes (2: v3, 1: v4); swizzle: v6's unpadded inner tiles."""
-    HS8, BQ = cdiv(hs, 8) * 8, 16 * warps
+    own tiles of `planes` planes (2: v3, 1: v4); swizzle: v6's unpadded inner tiles; half: v11's
+    and v12's own tiles of packed 16-bit pairs, channels padded to 16 (attn_flash_lowp.py)."""
+    HS8, BQ = cdiv(hs, 16 if half else 8) * (16 if half else 8), 16 * warps
     P, PK = inner_pitch(HS8, swizzle), bkv + 4
-    own = planes * BQ * HS8                              # an own tile's planes
+    own = BQ * HS8 // 2 if half else planes * BQ * HS8   # an own tile's planes (half: one of 32-bit pairs)
     fwd = own + 2 * bkv * P + BQ * PK + BQ * 4           # q planes, K and V tiles, p f, red
     dq = 2 * own + 2 * bkv * P + BQ * PK                 # q, dy planes, K and V tiles, ds
     dkdv = 2 * own + 2 * bkv * P + 2 * BQ * PK + 2 * bkv  # k, v planes, Q and dY tiles, P f, ds, lse, D
@@ -235,23 +236,28 @@ def _kstep_own(WARPS, NK, NI, PLANES, TRUNC=False, SWZ=False):
 
 
 def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUNC: bool = False, SWZ: bool = False,
-                 NONNEG: bool = False, HEAVY: bool = False, ROWDOT: int = 0):
+                 NONNEG: bool = False, HEAVY: bool = False, ROWDOT: int = 0, HALF=None):
     """The three kernels for head size HS, block (WARPS, BKV) and 128-bit copies VEC (the caller
     checked the alignment: aligned_rows); the own tiles as two split planes (PLANES = 2, v3) or
     one plane of values split as read (PLANES = 1, v4); TRUNC: v3 with the small parts of the
     inner tiles' values truncated by the tensor core (v5); SWZ: v5 with swizzled inner tiles (v6);
     NONNEG: v5 with its thread and block indices through common.nonneg (v7); HEAVY: v7 on the grid
     (B*H, tiles), the longest tiles of every head first (v8); ROWDOT = 1: v8 with D = dy . y worked
-    out by the dq kernel for its rows (v9); 2: v9 with those rows read 128 bits at a time when VEC (v10)."""
-    HS8 = cdiv(HS, 8) * 8         # head size rounded up to the mma's k step (tiles zero-padded)
+    out by the dq kernel for its rows (v9); 2: v9 with those rows read 128 bits at a time when VEC (v10).
+    HALF = "bf16" or "fp16" (with v8's forward, v10's backward): every product one mma.sync
+    m16n8k16 of inputs rounded to that format, the forward's softmax in base 2 (v11, v12:
+    attn_flash_lowp.py)."""
+    from .attn_flash_lowp import HALF_VERSION, kstep_nn16, kstep_own16, own_tile16
+    KS = 16 if HALF else 8        # the mma's k step: 8 (TF32), 16 (bf16, fp16)
+    HS8 = cdiv(HS, KS) * KS       # head size rounded up to the mma's k step (tiles zero-padded)
     BQ = 16 * WARPS               # rows of the block's own tile: 16 per warp
     NT = WARP * WARPS
-    version = 10 if ROWDOT == 2 else 9 if ROWDOT else 8 if HEAVY else 7 if NONNEG else 6 if SWZ else 5 if TRUNC else 3 if PLANES == 2 else 4
+    version = HALF_VERSION[HALF] if HALF else 10 if ROWDOT == 2 else 9 if ROWDOT else 8 if HEAVY else 7 if NONNEG else 6 if SWZ else 5 if TRUNC else 3 if PLANES == 2 else 4
     ix = nonneg if NONNEG else as_is   # v7: indices the compiler knows are >= 0 (common.nonneg)
     SWZ = swizzled(HS8, SWZ)      # (at a head size of rows not a multiple of 32 floats, v6 is v5)
     P = inner_pitch(HS8, SWZ)     # pitch of the inner tiles: conflict-free fragment reads
     PK = BKV + 4                  # pitch of the p f and ds tiles
-    NK = HS8 // 8                 # k steps over the head's channels
+    NK = HS8 // KS                # k steps over the head's channels
     NQ, NH = BKV // 8, HS8 // 8   # 8-column fragments of a BKV-wide and of an HS8-wide product
     SQ, SH = 2 * NQ, 2 * NH       # a thread's columns of such a product (two per fragment)
     LPT = cdiv(BKV, NT)           # lse and D values per thread of a query tile (dk/dv kernel)
@@ -259,11 +265,13 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
     assert BKV % 8 == 0 and (BKV * HS8) % NT == 0, f"block ({WARPS}, {BKV}) does not tile head size {HS}"
     E = BKV * HS8 // NT           # floats of an inner tile per thread
     fetch, put, _ = _copier(BKV, HS8, P, NT, VEC and E % 4 == 0, SWZ, NONNEG)
-    load_own = _own_tile(HS, NK, PLANES)
-    # acc (2, 2 NQ) += own[16 rows, 8] @ tile^T, the own tile from its planes (q k^T, dy v^T, ...)
-    step_own = _kstep_own(WARPS, NK, NQ, PLANES, TRUNC, SWZ)
-    # acc (2, 2 NH) += A[16 rows, 8] @ B with B stored [k, n] (p f @ V, ds @ K, (P f)^T @ dY, ds^T @ Q)
-    step_nn = _kstep(False, False, 1, NH, True, TRUNC, SWZ)
+    load_own = own_tile16(HS, NK, HALF) if HALF else _own_tile(HS, NK, PLANES)
+    # acc (2, 2 NQ) += own[16 rows, KS] @ tile^T, the own tile from its planes (q k^T, dy v^T, ...)
+    step_own = kstep_own16(NK, NQ, HALF) if HALF else _kstep_own(WARPS, NK, NQ, PLANES, TRUNC, SWZ)
+    # acc (2, 2 NH) += A[16 rows, KS] @ B with B stored [k, n] (p f @ V, ds @ K, (P f)^T @ dY, ds^T @ Q)
+    step_nn = kstep_nn16(NH, BKV, HALF) if HALF else _kstep(False, False, 1, NH, True, TRUNC, SWZ)
+    OWN, OWN_T = ((1, WARPS, NK, FR), int32) if HALF else ((PLANES, WARPS, NK, FR), float32)   # own tiles' shape, type
+    LOG2 = HALF is not None       # v11, v12: the forward's softmax in base 2, an integer maximum (attn_flash_lowp.py)
 
     if HEAVY:       # v8: grid (B*H, tiles); a block's tile is blockIdx.y (see the note above v8)
         @cuda.jit(device=True, inline="always")
@@ -292,7 +300,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
         softmax over the key tiles as k_attn_flash_fwd_v2, with the q planes split once and the
         next K and V tiles loading during the current tile's products (module docstring)."""
         key = key_value(dropout_key)
-        fq = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)   # q's planes: big, small (v3) or values (v4)
+        fq = cuda.shared.array(OWN, OWN_T, alignment=16)   # q's planes: big, small (v3), values (v4), bf16 pairs (v11)
         sk = cuda.shared.array((BKV, P), float32, alignment=16)     # the K tile of the current keys
         sv = cuda.shared.array((BKV, P), float32, alignment=16)     # the V tile of the same keys
         sp = cuda.shared.array((BQ, PK), float32)                   # p f of the tile (rows of each warp)
@@ -346,7 +354,11 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                 rr = wm0 + 8 * hh + g
                 t = t0 + rr
                 m_new = max(max(m[hh], max(red[rr, 0], red[rr, 1])), max(red[rr, 2], red[rr, 3]))
-                alpha = math.exp(m[hh] - m_new)            # 0 at the first tile (m = -inf)
+                if LOG2:                                   # v11, v12: s in base 2, m an integer
+                    m_new = float32(math.ceil(m_new))
+                    alpha = math.exp2(m[hh] - m_new)       # a power of two; 0 at the first tile
+                else:
+                    alpha = math.exp(m[hh] - m_new)        # 0 at the first tile (m = -inf)
                 lsum[hh] *= alpha
                 for jj in range(SH):
                     o[hh, jj] *= alpha
@@ -354,13 +366,13 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                     c = col(jj, tq)
                     p = float32(0.0)
                     if u0 + c <= t:
-                        p = math.exp(s[hh, jj] - m_new)
+                        p = math.exp2(s[hh, jj] - m_new) if LOG2 else math.exp(s[hh, jj] - m_new)
                         lsum[hh] += p                      # the softmax's sum: before dropout
                         p *= dropout_factor(key, ((b * H + h) * T + t) * T + u0 + c, threshold, dscale)
                     sp[rr, c] = p
                 m[hh] = m_new
             warp_sync()                                    # so are sp's
-            for kk in range(0, BKV, 8):                    # yacc += (p f) @ v
+            for kk in range(0, BKV, KS):                   # yacc += (p f) @ v
                 step_nn(o, sp, sv, ix(kk), wm0, 0, g, tq)
             if more:
                 cuda.syncthreads()                         # every warp is done with sk and sv
@@ -380,7 +392,10 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                     if d < HS:
                         y[b, t, c0 + d] = o[hh, jj] / lt
                 if tq == 0:
-                    lse[b, h, t] = m[hh] + math.log(lt)
+                    if LOG2:                               # lse = ln 2 (m + log2 l), in natural units
+                        lse[b, h, t] = (m[hh] + math.log2(lt)) * float32(0.6931471805599453)
+                    else:
+                        lse[b, h, t] = m[hh] + math.log(lt)
 
     def k_attn_flash_bwd_dq(dq, d_rowdot, dy, q, k, v, y, lse, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows, b*H + h); per key tile u0 <= the tile's last query:
@@ -390,8 +405,8 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
             read D from d_rowdot (k_attn_flash_bwd_rowdot_v1, launched before); v9 works it out
             here for the tile's rows and writes it to d_rowdot for the dk/dv kernel."""
         key = key_value(dropout_key)
-        fq = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)   # q's planes: big, small (v3) or values (v4)
-        fdy = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)  # dy's planes
+        fq = cuda.shared.array(OWN, OWN_T, alignment=16)   # q's planes: big, small (v3), values (v4), bf16 pairs (v11)
+        fdy = cuda.shared.array(OWN, OWN_T, alignment=16)  # dy's planes
         sk = cuda.shared.array((BKV, P), float32, alignment=16)
         sv = cuda.shared.array((BKV, P), float32, alignment=16)
         sds = cuda.shared.array((BQ, PK), float32)
@@ -473,7 +488,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                         gr = p * (da[hh, jj] * f - d_t[hh])
                     sds[rr, c] = gr
             warp_sync()                                    # sds's rows belong to this warp
-            for kk in range(0, BKV, 8):                    # dq += ds @ k (the K tile as [u, d] rows)
+            for kk in range(0, BKV, KS):                   # dq += ds @ k (the K tile as [u, d] rows)
                 step_nn(acc, sds, sk, ix(kk), wm0, 0, g, tq)
             if more:
                 cuda.syncthreads()                         # every warp is done with sk and sv
@@ -508,8 +523,8 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
             dv += (P f)^T dy and dk += ds^T q; at the end dk *= scale. As k_attn_flash_bwd_dkdv_v2,
             the next Q, dY tiles and their lse, D loading during the products."""
         key = key_value(dropout_key)
-        fk = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)   # k's planes: big, small (v3) or values (v4)
-        fv = cuda.shared.array((PLANES, WARPS, NK, FR), float32, alignment=16)   # v's planes
+        fk = cuda.shared.array(OWN, OWN_T, alignment=16)   # k's planes: big, small (v3), values (v4), bf16 pairs (v11)
+        fv = cuda.shared.array(OWN, OWN_T, alignment=16)   # v's planes
         sq = cuda.shared.array((BKV, P), float32, alignment=16)    # the Q tile of the current queries
         sdy = cuda.shared.array((BKV, P), float32, alignment=16)   # the dY tile of the same queries
         spf = cuda.shared.array((BQ, PK), float32)                 # (P f)^T: spf[key, query]
@@ -577,7 +592,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
                     spf[rr, c] = pf
                     sds[rr, c] = gr
             warp_sync()                                    # spf's and sds's rows belong to this warp
-            for kk in range(0, BKV, 8):
+            for kk in range(0, BKV, KS):
                 step_nn(vacc, spf, sdy, ix(kk), wm0, 0, g, tq)  # dv += (P f)^T @ dy
                 step_nn(kacc, sds, sq, ix(kk), wm0, 0, g, tq)   # dk += ds^T @ q
             if more:
@@ -603,22 +618,24 @@ _KERNELS = {}       # (hs, WARPS, BKV, vec, planes, trunc, swizzle, nonneg, heav
 
 
 def kernels(hs, block, vec, forward_only=False, planes=2, trunc=False, swizzle=False, nonneg=False, heavy=False,
-            rowdot=0):
+            rowdot=0, half=None):
     """The kernels of head size hs and block (WARPS, BKV), after checking that they fit; planes:
     2 for v3's, 1 for v4's; trunc (with 2 planes): v5's; swizzle (with trunc): v6's; nonneg
-    (with trunc): v7's; heavy (with nonneg): v8's; rowdot = 1 (with heavy): v9's, 2: v10's."""
+    (with trunc): v7's; heavy (with nonneg): v8's; rowdot = 1 (with heavy): v9's, 2: v10's; half =
+    "bf16" (with v8's or v10's flags): v11's, "fp16": v12's."""
     warps, bkv = block
-    v = 10 if rowdot == 2 else 9 if rowdot else 8 if heavy else 7 if nonneg else 6 if swizzle else 5 if trunc else 3 if planes == 2 else 4
-    need = shared_bytes(hs, warps, bkv, forward_only=forward_only, planes=planes, swizzle=swizzle)
+    ks = 16 if half else 8
+    v = {"bf16": 11, "fp16": 12}[half] if half else 10 if rowdot == 2 else 9 if rowdot else 8 if heavy else 7 if nonneg else 6 if swizzle else 5 if trunc else 3 if planes == 2 else 4
+    need = shared_bytes(hs, warps, bkv, forward_only=forward_only, planes=planes, swizzle=swizzle, half=bool(half))
     if need > SHARED_LIMIT:
         raise BlockDoesNotFit(f"flash attention v{v}: head size {hs} needs {need} bytes of shared memory with "
                          f"block {block}, more than {SHARED_LIMIT}")
-    if bkv % 8 or (bkv * cdiv(hs, 8) * 8) % (WARP * warps):
+    if bkv % 8 or (bkv * cdiv(hs, ks) * ks) % (WARP * warps):
         raise BlockDoesNotFit(f"flash attention v{v}: block {block} does not split a {bkv}-row tile of head size {hs} "
                          f"over {WARP * warps} threads (BKV a multiple of 8)")
-    key = (hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy, rowdot)
+    key = (hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy, rowdot) + ((half,) if half else ())
     if key not in _KERNELS:
-        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy, rowdot)   # numba compiles each on its first launch
+        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, planes, trunc, swizzle, nonneg, heavy, rowdot, half)   # numba compiles each on its first launch
     return _KERNELS[key]
 
 
@@ -628,23 +645,24 @@ def _grid(T, warps, BH, heavy):
 
 
 def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=False, swizzle=False,
-         nonneg=False, heavy=False):
+         nonneg=False, heavy=False, half=None):
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
     fwd = kernels(hs, block, aligned_rows(hs, k, v), forward_only=True, planes=planes, trunc=trunc, swizzle=swizzle,
-                  nonneg=nonneg, heavy=heavy)[0]
+                  nonneg=nonneg, heavy=heavy, half=half)[0]
+    scale = 1.0 / math.sqrt(hs) * (1.0 / math.log(2.0) if half else 1.0)   # v11, v12: scores in base 2
     fwd[_grid(T, warps, B * n_head, heavy), WARP * warps, stream](
-        y, lse, q, k, v, np.float32(1.0 / math.sqrt(hs)), *mask_args(dropout_p, dropout_key))
+        y, lse, q, k, v, np.float32(scale), *mask_args(dropout_p, dropout_key))
 
 
 def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
-         trunc=False, swizzle=False, nonneg=False, heavy=False, rowdot=0):
+         trunc=False, swizzle=False, nonneg=False, heavy=False, rowdot=0, half=None):
     from .attn_flash import k_attn_flash_bwd_rowdot_v1
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
     vec = aligned_rows(hs, q, k, v, dy, *((y,) if rowdot == 2 else ()))     # (v10 reads y 128 bits at a time too)
     _, dq_kernel, dkdv_kernel = kernels(hs, block, vec, planes=planes, trunc=trunc,
-                                        swizzle=swizzle, nonneg=nonneg, heavy=heavy, rowdot=rowdot)
+                                        swizzle=swizzle, nonneg=nonneg, heavy=heavy, rowdot=rowdot, half=half)
     scale = np.float32(1.0 / math.sqrt(hs))
     drop = mask_args(dropout_p, dropout_key)
     NT = WARP * warps

@@ -13,7 +13,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
+from .matmul import HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 
 @functools.cache
@@ -194,8 +194,26 @@ def attn_out_bwd_v10(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 
 attn_out_fwd_v10.precision = attn_out_bwd_v10.precision = "fp16"
 
+
+# bf16 products on matmul v12's tiles (kernels/half_tile.py): each operand rounded to bf16 once, on
+# its way into shared memory, the fragments read with ldmatrix; the same kernels as v9 (same math,
+# other order of the sums).
+@blocks(**HALF_OP_TILES)
+def attn_out_fwd_v11(out, y, w_o, *, block, stream=0):
+    """v9 on matmul v12's tiles (bf16 shared tiles, ldmatrix)."""
+    _fwd_warp("bf16l", out, y, w_o, block, stream)
+
+
+@blocks(**HALF_OP_TILES)
+def attn_out_bwd_v11(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v9's backward on matmul v12's tiles, dW_O split over K into work."""
+    _bwd_warp("bf16l", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
+attn_out_fwd_v11.precision = attn_out_bwd_v11.precision = "bf16"
+
 VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7,
-                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10},
+                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10, 11: attn_out_fwd_v11},
             "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7,
-                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10}}
+                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10, 11: attn_out_bwd_v11}}
 attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7          # what the engine uses

@@ -17,7 +17,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, resolve
+from .matmul import HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, resolve
 
 
 @functools.cache
@@ -231,10 +231,27 @@ def attn_qkv_bwd_v10(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *
 
 attn_qkv_fwd_v10.precision = attn_qkv_bwd_v10.precision = "fp16"
 
+# bf16 products on matmul v12's tiles (kernels/half_tile.py): each operand rounded to bf16 once, on
+# its way into shared memory, the fragments read with ldmatrix; the same kernels as v9 (same math,
+# other order of the sums).
+@blocks(**HALF_OP_TILES)
+def attn_qkv_fwd_v11(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """v9 on matmul v12's tiles (bf16 shared tiles, ldmatrix)."""
+    _fwd_warp("bf16l", q, k, v, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**HALF_OP_TILES)
+def attn_qkv_bwd_v11(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """v9's backward on matmul v12's tiles, the weight gradients split over K into work."""
+    _bwd_warp("bf16l", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+
+
+attn_qkv_fwd_v11.precision = attn_qkv_bwd_v11.precision = "bf16"
+
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
 VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7,
-                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10},
+                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11},
             "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7,
-                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10}}
+                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11}}
 attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7          # what the engine uses

@@ -528,6 +528,9 @@ VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5
 # of 128-byte rows).
 HALF_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32), (64, 64, 32, 32, 32)),
                   sim=((32, 32, 32, 32, 32), (64, 16, 32, 32, 16)))
+# the linear ops on v12's tiles (attn_qkv, attn_out v11, mlp v15): in the simulator two tiles of one
+# warp (matmul v12's rows check the two-warp tile and its swizzle of 128-byte rows)
+HALF_OP_TILES = dict(gpu=HALF_TILES["gpu"], sim=(HALF_TILES["sim"][0], (32, 16, 32, 32, 16)))
 
 
 @blocks(**HALF_TILES)
