@@ -128,7 +128,7 @@ class GPUModel:
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
                  dropout: float = 0.0, flash: bool = True, products: str = "tf32x3w", share=None,
-                 mlp_version: int | None = None):
+                 mlp_version: int | None = None, flash_version: int | None = None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         assert products in PRODUCTS, f"products must be one of {sorted(PRODUCTS)}, got {products!r}"
         self.m, self.B, self.T, self.N = m, B, T, B * T
@@ -153,6 +153,11 @@ class GPUModel:
         self.mlp_fwd_takes_work = "work" in inspect.signature(self.mlp_fwd).parameters   # v11 on
         self.dropout = dropout                      # used by a forward given a dropout_key
         self.flash = flash
+        # flash attention's launchers: the engine's (attn_flash.attn_flash_fwd / _bwd, read at each
+        # launch) in fp32; with bf16 or fp16 products, the version with products at that precision
+        # (FLASH_VERSION); flash_version=<n> runs version n instead (the benchmarks' --flash-version)
+        v_flash = FLASH_VERSION.get(self.precision) if flash_version is None else flash_version
+        self.flash_pair = attn_flash.flash_pair(v_flash) if v_flash is not None else None
         # every launch and copy of this model goes to one stream, never the legacy default stream
         self.stream = cuda.stream() if stream is None else stream
         self.training = training
@@ -175,7 +180,7 @@ class GPUModel:
     def nbytes(self) -> int:
         """Its buffers' bytes (with cuBLASLt's workspace and 16-bit scratch when the library computes
         its products)."""
-        library = 0 if PRODUCTS[self.products] is None else \
+        library = 0 if PRODUCTS[self.products] is not None else \
             cublaslt.WORKSPACE_BYTES + cublaslt.scratch_bytes(self.precision, self.N, self.m.d_model, self.m.vocab_size)
         return sum(s.nbytes for s in self.specs) + library
 
@@ -227,7 +232,8 @@ class GPUModel:
                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
-                attn_flash.attn_flash_fwd(b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s)
+                flash_fwd = self.flash_pair[0] if self.flash_pair else attn_flash.attn_flash_fwd
+                flash_fwd(b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s)
             else:
                 attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], *qkv, H, p_drop, k_att, stream=s)
             self.out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], stream=s)
@@ -292,7 +298,7 @@ class GPUModel:
             self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, branch_grad(k_ao), b["y"][l], P[p + "attn.w_o"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
-                attn_flash.attn_flash_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
+                (self.flash_pair[1] if self.flash_pair else attn_flash.attn_flash_bwd)(bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
                                           b["y"][l].reshape(B, T, C), b["lse"][l], H, p_drop, k_att, stream=s)
             else:
                 attn.attn_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"), *qkv,
@@ -350,11 +356,14 @@ PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "t
             "f16w": 10, "bf16l": 11, **{kind: None for kind in LIBRARY_PRECISION}}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15}
 LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12}   # the loss forward's, where not the linear ops'
-PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16w", "fp16": "f16w"}   # train.precision -> the engine's products
+PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16l", "fp16": "f16w"}   # train.precision -> the engine's products
+# flash attention's version by the products' precision (kernels/attn_flash_lowp.py: v11 bf16, v12 fp16);
+# the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
+FLASH_VERSION = {"bf16": 11, "fp16": 12}
 LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
 # products -> the precision of the twin that matches it (every other kind: fp32)
-PRECISION = {products: p for p, products in (*PRODUCTS_FOR.items(), *LIBRARY_FOR.items(), ("bf16", "bf16l"))
-             if p != "fp32"}
+PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "f16w": "fp16",
+             **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 
 
 def _flat(a):

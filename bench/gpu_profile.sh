@@ -274,6 +274,19 @@ PY
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
         timeout 55 $py bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
             --markdown "$d/flash_kernels.md" > "$d/flash_kernels.txt" 2>&1; echo "flash kernels exit $?"; grep "^|" "$d/flash_kernels.md" ;;
+    s10b) # the engine's bf16 (bf16l products, flash v11) and fp16 (f16w, flash v12), all at once: the 12M
+        # training quality (QUALITY_STEPS), bit-exact resume in both, the whole model against the twin
+        # (which now runs the flash twin at that precision) at 12M
+        mkdir -p "$OUT/s10b"
+        QUALITY_STEPS=${QUALITY_STEPS:-800} bash "$0" quality > "$OUT/s10b/quality.log" 2>&1 &
+        bash "$0" resume16 > "$OUT/s10b/resume16.log" 2>&1 &
+        for products in bf16l f16w; do
+          timeout 200 $py -m andrea_numba.check --size 12M --seed 191 --compile-workers 2 --model-only --products $products \
+              --json > "$OUT/s10b/model_12M_$products.json" 2> "$OUT/s10b/model_12M_$products.err" &
+        done
+        wait
+        for f in "$OUT"/s10b/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        grep "^|" "$OUT/quality.txt"; tail -3 "$OUT/s10b/quality.log"; cat "$OUT/resume16/check.json"; tail -4 "$OUT/s10b/resume16.log" ;;
     cublas) # the library route (kernels/cublaslt.py, nvmath-python carried as a wheel): matmul v20-v22
         # (cuBLASLt fp32 / bf16 / fp16) in the harness at 12M and 120M; the whole model with cuBLASLt
         # products at 12M (fp32, bf16, fp16) and 120M (bf16); v20-v22 timed beside v8, v10 and PyTorch
@@ -332,7 +345,7 @@ PY
         # the validation losses side by side and plotted (bench/precision_runs.py), into $OUT/quality/
         # the three at once on the GPU (--parallel: the same losses as one after another);
         # QUALITY_PRODUCTS=cublas trains bf16 and fp16 with cuBLASLt's products
-        timeout 560 $py bench/precision_runs.py --out /tmp/quality --size 12M --steps "${QUALITY_STEPS:-2000}" \
+        timeout ${QUALITY_TIMEOUT:-560} $py bench/precision_runs.py --out /tmp/quality --size 12M --steps "${QUALITY_STEPS:-2000}" \
             --precisions fp32,bf16,fp16 --parallel --products "${QUALITY_PRODUCTS:-numba}" > "$OUT/quality.txt" 2>&1
         echo "quality exit $?"; grep "^|" "$OUT/quality.txt" | tail -4
         mkdir -p "$OUT/quality"; cp /tmp/quality/precision_runs.* "$OUT/quality/"

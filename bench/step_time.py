@@ -26,7 +26,7 @@ from numba import cuda
 
 from andrea_numba import cli
 from andrea_numba.config import load_config
-from andrea_numba.gpu_model import PRODUCTS, GPUModel
+from andrea_numba.gpu_model import FLASH_VERSION, PRECISION, PRODUCTS, GPUModel
 from andrea_numba.kernels import attn_flash, mlp
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import init_params, n_params
@@ -40,14 +40,8 @@ def engine_flash_version() -> int:
 
 
 def time_ours(m, B, T, iters, flash=True, products="tf32x3w", flash_version=None, mlp_version=None):
-    if flash and flash_version not in (None, engine_flash_version()):     # time another version in its place
-        saved = attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd
-        attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd = attn_flash.flash_pair(flash_version)
-        try:
-            return time_ours(m, B, T, iters, flash, products, mlp_version=mlp_version)
-        finally:
-            attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd = saved
-    model = GPUModel(m, B, T, flash=flash, products=products, mlp_version=mlp_version)
+    model = GPUModel(m, B, T, flash=flash, products=products, mlp_version=mlp_version,
+                     flash_version=flash_version if flash else None)
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
     tokens = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
@@ -205,11 +199,12 @@ def main(argv=None):
                     help="the linear ops' products: tf32x3w (v7, the engine's), tf32x3t (v6), tf32x3k (v5, k-major), tf32x3s (v4, split planes), "
                          "tf32x3 (v3), simt (v2), bf16w / f16w (bf16 / fp16), cublas / cublas-bf16 / cublas-fp16 (cuBLASLt)")
     ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_bwd"])[1:],
-                    help="flash attention versions to time (default: the engine's)")
+                    help="flash attention versions to time (default: the model's own: the engine's in fp32, v11 "
+                         "with bf16 products, v12 with fp16)")
     ap.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
                     help="run the MLP's launchers of this version in the model (5 and 6: the k-major tiles)")
     args = ap.parse_args(argv)
-    flash_versions = args.flash_version or [engine_flash_version()]
+    flash_versions = args.flash_version or [None]          # None: the model's own (by its products' precision)
     rows, train_steps = [], []         # train_steps: a line for each size's PyTorch training step
     for size in args.sizes:
         m = load_config(size).model
@@ -234,7 +229,8 @@ def main(argv=None):
             pass
         for products in args.products:
             runs = [(False, None)] if args.attention != "flash" else []
-            runs += [(True, v) for v in flash_versions] if args.attention != "plain" else []
+            own = FLASH_VERSION.get(PRECISION.get(products), engine_flash_version())
+            runs += [(True, v or own) for v in flash_versions] if args.attention != "plain" else []
             for flash, fv in runs:
                 fwd, bwd, loss, nbytes, graph = time_ours(m, B, T, args.iters, flash=flash, products=products,
                                                           flash_version=fv, mlp_version=args.mlp_version)

@@ -110,7 +110,7 @@ def attn_flash_fwd(q, k, v, n_head, dropout_p=0.0, dropout_key=0):
     lse = m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True))    # [B, H, T, 1]
     p = np.exp(s - lse)                                            # att; 0 in the future
     f = _dropout(p, dropout_p, dropout_key)
-    if precision._PRODUCTS.get() is None:      # exact products (fp32; the precision products_in set, precision.py)
+    if precision.current() is None:           # exact products (fp32; the precision products_in set, precision.py)
         y = _merge((p * f) @ vh)                                   # [B, T, C]
     else:
         y = _merge(_low_precision_pv(s, f, vh))

@@ -37,7 +37,7 @@ import numpy as np
 from andrea_numba.config import ModelConfig
 from andrea_numba.layout import views
 
-from .attn import attn_bwd, attn_fwd
+from .attn import attn_bwd, attn_flash_bwd, attn_flash_fwd, attn_fwd
 from .attn_out import attn_out_bwd, attn_out_fwd
 from .attn_qkv import attn_qkv_bwd, attn_qkv_fwd
 from .dropout import block_keys, dropout_bwd, dropout_fwd
@@ -45,7 +45,7 @@ from .embed import embed_bwd, embed_fwd
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .loss import loss_bwd, loss_fwd
 from .mlp import mlp_bwd, mlp_fwd
-from .precision import mm, products_in
+from .precision import current, mm, products_in
 from .residual import residual_add, residual_add_bwd
 
 
@@ -62,7 +62,11 @@ def _trunk(params, m: ModelConfig, tokens, dropout_p=0.0, dropout_key=None):
         a = {"x_in": x}
         a["ln1"], a["ln1_mean"], a["ln1_rstd"] = layernorm_fwd(x, P[p + "ln1.g"], P[p + "ln1.b"], eps)
         a["q"], a["k"], a["v"] = attn_qkv_fwd(a["ln1"], P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
-        a["y"], a["att"] = attn_fwd(a["q"], a["k"], a["v"], H, p_drop, k_att)
+        if current() is None:       # exact products: attention saving its probabilities (lessons read att)
+            a["y"], a["att"] = attn_fwd(a["q"], a["k"], a["v"], H, p_drop, k_att)
+        else:                       # bf16 / fp16 products: the engine runs flash attention v11 / v12, whose
+            # twin rounds the same products' inputs (reference/attn.py)
+            a["y"], a["lse"] = attn_flash_fwd(a["q"], a["k"], a["v"], H, p_drop, k_att)
         attn_out = dropout_fwd(attn_out_fwd(a["y"], P[p + "attn.w_o"]), p_drop, k_ao)
         x = a["x_mid"] = residual_add(x, attn_out)
         a["ln2"], a["ln2_mean"], a["ln2_rstd"] = layernorm_fwd(x, P[p + "ln2.g"], P[p + "ln2.b"], eps)
@@ -130,7 +134,10 @@ def _backward(params, m: ModelConfig, acts, dloss=1.0):
         dattn_out = dropout_bwd(dattn_out, p_drop, k_ao)
         dy, dw_o = attn_out_bwd(dattn_out, a["y"], P[p + "attn.w_o"])
         G[p + "attn.w_o"] += dw_o
-        dq, dk, dv = attn_bwd(dy, a["q"], a["k"], a["v"], a["att"], H, p_drop, k_att)
+        if "att" in a:
+            dq, dk, dv = attn_bwd(dy, a["q"], a["k"], a["v"], a["att"], H, p_drop, k_att)
+        else:
+            dq, dk, dv = attn_flash_bwd(dy, a["q"], a["k"], a["v"], a["y"], a["lse"], H, p_drop, k_att)
         dln1, dw_q, dw_k, dw_v = attn_qkv_bwd(dq, dk, dv, a["ln1"],
                                               P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
         G[p + "attn.w_q"] += dw_q

@@ -57,6 +57,11 @@ def products_in(precision):
         _PRODUCTS.reset(token)
 
 
+def current():
+    """The precision products_in set ("bf16", "fp16"), or None: exact products."""
+    return _PRODUCTS.get()
+
+
 def mm(a, b):
     """a @ b as a product kernel of the current precision (products_in) computes it: exact by
     default; at "bf16" both inputs rounded to bf16 first (every product of two bf16 values is
