@@ -79,15 +79,15 @@ the fragment layouts and the edges; what it cannot check is that the GPU's ldmat
 do what the PTX ISA says (the harness on a GPU does).
 """
 import functools
-from types import SimpleNamespace
 
 import numpy as np
 from numba import cuda, float32, int32
 
-from .common import SIMULATOR, cdiv, nonneg
-from .ptx import bf16x2, ldmatrix_x4, ldmatrix_x4_trans, load4, mma_bf16, store2
+from .common import SIMULATOR, nonneg
+from .ptx import bf16x2, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store2
+from .split_tile import chunk_fetcher
 from .tile_loop import WARP, make_pipeline
-from .warp_tile import make_epilogue, whole_k
+from .warp_tile import fragment_tile
 
 if SIMULATOR:
     from .ptx import ldmatrix_warp, mma_bf16_warp     # the warp instructions' NumPy twins
@@ -154,19 +154,12 @@ def _copier(R, Cc, THREADS, vec):
     chunk_word = _chunk_word(R, Cc)
 
     @cuda.jit(device=True)
-    def fetch(regs, g, r0, c0, rlim, clim):
-        for j in range(CH):
-            e = nonneg(cuda.threadIdx.x) + j * THREADS
-            r, c = r0 + e // CPR, c0 + (e % CPR) * 4
-            if vec:
-                if r < rlim and c < clim:             # clim is a multiple of 4: a chunk is all in or all out
-                    regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
-                else:
-                    for i in range(4):
-                        regs[4 * j + i] = float32(0.0)
-            else:
-                for i in range(4):
-                    regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+    def chunk(b, j):
+        """(stored row offset, stored column offset) of thread b's chunk j: e = b + j THREADS."""
+        e = nonneg(b) + j * THREADS
+        return e // CPR, (e % CPR) * 4
+
+    fetch = chunk_fetcher(chunk, CH, vec)                 # split_tile's: the 128-bit loads a stage ahead
 
     @cuda.jit(device=True)
     def put(s, regs):
@@ -241,9 +234,7 @@ def make_half_tile(tile):
     assert BK == BK_HALF, f"bf16 ldmatrix tiles take BK = {BK_HALF}, got {BK}"
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 16 == 0, f"tile {tile}"
     MI, NI = WM // 16, WN // 8
-    TM, TN = 2 * MI, 2 * NI
-    WARPS_N = BN // WN
-    THREADS = WARP * (BM // WM) * WARPS_N
+    THREADS = WARP * (BM // WM) * (BN // WN)
     ranged = {}
     for ta in (False, True):
         for tb in (False, True):
@@ -253,19 +244,4 @@ def make_half_tile(tile):
             ranged[(ta, tb)] = make_pipeline(ta, tb, BM, BN, BK, WM, WN, (fetch_a, put_a, EA, (BM * BK // 2,)),
                                              (fetch_b, put_b, EB, (BN * BK // 2,)), _stage(ta, tb, BM, BN, MI, NI))
 
-    @cuda.jit(device=True)
-    def row(i):
-        """Row of out that acc[i, :] belongs to: wm0 + 16 (i // 2) + 8 (i % 2) + g."""
-        warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
-        return cuda.blockIdx.y * BM + (warp // WARPS_N) * WM + (i // 2) * 16 + (i % 2) * 8 + (lane >> 2)
-
-    @cuda.jit(device=True)
-    def col(j):
-        """Column of out that acc[:, j] belongs to: wn0 + 8 (j // 2) + 2 t + j % 2."""
-        warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
-        return cuda.blockIdx.x * BN + (warp % WARPS_N) * WN + (j // 2) * 8 + 2 * (lane & 3) + j % 2
-
-    zero, store = make_epilogue(row, col, TM, TN)
-    return SimpleNamespace(
-        mma=ranged, **whole_k(ranged), row=row, col=col, zero=zero, store=store, TM=TM, TN=TN, THREADS=THREADS,
-        BK=BK, grid=lambda M, N, z=1: (cdiv(N, BN), cdiv(M, BM), z))
+    return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)      # row, col, the epilogue: warp_tile's

@@ -133,6 +133,28 @@ def same(r):
     return r
 
 
+def chunk_fetcher(chunk, CH, vec):
+    """fetch(regs, g, r0, c0, rlim, clim): this thread's CH chunks of 4 floats of the stored matrix g,
+    chunk j at (r0, c0) + chunk(threadIdx.x, j), into regs[4 j .. 4 j + 3] (zero outside rows < rlim,
+    columns < clim); vec: one 128-bit load a chunk (the caller checked the alignment). Shared by the
+    16-bit ldmatrix tiles (half_tile.py)."""
+    @cuda.jit(device=True)
+    def fetch(regs, g, r0, c0, rlim, clim):
+        for j in range(CH):
+            dr, dc = chunk(cuda.threadIdx.x, j)
+            r, c = r0 + dr, c0 + dc
+            if vec:
+                if r < rlim and c < clim:     # clim is a multiple of 4: a chunk is all in or all out
+                    regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
+                else:
+                    for i in range(4):
+                        regs[4 * j + i] = float32(0.0)
+            else:
+                for i in range(4):
+                    regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+    return fetch
+
+
 def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
     """fetch(regs, g, r0, c0, rlim, clim): this thread's share of one operand's tile of the stored
     matrix g, from stored row r0 and column c0 (zero outside rows < rlim, columns < clim), into
@@ -166,20 +188,7 @@ def _split_copier(R, THREADS, straight, vec, presplit=True, swizzle=False):
             return e // (BK // 4), (e % (BK // 4)) * 4
         return e % BK, (e // BK) * 4
 
-    @cuda.jit(device=True)
-    def fetch(regs, g, r0, c0, rlim, clim):
-        for j in range(CH):
-            dr, dc = chunk(cuda.threadIdx.x, j)
-            r, c = r0 + dr, c0 + dc
-            if vec:
-                if r < rlim and c < clim:     # clim is a multiple of 4: a chunk is all in or all out
-                    regs[4 * j], regs[4 * j + 1], regs[4 * j + 2], regs[4 * j + 3] = load4(g, r * g.shape[1] + c)
-                else:
-                    for i in range(4):
-                        regs[4 * j + i] = float32(0.0)
-            else:
-                for i in range(4):
-                    regs[4 * j + i] = g[r, c + i] if r < rlim and c + i < clim else float32(0.0)
+    fetch = chunk_fetcher(chunk, CH, vec)
 
     @cuda.jit(device=True)
     def put(s, regs):

@@ -290,9 +290,6 @@ def make_warp_tile(tile):
     kind, BM, BN, BK, WM, WN, vec = tile
     assert kind in KINDS, kind
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 8 == 0 and BK % 8 == 0, f"tile {tile}"
-    MI, NI = WM // 16, WN // 8
-    TM, TN = 2 * MI, 2 * NI
-    WARPS_N = BN // WN
     ranged = {}
     for ta in (False, True):
         for tb in (False, True):
@@ -303,6 +300,16 @@ def make_warp_tile(tile):
                     swizzle=kind in ("tf32x3w", *HALF_KINDS), half=HALF_KINDS.get(kind))
             else:
                 ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, kind == "tf32x3", vec)
+
+    return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)
+
+
+def fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS):
+    """A tile's names (make_warp_tile's docstring) from its ranged products `ranged` (trans_a,
+    trans_b) -> f(acc, a, b, kb, ke), for warps of WM x WN outputs held in the mma.sync
+    accumulator layout: acc[i, j] of a thread is out[row(i), col(j)]. Shared by the 16-bit
+    ldmatrix tiles (half_tile.py)."""
+    TM, TN, WARPS_N = 2 * (WM // 16), 2 * (WN // 8), BN // WN
 
     @cuda.jit(device=True)
     def row(i):
