@@ -298,6 +298,8 @@ REFUSALS = {
     "--log-every 0": (None, RESUME + ("--log-every", "0"), "argument --log-every: must be a positive integer"),
     "--precision x": (None, NEW + ("--precision", "x"), "field 'train.precision' must be one of fp32, bf16, fp16"),
     "--resume --precision": (None, RESUME + ("--precision", "bf16"), "--precision cannot be given with --resume"),
+    "--products x": (None, NEW + ("--products", "x"), "field 'train.products' must be one of numba, cublas"),
+    "--resume --products": (None, RESUME + ("--products", "cublas"), "--products cannot be given with --resume"),
     "--compile-workers -1": (None, NEW + ("--compile-workers", "-1"), "argument --compile-workers: must be an integer >= 0"),
     "--compile-workers x (resume)": (None, RESUME + ("--compile-workers", "x"), "argument --compile-workers: must be an"),
     "--out a file": (None, ("--config", "{cfg}", "--out", "{run}/checkpoint.bin"), "is a file, not a directory"),
