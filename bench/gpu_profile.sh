@@ -287,6 +287,23 @@ PY
         wait
         for f in "$OUT"/s10b/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         grep "^|" "$OUT/quality.txt"; tail -3 "$OUT/s10b/quality.log"; cat "$OUT/resume16/check.json"; tail -4 "$OUT/s10b/resume16.log" ;;
+    s11) # for the next session (issue 11): the quality question at the default 2,000 steps with its noise
+        # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
+        # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's
+        # kernels v8/v10 against v11/v12 at both sizes, alone on the GPU
+        mkdir -p "$OUT/s11"
+        timeout 480 $py bench/precision_runs.py --out /tmp/q11 --size 12M --steps "${QUALITY_STEPS:-2000}" --parallel \
+            --precisions fp32,fp32/cublas,bf16,bf16/cublas,fp16 > "$OUT/s11/quality.txt" 2>&1 &
+        for products in bf16l f16w; do
+          timeout 300 $py -m andrea_numba.check --size 120M --seed 193 --compile-workers 4 --model-only --products $products \
+              --json > "$OUT/s11/model_120M_$products.json" 2> "$OUT/s11/model_120M_$products.err" &
+        done
+        wait
+        cp /tmp/q11/precision_runs.* "$OUT/s11/"; grep "^|" "$OUT/s11/quality.txt"
+        for f in "$OUT"/s11/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        timeout 100 $py bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
+            --markdown "$OUT/s11/flash_kernels.md" > "$OUT/s11/flash_kernels.txt" 2>&1; echo "flash kernels exit $?"
+        grep "^|" "$OUT/s11/flash_kernels.md" ;;
     cublas) # the library route (kernels/cublaslt.py, nvmath-python carried as a wheel): matmul v20-v22
         # (cuBLASLt fp32 / bf16 / fp16) in the harness at 12M and 120M; the whole model with cuBLASLt
         # products at 12M (fp32, bf16, fp16) and 120M (bf16); v20-v22 timed beside v8, v10 and PyTorch

@@ -7,7 +7,8 @@ Each precision trains in its own process (`python -m andrea_numba.train --size S
 --steps N --out DIR/P`), one after another, or all at once on the one GPU with --parallel (the same
 losses, bit for bit: a run's numbers do not depend on what else the GPU runs, only its time does).
 --products cublas trains the bf16 and fp16 runs with cuBLASLt's products (fp32 stays the engine's
-reference). DIR receives precision_runs.md (every evaluation's
+reference); a run named P/cublas in --precisions (fp32/cublas, bf16/cublas) trains P with cuBLASLt's
+products beside the others. DIR receives precision_runs.md (every evaluation's
 validation loss by precision, and each one's difference from fp32's at the same step),
 precision_runs.json and precision_runs.png (the validation curves together). Exit code 0 when every
 run finished and, with fp32 among them, every other precision's last validation loss is within 1%
@@ -27,14 +28,16 @@ from andrea_numba import cli  # noqa: E402
 
 
 def precisions(text: str) -> list[str]:
+    """"fp32,bf16,bf16/cublas": runs by precision, "/cublas" for one with cuBLASLt's products (a second
+    fp32 run, fp32/cublas, shows how far two fp32 runs whose sums differ drift apart)."""
     import argparse
 
     from andrea_numba.config import PRECISIONS
     values = [v for v in text.split(",") if v]
-    bad = [v for v in values if v not in PRECISIONS]
+    bad = [v for v in values if v.removesuffix("/cublas") not in PRECISIONS]
     if bad or not values or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"must be precisions from {', '.join(PRECISIONS)} separated by commas, "
-                                         f"each once, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be precisions from {', '.join(PRECISIONS)} (each may end in /cublas) "
+                                         f"separated by commas, each once, got {text!r}")
     return values
 
 
@@ -53,13 +56,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     curves, ok, runs = {}, True, {}
+    run_dir = {p: out / p.replace("/", "_") for p in args.precisions}
     for p in args.precisions:
-        if (out / p).exists():
-            cli.fail(f"{out / p} exists already: choose another --out, or delete it")
+        if run_dir[p].exists():
+            cli.fail(f"{run_dir[p]} exists already: choose another --out, or delete it")
     for p in args.precisions:
-        cmd = [sys.executable, "-m", "andrea_numba.train", "--size", args.size, "--precision", p,
-               "--steps", str(args.steps), "--out", str(out / p), "--log-every", "250",
-               "--products", "numba" if p == "fp32" else args.products]
+        precision, library = p.removesuffix("/cublas"), p.endswith("/cublas")
+        products = "cublas" if library else "numba" if precision == "fp32" else args.products
+        cmd = [sys.executable, "-m", "andrea_numba.train", "--size", args.size, "--precision", precision,
+               "--steps", str(args.steps), "--out", str(run_dir[p]), "--log-every", "250", "--products", products]
         if args.parallel:                       # the CPUs shared by the runs' compile workers too
             cmd += ["--compile-workers", "4"]
         print(f"{p}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
@@ -68,7 +73,7 @@ def main(argv=None) -> int:
             runs[p].wait()
     for p, proc in runs.items():
         ok &= proc.wait() == 0
-        curves[p] = [(r["step"], r["val_loss"]) for r in read_loss(out / p) if r.get("val_loss") is not None]
+        curves[p] = [(r["step"], r["val_loss"]) for r in read_loss(run_dir[p]) if r.get("val_loss") is not None]
     steps = sorted({s for c in curves.values() for s, _ in c})
     head = "| step | " + " | ".join(curves) + " | " + " | ".join(f"{p} vs fp32" for p in curves if p != "fp32") + " |"
     lines = [head, "|---" * (1 + len(curves) + sum(p != "fp32" for p in curves)) + "|"]
