@@ -21,6 +21,9 @@ What it teaches
        lesson packs the 32 lanes' registers, runs the instruction's math lane by lane, and gets
        A @ B of the rounded values; then the k renaming of matmul v10, where a lane's four values
        of k in shared memory fill its two registers.
+    7. ldmatrix, the instruction that fills those registers in matmul v12 and fast GEMMs: each lane
+       names one 16-byte row of a bf16 tile in shared memory, and every lane receives the values
+       the mma expects, the same registers as packing them by hand.
 
 How to run (no GPU needed; a few seconds)
 
@@ -234,6 +237,30 @@ C.say(f"""
     registers (a0 and a2 of A, b0 and b1 of B). An mma sums its 16 values of k in any order, so
     A and B renamed alike give the same product; the four lanes t = 0..3 cover k 0..15 once:
     {sorted(perm.values()) == list(range(16))}.
+""")
+
+# %%
+C.step("ldmatrix: one instruction loads those registers from shared memory (matmul v12)")
+# the 16 x 16 tile of A in shared memory as bf16: 16 rows of 8 words (two values a word, lower column low)
+shared = np.array([[pack(A[r, c], A[r, c + 1]) for c in range(0, 16, 2)] for r in range(16)], np.uint32)
+# ldmatrix.x4: four 8 x 8 matrices; lanes 8i .. 8i + 7 each name one row (16 bytes) of matrix i.
+# Matrices 0..3 are the tile's quarters: rows 8 (i % 2) + 0..7, columns 8 (i // 2) + 0..7.
+row_of = [lane % 8 + 8 * ((lane // 8) % 2) for lane in range(32)]
+col_of = [8 * (lane // 16) for lane in range(32)]
+regs_ld = {}
+for lane in range(32):
+    g, t = lane >> 2, lane & 3
+    # what the instruction returns: register i of lane 4 g + t = word t (values 2t, 2t + 1) of row g
+    # of matrix i, the row that lane 8 i + g named
+    regs_ld[lane] = [int(shared[row_of[8 * i + g], col_of[8 * i + g] // 2 + t]) for i in range(4)]
+C.say(f"""
+    Each lane gives one address, 32 rows of 16 bytes in all, and each lane receives four registers:
+    lane 5 gets {', '.join(f'0x{r:08x}' for r in regs_ld[5])}, the registers packed by hand above
+    ({regs_ld[5] == regs_a[5]}; all 32 lanes alike: {all(regs_ld[l] == regs_a[l] for l in range(32))}). One
+    instruction replaces four 32-bit shared loads a lane, and the tile is rounded to bf16 once, as
+    it is stored (matmul v12), where v10 rounds every value each time a lane reads it. The .trans
+    form hands each 8 x 8 matrix over transposed: how v12 reads an operand whose k runs down its
+    columns (a^T, b), so that no copy has to transpose it first.
 """)
 
 # %%
