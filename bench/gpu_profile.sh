@@ -30,6 +30,8 @@
 #          quality (12M trained in fp32, bf16 and fp16, validation losses together: QUALITY_STEPS, 2000);
 #          mm12 (matmul v12, bf16 tiles read by ldmatrix: the harness at 12M and 120M, the products of
 #          v8, v10 and v12 beside cuBLAS SGEMM and PyTorch bf16, and v12 at each of its tiles);
+#          mm13 (matmul v13, cp.async ring on bf16 copies: the harness at 12M and 120M, v12 and v13 side by
+#          side, v13 at each of its tiles);
 #          cublas (the products through cuBLASLt: harness, whole model, gemm and step tables, graph = eager);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
@@ -358,6 +360,22 @@ PY
         timeout 240 $py bench/gemm.py --versions 12 --blocks --json "$OUT/mm12/gemm_blocks.json" > "$OUT/mm12/gemm_blocks.md" \
             2> "$OUT/mm12/gemm_blocks.err"
         echo "gemm --blocks exit $?"; grep "^|" "$OUT/mm12/gemm_blocks.md"; tail -3 "$OUT/mm12/gemm_blocks.err" ;;
+    mm13) # matmul v13 (kernels/half_tile.py: bf16 copies by k_round_bf16_v1, cp.async into a ring of 3-4
+        # shared stages, v12's ldmatrix/mma stage): the harness on the three product cases at 12M and 120M
+        # (--compile-workers 2: its kernels compiled ahead), then v12 and v13 side by side (the default
+        # tiles), then v13 at every declared tile (--blocks: the fastest shown)
+        mkdir -p "$OUT/mm13"
+        for size in 12M 120M; do
+          timeout 300 $py -m andrea_numba.check --size $size --seed 167 --ops-only --op matmul --op "matmul a@b^T" \
+              --op "matmul a^T@b +=" --version 13 --compile-workers 2 --json > "$OUT/mm13/check_$size.json" \
+              2> "$OUT/mm13/check_$size.err"
+          echo "mm13 check $size exit $?: $(tail -1 "$OUT/mm13/check_$size.err")"; disagree "$OUT/mm13/check_$size.json"
+        done
+        timeout 240 $py bench/gemm.py --versions 12,13 --json "$OUT/mm13/gemm.json" > "$OUT/mm13/gemm.md" 2> "$OUT/mm13/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$OUT/mm13/gemm.md"; tail -3 "$OUT/mm13/gemm.err"
+        timeout 240 $py bench/gemm.py --versions 13 --blocks --json "$OUT/mm13/gemm_blocks.json" > "$OUT/mm13/gemm_blocks.md" \
+            2> "$OUT/mm13/gemm_blocks.err"
+        echo "gemm --blocks exit $?"; grep "^|" "$OUT/mm13/gemm_blocks.md"; tail -3 "$OUT/mm13/gemm_blocks.err" ;;
     quality) # issue 11's training-quality target: 12M for QUALITY_STEPS (2000) steps in fp32, bf16 and fp16,
         # the validation losses side by side and plotted (bench/precision_runs.py), into $OUT/quality/
         # the three at once on the GPU (--parallel: the same losses as one after another);

@@ -8,6 +8,8 @@ compiler down to PTX. It needs NVVM (pip install numba-cuda[cu12]) but no driver
     python bench/ptxcheck.py          # compiles every kernel the agreement harness launches
     python bench/ptxcheck.py --v12    # matmul v12's kernels at each GPU tile: instruction counts,
                                       # registers (with ptxas on the PATH), local memory
+    python bench/ptxcheck.py --v13    # the same for matmul v13 (cp.async ring): cp.async, commit,
+                                      # wait_group, ldmatrix, mma, bar.sync in the K loop
 
 In code: `with compile_only(): some_launch_function(numpy arrays ...)`.
 """
@@ -145,10 +147,53 @@ def v12_report():
                 print(f"| {block} | {op} | " + " | ".join(cells) + f" | {_ptxas(ptx)} |", flush=True)
 
 
+# What matmul v13's kernel (kernels/half_tile.py, the cp.async ring) should hold in its K loop at
+# 128 x 128 (8 warps): 4 cp.async (2 chunks of a, 2 of b a thread), one commit, one wait_group
+# STAGES-2, one bar.sync, v12's 12 ldmatrix and 32 mma.sync, no global load or cvt (the chunks never
+# pass through registers); the st.shared are the zero fills of chunks past an edge (a branch).
+V13_COUNTS = {"cp.async": "cp.async.cg.shared.global", "commit": "cp.async.commit_group",
+              "wait_group": "cp.async.wait_group", "ldmatrix": "ldmatrix.sync", "mma": "mma.sync",
+              "bar.sync": "bar.sync", "st.shared": "st.shared", "ld.global": "ld.global",
+              "cvt.bf16x2": "cvt.rn.bf16x2.f32", "local": ".local"}
+
+
+def v13_report():
+    """Compile matmul v13's product kernel at each GPU tile, every transpose, on the cp.async path
+    (bf16 copies whose rows are whole 16-byte chunks), and print its instruction counts in the K
+    loop and in the whole kernel, and ptxas's registers and spills; then one kernel of the guarded
+    path (copies with rows not a multiple of 8 values)."""
+    from numba.core import types as nbt
+
+    from andrea_numba.kernels import matmul
+    from andrea_numba.kernels.half_tile import async_resolve
+    M = N = K = 256
+    print("| tile | op | " + " | ".join(f"{k} (loop / all)" for k in V13_COUNTS) + " | ptxas |")
+    print("|---" * (3 + len(V13_COUNTS)) + "|")
+    runs = [(block, ta, tb, K) for block in matmul.matmul_v13.blocks
+            for ta, tb in ((False, False), (False, True), (True, False), (True, True))]
+    runs.append((matmul.matmul_v13.blocks[0], False, False, K - 1))      # the guarded copies
+    with compile_only():
+        for block, ta, tb, k in runs:
+            a = np.zeros((k, M) if ta else (M, k), np.uint16)            # the bf16 copies
+            b = np.zeros((N, k) if tb else (k, N), np.uint16)
+            out = np.zeros((M, N), np.float32)
+            tile = async_resolve(block, a, b)
+            kernel = matmul._k_matmul_warp(tile, ta, tb)
+            sig = nbt.void(*(typeof(x) for x in (out, out.reshape(1, M, N), a, b, True, k)))
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=CC)
+            body = "\n".join(_loop_body(ptx))
+            cells = [f"{body.count(pat)} / {ptx.count(pat)}" for pat in V13_COUNTS.values()]
+            op = f"{'a^T' if ta else 'a'} @ {'b^T' if tb else 'b'}" + ("" if tile[6] else f", K = {k}: guarded")
+            print(f"| {tile[1:6]}, {tile[7]} stages | {op} | " + " | ".join(cells) + f" | {_ptxas(ptx)} |", flush=True)
+
+
 def main():
     import warnings
     if "--v12" in sys.argv[1:]:
         v12_report()
+        return
+    if "--v13" in sys.argv[1:]:
+        v13_report()
         return
 
     from andrea_numba import check
@@ -160,7 +205,7 @@ def main():
         from andrea_numba.kernels import matmul
         out, a = np.zeros((64, 64), np.float32), np.zeros((8192, 64), np.float32)
         for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5, matmul.matmul_v6, matmul.matmul_v7,
-                       matmul.matmul_v8, matmul.matmul_v12):
+                       matmul.matmul_v8, matmul.matmul_v12, matmul.matmul_v13):
             launch(out, np.zeros(matmul.splitk_work(64), np.float32), a, a, trans_a=True, accumulate=True)
         # flash attention v2 to v12 at the models' head size (the harness's tiny size has hs = 4),
         # every declared block, with dropout (v11, v12: bf16 and fp16 products)

@@ -245,3 +245,197 @@ def make_half_tile(tile):
                                              (fetch_b, put_b, EB, (BN * BK // 2,)), _stage(ta, tb, BM, BN, MI, NI))
 
     return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)      # row, col, the epilogue: warp_tile's
+
+
+# =============================================================================================
+# matmul v13 (kind "bf16a"): v12's shared tiles, stage and swizzle, fed by cp.async from bf16 copies
+#
+# v12 moves fp32 operands through registers: every thread loads 2 x 16 floats a stage (48 staging
+# registers with the addresses), rounds them (cvt) and stores them (st.shared), and only two
+# shared stages fit beside that. v13 splits the rounding from the product:
+#
+#   1. k_round_bf16_v1 (cublaslt.round_into) rounds each operand once into a bf16 copy in a
+#      scratch buffer (ties to even, the same bits as v12's cvt.rn.bf16x2): rows packed, the
+#      copy keeps the operand's orientation, a [M, K] -> a16 [M, K], a^T [K, M] -> a16 [K, M].
+#   2. The product kernel copies 16-byte chunks (8 bf16) of the copies straight from global to
+#      shared memory with cp.async: no register holds them, no instruction of the thread waits
+#      for them until the stage is needed. The chunk lands at the same swizzled place as v12's
+#      (a 16-byte chunk is exactly the unit of the swizzle: logical chunk q of tile row r at
+#      chunk q ^ s(r), point 3 of the module docstring), so v12's stage (ldmatrix, mma.sync)
+#      reads it unchanged.
+#
+# The ring of STAGES shared stages (tile_mma_async below), K step s in stage s % STAGES:
+#
+#     prologue: issue the copies of steps 0 .. STAGES-2, one commit group each
+#     step s:   wait_group STAGES-2       this thread's copies of step s have landed (of the groups
+#                                         committed, only the newest STAGES-2 may still be pending)
+#               barrier                   every thread's copies of step s are visible, and every warp
+#                                         has finished step s-1, whose stage is (s+STAGES-1) % STAGES
+#               issue step s+STAGES-1 into that stage, commit (an empty group near the end, so that
+#                                         the count of groups stays one a step)
+#               stage(s): ldmatrix + mma.sync from stage s % STAGES
+#
+# One barrier a step, and STAGES-1 steps of copies in flight while the tensor cores work (v12:
+# one, issued a step ahead into registers). Why 3 by default: the copies of a stage take about as
+# long as a global-memory round trip (~600-800 ns on the H200 under load), one stage of 128 x 128
+# products about 1/3-1/2 of that for a block sharing its multiprocessor with another: two stages
+# in flight cover the latency where one does not, and 3 stages of a 128 x 128 tile fill the 48 KiB
+# that a Numba kernel's static shared memory may take (3 x (128 + 128) x 32 x 2 bytes). Smaller
+# tiles take 4 (block's sixth number). 128 x 256 would need 72 KiB: dynamic shared memory past
+# 48 KiB needs a launch attribute that Numba does not set, so it is not offered.
+#
+# Edges. A chunk is 8 consecutive stored columns of one stored row.
+#   - Copies whose stored column counts are multiples of 8 ("vec", both operands; the scratch
+#     puts each copy on a 256-byte boundary): every chunk is 16-byte aligned, and a chunk is
+#     either wholly inside the operand or wholly outside (its first column and the limit are
+#     multiples of 8; the K limit of a split-K slice is a multiple of BK): inside, one cp.async;
+#     outside (past M, N or K), two plain 8-byte stores of zeros at its place, ordered with the
+#     copies by the same wait and barrier.
+#   - Otherwise (K, or M, N of a transposed operand, not a multiple of 8: the rows of a packed
+#     copy then start at addresses that are not 16-byte aligned, and cp.async .cg takes only
+#     aligned 16 bytes) the same chunks are copied by 8 guarded 2-byte loads and two 8-byte
+#     stores, synchronously: correct, slower. Padding the copy's rows to a multiple of 8 would
+#     keep cp.async, but round_into writes packed rows (a padded copy needs another rounding
+#     kernel): left for a later version.
+# =============================================================================================
+from .cublaslt import round_into                    # noqa: E402  (k_round_bf16_v1: fp32 -> bf16, ties to even)
+from .ptx import CP_ASYNC_WAIT, cp_async16, cp_async_commit  # noqa: E402
+from .tile_loop import make_load                    # noqa: E402
+
+STAGES = 3             # shared stages of the ring (a block's sixth number overrides it)
+COPY_ALIGN = 128       # elements (256 bytes) between the two bf16 copies in the scratch
+
+# The scratch of the bf16 copies. Not the launcher's `work` argument: work is the split-K buffer,
+# may be None (no split), is sized for partial tiles (splitk_work), not for two operands, and is
+# used by the same launch for the slices' partial sums; carving both out of it would tie the
+# copies' room to the split. So a module-level buffer that grows to the largest product seen
+# (like cublaslt.Library.reserve): launches run in stream order, so one scratch serves them all
+# on one stream.
+_SCRATCH = [None]
+
+
+def reserve_bf16(elements: int):
+    """Room for the bf16 copies of a product's operands (a16 and b16 together, with the gap between):
+    grows the module's scratch; call before a graph capture (no allocation may happen inside one)."""
+    if _SCRATCH[0] is None or _SCRATCH[0].size < elements:
+        _SCRATCH[0] = cuda.device_array(max(elements, 1), dtype=np.uint16)
+
+
+def bf16_copies(a, b, stream=0):
+    """(a16, b16): a and b rounded to bf16 (uint16 bit patterns, ties to even) in the scratch, each
+    with its operand's shape, rows packed; a16 at element 0, b16 on the next 256-byte boundary."""
+    slot = (a.size + COPY_ALIGN - 1) // COPY_ALIGN * COPY_ALIGN
+    reserve_bf16(slot + b.size)
+    s = _SCRATCH[0]
+    a16, b16 = s[:a.size], s[slot:slot + b.size]
+    round_into(a16, a, "bf16", stream)
+    round_into(b16, b, "bf16", stream)
+    return a16.reshape(a.shape), b16.reshape(b.shape)
+
+
+def async_resolve(block, a16, b16):
+    """The full tile of a v13 launch: ("bf16a", BM, BN, BK, WM, WN, vec, STAGES); vec when both
+    copies' rows are whole 16-byte chunks (their starts are: bf16_copies' slots)."""
+    vec = a16.shape[1] % 8 == 0 and b16.shape[1] % 8 == 0
+    stages = block[5] if len(block) > 5 else STAGES
+    return ("bf16a", *block[:5], vec, stages)
+
+
+def _async_copier(R, Cc, THREADS, vec):
+    """copy(s, g, r0, c0, rlim, clim): start copying the R x Cc tile of the stored bf16 copy g (uint16
+    [rows, cols]) at (r0, c0) into the shared stage s (R rows of Cc / 2 words, swizzled), zeros
+    outside rows < rlim, columns < clim. Chunk e = thread + j THREADS of the tile (8 bf16, 16 bytes)
+    is stored row e // (Cc / 8), columns 8 (e % (Cc / 8)) ..: consecutive threads along a row, so a
+    warp reads 512 consecutive bytes of two to eight rows, and 8 consecutive lanes (one 128-byte
+    shared-memory request) write 8 different chunk positions of the line (point 3: conflict-free)."""
+    CPR = Cc // 8                                     # chunks a stored row
+    CH = R * CPR // THREADS                           # chunks a thread
+    assert CPR >= 1 and CH * THREADS == R * CPR, f"a {R} x {Cc} bf16 tile does not split into 16-byte chunks over {THREADS} threads"
+    word = _word(Cc // 2)
+
+    @cuda.jit(device=True)
+    def copy(s, g, r0, c0, rlim, clim):
+        for j in range(CH):
+            e = nonneg(cuda.threadIdx.x) + j * THREADS
+            dr, q = e // CPR, e % CPR
+            r, c = r0 + dr, c0 + 8 * q
+            w = word(dr, q)                           # the chunk's first word in the stage
+            if vec:
+                if r < rlim and c < clim:             # clim a multiple of 8: the chunk is all in
+                    cp_async16(s, w, g, r * g.shape[1] + c)
+                else:                                 # past the edge: zeros (plain stores)
+                    store2(s, w, 0, 0)
+                    store2(s, w + 2, 0, 0)
+            else:
+                ws = cuda.local.array(4, int32)       # 4 words of bf16 pairs, the lower column low
+                for i in range(4):
+                    lo = int(g[r, c + 2 * i]) if r < rlim and c + 2 * i < clim else 0
+                    hi = int(g[r, c + 2 * i + 1]) if r < rlim and c + 2 * i + 1 < clim else 0
+                    ws[i] = lo | (((hi ^ 0x8000) - 0x8000) << 16)   # hi sign-extended: an int32's bits
+                store2(s, w, ws[0], ws[1])
+                store2(s, w + 2, ws[2], ws[3])
+    return copy
+
+
+def make_async_pipeline(trans_a, trans_b, BM, BN, WM, WN, stages, copy_a, copy_b, stage):
+    """tile_mma(acc, a16, b16, kb, ke): acc += this thread's share of op(a) @ op(b) over k in [kb, ke)
+    from the bf16 copies, through a ring of `stages` shared stages filled by cp.async (the ring is
+    described above). copy_a, copy_b: _async_copier's of each operand; stage: _stage's."""
+    BK = BK_HALF
+    SA, SB = (stages, BM * BK // 2), (stages, BN * BK // 2)      # words: bf16 pairs
+    WARPS_N = BN // WN
+    load = make_load(trans_a, trans_b, copy_a, copy_b)           # tile_loop's: which stored rows and columns
+    wait = CP_ASYNC_WAIT[stages - 2]                             # step s's group landed
+    wait_all = CP_ASYNC_WAIT[0]
+
+    @cuda.jit(device=True)
+    def tile_mma(acc, a, b, kb, ke):
+        sa = cuda.shared.array(SA, float32, alignment=16)        # 16-byte chunks for cp.async, ldmatrix
+        sb = cuda.shared.array(SB, float32, alignment=16)
+        tid = cuda.threadIdx.x
+        warp, lane = tid // WARP, tid % WARP
+        g, t = lane >> 2, lane & 3
+        wm0, wn0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        M = a.shape[1] if trans_a else a.shape[0]
+        N = b.shape[0] if trans_b else b.shape[1]
+        n_steps = (ke - kb + BK - 1) // BK
+        for p in range(stages - 1):                              # prologue: steps 0 .. stages-2 in flight
+            if p < n_steps:
+                load(sa[p], sb[p], a, b, kb + p * BK, ke, row0, col0, M, N)
+            cp_async_commit()
+        for s in range(n_steps):
+            wait()                                               # my copies of step s are in
+            cuda.syncthreads()                                   # everyone's; stage (s-1) % stages is free
+            nxt = s + stages - 1
+            if nxt < n_steps:
+                st = nxt % stages
+                load(sa[st], sb[st], a, b, kb + nxt * BK, ke, row0, col0, M, N)
+            cp_async_commit()                                    # one group a step, empty or not
+            cur = s % stages
+            stage(acc, sa[cur], sb[cur], wm0, wn0, g, t)
+        wait_all()                                               # only empty groups remain: no-op in effect
+        cuda.syncthreads()                                       # the stages may be refilled by a next call
+    return tile_mma
+
+
+@functools.cache
+def make_async_tile(tile):
+    """Everything a kernel needs for one v13 tile, the names of make_half_tile; its mma functions
+    take the bf16 copies (uint16 arrays, bf16_copies), not the fp32 operands.
+    tile = ("bf16a", BM, BN, BK, WM, WN, vec, STAGES): BK = 32; vec: cp.async chunks (async_resolve)."""
+    kind, BM, BN, BK, WM, WN, vec, stages = tile
+    assert kind == "bf16a", kind
+    assert BK == BK_HALF, f"bf16 ldmatrix tiles take BK = {BK_HALF}, got {BK}"
+    assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 16 == 0, f"tile {tile}"
+    assert stages - 2 in CP_ASYNC_WAIT, f"{stages} stages: wait_group {stages - 2} has no intrinsic (ptx.py)"
+    MI, NI = WM // 16, WN // 8
+    THREADS = WARP * (BM // WM) * (BN // WN)
+    ranged = {}
+    for ta in (False, True):
+        for tb in (False, True):
+            copy_a = _async_copier(*((BK, BM) if ta else (BM, BK)), THREADS, vec)
+            copy_b = _async_copier(*((BN, BK) if tb else (BK, BN)), THREADS, vec)
+            ranged[(ta, tb)] = make_async_pipeline(ta, tb, BM, BN, WM, WN, stages, copy_a, copy_b,
+                                                   _stage(ta, tb, BM, BN, MI, NI))
+    return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)

@@ -37,7 +37,7 @@ import numba
 from numba import cuda, float32
 
 from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
-from .half_tile import make_half_tile
+from .half_tile import async_resolve, bf16_copies, make_async_tile, make_half_tile
 from .simt_tile import make_simt_tile
 from .warp_tile import make_epilogue, make_warp_tile, resolve
 
@@ -178,6 +178,8 @@ def make_tile(tile):
         return _make_tile_v2(tile)
     if tile[0] == "bf16l":                  # matmul v12 (half_tile.py)
         return make_half_tile(tile)
+    if tile[0] == "bf16a":                  # matmul v13 (half_tile.py): takes the operands' bf16 copies
+        return make_async_tile(tile)
     return make_simt_tile(tile) if tile[0] == "simt2" else make_warp_tile(tile)
 
 
@@ -544,6 +546,51 @@ matmul_v12.precision = "bf16"
 WARP_KERNELS["bf16l"] = (12, "bf16 tensor cores on bf16 shared tiles (rounded once) read by ldmatrix")
 WARP_MATMUL["bf16l"] = matmul_v12
 VERSIONS["matmul"][12] = matmul_v12
+
+
+# v13: v12's tiles fed by cp.async (kernels/half_tile.py, "matmul v13"). Each operand is first
+# rounded once to a bf16 copy (cublaslt.round_into, ties to even: v12's rounding) in a scratch of
+# half_tile's; the product kernel copies 16-byte chunks of the copies global -> shared with
+# cp.async (no staging registers, half the bytes of v12's fp32 loads) into a ring of 3 shared
+# stages (4 for the smaller tiles), one barrier a step, then v12's swizzle, ldmatrix and mma.sync.
+# Same math as v12 (inputs rounded to bf16, exact products, fp32 sums, the same stage and order of
+# sums within a block: v12's bits where the split of K is the same). Tiles (BM, BN, 32, WM, WN[,
+# STAGES]): 128 x 128 of 8 warps, 3 stages (48 KiB, the static limit), 128 x 64 and 64 x 64 of
+# 4 warps with 4 stages (48 and 32 KiB); in the simulator one warp of 32 x 32 (3 stages) and two
+# warps of 32 x 16 with 4 stages (a 64-row tile: the swizzle of 128-byte rows, and wait_group 2).
+ASYNC_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32, 4), (64, 64, 32, 32, 32, 4)),
+                   sim=((32, 32, 32, 32, 32), (64, 16, 32, 32, 16, 4)))
+
+
+@blocks(**ASYNC_TILES)
+def matmul_v13(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """bf16 tensor-core products from bf16 copies of the operands (rounded once, ties to even) copied
+    to shared memory by cp.async through a ring of stages; block = (BM, BN, 32, WM, WN[, STAGES]);
+    work: the split-K buffer (or None). The copies live in a module-level scratch that grows to
+    the largest product seen (half_tile.bf16_copies): an allocation at the first product of a new
+    largest size, so not for a graph capture without half_tile.reserve_bf16 first, and one scratch
+    for the process (launches on two streams at once would share it)."""
+    M, N = out.shape
+    K = a.shape[0] if trans_a else a.shape[1]
+    trans_a, trans_b = bool(trans_a), bool(trans_b)
+    a16, b16 = bf16_copies(a, b, stream)
+    tile = async_resolve(block, a16, b16)
+    t = make_tile(tile)
+    resident = 0 if work is None else resident_blocks(tile, trans_a, trans_b,
+                                                      (out, out.reshape(1, M, N), a16, b16, accumulate, K))
+    S, ksplit = splitk(M, N, K, 1, block, work, resident)       # as v12: slices of K, no atomics
+    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
+    _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
+        out, part, a16, b16, accumulate, ksplit)
+    if S > 1:
+        splitk_sum(out, part, accumulate, stream, version=2)
+
+
+matmul_v13.precision = "bf16"
+WARP_KERNELS["bf16a"] = (13, "bf16 tensor cores on bf16 copies, copied to a ring of shared stages by cp.async")
+# not in WARP_MATMUL: the linear ops build their own kernels on make_tile(kind) with the fp32
+# operands, and v13's tile functions take the bf16 copies that only its launcher makes
+VERSIONS["matmul"][13] = matmul_v13
 
 matmul = matmul_v2        # what the engine uses
 

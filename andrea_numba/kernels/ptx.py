@@ -285,6 +285,76 @@ if not SIMULATOR:
             return context.get_dummy_value()
         return types.void(arr, index, w0, w1), codegen
 
+
+    # cp.async (matmul v13, kernels/half_tile.py): a copy global -> shared that no register sees.
+    #
+    #     cp.async.cg.shared.global [dst], [src], 16;
+    #
+    # starts copying 16 bytes from global address src (16-byte aligned) to shared address dst
+    # (16-byte aligned) and returns at once: the thread goes on issuing instructions (the next
+    # stage's copies, the current stage's mma.sync) while the bytes travel. .cg caches them in L2
+    # only (not L1: each value reaches a block's shared memory once, so L1 would only be polluted);
+    # .cg allows exactly 16 bytes. The copies a thread issued since its last commit form a group:
+    #
+    #     cp.async.commit_group;        closes the group (an empty group is allowed and counts)
+    #     cp.async.wait_group N;        waits until at most N of this thread's groups are still
+    #                                   pending: every older group's bytes are in shared memory
+    #
+    # N is an immediate (a constant in the instruction), hence one function per N below. The wait
+    # only covers this thread's own copies: a barrier after it makes every thread's copies visible
+    # to the block. The "memory" clobber keeps the compiler from moving shared loads and stores
+    # across these instructions.
+    @intrinsic
+    def cp_async16(typingctx, sarr, sindex, garr, gindex):
+        """Start copying 8 bf16 (16 bytes) from garr.flat[gindex ..] (a C-contiguous uint16 array in
+        global memory, that element 16-byte aligned) to the 32-bit words sarr[sindex .. sindex + 3]
+        of a shared array (sindex a multiple of 4); completed by commit_group and wait_group.
+        PTX: cp.async.cg.shared.global [dst], [src], 16;"""
+        if not (_word_array(sarr, sindex) and isinstance(garr, types.Array) and garr.dtype == types.uint16
+                and isinstance(gindex, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            dst = _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            src = _element_pointer(context, builder, sig.args[2], args[2], args[3], sig.args[3])
+            src = builder.bitcast(src, ir.PointerType(ir.IntType(8)))                 # generic -> global (1):
+            src = builder.ptrtoint(builder.addrspacecast(src, ir.PointerType(ir.IntType(8), 1)), ir.IntType(64))
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_i32, ir.IntType(64)]),   # cvta.to.global
+                               "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}", side_effect=True)
+            builder.call(asm, [dst, src])
+            return context.get_dummy_value()
+        return types.void(sarr, sindex, garr, gindex), codegen
+
+    def _no_operand(ptx):
+        """An instruction without operands, kept in place (side effect, memory clobber)."""
+        def typer(typingctx):
+            def codegen(context, builder, sig, args):
+                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+            return types.void(), codegen
+        return typer
+
+    @intrinsic
+    def cp_async_commit(typingctx):
+        """Close this thread's group of cp.async copies issued since the last commit.
+        PTX: cp.async.commit_group;"""
+        return _no_operand("cp.async.commit_group;")(typingctx)
+
+    @intrinsic
+    def cp_async_wait_0(typingctx):
+        """Wait until all of this thread's cp.async groups have landed.   PTX: cp.async.wait_group 0;"""
+        return _no_operand("cp.async.wait_group 0;")(typingctx)
+
+    @intrinsic
+    def cp_async_wait_1(typingctx):
+        """Wait until at most the newest 1 of this thread's groups is pending.   PTX: cp.async.wait_group 1;"""
+        return _no_operand("cp.async.wait_group 1;")(typingctx)
+
+    @intrinsic
+    def cp_async_wait_2(typingctx):
+        """Wait until at most the newest 2 of this thread's groups are pending.   PTX: cp.async.wait_group 2;"""
+        return _no_operand("cp.async.wait_group 2;")(typingctx)
+
 else:
     def tf32_round(x):
         """Simulator twin of cvt.rna.tf32.f32: add half a TF32 unit to the magnitude bits, clear
@@ -333,6 +403,22 @@ else:
         flat = arr.reshape(-1).view(np.int32)
         flat[index], flat[index + 1] = w0, w1
 
+    # cp.async in the simulator: the copy done at once (a plain copy of 4 words), the group
+    # instructions nothing. A simulated thread's copy is then in shared memory before the barrier
+    # that follows the wait, as on the GPU; what the simulator cannot check is the asynchrony
+    # itself (that the wait_group count covers the stage about to be read).
+    def cp_async16(sarr, sindex, garr, gindex):
+        """Simulator twin of cp.async.cg.shared.global ... 16: 8 uint16 of garr.flat[gindex ..] into
+        the 4 words sarr[sindex ..] (sarr float32 or int32 holding bit patterns)."""
+        src = getattr(garr, "_ary", garr).reshape(-1)
+        assert gindex % 8 == 0 and sindex % 4 == 0, "cp.async copies 16-byte aligned chunks"
+        sarr.reshape(-1).view(np.int32)[sindex:sindex + 4] = src[gindex:gindex + 8].view(np.int32)
+
+    def cp_async_commit():
+        pass
+
+    cp_async_wait_0 = cp_async_wait_1 = cp_async_wait_2 = cp_async_commit
+
     # Warp twins for the simulator: what one instruction gives all 32 lanes, from every lane's
     # operands at once (lanes along the second-to-last axis; any leading axes are a batch).
     _LANE = np.arange(32)
@@ -380,3 +466,7 @@ else:
         # d0 D[g, 2t], d1 D[g, 2t + 1], d2 D[g + 8, 2t], d3 D[g + 8, 2t + 1]
         return np.stack([D[..., _G, 2 * _T], D[..., _G, 2 * _T + 1], D[..., _G + 8, 2 * _T],
                          D[..., _G + 8, 2 * _T + 1]], axis=-1)
+
+
+# cp.async.wait_group N by N (the ring of matmul v13 waits with N = STAGES - 2, then N = 0)
+CP_ASYNC_WAIT = {0: cp_async_wait_0, 1: cp_async_wait_1, 2: cp_async_wait_2}
