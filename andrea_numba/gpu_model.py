@@ -121,10 +121,15 @@ class GPUModel:
     kernels/simt_tile.py (matmul v9); "simt" their v2 (SIMT warp tiles, matmul v3). All are
     fp32-accurate. "bf16w" runs their bf16 versions (attn_qkv, attn_out v9, mlp v13, loss_fwd
     v10, loss_bwd v9: matmul v10's tiles, every product's inputs rounded to bf16, fp32 sums); its
-    twin is reference.model at precision "bf16" (self.precision); "f16w" the same in fp16.
-    "cublas", "cublas-bf16", "cublas-fp16" run every product of the linear ops through cuBLASLt
-    in fp32, bf16 or fp16 (kernels/cublaslt.py: the library route, on a GPU with nvmath-python).
-    mlp_version=<n> runs the MLP's launchers of that version instead (the benchmarks' --mlp-version)."""
+    twin is reference.model at precision "bf16" (self.precision); "f16w" the same in fp16;
+    "bf16l" (the engine's --precision bf16) their bf16 versions on matmul v12's tiles (attn_qkv,
+    attn_out v11, mlp v15, loss_fwd v12, loss_bwd v11: each operand rounded once into bf16 shared
+    tiles, fragments read with ldmatrix). "cublas", "cublas-bf16", "cublas-fp16" run every product
+    of the linear ops through cuBLASLt in fp32, bf16 or fp16 (kernels/cublaslt.py: the library
+    route, on a GPU with nvmath-python). With bf16 or fp16 products flash attention runs with
+    products at that precision too (v11, v12: FLASH_VERSION), as the twin at that precision does.
+    mlp_version=<n> runs the MLP's launchers of that version instead (the benchmarks' --mlp-version);
+    flash_version=<n> flash attention's (their --flash-version)."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
                  dropout: float = 0.0, flash: bool = True, products: str = "tf32x3w", share=None,
