@@ -80,7 +80,7 @@ class TrainConfig:
     sample_interval: int       # steps between text samples
     sample_tokens: int         # tokens generated per sample
     seed: int                  # seeds initialisation and the data order
-    precision: str             # of the linear ops' products: "fp32" (the reference), "bf16" or "fp16"
+    precision: str             # of the products (linear ops, attention): "fp32" (the reference), "bf16" or "fp16"
                                # (inputs rounded to it, fp32 sums; fp16 with loss scaling); the rest stays fp32
     products: str              # who computes them: "numba" (our kernels) or "cublas" (cuBLASLt through
                                # nvmath-python: pip install -e ".[cublas]", a GPU only)

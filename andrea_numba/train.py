@@ -813,11 +813,11 @@ def format_eta(seconds: float) -> str:
 # train.precision: what the log says of it (gpu_model.PRODUCTS_FOR: the products it runs)
 PRECISION_NOTES = {
     "fp32": "fp32 (products on tensor cores as 3xTF32, as accurate as fp32)",
-    "bf16": "bf16 products (attn_qkv, attn_out, mlp and the classifier: inputs rounded to bf16, sums in fp32); "
-            "weights, gradients, AdamW, LayerNorm, attention, the softmax and the loss in fp32",
-    "fp16": "fp16 products (attn_qkv, attn_out, mlp and the classifier: inputs rounded to fp16, sums in fp32) "
-            "with dynamic loss scaling (andrea_numba/loss_scale.py); weights, gradients, AdamW, LayerNorm, "
-            "attention, the softmax and the loss in fp32"}
+    "bf16": "bf16 products (attn_qkv, attn_out, mlp, the classifier and flash attention v11: inputs rounded "
+            "to bf16, sums in fp32); weights, gradients, AdamW, LayerNorm, the softmax and the loss in fp32",
+    "fp16": "fp16 products (attn_qkv, attn_out, mlp, the classifier and flash attention v12: inputs rounded "
+            "to fp16, sums in fp32) with dynamic loss scaling (andrea_numba/loss_scale.py); weights, gradients, "
+            "AdamW, LayerNorm, the softmax and the loss in fp32"}
 
 # flags that would make a resumed run another run: --resume refuses them
 RESUME_FIXED = (("data", "--data"), ("batch_size", "--batch-size"), ("seq_len", "--seq-len"), ("seed", "--seed"),
@@ -877,9 +877,10 @@ def parser() -> Parser:
     ap.add_argument("--batch-size", type=positive_int, help="sequences per microbatch")
     ap.add_argument("--microbatches", type=positive_int, help="microbatches per optimiser step")
     ap.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
-    ap.add_argument("--precision", metavar="P", help="of the linear ops' products: fp32 (the reference), bf16 or "
-                    "fp16 (their inputs rounded to it, fp32 sums; fp16 with dynamic loss scaling; weights, "
-                    "gradients, AdamW, LayerNorm, attention and the loss stay fp32); default: the config's")
+    ap.add_argument("--precision", metavar="P", help="of the products (linear ops and attention): fp32 (the "
+                    "reference), bf16 or fp16 (their inputs rounded to it, fp32 sums; fp16 with dynamic loss "
+                    "scaling; weights, gradients, AdamW, LayerNorm, the softmax and the loss stay fp32); default: "
+                    "the config's")
     ap.add_argument("--products", metavar="R", help="who computes the linear ops' products: numba (our "
                     "tensor-core kernels) or cublas (cuBLASLt through nvmath-python, pip install -e \".[cublas]\"; "
                     "a GPU only); default: the config's")
