@@ -130,9 +130,10 @@ def torch_gpt(m, B, T):
     return model, idx, tgt
 
 
-def time_torch(m, B, T, iters, bf16):
+def time_torch(m, B, T, iters, bf16, compiled=False):
     """Median seconds of one forward + backward of PyTorch's GPT (fp32 or bf16 autocast), and its
-    peak memory in GB."""
+    peak memory in GB; compiled: the model through torch.compile first (its compile time excluded:
+    three untimed calls come first)."""
     import gc
 
     import torch
@@ -140,6 +141,8 @@ def time_torch(m, B, T, iters, bf16):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     model, idx, tgt = torch_gpt(m, B, T)
+    if compiled:
+        model = torch.compile(model)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else torch.autocast("cuda", enabled=False)
     times = []
     for i in range(iters + 3):
@@ -192,6 +195,8 @@ def main(argv=None):
     ap.add_argument("--torch-train-step", action="store_true",
                     help="also time PyTorch fp32's whole training step as the size's config runs one "
                          "(its microbatches, clipping, AdamW): the reference of the trainer's step")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="also time PyTorch's bf16 autocast through torch.compile (its compile time excluded)")
     ap.add_argument("--attention", choices=("flash", "plain", "both"), default="flash",
                     help="flash attention (the engine's default), attention v2 (saves the probabilities), or both")
     ap.add_argument("--flash", action="store_const", const="both", dest="attention", help="the same as --attention both")
@@ -217,6 +222,11 @@ def main(argv=None):
             torch_row["torch_fp32_ms"] *= 1e3
             torch_row["torch_bf16_ms"], torch_row["torch_bf16_peak_GB"] = time_torch(m, B, T, args.iters, bf16=True)
             torch_row["torch_bf16_ms"] *= 1e3
+            if args.torch_compile:          # issue 11's stretch figure: PyTorch bf16 through torch.compile
+                ms, _ = time_torch(m, B, T, args.iters, bf16=True, compiled=True)
+                torch_row["torch_bf16_compiled_ms"] = ms * 1e3
+                train_steps.append(f"PyTorch bf16 autocast through torch.compile, {size}: {ms * 1e3:.2f} ms a "
+                                   f"forward + backward")
             if args.torch_train_step:
                 tr = load_config(size).train
                 step_s = time_torch_train_step(m, tr, tr.batch_size, tr.seq_len, args.iters)
