@@ -33,6 +33,11 @@
 #          mm13 (matmul v13, cp.async ring on bf16 copies: the harness at 12M and 120M, v12 and v13 side by
 #          side, v13 at each of its tiles);
 #          cublas (the products through cuBLASLt: harness, whole model, gemm and step tables, graph = eager);
+#          bf16d (started in the background: the 16-bit versions' harness at 120M, the fp16 model with the loss
+#          scaled; bf16d_report waits and reports); resume16 (bit-exact resume in bf16 and fp16); s10 and s10b
+#          (the tenth session's last two runs: every new low-precision version's harness, the gemm and step
+#          tables; the engine's bf16/fp16 model, quality and resume); s11 (the quality question at 2,000 steps
+#          with an fp32/cublas noise floor, the 120M model at bf16 and fp16, flash attention's kernels);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
