@@ -47,7 +47,7 @@ import numpy as np
 from numba import cuda, int64, uint16
 
 from ..config import ConfigError
-from .common import SIMULATOR
+from .common import SIMULATOR, cdiv
 
 WORKSPACE_BYTES = 32 << 20          # cuBLASLt's scratch for every product (NVIDIA suggests 32 MiB on Hopper)
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -93,11 +93,45 @@ ROUND_THREADS = 4 if SIMULATOR else 256
 def round_into(dst, src, precision, stream=0):
     """dst[:R*C] = src [R, C] rounded to bf16 (dst uint16: the bit patterns) or fp16 (dst float16)."""
     R, C = src.shape
-    grid = ((C + ROUND_THREADS - 1) // ROUND_THREADS, min(R, 65535))
+    grid = (cdiv(C, ROUND_THREADS), min(R, 65535))
     if precision == "bf16":
         k_round_bf16_v1[grid, ROUND_THREADS, stream](dst, src.view(np.uint32))
     else:
         k_round_fp16_v1[grid, ROUND_THREADS, stream](dst, src)
+
+
+def _slot_b(a_elements: int) -> int:
+    """Where b's copy starts in the scratch: after a's, on a 256-byte boundary."""
+    return cdiv(a_elements, ALIGN) * ALIGN
+
+
+class OperandCopies:
+    """The scratch that holds the 16-bit copies of one product's two operands, for the library
+    route (Library.matmul) and for matmul v13 (half_tile.bf16_copies): a's copy at element 0, b's
+    on the next 256-byte boundary, rows packed. Launches run in stream order, so one scratch serves
+    every product of a stream. It grows to the largest product seen; a model reserves its largest
+    before its first step (linear_ops), since nothing may be allocated inside a graph capture."""
+
+    def __init__(self):
+        self.buf = None
+
+    def reserve(self, a_elements: int, b_elements: int):
+        need = _slot_b(a_elements) + b_elements
+        if self.buf is None or self.buf.size < need:
+            self.buf = cuda.device_array(need, dtype=np.uint16)
+
+    def round(self, a, b, precision: str, stream=0):
+        """(a16, b16): a and b [rows, cols] rounded to bf16 (uint16 bit patterns) or fp16 (float16),
+        each flat, rows packed (k_round_bf16_v1 / k_round_fp16_v1: ties to even)."""
+        self.reserve(a.size, b.size)
+        view = self.buf if precision == "bf16" else self.buf.view(np.float16)
+        a16, b16 = view[:a.size], view[_slot_b(a.size):_slot_b(a.size) + b.size]
+        round_into(a16, a, precision, stream)
+        round_into(b16, b, precision, stream)
+        return a16, b16
+
+
+COPIES = OperandCopies()        # the process's one scratch of 16-bit operand copies
 
 
 class LibraryUnavailable(ConfigError):
@@ -160,9 +194,9 @@ def _row_stride(arr, name) -> int:
 
 
 class Library:
-    """One cuBLASLt handle, its workspace (allocated here, before any step), the scratch that holds the
-    16-bit copies of a product's two operands, and the plans of the shapes seen so far:
-    (precision, shape, transposes, strides, alignments) -> (descriptors, algorithm)."""
+    """One cuBLASLt handle, its workspace (allocated here, before any step) and the plans of the
+    shapes seen so far: (precision, shape, transposes, strides, alignments) -> (descriptors,
+    algorithm). The bf16 and fp16 products round their operands into COPIES first."""
 
     def __init__(self):
         require()
@@ -171,17 +205,8 @@ class Library:
         self.handle = cublasLt.create()
         self.version = int(cublasLt.get_version())
         self.workspace = cuda.device_array(WORKSPACE_BYTES, dtype=np.uint8)
-        self.scratch = cuda.device_array(0, dtype=np.uint16)
         self.plans = {}
         self.one, self.zero = np.ones(1, np.float32), np.zeros(1, np.float32)    # alpha, beta (host)
-
-    def reserve(self, a_elements: int, b_elements: int):
-        """Room for 16-bit copies of an a and a b operand of these sizes: the trainer's model reserves
-        its largest product's before its first step (linear_ops); a standalone product (the harness,
-        bench/gemm.py) grows the scratch when it needs more."""
-        need = _slot_b(a_elements) + b_elements
-        if self.scratch.size < need:
-            self.scratch = cuda.device_array(need, dtype=np.uint16)
 
     def _set(self, setter, obj, attr, value, dtype_of):
         buf = np.array([value], dtype=dtype_of(attr))
@@ -221,13 +246,9 @@ class Library:
         assert (b.shape[1] if trans_b else b.shape[0]) == K and (a.shape[1] if trans_a else a.shape[0]) == M \
             and (b.shape[0] if trans_b else b.shape[1]) == N, f"shapes {a.shape} {b.shape} -> {out.shape}"
         lda, ldb = _row_stride(a, "a"), _row_stride(b, "b")
-        if precision != "fp32":                   # the operands' 16-bit copies, rows packed, in the scratch
-            self.reserve(a.size, b.size)
-            view = self.scratch if precision == "bf16" else self.scratch.view(np.float16)
-            a16, b16 = view[:a.size], view[_slot_b(a.size):_slot_b(a.size) + b.size]
-            round_into(a16, a, precision, stream)
-            round_into(b16, b, precision, stream)
-            a, b, lda, ldb = a16, b16, a.shape[1], b.shape[1]
+        if precision != "fp32":                   # the operands' 16-bit copies, rows packed
+            lda, ldb = a.shape[1], b.shape[1]
+            a, b = COPIES.round(a, b, precision, stream)
         op = lt_operands(M, N, K, bool(trans_a), bool(trans_b), lda, ldb, _row_stride(out, "out"))
         ptr_a, ptr_b, ptr_out = _pointer(a), _pointer(b), _pointer(out)
         aligns = (_alignment(ptr_b), _alignment(ptr_a), _alignment(ptr_out), _alignment(ptr_out))
@@ -239,11 +260,6 @@ class Library:
         self.lt.matmul(self.handle, desc, self.one.ctypes.data, ptr_b, la, ptr_a, lb, beta.ctypes.data,
                        ptr_out, ld, ptr_out, ld, found.ptr, _pointer(self.workspace), WORKSPACE_BYTES,
                        _stream_pointer(stream))
-
-
-def _slot_b(a_elements: int) -> int:
-    """Where b's copy starts in the scratch: after a's, on a 256-byte boundary."""
-    return (a_elements + ALIGN - 1) // ALIGN * ALIGN
 
 
 @functools.cache
@@ -305,10 +321,9 @@ def linear_ops(precision: str, N: int, C: int, V: int):
     arguments and meaning as the engine's launchers (kernels/attn_qkv.py, attn_out.py, mlp.py,
     loss.py); the work buffers go unused (the library splits K itself, in its workspace)."""
     require()
-    if precision != "fp32":                      # the handle, workspace and scratch, before the first step
-        library().reserve(*operand_elements(N, C, V))
-    else:
-        library()
+    library()                                    # the handle and workspace, before the first step
+    if precision != "fp32":                      # and the copies' scratch
+        COPIES.reserve(*operand_elements(N, C, V))
     from . import loss as L
     from .mlp import gelu_bwd_v2, gelu_fwd_v2
     mm = MATMUL[precision]

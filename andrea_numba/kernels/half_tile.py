@@ -298,38 +298,21 @@ def make_half_tile(tile):
 #     keep cp.async, but round_into writes packed rows (a padded copy needs another rounding
 #     kernel): left for a later version.
 # =============================================================================================
-from .cublaslt import round_into                    # noqa: E402  (k_round_bf16_v1: fp32 -> bf16, ties to even)
+from .cublaslt import COPIES                        # noqa: E402  (the 16-bit copies' scratch, k_round_bf16_v1)
 from .ptx import CP_ASYNC_WAIT, cp_async16, cp_async_commit  # noqa: E402
 from .tile_loop import make_load                    # noqa: E402
 
 STAGES = 3             # shared stages of the ring (a block's sixth number overrides it)
-COPY_ALIGN = 128       # elements (256 bytes) between the two bf16 copies in the scratch
-
-# The scratch of the bf16 copies. Not the launcher's `work` argument: work is the split-K buffer,
-# may be None (no split), is sized for partial tiles (splitk_work), not for two operands, and is
-# used by the same launch for the slices' partial sums; carving both out of it would tie the
-# copies' room to the split. So a module-level buffer that grows to the largest product seen
-# (like cublaslt.Library.reserve): launches run in stream order, so one scratch serves them all
-# on one stream.
-_SCRATCH = [None]
 
 
-def reserve_bf16(elements: int):
-    """Room for the bf16 copies of a product's operands (a16 and b16 together, with the gap between):
-    grows the module's scratch; call before a graph capture (no allocation may happen inside one)."""
-    if _SCRATCH[0] is None or _SCRATCH[0].size < elements:
-        _SCRATCH[0] = cuda.device_array(max(elements, 1), dtype=np.uint16)
-
-
+# The bf16 copies live in cublaslt.COPIES, the scratch the library route's copies use. Not the
+# launcher's `work` argument: work is the split-K buffer, may be None (no split), is sized for
+# partial tiles (splitk_work), not for two operands, and is used by the same launch for the slices'
+# partial sums; carving both out of it would tie the copies' room to the split.
 def bf16_copies(a, b, stream=0):
-    """(a16, b16): a and b rounded to bf16 (uint16 bit patterns, ties to even) in the scratch, each
-    with its operand's shape, rows packed; a16 at element 0, b16 on the next 256-byte boundary."""
-    slot = (a.size + COPY_ALIGN - 1) // COPY_ALIGN * COPY_ALIGN
-    reserve_bf16(slot + b.size)
-    s = _SCRATCH[0]
-    a16, b16 = s[:a.size], s[slot:slot + b.size]
-    round_into(a16, a, "bf16", stream)
-    round_into(b16, b, "bf16", stream)
+    """(a16, b16): a and b rounded to bf16 (uint16 bit patterns, ties to even) in COPIES, each with
+    its operand's shape, rows packed; a16 at element 0, b16 on the next 256-byte boundary."""
+    a16, b16 = COPIES.round(a, b, "bf16", stream)
     return a16.reshape(a.shape), b16.reshape(b.shape)
 
 

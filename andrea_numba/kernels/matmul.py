@@ -566,10 +566,10 @@ ASYNC_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32, 4), (64, 6
 def matmul_v13(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """bf16 tensor-core products from bf16 copies of the operands (rounded once, ties to even) copied
     to shared memory by cp.async through a ring of stages; block = (BM, BN, 32, WM, WN[, STAGES]);
-    work: the split-K buffer (or None). The copies live in a module-level scratch that grows to
+    work: the split-K buffer (or None). The copies live in cublaslt.COPIES, a scratch that grows to
     the largest product seen (half_tile.bf16_copies): an allocation at the first product of a new
-    largest size, so not for a graph capture without half_tile.reserve_bf16 first, and one scratch
-    for the process (launches on two streams at once would share it)."""
+    largest size, so not for a graph capture without COPIES.reserve first, and one scratch for the
+    process (launches on two streams at once would share it)."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     trans_a, trans_b = bool(trans_a), bool(trans_b)
