@@ -237,8 +237,7 @@ class GPUModel:
                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
-                flash_fwd = self.flash_pair[0] if self.flash_pair else attn_flash.attn_flash_fwd
-                flash_fwd(b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s)
+                self.flash_launchers()[0](b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s)
             else:
                 attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], *qkv, H, p_drop, k_att, stream=s)
             self.out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], stream=s)
@@ -303,7 +302,7 @@ class GPUModel:
             self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, branch_grad(k_ao), b["y"][l], P[p + "attn.w_o"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
-                (self.flash_pair[1] if self.flash_pair else attn_flash.attn_flash_bwd)(bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
+                self.flash_launchers()[1](bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
                                           b["y"][l].reshape(B, T, C), b["lse"][l], H, p_drop, k_att, stream=s)
             else:
                 attn.attn_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"), *qkv,
@@ -317,6 +316,11 @@ class GPUModel:
                                              stream=s)
         embed.embed_bwd(G["wte"], G["wpe"], b["embed_links"], d_resid.reshape(B, T, C), b["tokens"],
                         m.vocab_size, m.context_length, stream=s)
+
+    def flash_launchers(self):
+        """(forward, backward) of flash attention: the pair of this model's precision or flash_version,
+        else the engine's (attn_flash's module names, read at each launch)."""
+        return self.flash_pair or (attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd)
 
     def zero_grads(self):
         zero(self.grads, stream=self.stream)

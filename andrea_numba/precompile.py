@@ -67,17 +67,16 @@ def _recording(notes):
     # runs at once, which would compile it here. Any count gives the same argument types; one
     # block per multiprocessor (the fewest) lets every launch that may split record its sum too.
     sms = numba.cuda.get_current_device().MULTIPROCESSOR_COUNT
-    saved = [(dispatcher.CUDADispatcher, "configure"), (matmul, "resident_blocks")]
+    saved = [(dispatcher.CUDADispatcher, "configure"), (matmul, "resident_blocks"), (cublaslt, "RECORDING")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in saved]
     dispatcher.CUDADispatcher.configure = configure
     matmul.resident_blocks = lambda *args: sms
-    cublaslt.RECORDING[0] = True               # the library's products (products="cublas..."): skipped
+    cublaslt.RECORDING = True                  # the library's products (products="cublas..."): skipped
     try:
         yield notes
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
-        cublaslt.RECORDING[0] = False
 
 
 def record_launches(*launching) -> list:

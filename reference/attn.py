@@ -11,8 +11,8 @@ softmax backward needs the probabilities themselves, and f is computed again.
 
 The flash twins (attn_flash_fwd / attn_flash_bwd) run their products through precision.mm, so
 that under products_in("bf16") or ("fp16") each product's inputs are rounded where the kernels
-(kernels/attn_flash_lowp.py) round them; attn_fwd / attn_bwd stay exact (the whole model's twin
-runs them, and the engine's bf16 model still runs fp32 attention).
+(kernels/attn_flash_lowp.py) round them; the whole model's twin runs them at those precisions.
+attn_fwd / attn_bwd stay exact: attention v2 has no bf16 or fp16 version.
 
 Backward, with dy_h the matching slice of dy:
     datt = f * (dy_h @ v_h^T)           dv_h = (att * f)^T @ dy_h

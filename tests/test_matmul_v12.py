@@ -28,10 +28,10 @@ def _bf16_product(a, b, trans_a, trans_b):
     return (a.T if trans_a else a) @ (b.T if trans_b else b)
 
 
-def _run(a, b, trans_a, trans_b, out0, work=None, accumulate=False, block=None):
+def _run(a, b, trans_a, trans_b, out0, work=None, accumulate=False, block=None, launch=MM.matmul_v12):
     out = cuda.to_device(out0.copy())
-    MM.matmul_v12(out, work, cuda.to_device(a), cuda.to_device(b), trans_a=trans_a, trans_b=trans_b,
-                  accumulate=accumulate, block=block)
+    launch(out, work, cuda.to_device(a), cuda.to_device(b), trans_a=trans_a, trans_b=trans_b,
+           accumulate=accumulate, block=block)
     return out.copy_to_host()
 
 

@@ -7,6 +7,8 @@ these tests add every transpose on both copy paths (cp.async chunks where the co
 the 4-stage ring (wait_group 2) on a K of many steps, accumulate, a split K added slice by slice,
 bit-identical reruns, and the rounding of the copies. Kept small: the simulator runs every thread.
 """
+import functools
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -15,18 +17,10 @@ from andrea_numba.kernels import half_tile as H
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
+from test_matmul_v12 import _bf16_product, _operands, _run   # v12's helpers: the same operands, twin and call
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
-
-
-from test_matmul_v12 import _bf16_product, _operands  # noqa: E402  (v12's helpers: the same operands and twin)
-
-
-def _run(a, b, trans_a, trans_b, out0, work=None, accumulate=False, block=None):
-    out = cuda.to_device(out0.copy())
-    MM.matmul_v13(out, work, cuda.to_device(a), cuda.to_device(b), trans_a=trans_a, trans_b=trans_b,
-                  accumulate=accumulate, block=block)
-    return out.copy_to_host()
+_run = functools.partial(_run, launch=MM.matmul_v13)          # noqa: F811
 
 
 def test_v13_is_a_bf16_version_of_the_ladder():

@@ -274,12 +274,12 @@ def version() -> int:
 
 
 # While andrea_numba.precompile records a step's launches (nothing may run), a product is skipped.
-RECORDING = [False]
+RECORDING = False
 
 
 def _make_matmul(precision):
     def launch(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block=None, stream=0):
-        if not RECORDING[0]:
+        if not RECORDING:
             library().matmul(out, a, b, trans_a, trans_b, accumulate, precision, stream)
     launch.__name__ = launch.__qualname__ = f"matmul_v{VERSION_OF[precision]}"
     launch.__doc__ = (f"out (+)= op(a) @ op(b) through cuBLASLt, {OPERAND_TYPE[precision]} operands, fp32 sums "
