@@ -86,7 +86,7 @@ from numba import cuda, float32, int32
 from .common import SIMULATOR, nonneg
 from .ptx import bf16x2, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store2
 from .split_tile import chunk_fetcher
-from .tile_loop import WARP, make_pipeline
+from .tile_loop import WARP, add_fragment, make_pipeline
 from .warp_tile import fragment_tile
 
 if SIMULATOR:
@@ -214,11 +214,7 @@ def _stage(trans_a, trans_b, BM, BN, MI, NI):
                                           zero, zero, zero, zero)                  # k-step 0, from zero
                 c0, c1, c2, c3 = mma_bf16(fa[1, 0], fa[1, 1], fa[1, 2], fa[1, 3], fb[1, ni, 0], fb[1, ni, 1],
                                           c0, c1, c2, c3)                          # + k-step 1
-                i, j = 2 * mi, 2 * ni                # c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1]
-                acc[i, j] += c0
-                acc[i, j + 1] += c1
-                acc[i + 1, j] += c2
-                acc[i + 1, j + 1] += c3
+                add_fragment(acc, mi, ni, c0, c1, c2, c3)
     return stage
 
 

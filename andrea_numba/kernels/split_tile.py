@@ -60,7 +60,7 @@ from reference.precision import round_bf16, round_fp16
 
 from .common import SIMULATOR
 from .ptx import bf16x2, f16x2, load4, mma_bf16, mma_f16, mma_tf32, store4, tf32_half_up, tf32_round
-from .tile_loop import WARP, make_pipeline
+from .tile_loop import WARP, add_fragment, make_pipeline
 
 BK_SPLIT = 16          # values of k per stage: two k-steps of 8, a 4-float run per lane and row
 
@@ -284,11 +284,7 @@ def _stage_16(BM, BN, MI, NI, swizzle, fmt="bf16"):
                 # a0 A[g, 2t..], a1 A[g+8, 2t..], a2 A[g, 2t+8..], a3 A[g+8, 2t+8..]; b0 B[2t.., g], b1 B[2t+8.., g]
                 c0, c1, c2, c3 = mma16(ra[mi, 0, 0], ra[mi, 1, 0], ra[mi, 0, 1], ra[mi, 1, 1],
                                        rb[ni, 0], rb[ni, 1], zero, zero, zero, zero)
-                i, j = 2 * mi, 2 * ni                # c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1]
-                acc[i, j] += c0
-                acc[i, j + 1] += c1
-                acc[i + 1, j] += c2
-                acc[i + 1, j + 1] += c3
+                add_fragment(acc, mi, ni, c0, c1, c2, c3)
     return stage
 
 
@@ -371,11 +367,7 @@ def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round", swizzl
                 if products == 0:
                     for q in range(4):
                         c0 += ra[mi, 0, 0, q] * rb[ni, 0, q] + ra[mi, 1, 1, q] * rb[ni, 1, q]
-                i, j = 2 * mi, 2 * ni                # c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1]
-                acc[i, j] += c0
-                acc[i, j + 1] += c1
-                acc[i + 1, j] += c2
-                acc[i + 1, j + 1] += c3
+                add_fragment(acc, mi, ni, c0, c1, c2, c3)
     return stage
 
 

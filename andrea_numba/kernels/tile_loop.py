@@ -9,6 +9,19 @@ from numba import cuda, float32
 WARP = 32
 
 
+@cuda.jit(device=True, inline="always")
+def add_fragment(acc, mi, ni, c0, c1, c2, c3):
+    """acc += one 16 x 8 mma.sync result, held in the accumulator layout (ptx.py's docstring):
+    c0 C[g, 2t], c1 C[g, 2t+1], c2 C[g+8, 2t], c3 C[g+8, 2t+1] of fragment (mi, ni) go to
+    acc[2 mi, 2 ni], acc[2 mi, 2 ni + 1], acc[2 mi + 1, 2 ni], acc[2 mi + 1, 2 ni + 1] (row(i), col(j)
+    of the tile). Every tensor-core stage of the products ends with it."""
+    i, j = 2 * mi, 2 * ni
+    acc[i, j] += c0
+    acc[i, j + 1] += c1
+    acc[i + 1, j] += c2
+    acc[i + 1, j + 1] += c3
+
+
 def make_load(trans_a, trans_b, fetch_a, fetch_b):
     """load(ra, rb, a, b, k0, ke, row0, col0, M, N): fetch the op(a) tile at rows row0.., k0.. and
     the op(b) tile at k0.., col0.. into registers, each from the matrix as it is stored."""

@@ -58,7 +58,7 @@ from numba import cuda, float32
 from .common import SIMULATOR, as_is, cdiv, nonneg
 from .ptx import load4, mma_tf32, store4, tf32_round
 from .split_tile import tile_mma_split
-from .tile_loop import WARP, make_pipeline
+from .tile_loop import WARP, add_fragment, make_pipeline
 
 KINDS = ("simt", "tf32x3", "tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w", "bf16w", "f16w")   # matmul v3 .. v8, v10, v11
 HALF_KINDS = {"bf16w": "bf16", "f16w": "fp16"}        # the 16-bit kinds and their formats
@@ -207,11 +207,7 @@ def _kstep(trans_a, trans_b, MI, NI, tensor_cores, trunc=False, swizzle_b=False)
                                           c0, c1, c2, c3)                                  # + big * small
                 c0, c1, c2, c3 = mma_tf32(ab[mi, 0], ab[mi, 1], ab[mi, 2], ab[mi, 3], bb[ni, 0], bb[ni, 1],
                                           c0, c1, c2, c3)                                  # + big * big
-                i, j = 2 * mi, 2 * ni                    # acc += the 8-deep product, in fp32 (see above)
-                acc[i, j] += c0
-                acc[i, j + 1] += c1
-                acc[i + 1, j] += c2
-                acc[i + 1, j + 1] += c3
+                add_fragment(acc, mi, ni, c0, c1, c2, c3)      # acc += the 8-deep product, in fp32 (see above)
     return step
 
 
