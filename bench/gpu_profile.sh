@@ -38,6 +38,7 @@
 #          (the tenth session's last two runs: every new low-precision version's harness, the gemm and step
 #          tables; the engine's bf16/fp16 model, quality and resume); s11 (the quality question at 2,000 steps
 #          with an fp32/cublas noise floor, the 120M model at bf16 and fp16, flash attention's kernels);
+#          s12a (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's; run after mm13);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -294,6 +295,10 @@ PY
         wait
         for f in "$OUT"/s10b/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         grep "^|" "$OUT/quality.txt"; tail -3 "$OUT/s10b/quality.log"; cat "$OUT/resume16/check.json"; tail -4 "$OUT/s10b/resume16.log" ;;
+    s12a) # the eleventh session's first run: matmul v13 (mm13's harness and tables), then where the 120M bf16
+        # step's GPU time goes, kernel by kernel (Nsight Compute), with our products (bf16l, flash v11) and
+        # with cuBLASLt's (cublas-bf16): what is left once the products are fast
+        for products in bf16l cublas-bf16; do profile_kernels "kernels_120M_$products" 45 --size 120M --products $products; done ;;
     s11) # for the next session (issue 11): the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
         # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's
