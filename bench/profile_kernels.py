@@ -141,6 +141,22 @@ def ncu_rows(path):
     return [(n, ms) for _, n, ms in sorted(rows)]
 
 
+def with_library_kernels(launches, timed):
+    """The launch log with a row for each kernel that a library launched (cuBLASLt's products are
+    not numba launches, so the log lacks them): walking Nsight Compute's kernels in order, one whose
+    name is not the next logged kernel's is the library's, put down to the launcher of the numba
+    launch before it (the engine function that called the library)."""
+    out, i = [], 0
+    for name, _ in timed:
+        if i < len(launches) and launches[i]["kernel"] in name:
+            out.append(launches[i])
+            i += 1
+        else:
+            before = out[-1]["launcher"] if out else "?"
+            out.append({"launcher": before, "kernel": "library: " + name.split("(")[0][:60], "grid": "-", "block": "-"})
+    return out if i == len(launches) else launches
+
+
 def table(args):
     try:
         with open(args.log) as f:
@@ -149,6 +165,8 @@ def table(args):
     except (ValueError, KeyError, TypeError) as e:
         cli.fail(f"{args.log} is not a launch log of `run`, or {args.ncu} not Nsight Compute's --csv "
                  f"output with gpu__time_duration.sum ({type(e).__name__}: {e})")
+    if len(timed) > len(launches):
+        launches = with_library_kernels(launches, timed)
     if len(timed) != len(launches):
         cli.fail(f"{args.ncu} has {len(timed)} kernels but {args.log} logged {len(launches)} launches; "
                  "profile and log must come from the same run")
