@@ -124,7 +124,9 @@ class GPUModel:
     twin is reference.model at precision "bf16" (self.precision); "f16w" the same in fp16;
     "bf16l" (the engine's --precision bf16) their bf16 versions on matmul v12's tiles (attn_qkv,
     attn_out v11, mlp v15, loss_fwd v12, loss_bwd v11: each operand rounded once into bf16 shared
-    tiles, fragments read with ldmatrix). "cublas", "cublas-bf16", "cublas-fp16" run every product
+    tiles, fragments read with ldmatrix); "bf16a" the same through matmul v13 (attn_qkv, attn_out
+    v12, mlp v16, loss_fwd v13, loss_bwd v12: bf16 copies of the operands, copied to shared memory
+    by cp.async). "cublas", "cublas-bf16", "cublas-fp16" run every product
     of the linear ops through cuBLASLt in fp32, bf16 or fp16 (kernels/cublaslt.py: the library
     route, on a GPU with nvmath-python). With bf16 or fp16 products flash attention runs with
     products at that precision too (v11, v12: FLASH_VERSION), as the twin at that precision does.
@@ -155,6 +157,8 @@ class GPUModel:
             self.mlp_fwd, self.mlp_bwd = mlp.VERSIONS["mlp_fwd"][vm], mlp.VERSIONS["mlp_bwd"][vm]
             self.loss_fwd = loss.VERSIONS["loss_fwd"][LOSS_FWD_VERSION.get(products, v)]
             self.loss_bwd = loss.VERSIONS["loss_bwd"][v]
+        if products in COPIES_KINDS:        # matmul v13's bf16 copies: reserved before the first step
+            cublaslt.COPIES.reserve(*cublaslt.operand_elements(B * T, m.d_model, m.vocab_size))
         self.mlp_fwd_takes_work = "work" in inspect.signature(self.mlp_fwd).parameters   # v11 on
         self.dropout = dropout                      # used by a forward given a dropout_key
         self.flash = flash
@@ -183,11 +187,12 @@ class GPUModel:
 
     @property
     def nbytes(self) -> int:
-        """Its buffers' bytes (with cuBLASLt's workspace and 16-bit scratch when the library computes
-        its products)."""
-        library = 0 if PRODUCTS[self.products] is not None else \
-            cublaslt.WORKSPACE_BYTES + cublaslt.scratch_bytes(self.precision, self.N, self.m.d_model, self.m.vocab_size)
-        return sum(s.nbytes for s in self.specs) + library
+        """Its buffers' bytes (with cuBLASLt's workspace when the library computes its products, and
+        the scratch of 16-bit operand copies when the library or matmul v13 does)."""
+        library = 0 if PRODUCTS[self.products] is not None else cublaslt.WORKSPACE_BYTES
+        copies = cublaslt.scratch_bytes(self.precision, self.N, self.m.d_model, self.m.vocab_size) \
+            if PRODUCTS[self.products] is None or self.products in COPIES_KINDS else 0
+        return sum(s.nbytes for s in self.specs) + library + copies
 
     def forward(self, tokens, targets, dropout_key=None, keys=None):
         """tokens, targets [B, T] int32: host arrays (copied into the model's buffers on its stream;
@@ -361,17 +366,21 @@ class GPUModel:
 LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp16"}
 # "bf16l": bf16 products on matmul v12's tiles (bf16 shared tiles read with ldmatrix: attn_qkv, attn_out
 # v11, mlp v15, loss_fwd v12, loss_bwd v11)
+# "bf16a": bf16 products through matmul v13 (each operand rounded once into a bf16 copy in
+# cublaslt.COPIES, copied to shared memory by cp.async: attn_qkv, attn_out v12, mlp v16, loss_fwd
+# v13, loss_bwd v12)
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10, "bf16l": 11, **{kind: None for kind in LIBRARY_PRECISION}}
-MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12}   # the loss forward's, where not the linear ops'
+            "f16w": 10, "bf16l": 11, "bf16a": 12, **{kind: None for kind in LIBRARY_PRECISION}}
+MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16l", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_lowp.py: v11 bf16, v12 fp16);
 # the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
 FLASH_VERSION = {"bf16": 11, "fp16": 12}
 LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
 # products -> the precision of the twin that matches it (every other kind: fp32)
-PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "f16w": "fp16",
+COPIES_KINDS = {"bf16a"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
+PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "f16w": "fp16",
              **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 
 

@@ -202,7 +202,7 @@ def main(argv=None):
     ap.add_argument("--flash", action="store_const", const="both", dest="attention", help="the same as --attention both")
     ap.add_argument("--products", nargs="+", choices=sorted(PRODUCTS), default=["tf32x3w"],
                     help="the linear ops' products: tf32x3w (v7, the engine's), tf32x3t (v6), tf32x3k (v5, k-major), tf32x3s (v4, split planes), "
-                         "tf32x3 (v3), simt (v2), bf16w / f16w (bf16 / fp16), cublas / cublas-bf16 / cublas-fp16 (cuBLASLt)")
+                         "tf32x3 (v3), simt (v2), bf16w / f16w (bf16 / fp16: v9, v10), bf16l (bf16 on matmul v12, the engine's), bf16a (bf16 on matmul v13), cublas / cublas-bf16 / cublas-fp16 (cuBLASLt)")
     ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_bwd"])[1:],
                     help="flash attention versions to time (default: the model's own: the engine's in fp32, v11 "
                          "with bf16 products, v12 with fp16)")

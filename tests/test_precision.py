@@ -132,3 +132,23 @@ def test_a_config_without_precision_trains_in_fp32_and_bf16_picks_the_bf16_versi
                                                                  model.loss_fwd, model.loss_bwd, *model.flash_pair))
     trainer.write_state()
     assert json.loads((tmp_path / "run" / ".state.json").read_text())["config"]["train"]["precision"] == "bf16"
+
+
+def test_bf16a_products_reserve_their_copies_before_the_first_step():
+    """GPUModel(products="bf16a") runs the linear ops on matmul v13, whose operands are bf16 copies in
+    cublaslt.COPIES: the model reserves room for its largest product's two copies when it is built
+    (nothing may be allocated once a step is captured as a graph), counts it in nbytes, and its
+    launchers all take bf16 products."""
+    from andrea_numba.gpu_model import GPUModel
+    from andrea_numba.kernels import cublaslt
+    m = load_config("tiny").model
+    B, T = 2, 8
+    cublaslt.COPIES.buf = None
+    model = GPUModel(m, B, T, products="bf16a")
+    a, b = cublaslt.operand_elements(B * T, m.d_model, m.vocab_size)
+    assert cublaslt.COPIES.buf is not None and cublaslt.COPIES.buf.size >= a + b
+    plain = GPUModel(m, B, T, products="bf16l")
+    assert model.nbytes - plain.nbytes == cublaslt.scratch_bytes("bf16", B * T, m.d_model, m.vocab_size)
+    assert model.precision == "bf16" and all(
+        getattr(f, "precision", None) == "bf16" for f in (model.qkv_fwd, model.qkv_bwd, model.out_fwd, model.out_bwd,
+                                                          model.mlp_fwd, model.mlp_bwd, model.loss_fwd, model.loss_bwd))

@@ -17,7 +17,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, resolve
+from .matmul import ASYNC_OP_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve
 
 
 @functools.cache
@@ -248,10 +248,36 @@ def attn_qkv_bwd_v11(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *
 
 attn_qkv_fwd_v11.precision = attn_qkv_bwd_v11.precision = "bf16"
 
+
+# bf16 products through matmul v13 (kernels/half_tile.py): each operand rounded once into a bf16
+# copy, copied to shared memory by cp.async through a ring of stages. v13's tile functions take
+# those copies, which only its launcher makes, so the three projections are three launches of
+# matmul_v13 (v11 ran them as one launch of three z-slices); dx sums its three products in the
+# output, in the order q, k, v (accumulate), where v11 summed them in registers: other bits than
+# v11's, the same math.
+@blocks(**ASYNC_OP_TILES)
+def attn_qkv_fwd_v12(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul v13."""
+    for out, w in ((q, w_q), (k, w_k), (v, w_v)):
+        matmul_v13(out, None, x, w, block=block, stream=stream)
+
+
+@blocks(**ASYNC_OP_TILES)
+def attn_qkv_bwd_v12(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """dx = dq @ W_Q^T + dk @ W_K^T + dv @ W_V^T (the second and third added into dx), dW_* += x^T @ d*
+    (split over K into work): six products of matmul v13."""
+    for i, (d, w) in enumerate(((dq, w_q), (dk, w_k), (dv, w_v))):
+        matmul_v13(dx, work, d, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)
+    for dw, d in ((dw_q, dq), (dw_k, dk), (dw_v, dv)):
+        matmul_v13(dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
+
+
+attn_qkv_fwd_v12.precision = attn_qkv_bwd_v12.precision = "bf16"
+
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
 VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7,
-                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11},
+                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_v12},
             "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7,
-                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11}}
+                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_v12}}
 attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7          # what the engine uses

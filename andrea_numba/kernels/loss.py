@@ -284,8 +284,24 @@ def loss_bwd_v11(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, bloc
 
 loss_fwd_v12.precision = loss_bwd_v11.precision = "bf16"
 
+
+# bf16 products through matmul v13 (bf16 copies, cp.async ring: kernels/half_tile.py)
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v13(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """v12 with the logits from matmul v13; the softmax and the loss in fp32."""
+    _fwd_warp("bf16a", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v12(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """v11 with its products from matmul v13, dwte split over K into work."""
+    _bwd_warp("bf16a", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
+
+
+loss_fwd_v13.precision = loss_bwd_v12.precision = "bf16"
+
 VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9,
-                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12},
+                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13},
             "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8,
-                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11}}
+                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12}}
 loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses

@@ -588,9 +588,14 @@ def matmul_v13(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 matmul_v13.precision = "bf16"
 WARP_KERNELS["bf16a"] = (13, "bf16 tensor cores on bf16 copies, copied to a ring of shared stages by cp.async")
-# not in WARP_MATMUL: the linear ops build their own kernels on make_tile(kind) with the fp32
-# operands, and v13's tile functions take the bf16 copies that only its launcher makes
+# In WARP_MATMUL for the linear ops that chain whole products (mlp, loss: WARP_MATMUL[kind]); the
+# kernels that run three products in one launch (attn_qkv's, attn_out's, on make_tile(kind) with
+# the fp32 operands) have no v13 form, since its tile functions take the bf16 copies that only its
+# launcher makes: their v13 versions chain matmul_v13 calls instead.
+WARP_MATMUL["bf16a"] = matmul_v13
 VERSIONS["matmul"][13] = matmul_v13
+# the linear ops on v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12): v13's tiles
+ASYNC_OP_TILES = ASYNC_TILES
 
 matmul = matmul_v2        # what the engine uses
 
