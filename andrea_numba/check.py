@@ -59,6 +59,22 @@ MODEL_DROPOUT = 0.1         # the whole-model check is a training forward: dropo
 # landed 3.4% of its scale from the twin (2026-12-02, d h2.attn.w_q at 12M): the underflow that loss
 # scaling exists to prevent (lesson 10), not a wrong kernel. It keeps bf16's allowance.
 MODEL_TOLS = {"fp32": MODEL_TOL, "bf16": (1e-3, 2.0 ** -5), "fp16": (1e-3, 2.0 ** -5)}   # by the products' precision
+# Once attention runs its products in bf16 too (flash v11, the engine's bf16), the gradients of W_Q
+# and W_K stand apart: they reach the weights through the softmax's backward, dS = P (dP - D), where
+# dP and D nearly cancel, so one rounding that the kernel and the twin resolve to neighbours (in P,
+# dO or V) moves dS by a unit of dP's rounding, not of dS's. On the H200 at 120M (B = 1, T = 1024,
+# 2026-12-02) they reached 2.4-3.7% of their scale in bf16 where every other tensor stayed within
+# 0.78%; in fp16 (8x finer rounding) 0.29-0.46% against 0.10%: the same factor of about 5 at both
+# precisions, the mark of rounding carried through a cancellation rather than of a wrong kernel. At
+# low precision those two tensors get twice the allowance, 2^-4; the rest keep 2^-5.
+SCORE_GRADS = ("attn.w_q", "attn.w_k")          # the weights whose gradients pass through dS
+
+
+def model_tol(precision: str, tensor: str):
+    """The whole-model check's (rtol, a) for one gradient tensor ("d h3.attn.w_q", "loss") at the
+    products' precision: MODEL_TOLS, doubled for W_Q's and W_K's below fp32 (SCORE_GRADS)."""
+    rtol, a = MODEL_TOLS[precision]
+    return (rtol, 2 * a) if precision != "fp32" and tensor.endswith(SCORE_GRADS) else (rtol, a)
 MODEL_DLOSS = {"fp16": LOSS_SCALE_INIT}       # the backward's dloss by precision (1 elsewhere): the trainer's first scale
 
 # (B, T) of the op checks and of the whole-model check, by size. The op shapes cross tile edges:
@@ -314,7 +330,7 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "
     targets = rng.integers(0, m.vocab_size, size=(B, T)).astype(np.int32)
     key = int(rng.integers(0, 2 ** 32))
     precision = PRECISION.get(products, "fp32")
-    tol = MODEL_TOLS[precision]
+    tol = MODEL_TOLS[precision]           # the loss's; a gradient tensor's: model_tol
     if precision != "fp32":      # attention v2 has no bf16 / fp16 version: the flash model only
         attention = tuple(a for a in attention if a)
     ref_loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets, MODEL_DROPOUT, key, precision)
@@ -338,7 +354,8 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "
         rows.append(compare(op, "loss", runs[0][0], np.array([float(ref_loss)]), tol, repeat=runs[1][0]))
         for s in param_layout(m):
             sl = slice(s.offset, s.end)
-            rows.append(compare(op, "d " + s.name, runs[0][1][sl], ref_grads[sl], tol, repeat=runs[1][1][sl]))
+            rows.append(compare(op, "d " + s.name, runs[0][1][sl], ref_grads[sl], model_tol(precision, s.name),
+                                repeat=runs[1][1][sl]))
         del model                             # one model's buffers at a time (120M: several GB each)
     return rows
 

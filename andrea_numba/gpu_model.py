@@ -30,6 +30,14 @@ from .kernels.optim import zero
 from .layout import n_params, views
 
 
+# Saved as bf16 with products "bf16a" (buffer_specs(saved16=True)): the activations whose every
+# reader is a bf16 product, which rounds its inputs to bf16 (ties to even) before it multiplies, so
+# keeping them rounded changes no bit the products see: LN1's, LN2's and LNf's outputs (the inputs of
+# the Q, K, V, W_1 and logits products and of their weight gradients) and the GELU's output h (W_2's
+# and dW_2's). Not y, the attention output: flash attention's backward reads it in fp32 (D = dy . y).
+SAVED16 = ("ln1", "ln2", "lnf", "h")
+
+
 @dataclass(frozen=True)
 class BufferSpec:
     name: str
@@ -43,16 +51,19 @@ class BufferSpec:
 
 
 def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_params: bool = True,
-                 flash: bool = True) -> list[BufferSpec]:
+                 flash: bool = True, saved16: bool = False) -> list[BufferSpec]:
     """Every device buffer of a forward + backward at batch B x T (the optimiser's m and v live
     with the trainer). One line per tensor, llm.c style. training=False: forward only (no
     gradients, no backward scratch); own_params=False: the parameters live in another model;
     flash=True (the engine's): flash attention, which saves lse [L, B, H, T] instead of att
-    [L, B, H, T, T]."""
+    [L, B, H, T, T]; saved16=True (products "bf16a"): the LayerNorms' outputs and the GELU's,
+    read only by bf16 products, saved as bf16 (uint16 bit patterns, half the bytes; SAVED16),
+    the LayerNorms writing into the fp32 scratch ln_out first."""
     L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
     N, F, P = B * T, 4 * m.d_model, n_params(m)
     f32, i32 = np.float32, np.int32
-    S = lambda name, shape, kind, dtype=f32: BufferSpec(name, shape, dtype, kind)
+    S = lambda name, shape, kind, dtype=f32: BufferSpec(
+        name, shape, np.uint16 if saved16 and name in SAVED16 else dtype, kind)
     specs = [
         S("params", (P,), "params"),                 # flat parameter vector
         S("grads", (P,), "grads"),                   # flat gradient, same layout
@@ -82,6 +93,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("probs", (N, V), "activations"),           # softmax of the logits; backward turns it into dlogits
         S("loss", (1,), "activations"),              # mean loss
         S("branch", (N, C), "scratch"),              # output of attn_out / mlp before the residual add
+        *([S("ln_out", (N, C), "scratch")] if saved16 else []),   # a LayerNorm's fp32 output, then rounded into ln1, ln2, lnf
         # backward scratch, each named after the gradient it holds (d_name = dL/d name):
         S("d_resid", (N, C), "scratch"),             # the residual stream: x[l+1], then x_mid, then x[l] (backward)
         S("d_branch", (N, C), "scratch"),            # with dropout: a branch output's gradient, d_resid masked
@@ -173,7 +185,8 @@ class GPUModel:
         if share is not None:               # a forward on another model's memory (the trainer's sampler)
             assert not training, "a model on another model's buffers runs forward only"
             params, flash = share.params, share.flash
-        self.specs = buffer_specs(m, B, T, training, own_params=params is None, flash=flash)
+        self.saved16 = products in SAVED16_KINDS     # LN and GELU outputs saved as bf16 (SAVED16)
+        self.specs = buffer_specs(m, B, T, training, own_params=params is None, flash=flash, saved16=self.saved16)
         if share is None:
             self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
         else:                               # the first elements of each of its buffers: nothing allocated
@@ -231,10 +244,21 @@ class GPUModel:
         # free during the forward; a model without one (forward only) runs those products whole
         mlp_work = {"work": b.get("splitk")} if self.mlp_fwd_takes_work else {}
         embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
+
+        def ln(saved):
+            """Where a LayerNorm writes its output: the saved buffer, or with saved16 the fp32 scratch
+            ln_out, which keep() then rounds into the saved bf16 buffer (ties to even, as the products
+            that read it would round it)."""
+            return b["ln_out"] if self.saved16 else saved
+
+        def keep(saved):
+            if self.saved16:
+                cublaslt.round_into(_flat(saved), b["ln_out"], "bf16", s)
         # the first LayerNorm has no residual sum before it; every later one is fused with the
         # residual add that makes its input (layernorm.residual_layernorm_fwd)
-        layernorm.layernorm_fwd(b["ln1"][0], b["ln1_mean"][0], b["ln1_rstd"][0], x[0],
+        layernorm.layernorm_fwd(ln(b["ln1"][0]), b["ln1_mean"][0], b["ln1_rstd"][0], x[0],
                                 P["h0.ln1.g"], P["h0.ln1.b"], eps, stream=s)
+        keep(b["ln1"][0])
         for l in range(m.n_layer):
             p = f"h{l}."
             k_att, k_ao, k_mlp = self.keys[l]
@@ -249,8 +273,9 @@ class GPUModel:
             if p_drop:                                              # in place: branch = drop(branch)
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_ao, stream=s)
             # x_mid = x[l] + branch, then ln2 = LN2(x_mid): one kernel
-            layernorm.residual_layernorm_fwd(b["x_mid"][l], b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], x[l],
+            layernorm.residual_layernorm_fwd(b["x_mid"][l], ln(b["ln2"][l]), b["ln2_mean"][l], b["ln2_rstd"][l], x[l],
                                              b["branch"], P[p + "ln2.g"], P[p + "ln2.b"], eps, stream=s)
+            keep(b["ln2"][l])
             self.mlp_fwd(out=b["branch"], h_pre=b["h_pre"][l], h=b["h"][l], x=b["ln2"][l],
                          w_1=P[p + "mlp.w_1"], w_2=P[p + "mlp.w_2"], stream=s, **mlp_work)
             if p_drop:
@@ -260,8 +285,9 @@ class GPUModel:
                 nxt, q = (b["ln1"][l + 1], b["ln1_mean"][l + 1], b["ln1_rstd"][l + 1]), f"h{l + 1}.ln1."
             else:
                 nxt, q = (b["lnf"], b["lnf_mean"], b["lnf_rstd"]), "lnf."
-            layernorm.residual_layernorm_fwd(x[l + 1], *nxt, b["x_mid"][l], b["branch"], P[q + "g"], P[q + "b"], eps,
-                                             stream=s)
+            layernorm.residual_layernorm_fwd(x[l + 1], ln(nxt[0]), *nxt[1:], b["x_mid"][l], b["branch"], P[q + "g"],
+                                             P[q + "b"], eps, stream=s)
+            keep(nxt[0])
         self.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], stream=s)
 
     def backward(self, dloss: float = 1.0):
@@ -380,6 +406,7 @@ FLASH_VERSION = {"bf16": 11, "fp16": 12}
 LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
 # products -> the precision of the twin that matches it (every other kind: fp32)
 COPIES_KINDS = {"bf16a"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
+SAVED16_KINDS = {"bf16a"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
 PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "f16w": "fp16",
              **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 

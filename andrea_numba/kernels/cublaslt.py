@@ -122,13 +122,20 @@ class OperandCopies:
 
     def round(self, a, b, precision: str, stream=0):
         """(a16, b16): a and b [rows, cols] rounded to bf16 (uint16 bit patterns) or fp16 (float16),
-        each flat, rows packed (k_round_bf16_v1 / k_round_fp16_v1: ties to even)."""
+        each flat, rows packed (k_round_bf16_v1 / k_round_fp16_v1: ties to even). An operand that
+        holds 16-bit values of the precision already (uint16 for bf16: an activation a model saved
+        rounded, gpu_model.SAVED16) is not copied: it is returned flat, as it is."""
         self.reserve(a.size, b.size)
         view = self.buf if precision == "bf16" else self.buf.view(np.float16)
-        a16, b16 = view[:a.size], view[_slot_b(a.size):_slot_b(a.size) + b.size]
-        round_into(a16, a, precision, stream)
-        round_into(b16, b, precision, stream)
-        return a16, b16
+        slots = view[:a.size], view[_slot_b(a.size):_slot_b(a.size) + b.size]
+        out = []
+        for x, slot in zip((a, b), slots):
+            if x.dtype == slot.dtype:
+                out.append(x.reshape(x.size))
+            else:
+                round_into(slot, x, precision, stream)
+                out.append(slot)
+        return tuple(out)
 
 
 COPIES = OperandCopies()        # the process's one scratch of 16-bit operand copies

@@ -307,15 +307,22 @@ STAGES = 3             # shared stages of the ring (a block's sixth number overr
 # partial sums; carving both out of it would tie the copies' room to the split.
 def bf16_copies(a, b, stream=0):
     """(a16, b16): a and b rounded to bf16 (uint16 bit patterns, ties to even) in COPIES, each with
-    its operand's shape, rows packed; a16 at element 0, b16 on the next 256-byte boundary."""
+    its operand's shape, rows packed; a16 at element 0, b16 on the next 256-byte boundary. An
+    operand that is bf16 already (uint16: an activation the model saved rounded, gpu_model.SAVED16)
+    is used where it is: rounding it again would give the same bits."""
     a16, b16 = COPIES.round(a, b, "bf16", stream)
     return a16.reshape(a.shape), b16.reshape(b.shape)
 
 
+def _address(x):
+    return (getattr(x, "__cuda_array_interface__", None) or x.__array_interface__)["data"][0]
+
+
 def async_resolve(block, a16, b16):
     """The full tile of a v13 launch: ("bf16a", BM, BN, BK, WM, WN, vec, STAGES); vec when both
-    copies' rows are whole 16-byte chunks (their starts are: bf16_copies' slots)."""
-    vec = a16.shape[1] % 8 == 0 and b16.shape[1] % 8 == 0
+    copies' rows are whole 16-byte chunks: rows of a multiple of 8 values, starting on a 16-byte
+    boundary (bf16_copies' slots do; a saved activation does where its layer's offset allows)."""
+    vec = all(x.shape[1] % 8 == 0 and _address(x) % 16 == 0 for x in (a16, b16))
     stages = block[5] if len(block) > 5 else STAGES
     return ("bf16a", *block[:5], vec, stages)
 

@@ -19,10 +19,12 @@ and k_mlp_bwd_v2, which keep the sums in registers (the comment above kernels_v2
 import functools
 import math
 
+import numpy as np
+
 from numba import cuda, float32
 
 from .common import blocks, elementwise_launch, nonneg
-from .ptx import load4, store4
+from .ptx import bf16x2, load4, store4
 from .matmul import ASYNC_OP_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
@@ -483,12 +485,41 @@ def mlp_bwd_v15(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 mlp_fwd_v15.precision = mlp_bwd_v15.precision = "bf16"
 
 
+# h saved as bf16. Every reader of the GELU output h is a bf16 product (out = h @ W_2 in the
+# forward, dW_2 += h^T @ dout in the backward), and each rounds h to bf16 (ties to even) before it
+# multiplies. So h can be kept rounded: the same bits reach the products, in half the memory, and
+# matmul v13 reads the kept copy instead of rounding h again. k_gelu_fwd_v3 computes the GELU as
+# v2 does (the same fp32 values) and writes each pair rounded and packed, as cvt.rn.bf16x2 packs
+# an mma's operands: h_words[j] = bf16(h[2j]) | bf16(h[2j+1]) << 16 (the uint16 buffer's bits).
+@cuda.jit
+def k_gelu_fwd_v3(h_words, h_pre):
+    """h = gelu(h_pre) saved as bf16 (nearest, ties to even): four elements a thread, one 128-bit load,
+    two 32-bit words of bf16 pairs written (h_words: the uint16 h seen as int32)."""
+    i = 4 * nonneg(cuda.grid(1))
+    if i < h_pre.shape[0]:
+        z0, z1, z2, z3 = load4(h_pre, i)
+        h_words[i // 2] = bf16x2(gelu(z0), gelu(z1))
+        h_words[i // 2 + 1] = bf16x2(gelu(z2), gelu(z3))
+
+
+def gelu_fwd_v3(h, h_pre, stream):
+    """k_gelu_fwd_v3: h (uint16, the bf16 bit patterns) = gelu(h_pre) rounded; flat views whose length 4
+    divides, h_pre on a 16-byte boundary, h on an 8-byte one."""
+    assert h.dtype == np.uint16 and h.shape[0] % 4 == 0 and _vec4(h_pre), \
+        f"gelu_fwd_v3 takes a uint16 h of a length 4 divides and an aligned fp32 h_pre, got {h.dtype} {h.shape}"
+    grid, threads = elementwise_launch(h.shape[0] // 4)
+    k_gelu_fwd_v3[grid, threads, stream](h.view(np.int32), h_pre)
+
+
 # bf16 products through matmul v13 (bf16 copies, cp.async ring: kernels/half_tile.py); the GELU
-# passes and the split over K as v15.
+# passes and the split over K as v15. h may be the uint16 bits of a bf16 h (the engine's "bf16a"
+# products save it so, gpu_model.py): the GELU pass then writes it rounded (k_gelu_fwd_v3), and the
+# products take it as it is.
 @blocks(**ASYNC_OP_TILES)
 def mlp_fwd_v16(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
-    """v15 with its products from matmul v13."""
-    _fwd_split("bf16a", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v2)
+    """v15 with its products from matmul v13; h fp32, or uint16 (saved as bf16)."""
+    gelu_pass = gelu_fwd_v3 if h.dtype == np.uint16 else gelu_fwd_v2
+    _fwd_split("bf16a", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
 @blocks(**ASYNC_OP_TILES)
