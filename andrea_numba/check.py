@@ -435,7 +435,8 @@ def main(argv=None) -> int:
                     help="check only this version number of each launcher (repeatable; default every version)")
     ap.add_argument("--products", default="tf32x3w", type=cli.one_of(PRODUCTS, "products"),
                     help="the whole model's products (GPUModel products=): tf32x3w, the engine's fp32 (default); "
-                         "bf16l / f16w, the engine's bf16 / fp16 (checked against the twin at that precision); "
+                         "bf16a / f16w, the engine's bf16 / fp16 (checked against the twin at that precision); bf16l the "
+                         "bf16 products on matmul v12; "
                          "cublas, cublas-bf16, cublas-fp16 through cuBLASLt (a GPU with nvmath-python); or another "
                          "version's kind")
     ap.add_argument("--compile-workers", type=cli.int_range(0, 64), default=0, metavar="N",

@@ -399,11 +399,17 @@ PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "t
             "f16w": 10, "bf16l": 11, "bf16a": 12, **{kind: None for kind in LIBRARY_PRECISION}}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16}
 LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13}   # the loss forward's, where not the linear ops'
-PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16l", "fp16": "f16w"}   # train.precision -> the engine's products
+PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16a", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_lowp.py: v11 bf16, v12 fp16);
 # the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
 FLASH_VERSION = {"bf16": 11, "fp16": 12}
 LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
+
+
+def products_kind(precision: str, products: str = "numba") -> str:
+    """GPUModel's products= for a run's train.precision and train.products (numba: PRODUCTS_FOR,
+    cublas: LIBRARY_FOR)."""
+    return (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
 # products -> the precision of the twin that matches it (every other kind: fp32)
 COPIES_KINDS = {"bf16a"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
 SAVED16_KINDS = {"bf16a"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)

@@ -19,7 +19,7 @@ from numba import cuda
 from reference.dropout import SITES
 
 from .config import Config, load_config
-from .gpu_model import buffer_specs
+from .gpu_model import COPIES_KINDS, SAVED16_KINDS, buffer_specs, products_kind
 from .kernels import cublaslt, optim
 from .kernels.common import SIMULATOR
 from .layout import n_params
@@ -42,16 +42,17 @@ def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]
     m, t = cfg.model, cfg.train
     B = B or t.batch_size
     P = n_params(m)
-    rows = [(s.kind, s.name, s.nbytes) for s in buffer_specs(m, B, t.seq_len)]
+    kind = products_kind(t.precision, t.products)          # GPUModel's products= for this run
+    rows = [(s.kind, s.name, s.nbytes) for s in buffer_specs(m, B, t.seq_len, saved16=kind in SAVED16_KINDS)]
     rows += [("optimizer", "adam_m", 4 * P), ("optimizer", "adam_v", 4 * P), ("optimizer", "decay_mask", P),
              ("optimizer", "norm_partial", 4 * optim.NORM_BLOCKS), ("optimizer", "stats", 8)]
     rows += [("step", "batches", 4 * t.n_microbatches * 2 * B * t.seq_len),      # int32 [n_micro, 2, B, T]
              ("step", "step_scalars", 8 * step_scalar_words(cfg))]
     if t.products == "cublas":                  # cuBLASLt's workspace, the operands' 16-bit copies (kernels/cublaslt.py)
         rows.append(("library", "cublaslt_workspace", cublaslt.WORKSPACE_BYTES))
-        if t.precision != "fp32":
-            rows.append(("library", "operands_16bit", cublaslt.scratch_bytes(t.precision, B * t.seq_len, m.d_model,
-                                                                             m.vocab_size)))
+    if (t.products == "cublas" and t.precision != "fp32") or kind in COPIES_KINDS:   # ... or matmul v13's
+        rows.append(("library" if t.products == "cublas" else "scratch", "operands_16bit",
+                     cublaslt.scratch_bytes(t.precision, B * t.seq_len, m.d_model, m.vocab_size)))
     return rows
 
 

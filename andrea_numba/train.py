@@ -64,7 +64,7 @@ from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
-from .gpu_model import LIBRARY_FOR, PRODUCTS_FOR, GPUModel
+from .gpu_model import GPUModel, products_kind
 from .kernels import cublaslt, optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
@@ -352,7 +352,7 @@ class Trainer:
         # one stream for the whole run: every launch and copy is ordered on it, none goes to the
         # legacy default stream (which would wait for, and hold up, all other work on the GPU)
         s = self.stream = cuda.stream()
-        products = (LIBRARY_FOR if t.products == "cublas" else PRODUCTS_FOR)[t.precision]
+        products = products_kind(t.precision, t.products)
         self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout, products=products)
         # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
         # are free between steps), with the training sequence length as its window
@@ -813,8 +813,9 @@ def format_eta(seconds: float) -> str:
 # train.precision: what the log says of it (gpu_model.PRODUCTS_FOR: the products it runs)
 PRECISION_NOTES = {
     "fp32": "fp32 (products on tensor cores as 3xTF32, as accurate as fp32)",
-    "bf16": "bf16 products (attn_qkv, attn_out, mlp, the classifier and flash attention v11: inputs rounded "
-            "to bf16, sums in fp32); weights, gradients, AdamW, LayerNorm, the softmax and the loss in fp32",
+    "bf16": "bf16 products (attn_qkv, attn_out, mlp, the classifier on matmul v13, and flash attention v11: "
+            "inputs rounded to bf16, sums in fp32), the LayerNorms' and the GELU's outputs saved as bf16; weights, "
+            "gradients, AdamW, LayerNorm, the softmax and the loss in fp32",
     "fp16": "fp16 products (attn_qkv, attn_out, mlp, the classifier and flash attention v12: inputs rounded "
             "to fp16, sums in fp32) with dynamic loss scaling (andrea_numba/loss_scale.py); weights, gradients, "
             "AdamW, LayerNorm, the softmax and the loss in fp32"}

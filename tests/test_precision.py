@@ -126,7 +126,7 @@ def test_a_config_without_precision_trains_in_fp32_and_bf16_picks_the_bf16_versi
     trainer = tr.Trainer(cfg, tmp_path / "run", log=lambda s: None, graph=False)
     trainer.setup()
     model = trainer.model
-    assert model.products == "bf16l" and model.precision == "bf16"
+    assert model.products == "bf16a" and model.precision == "bf16"
     assert all(getattr(f, "precision", None) == "bf16" for f in (model.qkv_fwd, model.qkv_bwd, model.out_fwd,
                                                                  model.out_bwd, model.mlp_fwd, model.mlp_bwd,
                                                                  model.loss_fwd, model.loss_bwd, *model.flash_pair))
@@ -200,3 +200,21 @@ def test_saving_the_bf16_products_inputs_rounded_changes_no_bit(monkeypatch):
     saved = {s.name: s.nbytes for s in G.buffer_specs(m, B, T, saved16=True)}
     plain = {s.name: s.nbytes for s in G.buffer_specs(m, B, T)}
     assert all(2 * saved[n] == plain[n] for n in G.SAVED16) and "ln_out" in saved and "ln_out" not in plain
+
+
+def test_the_memory_plan_is_the_engines_model_at_each_precision():
+    """The trainer's memory plan (plan.memory_plan) counts exactly the bytes of the model it builds:
+    at bf16 the bf16-saved activations and matmul v13's operand copies too."""
+    from andrea_numba import plan
+    from andrea_numba.config import config_from_dict, validate
+    from andrea_numba.gpu_model import GPUModel, products_kind
+    for precision in ("fp32", "bf16", "fp16"):
+        raw = load_config("tiny").to_dict()
+        raw["train"]["precision"] = precision
+        cfg = validate(config_from_dict(raw))
+        t = cfg.train
+        rows = plan.memory_plan(cfg)
+        model_bytes = sum(b for kind, _, b in rows if kind in ("params", "grads", "activations", "scratch"))
+        model = GPUModel(cfg.model, t.batch_size, t.seq_len, products=products_kind(precision))
+        assert model_bytes == model.nbytes, precision
+        assert (("scratch", "operands_16bit") in {(k, n) for k, n, _ in rows}) == (precision == "bf16")
