@@ -39,6 +39,7 @@
 #          tables; the engine's bf16/fp16 model, quality and resume); s11 (the quality question at 2,000 steps
 #          with an fp32/cublas noise floor, the 120M model at bf16 and fp16, flash attention's kernels);
 #          s12a (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's; run after mm13);
+#          s12b (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -299,6 +300,35 @@ PY
         # step's GPU time goes, kernel by kernel (Nsight Compute), with our products (bf16l, flash v11) and
         # with cuBLASLt's (cublas-bf16): what is left once the products are fast
         for products in bf16l cublas-bf16; do profile_kernels "kernels_120M_$products" 45 --size 120M --products $products; done ;;
+    s12b) # the eleventh session's second run:
+        #  1. at once: the wgmma probe (bench/wgmma_probe.py: can Numba drive Hopper's warpgroup
+        #     products, and with which shared-memory layout); the harness on the linear ops on matmul
+        #     v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12) and on v13 (its copies now
+        #     by k_round_bf16_v2) at 12M and 120M; the whole model with bf16a products (the engine's bf16
+        #     now: LN and GELU outputs saved as bf16) at 12M and 120M; bit-exact resume in bf16 and fp16;
+        #  2. alone on the GPU: the step with bf16l and bf16a beside PyTorch bf16; the 120M bf16a step
+        #     kernel by kernel; v12, v13 and v21 beside PyTorch bf16; PyTorch bf16 through torch.compile
+        mkdir -p "$OUT/s12b"; d="$OUT/s12b"
+        timeout 120 $py bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
+        for size in 12M 120M; do
+          timeout 300 $py -m andrea_numba.check --size $size --seed 197 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
+              --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 12 --version 13 --version 16 \
+              --json > "$d/ops_$size.json" 2> "$d/ops_$size.err" &
+          timeout 300 $py -m andrea_numba.check --size $size --seed 199 --compile-workers 2 --model-only --products bf16a \
+              --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
+        done
+        bash "$0" resume16 > "$d/resume16.log" 2>&1 &
+        wait
+        echo "wgmma probe:"; cat "$d/wgmma.txt" | tail -25
+        for f in "$d"/ops_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        tail -3 "$d/resume16.log"; cat "$OUT/resume16/check.json"
+        timeout 170 $py bench/step_time.py --sizes 12M 120M --products bf16l bf16a --iters 3 --json "$d/step.json" \
+            > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        profile_kernels kernels_120M_bf16a 30 --size 120M --products bf16a
+        timeout 90 $py bench/gemm.py --versions 12,13,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
+        timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16a --iters 3 --torch-compile --json "$d/compile.json" \
+            > "$d/compile.txt" 2>&1; echo "torch.compile step exit $?"; grep -v '^{' "$d/compile.txt" ;;
     s11) # for the next session (issue 11): the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
         # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's
