@@ -1,0 +1,459 @@
+"""Hopper's warpgroup tensor-core product, wgmma.mma_async, from Numba: the instructions, the
+shared-memory layout they read, and a NumPy twin of one product.
+
+mma.sync (ptx.py) is a warp instruction: 32 threads hand their A and B fragments over in
+registers and get a 16 x 8 tile back. sm_90's wgmma is a warpgroup instruction: four consecutive
+warps of the block (128 threads, the first warp's index a multiple of 4) compute one 64 x N tile
+together, N = 8, 16, ..., 256, sixteen values of k deep for bf16. A and B are not in registers:
+the instruction reads them straight from shared memory, each described by a 64-bit "matrix
+descriptor" (where the tile starts, how its 8 x 16-byte pieces are spaced, which swizzle). Only
+the accumulator D lives in registers: N / 2 fp32 values a thread.
+
+It is asynchronous: the instruction returns before the product is done, and the accumulator
+registers may only be read after a wait. The protocol, one warpgroup (every thread runs each line):
+
+    st.shared ...                        the operands, written by ordinary (generic proxy) stores
+    fence.proxy.async.shared::cta        fence_proxy_async(): make those writes visible to the
+                                         async proxy, which is what wgmma reads shared memory with
+    bar.sync                             cuda.syncthreads(): every thread's writes are fenced
+    (acc = wgmma_keep(wgmma_acc_zeros(N)): the zeros set before the fence)
+    wgmma.fence.sync.aligned             wgmma_fence(): the accumulator registers are ready (needed
+                                         before the first wgmma and after any other instruction
+                                         wrote them)
+    wgmma.mma_async ... (k0)             wgmma_bf16(acc, desc_a, desc_b, scale_d), as many as
+    wgmma.mma_async ... (k0 + 16) ...    wanted: D = A @ B (scale_d = 0) or D += A @ B (1)
+    wgmma.commit_group.sync.aligned      wgmma_commit(): the wgmmas issued so far form a group
+    wgmma.wait_group.sync.aligned 0      wgmma_wait0(): every group of this thread is done
+    (now acc may be read)                wgmma_keep(acc) pins the registers after the wait
+
+The instruction (bf16 in, fp32 sums, both operands K-major in shared memory):
+
+    wgmma.mma_async.sync.aligned.m64n{N}k16.f32.bf16.bf16 {d0, ..., d(N/2 - 1)}, desc_a, desc_b,
+                                                           p, 1, 1, 0, 0;
+    p: the scale-d predicate (false: D = A @ B, true: D = A @ B + D); 1, 1: scale A and B by +1
+    (-1 would negate); 0, 0: imm-trans-a, imm-trans-b = K-major A and B (1 would be M- or N-major).
+
+numba-cuda 0.30 compiles for "sm_90a" on a compute-capability-9.0 device (the "a": the
+architecture-specific features, wgmma among them; codegen._ensure_cc), and so does
+cuda.compile_ptx(..., cc=(9, 0, "a")) without a GPU (bench/wgmma_probe.py --ptx). With
+cc=(9, 0) the PTX says ".target sm_90" and ptxas refuses every wgmma instruction in it.
+
+
+Matrix descriptor (64 bits; PTX ISA "Matrix Descriptor Format" of the warpgroup MMA; CUTLASS
+cute/arch/mma_sm90_desc.hpp GmmaDescriptor):
+
+    bits  0-13   start address >> 4      the operand's first byte, a shared-window address (what
+                                         cvta.to.shared gives, or ld.shared takes), 16-byte aligned
+    bits 16-29   LBO >> 4                "leading dimension byte offset"
+    bits 32-45   SBO >> 4                "stride dimension byte offset"
+    bits 49-51   base offset             0 when the swizzle pattern starts on its natural
+                                         boundary (1024 bytes for 128B swizzle), as here
+    bits 62-63   swizzle mode            0 none, 1 128-byte, 2 64-byte, 3 32-byte
+    (all other bits zero; each 14-bit field holds (x & 0x3FFFF) >> 4: 256 KiB of shared memory)
+
+Shared-memory layouts, K-major (every row of A, m, and every row of B^T, n, holds its k values
+in order; that is imm-trans = 0). The unit is the "core matrix": 8 rows x 16 bytes (8 rows of
+8 bf16), its 8 rows stored one after another as 128 contiguous bytes. One k16 step of an operand
+with R rows (R = 64 for A, N for B) is R/8 x 2 core matrices, and the descriptor says where they
+are:
+
+  No swizzle (mode 0, "interleave"): core matrix (i, j) = rows 8i..8i+7, k 8j..8j+7 starts at
+
+        start + i * SBO + j * LBO          LBO: the next core matrix along K (k + 8)
+                                           SBO: the next core matrix along M or N (row + 8)
+
+  and element (r, k) at  start + (r // 8) SBO + (k // 8) LBO + (r % 8) 16 + (k % 8) 2.
+  Two tight choices for a 64 x 16 A tile (B alike with N rows):
+      "k pairs":  each 8-row group's two core matrices side by side: LBO = 128, SBO = 256
+                  (a K = 64 tile: a group's 8 core matrices side by side, LBO = 128, SBO = 1024;
+                  the k16 step s starts at start + 256 s)
+      "m first":  all of k 0..7 (R/8 core matrices, R * 16 bytes), then k 8..15: LBO = 16 R, SBO = 128
+  Reads: an 8-row core matrix is one 128-byte line of shared memory, conflict-free.
+
+  128-byte swizzle (mode 1): rows are 128 bytes = 64 bf16 = a K tile of 64 (four k16 steps).
+  8 rows (1024 bytes, aligned to 1024) form a "swizzle atom": row r % 8 at (r % 8) * 128, its
+  16-byte chunk c (k 8c..8c+7) stored at chunk position c ^ (r % 8). Written on the address:
+
+        address = lin ^ (((lin >> 7) & 7) << 4)      lin = the unswizzled byte address
+
+  (bits 4-6, the chunk, XORed with bits 7-9, the row within the atom: CUTLASS's Swizzle<3,4,3>).
+  SBO = 1024: the next 8 rows (the next atom along M or N). LBO is not used for K-major swizzled
+  operands (a k16 step is 32 bytes, inside one row; CUTLASS writes 1, i.e. 16 bytes). The k16
+  step s of the 64-wide tile starts at start + 32 s: the hardware applies the XOR to the
+  addresses it computes, so the same swizzled tile serves all four steps.
+  64-byte (mode 2) and 32-byte (mode 3) swizzles are the same with W = 64 or 32-byte rows: the XOR
+  takes (lin >> 7) & 3 or & 1 (so for 64-byte rows two consecutive rows share a pattern), SBO =
+  8 W, and a K tile wider than W/2 values continues in a second atom column placed after all rows.
+
+Accumulator D (PTX ISA "Matrix Fragments for wgmma .m64nNk16", fp32: N/2 registers a thread).
+Thread 32 w + 4 g + t of the warpgroup (warp w = 0..3, g = lane >> 2, t = lane & 3) holds, for
+each 8-column block j = 0 .. N/8 - 1:
+
+    d[4j + 0] = D[16w + g,     8j + 2t]       d[4j + 1] = D[16w + g,     8j + 2t + 1]
+    d[4j + 2] = D[16w + g + 8, 8j + 2t]       d[4j + 3] = D[16w + g + 8, 8j + 2t + 1]
+
+i.e. each warp owns 16 rows and holds them exactly as an mma.sync m16n8 C fragment, once per
+8 columns (CUTLASS CLayout_64xN: thread (4, 8, 4) : (2 cols, 1 row, 16 rows), value
+(2, 2, N/8) : (1 col, 8 rows, 8 cols)). fragment_rows_cols(n) gives the table.
+
+In the simulator nothing here can run as PTX: the instruction intrinsics have twins that do
+nothing (fences, commit, wait) or raise (the product), and the whole-warpgroup product has a NumPy
+twin, wgmma_warpgroup, that reads A and B out of an image of shared memory through the descriptors
+exactly as the hardware is documented to (the addresses above), so the layout arithmetic is
+tested without a GPU (tests/test_wgmma.py) and bench/wgmma_probe.py checks it against the H200.
+"""
+import numpy as np
+
+from .common import SIMULATOR
+
+SWIZZLE_NONE, SWIZZLE_128B, SWIZZLE_64B, SWIZZLE_32B = 0, 1, 2, 3
+SWIZZLE_BYTES = {SWIZZLE_NONE: 16, SWIZZLE_128B: 128, SWIZZLE_64B: 64, SWIZZLE_32B: 32}   # row width of an atom
+N_VALUES = tuple(range(8, 257, 8))      # the N of m64nNk16 for bf16
+
+
+# ------------------------------------------------------------------------------------------------
+# The descriptor and the layouts: plain integer arithmetic (Python ints or NumPy arrays)
+
+def pack_desc(start, lbo, sbo, swizzle):
+    """The 64-bit matrix descriptor (module docstring) of an operand starting at shared address
+    `start` (bytes), with byte offsets lbo and sbo and swizzle mode 0..3, base offset 0. A Python
+    int in 0 .. 2**64 - 1 here; on the GPU (smem_desc) the same bits in an int64."""
+    return ((((start & 0x3FFFF) >> 4)) | (((lbo & 0x3FFFF) >> 4) << 16) | (((sbo & 0x3FFFF) >> 4) << 32)
+            | ((swizzle & 3) << 62))
+
+
+def unpack_desc(desc):
+    """(start, lbo, sbo, base_offset, swizzle) of a descriptor, addresses in bytes."""
+    desc = int(desc) & 0xFFFFFFFFFFFFFFFF
+    return (((desc >> 0) & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4,
+            (desc >> 49) & 7, (desc >> 62) & 3)
+
+
+def swizzle_address(addr, swizzle):
+    """The byte address that the swizzle mode stores the unswizzled address `addr` at: the 16-byte
+    chunk (bits 4..) XORed with the row bits 7.. of the atom (none: addr itself). Its own inverse."""
+    if swizzle == SWIZZLE_NONE:
+        return addr
+    mask = SWIZZLE_BYTES[swizzle] // 16 - 1              # 7, 3, 1: as many bits as an atom row has chunks
+    return addr ^ (((addr >> 7) & mask) << 4)
+
+
+def kmajor_offset(r, k, rows, swizzle, lbo=128, sbo=None):
+    """Byte offset (from a 1024-byte aligned tile start) of element (r, k) of a rows x K bf16
+    operand stored K-major in a canonical layout; r and k may be NumPy arrays.
+    swizzle 0: core matrix (r // 8, k // 8) at (r // 8) sbo + (k // 8) lbo (sbo defaults to the
+               "k pairs" tile, K/8 core matrices side by side: give sbo = 16 K there).
+    swizzle 1-3: rows of W = 128, 64, 32 bytes (W/2 values of k) in atoms of 8 rows, sbo = 8 W;
+               the next W/2 values of k in the next atom column, after all `rows` rows; swizzled."""
+    if swizzle == SWIZZLE_NONE:
+        if sbo is None:
+            raise ValueError("no swizzle: give sbo (16 K for the k-pairs tile)")
+        return (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
+    w = SWIZZLE_BYTES[swizzle]
+    kw = w // 2                                          # values of k in an atom row
+    lin = (k // kw) * (rows * w) + (r // 8) * (8 * w) + (r % 8) * w + (k % kw) * 2
+    return swizzle_address(lin, swizzle)
+
+
+def kmajor_step_offset(step, rows, swizzle, lbo=128):
+    """Byte offset of the k16 step `step` (k = 16 step ..) of a tile laid out by kmajor_offset:
+    the start address of that step's descriptor, relative to the tile's start."""
+    if swizzle == SWIZZLE_NONE:
+        return step * 2 * lbo                            # two core matrices along K a step
+    w = SWIZZLE_BYTES[swizzle]
+    k0 = 16 * step
+    return (k0 // (w // 2)) * (rows * w) + (k0 % (w // 2)) * 2   # unswizzled: the hardware XORs
+
+
+def kmajor_read_addresses(desc, rows):
+    """[rows, 16] byte addresses the hardware reads one k16 bf16 operand from, as the PTX ISA
+    describes the descriptor (K-major): element (r, k) at
+        none:      start + (r // 8) SBO + (k // 8) LBO + (r % 8) 16 + (k % 8) 2
+        swizzled:  swizzle(start + (r // 8) SBO + (r % 8) W + 2 k)."""
+    start, lbo, sbo, base, swizzle = unpack_desc(desc)
+    if base:
+        raise NotImplementedError("base offset != 0 is not modelled")
+    r, k = np.arange(rows)[:, None], np.arange(16)[None, :]
+    if swizzle == SWIZZLE_NONE:
+        return start + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
+    return swizzle_address(start + (r // 8) * sbo + (r % 8) * SWIZZLE_BYTES[swizzle] + 2 * k, swizzle)
+
+
+def bf16_bits(x):
+    """The bf16 bit patterns (uint16) of float32 values that are already bf16 (low 16 bits zero)."""
+    return (np.asarray(x, np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+
+def bits_bf16(h):
+    """float32 values of bf16 bit patterns."""
+    return (np.asarray(h).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def fragment_rows_cols(n):
+    """(rows, cols), each [128, n/2]: the element of the 64 x n accumulator that register i of
+    warpgroup thread 32 w + 4 g + t holds (module docstring)."""
+    thread, reg = np.arange(128)[:, None], np.arange(n // 2)[None, :]
+    w, g, t = thread >> 5, (thread & 31) >> 2, thread & 3
+    j, h, c = reg >> 2, (reg >> 1) & 1, reg & 1
+    return 16 * w + g + 8 * h + 0 * reg, 8 * j + 2 * t + c + 0 * thread
+
+
+def fragment_to_matrix(regs):
+    """The 64 x n matrix from the warpgroup's registers [128, n/2]."""
+    regs = np.asarray(regs)
+    n = 2 * regs.shape[1]
+    rows, cols = fragment_rows_cols(n)
+    out = np.empty((64, n), regs.dtype)
+    out[rows, cols] = regs
+    return out
+
+
+def matrix_to_fragment(d):
+    """The warpgroup's registers [128, n/2] holding the 64 x n matrix d."""
+    rows, cols = fragment_rows_cols(d.shape[1])
+    return np.asarray(d)[rows, cols]
+
+
+def wgmma_warpgroup(smem, desc_a, desc_b, n, acc=None, scale_d=1):
+    """NumPy twin of one wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 with A and B K-major
+    in shared memory, for the whole warpgroup. smem: an image of shared memory (any array; its
+    bytes are shared addresses 0, 1, ...); desc_a, desc_b: the descriptors; acc [128, n/2]: the
+    threads' accumulators (zeros when None); scale_d 0: D = A @ B, else D = A @ B + acc.
+    Returns the threads' registers [128, n/2] (products exact, sums in fp32: float64 sums rounded
+    once, which differs from the tensor core's order only in the last bits)."""
+    if n not in N_VALUES:
+        raise ValueError(f"n = {n}: m64nNk16 takes N = 8, 16, ..., 256")
+    raw = np.ascontiguousarray(smem).reshape(-1).view(np.uint8)
+    halves = raw[: raw.size // 2 * 2].view(np.uint16)          # the 16-bit value at byte address 2 i
+
+    def operand(desc, rows):
+        addr = kmajor_read_addresses(desc, rows)
+        if addr.max() + 2 > raw.size or (addr % 2).any():
+            raise IndexError(f"descriptor {int(desc):#018x} reads outside the {raw.size}-byte image")
+        return bits_bf16(halves[addr // 2]).astype(np.float64)   # [rows, 16]
+
+    a, bt = operand(desc_a, 64), operand(desc_b, n)             # A [64, 16], B^T [n, 16]
+    d = a @ bt.T
+    if scale_d and acc is not None:
+        d = d + fragment_to_matrix(acc).astype(np.float64)
+    return matrix_to_fragment(d.astype(np.float32))
+
+
+# ------------------------------------------------------------------------------------------------
+# The device functions
+
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    _f32, _i32, _i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+
+    def _no_operand(ptx):
+        """An instruction without operands, kept in place (side effect, memory clobber)."""
+        def typer(typingctx):
+            def codegen(context, builder, sig, args):
+                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+            return types.void(), codegen
+        return typer
+
+    @intrinsic
+    def wgmma_fence(typingctx):
+        """Order this thread's earlier register writes (the accumulators) before the wgmmas that
+        follow: needed before the first wgmma.mma_async and after any other instruction touched
+        its accumulator registers.   PTX: wgmma.fence.sync.aligned;"""
+        return _no_operand("wgmma.fence.sync.aligned;")(typingctx)
+
+    @intrinsic
+    def wgmma_commit(typingctx):
+        """Close the group of wgmma.mma_async issued since the last commit.
+        PTX: wgmma.commit_group.sync.aligned;"""
+        return _no_operand("wgmma.commit_group.sync.aligned;")(typingctx)
+
+    @intrinsic
+    def wgmma_wait0(typingctx):
+        """Wait until every committed wgmma group of this thread is complete: the accumulators
+        may be read and the shared operands overwritten.   PTX: wgmma.wait_group.sync.aligned 0;"""
+        return _no_operand("wgmma.wait_group.sync.aligned 0;")(typingctx)
+
+    @intrinsic
+    def wgmma_wait1(typingctx):
+        """Wait until at most the newest wgmma group is pending.   PTX: wgmma.wait_group.sync.aligned 1;"""
+        return _no_operand("wgmma.wait_group.sync.aligned 1;")(typingctx)
+
+    @intrinsic
+    def fence_proxy_async(typingctx):
+        """Make this thread's generic-proxy shared-memory writes (ordinary st.shared) visible to
+        the async proxy that wgmma reads its operands with; a barrier after it covers the block.
+        PTX: fence.proxy.async.shared::cta;"""
+        return _no_operand("fence.proxy.async.shared::cta;")(typingctx)
+
+    def _shared_address(context, builder, arrty, arr, index, indexty):
+        """The 32-bit shared-window address (i32) of element `index` of a shared array of any dtype:
+        Numba keeps a shared array as a generic pointer; addrspacecast to the shared space (3) and
+        ptrtoint give the .u32 address (cvta.to.shared, which the compiler drops when it sees
+        the array is shared), as ptx.py's ldmatrix address, here for any element size."""
+        data = context.make_array(arrty)(context, builder, arr).data
+        ptr = builder.gep(data, [context.cast(builder, index, indexty, types.intp)])
+        i8 = ir.IntType(8)
+        ptr = builder.addrspacecast(builder.bitcast(ptr, ir.PointerType(i8)), ir.PointerType(i8, 3))
+        return builder.ptrtoint(ptr, _i32)
+
+    @intrinsic
+    def shared_address(typingctx, sarr, index):
+        """The 32-bit shared-window address (int32) of element `index` of the shared array sarr (any
+        dtype: index * itemsize bytes from its start).   PTX: cvta.to.shared.u64 (or nothing)"""
+        if not (isinstance(sarr, types.Array) and isinstance(index, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        return types.int32(sarr, index), codegen
+
+    @intrinsic
+    def smem_desc(typingctx, sarr, index, lbo, sbo, swizzle):
+        """The matrix descriptor (int64) of an operand starting at element `index` of the shared
+        array sarr (16-byte aligned; 1024 for a swizzled tile), byte offsets lbo and sbo, swizzle
+        mode 0..3 (module docstring): pack_desc's arithmetic on 64-bit integers (bit 63 may be set:
+        the int64 is then negative, the bits are what count).
+        PTX: and, shr, shl, or on .b64 (no special instruction: a descriptor is a value in a register)"""
+        ints = all(isinstance(t, types.Integer) for t in (index, lbo, sbo, swizzle))
+        if not (isinstance(sarr, types.Array) and ints):
+            return None
+
+        def codegen(context, builder, sig, args):
+            start = builder.zext(_shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1]), _i64)
+
+            def field(value, shift):              # ((value & 0x3FFFF) >> 4) << shift
+                v = builder.lshr(builder.and_(value, ir.Constant(_i64, 0x3FFFF)), ir.Constant(_i64, 4))
+                return builder.shl(v, ir.Constant(_i64, shift))
+            lbo_, sbo_, swz = (context.cast(builder, v, t, types.int64) for v, t in zip(args[2:], sig.args[2:]))
+            desc = builder.or_(field(start, 0), field(lbo_, 16))
+            desc = builder.or_(desc, field(sbo_, 32))
+            return builder.or_(desc, builder.shl(builder.and_(swz, ir.Constant(_i64, 3)), ir.Constant(_i64, 62)))
+        return types.int64(sarr, index, lbo, sbo, swizzle), codegen
+
+    def _acc_type(acc):
+        """The accumulator tuple of an m64nNk16 wgmma: N / 2 float32 (N = 8 .. 256, a multiple of 8)."""
+        if (isinstance(acc, types.UniTuple) and acc.dtype == types.float32 and acc.count % 4 == 0
+                and 4 <= acc.count <= 128):
+            return acc
+        return None
+
+    def _wgmma_asm(nregs):
+        """The inline assembly of one m64n(2 nregs)k16 bf16 wgmma: outputs $0 .. $(nregs - 1) tied to
+        the inputs of the same numbers (the accumulator is read and written), then desc_a, desc_b
+        and the scale-d integer, turned into the predicate p by setp."""
+        n = 2 * nregs
+        d = ", ".join(f"${i}" for i in range(nregs))
+        ptx = ("{\n.reg .pred p;\n"
+               f"setp.ne.b32 p, ${nregs + 2}, 0;\n"
+               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
+               f"{{{d}}}, ${nregs}, ${nregs + 1}, p, 1, 1, 0, 0;\n"
+               "}")
+        # "~{memory}": it reads shared memory, so no load or store of it moves across
+        constraints = ",".join(["=f"] * nregs + ["l", "l", "r"] + [str(i) for i in range(nregs)] + ["~{memory}"])
+        fnty = ir.FunctionType(ir.LiteralStructType([_f32] * nregs), [_i64, _i64, _i32] + [_f32] * nregs)
+        return ir.InlineAsm(fnty, ptx, constraints, side_effect=True)
+
+    def _wgmma_call(context, builder, nregs, acc_values, desc_a, desc_b, scale_d, types_abs):
+        """Emit the wgmma; acc_values: nregs float32 values; returns the nregs results."""
+        ta, tb, ts = types_abs
+        da = context.cast(builder, desc_a, ta, types.int64)
+        db = context.cast(builder, desc_b, tb, types.int64)
+        sd = context.cast(builder, scale_d, ts, types.int32)
+        d = builder.call(_wgmma_asm(nregs), [da, db, sd] + list(acc_values))
+        return [builder.extract_value(d, i) for i in range(nregs)]
+
+    def _scalar(t):
+        return isinstance(t, (types.Integer, types.Boolean))
+
+    @intrinsic
+    def wgmma_bf16(typingctx, acc, desc_a, desc_b, scale_d):
+        """acc' = the warpgroup's 64 x N tile of A @ B (+ acc when scale_d != 0), A 64 x 16 and B
+        16 x N bf16 in shared memory, K-major, described by desc_a and desc_b (smem_desc); acc a
+        tuple of N/2 float32 in the fragment layout of the module docstring. All 128 threads of
+        the warpgroup call it together. Asynchronous: read acc' only after wgmma_commit and
+        wgmma_wait0.
+        PTX: wgmma.mma_async.sync.aligned.m64n{N}k16.f32.bf16.bf16 {d..}, desc_a, desc_b, p, 1, 1, 0, 0;"""
+        if not (_acc_type(acc) and _scalar(desc_a) and _scalar(desc_b) and _scalar(scale_d)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            nregs = sig.args[0].count
+            vals = [builder.extract_value(args[0], i) for i in range(nregs)]
+            out = _wgmma_call(context, builder, nregs, vals, args[1], args[2], args[3], sig.args[1:])
+            return context.make_tuple(builder, sig.return_type, out)
+        return acc(acc, desc_a, desc_b, scale_d), codegen
+
+    @intrinsic
+    def wgmma_bf16_m64n8k16(typingctx, d0, d1, d2, d3, desc_a, desc_b, scale_d):
+        """wgmma_bf16 at N = 8 with the four accumulators as separate values: returns (d0..d3).
+        PTX: wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {d0, d1, d2, d3}, desc_a, desc_b, p, 1, 1, 0, 0;"""
+        if not all(isinstance(t, (types.Float, types.Integer)) for t in (d0, d1, d2, d3)):
+            return None
+        if not (_scalar(desc_a) and _scalar(desc_b) and _scalar(scale_d)):
+            return None
+        f4 = types.UniTuple(types.float32, 4)
+
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[:4], sig.args[:4])]
+            out = _wgmma_call(context, builder, 4, vals, args[4], args[5], args[6], sig.args[4:])
+            return context.make_tuple(builder, f4, out)
+        return f4(d0, d1, d2, d3, desc_a, desc_b, scale_d), codegen
+
+    @intrinsic
+    def wgmma_acc_zeros(typingctx, n):
+        """The accumulator tuple of an m64nNk16 wgmma, N a constant: N/2 float32 zeros."""
+        if not (isinstance(n, types.IntegerLiteral) and n.literal_value in N_VALUES):
+            return None
+        tup = types.UniTuple(types.float32, n.literal_value // 2)
+
+        def codegen(context, builder, sig, args):
+            return context.make_tuple(builder, tup, [ir.Constant(_f32, 0.0)] * tup.count)
+        return tup(n), codegen
+
+    @intrinsic
+    def wgmma_keep(typingctx, acc):
+        """acc itself, through an empty assembly statement that reads and writes every register
+        (CUTLASS's warpgroup_fence_operand), kept in place: after wgmma_wait0 it keeps the compiler
+        from moving uses of the accumulators above the wait; before wgmma_fence, it keeps the
+        instructions that set them (the zeros) above the fence.   PTX: none (an empty statement)"""
+        if not _acc_type(acc):
+            return None
+
+        def codegen(context, builder, sig, args):
+            nregs = sig.args[0].count
+            fnty = ir.FunctionType(ir.LiteralStructType([_f32] * nregs), [_f32] * nregs)
+            asm = ir.InlineAsm(fnty, "", ",".join(["=f"] * nregs + [str(i) for i in range(nregs)]), side_effect=True)
+            d = builder.call(asm, [builder.extract_value(args[0], i) for i in range(nregs)])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(d, i) for i in range(nregs)])
+        return acc(acc), codegen
+
+else:
+    def _nothing():
+        pass
+
+    # in the simulator the fences, the commit and the wait have nothing to order
+    wgmma_fence = wgmma_commit = wgmma_wait0 = wgmma_wait1 = fence_proxy_async = _nothing
+
+    def shared_address(sarr, index):
+        """Simulator twin: the byte offset of element `index` from the array's start (a shared
+        array stands for shared memory from address 0, as wgmma_warpgroup's image)."""
+        return int(index) * sarr.dtype.itemsize
+
+    def smem_desc(sarr, index, lbo, sbo, swizzle):
+        """Simulator twin of the descriptor: the same bits, start = shared_address(sarr, index)."""
+        return pack_desc(shared_address(sarr, index), int(lbo), int(sbo), int(swizzle))
+
+    def wgmma_bf16(*args):
+        raise NotImplementedError("wgmma is a warpgroup instruction: in the simulator use wgmma_warpgroup")
+
+    wgmma_bf16_m64n8k16 = wgmma_bf16
+
+    def wgmma_acc_zeros(n):
+        return (np.float32(0),) * (n // 2)
+
+    def wgmma_keep(acc):
+        return acc
