@@ -100,9 +100,10 @@ def test_train_with_cublas_in_the_simulator_says_why_and_writes_nothing(tmp_path
         assert json.loads(f.read_text())["train"]["products"] == "numba"
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_the_16_bit_copies_round_as_the_twin(precision):
-    """k_round_bf16_v1 / k_round_fp16_v1 (the library route's operand copies) give the twin's rounding
+def test_the_16_bit_copies_round_as_the_twin(precision, version):
+    """k_round_bf16_v* / k_round_fp16_v* (the library route's operand copies) give the twin's rounding
     bit for bit: ties to even, NaN, inf, fp16's overflow and subnormals, rows of a strided view."""
     from numba import cuda
 
@@ -113,8 +114,101 @@ def test_the_16_bit_copies_round_as_the_twin(precision):
     src = cuda.to_device(full)[:, 1:8]                    # rows strided: 9 floats apart, 7 long
     dtype = np.uint16 if precision == "bf16" else np.float16
     dst = cuda.to_device(np.zeros(3 * 7, dtype))
-    cublaslt.round_into(dst, src, precision)
+    cublaslt.round_into(dst, src, precision, version=version)
     got = dst.copy_to_host()
     got = (got.astype(np.uint32) << 16).view(np.float32) if precision == "bf16" else got.astype(np.float32)
     want = ROUND[precision](full[:, 1:8]).ravel()
     np.testing.assert_array_equal(got, want)
+
+
+# v2 of the copies (eight values a thread, 128-bit loads and stores, rows grid-strided) against v1
+# and the twin, bit for bit. Bit patterns every path must carry: signed zeros, infinities, NaNs
+# (quiet, signalling, either sign, payloads high and low), fp32 subnormals, bf16's ties either side
+# of even and its overflow, fp16's largest value, its overflow tie, its subnormals and their ties.
+SPECIAL_BITS = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000,
+                0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FBFFFFF, 0xFFFFFFFF, 0x7FFFFFFF, 0xFF80FFFF,
+                0x00000001, 0x80000001, 0x007FFFFF, 0x00008000, 0x00018000,
+                0x3F808000, 0x3F818000, 0x3F808001, 0xBF818000, 0x7F7FFFFF, 0x7F7F8000, 0x7F7E8000,
+                0x477FE000, 0x477FEFFF, 0x477FF000, 0xC77FF000, 0x47800000,
+                0x33800000, 0x33000000, 0x33400000, 0x38800000, 0x387FC000, 0x387FE000]
+
+
+def _round_bits(src, dtype, version):
+    """The 16-bit patterns that round_into writes for a device array src [R, C] (flat, rows packed)."""
+    from numba import cuda
+    dst = cuda.to_device(np.zeros(src.shape[0] * src.shape[1], dtype))
+    cublaslt.round_into(dst, src, "bf16" if dtype == np.uint16 else "fp16", version=version)
+    return dst.copy_to_host().view(np.uint16)
+
+
+ROUND_CASES = {             # name: (shape of the allocation, the view of it rounded, wide)
+    "aligned, C % 8 == 0": ((6, 40), (slice(None), slice(None)), True),
+    "C odd": ((6, 13), (slice(None), slice(None)), False),
+    "strided view, rows 16-byte aligned": ((6, 48), (slice(None), slice(0, 40)), True),
+    "strided view, rows 4 bytes off": ((6, 48), (slice(None), slice(1, 41)), False),
+    "one row, a ragged end": ((1, 21), (slice(None), slice(None)), True),
+}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(ROUND_CASES))
+def test_round_v2_is_v1_and_the_twin_bit_for_bit(precision, case):
+    """k_round_*_v2 writes v1's bits for every input (NaN payloads too) and the twin's (NaN as NaN),
+    on the wide path and element by element, with more rows than the grid has (a block strides)."""
+    from numba import cuda
+
+    from reference.precision import round_bf16
+    shape, index, wide = ROUND_CASES[case]
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2 ** 32, shape, dtype=np.uint64).astype(np.uint32)    # every kind of float
+    flat = bits.reshape(-1)
+    flat[1:1 + len(SPECIAL_BITS)] = SPECIAL_BITS[:flat.size - 1]
+    flat[::3] = (rng.standard_normal(flat[::3].size) * 100).astype(np.float32).view(np.uint32)
+    full = cuda.to_device(bits.view(np.float32))
+    src, host = full[index], bits.view(np.float32)[index]
+    dtype = np.uint16 if precision == "bf16" else np.float16
+    R, C = host.shape
+    assert cublaslt.round_wide(cuda.to_device(np.zeros(R * C, dtype)), src) == wide
+    (_, rows), _ = cublaslt.round_grid(R, C)
+    assert R == 1 or rows < R                                    # rows strided by the grid
+    v1, v2 = _round_bits(src, dtype, 1), _round_bits(src, dtype, 2)
+    np.testing.assert_array_equal(v2, v1)
+    nan = np.isnan(host).ravel()
+    if precision == "bf16":
+        twin = (round_bf16(host).view(np.uint32) >> 16).astype(np.uint16).ravel()
+        got = (v2.astype(np.uint32) << 16).view(np.float32)
+    else:
+        with np.errstate(over="ignore"):
+            twin = host.astype(np.float16).view(np.uint16).ravel()
+        got = v2.view(np.float16)
+    np.testing.assert_array_equal(v2[~nan], twin[~nan])
+    assert np.isnan(got[nan]).all()
+
+
+def test_round_v2_wide_path_needs_aligned_rows():
+    """The simulator's 128-bit load refuses an address off a 16-byte boundary, as the GPU would
+    fault: round_wide is what keeps v2's wide path away from such rows."""
+    from numba import cuda
+    src = cuda.to_device(np.ones((2, 48), np.float32))[:, 1:41]
+    dst = cuda.to_device(np.zeros(80, np.float16))
+    assert not cublaslt.round_wide(dst, src)
+    grid, threads = cublaslt.round_grid(2, 40)
+    with pytest.raises(AssertionError, match="16-byte"):
+        cublaslt.k_round_fp16_v2[grid, threads](dst, src, True)
+
+
+def test_round_v2_grid_on_the_gpu(monkeypatch):
+    """v2's launch at the GPU's settings: 8 values a thread cover the row, blocks of whole warps and
+    none mostly idle, about ROUND_GRID_THREADS threads in all, rows at most 65,535."""
+    monkeypatch.setattr(cublaslt, "ROUND_THREADS", 256)
+    monkeypatch.setattr(cublaslt, "ROUND_GRID_THREADS", 132 * 1024)
+    assert cublaslt.round_grid(8192, 3072) == ((2, 352), 192)
+    assert cublaslt.round_grid(50304, 8192) == ((4, 132), 256)
+    assert cublaslt.round_grid(3, 768) == ((1, 3), 96)
+    assert cublaslt.round_grid(1, 7) == ((1, 1), 32)
+    for R, C in ((8192, 3072), (50304, 8192), (8192, 768), (768, 50304), (10 ** 6, 8), (5, 13), (1, 1)):
+        (bx, rows), t = cublaslt.round_grid(R, C)
+        idle = bx * t - -(-C // 8)                              # threads past the row's end
+        assert t % 32 == 0 and t <= 256 and 0 <= idle < 32 * bx
+        assert 1 <= rows <= min(R, 65535)
+        assert rows == min(R, 65535) or bx * t * rows >= 132 * 1024 > bx * t * (rows - 1)

@@ -9,10 +9,10 @@ our kernels are measured against, and the route the original engine took for its
 
 Precision:
     fp32   the operands as they are, CUBLAS_COMPUTE_32F: fp32 products and sums (no TF32), an SGEMM
-    bf16   each operand first rounded to bf16 (ties to even) into a scratch copy by k_round_bf16_v1
-           below, then a bf16 x bf16 product with fp32 sums and an fp32 output: the products of
-           matmul v10 (the twin at "bf16" rounds the same inputs the same way)
-    fp16   the same with fp16 copies (k_round_fp16_v1; matmul v11)
+    bf16   each operand first rounded to bf16 (ties to even) into a scratch copy by k_round_bf16_v2
+           below (round_into), then a bf16 x bf16 product with fp32 sums and an fp32 output: the
+           products of matmul v10 (the twin at "bf16" rounds the same inputs the same way)
+    fp16   the same with fp16 copies (k_round_fp16_v2; matmul v11)
 so the harness checks the bf16 and fp16 forms against the twin at that precision, as it checks
 our own bf16 kernels (check.py, low_precision_reference). Why not hand cuBLAS the fp32 operands
 with CUBLAS_COMPUTE_32F_FAST_16BF ("down-convert to bf16 as you go")? On the H200 (cuBLASLt 13.1,
@@ -44,10 +44,11 @@ import functools
 import importlib.util
 
 import numpy as np
-from numba import cuda, int64, uint16
+from numba import cuda, int64, uint16, uint32
 
 from ..config import ConfigError
 from .common import SIMULATOR, cdiv
+from .ptx import load4_row, store8
 
 WORKSPACE_BYTES = 32 << 20          # cuBLASLt's scratch for every product (NVIDIA suggests 32 MiB on Hopper)
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -87,17 +88,126 @@ def k_round_fp16_v1(dst, src):
             dst[i * C + j] = src[i, j]                           # float32 -> float16: cvt.rn.f16.f32
 
 
-ROUND_THREADS = 4 if SIMULATOR else 256
+# Version 2: eight values a thread, 128-bit loads and stores, a grid that strides over rows.
+#
+# Why v1 is slow (H200: 8192 x 3072 in 0.167 ms, 151 MB moved = 0.9 TB/s of the 4.8 the memory
+# can do): a thread an element, so each thread moves 6 bytes, one 4-byte load and one 2-byte
+# store; a warp's store instruction writes 64 bytes, and the GPU issues a load, a store and their
+# int64 index arithmetic for every 6 bytes. Its grid is a block per 256 values of each row (8192 x
+# 3072: 12 x 8192 = 98,304 blocks of 256 threads) and each thread handles one element: every
+# block starts, moves 1.5 KB and ends, so starting blocks is likely a cost of its own.
+#
+# v2's threads (k_round_bf16_v2, k_round_fp16_v2, round_into):
+#   thread x (blockIdx.x * blockDim.x + threadIdx.x) owns the 8 values j = 8x .. 8x + 7 of a row:
+#       two 128-bit loads (32 bytes of fp32) and one 128-bit store (16 bytes of bf16 or fp16);
+#       a warp reads 1,024 contiguous bytes and writes 512: every 32-byte sector whole
+#   the blocks along x cover a row (blockDim.x a multiple of 32 sized so that none is mostly idle:
+#       3072 values = 384 threads -> 2 blocks of 192, not 2 of 256 with 128 idle);
+#   blockIdx.y starts at row blockIdx.y and strides gridDim.y rows: gridDim.y is set so the whole
+#       grid is about ROUND_GRID_THREADS threads (half of what the H200's 132 multiprocessors hold,
+#       2,048 each; ptxas gives v2 45 to 54 registers a thread, so 1,024 fit in a multiprocessor's
+#       65,536), every thread looping over rows; 132 x 1,024 threads x 32 bytes in flight
+#       = 4.3 MB, more than bandwidth x latency (4.8 TB/s x ~0.6 us = 2.9 MB).
+# So 8192 x 3072 (151 MB moved: 101 MB read, 50 MB written) is 2 x 352 blocks of 192 threads,
+# each thread 23 or 24 rows of 32 bytes in and 16 out.
+# The 128-bit accesses need 16-byte aligned addresses: every row of src (its start and its row
+# stride) and of dst (its start, and C % 8 == 0 so that its rows, C values apart, start on 16-byte
+# boundaries too). round_into checks that on the host (round_wide) and passes `wide`; otherwise
+# the same threads take their 8 values one by one, as v1 does (C odd, a view whose rows start
+# anywhere), and so does a single row's ragged end.
+
+@cuda.jit(device=True, inline=True)
+def bf16_bits(b):
+    """The bf16 bit pattern of the fp32 bit pattern b (uint32), all in 32-bit integers: k_round_bf16_v1's
+    rounding (ties to even; NaN: the top half with the quiet bit 0x40 set). No carry leaves 32 bits:
+    the largest b that is not NaN is -inf, 0xFF800000, and 0xFF800000 + 0x8000 < 2^32."""
+    if (b & uint32(0x7FFFFFFF)) > uint32(0x7F800000):
+        return uint16((b >> uint32(16)) | uint32(0x40))
+    return uint16(uint32(b + uint32(0x7FFF) + ((b >> uint32(16)) & uint32(1))) >> uint32(16))
 
 
-def round_into(dst, src, precision, stream=0):
-    """dst[:R*C] = src [R, C] rounded to bf16 (dst uint16: the bit patterns) or fp16 (dst float16)."""
+@cuda.jit
+def k_round_bf16_v2(dst, src_bits, wide):
+    """dst[i * C + j] = bf16(src[i, j]), bit for bit k_round_bf16_v1 (bf16_bits). Thread x rounds
+    j = 8x .. 8x + 7 of rows blockIdx.y, blockIdx.y + gridDim.y, ... (layout above). wide (every
+    row's chunks 16-byte aligned: round_wide): a whole chunk of 8 is two 128-bit loads and one
+    128-bit store of eight bf16; otherwise, and for a ragged end, element by element."""
+    R, C = src_bits.shape
+    j = 8 * (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
+    if j < C:
+        for i in range(cuda.blockIdx.y, R, cuda.gridDim.y):
+            if wide and j + 8 <= C:
+                b0, b1, b2, b3 = load4_row(src_bits, i, j)
+                b4, b5, b6, b7 = load4_row(src_bits, i, j + 4)
+                store8(dst, i * C + j, bf16_bits(b0), bf16_bits(b1), bf16_bits(b2), bf16_bits(b3),
+                       bf16_bits(b4), bf16_bits(b5), bf16_bits(b6), bf16_bits(b7))
+            else:
+                for k in range(j, min(j + 8, C)):
+                    dst[i * C + k] = bf16_bits(src_bits[i, k])
+
+
+@cuda.jit
+def k_round_fp16_v2(dst, src, wide):
+    """dst[i * C + j] = fp16(src[i, j]) by the same conversion as k_round_fp16_v1 (cvt.rn.f16.f32
+    on each value, so bit for bit v1, NaN included), the threads and paths of k_round_bf16_v2."""
     R, C = src.shape
-    grid = (cdiv(C, ROUND_THREADS), min(R, 65535))
-    if precision == "bf16":
-        k_round_bf16_v1[grid, ROUND_THREADS, stream](dst, src.view(np.uint32))
+    j = 8 * (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
+    if j < C:
+        for i in range(cuda.blockIdx.y, R, cuda.gridDim.y):
+            if wide and j + 8 <= C:
+                x0, x1, x2, x3 = load4_row(src, i, j)
+                x4, x5, x6, x7 = load4_row(src, i, j + 4)
+                store8(dst, i * C + j, x0, x1, x2, x3, x4, x5, x6, x7)     # float32 -> float16 in store8
+            else:
+                for k in range(j, min(j + 8, C)):
+                    dst[i * C + k] = src[i, k]
+
+
+ROUND_THREADS = 4 if SIMULATOR else 256                 # threads a block (v1; v2: at most this)
+ROUND_GRID_THREADS = 16 if SIMULATOR else 132 * 1024     # v2's grid, about (comment above v2)
+ROUND_VERSIONS = {1: (k_round_bf16_v1, k_round_fp16_v1), 2: (k_round_bf16_v2, k_round_fp16_v2)}
+
+
+def _address(arr) -> int:
+    """The address of arr's first element: a device array's, or (simulator, ptxcheck) a NumPy array's."""
+    face = getattr(arr, "__cuda_array_interface__", None) or arr.__array_interface__
+    return int(face["data"][0])
+
+
+def round_wide(dst, src) -> bool:
+    """Whether v2 may move whole chunks of 8 values 16 bytes at a time: src's and dst's first
+    elements on 16-byte boundaries, src's rows contiguous, and every later row's start on one too
+    (src's row stride a multiple of 16 bytes, C % 8 == 0 so that dst's rows, C values apart, do
+    too) or no later row (R == 1: its ragged end goes element by element)."""
+    R, C = src.shape
+    starts = _address(src) % 16 == 0 and _address(dst) % 16 == 0 and (C == 1 or src.strides[1] == 4)
+    return starts and (R == 1 or (C % 8 == 0 and src.strides[0] % 16 == 0))
+
+
+def round_grid(R: int, C: int):
+    """v2's launch: (grid, threads). x: ceil(C / 8) threads of 8 values over the fewest blocks of at
+    most ROUND_THREADS, each a whole number of warps; y: rows, as many as make the grid about
+    ROUND_GRID_THREADS threads (at least 1, at most R and 65,535), each block striding over rows."""
+    chunks = cdiv(C, 8)
+    blocks_x = cdiv(chunks, ROUND_THREADS)
+    threads = min(ROUND_THREADS, 32 * cdiv(cdiv(chunks, blocks_x), 32))
+    rows = max(1, min(R, 65535, cdiv(ROUND_GRID_THREADS, blocks_x * threads)))
+    return (blocks_x, rows), threads
+
+
+def round_into(dst, src, precision, stream=0, version=2):
+    """dst[:R*C] = src [R, C] rounded to bf16 (dst uint16: the bit patterns) or fp16 (dst float16).
+    version 1: a thread an element (v1's grid); 2: eight a thread (round_grid, round_wide)."""
+    R, C = src.shape
+    if R == 0 or C == 0:
+        return
+    k_bf16, k_fp16 = ROUND_VERSIONS[version]
+    kernel, arg = (k_bf16, src.view(np.uint32)) if precision == "bf16" else (k_fp16, src)
+    if version == 1:
+        kernel[(cdiv(C, ROUND_THREADS), min(R, 65535)), ROUND_THREADS, stream](dst, arg)
     else:
-        k_round_fp16_v1[grid, ROUND_THREADS, stream](dst, src)
+        grid, threads = round_grid(R, C)
+        kernel[grid, threads, stream](dst, arg, round_wide(dst, src))
 
 
 def _slot_b(a_elements: int) -> int:

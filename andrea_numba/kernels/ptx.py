@@ -45,6 +45,7 @@ from .common import SIMULATOR
 if not SIMULATOR:
     from llvmlite import ir
     from numba import types
+    from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
     _f32, _i32 = ir.FloatType(), ir.IntType(32)
@@ -355,6 +356,67 @@ if not SIMULATOR:
         """Wait until at most the newest 2 of this thread's groups are pending.   PTX: cp.async.wait_group 2;"""
         return _no_operand("cp.async.wait_group 2;")(typingctx)
 
+    # The 16-bit operand copies (cublaslt.py, k_round_bf16_v2 / k_round_fp16_v2): four 32-bit values
+    # from a row of a 2-D array whose rows may be strided (a view), and eight 16-bit values stored
+    # at once. One LLVM vector access each, as load4 / store4.
+    _WORD = (types.float32, types.int32, types.uint32)
+
+    @intrinsic
+    def load4_row(typingctx, arr, i, j):
+        """(arr[i, j], arr[i, j + 1], arr[i, j + 2], arr[i, j + 3]): one 128-bit load. arr is a 2-D
+        array of 32-bit values (float32, int32, uint32) in global memory (a kernel's argument) whose
+        rows are contiguous, though they may lie any stride apart, and &arr[i, j] lies on a 16-byte
+        boundary.   PTX: ld.global.v4.u32 (.f32)"""
+        if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype in _WORD
+                and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+            return None
+        out = types.UniTuple(arr.dtype, 4)
+
+        def codegen(context, builder, sig, args):
+            aryty = sig.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            inds = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], sig.args[1:])]
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds)    # strides honoured
+            vec_t = ir.VectorType(context.get_value_type(aryty.dtype), 4)
+            # a strided array's address is integer arithmetic, which hides from the compiler that
+            # it points into global memory (it would emit a generic ld.v4): say so (space 1)
+            ptr = builder.addrspacecast(builder.bitcast(ptr, vec_t.as_pointer()), vec_t.as_pointer(1))
+            vec = builder.load(ptr, align=16)
+            return context.make_tuple(builder, out, [builder.extract_element(vec, ir.Constant(_i32, k))
+                                                     for k in range(4)])
+        return out(arr, i, j), codegen
+
+    @intrinsic
+    def store8(typingctx, arr, index, v0, v1, v2, v3, v4, v5, v6, v7):
+        """arr[index .. index + 7] = v0 .. v7, each converted to arr's type (float32 -> float16:
+        cvt.rn.f16.f32, an integer -> uint16: its low 16 bits): one 128-bit store of eight 16-bit
+        values. arr is a 1-D uint16 or float16 array in global memory (a kernel's argument), its
+        elements index .. index + 7 contiguous, element `index` on a 16-byte boundary.
+        PTX: st.global.v4.u32 (the values packed two to a 32-bit register, the first low)"""
+        vals = (v0, v1, v2, v3, v4, v5, v6, v7)
+        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype in (types.uint16, types.float16)
+                and isinstance(index, types.Integer) and all(isinstance(v, types.Number) for v in vals)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            aryty = sig.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            ind = context.cast(builder, args[1], sig.args[1], types.intp)
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [ind])
+            half = []                                       # the eight values' 16 bits, as i32
+            for k in range(8):
+                val = context.cast(builder, args[2 + k], sig.args[2 + k], aryty.dtype)
+                half.append(builder.zext(builder.bitcast(val, ir.IntType(16)), _i32))
+            vec_t = ir.VectorType(_i32, 4)                  # packed two to a word, the first low:
+            vec = ir.Constant(vec_t, ir.Undefined)          # <8 x i16> would store as two 64-bit halves
+            for k in range(4):
+                word = builder.or_(half[2 * k], builder.shl(half[2 * k + 1], ir.Constant(_i32, 16)))
+                vec = builder.insert_element(vec, word, ir.Constant(_i32, k))
+            ptr = builder.addrspacecast(builder.bitcast(ptr, vec_t.as_pointer()), vec_t.as_pointer(1))
+            builder.store(vec, ptr, align=16)                # global memory (space 1), as load4_row
+            return context.get_dummy_value()
+        return types.void(arr, index, *vals), codegen
+
 else:
     def tf32_round(x):
         """Simulator twin of cvt.rna.tf32.f32: add half a TF32 unit to the magnitude bits, clear
@@ -392,6 +454,21 @@ else:
         flat = arr.reshape(-1)
         flat[index], flat[index + 1], flat[index + 2], flat[index + 3] = v0, v1, v2, v3
 
+
+    def load4_row(arr, i, j):
+        """Simulator twin of the 128-bit row load; checks the 16-byte alignment a GPU needs."""
+        a = getattr(arr, "_ary", arr)
+        assert a[i, j:j + 4].ctypes.data % 16 == 0, "a 128-bit load needs a 16-byte aligned address"
+        return a[i, j], a[i, j + 1], a[i, j + 2], a[i, j + 3]
+
+    def store8(arr, index, v0, v1, v2, v3, v4, v5, v6, v7):
+        """Simulator twin of the 128-bit store of eight 16-bit values (converted as arr[k] = v is);
+        checks the 16-byte alignment."""
+        a = getattr(arr, "_ary", arr)
+        assert a[index:index + 8].ctypes.data % 16 == 0, "a 128-bit store needs a 16-byte aligned address"
+        with np.errstate(over="ignore"):                 # float32 past fp16's range: inf, silently
+            for k, v in enumerate((v0, v1, v2, v3, v4, v5, v6, v7)):
+                a[index + k] = v
 
     def ldmatrix_x4(arr, index):
         raise NotImplementedError("ldmatrix is a warp instruction: in the simulator the kernels use ldmatrix_warp")
