@@ -1,6 +1,7 @@
 """The file writer's rules (order, errors and lines reach the main thread) and compile-ahead's
 plumbing that runs without a GPU (worker count, the simulator's no-op, the recording of launches).
 The compiling itself needs a GPU: bench/compile_ahead_check.py checks it there."""
+import threading
 import time
 
 import pytest
@@ -13,17 +14,21 @@ from andrea_numba.kernels.common import SIMULATOR
 def test_jobs_run_one_at_a_time_in_order_and_their_lines_reach_the_log():
     lines, order = [], []
     w = FileWriter(lines.append)
+    gate = threading.Event()            # b holds until the test has looked (no race with a busy CPU)
 
-    def job(tag, pause):
+    def job(tag, pause, hold=None):
         def run(say):
             time.sleep(pause)
+            if hold is not None:
+                hold.wait(5)
             order.append(tag)
             say(f"wrote {tag}")
         return run
     w.start(job("a", 0.05))
     assert w.busy()
-    w.start(job("b", 0.0))              # waits for a first
+    w.start(job("b", 0.0, gate))        # waits for a first
     assert order == ["a"] and lines == ["wrote a"]
+    gate.set()
     w.wait()
     assert order == ["a", "b"] and lines == ["wrote a", "wrote b"] and not w.busy()
 
