@@ -189,6 +189,13 @@ def v13_report():
 
 def main():
     import warnings
+    args = sys.argv[1:]
+    if {"-h", "--help"} & set(args):
+        print(__doc__.split("In code:")[0].rstrip())
+        return
+    unknown = sorted(set(args) - {"--v12", "--v13"})
+    if unknown:
+        sys.exit(f"bench/ptxcheck.py: unknown argument {unknown[0]} (it takes --v12, --v13 or nothing; --help)")
     if "--v12" in sys.argv[1:]:
         v12_report()
         return
