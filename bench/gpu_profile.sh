@@ -40,6 +40,8 @@
 #          with an fp32/cublas noise floor, the 120M model at bf16 and fp16, flash attention's kernels);
 #          s12a (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's; run after mm13);
 #          s12b (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
+#          s12c (the step with cuBLASLt bf16 products and the new copies, then mm14);
+#          mm14 (matmul v14, wgmma on K-major bf16 copies: the harness at 12M and 120M at once, v13, v14, v21 timed);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -329,6 +331,29 @@ PY
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
         timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16a --iters 3 --torch-compile --json "$d/compile.json" \
             > "$d/compile.txt" 2>&1; echo "torch.compile step exit $?"; grep -v '^{' "$d/compile.txt" ;;
+    s12c) # the eleventh session's last run: the step with cuBLASLt's bf16 products now that their copies
+        # are k_round_bf16_v2's, beside bf16a and PyTorch bf16, at 120M and 12M (first: nothing before it can
+        # have left the GPU in a bad state); then mm14 (matmul v14 on wgmma: harness and products)
+        mkdir -p "$OUT/s12c"
+        timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16a cublas-bf16 --iters 3 --json "$OUT/s12c/step.json" \
+            > "$OUT/s12c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/s12c/step.txt"
+        bash "$0" mm14 ;;
+    mm14) # matmul v14 (kernels/wgmma_tile.py: wgmma m64n128k16 from v13's swizzled cp.async ring, both copies
+        # K-major, transposed copies by k_round_bf16_t_v1): the harness on the three product cases at 12M and
+        # 120M at once (--compile-workers 2), then v13, v14 and cuBLASLt bf16 (v21) side by side
+        mkdir -p "$OUT/mm14"; declare -A pid
+        for size in 12M 120M; do
+          timeout 150 $py -m andrea_numba.check --size $size --seed 211 --ops-only --op matmul --op "matmul a@b^T" \
+              --op "matmul a^T@b +=" --version 14 --compile-workers 2 --json > "$OUT/mm14/check_$size.json" \
+              2> "$OUT/mm14/check_$size.err" &
+          pid[$size]=$!
+        done
+        for size in 12M 120M; do       # waits for these two only (not for a step left in the background)
+          wait "${pid[$size]}"; echo "mm14 check $size exit $?: $(tail -1 "$OUT/mm14/check_$size.err")"
+          disagree "$OUT/mm14/check_$size.json"
+        done
+        timeout 100 $py bench/gemm.py --versions 13,14,21 --json "$OUT/mm14/gemm.json" > "$OUT/mm14/gemm.md" 2> "$OUT/mm14/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$OUT/mm14/gemm.md"; tail -3 "$OUT/mm14/gemm.err" ;;
     s11) # for the next session (issue 11): the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
         # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's

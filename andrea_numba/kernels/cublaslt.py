@@ -163,6 +163,60 @@ def k_round_fp16_v2(dst, src, wide):
                     dst[i * C + k] = src[i, k]
 
 
+
+# The transposed copy (matmul v14, kernels/wgmma_tile.py): wgmma reads both operands K-major, so an
+# operand stored with k down its columns (b [K, N] of x @ W, a^T [K, M] of a weight gradient) is
+# rounded into a copy of its transpose. A plain thread-an-element transpose reads along rows and
+# writes down columns (one 2-byte write in every row: 32 rows a warp, uncoalesced). So the copy
+# goes through shared memory a 32 x 32 tile at a time (Harris, "An Efficient Matrix Transpose in
+# CUDA C/C++"), block (32, 8):
+#     read   thread (x, y) rounds src[i0 + y + 8 q, j0 + x], q = 0..3: a warp reads 32 consecutive
+#            values of one row (128 bytes), and stores them in row y + 8 q of the tile
+#     barrier
+#     write  thread (x, y) writes dst[j0 + y + 8 q, i0 + x] = tile[x, y + 8 q]: a warp writes 32
+#            consecutive values of one row of dst (64 bytes)
+# The tile holds the bf16 bits in 32-bit words with rows of 33: the column read tile[x, y + 8 q]
+# (32 lanes, 33 words apart) hits 32 different banks, as does the row write.
+T_TILE = 8 if SIMULATOR else 32          # the tile's side (the simulator runs every thread: small)
+T_ROWS = 2 if SIMULATOR else 8           # threads along y: each T_TILE / T_ROWS rows of the tile
+T_GRID_Y = 65535                         # blocks along y at most (rows of tiles stride past it)
+T_PITCH = T_TILE + 1                     # the shared tile's row: one word more (the column reads' banks)
+
+
+@cuda.jit
+def k_round_bf16_t_v1(dst, src_bits, rnd):
+    """dst[j * R + i] = bf16(src[i, j]) (rnd: src_bits the fp32 operand seen as uint32, rounded by
+    bf16_bits, bit for bit k_round_bf16_v1) or = src[i, j] (not rnd: src_bits already bf16, uint16:
+    a transpose of the bits). src_bits [R, C] (rows may be strided), dst uint16 [>= R * C]: the
+    transpose [C, R], rows packed. Block (T_TILE, T_ROWS), one T_TILE x T_TILE tile of src a block
+    along x, tiles of rows over y (striding past 65,535), through shared memory (comment above)."""
+    tile = cuda.shared.array((T_TILE, T_PITCH), uint32)
+    R, C = src_bits.shape
+    x, y = cuda.threadIdx.x, cuda.threadIdx.y
+    j0 = cuda.blockIdx.x * T_TILE
+    for i0 in range(cuda.blockIdx.y * T_TILE, R, cuda.gridDim.y * T_TILE):
+        for q in range(y, T_TILE, T_ROWS):                   # read: rows i0 + q, columns j0 + x
+            i, j = i0 + q, j0 + x
+            if i < R and j < C:
+                tile[q, x] = bf16_bits(uint32(src_bits[i, j])) if rnd else uint32(src_bits[i, j])
+        cuda.syncthreads()
+        for q in range(y, T_TILE, T_ROWS):                   # write: rows j0 + q of dst, columns i0 + x
+            j, i = j0 + q, i0 + x
+            if j < C and i < R:
+                dst[j * R + i] = uint16(tile[x, q])
+        cuda.syncthreads()                                    # the tile is read before the next rows
+
+
+def round_into_t(dst, src, stream=0):
+    """dst[:R*C] = src [R, C] transposed, [C, R] rows packed, in bf16 bit patterns (dst uint16):
+    src float32 rounded (ties to even) or src uint16 (bf16 already) moved as it is."""
+    R, C = src.shape
+    if R == 0 or C == 0:
+        return
+    rnd = src.dtype != np.uint16
+    grid = (cdiv(C, T_TILE), min(cdiv(R, T_TILE), T_GRID_Y))
+    k_round_bf16_t_v1[grid, (T_TILE, T_ROWS), stream](dst, src.view(np.uint32) if rnd else src, rnd)
+
 ROUND_THREADS = 4 if SIMULATOR else 256                 # threads a block (v1; v2: at most this)
 ROUND_GRID_THREADS = 16 if SIMULATOR else 132 * 1024     # v2's grid, about (comment above v2)
 ROUND_VERSIONS = {1: (k_round_bf16_v1, k_round_fp16_v1), 2: (k_round_bf16_v2, k_round_fp16_v2)}
@@ -230,17 +284,23 @@ class OperandCopies:
         if self.buf is None or self.buf.size < need:
             self.buf = cuda.device_array(need, dtype=np.uint16)
 
-    def round(self, a, b, precision: str, stream=0):
+    def round(self, a, b, precision: str, stream=0, transpose=(False, False)):
         """(a16, b16): a and b [rows, cols] rounded to bf16 (uint16 bit patterns) or fp16 (float16),
         each flat, rows packed (k_round_bf16_v1 / k_round_fp16_v1: ties to even). An operand that
         holds 16-bit values of the precision already (uint16 for bf16: an activation a model saved
-        rounded, gpu_model.SAVED16) is not copied: it is returned flat, as it is."""
+        rounded, gpu_model.SAVED16) is not copied: it is returned flat, as it is.
+        transpose (bf16 only; matmul v14): for a and b, whether the copy holds the operand's
+        transpose ([cols, rows], round_into_t); a transposed uint16 operand is copied (its bits moved)."""
         self.reserve(a.size, b.size)
         view = self.buf if precision == "bf16" else self.buf.view(np.float16)
         slots = view[:a.size], view[_slot_b(a.size):_slot_b(a.size) + b.size]
         out = []
-        for x, slot in zip((a, b), slots):
-            if x.dtype == slot.dtype:
+        for x, slot, t in zip((a, b), slots, transpose):
+            if t:
+                assert precision == "bf16", "transposed copies are bf16 only"
+                round_into_t(slot, x, stream)
+                out.append(slot)
+            elif x.dtype == slot.dtype:
                 out.append(x.reshape(x.size))
             else:
                 round_into(slot, x, precision, stream)

@@ -40,6 +40,7 @@ from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
 from .half_tile import async_resolve, bf16_copies, make_async_tile, make_half_tile
 from .simt_tile import make_simt_tile
 from .warp_tile import make_epilogue, make_warp_tile, resolve
+from .wgmma_tile import make_wgmma_tile, wgmma_resolve
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
 # engine's. On a GPU 64 x 64 tiles of 256 threads (8 KiB of shared memory); in the simulator,
@@ -180,6 +181,8 @@ def make_tile(tile):
         return make_half_tile(tile)
     if tile[0] == "bf16a":                  # matmul v13 (half_tile.py): takes the operands' bf16 copies
         return make_async_tile(tile)
+    if tile[0] == "bf16g":                  # matmul v14 (wgmma_tile.py): K-major bf16 copies, wgmma
+        return make_wgmma_tile(tile)
     return make_simt_tile(tile) if tile[0] == "simt2" else make_warp_tile(tile)
 
 
@@ -596,6 +599,61 @@ WARP_MATMUL["bf16a"] = matmul_v13
 VERSIONS["matmul"][13] = matmul_v13
 # the linear ops on v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12): v13's tiles
 ASYNC_OP_TILES = ASYNC_TILES
+
+
+# v14: bf16 products on Hopper's warpgroup instruction wgmma.mma_async (kernels/wgmma_tile.py). v13's
+# bf16 copies, cp.async ring and swizzled shared tiles, but the stage is two wgmma m64n128k16 a
+# warpgroup (two warpgroups, 256 threads, a 128 x 128 tile), reading A and B straight from shared
+# memory through descriptors (the 64-byte swizzle of v13's k-inner tiles is wgmma's mode 2): no
+# ldmatrix, no fragment registers. wgmma reads the tiles K-major, so both copies are made K-major,
+# the a @ b^T form: a16 [M, K], b16 [N, K]; an operand stored with k down its columns (b of x @ W,
+# a^T of a weight gradient) is rounded into a transposed copy (cublaslt.k_round_bf16_t_v1, a 32 x 32
+# tile transpose through shared memory). Same math as v13 (inputs rounded to bf16 ties to even,
+# exact products, fp32 sums), another order of the sums inside the tensor core: other bits than
+# v13, the same at every run. Tiles (BM, BN, 32, 64, BN[, STAGES]): 128 x 128 of 2 warpgroups with
+# 3 stages (48 KiB) and 64 x 128 of one with 4 (48 KiB); in the simulator one warpgroup of 64 x 16
+# (3 stages) and of 64 x 8 (4 stages: wait_group 2).
+WGMMA_TILES = dict(gpu=((128, 128, 32, 64, 128), (64, 128, 32, 64, 128, 4)),
+                   sim=((64, 16, 32, 64, 16), (64, 8, 32, 64, 8, 4)))
+
+from .cublaslt import COPIES  # noqa: E402
+
+
+def wgmma_copies(a, b, trans_a, trans_b, stream=0):
+    """(a16 [M, K], b16 [N, K]): the K-major bf16 copies of op(a) and op(b)^T in cublaslt.COPIES.
+    a stored [M, K] (not trans_a) and b stored [N, K] (trans_b) are K-major already: rounded as they
+    are (a uint16 one used where it is); a^T stored [K, M] and b stored [K, N] are rounded into
+    transposed copies (k_round_bf16_t_v1; a uint16 one has its bits transposed)."""
+    a16, b16 = COPIES.round(a, b, "bf16", stream, transpose=(trans_a, not trans_b))
+    M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    N = b.shape[0] if trans_b else b.shape[1]
+    return a16.reshape(M, K), b16.reshape(N, K)
+
+
+@blocks(**WGMMA_TILES)
+def matmul_v14(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """bf16 products on wgmma (sm_90a) from K-major bf16 copies of the operands (rounded once, ties
+    to even; transposed where stored the other way) copied to shared memory by cp.async through a
+    ring of stages; block = (BM, BN, 32, 64, BN[, STAGES]); work: the split-K buffer (or None). The
+    copies live in cublaslt.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
+    M, N = out.shape
+    K = a.shape[0] if trans_a else a.shape[1]
+    a16, b16 = wgmma_copies(a, b, bool(trans_a), bool(trans_b), stream)
+    tile = wgmma_resolve(block, a16, b16)
+    t = make_tile(tile)
+    resident = 0 if work is None else resident_blocks(tile, False, True,
+                                                      (out, out.reshape(1, M, N), a16, b16, accumulate, K))
+    S, ksplit = splitk(M, N, K, 1, block, work, resident)       # as v13: slices of K, no atomics
+    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
+    _k_matmul_warp(tile, False, True)[t.grid(M, N, S), t.THREADS, stream](      # always a16 @ b16^T
+        out, part, a16, b16, accumulate, ksplit)
+    if S > 1:
+        splitk_sum(out, part, accumulate, stream, version=2)
+
+
+matmul_v14.precision = "bf16"
+WARP_KERNELS["bf16g"] = (14, "bf16 wgmma (Hopper warpgroup products) on K-major bf16 copies, a cp.async ring")
+VERSIONS["matmul"][14] = matmul_v14          # not in WARP_MATMUL: the linear ops stay on v13 for now
 
 matmul = matmul_v2        # what the engine uses
 
