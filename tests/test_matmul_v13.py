@@ -78,19 +78,19 @@ def test_the_four_stage_ring_accumulates_over_many_steps():
     assert np.abs(out - ref).max() <= 1e-6 * np.abs(ref).max()
 
 
-def test_a_split_product_adds_its_slices_in_order():
+def check_split_slices(launch, N, seed):
     """With a work buffer a weight gradient's long K is cut into slices (S > 1): block z leaves its
     slice's partial product in work[z], and out = o0 + ((work[0] + work[1]) + work[2] ...) in fp32,
-    bit for bit (k_splitk_sum_v2's fixed order, no atomics); each partial is its slice's product."""
-    rng = np.random.default_rng(15)
-    M, N, K = 8, 24, 192
+    bit for bit (k_splitk_sum_v2's fixed order, no atomics); each partial is its slice's product.
+    (v14's tests call it with their launcher.)"""
+    rng = np.random.default_rng(seed)
+    M, K = 8, 192
     a, b = _operands(rng, M, N, K, True, False)
     o0 = rng.standard_normal((M, N)).astype(np.float32)
-    block = MM.matmul_v13.blocks[0]
     work = cuda.to_device(np.zeros(MM.splitk_work(8), np.float32))
-    S, ksplit = MM.splitk(M, N, K, 1, block, work)
+    S, ksplit = MM.splitk(M, N, K, 1, launch.blocks[0], work)
     assert S > 1
-    out = _run(a, b, True, False, o0, work=work, accumulate=True)
+    out = _run(a, b, True, False, o0, work=work, accumulate=True, launch=launch)
     parts = work.copy_to_host()[:S * M * N].reshape(S, M, N)
     total = parts[0]
     for s in range(1, S):
@@ -101,6 +101,10 @@ def test_a_split_product_adds_its_slices_in_order():
     assert np.array_equal(out, o0 + total)
     ref = o0 + _bf16_product(a, b, True, False)
     assert np.abs(out - ref).max() <= 1e-6 * np.abs(ref).max()
+
+
+def test_a_split_product_adds_its_slices_in_order():
+    check_split_slices(MM.matmul_v13, 24, 15)
 
 
 @pytest.mark.parametrize("block", [(128, 128, 32, 64, 32), (128, 64, 32, 64, 32), (64, 64, 32, 32, 32)])

@@ -22,6 +22,7 @@ from andrea_numba.kernels import wgmma_tile as WT
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 from test_matmul_v12 import _bf16_product, _operands, _run   # v12's helpers: the same operands, twin and call
+from test_matmul_v13 import check_split_slices
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
 _run = functools.partial(_run, launch=MM.matmul_v14)          # noqa: F811
@@ -80,25 +81,8 @@ def test_the_four_stage_ring_accumulates_over_many_steps():
 
 
 def test_a_split_product_adds_its_slices_in_order():
-    """With a work buffer a long K is cut into slices (S > 1): block z leaves its slice's partial
-    product in work[z], and out = o0 + ((work[0] + work[1]) + work[2] ...) in fp32, bit for bit."""
-    rng = np.random.default_rng(16)
-    M, N, K = 8, 16, 192
-    a, b = _operands(rng, M, N, K, True, False)
-    o0 = rng.standard_normal((M, N)).astype(np.float32)
-    block = MM.matmul_v14.blocks[0]
-    work = cuda.to_device(np.zeros(MM.splitk_work(8), np.float32))
-    S, ksplit = MM.splitk(M, N, K, 1, block, work)
-    assert S > 1
-    out = _run(a, b, True, False, o0, work=work, accumulate=True)
-    parts = work.copy_to_host()[:S * M * N].reshape(S, M, N)
-    total = parts[0]
-    for s in range(1, S):
-        total = total + parts[s]
-        sl = slice(s * ksplit, min(K, (s + 1) * ksplit))
-        ref = _bf16_product(a[sl], b[sl], True, False)
-        assert np.abs(parts[s] - ref).max() <= 1e-6 * np.abs(ref).max()
-    assert np.array_equal(out, o0 + total)
+    """v13's check (test_matmul_v13.check_split_slices): the slices' partials in work, added in order."""
+    check_split_slices(MM.matmul_v14, 16, 16)
 
 
 def test_operands_already_in_bf16_give_the_same_bits():

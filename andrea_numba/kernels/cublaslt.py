@@ -286,7 +286,7 @@ class OperandCopies:
 
     def round(self, a, b, precision: str, stream=0, transpose=(False, False)):
         """(a16, b16): a and b [rows, cols] rounded to bf16 (uint16 bit patterns) or fp16 (float16),
-        each flat, rows packed (k_round_bf16_v1 / k_round_fp16_v1: ties to even). An operand that
+        each flat, rows packed (round_into: k_round_bf16_v2 / k_round_fp16_v2, ties to even). An operand that
         holds 16-bit values of the precision already (uint16 for bf16: an activation a model saved
         rounded, gpu_model.SAVED16) is not copied: it is returned flat, as it is.
         transpose (bf16 only; matmul v14): for a and b, whether the copy holds the operand's

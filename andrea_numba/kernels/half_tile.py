@@ -250,7 +250,7 @@ def make_half_tile(tile):
 # registers with the addresses), rounds them (cvt) and stores them (st.shared), and only two
 # shared stages fit beside that. v13 splits the rounding from the product:
 #
-#   1. k_round_bf16_v1 (cublaslt.round_into) rounds each operand once into a bf16 copy in a
+#   1. k_round_bf16_v2 (cublaslt.round_into) rounds each operand once into a bf16 copy in a
 #      scratch buffer (ties to even, the same bits as v12's cvt.rn.bf16x2): rows packed, the
 #      copy keeps the operand's orientation, a [M, K] -> a16 [M, K], a^T [K, M] -> a16 [K, M].
 #   2. The product kernel copies 16-byte chunks (8 bf16) of the copies straight from global to
@@ -294,7 +294,7 @@ def make_half_tile(tile):
 #     keep cp.async, but round_into writes packed rows (a padded copy needs another rounding
 #     kernel): left for a later version.
 # =============================================================================================
-from .cublaslt import COPIES                        # noqa: E402  (the 16-bit copies' scratch, k_round_bf16_v1)
+from .cublaslt import COPIES                        # noqa: E402  (the 16-bit copies' scratch, k_round_bf16_v2)
 from .ptx import CP_ASYNC_WAIT, cp_async16, cp_async_commit  # noqa: E402
 from .tile_loop import make_load                    # noqa: E402
 

@@ -224,14 +224,16 @@ if not SIMULATOR:
                 and isinstance(index, types.Integer))
 
     def _shared_address(context, builder, arrty, arr, index, indexty):
-        """The 32-bit shared-window address of 32-bit element `index` of a shared array: Numba
-        keeps a shared array's data as a generic pointer; addrspacecast to the shared space (3)
-        and ptrtoint give the .u32 address that ld/st/ldmatrix .shared take (cvta.to.shared,
-        which the compiler drops when it sees the array is shared), plus 4 index bytes."""
+        """The 32-bit shared-window address of element `index` of a shared array (any dtype: index
+        times its size in bytes): Numba keeps a shared array's data as a generic pointer;
+        addrspacecast to the shared space (3) and ptrtoint give the .u32 address that ld/st/ldmatrix
+        .shared and wgmma's descriptors take (cvta.to.shared, which the compiler drops when it sees
+        the array is shared), plus the index's bytes."""
         data = builder.bitcast(context.make_array(arrty)(context, builder, arr).data, ir.PointerType(ir.IntType(8)))
         base = builder.ptrtoint(builder.addrspacecast(data, ir.PointerType(ir.IntType(8), 3)), _i32)
+        size = context.get_abi_sizeof(context.get_data_type(arrty.dtype))
         idx = builder.trunc(context.cast(builder, index, indexty, types.intp), _i32)   # 32-bit arithmetic:
-        return builder.add(base, builder.shl(idx, ir.Constant(_i32, 2)))              # shared memory is < 4 GiB
+        return builder.add(base, builder.mul(idx, ir.Constant(_i32, size)))          # shared memory is < 4 GiB
 
     def _ldmatrix(trans):
         ptx = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") +

@@ -247,16 +247,9 @@ if not SIMULATOR:
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    _f32, _i32, _i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    from .ptx import _no_operand, _shared_address      # one-instruction and shared-address helpers
 
-    def _no_operand(ptx):
-        """An instruction without operands, kept in place (side effect, memory clobber)."""
-        def typer(typingctx):
-            def codegen(context, builder, sig, args):
-                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True), [])
-                return context.get_dummy_value()
-            return types.void(), codegen
-        return typer
+    _f32, _i32, _i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 
     @intrinsic
     def wgmma_fence(typingctx):
@@ -288,17 +281,6 @@ if not SIMULATOR:
         the async proxy that wgmma reads its operands with; a barrier after it covers the block.
         PTX: fence.proxy.async.shared::cta;"""
         return _no_operand("fence.proxy.async.shared::cta;")(typingctx)
-
-    def _shared_address(context, builder, arrty, arr, index, indexty):
-        """The 32-bit shared-window address (i32) of element `index` of a shared array of any dtype:
-        Numba keeps a shared array as a generic pointer; addrspacecast to the shared space (3) and
-        ptrtoint give the .u32 address (cvta.to.shared, which the compiler drops when it sees
-        the array is shared), as ptx.py's ldmatrix address, here for any element size."""
-        data = context.make_array(arrty)(context, builder, arr).data
-        ptr = builder.gep(data, [context.cast(builder, index, indexty, types.intp)])
-        i8 = ir.IntType(8)
-        ptr = builder.addrspacecast(builder.bitcast(ptr, ir.PointerType(i8)), ir.PointerType(i8, 3))
-        return builder.ptrtoint(ptr, _i32)
 
     @intrinsic
     def shared_address(typingctx, sarr, index):
