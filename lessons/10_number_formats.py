@@ -24,6 +24,9 @@ What it teaches
     7. ldmatrix, the instruction that fills those registers in matmul v12 and fast GEMMs: each lane
        names one 16-byte row of a bf16 tile in shared memory, and every lane receives the values
        the mma expects, the same registers as packing them by hand.
+    8. wgmma, Hopper's warpgroup product (matmul v14): 128 threads, one 64 x N tile, A and B read
+       straight from shared memory through 64-bit descriptors; a tile laid out in core matrices,
+       its descriptors, and which thread holds which element of D.
 
 How to run (no GPU needed; a few seconds)
 
@@ -261,6 +264,45 @@ C.say(f"""
     it is stored (matmul v12), where v10 rounds every value each time a lane reads it. The .trans
     form hands each 8 x 8 matrix over transposed: how v12 reads an operand whose k runs down its
     columns (a^T, b), so that no copy has to transpose it first.
+""")
+
+# %%
+C.step("wgmma: four warps, one 64 x N product, operands read from shared memory (matmul v14)")
+# Hopper's warpgroup instruction wgmma.mma_async.m64nNk16: 128 threads (a warpgroup) compute one
+# 64 x N tile 16 deep. No lane hands A or B over in registers: the instruction reads both from
+# shared memory, each described by a 64-bit "matrix descriptor" (kernels/wgmma.py). One k16 step
+# of A (64 x 16 bf16) is 8 x 2 "core matrices" of 8 rows x 8 values, each 8 rows of 16 bytes stored
+# one after another (128 bytes). The descriptor says where core matrix (i, j) starts:
+#     start + i * SBO  (the next 8 rows)  +  j * LBO  (the next 8 values of k)
+# Here A's two core matrices of each 8-row group sit side by side (LBO = 128, SBO = 256), B's too.
+from andrea_numba.kernels import wgmma as WG  # noqa: E402
+
+N_W = 8
+Aw = round_bf16(rng.standard_normal((64, 16)).astype(f32))
+Bw = round_bf16(rng.standard_normal((16, N_W)).astype(f32))
+image = np.zeros(4096, np.uint8)                 # shared memory, byte by byte
+halves = image.view(np.uint16)
+B_START = 2048                                   # where B's tile starts (bytes)
+r, k = np.arange(64)[:, None], np.arange(16)[None, :]
+halves[WG.kmajor_offset(r, k, 64, WG.SWIZZLE_NONE, 128, 256) // 2] = WG.bf16_bits(Aw)    # A, K-major
+n = np.arange(N_W)[:, None]
+halves[(B_START + WG.kmajor_offset(n, k, N_W, WG.SWIZZLE_NONE, 128, 256)) // 2] = WG.bf16_bits(Bw.T)   # B^T, K-major
+desc_a = WG.pack_desc(0, 128, 256, WG.SWIZZLE_NONE)
+desc_b = WG.pack_desc(B_START, 128, 256, WG.SWIZZLE_NONE)
+regs = WG.wgmma_warpgroup(image, desc_a, desc_b, N_W, scale_d=0)     # [128 threads, N/2 registers]
+Dw = WG.fragment_to_matrix(regs)
+rows_w, cols_w = WG.fragment_rows_cols(N_W)
+C.say(f"""
+    The descriptor of A: {desc_a:#018x} (start 0, LBO 128, SBO 256, no swizzle); of B: {desc_b:#018x}.
+    The warpgroup's registers give A @ B of the rounded values: max |D - A @ B| / max |A @ B| = \
+{np.abs(Dw - Aw.astype(np.float64) @ Bw).max() / np.abs(Aw.astype(np.float64) @ Bw).max():.1e}, \
+within fp32 rounding: {bool(np.abs(Dw - Aw.astype(np.float64) @ Bw).max() <= 1e-6 * np.abs(Aw.astype(np.float64) @ Bw).max())}. Each warp owns 16 rows of D and holds them as an
+    mma.sync m16n8 fragment once per 8 columns: thread 37 (warp 1, g = 1, t = 1) holds D{list(zip(rows_w[37].tolist(), cols_w[37].tolist()))}.
+    This is NumPy's model of the instruction (wgmma.wgmma_warpgroup); on the H200
+    (bench/wgmma_probe.py, 2026-12-02) the instruction itself gave the same A @ B for this layout and
+    13 others, swizzled ones included, to 5e-8-1.4e-7 of the scale. matmul v14 runs it from Numba:
+    two warpgroups a 128 x 128 tile, the operands copied into shared memory by cp.async in v13's
+    64-byte swizzle, which is one of wgmma's layouts (mode 2).
 """)
 
 # %%
