@@ -42,6 +42,7 @@
 #          s12b (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
 #          s12c (the step with cuBLASLt bf16 products and the new copies, then mm14);
 #          mm14 (matmul v14, wgmma on K-major bf16 copies: the harness at 12M and 120M at once, v13, v14, v21 timed);
+#          mm15 (matmul v15, wgmma in flight on a dynamic-shared-memory ring: the harness at 12M and 120M, v14, v15, v21 timed);
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
@@ -55,6 +56,23 @@ profile_kernels() {   # profile_kernels TAG LINES RUN_ARGS...: bench/profile_ker
   $py bench/profile_kernels.py table --log "/tmp/launches_$tag.json" --ncu "/tmp/ncu_$tag.csv" \
       --markdown "$OUT/$tag.md" --json "$OUT/$tag.json" > /dev/null
   echo "table $tag exit $?"; head -"$lines" "$OUT/$tag.md"
+}
+
+product_version() {   # product_version V GEMM_VERSIONS: matmul vV on the three product cases in the harness at 12M
+  # and 120M at once (--compile-workers 2), then bench/gemm.py's table of GEMM_VERSIONS; into $OUT/mmV/
+  local v=$1 versions=$2 size d="$OUT/mm$1"; declare -A pid
+  mkdir -p "$d"
+  for size in 12M 120M; do
+    timeout 150 $py -m andrea_numba.check --size $size --seed 211 --ops-only --op matmul --op "matmul a@b^T" \
+        --op "matmul a^T@b +=" --version "$v" --compile-workers 2 --json > "$d/check_$size.json" 2> "$d/check_$size.err" &
+    pid[$size]=$!
+  done
+  for size in 12M 120M; do       # waits for these two only (not for a step left in the background)
+    wait "${pid[$size]}"; echo "mm$v check $size exit $?: $(tail -1 "$d/check_$size.err")"
+    disagree "$d/check_$size.json"
+  done
+  timeout 100 $py bench/gemm.py --versions "$versions" --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+  echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
 }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
@@ -339,21 +357,12 @@ PY
             > "$OUT/s12c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/s12c/step.txt"
         bash "$0" mm14 ;;
     mm14) # matmul v14 (kernels/wgmma_tile.py: wgmma m64n128k16 from v13's swizzled cp.async ring, both copies
-        # K-major, transposed copies by k_round_bf16_t_v1): the harness on the three product cases at 12M and
-        # 120M at once (--compile-workers 2), then v13, v14 and cuBLASLt bf16 (v21) side by side
-        mkdir -p "$OUT/mm14"; declare -A pid
-        for size in 12M 120M; do
-          timeout 150 $py -m andrea_numba.check --size $size --seed 211 --ops-only --op matmul --op "matmul a@b^T" \
-              --op "matmul a^T@b +=" --version 14 --compile-workers 2 --json > "$OUT/mm14/check_$size.json" \
-              2> "$OUT/mm14/check_$size.err" &
-          pid[$size]=$!
-        done
-        for size in 12M 120M; do       # waits for these two only (not for a step left in the background)
-          wait "${pid[$size]}"; echo "mm14 check $size exit $?: $(tail -1 "$OUT/mm14/check_$size.err")"
-          disagree "$OUT/mm14/check_$size.json"
-        done
-        timeout 100 $py bench/gemm.py --versions 13,14,21 --json "$OUT/mm14/gemm.json" > "$OUT/mm14/gemm.md" 2> "$OUT/mm14/gemm.err"
-        echo "gemm exit $?"; grep "^|" "$OUT/mm14/gemm.md"; tail -3 "$OUT/mm14/gemm.err" ;;
+        # K-major, transposed copies by k_round_bf16_t_v1): product_version's harness and table beside v13, v21
+        product_version 14 13,14,21 ;;
+    mm15) # matmul v15 (kernels/wgmma_ring.py: one wgmma group in flight (wait_group 1), BK = 64 stages of
+        # 128-byte rows (the 128-byte swizzle) in a 4-stage ring of dynamic shared memory, 129 KiB, allowed by
+        # matmul.allow_shared): product_version's harness and table beside v14, v21
+        product_version 15 14,15,21 ;;
     s11) # for the next session (issue 11): the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
         # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's

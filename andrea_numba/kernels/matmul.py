@@ -40,6 +40,7 @@ from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
 from .half_tile import async_resolve, bf16_copies, make_async_tile, make_half_tile
 from .simt_tile import make_simt_tile
 from .warp_tile import make_epilogue, make_warp_tile, resolve
+from .wgmma_ring import make_ring_tile, ring_resolve
 from .wgmma_tile import make_wgmma_tile, wgmma_resolve
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
@@ -183,6 +184,8 @@ def make_tile(tile):
         return make_async_tile(tile)
     if tile[0] == "bf16g":                  # matmul v14 (wgmma_tile.py): K-major bf16 copies, wgmma
         return make_wgmma_tile(tile)
+    if tile[0] == "bf16h":                  # matmul v15 (wgmma_ring.py): wgmma in flight, a deeper ring
+        return make_ring_tile(tile)
     return make_simt_tile(tile) if tile[0] == "simt2" else make_warp_tile(tile)
 
 
@@ -654,6 +657,72 @@ def matmul_v14(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 matmul_v14.precision = "bf16"
 WARP_KERNELS["bf16g"] = (14, "bf16 wgmma (Hopper warpgroup products) on K-major bf16 copies, a cp.async ring")
 VERSIONS["matmul"][14] = matmul_v14          # not in WARP_MATMUL: the linear ops stay on v13 for now
+
+# v15: v14 with one wgmma group kept in flight and a deeper ring (kernels/wgmma_ring.py). A warpgroup
+# waits for step s - 1's wgmmas (wait_group 1) instead of step s's, so the tensor cores keep working
+# through the barrier and the next copies; a stage stays busy one step longer, so the copies run
+# STAGES - 2 steps ahead. The ring lives in dynamic shared memory (past Numba's static 48 KiB: the
+# kernel is allowed it once, allow_shared), with BK = 64 stages of 128-byte rows (wgmma's 128-byte
+# swizzle, four k16 steps a stage). Same math as v14 (the same sums in the same order within a
+# stage's k16 steps: v14's bits where BK divides the same way). Tiles (BM, BN, BK, 64, BN[, STAGES]):
+# 128 x 128 x 64 with 4 stages (128 KiB + 1 KiB to align; ptxas: 112 registers, no spills) and v14's
+# static 128 x 128 x 32 with 3 (48 KiB; 92 registers); in the simulator one warpgroup of 64 x 16 x 64
+# with 4 stages (dynamic) and of 64 x 8 x 32 with 3 (static). Not declared: 128 x 256 x 64 with 3
+# stages (144 KiB) compiles, but its 128 accumulators a thread hit ptxas's 255 registers and spill
+# (84 bytes stored, 156 loaded, a 608-byte stack frame with the epilogue's acc array).
+RING_TILES = dict(gpu=((128, 128, 64, 64, 128, 4), (128, 128, 32, 64, 128, 3)),
+                  sim=((64, 16, 64, 64, 16, 4), (64, 8, 32, 64, 8, 3)))
+_SHARED_ALLOWED = set()
+
+
+def allow_shared(kernel, args, nbytes):
+    """Let the kernel (a dispatcher), compiled for these arguments, take nbytes of dynamic shared
+    memory: past 48 KiB the driver refuses the launch until the function's attribute
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES says so. Once per compiled kernel, size and
+    device; nothing in the simulator or at 48 KiB or less. Returns the compiled kernel (or None)."""
+    if SIMULATOR or nbytes <= 48 * 1024:
+        return None
+    from numba.cuda.cudadrv.driver import binding, driver
+    compiled = kernel.compile(tuple(numba.typeof(x) for x in args))
+    cufunc = compiled._codelibrary.get_cufunc()
+    key = (id(compiled), cufunc.device.id, nbytes)
+    if key not in _SHARED_ALLOWED:
+        driver.cuKernelSetAttribute(binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    nbytes, cufunc.handle, cufunc.device.id)
+        _SHARED_ALLOWED.add(key)
+    return compiled
+
+
+@blocks(**RING_TILES)
+def matmul_v15(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """bf16 products on wgmma (sm_90a) with one wgmma group in flight, from K-major bf16 copies (v14's)
+    through a ring of cp.async stages in dynamic shared memory; block = (BM, BN, BK, 64, BN[, STAGES]),
+    BK = 64 (dynamic ring) or 32 (static, v14's); work: the split-K buffer (or None). The copies live
+    in cublaslt.COPIES, as v13's and v14's."""
+    M, N = out.shape
+    K = a.shape[0] if trans_a else a.shape[1]
+    a16, b16 = wgmma_copies(a, b, bool(trans_a), bool(trans_b), stream)
+    tile = ring_resolve(block, a16, b16)
+    t = make_tile(tile)
+    kernel = _k_matmul_warp(tile, False, True)                  # always a16 @ b16^T
+    args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
+    compiled = allow_shared(kernel, args, t.SHARED)
+    if work is None:
+        resident = 0
+    elif compiled is None:
+        resident = resident_blocks(tile, False, True, args)
+    else:                                                       # the occupancy with its shared memory
+        resident = compiled.max_cooperative_grid_blocks(t.THREADS, t.SHARED)
+    S, ksplit = splitk(M, N, K, 1, block, work, resident)       # as v13: slices of K, no atomics
+    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
+    kernel[t.grid(M, N, S), t.THREADS, stream, t.SHARED](out, part, a16, b16, accumulate, ksplit)
+    if S > 1:
+        splitk_sum(out, part, accumulate, stream, version=2)
+
+
+matmul_v15.precision = "bf16"
+WARP_KERNELS["bf16h"] = (15, "bf16 wgmma with a group in flight, a deeper cp.async ring in dynamic shared memory")
+VERSIONS["matmul"][15] = matmul_v15          # not in WARP_MATMUL, as v14
 
 matmul = matmul_v2        # what the engine uses
 

@@ -109,14 +109,15 @@ LBO, SBO = 16, 512     # the descriptors' byte offsets (point 2): LBO unused, SB
 STAGES = 3             # the ring (a block's sixth number overrides it)
 
 
-def _copier(R, THREADS, vec):
+def _copier(R, THREADS, vec, BK=BK_HALF):
     """copy(s, g, r0, c0, rlim, clim): v13's cp.async copier of an R x BK tile of a K-major bf16
-    copy (rows r0.., k c0..) into the stage tile s (R rows of 16 words, swizzled). Its chunks are
-    R * 4; when that is fewer than the block's threads (the simulator's narrow B tiles) the first
-    R * 4 threads copy one chunk each and the others issue nothing."""
-    chunks = R * BK_HALF // 8
+    copy (rows r0.., k c0..) into the stage tile s (R rows of BK / 2 words, swizzled). Its chunks are
+    R * BK / 8; when that is fewer than the block's threads (the simulator's narrow B tiles) the
+    first R * BK / 8 threads copy one chunk each and the others issue nothing. (BK = 64: v15's rows
+    of 128 bytes, wgmma_ring.py.)"""
+    chunks = R * BK // 8
     n = min(THREADS, chunks)
-    copy = _async_copier(R, BK_HALF, n, vec)
+    copy = _async_copier(R, BK, n, vec)
     if n == THREADS:
         return copy
 
