@@ -79,7 +79,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from .attn import NEG_INF, _check
-from .common import SIMULATOR, BlockDoesNotFit, as_is, blocks, cdiv, jit_as, nonneg
+from .common import SIMULATOR, BlockDoesNotFit, address, as_is, blocks, cdiv, jit_as, nonneg
 from .dropout import dropout_factor, key_value, mask_args
 from .ptx import load4, mma_tf32, tf32_round
 from .warp_tile import WARP, _copier, _kstep, col_swizzle
@@ -129,8 +129,7 @@ def aligned_rows(hs: int, *arrays) -> bool:
     for x in arrays:
         if x.ndim != 3 or x.shape[2] % 4 or x.strides != (4 * x.shape[1] * x.shape[2], 4 * x.shape[2], 4):
             return False
-        face = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__   # (host arrays: ptxcheck)
-        if face["data"][0] % 16:
+        if address(x) % 16:                        # (host arrays too: ptxcheck)
             return False
     return True
 

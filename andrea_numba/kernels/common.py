@@ -262,6 +262,13 @@ def device_name() -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def address(arr) -> int:
+    """The address of arr's first element: a device array's (its __cuda_array_interface__), or a
+    NumPy array's (the simulator's arrays, bench/ptxcheck.py's host arrays)."""
+    face = getattr(arr, "__cuda_array_interface__", None) or arr.__array_interface__
+    return int(face["data"][0])
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: blocks needed to cover a elements with b per block."""
     return (a + b - 1) // b

@@ -47,7 +47,7 @@ import numpy as np
 from numba import cuda, int64, uint16, uint32
 
 from ..config import ConfigError
-from .common import SIMULATOR, cdiv
+from .common import SIMULATOR, address, cdiv
 from .ptx import load4_row, store8
 
 WORKSPACE_BYTES = 32 << 20          # cuBLASLt's scratch for every product (NVIDIA suggests 32 MiB on Hopper)
@@ -222,19 +222,13 @@ ROUND_GRID_THREADS = 16 if SIMULATOR else 132 * 1024     # v2's grid, about (com
 ROUND_VERSIONS = {1: (k_round_bf16_v1, k_round_fp16_v1), 2: (k_round_bf16_v2, k_round_fp16_v2)}
 
 
-def _address(arr) -> int:
-    """The address of arr's first element: a device array's, or (simulator, ptxcheck) a NumPy array's."""
-    face = getattr(arr, "__cuda_array_interface__", None) or arr.__array_interface__
-    return int(face["data"][0])
-
-
 def round_wide(dst, src) -> bool:
     """Whether v2 may move whole chunks of 8 values 16 bytes at a time: src's and dst's first
     elements on 16-byte boundaries, src's rows contiguous, and every later row's start on one too
     (src's row stride a multiple of 16 bytes, C % 8 == 0 so that dst's rows, C values apart, do
     too) or no later row (R == 1: its ragged end goes element by element)."""
     R, C = src.shape
-    starts = _address(src) % 16 == 0 and _address(dst) % 16 == 0 and (C == 1 or src.strides[1] == 4)
+    starts = address(src) % 16 == 0 and address(dst) % 16 == 0 and (C == 1 or src.strides[1] == 4)
     return starts and (R == 1 or (C % 8 == 0 and src.strides[0] % 16 == 0))
 
 
@@ -340,10 +334,6 @@ def lt_operands(M: int, N: int, K: int, trans_a: bool, trans_b: bool, lda: int, 
             "D": (N, M, ldc)}
 
 
-def _pointer(arr) -> int:
-    return int(arr.__cuda_array_interface__["data"][0])
-
-
 def _alignment(ptr: int) -> int:
     """The largest power of two (at most 256) that divides a device address: what the plan may assume."""
     a = 256
@@ -427,7 +417,7 @@ class Library:
             lda, ldb = a.shape[1], b.shape[1]
             a, b = COPIES.round(a, b, precision, stream)
         op = lt_operands(M, N, K, bool(trans_a), bool(trans_b), lda, ldb, _row_stride(out, "out"))
-        ptr_a, ptr_b, ptr_out = _pointer(a), _pointer(b), _pointer(out)
+        ptr_a, ptr_b, ptr_out = address(a), address(b), address(out)
         aligns = (_alignment(ptr_b), _alignment(ptr_a), _alignment(ptr_out), _alignment(ptr_out))
         key = (precision, tuple(sorted((k, v) for k, v in op.items())), aligns)
         if key not in self.plans:
@@ -435,7 +425,7 @@ class Library:
         desc, (la, lb, ld), found = self.plans[key]
         beta = self.one if accumulate else self.zero
         self.lt.matmul(self.handle, desc, self.one.ctypes.data, ptr_b, la, ptr_a, lb, beta.ctypes.data,
-                       ptr_out, ld, ptr_out, ld, found.ptr, _pointer(self.workspace), WORKSPACE_BYTES,
+                       ptr_out, ld, ptr_out, ld, found.ptr, address(self.workspace), WORKSPACE_BYTES,
                        _stream_pointer(stream))
 
 

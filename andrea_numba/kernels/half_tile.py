@@ -83,7 +83,7 @@ import functools
 import numpy as np
 from numba import cuda, float32, int32
 
-from .common import SIMULATOR, nonneg
+from .common import SIMULATOR, address, nonneg
 from .ptx import bf16x2, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store2
 from .split_tile import chunk_fetcher
 from .tile_loop import WARP, add_fragment, make_pipeline
@@ -314,15 +314,11 @@ def bf16_copies(a, b, stream=0):
     return a16.reshape(a.shape), b16.reshape(b.shape)
 
 
-def _address(x):
-    return (getattr(x, "__cuda_array_interface__", None) or x.__array_interface__)["data"][0]
-
-
 def async_resolve(block, a16, b16):
     """The full tile of a v13 launch: ("bf16a", BM, BN, BK, WM, WN, vec, STAGES); vec when both
     copies' rows are whole 16-byte chunks: rows of a multiple of 8 values, starting on a 16-byte
     boundary (bf16_copies' slots do; a saved activation does where its layer's offset allows)."""
-    vec = all(x.shape[1] % 8 == 0 and _address(x) % 16 == 0 for x in (a16, b16))
+    vec = all(x.shape[1] % 8 == 0 and address(x) % 16 == 0 for x in (a16, b16))
     stages = block[5] if len(block) > 5 else STAGES
     return ("bf16a", *block[:5], vec, stages)
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from numba import cuda, float32
 
-from .common import blocks, elementwise_launch, nonneg
+from .common import address, blocks, elementwise_launch, nonneg
 from .ptx import bf16x2, load4, store4
 from .matmul import ASYNC_OP_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
@@ -401,8 +401,7 @@ def k_gelu_bwd_v2(dh_pre, h_pre):
 
 def _vec4(*arrays) -> bool:
     """Flat float32 views of a length that 4 divides, each starting on a 16-byte boundary."""
-    faces = [getattr(a, "__cuda_array_interface__", None) or a.__array_interface__ for a in arrays]
-    return all(a.shape[0] % 4 == 0 and f["data"][0] % 16 == 0 for a, f in zip(arrays, faces))
+    return all(a.shape[0] % 4 == 0 and address(a) % 16 == 0 for a in arrays)
 
 
 def gelu_fwd_v2(h, h_pre, stream):

@@ -55,7 +55,7 @@ from types import SimpleNamespace
 import numpy as np
 from numba import cuda, float32
 
-from .common import SIMULATOR, as_is, cdiv, nonneg
+from .common import SIMULATOR, address, as_is, cdiv, nonneg
 from .ptx import load4, mma_tf32, store4, tf32_round
 from .split_tile import tile_mma_split
 from .tile_loop import WARP, add_fragment, make_pipeline
@@ -335,8 +335,7 @@ def aligned(*arrays) -> bool:
     for x in arrays:
         if x.ndim != 2 or x.shape[1] % 4 or x.strides != (4 * x.shape[1], 4):
             return False
-        face = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__   # (host arrays: ptxcheck)
-        if face["data"][0] % 16:
+        if address(x) % 16:                        # (host arrays too: ptxcheck)
             return False
     return True
 
