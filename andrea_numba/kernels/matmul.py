@@ -639,17 +639,31 @@ def matmul_v14(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     to even; transposed where stored the other way) copied to shared memory by cp.async through a
     ring of stages; block = (BM, BN, 32, 64, BN[, STAGES]); work: the split-K buffer (or None). The
     copies live in cublaslt.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
+    _wgmma_matmul(wgmma_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
+def _wgmma_matmul(resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    """The launch of v14 and v15: the K-major bf16 copies (wgmma_copies), the full tile resolve()
+    makes of them, the kernel allowed the tile's dynamic shared memory (t.SHARED, allow_shared; v14's
+    static rings have none), slices of K as v13's (no atomics), always a16 @ b16^T."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     a16, b16 = wgmma_copies(a, b, bool(trans_a), bool(trans_b), stream)
-    tile = wgmma_resolve(block, a16, b16)
+    tile = resolve(block, a16, b16)
     t = make_tile(tile)
-    resident = 0 if work is None else resident_blocks(tile, False, True,
-                                                      (out, out.reshape(1, M, N), a16, b16, accumulate, K))
-    S, ksplit = splitk(M, N, K, 1, block, work, resident)       # as v13: slices of K, no atomics
+    shared = getattr(t, "SHARED", 0)
+    kernel = _k_matmul_warp(tile, False, True)
+    args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
+    compiled = allow_shared(kernel, args, shared)
+    if work is None:
+        resident = 0
+    elif compiled is None:
+        resident = resident_blocks(tile, False, True, args)
+    else:                                                       # the occupancy with its shared memory
+        resident = compiled.max_cooperative_grid_blocks(t.THREADS, shared)
+    S, ksplit = splitk(M, N, K, 1, block, work, resident)
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
-    _k_matmul_warp(tile, False, True)[t.grid(M, N, S), t.THREADS, stream](      # always a16 @ b16^T
-        out, part, a16, b16, accumulate, ksplit)
+    kernel[t.grid(M, N, S), t.THREADS, stream, shared](out, part, a16, b16, accumulate, ksplit)
     if S > 1:
         splitk_sum(out, part, accumulate, stream, version=2)
 
@@ -699,25 +713,7 @@ def matmul_v15(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     through a ring of cp.async stages in dynamic shared memory; block = (BM, BN, BK, 64, BN[, STAGES]),
     BK = 64 (dynamic ring) or 32 (static, v14's); work: the split-K buffer (or None). The copies live
     in cublaslt.COPIES, as v13's and v14's."""
-    M, N = out.shape
-    K = a.shape[0] if trans_a else a.shape[1]
-    a16, b16 = wgmma_copies(a, b, bool(trans_a), bool(trans_b), stream)
-    tile = ring_resolve(block, a16, b16)
-    t = make_tile(tile)
-    kernel = _k_matmul_warp(tile, False, True)                  # always a16 @ b16^T
-    args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
-    compiled = allow_shared(kernel, args, t.SHARED)
-    if work is None:
-        resident = 0
-    elif compiled is None:
-        resident = resident_blocks(tile, False, True, args)
-    else:                                                       # the occupancy with its shared memory
-        resident = compiled.max_cooperative_grid_blocks(t.THREADS, t.SHARED)
-    S, ksplit = splitk(M, N, K, 1, block, work, resident)       # as v13: slices of K, no atomics
-    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
-    kernel[t.grid(M, N, S), t.THREADS, stream, t.SHARED](out, part, a16, b16, accumulate, ksplit)
-    if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2)
+    _wgmma_matmul(ring_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 matmul_v15.precision = "bf16"
