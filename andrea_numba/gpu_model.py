@@ -202,10 +202,8 @@ class GPUModel:
     def nbytes(self) -> int:
         """Its buffers' bytes (with cuBLASLt's workspace when the library computes its products, and
         the scratch of 16-bit operand copies when the library or matmul v13 does)."""
-        library = 0 if PRODUCTS[self.products] is not None else cublaslt.WORKSPACE_BYTES
-        copies = cublaslt.scratch_bytes(self.precision, self.N, self.m.d_model, self.m.vocab_size) \
-            if PRODUCTS[self.products] is None or self.products in COPIES_KINDS else 0
-        return sum(s.nbytes for s in self.specs) + library + copies
+        held = products_scratch(self.products, self.N, self.m.d_model, self.m.vocab_size)
+        return sum(s.nbytes for s in self.specs) + sum(held.values())
 
     def forward(self, tokens, targets, dropout_key=None, keys=None):
         """tokens, targets [B, T] int32: host arrays (copied into the model's buffers on its stream;
@@ -404,6 +402,20 @@ PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16a", "fp16": "f16w"}   # train.pr
 # the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
 FLASH_VERSION = {"bf16": 11, "fp16": 12}
 LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
+
+
+def products_scratch(products: str, N: int, C: int, V: int) -> dict:
+    """What a model of these products holds beside its buffers, by name (bytes), for N = B*T rows,
+    width C and vocabulary V: cuBLASLt's workspace when the library computes the products, and the
+    scratch of 16-bit operand copies (cublaslt.COPIES) when the library does in bf16 or fp16 or
+    matmul v13 does (COPIES_KINDS). GPUModel.nbytes and the memory plan (plan.py) count these."""
+    held = {}
+    if PRODUCTS[products] is None:
+        held["cublaslt_workspace"] = cublaslt.WORKSPACE_BYTES
+    copies = cublaslt.scratch_bytes(PRECISION.get(products, "fp32"), N, C, V)
+    if copies and (PRODUCTS[products] is None or products in COPIES_KINDS):
+        held["operands_16bit"] = copies
+    return held
 
 
 def products_kind(precision: str, products: str = "numba") -> str:

@@ -19,7 +19,7 @@ from numba import cuda
 from reference.dropout import SITES
 
 from .config import Config, load_config
-from .gpu_model import COPIES_KINDS, SAVED16_KINDS, buffer_specs, products_kind
+from .gpu_model import SAVED16_KINDS, buffer_specs, products_kind, products_scratch
 from .kernels import cublaslt, optim
 from .kernels.common import SIMULATOR
 from .layout import n_params
@@ -48,11 +48,9 @@ def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]
              ("optimizer", "norm_partial", 4 * optim.NORM_BLOCKS), ("optimizer", "stats", 8)]
     rows += [("step", "batches", 4 * t.n_microbatches * 2 * B * t.seq_len),      # int32 [n_micro, 2, B, T]
              ("step", "step_scalars", 8 * step_scalar_words(cfg))]
-    if t.products == "cublas":                  # cuBLASLt's workspace, the operands' 16-bit copies (kernels/cublaslt.py)
-        rows.append(("library", "cublaslt_workspace", cublaslt.WORKSPACE_BYTES))
-    if (t.products == "cublas" and t.precision != "fp32") or kind in COPIES_KINDS:   # ... or matmul v13's
-        rows.append(("library" if t.products == "cublas" else "scratch", "operands_16bit",
-                     cublaslt.scratch_bytes(t.precision, B * t.seq_len, m.d_model, m.vocab_size)))
+    # cuBLASLt's workspace, the operands' 16-bit copies (kernels/cublaslt.py: the library's, or matmul v13's)
+    where = "library" if t.products == "cublas" else "scratch"
+    rows += [(where, name, nbytes) for name, nbytes in products_scratch(kind, B * t.seq_len, m.d_model, m.vocab_size).items()]
     return rows
 
 
