@@ -70,7 +70,7 @@ import functools
 from numba import cuda, float32
 
 from .common import SIMULATOR
-from .half_tile import BK_HALF
+from .half_tile import BK_HALF, async_resolve
 from .ptx import CP_ASYNC_WAIT, cp_async_commit
 from .warp_tile import fragment_tile
 from .wgmma import (SWIZZLE_64B, SWIZZLE_128B, fence_proxy_async, shared_address, smem_desc, wgmma_acc_zeros,
@@ -180,7 +180,6 @@ def ring_resolve(block, a16, b16):
     """The full tile of a v15 launch: ("bf16h", BM, BN, BK, WM, WN, vec, STAGES); vec when both
     K-major copies' rows are whole 16-byte chunks (half_tile.async_resolve's rule); STAGES 4 unless
     the block names it."""
-    from .half_tile import async_resolve
     return ("bf16h", *block[:5], async_resolve(block, a16, b16)[6], block[5] if len(block) > 5 else 4)
 
 

@@ -97,7 +97,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .common import SIMULATOR
-from .half_tile import BK_HALF, _async_copier
+from .half_tile import BK_HALF, _async_copier, async_resolve
 from .ptx import CP_ASYNC_WAIT, cp_async_commit
 from .wgmma import (SWIZZLE_64B, fence_proxy_async, smem_desc, wgmma_acc_zeros, wgmma_bf16, wgmma_commit,
                     wgmma_fence, wgmma_keep, wgmma_wait0, wgmma_warpgroup)
@@ -247,7 +247,6 @@ def make_wgmma_pipeline(BM, BN, THREADS, stages, vec):
 def wgmma_resolve(block, a16, b16):
     """The full tile of a v14 launch: ("bf16g", BM, BN, BK, WM, WN, vec, STAGES); vec when both
     K-major copies' rows are whole 16-byte chunks (half_tile.async_resolve's rule)."""
-    from .half_tile import async_resolve
     return ("bf16g", *async_resolve(block, a16, b16)[1:])
 
 
