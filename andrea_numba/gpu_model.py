@@ -393,10 +393,13 @@ LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp
 # "bf16a": bf16 products through matmul v13 (each operand rounded once into a bf16 copy in
 # cublaslt.COPIES, copied to shared memory by cp.async: attn_qkv, attn_out v12, mlp v16, loss_fwd
 # v13, loss_bwd v12)
+# "bf16r": bf16a's ops through matmul v16: Hopper's wgmma (v15) where no activation needs a transposed
+# copy, v13 for the weight gradients; the loss with two passes over the logits and dlogits written in
+# bf16 (attn_qkv, attn_out v13, mlp v17, loss_fwd v14, loss_bwd v13)
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10, "bf16l": 11, "bf16a": 12, **{kind: None for kind in LIBRARY_PRECISION}}
-MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13}   # the loss forward's, where not the linear ops'
+            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, **{kind: None for kind in LIBRARY_PRECISION}}
+MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16a", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_lowp.py: v11 bf16, v12 fp16);
 # the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
@@ -423,9 +426,9 @@ def products_kind(precision: str, products: str = "numba") -> str:
     cublas: LIBRARY_FOR)."""
     return (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
 # products -> the precision of the twin that matches it (every other kind: fp32)
-COPIES_KINDS = {"bf16a"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
-SAVED16_KINDS = {"bf16a"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
-PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "f16w": "fp16",
+COPIES_KINDS = {"bf16a", "bf16r"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
+SAVED16_KINDS = {"bf16a", "bf16r"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
+PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "f16w": "fp16",
              **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 
 

@@ -38,6 +38,7 @@
 #          (the tenth session's last two runs: every new low-precision version's harness, the gemm and step
 #          tables; the engine's bf16/fp16 model, quality and resume); s11 (the quality question at 2,000 steps
 #          with an fp32/cublas noise floor, the 120M model at bf16 and fp16, flash attention's kernels);
+#          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s12a (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's; run after mm13);
 #          s12b (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
 #          s12c (the step with cuBLASLt bf16 products and the new copies, then mm14);
@@ -363,6 +364,27 @@ PY
         # 128-byte rows (the 128-byte swizzle) in a 4-stage ring of dynamic shared memory, 129 KiB, allowed by
         # matmul.allow_shared): product_version's harness and table beside v14, v21
         product_version 15 14,15,21 ;;
+    s13a) # the twelfth session's second run (products "bf16r": matmul v16 = v15's wgmma where no activation is
+        # copied transposed, v13 for the weight gradients; the loss's two passes and bf16 dlogits):
+        #  1. at once: the harness on attn_qkv, attn_out v13, mlp v17, loss_fwd v14, loss_bwd v13 and
+        #     matmul v16 at 12M and 120M; the whole model with bf16r at 12M and 120M;
+        #  2. alone: the step with bf16a and bf16r beside PyTorch bf16; the 120M bf16r step kernel by kernel;
+        #     matmul v15 at each of its tiles (--blocks)
+        mkdir -p "$OUT/s13a"; d="$OUT/s13a"
+        for size in 12M 120M; do
+          timeout 300 $py -m andrea_numba.check --size $size --seed 223 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
+              --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 13 --version 14 --version 16 \
+              --version 17 --json > "$d/ops_$size.json" 2> "$d/ops_$size.err" &
+          timeout 300 $py -m andrea_numba.check --size $size --seed 227 --compile-workers 2 --model-only --products bf16r \
+              --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
+        done
+        wait
+        for f in "$d"/ops_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16a bf16r --iters 3 --json "$d/step.json" \
+            > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        profile_kernels kernels_120M_bf16r 45 --size 120M --products bf16r
+        timeout 150 $py bench/gemm.py --versions 15 --blocks --json "$d/gemm_blocks.json" > "$d/gemm_blocks.md" 2> "$d/gemm_blocks.err"
+        echo "gemm --blocks exit $?"; grep "^|" "$d/gemm_blocks.md"; tail -3 "$d/gemm_blocks.err" ;;
     s11) # for the next session (issue 11): the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
         # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's

@@ -13,7 +13,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import ASYNC_OP_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_v13, resolve
+from .matmul import ASYNC_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_v13, resolve
 
 
 @functools.cache
@@ -230,8 +230,25 @@ def attn_out_bwd_v12(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 
 attn_out_fwd_v12.precision = attn_out_bwd_v12.precision = "bf16"
 
+
+# v13: v12 through matmul v16 (out and dy on v15's wgmma, dW_O on v13).
+@blocks(**RING_TILES)
+def attn_out_fwd_v13(out, y, w_o, *, block, stream=0):
+    """out = y @ W_O through matmul v16 (v15's wgmma)."""
+    WARP_MATMUL["bf16r"](out, None, y, w_o, block=block, stream=stream)
+
+
+@blocks(**RING_TILES)
+def attn_out_bwd_v13(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """dy = dout @ W_O^T (v15), dW_O += y^T @ dout (v13, split over K into work), through matmul v16."""
+    WARP_MATMUL["bf16r"](dy, work, dout, w_o, trans_b=True, block=block, stream=stream)
+    WARP_MATMUL["bf16r"](dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
+
+
+attn_out_fwd_v13.precision = attn_out_bwd_v13.precision = "bf16"
+
 VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7,
-                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10, 11: attn_out_fwd_v11, 12: attn_out_fwd_v12},
+                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10, 11: attn_out_fwd_v11, 12: attn_out_fwd_v12, 13: attn_out_fwd_v13},
             "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7,
-                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10, 11: attn_out_bwd_v11, 12: attn_out_bwd_v12}}
+                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10, 11: attn_out_bwd_v11, 12: attn_out_bwd_v12, 13: attn_out_bwd_v13}}
 attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7          # what the engine uses

@@ -17,7 +17,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .matmul import ASYNC_OP_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve
+from .matmul import ASYNC_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve
 
 
 @functools.cache
@@ -274,10 +274,31 @@ def attn_qkv_bwd_v12(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *
 
 attn_qkv_fwd_v12.precision = attn_qkv_bwd_v12.precision = "bf16"
 
+
+# v13: v12's products through matmul v16: wgmma (v15) for q, k, v and dx, v13 for the weight gradients.
+@blocks(**RING_TILES)
+def attn_qkv_fwd_v13(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul v16 (v15's wgmma)."""
+    for out, w in ((q, w_q), (k, w_k), (v, w_v)):
+        WARP_MATMUL["bf16r"](out, None, x, w, block=block, stream=stream)
+
+
+@blocks(**RING_TILES)
+def attn_qkv_bwd_v13(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """v12's six products through matmul v16: dx's three on v15 (wgmma), the weight gradients on v13."""
+    mm = WARP_MATMUL["bf16r"]
+    for i, (d, w) in enumerate(((dq, w_q), (dk, w_k), (dv, w_v))):
+        mm(dx, work, d, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)
+    for dw, d in ((dw_q, dq), (dw_k, dk), (dw_v, dv)):
+        mm(dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
+
+
+attn_qkv_fwd_v13.precision = attn_qkv_bwd_v13.precision = "bf16"
+
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
 VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7,
-                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_v12},
+                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_v12, 13: attn_qkv_fwd_v13},
             "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7,
-                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_v12}}
+                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_v12, 13: attn_qkv_bwd_v13}}
 attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7          # what the engine uses

@@ -21,8 +21,10 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks
+from .common import MAX_BLOCK, SIMULATOR, address, block_max, block_sum, blocks
+from .cublaslt import COPIES, operand_elements
 from .matmul import WARP_MATMUL, matmul
+from .ptx import bf16x2, load4_row, store4
 
 MEAN_THREADS = 4 if SIMULATOR else 1024     # k_loss_mean_v1: one block
 
@@ -300,8 +302,135 @@ def loss_bwd_v12(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, bloc
 
 loss_fwd_v13.precision = loss_bwd_v12.precision = "bf16"
 
+
+# v14 forward, v13 backward (bf16): the products of matmul v16 (wgmma where no activation needs a
+# transposed copy: kernels/matmul.py), and the two passes over the [N, V] logits that cost most
+# besides them. At 120M (8 x 1024 rows, V = 50,304: 1.65 GB of fp32 logits) on an H200, v13's
+# k_loss_fwd_v1 took 2.18 ms, k_loss_bwd_v1 1.16 ms, and the two bf16 copies of dlogits that its
+# products made 1.19 ms.
+#
+# k_loss_fwd_v2 reads a row twice where v1 read it three times. Pass 1 keeps, per thread, the
+# maximum m of the values seen so far and the sum s of exp(x - m) over them ("online softmax"): a
+# new maximum x > m rescales what was summed, s = s exp(m - x) + 1, m = x; otherwise s += exp(x - m).
+# The block then takes the row's maximum M (block_max) and adds the threads' sums brought to it,
+# se = sum_threads s exp(m - M) (block_sum: a fixed tree, deterministic). Pass 2 writes
+# probs = exp(x - M) / se. Each thread reads and writes four values at once (a 128-bit load and
+# store) where a row's length is a multiple of 4 and its rows are 16-byte aligned.
+#
+# k_loss_bwd_v2 writes dlogits = (probs - onehot) dloss / N straight as bf16 (nearest, ties to
+# even: the bits the products' copy kernel would have made of the fp32 values), into the slot of
+# the 16-bit operand scratch (cublaslt.COPIES) where a product's first operand goes; both products
+# take that uint16 array as it is (a bf16 operand is not copied again). The fp32 dlogits buffer is
+# not written: probs stays the softmax.
+
+@cuda.jit(device=True, inline=True)
+def online_add(m, s, x):
+    """(m, s) after value x: m = the maximum so far, s = sum of exp(value - m) so far. A value of
+    -inf adds nothing (and leaves an empty (m, s) = (-inf, 0) as it is)."""
+    if x > m:
+        return x, s * math.exp(m - x) + float32(1.0)
+    if x > float32(-math.inf):
+        return m, s + math.exp(x - m)
+    return m, s
+
+
+@cuda.jit
+def k_loss_fwd_v2(losses, probs, targets, wide):
+    """probs [N, V] holds the logits on entry and the softmax on exit, as k_loss_fwd_v1, one block a
+    row. Two passes: an online maximum and sum of exponentials, then probs = exp(x - M) / se.
+    wide: V % 4 == 0 and 16-byte aligned rows (four values a thread at a time)."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    row = cuda.blockIdx.x
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    V = probs.shape[1]
+    picked = probs[row, targets[row]]        # read before any thread overwrites the row
+    m, s = float32(-math.inf), float32(0.0)
+    if wide:
+        for j in range(4 * tid, V, 4 * nt):
+            x0, x1, x2, x3 = load4_row(probs, row, j)
+            m, s = online_add(m, s, x0)
+            m, s = online_add(m, s, x1)
+            m, s = online_add(m, s, x2)
+            m, s = online_add(m, s, x3)
+    else:
+        for v in range(tid, V, nt):
+            m, s = online_add(m, s, probs[row, v])
+    M = block_max(buf, m)
+    se = block_sum(buf, s * math.exp(m - M) if m > float32(-math.inf) else float32(0.0))
+    if wide:
+        for j in range(4 * tid, V, 4 * nt):
+            x0, x1, x2, x3 = load4_row(probs, row, j)
+            store4(probs, row * V + j, math.exp(x0 - M) / se, math.exp(x1 - M) / se,
+                   math.exp(x2 - M) / se, math.exp(x3 - M) / se)
+    else:
+        for v in range(tid, V, nt):
+            probs[row, v] = math.exp(probs[row, v] - M) / se
+    if tid == 0:
+        losses[row] = (math.log(se) + M) - picked
+
+
+def wide_rows(a) -> bool:
+    """Whether a C-contiguous 2-D array's rows are whole 16-byte chunks on 16-byte boundaries."""
+    return a.shape[1] % 4 == 0 and a.strides[1] == 4 and a.strides[0] == 4 * a.shape[1] and address(a) % 16 == 0
+
+
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v14(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """The logits from matmul v16 (bf16 products); the softmax in two passes over a row
+    (k_loss_fwd_v2, on v9's row_threads), the loss in fp32."""
+    N, V = probs.shape
+    WARP_MATMUL["bf16r"](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
+    k_loss_fwd_v2[N, row_threads(V, block), stream](losses, probs, targets, wide_rows(probs))
+    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+
+
+@cuda.jit
+def k_loss_bwd_v2(d16, d_words, probs, targets, scale, wide):
+    """dlogits[n, v] = (probs[n, v] - (v == targets[n])) * scale written as bf16 bits into d16 [N, V]
+    (uint16; d_words: the same memory as int32 [N, V/2], for V even). One block a row. wide: four
+    values a thread (one 128-bit load, two words of bf16 pairs), as k_loss_fwd_v2."""
+    row = cuda.blockIdx.x
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    target = targets[row]
+    V = probs.shape[1]
+    if wide:
+        for j in range(4 * tid, V, 4 * nt):
+            p0, p1, p2, p3 = load4_row(probs, row, j)
+            p0 -= float32(1.0) if j == target else float32(0.0)
+            p1 -= float32(1.0) if j + 1 == target else float32(0.0)
+            p2 -= float32(1.0) if j + 2 == target else float32(0.0)
+            p3 -= float32(1.0) if j + 3 == target else float32(0.0)
+            d_words[row, j // 2] = bf16x2(p0 * scale, p1 * scale)
+            d_words[row, j // 2 + 1] = bf16x2(p2 * scale, p3 * scale)
+    else:
+        for v in range(tid, V, nt):
+            p = probs[row, v]
+            if v == target:
+                p -= float32(1.0)
+            d16[row, v] = bf16x2(p * scale, float32(0.0)) & 0xFFFF
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v13(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """dlogits written as bf16 into the operand scratch (k_loss_bwd_v2; the fp32 dlogits buffer is
+    unused), then dx = dlogits @ wte and dwte += dlogits^T @ x (split over K into work) by matmul v16."""
+    N, V = probs.shape
+    C = x.shape[1]
+    scale = np.float32(float(dloss) / N)
+    COPIES.reserve(*operand_elements(N, C, V))                   # no-op in a model: reserved at its start
+    d16 = COPIES.buf[:N * V].reshape(N, V)                       # the first operand's slot
+    wide = wide_rows(probs) and address(d16) % 8 == 0          # (the scratch starts 256-byte aligned)
+    d_words = d16.reshape(N * V).view(np.int32).reshape(N, V // 2) if wide else d16   # (unused when not wide)
+    k_loss_bwd_v2[N, block, stream](d16, d_words, probs, targets, scale, wide)
+    mm = WARP_MATMUL["bf16r"]
+    mm(dx, None, d16, wte, stream=stream)                                       # dx = dlogits @ wte
+    mm(dwte, work, d16, x, trans_a=True, accumulate=True, stream=stream)        # dwte += dlogits^T @ x
+
+
+loss_fwd_v14.precision = loss_bwd_v13.precision = "bf16"
+
 VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9,
-                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13},
+                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13, 14: loss_fwd_v14},
             "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8,
-                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12}}
+                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12, 13: loss_bwd_v13}}
 loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses

@@ -683,8 +683,12 @@ VERSIONS["matmul"][14] = matmul_v14          # not in WARP_MATMUL: the linear op
 # static 128 x 128 x 32 with 3 (48 KiB; 92 registers); in the simulator one warpgroup of 64 x 16 x 64
 # with 4 stages (dynamic) and of 64 x 8 x 32 with 3 (static). Not declared: 128 x 256 x 64 with 3
 # stages (144 KiB) compiles, but its 128 accumulators a thread hit ptxas's 255 registers and spill
-# (84 bytes stored, 156 loaded, a 608-byte stack frame with the epilogue's acc array).
-RING_TILES = dict(gpu=((128, 128, 64, 64, 128, 4), (128, 128, 32, 64, 128, 3)),
+# (84 bytes stored, 156 loaded, a 608-byte stack frame with the epilogue's acc array). The 4-stage
+# ring leaves room for one block a multiprocessor (129 KiB of 227); two more tiles that fit two
+# blocks, for bench/gemm.py --blocks to compare: 128 x 128 x 64 with 3 stages (96 KiB + 1: the copies
+# one step ahead) and 64 x 128 x 64 of one warpgroup with 4 (96 KiB + 1).
+RING_TILES = dict(gpu=((128, 128, 64, 64, 128, 4), (128, 128, 32, 64, 128, 3), (128, 128, 64, 64, 128, 3),
+                       (64, 128, 64, 64, 128, 4)),
                   sim=((64, 16, 64, 64, 16, 4), (64, 8, 32, 64, 8, 3)))
 _SHARED_ALLOWED = set()
 
@@ -719,6 +723,29 @@ def matmul_v15(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 matmul_v15.precision = "bf16"
 WARP_KERNELS["bf16h"] = (15, "bf16 wgmma with a group in flight, a deeper cp.async ring in dynamic shared memory")
 VERSIONS["matmul"][15] = matmul_v15          # not in WARP_MATMUL, as v14
+
+# v16: v15 where it needs no transposed copy of an activation, v13 where it would. v15 reads both
+# operands K-major, so a weight gradient (dW += x^T @ dy: x and dy stored with M and N along their
+# rows, K = the tokens down their columns) would first be copied transposed, activation-sized; v13
+# reads an operand of either orientation from a copy made as it is stored. So (out = op(a) @ op(b)):
+#     op(a) = a (trans_a False): v15. A forward x @ W, a dx = dy @ W^T, the logits x @ wte^T, dlogits @ wte
+#         (b: a weight; where stored [K, N] its transposed copy is weight-sized)
+#     op(a) = a^T (trans_a True): v13, at its default tile. The weight gradients, dwte += dlogits^T @ x
+# The bits are v15's or v13's, product by product; the same at every run. block: v15's (RING_TILES).
+@blocks(**RING_TILES)
+def matmul_v16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """bf16 products: matmul v15 (wgmma) where op(a) = a, matmul v13 (mma.sync) where op(a) = a^T (a
+    weight gradient, whose operands v15 would copy transposed); block is v15's."""
+    if trans_a:
+        matmul_v13(out, work, a, b, trans_a, trans_b, accumulate, stream=stream)
+    else:
+        matmul_v15(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)
+
+
+matmul_v16.precision = "bf16"
+WARP_KERNELS["bf16r"] = (16, "v15 (wgmma) for a @ b and a @ b^T, v13 for the weight gradients a^T @ b")
+WARP_MATMUL["bf16r"] = matmul_v16
+VERSIONS["matmul"][16] = matmul_v16
 
 matmul = matmul_v2        # what the engine uses
 
