@@ -27,6 +27,7 @@ import reference.dropout as D
 from .kernels import attn, attn_flash, attn_out, attn_qkv, cublaslt, dropout, embed, layernorm, loss, mlp
 from .kernels.matmul import splitk_work
 from .kernels.optim import zero
+from .kernels.common import SIMULATOR
 from .layout import n_params, views
 
 
@@ -134,11 +135,14 @@ class GPUModel:
     fp32-accurate. "bf16w" runs their bf16 versions (attn_qkv, attn_out v9, mlp v13, loss_fwd
     v10, loss_bwd v9: matmul v10's tiles, every product's inputs rounded to bf16, fp32 sums); its
     twin is reference.model at precision "bf16" (self.precision); "f16w" the same in fp16;
-    "bf16l" (the engine's --precision bf16) their bf16 versions on matmul v12's tiles (attn_qkv,
+    "bf16l" their bf16 versions on matmul v12's tiles (attn_qkv,
     attn_out v11, mlp v15, loss_fwd v12, loss_bwd v11: each operand rounded once into bf16 shared
     tiles, fragments read with ldmatrix); "bf16a" the same through matmul v13 (attn_qkv, attn_out
     v12, mlp v16, loss_fwd v13, loss_bwd v12: bf16 copies of the operands, copied to shared memory
-    by cp.async). "cublas", "cublas-bf16", "cublas-fp16" run every product
+    by cp.async); "bf16r" (the engine's --precision bf16) the same through matmul v16 (attn_qkv, attn_out
+    v13, mlp v17, loss_fwd v14, loss_bwd v13: Hopper's wgmma where no activation would be copied
+    transposed, v13 for the weight gradients; a gradient rounded once for its two products; the loss's
+    softmax in two passes and dlogits written in bf16). "cublas", "cublas-bf16", "cublas-fp16" run every product
     of the linear ops through cuBLASLt in fp32, bf16 or fp16 (kernels/cublaslt.py: the library
     route, on a GPU with nvmath-python). With bf16 or fp16 products flash attention runs with
     products at that precision too (v11, v12: FLASH_VERSION), as the twin at that precision does.
@@ -171,6 +175,8 @@ class GPUModel:
             self.loss_bwd = loss.VERSIONS["loss_bwd"][v]
         if products in COPIES_KINDS:        # matmul v13's bf16 copies: reserved before the first step
             cublaslt.COPIES.reserve(*cublaslt.operand_elements(B * T, m.d_model, m.vocab_size))
+        if products in HELD_KINDS:          # ... and the copies an op rounds once for two products
+            cublaslt.HELD.reserve(cublaslt.held_elements(B * T, m.d_model))
         self.mlp_fwd_takes_work = "work" in inspect.signature(self.mlp_fwd).parameters   # v11 on
         self.dropout = dropout                      # used by a forward given a dropout_key
         self.flash = flash
@@ -400,7 +406,7 @@ PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "t
             "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, **{kind: None for kind in LIBRARY_PRECISION}}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17}
 LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14}   # the loss forward's, where not the linear ops'
-PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16a", "fp16": "f16w"}   # train.precision -> the engine's products
+PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16r", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_lowp.py: v11 bf16, v12 fp16);
 # the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
 FLASH_VERSION = {"bf16": 11, "fp16": 12}
@@ -411,23 +417,43 @@ def products_scratch(products: str, N: int, C: int, V: int) -> dict:
     """What a model of these products holds beside its buffers, by name (bytes), for N = B*T rows,
     width C and vocabulary V: cuBLASLt's workspace when the library computes the products, and the
     scratch of 16-bit operand copies (cublaslt.COPIES) when the library does in bf16 or fp16 or
-    matmul v13 does (COPIES_KINDS). GPUModel.nbytes and the memory plan (plan.py) count these."""
+    matmul v13 does (COPIES_KINDS), and the scratch where an op keeps a gradient rounded once for its
+    two products (cublaslt.HELD, HELD_KINDS). GPUModel.nbytes and the memory plan (plan.py) count these."""
     held = {}
     if PRODUCTS[products] is None:
         held["cublaslt_workspace"] = cublaslt.WORKSPACE_BYTES
     copies = cublaslt.scratch_bytes(PRECISION.get(products, "fp32"), N, C, V)
     if copies and (PRODUCTS[products] is None or products in COPIES_KINDS):
         held["operands_16bit"] = copies
+    if products in HELD_KINDS:
+        held["operands_held_16bit"] = 2 * cublaslt.held_elements(N, C)
     return held
+
+
+# kinds whose products run wgmma, an instruction of Hopper GPUs only (sm_90a: compute capability 9.0)
+# -> the kind a run gets on any other GPU (the same math on mma.sync, other sums)
+WGMMA_KINDS = {"bf16r": "bf16a"}
+
+
+def wgmma_runs_here() -> bool:
+    """Whether this process's GPU runs wgmma (compute capability 9.0); the simulator runs its twin."""
+    if SIMULATOR:
+        return True
+    try:
+        return tuple(cuda.get_current_device().compute_capability) == (9, 0)
+    except Exception:                   # no GPU here: no wgmma either
+        return False
 
 
 def products_kind(precision: str, products: str = "numba") -> str:
     """GPUModel's products= for a run's train.precision and train.products (numba: PRODUCTS_FOR,
-    cublas: LIBRARY_FOR)."""
-    return (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
+    cublas: LIBRARY_FOR), on a GPU that is not a Hopper the kind's fallback (WGMMA_KINDS)."""
+    kind = (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
+    return WGMMA_KINDS[kind] if kind in WGMMA_KINDS and not wgmma_runs_here() else kind
 # products -> the precision of the twin that matches it (every other kind: fp32)
 COPIES_KINDS = {"bf16a", "bf16r"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
 SAVED16_KINDS = {"bf16a", "bf16r"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
+HELD_KINDS = {"bf16r"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
 PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "f16w": "fp16",
              **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 

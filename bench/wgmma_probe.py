@@ -14,6 +14,14 @@ variant is one layout hypothesis:
     sw128/64/32   the 128/64/32-byte swizzle, rows of 64/32/16 values, SBO 8 W
     *_swapped     control: the same memory, the descriptor's LBO and SBO exchanged (must fail)
     *_unswizzled  control: the sw128 descriptor over unswizzled data (must fail)
+    mn_*          operands stored MN-major (A as [K, 64] with m contiguous, B as [K, N]), read with
+                  the instruction's transpose bits set (imm-trans-a / imm-trans-b = 1): mn_a, mn_b,
+                  mn_ab say which; the tile of wgmma.mnmajor_offset (blocks of W/2 values of m or n,
+                  one W-byte row per k) in the 128/64/32-byte swizzle, or none ("plain": the
+                  interleave, core matrices of 8 k x 8 m); descriptors from wgmma.mnmajor_lbo_sbo:
+                  swizzled LBO = K W (the next block along M/N), SBO = 8 W (the next 8 k); plain LBO
+                  = 128 (the next 8 k), SBO = 16 K (the next 8 m)
+    *_untransposed  control: an MN-major image read with the transpose bits 0 (must fail)
 
 Two errors a variant, both max |out - ref| / max |ref|:
     err_ab    against the float64 product A @ B of the same bf16 values: ~1e-7 when the layout is
@@ -24,8 +32,12 @@ Two errors a variant, both max |out - ref| / max |ref|:
 
 Reading it: kpair and mfirst PASS with their *_swapped controls failing = LBO is the K-direction
 offset and SBO the M/N one (the PTX ISA's and CUTLASS's reading); the other way round (controls
-"UNEXPECTED", mains FAIL) = the roles are exchanged. For a wrong answer the JSON also holds
-sorted_err (small: right values in wrong places, i.e. the fragment layout), zero_frac (1: nothing
+"UNEXPECTED", mains FAIL) = the roles are exchanged. The mn_* variants PASS with their controls
+failing = the transpose bits read MN-major tiles as wgmma.py's docstring says: for the swizzled
+ones LBO along M/N and SBO along K (mn_sw128_ab_n128_k64 and _n256 have two and four 64-wide
+blocks along N, so LBO is used), for the plain one LBO along K and SBO along M/N; mn_sw128_*
+at K = 64 and 32 are matmul v17's stages (BK = 64, 32: LBO 8192, 4096; SBO 1024). For a wrong
+answer the JSON also holds sorted_err (small: right values in wrong places, i.e. the fragment layout), zero_frac (1: nothing
 read) and the raw registers. Each variant runs in its own process (a faulting wgmma would end the
 CUDA context for the rest): about 5 s a variant.
 
@@ -65,12 +77,22 @@ class Variant:
     n: int                   # N of m64nNk16
     k: int                   # K of the whole product: k / 16 wgmma steps
     layout: str              # kpair, mfirst, sw128, sw64, sw32
-    control: str = ""        # "", "swapped" (descriptor LBO <-> SBO), "unswizzled" (data not swizzled)
+    control: str = ""        # "", "swapped" (descriptor LBO <-> SBO), "unswizzled" (data not swizzled),
+    #                          "untransposed" (MN-major data, transpose bits 0)
     scalar: bool = False     # N = 8 through wgmma_bf16_m64n8k16 (four separate accumulators)
+    mn: str = ""             # the operands stored MN-major: "", "a", "b" or "ab"
 
     @property
     def expect_right(self):
         return not self.control
+
+    @property
+    def trans(self):
+        """The instruction's (imm-trans-a, imm-trans-b): 1 for an MN-major operand (0 for all of an
+        untransposed control)."""
+        if self.control == "untransposed":
+            return 0, 0
+        return int("a" in self.mn), int("b" in self.mn)
 
 
 VARIANTS = [
@@ -95,6 +117,22 @@ VARIANTS = [
     Variant("kpair_n16_k64", 16, 64, "kpair"),
     Variant("sw128_n128_k64", 128, 64, "sw128"),
     Variant("sw128_n256_k64", 256, 64, "sw128"),
+    # MN-major operands through the transpose bits (matmul v17): A alone, B alone (two blocks along
+    # N: LBO used), both; v17's two stage depths (K = 64, 32) and the widest N; the other swizzles
+    # and the plain interleave (whose LBO and SBO swap roles: its _swapped control proves which)
+    Variant("mn_sw128_a_n64_k64", 64, 64, "sw128", mn="a"),
+    Variant("mn_sw128_b_n128_k64", 128, 64, "sw128", mn="b"),
+    Variant("mn_sw128_ab_n128_k64", 128, 64, "sw128", mn="ab"),
+    Variant("mn_sw128_ab_n128_k32", 128, 32, "sw128", mn="ab"),
+    Variant("mn_sw128_ab_n256_k64", 256, 64, "sw128", mn="ab"),
+    Variant("mn_sw64_ab_n64_k64", 64, 64, "sw64", mn="ab"),
+    Variant("mn_sw32_ab_n64_k64", 64, 64, "sw32", mn="ab"),
+    Variant("mn_plain_ab_n64_k64", 64, 64, "kpair", mn="ab"),
+    Variant("mn_sw128_ab_n128_k64_swapped", 128, 64, "sw128", "swapped", mn="ab"),
+    Variant("mn_sw128_ab_n64_k16", 64, 16, "sw128", mn="ab"),
+    Variant("mn_sw128_ab_n64_k16_untransposed", 64, 16, "sw128", "untransposed", mn="ab"),
+    Variant("mn_sw128_ab_n128_k64_unswizzled", 128, 64, "sw128", "unswizzled", mn="ab"),
+    Variant("mn_plain_ab_n64_k64_swapped", 64, 64, "kpair", "swapped", mn="ab"),
 ]
 BY_NAME = {v.name: v for v in VARIANTS}
 SWIZZLE = {"kpair": W.SWIZZLE_NONE, "mfirst": W.SWIZZLE_NONE, "sw128": W.SWIZZLE_128B,
@@ -106,9 +144,12 @@ def image_bytes(n):
     return A_BYTES + n * K_MAX * 2
 
 
-def operand_layout(v, rows):
-    """(store swizzle, lbo, sbo) of one operand of `rows` rows in variant v's layout, as stored."""
+def operand_layout(v, rows, mn_major=False):
+    """(store swizzle, lbo, sbo) of one operand of `rows` rows in variant v's layout, as stored
+    (mn_major: wgmma.mnmajor_offset's tile, K deep; kpair then means the plain interleave)."""
     sw = SWIZZLE[v.layout]
+    if mn_major:
+        return (sw, *W.mnmajor_lbo_sbo(v.k, sw))
     if v.layout == "kpair":
         return sw, 128, 16 * v.k
     if v.layout == "mfirst":
@@ -126,9 +167,10 @@ def build(v, seed=0):
     desc, offsets = {}, {}
     for name, x, base in (("a", a, 0), ("b", bt, A_BYTES)):
         rows = x.shape[0]
-        sw, lbo, sbo = operand_layout(v, rows)
+        mn_major = name in v.mn
+        sw, lbo, sbo = operand_layout(v, rows, mn_major)
         r, k = np.meshgrid(np.arange(rows), np.arange(v.k), indexing="ij")
-        off = W.kmajor_offset(r, k, rows, sw, lbo, sbo)
+        off = W.mnmajor_offset(r, k, v.k, sw) if mn_major else W.kmajor_offset(r, k, rows, sw, lbo, sbo)
         if v.control == "unswizzled":
             off = W.swizzle_address(off, sw)               # its own inverse: the plain rows
         assert off.max() + 2 <= (A_BYTES if name == "a" else image.nbytes - A_BYTES)
@@ -136,7 +178,11 @@ def build(v, seed=0):
         image[(base + off) // 2] = W.bf16_bits(x)
         d_lbo, d_sbo = (sbo, lbo) if v.control == "swapped" else (lbo, sbo)
         desc[name] = (d_lbo, d_sbo)
-        offsets[name] = np.array([base + W.kmajor_step_offset(s, rows, sw, lbo) for s in range(v.k // 16)], np.int32)
+        steps = range(v.k // 16)
+        if mn_major:                                       # whole atoms down the k rows
+            offsets[name] = np.array([base + W.mnmajor_step_offset(s, sw) for s in steps], np.int32)
+        else:
+            offsets[name] = np.array([base + W.kmajor_step_offset(s, rows, sw, lbo) for s in steps], np.int32)
     return dict(a=a, bt=bt, image=image.view(np.int32), a_offs=offsets["a"], b_offs=offsets["b"],
                 a_lbo=desc["a"][0], a_sbo=desc["a"][1], b_lbo=desc["b"][0], b_sbo=desc["b"][1],
                 swizzle=SWIZZLE[v.layout])
@@ -149,7 +195,8 @@ def twin_registers(v, inp):
         for s in range(v.k // 16):
             da = W.pack_desc(int(inp["a_offs"][s]), inp["a_lbo"], inp["a_sbo"], inp["swizzle"])
             db = W.pack_desc(int(inp["b_offs"][s]), inp["b_lbo"], inp["b_sbo"], inp["swizzle"])
-            acc = W.wgmma_warpgroup(inp["image"], da, db, v.n, acc, scale_d=int(s > 0))
+            acc = W.wgmma_warpgroup(inp["image"], da, db, v.n, acc, scale_d=int(s > 0), trans_a=v.trans[0],
+                                    trans_b=v.trans[1])
     except IndexError:
         return None
     return acc
@@ -166,18 +213,51 @@ def rel_err(out, ref):
 _KERNELS = {}
 
 
-def kernel(n, scalar):
-    """The probe kernel for accumulator width n (scalar: the four-register intrinsic, n = 8)."""
-    key = (n, scalar)
+def kernel(n, scalar, trans=(0, 0)):
+    """The probe kernel for accumulator width n (scalar: the four-register intrinsic, n = 8); trans:
+    the wgmma's (imm-trans-a, imm-trans-b), (0, 0) through wgmma_bf16, else wgmma_bf16_trans."""
+    key = (n, scalar, trans)
     if key in _KERNELS:
         return _KERNELS[key]
     from numba import cuda, float32, int32
 
     from andrea_numba.kernels.wgmma import (fence_proxy_async, shared_address, smem_desc, wgmma_acc_zeros,
-                                            wgmma_bf16, wgmma_bf16_m64n8k16, wgmma_commit, wgmma_fence,
-                                            wgmma_keep, wgmma_wait0)
+                                            wgmma_bf16, wgmma_bf16_m64n8k16, wgmma_bf16_trans, wgmma_commit,
+                                            wgmma_fence, wgmma_keep, wgmma_wait0)
     words = image_bytes(n) // 4 + 256                       # + 1024 bytes: room to align the start
     nregs = n // 2
+    TA, TB = trans                                          # constants of the kernel: the immediates
+
+    if trans != (0, 0):
+        assert not scalar, "the transposed probes use the accumulator tuple"
+
+        @cuda.jit
+        def k_wgmma_probe_t(regs, info, image, a_offs, b_offs, a_lbo, a_sbo, b_lbo, b_sbo, swizzle):
+            """k_wgmma_probe with the wgmma's transpose bits (TA, TB): MN-major operands."""
+            s = cuda.shared.array(words, int32)
+            tid = cuda.threadIdx.x
+            pad = ((1024 - (shared_address(s, 0) & 1023)) & 1023) // 4
+            for i in range(tid, image.shape[0], 128):
+                s[pad + i] = image[i]
+            fence_proxy_async()
+            cuda.syncthreads()
+            acc = wgmma_keep(wgmma_acc_zeros(n))
+            wgmma_fence()
+            for step in range(a_offs.shape[0]):
+                da = smem_desc(s, pad + a_offs[step] // 4, a_lbo, a_sbo, swizzle)
+                db = smem_desc(s, pad + b_offs[step] // 4, b_lbo, b_sbo, swizzle)
+                acc = wgmma_bf16_trans(acc, da, db, step > 0, TA, TB)    # D = A B, then D += A B
+            wgmma_commit()
+            wgmma_wait0()
+            acc = wgmma_keep(acc)
+            for r in range(nregs):
+                regs[tid, r] = acc[r]
+            if tid == 0:
+                info[0] = shared_address(s, pad)
+                info[1] = smem_desc(s, pad + a_offs[0] // 4, a_lbo, a_sbo, swizzle)
+                info[2] = smem_desc(s, pad + b_offs[0] // 4, b_lbo, b_sbo, swizzle)
+        _KERNELS[key] = k_wgmma_probe_t
+        return k_wgmma_probe_t
 
     if not scalar:
         @cuda.jit
@@ -249,7 +329,7 @@ def signature(n):
 def run_variant(v, seed=0):
     """Run one variant on the GPU: a dict of the results (status ok, compile error or launch error)."""
     from numba import cuda
-    row = asdict(v) | {"expect_right": v.expect_right}
+    row = asdict(v) | {"expect_right": v.expect_right, "trans": list(v.trans)}
     inp = build(v, seed)
     ref = inp["a"].astype(np.float64) @ inp["bt"].astype(np.float64).T
     twin = twin_registers(v, inp)
@@ -257,7 +337,7 @@ def run_variant(v, seed=0):
                swizzle=inp["swizzle"], twin_vs_ab=None if twin is None else rel_err(W.fragment_to_matrix(twin), ref))
     t0 = time.perf_counter()
     try:                                      # Numba to PTX (NVVM), then PTX to machine code (the linker's ptxas)
-        k = kernel(v.n, v.scalar)
+        k = kernel(v.n, v.scalar, v.trans)
         kern = k.compile(signature(v.n))
         row["regs_per_thread"] = kern.regs_per_thread     # asks for the loaded function: assembles it
         row["local_bytes"] = kern.local_mem_per_thread
@@ -314,7 +394,7 @@ def table(rows):
     lines = ["| variant | N | K | layout | desc A (LBO, SBO) | desc B (LBO, SBO) | swz | err_ab | err_twin "
              "| verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        layout = r["layout"] + ("/" + r["control"] if r["control"] else "")
+        layout = (f"mn-{r['mn']} " if r.get("mn") else "") + r["layout"] + ("/" + r["control"] if r["control"] else "")
         lines.append(f"| {r['name']} | {r['n']} | {r['k']} | {layout} | ({r.get('a_lbo')}, {r.get('a_sbo')}) "
                      f"| ({r.get('b_lbo')}, {r.get('b_sbo')}) | {r.get('swizzle')} | {_fmt(r.get('err_ab'))} "
                      f"| {_fmt(r.get('err_twin'))} | {r['verdict']} |")
@@ -372,11 +452,11 @@ def ptx_only(out_dir: Path):
         if p and os.path.exists(p) and os.path.realpath(p) not in [os.path.realpath(q) for q in ptxases]:
             ptxases.append(p)
     rows, ok = [], True
-    for n, scalar in sorted({(v.n, v.scalar) for v in VARIANTS}):
-        name = f"n{n}{'_scalar' if scalar else ''}"
+    for n, scalar, trans in sorted({(v.n, v.scalar, v.trans) for v in VARIANTS}):
+        name = f"n{n}{'_scalar' if scalar else ''}" + (f"_trans{trans[0]}{trans[1]}" if trans != (0, 0) else "")
         row = {"kernel": name}
         try:
-            ptx, _ = cuda.compile_ptx(kernel(n, scalar).py_func, signature(n).args, cc=(9, 0, "a"))
+            ptx, _ = cuda.compile_ptx(kernel(n, scalar, trans).py_func, signature(n).args, cc=(9, 0, "a"))
         except Exception as e:  # noqa: BLE001
             ok = False
             rows.append(row | {"compile": cli.one_line(f"{type(e).__name__}: {e}")[:500]})

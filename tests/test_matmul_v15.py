@@ -38,8 +38,9 @@ def test_v15_is_a_bf16_version_of_the_ladder():
         assert t.THREADS == 128 * (block[0] // 64) and (t.TM, t.TN) == (2, block[1] // 4)
         ring = block[5] * (block[0] + block[1]) * 2 * block[2]
         assert t.SHARED == (ring + 1024 if block[2] == 64 else 0)
-    gpu = MM.RING_TILES["gpu"][0]                              # 4 stages of 32 KiB + 1 KiB to align
-    assert WR.make_ring_tile(("bf16h", *gpu[:5], True, gpu[5])).SHARED == 129 * 1024
+    first, four = MM.RING_TILES["gpu"][:2]                     # 3 stages of 32 KiB (two blocks a multiprocessor)
+    assert WR.make_ring_tile(("bf16h", *first[:5], True, first[5])).SHARED == 97 * 1024     # + 1 KiB to align
+    assert WR.make_ring_tile(("bf16h", *four[:5], True, four[5])).SHARED == 129 * 1024      # 4 stages
 
 
 # (70, 20, 72): two tiles along M (64 rows) and two or three along N (16 or 8), K a full 64 stage and

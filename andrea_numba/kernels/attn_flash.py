@@ -356,14 +356,18 @@ from .attn_flash_v3 import attn_flash_bwd_v10  # noqa: E402
 # the forward's softmax in base 2); v12: the same in fp16 (kernels/attn_flash_lowp.py). Forward and
 # backward share the number (there is no forward v9 or v10: those versions changed the backward only)
 from .attn_flash_lowp import attn_flash_bwd_v11, attn_flash_bwd_v12, attn_flash_fwd_v11, attn_flash_fwd_v12  # noqa: E402
+# v13: v11's math (bf16 products) with bf16 tiles read by ldmatrix, p~ f and ds kept in registers as the
+# next product's A operand, 4 warps a block, one barrier a tile (kernels/attn_flash_v13.py)
+from .attn_flash_v13 import attn_flash_bwd_v13, attn_flash_fwd_v13  # noqa: E402
 
 VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
                                5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6, 7: attn_flash_fwd_v7,
-                               8: attn_flash_fwd_v8, 11: attn_flash_fwd_v11, 12: attn_flash_fwd_v12},
+                               8: attn_flash_fwd_v8, 11: attn_flash_fwd_v11, 12: attn_flash_fwd_v12,
+                               13: attn_flash_fwd_v13},
             "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
                                5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6, 7: attn_flash_bwd_v7,
                                8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_v10,
-                               11: attn_flash_bwd_v11, 12: attn_flash_bwd_v12}}
+                               11: attn_flash_bwd_v11, 12: attn_flash_bwd_v12, 13: attn_flash_bwd_v13}}
 attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v8, attn_flash_bwd_v10         # what the engine uses
 
 

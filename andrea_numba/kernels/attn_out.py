@@ -13,6 +13,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
+from .cublaslt import HELD
 from .matmul import ASYNC_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_v13, resolve
 
 
@@ -231,7 +232,8 @@ def attn_out_bwd_v12(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 attn_out_fwd_v12.precision = attn_out_bwd_v12.precision = "bf16"
 
 
-# v13: v12 through matmul v16 (out and dy on v15's wgmma, dW_O on v13).
+# v13: v12 through matmul v16 (out and dy on v15's wgmma, dW_O on v13), dout rounded to bf16 once for
+# both backward products (cublaslt.HELD), where v12 rounded it for each.
 @blocks(**RING_TILES)
 def attn_out_fwd_v13(out, y, w_o, *, block, stream=0):
     """out = y @ W_O through matmul v16 (v15's wgmma)."""
@@ -240,9 +242,11 @@ def attn_out_fwd_v13(out, y, w_o, *, block, stream=0):
 
 @blocks(**RING_TILES)
 def attn_out_bwd_v13(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
-    """dy = dout @ W_O^T (v15), dW_O += y^T @ dout (v13, split over K into work), through matmul v16."""
-    WARP_MATMUL["bf16r"](dy, work, dout, w_o, trans_b=True, block=block, stream=stream)
-    WARP_MATMUL["bf16r"](dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
+    """dy = dout @ W_O^T (v15), dW_O += y^T @ dout (v13, split over K into work), through matmul v16;
+    dout rounded to bf16 once (cublaslt.HELD)."""
+    d16 = HELD.round(dout, stream)
+    WARP_MATMUL["bf16r"](dy, work, d16, w_o, trans_b=True, block=block, stream=stream)
+    WARP_MATMUL["bf16r"](dw_o, work, y, d16, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
 attn_out_fwd_v13.precision = attn_out_bwd_v13.precision = "bf16"

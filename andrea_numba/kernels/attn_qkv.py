@@ -17,6 +17,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
+from .cublaslt import HELD
 from .matmul import ASYNC_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve
 
 
@@ -275,7 +276,9 @@ def attn_qkv_bwd_v12(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *
 attn_qkv_fwd_v12.precision = attn_qkv_bwd_v12.precision = "bf16"
 
 
-# v13: v12's products through matmul v16: wgmma (v15) for q, k, v and dx, v13 for the weight gradients.
+# v13: v12's products through matmul v16: wgmma (v15) for q, k, v and dx, v13 for the weight gradients;
+# each of dq, dk, dv rounded to bf16 once (cublaslt.HELD) for its two products, where v12 rounded it
+# for each. The products run in the order (dx, dW_Q), (dx, dW_K), (dx, dW_V): dx still sums q, k, v.
 @blocks(**RING_TILES)
 def attn_qkv_fwd_v13(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul v16 (v15's wgmma)."""
@@ -285,12 +288,13 @@ def attn_qkv_fwd_v13(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
 
 @blocks(**RING_TILES)
 def attn_qkv_bwd_v13(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v12's six products through matmul v16: dx's three on v15 (wgmma), the weight gradients on v13."""
+    """v12's six products through matmul v16: dx's three on v15 (wgmma), the weight gradients on v13;
+    dq, dk, dv each rounded to bf16 once (cublaslt.HELD)."""
     mm = WARP_MATMUL["bf16r"]
-    for i, (d, w) in enumerate(((dq, w_q), (dk, w_k), (dv, w_v))):
-        mm(dx, work, d, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)
-    for dw, d in ((dw_q, dq), (dw_k, dk), (dw_v, dv)):
-        mm(dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
+    for i, (d, w, dw) in enumerate(((dq, w_q, dw_q), (dk, w_k, dw_k), (dv, w_v, dw_v))):
+        d16 = HELD.round(d, stream)
+        mm(dx, work, d16, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)   # dx (+)= d @ W^T
+        mm(dw, work, x, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW += x^T @ d
 
 
 attn_qkv_fwd_v13.precision = attn_qkv_bwd_v13.precision = "bf16"

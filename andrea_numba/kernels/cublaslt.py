@@ -305,6 +305,43 @@ class OperandCopies:
 COPIES = OperandCopies()        # the process's one scratch of 16-bit operand copies
 
 
+class HeldCopies:
+    """The scratch where a linear op keeps the bf16 copy of a tensor that two of its products read
+    (products "bf16r": mlp v17's dout and dh_pre, attn_qkv v13's dq, dk, dv, attn_out v13's dout),
+    rounded once where each product would round it again. The products never write here (their own
+    copies go to COPIES), so a held copy stays whole while they run. One tensor at a time, in stream
+    order; grown as COPIES is, reserved by a model before its first step (held_elements)."""
+
+    def __init__(self):
+        self.buf = None
+
+    def reserve(self, elements: int):
+        if self.buf is None or self.buf.size < elements:
+            self.buf = cuda.device_array(elements, dtype=np.uint16)
+
+    def view(self, rows: int, cols: int):
+        """The scratch's first rows x cols elements as a uint16 [rows, cols] array (rows packed)."""
+        self.reserve(rows * cols)
+        return self.buf[:rows * cols].reshape(rows, cols)
+
+    def round(self, x, stream=0):
+        """x [R, C] rounded to bf16 (ties to even) into the scratch, as a uint16 [R, C] array; an x
+        that is uint16 (bf16 already) as it is."""
+        if x.dtype == np.uint16:
+            return x
+        held = self.view(*x.shape)
+        round_into(held.reshape(held.size), x, "bf16", stream)
+        return held
+
+
+HELD = HeldCopies()             # ... and its one scratch of tensors rounded once for two products
+
+
+def held_elements(N: int, C: int) -> int:
+    """The most elements a held copy has, for N = B*T rows and width C: dh_pre [N, 4C]."""
+    return N * 4 * C
+
+
 class LibraryUnavailable(ConfigError):
     """cuBLASLt cannot run here; str(err) is one line: why, and what to do."""
 

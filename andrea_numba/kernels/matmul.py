@@ -684,10 +684,13 @@ VERSIONS["matmul"][14] = matmul_v14          # not in WARP_MATMUL: the linear op
 # with 4 stages (dynamic) and of 64 x 8 x 32 with 3 (static). Not declared: 128 x 256 x 64 with 3
 # stages (144 KiB) compiles, but its 128 accumulators a thread hit ptxas's 255 registers and spill
 # (84 bytes stored, 156 loaded, a 608-byte stack frame with the epilogue's acc array). The 4-stage
-# ring leaves room for one block a multiprocessor (129 KiB of 227); two more tiles that fit two
-# blocks, for bench/gemm.py --blocks to compare: 128 x 128 x 64 with 3 stages (96 KiB + 1: the copies
-# one step ahead) and 64 x 128 x 64 of one warpgroup with 4 (96 KiB + 1).
-RING_TILES = dict(gpu=((128, 128, 64, 64, 128, 4), (128, 128, 32, 64, 128, 3), (128, 128, 64, 64, 128, 3),
+# ring leaves room for one block a multiprocessor (129 KiB of 227); 3 stages (97 KiB) for two, and
+# that is v15's first tile: on the H200 (docs/kernels-h200.md, twelfth session) 128 x 128 x 64 with 3
+# stages ran the 120M logits in 2.72 ms against 3.04 with 4 and 3.66 with v14's static ring, and was
+# the fastest on 11 of the 13 products timed (4% and 11% behind 4 stages on the other two: the 120M
+# dx = dh @ W_1^T and the 12M dW_O). Also declared: 64 x 128 x 64 of
+# one warpgroup with 4 stages (two blocks a multiprocessor too; slower on every 120M product).
+RING_TILES = dict(gpu=((128, 128, 64, 64, 128, 3), (128, 128, 64, 64, 128, 4), (128, 128, 32, 64, 128, 3),
                        (64, 128, 64, 64, 128, 4)),
                   sim=((64, 16, 64, 64, 16, 4), (64, 8, 32, 64, 8, 3)))
 _SHARED_ALLOWED = set()
@@ -755,3 +758,91 @@ matmul = matmul_v2        # what the engine uses
 from .cublaslt import matmul_versions  # noqa: E402
 
 VERSIONS["matmul"].update(matmul_versions())
+
+
+# =============================================================================================
+# v17 (this block, at the end of the file, is v17's whole registration): wgmma on the operands as
+# they are stored (kernels/wgmma_mn.py). v14 and v15 hand wgmma K-major copies only, so an operand
+# stored with k down its columns (both of a weight gradient's, dW += x^T @ dy) is rounded into a
+# transposed copy first (k_round_bf16_t_v1), which made them slower than v13 on the weight
+# gradients (98 against 145 TFLOP/s on the H200). v17 rounds each operand as it is stored
+# (half_tile.bf16_copies: k_round_bf16_v2; a uint16 operand is used where it is), fills an
+# MN-major stage tile for an operand with k down its columns (128-byte swizzle, column blocks of
+# 64 values of m or n, one 128-byte row per k: v13's copier once per block), and has wgmma read it
+# through its transpose bits (imm-trans-a = trans_a, imm-trans-b = not trans_b). The rest is v15's:
+# ring, wait-1 order, tiles, accumulators, split-K (no atomics). Only the shared-memory layout
+# differs, so the same sums in the same order: v15's bits, for every transpose. Tiles: v15's on
+# the GPU (the MN-major tiles use the same bytes); in the simulator one warpgroup of 64 x 128 x 64
+# with 4 stages (dynamic; an N-major B of two column blocks, so its descriptor's LBO is used) and
+# of 64 x 64 x 32 with 3 (static): an MN-major tile needs BM and BN multiples of 64. make_tile does
+# not know the kind "bf16m" (this block leaves the rest of the file alone): _k_matmul_v17 is
+# _k_matmul_warp's kernel on make_mn_tile, and v17 asks for its own occupancy.
+from .wgmma_mn import make_mn_tile, mn_resolve  # noqa: E402
+
+MN_TILES = dict(gpu=RING_TILES["gpu"], sim=((64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)))
+
+
+@functools.cache
+def _k_matmul_v17(tile, trans_a, trans_b):
+    t = make_mn_tile(tile)
+    mma, zero, store, TM, TN = t.mma[(trans_a, trans_b)], t.zero, t.store, t.TM, t.TN
+
+    @cuda.jit(device=True)
+    def product(out, work, a, b, accumulate, ksplit):
+        """out (+)= op(a) @ op(b) (a grid of one layer), or work[z] = the product over K slice z."""
+        acc = cuda.local.array((TM, TN), float32)
+        zero(acc)
+        K = a.shape[0] if trans_a else a.shape[1]
+        z = cuda.blockIdx.z
+        mma(acc, a, b, z * ksplit, min(K, (z + 1) * ksplit))
+        if cuda.gridDim.z == 1:
+            store(out, acc, accumulate)
+        else:
+            store(work[z], acc, False)         # slice z's partial tile
+
+    def k_matmul(out, work, a, b, accumulate, ksplit):
+        """One BM x BN tile of out (+)= op(a) @ op(b) per block on bf16 wgmma from the bf16 copies as
+        stored (MN-major stage tiles read through the transpose bits); with split-K, block z writes
+        its slice's partial tile to work[z]."""
+        product(out, work, a, b, accumulate, ksplit)
+    return jit_as(k_matmul, 17)                        # k_matmul_v17
+
+
+def _v17_resident(kernel, args, threads, shared):
+    """Blocks of the v17 kernel the GPU runs at once, with its dynamic shared memory (v15's query):
+    allowed the shared memory first (allow_shared) where it passes 48 KiB. The simulator's
+    stand-in: RESIDENT_BLOCKS, as for every product."""
+    if SIMULATOR:
+        return RESIDENT_BLOCKS
+    compiled = allow_shared(kernel, args, shared) or kernel.compile(tuple(numba.typeof(x) for x in args))
+    return compiled.max_cooperative_grid_blocks(threads, shared)
+
+
+@blocks(**MN_TILES)
+def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """bf16 products on wgmma (sm_90a) from bf16 copies of the operands as they are stored (rounded
+    once, ties to even; none transposed), an operand with k down its columns read M- or N-major
+    through wgmma's transpose bits; v15's ring of cp.async stages in dynamic shared memory, one wgmma
+    group in flight; block = (BM, BN, BK, 64, BN[, STAGES]), BK = 64 (dynamic ring) or 32 (static),
+    BM and BN multiples of 64; work: the split-K buffer (or None). The copies live in
+    cublaslt.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
+    M, N = out.shape
+    K = a.shape[0] if trans_a else a.shape[1]
+    trans_a, trans_b = bool(trans_a), bool(trans_b)
+    a16, b16 = bf16_copies(a, b, stream)                        # as stored: [M, K] or [K, M], [K, N] or [N, K]
+    tile = mn_resolve(block, a16, b16)
+    t = make_mn_tile(tile)
+    kernel = _k_matmul_v17(tile, trans_a, trans_b)
+    args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
+    allow_shared(kernel, args, t.SHARED)
+    resident = 0 if work is None else _v17_resident(kernel, args, t.THREADS, t.SHARED)
+    S, ksplit = splitk(M, N, K, 1, block, work, resident)       # v15's slices of K, no atomics
+    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
+    kernel[t.grid(M, N, S), t.THREADS, stream, t.SHARED](out, part, a16, b16, accumulate, ksplit)
+    if S > 1:
+        splitk_sum(out, part, accumulate, stream, version=2)
+
+
+matmul_v17.precision = "bf16"
+WARP_KERNELS["bf16m"] = (17, "bf16 wgmma on the bf16 copies as stored: MN-major stages read through the transpose bits")
+VERSIONS["matmul"][17] = matmul_v17          # not in WARP_MATMUL, as v14 and v15

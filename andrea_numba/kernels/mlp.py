@@ -25,6 +25,7 @@ from numba import cuda, float32
 
 from .common import address, blocks, elementwise_launch, nonneg
 from .ptx import bf16x2, load4, store4
+from .cublaslt import HELD
 from .matmul import ASYNC_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
@@ -530,7 +531,33 @@ def mlp_bwd_v16(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 mlp_fwd_v16.precision = mlp_bwd_v16.precision = "bf16"
 
 
-# v17: v16 through matmul v16 (h_pre, out, dh and dx on v15's wgmma; dW_1, dW_2 on v13).
+# v17: v16 through matmul v16 (h_pre, out, dh and dx on v15's wgmma; dW_1, dW_2 on v13), and the
+# backward's two gradients rounded to bf16 once each, where v16 had each of their two products
+# round them again (cublaslt.HELD): dout, then dh_pre, which k_gelu_bwd_v3 writes rounded: the GELU'
+# pass reads dh (fp32, in the dh_pre buffer) and writes bf16(dh gelu'(h_pre)) straight into the held
+# copy, the bits the products' copy would have made of v16's fp32 dh_pre. The fp32 dh_pre buffer
+# keeps dh.
+@cuda.jit
+def k_gelu_bwd_v3(dh_words, dh, h_pre):
+    """dh_pre = dh gelu'(h_pre) written as bf16 (nearest, ties to even), four elements a thread: two
+    128-bit loads, two 32-bit words of bf16 pairs (dh_words: the uint16 dh_pre seen as int32)."""
+    i = 4 * nonneg(cuda.grid(1))
+    if i < dh.shape[0]:
+        d0, d1, d2, d3 = load4(dh, i)
+        z0, z1, z2, z3 = load4(h_pre, i)
+        dh_words[i // 2] = bf16x2(d0 * gelu_grad(z0), d1 * gelu_grad(z1))
+        dh_words[i // 2 + 1] = bf16x2(d2 * gelu_grad(z2), d3 * gelu_grad(z3))
+
+
+def gelu_bwd_v3(dh16, dh, h_pre, stream):
+    """k_gelu_bwd_v3: dh16 (uint16, flat) = bf16(dh gelu'(h_pre)); flat views whose length 4 divides,
+    dh and h_pre on 16-byte boundaries, dh16 on an 8-byte one."""
+    assert dh16.dtype == np.uint16 and dh16.shape[0] % 4 == 0 and _vec4(dh, h_pre) and address(dh16) % 8 == 0, \
+        f"gelu_bwd_v3 takes a uint16 dh_pre of a length 4 divides and aligned fp32 dh, h_pre, got {dh16.dtype} {dh16.shape}"
+    grid, threads = elementwise_launch(dh16.shape[0] // 4)
+    k_gelu_bwd_v3[grid, threads, stream](dh16.view(np.int32), dh, h_pre)
+
+
 @blocks(**RING_TILES)
 def mlp_fwd_v17(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v16 with its products from matmul v16; h fp32, or uint16 (saved as bf16)."""
@@ -540,8 +567,21 @@ def mlp_fwd_v17(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
 
 @blocks(**RING_TILES)
 def mlp_bwd_v17(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
-    """v16's backward with its products from matmul v16."""
-    _bwd_split("bf16r", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
+    """v16's backward with its products from matmul v16, dout and dh_pre rounded to bf16 once each
+    (cublaslt.HELD; dh_pre by the GELU' pass itself, k_gelu_bwd_v3, where the views allow it)."""
+    N, F = h.shape
+    mm = WARP_MATMUL["bf16r"]
+    d16 = HELD.round(dout, stream)                                                   # dout, rounded once
+    mm(dw_2, work, h, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW_2 += h^T @ dout
+    mm(dh_pre, work, d16, w_2, trans_b=True, block=block, stream=stream)                 # dh = dout @ W_2^T
+    dh16 = HELD.view(N, F)                                          # (dout's copy is read by no one now)
+    if _vec4(dh_pre.reshape(N * F), h_pre.reshape(N * F)) and address(dh16) % 8 == 0:
+        gelu_bwd_v3(dh16.reshape(N * F), dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)
+    else:                                                           # dh_pre in fp32, then rounded
+        gelu_bwd_v2(dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)
+        dh16 = HELD.round(dh_pre, stream)
+    mm(dw_1, work, x, dh16, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
+    mm(dx, work, dh16, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
 
 
 mlp_fwd_v17.precision = mlp_bwd_v17.precision = "bf16"

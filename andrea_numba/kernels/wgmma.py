@@ -31,7 +31,8 @@ The instruction (bf16 in, fp32 sums, both operands K-major in shared memory):
     wgmma.mma_async.sync.aligned.m64n{N}k16.f32.bf16.bf16 {d0, ..., d(N/2 - 1)}, desc_a, desc_b,
                                                            p, 1, 1, 0, 0;
     p: the scale-d predicate (false: D = A @ B, true: D = A @ B + D); 1, 1: scale A and B by +1
-    (-1 would negate); 0, 0: imm-trans-a, imm-trans-b = K-major A and B (1 would be M- or N-major).
+    (-1 would negate); 0, 0: imm-trans-a, imm-trans-b = K-major A and B (1: M- or N-major, read
+    through the "MN-major layouts" below: wgmma_bf16_trans, matmul v17).
 
 numba-cuda 0.30 compiles for "sm_90a" on a compute-capability-9.0 device (the "a": the
 architecture-specific features, wgmma among them; codegen._ensure_cc), and so does
@@ -85,6 +86,49 @@ are:
   takes (lin >> 7) & 3 or & 1 (so for 64-byte rows two consecutive rows share a pattern), SBO =
   8 W, and a K tile wider than W/2 values continues in a second atom column placed after all rows.
 
+MN-major layouts (imm-trans = 1: the operand stored "transposed", A as A^T [K, M] with m
+contiguous, B as [K, N] with n contiguous; PTX ISA "Shared Memory Matrix Layout", its table of
+canonical layouts in CuTe notation, and CUTLASS cute/arch/mma_sm90_desc.hpp say the same). Now a
+row of the atom holds consecutive m (or n) values of ONE k, and the 8 rows of an atom are 8
+consecutive k:
+
+  W-byte swizzle (W = 128, 64, 32: modes 1, 2, 3): an atom is 8 rows (k .. k + 7) of W bytes, W/2
+  consecutive values of m (n) a row, 8 W bytes in all, swizzled as above (the same XOR of the
+  16-byte chunk with the row). Element (mn, k) of an operand at `start`:
+
+        address = swizzle(start + (mn // (W/2)) LBO + (k // 8) SBO + (k % 8) W + 2 (mn % (W/2)))
+
+        LBO: the next W/2 values of m (n): the next atom ALONG M/N
+        SBO: the next 8 values of k: the next atom ALONG K
+
+  No swizzle (mode 0, "interleave"): the core matrix is 8 rows (k .. k + 7) of 16 bytes (8 values
+  of m or n), 128 contiguous bytes, and here the roles are the K-major ones again:
+
+        address = start + (mn // 8) SBO + (k // 8) LBO + (k % 8) 16 + 2 (mn % 8)
+
+        LBO: the next 8 values of k (along K);  SBO: the next 8 values of m (n)
+
+  So for a swizzled MN-major operand "leading" means M/N and "stride" means K, the other way round
+  from every K-major layout and from the MN-major interleave: read each offset off the canonical
+  layout, not off its name. (The ISA's tables say it in words too: LBO, MN-major, "swizzled
+  layouts: offset from the first (swizzle-byte-size/16) rows to the next (swizzle-byte-size/16)
+  rows", rows being 16-byte units of m or n; SBO "swizzled layout: offset from the first 8
+  columns to the next 8 columns", columns being k.)
+
+  The tile that mnmajor_offset lays out (matmul v17's stages): a tile of `depth` values of k (a
+  multiple of 8) and R values of m (n) is R / (W/2) column blocks, block j holding m (n)
+  j W/2 .. (j + 1) W/2 - 1 for all `depth` k, one W-byte row per k:
+
+        lin = (mn // (W/2)) depth W + k W + 2 (mn % (W/2)),    address = swizzle(lin)
+        LBO = depth W (the next block), SBO = 8 W (8 rows on), k16 step s at start + 16 s W
+
+  (mnmajor_lbo_sbo, mnmajor_step_offset). At W = 128 a block row is v13's k-outer tile row of 64
+  bf16, chunk q at q ^ (k & 7): half_tile's copier fills it as it is. With no swizzle the same
+  formula with W = 16 is a column of core matrices: LBO = 8 W = 128 (the next 8 k), SBO = depth W.
+  A k16 step of an MN-major operand is two atoms along K (k 0..7 at start, 8..15 at start + SBO),
+  and the step's start moves whole atoms (2048 bytes at W = 128), so it stays on the pattern's
+  boundary: no start inside a row, unlike the 32-byte moves of a K-major step.
+
 Accumulator D (PTX ISA "Matrix Fragments for wgmma .m64nNk16", fp32: N/2 registers a thread).
 Thread 32 w + 4 g + t of the warpgroup (warp w = 0..3, g = lane >> 2, t = lane & 3) holds, for
 each 8-column block j = 0 .. N/8 - 1:
@@ -99,8 +143,9 @@ i.e. each warp owns 16 rows and holds them exactly as an mma.sync m16n8 C fragme
 In the simulator nothing here can run as PTX: the instruction intrinsics have twins that do
 nothing (fences, commit, wait) or raise (the product), and the whole-warpgroup product has a NumPy
 twin, wgmma_warpgroup, that reads A and B out of an image of shared memory through the descriptors
-exactly as the hardware is documented to (the addresses above), so the layout arithmetic is
-tested without a GPU (tests/test_wgmma.py) and bench/wgmma_probe.py checks it against the H200.
+exactly as the hardware is documented to (the addresses above, K-major or MN-major as the transpose
+bits say), so the layout arithmetic is tested without a GPU (tests/test_wgmma.py,
+tests/test_wgmma_mn.py) and bench/wgmma_probe.py checks it against the H200.
 """
 import numpy as np
 
@@ -179,6 +224,48 @@ def kmajor_read_addresses(desc, rows):
     return swizzle_address(start + (r // 8) * sbo + (r % 8) * SWIZZLE_BYTES[swizzle] + 2 * k, swizzle)
 
 
+def mnmajor_offset(mn, k, depth, swizzle):
+    """Byte offset (from a 1024-byte aligned tile start) of element (mn, k) of an MN-major bf16
+    operand tile of `depth` values of k (a multiple of 8), laid out as R / (W/2) column blocks
+    (module docstring, "MN-major layouts"): block mn // (W/2) at (mn // (W/2)) depth W, row k of it
+    at k W, the value at 2 (mn % (W/2)), then swizzled; W = 128, 64, 32 bytes for modes 1-3 and
+    16 for no swizzle (a column of core matrices). mn and k may be NumPy arrays."""
+    w = SWIZZLE_BYTES[swizzle]
+    lin = (mn // (w // 2)) * (depth * w) + k * w + (mn % (w // 2)) * 2
+    return swizzle_address(lin, swizzle)
+
+
+def mnmajor_lbo_sbo(depth, swizzle):
+    """(LBO, SBO) of the descriptor that reads a tile laid out by mnmajor_offset: swizzled, LBO =
+    depth W (the next block along M/N) and SBO = 8 W (the next 8 k); no swizzle, the roles the
+    other way round: LBO = 128 (the next core matrix along K), SBO = 16 depth (along M/N)."""
+    w = SWIZZLE_BYTES[swizzle]
+    along_mn, along_k = depth * w, 8 * w
+    return (along_k, along_mn) if swizzle == SWIZZLE_NONE else (along_mn, along_k)
+
+
+def mnmajor_step_offset(step, swizzle):
+    """Byte offset of the k16 step `step` (k = 16 step ..) of a tile laid out by mnmajor_offset:
+    16 rows of W bytes a step (two atoms along K), the start of that step's descriptor."""
+    return 16 * step * SWIZZLE_BYTES[swizzle]
+
+
+def mnmajor_read_addresses(desc, rows):
+    """[rows, 16] byte addresses the hardware reads one k16 bf16 operand from when it is MN-major
+    (imm-trans = 1), as the PTX ISA describes the descriptor: element (mn, k) at
+        none:      start + (mn // 8) SBO + (k // 8) LBO + (k % 8) 16 + (mn % 8) 2
+        swizzled:  swizzle(start + (mn // (W/2)) LBO + (k // 8) SBO + (k % 8) W + (mn % (W/2)) 2)."""
+    start, lbo, sbo, base, swizzle = unpack_desc(desc)
+    if base:
+        raise NotImplementedError("base offset != 0 is not modelled")
+    mn, k = np.arange(rows)[:, None], np.arange(16)[None, :]
+    if swizzle == SWIZZLE_NONE:
+        return start + (mn // 8) * sbo + (k // 8) * lbo + (k % 8) * 16 + (mn % 8) * 2
+    w = SWIZZLE_BYTES[swizzle]
+    lin = start + (mn // (w // 2)) * lbo + (k // 8) * sbo + (k % 8) * w + (mn % (w // 2)) * 2
+    return swizzle_address(lin, swizzle)
+
+
 def bf16_bits(x):
     """The bf16 bit patterns (uint16) of float32 values that are already bf16 (low 16 bits zero)."""
     return (np.asarray(x, np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
@@ -214,11 +301,13 @@ def matrix_to_fragment(d):
     return np.asarray(d)[rows, cols]
 
 
-def wgmma_warpgroup(smem, desc_a, desc_b, n, acc=None, scale_d=1):
-    """NumPy twin of one wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 with A and B K-major
-    in shared memory, for the whole warpgroup. smem: an image of shared memory (any array; its
-    bytes are shared addresses 0, 1, ...); desc_a, desc_b: the descriptors; acc [128, n/2]: the
-    threads' accumulators (zeros when None); scale_d 0: D = A @ B, else D = A @ B + acc.
+def wgmma_warpgroup(smem, desc_a, desc_b, n, acc=None, scale_d=1, trans_a=0, trans_b=0):
+    """NumPy twin of one wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 ..., trans_a, trans_b
+    with A and B in shared memory, for the whole warpgroup. smem: an image of shared memory (any
+    array; its bytes are shared addresses 0, 1, ...); desc_a, desc_b: the descriptors; acc
+    [128, n/2]: the threads' accumulators (zeros when None); scale_d 0: D = A @ B, else D = A @ B +
+    acc; trans_a, trans_b: the instruction's imm-trans-a, imm-trans-b (0: the operand is K-major,
+    read through kmajor_read_addresses; 1: M- or N-major, mnmajor_read_addresses).
     Returns the threads' registers [128, n/2] (products exact, sums in fp32: float64 sums rounded
     once, which differs from the tensor core's order only in the last bits)."""
     if n not in N_VALUES:
@@ -226,13 +315,13 @@ def wgmma_warpgroup(smem, desc_a, desc_b, n, acc=None, scale_d=1):
     raw = np.ascontiguousarray(smem).reshape(-1).view(np.uint8)
     halves = raw[: raw.size // 2 * 2].view(np.uint16)          # the 16-bit value at byte address 2 i
 
-    def operand(desc, rows):
-        addr = kmajor_read_addresses(desc, rows)
+    def operand(desc, rows, trans):
+        addr = (mnmajor_read_addresses if trans else kmajor_read_addresses)(desc, rows)   # [rows, 16]: (mn, k)
         if addr.max() + 2 > raw.size or (addr % 2).any():
             raise IndexError(f"descriptor {int(desc):#018x} reads outside the {raw.size}-byte image")
         return bits_bf16(halves[addr // 2]).astype(np.float64)   # [rows, 16]
 
-    a, bt = operand(desc_a, 64), operand(desc_b, n)             # A [64, 16], B^T [n, 16]
+    a, bt = operand(desc_a, 64, trans_a), operand(desc_b, n, trans_b)   # A [64, 16], B^T [n, 16]
     d = a @ bt.T
     if scale_d and acc is not None:
         d = d + fragment_to_matrix(acc).astype(np.float64)
@@ -323,29 +412,31 @@ if not SIMULATOR:
             return acc
         return None
 
-    def _wgmma_asm(nregs):
+    def _wgmma_asm(nregs, trans_a=0, trans_b=0):
         """The inline assembly of one m64n(2 nregs)k16 bf16 wgmma: outputs $0 .. $(nregs - 1) tied to
         the inputs of the same numbers (the accumulator is read and written), then desc_a, desc_b
-        and the scale-d integer, turned into the predicate p by setp."""
+        and the scale-d integer, turned into the predicate p by setp; trans_a, trans_b: the
+        immediates imm-trans-a, imm-trans-b written into the instruction (0: K-major, 1: M/N-major)."""
         n = 2 * nregs
         d = ", ".join(f"${i}" for i in range(nregs))
         ptx = ("{\n.reg .pred p;\n"
                f"setp.ne.b32 p, ${nregs + 2}, 0;\n"
                f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
-               f"{{{d}}}, ${nregs}, ${nregs + 1}, p, 1, 1, 0, 0;\n"
+               f"{{{d}}}, ${nregs}, ${nregs + 1}, p, 1, 1, {int(trans_a)}, {int(trans_b)};\n"
                "}")
         # "~{memory}": it reads shared memory, so no load or store of it moves across
         constraints = ",".join(["=f"] * nregs + ["l", "l", "r"] + [str(i) for i in range(nregs)] + ["~{memory}"])
         fnty = ir.FunctionType(ir.LiteralStructType([_f32] * nregs), [_i64, _i64, _i32] + [_f32] * nregs)
         return ir.InlineAsm(fnty, ptx, constraints, side_effect=True)
 
-    def _wgmma_call(context, builder, nregs, acc_values, desc_a, desc_b, scale_d, types_abs):
-        """Emit the wgmma; acc_values: nregs float32 values; returns the nregs results."""
+    def _wgmma_call(context, builder, nregs, acc_values, desc_a, desc_b, scale_d, types_abs, trans=(0, 0)):
+        """Emit the wgmma; acc_values: nregs float32 values; trans: (imm-trans-a, imm-trans-b);
+        returns the nregs results."""
         ta, tb, ts = types_abs
         da = context.cast(builder, desc_a, ta, types.int64)
         db = context.cast(builder, desc_b, tb, types.int64)
         sd = context.cast(builder, scale_d, ts, types.int32)
-        d = builder.call(_wgmma_asm(nregs), [da, db, sd] + list(acc_values))
+        d = builder.call(_wgmma_asm(nregs, *trans), [da, db, sd] + list(acc_values))
         return [builder.extract_value(d, i) for i in range(nregs)]
 
     def _scalar(t):
@@ -368,6 +459,35 @@ if not SIMULATOR:
             out = _wgmma_call(context, builder, nregs, vals, args[1], args[2], args[3], sig.args[1:])
             return context.make_tuple(builder, sig.return_type, out)
         return acc(acc, desc_a, desc_b, scale_d), codegen
+
+    def _literal_bit(t):
+        """0 or 1 when t is the type of a compile-time constant 0/1 or False/True (a literal: a
+        constant in the source, or a global or closure variable of the device function), else None."""
+        if isinstance(t, (types.IntegerLiteral, types.BooleanLiteral)) and int(t.literal_value) in (0, 1):
+            return int(t.literal_value)
+        return None
+
+    @intrinsic
+    def wgmma_bf16_trans(typingctx, acc, desc_a, desc_b, scale_d, trans_a, trans_b):
+        """wgmma_bf16 with operands that may be M- or N-major: trans_a, trans_b are the instruction's
+        imm-trans-a and imm-trans-b, compile-time constants (0 or 1, False or True: a literal, or a
+        global or closure constant of the calling function). 0: the operand is K-major (kmajor_*
+        layouts, as wgmma_bf16 reads both); 1: A is M-major (element (m, k) at mnmajor_read_addresses),
+        B is N-major (element (n, k) likewise); the descriptors' LBO and SBO then mean what the module
+        docstring's "MN-major layouts" says. With (0, 0) it is wgmma_bf16, instruction for instruction.
+        PTX: wgmma.mma_async.sync.aligned.m64n{N}k16.f32.bf16.bf16 {d..}, desc_a, desc_b, p, 1, 1, trans_a, trans_b;"""
+        ta, tb = _literal_bit(trans_a), _literal_bit(trans_b)
+        if ta is None or tb is None:
+            return None
+        if not (_acc_type(acc) and _scalar(desc_a) and _scalar(desc_b) and _scalar(scale_d)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            nregs = sig.args[0].count
+            vals = [builder.extract_value(args[0], i) for i in range(nregs)]
+            out = _wgmma_call(context, builder, nregs, vals, args[1], args[2], args[3], sig.args[1:4], (ta, tb))
+            return context.make_tuple(builder, sig.return_type, out)
+        return acc(acc, desc_a, desc_b, scale_d, trans_a, trans_b), codegen
 
     @intrinsic
     def wgmma_bf16_m64n8k16(typingctx, d0, d1, d2, d3, desc_a, desc_b, scale_d):
@@ -432,7 +552,7 @@ else:
     def wgmma_bf16(*args):
         raise NotImplementedError("wgmma is a warpgroup instruction: in the simulator use wgmma_warpgroup")
 
-    wgmma_bf16_m64n8k16 = wgmma_bf16
+    wgmma_bf16_m64n8k16 = wgmma_bf16_trans = wgmma_bf16
 
     def wgmma_acc_zeros(n):
         return (np.float32(0),) * (n // 2)

@@ -1,0 +1,252 @@
+"""wgmma on operands as they are stored: the product tile of matmul v17 (kind "bf16m").
+
+v14 and v15 (wgmma_tile.py, wgmma_ring.py) hand wgmma both operands K-major: a row of the A tile
+holds one m and its k values, a row of the B tile one n and its k values. An operand stored the
+other way round, with k down its columns, is first rounded into a TRANSPOSED bf16 copy
+(cublaslt.k_round_bf16_t_v1, a 32 x 32 tile transpose through shared memory). Every weight
+gradient has two such operands (dW += x^T @ dy: x [tokens, d] and dy [tokens, out], K = tokens),
+and on an H200 the transposing copies made v14 and v15 slower than v13 there (98 against 145
+TFLOP/s). wgmma does not need them: its instruction has two immediates, imm-trans-a and
+imm-trans-b, that make it read A M-major and B N-major (kernels/wgmma.py, "MN-major layouts").
+v17 copies each operand to bf16 as it is stored (the plain k_round_bf16_v2 copy; an operand that
+is bf16 already, uint16, is used where it is: half_tile.bf16_copies), fills each stage tile in the
+operand's own orientation, and tells wgmma which is which. Everything else is v15's: the ring of
+cp.async stages in dynamic shared memory, one wgmma group in flight, the accumulators, the
+epilogue, split-K. The sums are v15's, in v15's order: only the shared-memory layout differs, so
+v17 gives v15's bits (the simulator checks it; on the GPU the harness and bench/same_bits.py).
+
+1. Which operand is read which way. out = op(a) @ op(b); matmul's trans flags say how a and b are
+   stored, wgmma's immediates how its A and B lie in shared memory:
+
+       matmul            a stored        A in shared memory   b stored      B in shared memory
+       a @ b             [M, K]          K-major (trans 0)    [K, N]        N-major (trans 1)
+       a @ b^T           [M, K]          K-major              [N, K]        K-major (trans 0)
+       a^T @ b  (dW)     [K, M]          M-major (trans 1)    [K, N]        N-major
+       a^T @ b^T         [K, M]          M-major              [N, K]        K-major
+
+   so imm-trans-a = trans_a and imm-trans-b = not trans_b: a row of a stored tile (contiguous in
+   global memory) is always a row of the shared tile. a @ b^T is v15's kernel exactly.
+
+2. The K-major tile (v15's, wgmma.kmajor_offset): R rows (m or n) of BK values of k, 2 BK bytes a
+   row, the 16-byte chunk q of row r at chunk q ^ (r & 7) (BK = 64: 128-byte rows, mode 1, SBO 1024;
+   BK = 32: 64-byte rows, mode 2, SBO 512; LBO unused, 16). The k16 step ks starts 32 ks bytes
+   into the rows.
+
+3. The MN-major tile (wgmma.mnmajor_offset with W = 128): the R values of m (n) are cut into
+   R / 64 column blocks of 64; block j holds m = 64 j .. 64 j + 63 for all BK values of k, one
+   128-byte row per k (the 64 values of m in order), the 16-byte chunk q (m 8q .. 8q + 7 of the
+   block) of row k stored at chunk q ^ (k & 7): the 128-byte swizzle, mode 1.
+
+       byte of element (m, k) = (m // 64) 128 BK + swizzle(128 k + 2 (m % 64))
+
+   An atom is 8 rows (k .. k + 7) x 64 values of m, 1024 bytes. The descriptor (mode 1):
+
+       LBO = 128 BK   the next 64 values of m (n): the next column block (8192 bytes at BK = 64)
+       SBO = 1024     the next 8 values of k: the next atom down the block
+
+   (for a swizzled MN-major operand the "leading" offset runs along M/N and the "stride" offset
+   along K: the other way round from K-major, wgmma.py says why). A k16 step is two atoms, so
+   step ks starts 16 ks rows = 2048 ks bytes down: on a 1024-byte boundary, no start inside a row.
+   Warpgroup wg's 64 rows of A are column block wg: its descriptor starts at A tile + wg 128 BK,
+   which is the same byte offset as its 64 K-major rows (64 x 2 BK): the two layouts use the same
+   bytes a tile, the stage sizes are v15's. B's descriptor spans all BN / 64 blocks (LBO apart).
+   Each block is a BK x 64 tile of the stored copy with 128-byte rows, and v13's cp.async copier
+   (half_tile._async_copier, rows of 8 chunks, chunk q of row r at q ^ (r & 7)) fills exactly this
+   layout: the MN-major copier is that copier once per column block (_mn_copier). A warp's 32
+   lanes copy 4 stored rows of 128 bytes each (whole 128-byte segments of global memory), and 8
+   lanes write the 8 chunk positions of one 128-byte line of shared memory: no bank conflict.
+
+   The tile's widths: BM and BN multiples of 64 (the swizzle's 64 values a row; a narrower MN-major
+   operand would need the 64- or 32-byte swizzle, which v17 does not use).
+
+4. Edges. Past M, N, K (and past the end of a split-K slice) v13's copier writes zeros; a stored
+   row that is not whole 16-byte chunks (its length not a multiple of 8, or its start off a 16-byte
+   boundary) takes the copier's guarded path of 2-byte loads. For an MN-major operand the stored
+   row runs along M (N), so M % 8 != 0 (not K % 8) sends it there.
+
+The simulator runs wgmma.py's twin, wgmma_warpgroup, on the shared array's bytes with the same
+descriptors and the transpose bits (it reads an MN-major operand through mnmajor_read_addresses),
+so it checks the copier, the swizzle, the descriptors and the transpose bits against each other;
+what it cannot check is that the hardware reads MN-major tiles as the PTX ISA says, which
+bench/wgmma_probe.py's mn_* variants ask the H200.
+"""
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from .common import SIMULATOR
+from .half_tile import async_resolve
+from .ptx import CP_ASYNC_WAIT, cp_async_commit
+from .warp_tile import fragment_tile
+from .wgmma import (SWIZZLE_128B, fence_proxy_async, mnmajor_lbo_sbo, mnmajor_step_offset, shared_address,
+                    smem_desc, wgmma_acc_zeros, wgmma_bf16_trans, wgmma_commit, wgmma_fence, wgmma_keep,
+                    wgmma_wait0, wgmma_wait1, wgmma_warpgroup)
+from .wgmma_ring import ALIGN, DYNAMIC_LIMIT, LAYOUT, LBO, STATIC_LIMIT, dynamic_bytes, ring_bytes
+from .wgmma_tile import WARPGROUP, _copier, _fragment_add
+
+MN_BLOCK = 64              # values of m (n) in one 128-byte row of an MN-major tile: a column block
+MN_SWIZZLE = SWIZZLE_128B  # the MN-major tiles' swizzle (point 3)
+
+
+def _mn_copier(R, BK, THREADS, vec):
+    """copy(s, g, r0, k0, rlim, klim): start copying the R x BK piece of op(g) at m (n) r0.., k0.. of an
+    MN-major bf16 copy g (uint16 [K, rows]: k down the stored rows) into the stage tile s (point 3:
+    R / 64 column blocks of BK rows of 128 bytes), zeros past m (n) >= rlim or k >= klim. Block j is
+    v13's copier (wgmma_tile._copier, a BK-row x 64-column tile of g) at stored rows k0.., columns
+    r0 + 64 j ..; the same argument order as the K-major copier, so the pipeline loads either."""
+    BLOCK_WORDS = BK * 128 // 4                       # one column block: BK rows of 128 bytes
+    block = _copier(BK, THREADS, vec, MN_BLOCK)       # rows k, 64 columns (m or n) of g
+
+    @cuda.jit(device=True)
+    def copy(s, g, r0, k0, rlim, klim):
+        for j in range(R // MN_BLOCK):
+            block(s[j * BLOCK_WORDS:(j + 1) * BLOCK_WORDS], g, k0, r0 + j * MN_BLOCK, klim, rlim)
+    return copy
+
+
+def operand_layout(mn_major, BK):
+    """(step bytes, LBO, SBO, swizzle) of one operand's stage tile: where its k16 step ks starts
+    (start + ks * step) and its descriptor's offsets and mode (points 2 and 3)."""
+    if mn_major:
+        return (mnmajor_step_offset(1, MN_SWIZZLE), *mnmajor_lbo_sbo(BK, MN_SWIZZLE), MN_SWIZZLE)
+    row, swizzle, sbo = LAYOUT[BK]
+    return 32, LBO, sbo, swizzle
+
+
+def _operand_copier(mn_major, R, BK, THREADS, vec):
+    """The copier of one operand's R x BK stage tile: copy(s, g, r0, k0, rlim, klim) either way."""
+    return _mn_copier(R, BK, THREADS, vec) if mn_major else _copier(R, THREADS, vec, BK)
+
+
+if SIMULATOR:
+    def _product(N, TA, TB):
+        @cuda.jit(device=True)      # a (fake) device function: the twin reads cuda.threadIdx
+        def product(d, ring, desc_a, desc_b):
+            """Twin of d = wgmma_bf16_trans(d, desc_a, desc_b, 1, TA, TB): the warpgroup's product
+            from the shared array's bytes, this thread's row of registers added to d in fp32."""
+            regs = wgmma_warpgroup(ring, desc_a, desc_b, N, trans_a=TA, trans_b=TB)[cuda.threadIdx.x % WARPGROUP]
+            return tuple(np.float32(x + y) for x, y in zip(d, regs))
+        return product
+else:
+    def _product(N, TA, TB):
+        @cuda.jit(device=True, inline="always")
+        def product(d, ring, desc_a, desc_b):
+            """d += A @ B of one k16 step (scale_d = 1), A M-major when TA, B N-major when TB (the
+            wgmma's immediates: constants of this function); read d only after the commit and wait."""
+            return wgmma_bf16_trans(d, desc_a, desc_b, 1, TA, TB)
+        return product
+
+
+def make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, trans_a, trans_b):
+    """tile_mma(acc, a16, b16, kb, ke): acc += this thread's share of op(a16) @ op(b16) over k in
+    [kb, ke), the bf16 copies as stored (a16 [M, K], or [K, M] when trans_a; b16 [K, N], or [N, K]
+    when trans_b), through v15's ring (wgmma_ring.py, points 1-3 there): `stages` shared stages
+    filled by cp.async, one group of wgmmas in flight. A is read M-major when trans_a, B N-major
+    when not trans_b (point 1); the rest is make_ring_pipeline's, line for line."""
+    A_MN, B_MN = bool(trans_a), not trans_b                     # wgmma's imm-trans-a, imm-trans-b
+    A_STEP, A_LBO, A_SBO, A_SWZ = operand_layout(A_MN, BK)
+    B_STEP, B_LBO, B_SBO, B_SWZ = operand_layout(B_MN, BK)
+    A_STEP, B_STEP = A_STEP // 4, B_STEP // 4                   # in 32-bit words of the ring
+    A_WORDS, B_WORDS = BM * BK // 2, BN * BK // 2               # words of each tile (2 BK bytes a row of m or n)
+    STAGE_WORDS = A_WORDS + B_WORDS
+    RING_WORDS = stages * STAGE_WORDS
+    WG_WORDS = 64 * BK // 2                                     # a warpgroup's 64 m: 64 rows or one block
+    KSTEPS = BK // 16
+    AHEAD = stages - 2                                          # steps of copies ahead (P)
+    dynamic = dynamic_bytes(BM, BN, BK, stages) > 0
+    copy_a = _operand_copier(A_MN, BM, BK, THREADS, vec)
+    copy_b = _operand_copier(B_MN, BN, BK, THREADS, vec)
+    product = _product(BN, int(A_MN), int(B_MN))
+    fragment_add = _fragment_add(BN // 2)
+    wait = CP_ASYNC_WAIT[AHEAD - 1]                             # step s's group landed
+    wait_all = CP_ASYNC_WAIT[0]
+
+    if dynamic:
+        @cuda.jit(device=True)
+        def ring_array():
+            """The dynamic shared array and the word where the ring starts: its first 1024-byte
+            boundary (the launch gave RING_WORDS * 4 + 1024 bytes)."""
+            ring = cuda.shared.array(0, float32)
+            pad = (ALIGN - (shared_address(ring, 0) & (ALIGN - 1))) & (ALIGN - 1)
+            return ring, pad // 4
+    else:
+        @cuda.jit(device=True)
+        def ring_array():
+            """A static ring (BK = 32), aligned by its declaration."""
+            return cuda.shared.array(RING_WORDS, float32, alignment=ALIGN), 0
+
+    @cuda.jit(device=True)
+    def load(ring, base, a, b, k0, ke, row0, col0, M, N):
+        """Start the copies of the stage at k0 into the stage at word `base`: A's m row0.., B's n col0.."""
+        copy_a(ring[base:base + A_WORDS], a, row0, k0, M, ke)
+        copy_b(ring[base + A_WORDS:base + STAGE_WORDS], b, col0, k0, N, ke)
+
+    @cuda.jit(device=True)
+    def tile_mma(acc, a, b, kb, ke):
+        ring, at0 = ring_array()                                # stage st at word at0 + st * STAGE_WORDS
+        wg = cuda.threadIdx.x // WARPGROUP
+        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        M = a.shape[1] if A_MN else a.shape[0]                  # a stored [K, M] or [M, K]
+        N = b.shape[1] if B_MN else b.shape[0]                  # b stored [K, N] or [N, K]
+        n_steps = (ke - kb + BK - 1) // BK
+        for p in range(AHEAD):                                  # prologue: steps 0 .. P-1 in flight
+            if p < n_steps:
+                load(ring, at0 + p * STAGE_WORDS, a, b, kb + p * BK, ke, row0, col0, M, N)
+            cp_async_commit()
+        d = wgmma_keep(wgmma_acc_zeros(BN))                     # the zeros set before the first fence
+        for s in range(n_steps):
+            wait()                                              # my copies of step s are in ...
+            fence_proxy_async()                                 # ... and visible to wgmma's proxy
+            cuda.syncthreads()                                  # everyone's; and every warpgroup's
+            #                                                     wgmmas of step s - 2 are complete
+            nxt = s + AHEAD                                     # refill stage (s - 2) % stages
+            if nxt < n_steps:
+                load(ring, at0 + (nxt % stages) * STAGE_WORDS, a, b, kb + nxt * BK, ke, row0, col0, M, N)
+            cp_async_commit()                                   # one group a step, empty or not
+            at_a = at0 + (s % stages) * STAGE_WORDS + wg * WG_WORDS   # this warpgroup's 64 m of A
+            at_b = at0 + (s % stages) * STAGE_WORDS + A_WORDS         # all BN n of B
+            wgmma_fence()
+            for ks in range(KSTEPS):                            # k 16 ks .. 16 ks + 15 of the stage
+                d = product(d, ring, smem_desc(ring, at_a + ks * A_STEP, A_LBO, A_SBO, A_SWZ),
+                            smem_desc(ring, at_b + ks * B_STEP, B_LBO, B_SBO, B_SWZ))
+            wgmma_commit()
+            wgmma_wait1()                                       # step s - 1's group done; s's may run
+            d = wgmma_keep(d)
+        wgmma_wait0()                                           # the last group done: d may be read
+        d = wgmma_keep(d)
+        fragment_add(acc, d)
+        wait_all()                                              # only empty groups remain
+        cuda.syncthreads()                                      # the ring may be refilled by a next call
+    return tile_mma
+
+
+def mn_resolve(block, a16, b16):
+    """The full tile of a v17 launch: ("bf16m", BM, BN, BK, WM, WN, vec, STAGES); vec when both copies'
+    stored rows are whole 16-byte chunks (half_tile.async_resolve's rule, on the rows as stored);
+    STAGES 4 unless the block names it."""
+    return ("bf16m", *block[:5], async_resolve(block, a16, b16)[6], block[5] if len(block) > 5 else 4)
+
+
+@functools.cache
+def make_mn_tile(tile):
+    """Everything a kernel needs for one v17 tile (make_ring_tile's names and SHARED), with the four
+    products mma[(trans_a, trans_b)] on the bf16 copies as stored (half_tile.bf16_copies).
+    tile = ("bf16m", BM, BN, BK, 64, BN, vec, STAGES), BK = 32 or 64, BM and BN multiples of 64."""
+    kind, BM, BN, BK, WM, WN, vec, stages = tile
+    assert kind == "bf16m", kind
+    assert BK in LAYOUT, f"v17 tiles take BK = 32 or 64, got {BK}"
+    assert WM == 64 and WN == BN and BM % 64 == 0, f"tile {tile}: warpgroups of 64 rows x all BN columns"
+    assert BN % MN_BLOCK == 0 and BN <= 256, f"tile {tile}: BN a multiple of 64 (an MN-major row), at most 256"
+    assert stages >= 3 and stages - 3 in CP_ASYNC_WAIT, f"{stages} stages: one wgmma group in flight needs 3 .. 5"
+    shared = dynamic_bytes(BM, BN, BK, stages)
+    if shared:
+        assert shared <= DYNAMIC_LIMIT, f"tile {tile}: {shared} bytes of dynamic shared memory"
+    else:
+        assert ring_bytes(BM, BN, BK, stages) <= STATIC_LIMIT, f"tile {tile}: more than 48 KiB of static shared memory"
+    THREADS = WARPGROUP * (BM // 64)
+    ranged = {(ta, tb): make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, ta, tb)
+              for ta in (False, True) for tb in (False, True)}
+    t = fragment_tile(ranged, BM, BN, BK, 16, BN, THREADS)       # v14's accumulator layout and epilogue
+    t.SHARED = shared
+    return t
