@@ -1,5 +1,5 @@
-"""The embedding backward v3 and v4 (kernels/embed.py): each chunk of positions sorted by token, then
-each token's runs summed in position order (v4: a thread per channel, more loads in flight). Both
+"""The embedding backward v3, v4 and v5 (kernels/embed.py): each chunk of positions sorted by token, then
+each token's runs summed in position order (v4: a thread per channel, more loads in flight; v5: the runs' bounds found once a block). All
 must give v2's bits (the same sums in the same order)
 on the token streams that made v2 slow and on the edge cases of the chunks: one token in most
 positions (as the space in text), every position the same token (runs longer than the unrolled
@@ -41,8 +41,9 @@ def _run(version, dwte0, dout, tokens, V, T_max):
     ("one", 3, 8, 5, 7),                # every run as long as a chunk
     ("late", 2, 11, 4, 9),              # a last chunk of 6 positions (simulator: S = 8)
     ("spread", 1, 1, 3, 5),             # a single position
+    ("common", 2, 40, 3, 16),           # simulator: 10 chunks, more than v5's 4 threads a block
 ])
-@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("version", [3, 4, 5])
 def test_sorted_versions_give_v2s_bits_and_the_twins_sums(version, kind, B, T, C, V):
     rng = np.random.default_rng(len(kind) + B * T)
     tokens = _tokens(kind, B, T, V, rng).astype(np.int32)

@@ -324,6 +324,76 @@ def embed_bwd_v4(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *,
     _sorted_sums(k_embed_bwd_v4, threads, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream)
 
 
+# v5: v4 with each block's searches done once, in parallel, instead of by every thread in turn. A
+# block of v4 finds its token's run in each chunk by two binary searches, a chain of about
+# 2 log2(SORT_CHUNK) = 20 dependent loads a chunk, and every thread (a channel) repeats them, one
+# chunk after another: first through chunks 0..p-1 (is the token there? then this block is not its
+# first), then p..n-1 for the sums. At 120M (N = 8192 positions, 8 chunks of 1024) that is some 160
+# loads, each waiting for the one before, in each of the N blocks: 1.15 ms on the H200 for 25 MB of
+# dout (twelfth session's profile). In v5, thread e searches chunk e (all chunks at once: one chain
+# of 20 loads), writes the run's bounds [lo, hi) to shared memory and flags a run in a chunk before
+# p; after one barrier the channels sum the runs as v4 does. The same rows in the same order: v2's bits.
+MAX_CHUNKS = 1024                   # chunks a v5 block keeps the bounds of (N up to 1024 x SORT_CHUNK)
+
+
+def _make_run_sums_v5(unroll):
+    def k_embed_bwd(dwte, dout, order):
+        """v4's sums (k_embed_bwd_v4's docstring), the runs' bounds found by one thread a chunk."""
+        run_lo = cuda.shared.array(MAX_CHUNKS, int32)
+        run_hi = cuda.shared.array(MAX_CHUNKS, int32)
+        earlier = cuda.shared.array(1, int32)
+        q, N, C = cuda.blockIdx.x, dout.shape[0], dout.shape[1]
+        S = SORT_CHUNK
+        p = q // S
+        v = order[q] // S
+        if q > p * S and order[q - 1] // S == v:
+            return                                   # not the start of v's run in chunk p (every thread)
+        if cuda.threadIdx.x == 0:
+            earlier[0] = 0
+        cuda.syncthreads()
+        n_chunks = (N + S - 1) // S
+        for e in range(cuda.threadIdx.x, n_chunks, cuda.blockDim.x):   # v's run in chunk e: [lo, hi)
+            base, end = e * S, min(e * S + S, N)
+            lo = _first_at_least(order, base, end, v * S)
+            hi = _first_at_least(order, lo, end, (v + 1) * S)
+            run_lo[e], run_hi[e] = lo, hi
+            if e < p and lo < hi:
+                earlier[0] = 1                       # v is in an earlier chunk: its block is there
+        cuda.syncthreads()
+        if earlier[0] == 1:
+            return
+        a = cuda.local.array(unroll, float32)
+        for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
+            s = float32(0.0)
+            for e in range(p, n_chunks):
+                k, hi = run_lo[e], run_hi[e]
+                row0 = e * S - v * S                 # position = row0 + key
+                while k + unroll <= hi:              # `unroll` loads in flight, then their adds in order
+                    for u in range(unroll):
+                        a[u] = dout[row0 + order[k + u], c]
+                    for u in range(unroll):
+                        s += a[u]
+                    k += unroll
+                while k < hi:
+                    s += dout[row0 + order[k], c]
+                    k += 1
+            dwte[v, c] += s
+    return k_embed_bwd
+
+
+k_embed_bwd_v5 = jit_as(_make_run_sums_v5(UNROLL_V4), 5)
+
+
+@blocks(gpu=(512, 1024), sim=(8, 4))
+def embed_bwd_v5(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *, block, stream=0):
+    """v4 (v2's bits) with each block's binary searches done once, one thread a chunk
+    (k_embed_bwd_v5); past MAX_CHUNKS chunks, v4's kernel."""
+    B, T, C = dout.shape
+    threads = min(block, cdiv(C, WARP) * WARP)
+    kernel = k_embed_bwd_v5 if cdiv(B * T, SORT_CHUNK) <= MAX_CHUNKS else k_embed_bwd_v4
+    _sorted_sums(kernel, threads, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream)
+
+
 VERSIONS = {"embed_fwd": {1: embed_fwd_v1},
-            "embed_bwd": {1: embed_bwd_v1, 2: embed_bwd_v2, 3: embed_bwd_v3, 4: embed_bwd_v4}}
-embed_fwd, embed_bwd = embed_fwd_v1, embed_bwd_v4          # what the engine uses
+            "embed_bwd": {1: embed_bwd_v1, 2: embed_bwd_v2, 3: embed_bwd_v3, 4: embed_bwd_v4, 5: embed_bwd_v5}}
+embed_fwd, embed_bwd = embed_fwd_v1, embed_bwd_v5          # what the engine uses
