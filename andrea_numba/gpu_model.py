@@ -258,6 +258,15 @@ class GPUModel:
         def keep(saved):
             if self.saved16:
                 cublaslt.round_into(_flat(saved), b["ln_out"], "bf16", s)
+
+        def residual_ln(resid, saved, mean, rstd, x_in, f, g, beta):
+            """resid = x_in + f and saved = LN(resid): the engine's residual_layernorm_fwd; with saved16
+            its v3, which writes the bf16 output itself, where the rows are whole 16-byte chunks."""
+            if self.saved16 and layernorm.fits_v3(resid, saved, x_in, f):
+                layernorm.residual_layernorm_fwd_v3(resid, saved, mean, rstd, x_in, f, g, beta, eps, stream=s)
+            else:
+                layernorm.residual_layernorm_fwd(resid, ln(saved), mean, rstd, x_in, f, g, beta, eps, stream=s)
+                keep(saved)
         # the first LayerNorm has no residual sum before it; every later one is fused with the
         # residual add that makes its input (layernorm.residual_layernorm_fwd)
         layernorm.layernorm_fwd(ln(b["ln1"][0]), b["ln1_mean"][0], b["ln1_rstd"][0], x[0],
@@ -277,9 +286,8 @@ class GPUModel:
             if p_drop:                                              # in place: branch = drop(branch)
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_ao, stream=s)
             # x_mid = x[l] + branch, then ln2 = LN2(x_mid): one kernel
-            layernorm.residual_layernorm_fwd(b["x_mid"][l], ln(b["ln2"][l]), b["ln2_mean"][l], b["ln2_rstd"][l], x[l],
-                                             b["branch"], P[p + "ln2.g"], P[p + "ln2.b"], eps, stream=s)
-            keep(b["ln2"][l])
+            residual_ln(b["x_mid"][l], b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], x[l], b["branch"],
+                        P[p + "ln2.g"], P[p + "ln2.b"])
             self.mlp_fwd(out=b["branch"], h_pre=b["h_pre"][l], h=b["h"][l], x=b["ln2"][l],
                          w_1=P[p + "mlp.w_1"], w_2=P[p + "mlp.w_2"], stream=s, **mlp_work)
             if p_drop:
@@ -289,9 +297,7 @@ class GPUModel:
                 nxt, q = (b["ln1"][l + 1], b["ln1_mean"][l + 1], b["ln1_rstd"][l + 1]), f"h{l + 1}.ln1."
             else:
                 nxt, q = (b["lnf"], b["lnf_mean"], b["lnf_rstd"]), "lnf."
-            layernorm.residual_layernorm_fwd(x[l + 1], ln(nxt[0]), *nxt[1:], b["x_mid"][l], b["branch"], P[q + "g"],
-                                             P[q + "b"], eps, stream=s)
-            keep(nxt[0])
+            residual_ln(x[l + 1], nxt[0], *nxt[1:], b["x_mid"][l], b["branch"], P[q + "g"], P[q + "b"])
         self.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], stream=s)
 
     def backward(self, dloss: float = 1.0):
@@ -402,10 +408,14 @@ LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp
 # "bf16r": bf16a's ops through matmul v16: Hopper's wgmma (v15) where no activation needs a transposed
 # copy, v13 for the weight gradients; the loss with two passes over the logits and dlogits written in
 # bf16 (attn_qkv, attn_out v13, mlp v17, loss_fwd v14, loss_bwd v13)
+# "bf16m": the same ops on matmul v17 alone: wgmma for every product, an operand stored with k down its
+# columns read M- or N-major through wgmma's transpose bits (attn_qkv, attn_out v14, mlp v18, loss_fwd
+# v15, loss_bwd v14)
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, **{kind: None for kind in LIBRARY_PRECISION}}
-MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14}   # the loss forward's, where not the linear ops'
+            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, **{kind: None for kind in LIBRARY_PRECISION}}
+MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17,
+               "bf16m": 18}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16r", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_lowp.py: v11 bf16, v12 fp16);
 # the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
@@ -432,7 +442,7 @@ def products_scratch(products: str, N: int, C: int, V: int) -> dict:
 
 # kinds whose products run wgmma, an instruction of Hopper GPUs only (sm_90a: compute capability 9.0)
 # -> the kind a run gets on any other GPU (the same math on mma.sync, other sums)
-WGMMA_KINDS = {"bf16r": "bf16a"}
+WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a"}
 
 
 def wgmma_runs_here() -> bool:
@@ -451,10 +461,10 @@ def products_kind(precision: str, products: str = "numba") -> str:
     kind = (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
     return WGMMA_KINDS[kind] if kind in WGMMA_KINDS and not wgmma_runs_here() else kind
 # products -> the precision of the twin that matches it (every other kind: fp32)
-COPIES_KINDS = {"bf16a", "bf16r"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
-SAVED16_KINDS = {"bf16a", "bf16r"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
-HELD_KINDS = {"bf16r"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
-PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "f16w": "fp16",
+COPIES_KINDS = {"bf16a", "bf16r", "bf16m"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
+SAVED16_KINDS = {"bf16a", "bf16r", "bf16m"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
+HELD_KINDS = {"bf16r", "bf16m"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
+PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "f16w": "fp16",
              **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 
 

@@ -39,6 +39,7 @@
 #          tables; the engine's bf16/fp16 model, quality and resume); s11 (the quality question at 2,000 steps
 #          with an fp32/cublas noise floor, the 120M model at bf16 and fp16, flash attention's kernels);
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
+#          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s12a (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's; run after mm13);
 #          s12b (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
 #          s12c (the step with cuBLASLt bf16 products and the new copies, then mm14);
@@ -385,6 +386,37 @@ PY
         profile_kernels kernels_120M_bf16r 45 --size 120M --products bf16r
         timeout 150 $py bench/gemm.py --versions 15 --blocks --json "$d/gemm_blocks.json" > "$d/gemm_blocks.md" 2> "$d/gemm_blocks.err"
         echo "gemm --blocks exit $?"; grep "^|" "$d/gemm_blocks.md"; tail -3 "$d/gemm_blocks.err" ;;
+    s13b) # the twelfth session's third run: matmul v17 (wgmma_mn.py: MN-major stages read through wgmma's
+        # transpose bits) and the ops on it (products "bf16m": attn_qkv, attn_out v14, mlp v18, loss v15/v14);
+        # embed_bwd v5 and residual_layernorm_fwd v3 (the engine's now); bf16r with its gradients rounded once.
+        #  1. at once: the wgmma probe (the MN-major layouts); the harness at 12M and 120M on those ops, matmul
+        #     v16 and v17, embed and residual_layernorm; the whole model with bf16m; bit-exact resume (bf16r)
+        #  2. alone: the step with bf16r and bf16m beside PyTorch bf16; the 120M bf16m step kernel by kernel;
+        #     matmul v15, v16, v17, v21; embed and residual_layernorm kernels
+        mkdir -p "$OUT/s13b"; d="$OUT/s13b"
+        timeout 240 $py bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
+        for size in 12M 120M; do
+          timeout 300 $py -m andrea_numba.check --size $size --seed 229 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
+              --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --op embed --op residual_layernorm \
+              --version 3 --version 5 --version 14 --version 15 --version 16 --version 17 --version 18 \
+              --json > "$d/ops_$size.json" 2> "$d/ops_$size.err" &
+          timeout 300 $py -m andrea_numba.check --size $size --seed 233 --compile-workers 2 --model-only --products bf16m \
+              --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
+        done
+        bash "$0" resume16 > "$d/resume16.log" 2>&1 &
+        wait
+        echo "wgmma probe:"; grep -i "mn_\|layouts right" "$d/wgmma.txt" | tail -30
+        for f in "$d"/ops_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        tail -3 "$d/resume16.log"; cat "$OUT/resume16/check.json"
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16r bf16m --iters 3 --json "$d/step.json" \
+            > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        profile_kernels kernels_120M_bf16m 45 --size 120M --products bf16m
+        timeout 120 $py bench/gemm.py --versions 15,16,17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
+        for op in embed residual_layernorm; do
+          timeout 100 $py bench/kernels.py $op --sizes 12M,120M --markdown "$d/kernels_$op.md" > "$d/kernels_$op.txt" 2>&1
+          echo "kernels $op exit $?"; grep "^|" "$d/kernels_$op.md" | head -30
+        done ;;
     s11) # for the next session (issue 11): the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
         # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's

@@ -68,3 +68,27 @@ def test_register_rows_give_the_bits_of_before(N, C, block):
             for name, p, q in zip(("dx", "df", "dg", "db"), u, v):
                 assert p.tobytes() == q.tobytes(), (version, name, alias)
             assert not np.array_equal(v[2], dg0) and np.isfinite(v[0]).all()  # dg accumulated, dx written
+
+
+def test_residual_layernorm_fwd_v3_writes_bf16_as_its_fp32_output_rounded():
+    """v3 (four channels a load) with a uint16 out writes the ties-to-even bf16 bits of what it writes
+    with an fp32 out; resid, mean and rstd the same either way; within float32 rounding of v1."""
+    from reference.precision import round_bf16
+    rng = np.random.default_rng(31)
+    N, C = 5, 24
+    x, f = (rng.standard_normal((N, C)).astype(np.float32) for _ in range(2))
+    g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    outs = {}
+    for name, dtype, version in (("fp32", np.float32, 3), ("bf16", np.uint16, 3), ("v1", np.float32, 1)):
+        resid, out = cuda.device_array((N, C), np.float32), cuda.to_device(np.zeros((N, C), dtype))
+        mean, rstd = cuda.device_array(N, np.float32), cuda.device_array(N, np.float32)
+        assert L.fits_v3(resid, out, cuda.to_device(x), cuda.to_device(f))
+        L.VERSIONS["residual_layernorm_fwd"][version](resid, out, mean, rstd, cuda.to_device(x), cuda.to_device(f),
+                                                       cuda.to_device(g), cuda.to_device(b), 1e-5)
+        outs[name] = [a.copy_to_host() for a in (resid, out, mean, rstd)]
+    bits = (round_bf16(outs["fp32"][1]).view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal(outs["bf16"][1], bits)
+    for i in (0, 2, 3):
+        assert outs["bf16"][i].tobytes() == outs["fp32"][i].tobytes()
+    for i in range(4):
+        np.testing.assert_allclose(outs["fp32"][i], outs["v1"][i], rtol=2e-6, atol=2e-6)

@@ -14,7 +14,7 @@ from numba import cuda, float32
 
 from .common import blocks
 from .cublaslt import HELD
-from .matmul import ASYNC_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_v13, resolve
+from .matmul import ASYNC_OP_TILES, MN_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_v13, resolve
 
 
 @functools.cache
@@ -234,6 +234,12 @@ attn_out_fwd_v12.precision = attn_out_bwd_v12.precision = "bf16"
 
 # v13: v12 through matmul v16 (out and dy on v15's wgmma, dW_O on v13), dout rounded to bf16 once for
 # both backward products (cublaslt.HELD), where v12 rounded it for each.
+def _bwd_held(kind, dy, dw_o, work, dout, y, w_o, block, stream):
+    d16 = HELD.round(dout, stream)
+    WARP_MATMUL[kind](dy, work, d16, w_o, trans_b=True, block=block, stream=stream)
+    WARP_MATMUL[kind](dw_o, work, y, d16, trans_a=True, accumulate=True, block=block, stream=stream)
+
+
 @blocks(**RING_TILES)
 def attn_out_fwd_v13(out, y, w_o, *, block, stream=0):
     """out = y @ W_O through matmul v16 (v15's wgmma)."""
@@ -244,15 +250,27 @@ def attn_out_fwd_v13(out, y, w_o, *, block, stream=0):
 def attn_out_bwd_v13(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """dy = dout @ W_O^T (v15), dW_O += y^T @ dout (v13, split over K into work), through matmul v16;
     dout rounded to bf16 once (cublaslt.HELD)."""
-    d16 = HELD.round(dout, stream)
-    WARP_MATMUL["bf16r"](dy, work, d16, w_o, trans_b=True, block=block, stream=stream)
-    WARP_MATMUL["bf16r"](dw_o, work, y, d16, trans_a=True, accumulate=True, block=block, stream=stream)
+    _bwd_held("bf16r", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
+# v14: v13 on matmul v17 (wgmma for both backward products, dW_O's operands read as stored).
+@blocks(**MN_TILES)
+def attn_out_fwd_v14(out, y, w_o, *, block, stream=0):
+    """out = y @ W_O through matmul v17."""
+    WARP_MATMUL["bf16m"](out, None, y, w_o, block=block, stream=stream)
+
+
+@blocks(**MN_TILES)
+def attn_out_bwd_v14(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v13's backward with both products on matmul v17."""
+    _bwd_held("bf16m", dy, dw_o, work, dout, y, w_o, block, stream)
 
 
 attn_out_fwd_v13.precision = attn_out_bwd_v13.precision = "bf16"
+attn_out_fwd_v14.precision = attn_out_bwd_v14.precision = "bf16"
 
 VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7,
-                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10, 11: attn_out_fwd_v11, 12: attn_out_fwd_v12, 13: attn_out_fwd_v13},
+                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10, 11: attn_out_fwd_v11, 12: attn_out_fwd_v12, 13: attn_out_fwd_v13, 14: attn_out_fwd_v14},
             "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7,
-                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10, 11: attn_out_bwd_v11, 12: attn_out_bwd_v12, 13: attn_out_bwd_v13}}
+                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10, 11: attn_out_bwd_v11, 12: attn_out_bwd_v12, 13: attn_out_bwd_v13, 14: attn_out_bwd_v14}}
 attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7          # what the engine uses

@@ -18,7 +18,7 @@ from numba import cuda, float32
 
 from .common import blocks
 from .cublaslt import HELD
-from .matmul import ASYNC_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve
+from .matmul import ASYNC_OP_TILES, MN_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve
 
 
 @functools.cache
@@ -279,30 +279,52 @@ attn_qkv_fwd_v12.precision = attn_qkv_bwd_v12.precision = "bf16"
 # v13: v12's products through matmul v16: wgmma (v15) for q, k, v and dx, v13 for the weight gradients;
 # each of dq, dk, dv rounded to bf16 once (cublaslt.HELD) for its two products, where v12 rounded it
 # for each. The products run in the order (dx, dW_Q), (dx, dW_K), (dx, dW_V): dx still sums q, k, v.
-@blocks(**RING_TILES)
-def attn_qkv_fwd_v13(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul v16 (v15's wgmma)."""
+# v14: the same on matmul v17 (wgmma for every product, the weight gradients' operands read as stored).
+def _fwd_chain(kind, q, k, v, x, w_q, w_k, w_v, block, stream):
     for out, w in ((q, w_q), (k, w_k), (v, w_v)):
-        WARP_MATMUL["bf16r"](out, None, x, w, block=block, stream=stream)
+        WARP_MATMUL[kind](out, None, x, w, block=block, stream=stream)
 
 
-@blocks(**RING_TILES)
-def attn_qkv_bwd_v13(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v12's six products through matmul v16: dx's three on v15 (wgmma), the weight gradients on v13;
-    dq, dk, dv each rounded to bf16 once (cublaslt.HELD)."""
-    mm = WARP_MATMUL["bf16r"]
+def _bwd_held(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
+    mm = WARP_MATMUL[kind]
     for i, (d, w, dw) in enumerate(((dq, w_q, dw_q), (dk, w_k, dw_k), (dv, w_v, dw_v))):
         d16 = HELD.round(d, stream)
         mm(dx, work, d16, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)   # dx (+)= d @ W^T
         mm(dw, work, x, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW += x^T @ d
 
 
+@blocks(**RING_TILES)
+def attn_qkv_fwd_v13(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul v16 (v15's wgmma)."""
+    _fwd_chain("bf16r", q, k, v, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**RING_TILES)
+def attn_qkv_bwd_v13(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """v12's six products through matmul v16: dx's three on v15 (wgmma), the weight gradients on v13;
+    dq, dk, dv each rounded to bf16 once (cublaslt.HELD)."""
+    _bwd_held("bf16r", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**MN_TILES)
+def attn_qkv_fwd_v14(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """q, k, v: three products of matmul v17 (wgmma, W read N-major as stored)."""
+    _fwd_chain("bf16m", q, k, v, x, w_q, w_k, w_v, block, stream)
+
+
+@blocks(**MN_TILES)
+def attn_qkv_bwd_v14(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """v13's backward with all six products on matmul v17."""
+    _bwd_held("bf16m", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+
+
 attn_qkv_fwd_v13.precision = attn_qkv_bwd_v13.precision = "bf16"
+attn_qkv_fwd_v14.precision = attn_qkv_bwd_v14.precision = "bf16"
 
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
 VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7,
-                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_v12, 13: attn_qkv_fwd_v13},
+                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_v12, 13: attn_qkv_fwd_v13, 14: attn_qkv_fwd_v14},
             "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7,
-                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_v12, 13: attn_qkv_bwd_v13}}
+                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_v12, 13: attn_qkv_bwd_v13, 14: attn_qkv_bwd_v14}}
 attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7          # what the engine uses

@@ -374,14 +374,18 @@ def wide_rows(a) -> bool:
     return a.shape[1] % 4 == 0 and a.strides[1] == 4 and a.strides[0] == 4 * a.shape[1] and address(a) % 16 == 0
 
 
+def _fwd_two_pass(kind, loss, losses, probs, x, wte, targets, block, stream):
+    N, V = probs.shape
+    WARP_MATMUL[kind](probs, None, x, wte, trans_b=True, stream=stream)         # logits = x @ wte^T, into probs
+    k_loss_fwd_v2[N, row_threads(V, block), stream](losses, probs, targets, wide_rows(probs))
+    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+
+
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd_v14(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """The logits from matmul v16 (bf16 products); the softmax in two passes over a row
     (k_loss_fwd_v2, on v9's row_threads), the loss in fp32."""
-    N, V = probs.shape
-    WARP_MATMUL["bf16r"](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
-    k_loss_fwd_v2[N, row_threads(V, block), stream](losses, probs, targets, wide_rows(probs))
-    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+    _fwd_two_pass("bf16r", loss, losses, probs, x, wte, targets, block, stream)
 
 
 @cuda.jit
@@ -410,10 +414,7 @@ def k_loss_bwd_v2(d16, d_words, probs, targets, scale, wide):
             d16[row, v] = bf16x2(p * scale, float32(0.0)) & 0xFFFF
 
 
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v13(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """dlogits written as bf16 into the operand scratch (k_loss_bwd_v2; the fp32 dlogits buffer is
-    unused), then dx = dlogits @ wte and dwte += dlogits^T @ x (split over K into work) by matmul v16."""
+def _bwd_bf16(kind, dx, dwte, work, dloss, x, wte, probs, targets, block, stream):
     N, V = probs.shape
     C = x.shape[1]
     scale = np.float32(float(dloss) / N)
@@ -422,15 +423,37 @@ def loss_bwd_v13(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, bloc
     wide = wide_rows(probs) and address(d16) % 8 == 0          # (the scratch starts 256-byte aligned)
     d_words = d16.reshape(N * V).view(np.int32).reshape(N, V // 2) if wide else d16   # (unused when not wide)
     k_loss_bwd_v2[N, block, stream](d16, d_words, probs, targets, scale, wide)
-    mm = WARP_MATMUL["bf16r"]
+    mm = WARP_MATMUL[kind]
     mm(dx, None, d16, wte, stream=stream)                                       # dx = dlogits @ wte
     mm(dwte, work, d16, x, trans_a=True, accumulate=True, stream=stream)        # dwte += dlogits^T @ x
 
 
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v13(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """dlogits written as bf16 into the operand scratch (k_loss_bwd_v2; the fp32 dlogits buffer is
+    unused), then dx = dlogits @ wte and dwte += dlogits^T @ x (split over K into work) by matmul v16."""
+    _bwd_bf16("bf16r", dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
+
+
+# v15 forward, v14 backward: v14 and v13 with the products on matmul v17 (wgmma for all three, wte and
+# dlogits read as stored: no transposed copy of either).
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v15(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """v14 with the logits from matmul v17."""
+    _fwd_two_pass("bf16m", loss, losses, probs, x, wte, targets, block, stream)
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v14(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """v13 with both products on matmul v17."""
+    _bwd_bf16("bf16m", dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
+
+
 loss_fwd_v14.precision = loss_bwd_v13.precision = "bf16"
+loss_fwd_v15.precision = loss_bwd_v14.precision = "bf16"
 
 VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9,
-                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13, 14: loss_fwd_v14},
+                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13, 14: loss_fwd_v14, 15: loss_fwd_v15},
             "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8,
-                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12, 13: loss_bwd_v13}}
+                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12, 13: loss_bwd_v13, 14: loss_bwd_v14}}
 loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses

@@ -808,13 +808,13 @@ def _k_matmul_v17(tile, trans_a, trans_b):
     return jit_as(k_matmul, 17)                        # k_matmul_v17
 
 
-def _v17_resident(kernel, args, threads, shared):
-    """Blocks of the v17 kernel the GPU runs at once, with its dynamic shared memory (v15's query):
-    allowed the shared memory first (allow_shared) where it passes 48 KiB. The simulator's
+def _v17_resident(kernel, compiled, args, threads, shared):
+    """Blocks of the v17 kernel the GPU runs at once with its dynamic shared memory (v15's query);
+    compiled: what allow_shared returned (None at 48 KiB or less: compiled here). The simulator's
     stand-in: RESIDENT_BLOCKS, as for every product."""
     if SIMULATOR:
         return RESIDENT_BLOCKS
-    compiled = allow_shared(kernel, args, shared) or kernel.compile(tuple(numba.typeof(x) for x in args))
+    compiled = compiled or kernel.compile(tuple(numba.typeof(x) for x in args))
     return compiled.max_cooperative_grid_blocks(threads, shared)
 
 
@@ -834,8 +834,8 @@ def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     t = make_mn_tile(tile)
     kernel = _k_matmul_v17(tile, trans_a, trans_b)
     args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
-    allow_shared(kernel, args, t.SHARED)
-    resident = 0 if work is None else _v17_resident(kernel, args, t.THREADS, t.SHARED)
+    compiled = allow_shared(kernel, args, t.SHARED)              # past 48 KiB: the driver must allow it
+    resident = 0 if work is None else _v17_resident(kernel, compiled, args, t.THREADS, t.SHARED)
     S, ksplit = splitk(M, N, K, 1, block, work, resident)       # v15's slices of K, no atomics
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
     kernel[t.grid(M, N, S), t.THREADS, stream, t.SHARED](out, part, a16, b16, accumulate, ksplit)
@@ -845,4 +845,5 @@ def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 matmul_v17.precision = "bf16"
 WARP_KERNELS["bf16m"] = (17, "bf16 wgmma on the bf16 copies as stored: MN-major stages read through the transpose bits")
-VERSIONS["matmul"][17] = matmul_v17          # not in WARP_MATMUL, as v14 and v15
+VERSIONS["matmul"][17] = matmul_v17
+WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the linear ops on v17 alone
