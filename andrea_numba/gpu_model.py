@@ -416,10 +416,11 @@ PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "t
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17,
                "bf16m": 18}
 LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15}   # the loss forward's, where not the linear ops'
-PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16r", "fp16": "f16w"}   # train.precision -> the engine's products
-# flash attention's version by the products' precision (kernels/attn_flash_lowp.py: v11 bf16, v12 fp16);
+PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16m", "fp16": "f16w"}   # train.precision -> the engine's products
+# flash attention's version by the products' precision (kernels/attn_flash_v13.py: v13 bf16; attn_flash_lowp.py:
+# v12 fp16, and v11, bf16's before v13);
 # the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
-FLASH_VERSION = {"bf16": 11, "fp16": 12}
+FLASH_VERSION = {"bf16": 13, "fp16": 12}
 LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
 
 

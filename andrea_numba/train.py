@@ -64,7 +64,7 @@ from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
-from .gpu_model import GPUModel, products_kind
+from .gpu_model import FLASH_VERSION, GPUModel, products_kind
 from .kernels import cublaslt, optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
@@ -289,7 +289,9 @@ class Trainer:
         self.device = device_name()
         self.allocate()
         self.log(f"launches: {self.describe_launches()}")
-        self.log(f"precision: {PRECISION_NOTES[t.precision]}")
+        self.log("precision: " + PRECISION_NOTES[t.precision].format(
+            matmul=BF16_MATMUL.get(self.model.products, f"products {self.model.products}"),
+            flash=FLASH_VERSION.get(t.precision)))
         if t.products == "cublas":
             self.log(f"products: cuBLASLt {cublaslt.version()} (kernels/cublaslt.py; every other op our kernels)")
         self.timings = {"setup_s": 0.0, "train_s": 0.0}
@@ -811,9 +813,11 @@ def format_eta(seconds: float) -> str:
 # command line
 
 # train.precision: what the log says of it (gpu_model.PRODUCTS_FOR: the products it runs)
+# what runs the bf16 products, by products kind (gpu_model.products_kind: bf16a where wgmma cannot run)
+BF16_MATMUL = {"bf16m": "matmul v17 (Hopper's wgmma)", "bf16a": "matmul v13 (mma.sync)"}
 PRECISION_NOTES = {
     "fp32": "fp32 (products on tensor cores as 3xTF32, as accurate as fp32)",
-    "bf16": "bf16 products (attn_qkv, attn_out, mlp, the classifier on matmul v13, and flash attention v11: "
+    "bf16": "bf16 products (attn_qkv, attn_out, mlp, the classifier on {matmul}, and flash attention v{flash}: "
             "inputs rounded to bf16, sums in fp32), the LayerNorms' and the GELU's outputs saved as bf16; weights, "
             "gradients, AdamW, LayerNorm, the softmax and the loss in fp32",
     "fp16": "fp16 products (attn_qkv, attn_out, mlp, the classifier and flash attention v12: inputs rounded "

@@ -11,13 +11,13 @@ v13 keeps the numbers and changes where they live.
 THE TILES. A block is (WARPS, BKV): BQ = 16 WARPS "own" rows (query rows in the forward and the
 dq kernel, key rows in the dk/dv kernel), warp w owning rows 16 w .. 16 w + 15, and "inner"
 tiles of BKV rows (keys, or queries in the dk/dv kernel) walked one after the other. At the
-head size hs = 64 of 12M and 120M (HSP = 64 channels, tiles padded with zeros to 16, 32 or a
-multiple of 64 channels) with the default blocks:
+head size hs = 64 of 12M and 120M (HSP = 64 channels; in general hs is padded with zeros to
+HSP = 16, 32 or a multiple of 64) with the default blocks:
 
-    kernel          block     own tiles (bf16)          inner tiles (bf16, two buffers)   shared
-    forward         (4, 64)   Q  64 x 64:  8 KiB        K, V  2 x 2 x 64 x 64: 32 KiB      40 KiB
-    dq              (4, 32)   Q, dY 2 x 64 x 64: 16 KiB K, V  2 x 2 x 32 x 64: 16 KiB     32.25 KiB (+ D)
-    dk/dv           (4, 32)   K, V  2 x 64 x 64: 16 KiB Q, dY 2 x 2 x 32 x 64: 16 KiB     32.5 KiB (+ lse, D)
+    kernel   block    own tiles (bf16)               inner tiles (bf16, two buffers each)   shared
+    forward  (8, 64)  Q      128 x 64:      16 KiB   K, V   2 x 2 x 64 x 64:  32 KiB        48 KiB
+    dq       (4, 32)  Q, dY  2 x 64 x 64:   16 KiB   K, V   2 x 2 x 32 x 64:  16 KiB        32 KiB + D (256 B)
+    dk/dv    (4, 32)  K, V   2 x 64 x 64:   16 KiB   Q, dY  2 x 2 x 32 x 64:  16 KiB        32 KiB + lse, D (512 B)
 
 Every tile is stored as bf16, two values to a 32-bit word, a row of HSP values = HSP / 2 words,
 its 16-byte chunks swizzled (chunk q of row r at chunk q ^ s(r): half_tile.py, point 3), so that
@@ -63,9 +63,11 @@ c0..c3 of 8-column fragment n go to acc[0, 2n], acc[0, 2n+1], acc[1, 2n], acc[1,
    channel fragments 2 nj and 2 nj + 1 (matrix i: keys + 8 (i & 1), channels + 8 (i >> 1)). The
    same stored tile serves both products: K is read straight for s and transposed for dq.
 
-4. The softmax's row statistics. A row's 16 ... BKV scores are spread over the 4 lanes of a quad
-   (t = 0..3); the row maximum is two butterfly shuffles (shfl.sync.bfly with lane masks 1 and 2:
-   every lane ends with the same maximum, no shared memory), and so is l at the end.
+4. The softmax's row statistics. A row's BKV scores are spread over the 4 lanes of a quad
+   (t = 0..3, BKV / 4 each); the row maximum is two butterfly shuffles (shfl.sync.bfly with lane
+   masks 1 and 2: every lane ends with the same maximum, no shared memory), and so is l at the
+   end. Because the maximum is an integer it rarely moves once the first keys are seen: when
+   neither of a thread's rows moved (alpha = 1 exactly) the rescale of o and l is skipped.
 
 THE PIPELINE (one barrier a tile). The inner tiles come in two shared buffers; the next tile's
 fp32 values are fetched into registers (r) one matrix at a time and stored, rounded, into the
@@ -81,11 +83,29 @@ own; K_j+1's loads are in flight across a barrier and a product, V_j+1's across 
 product. The backward kernels run the same pipeline with (K, V) or (Q, dY, lse, D) as inner tiles.
 
 CAUSALITY. A warp whose 16 rows see none of a tile's keys (forward, dq: the tile starts after the
-warp's last row; dk/dv: the tile's last query is before the warp's first key) skips its products
-and softmax for that tile (the block still copies the tile: every warp reaches every barrier).
-Only tiles that cross the diagonal or the end T test each element; the others take every score.
-A skipped tile would have added exact zeros (p = 0 to the sums, m unchanged), so skipping moves
+warp's last row, or all its rows are past T; dk/dv: the tile's last query is before the warp's
+first key) skips its products and softmax for that tile (the block still copies the tile: every
+warp reaches every barrier). Only tiles that cross the diagonal or the end T test each element
+(and tiles with dropout draw its masks); the others take every score without a test. A skipped
+tile would have added exact zeros (p = 0 to the sums, the integer m unchanged), so skipping moves
 no bit. The grids are v8's: (B H, tiles), the longest tiles of every head first.
+
+THE BLOCKS (sm_90, hs = 64, ptxas 13.0 -v: registers a thread, spills, static shared memory):
+
+    forward   (8, 64) 128 regs, no spill, 48 KiB     (4, 64) 168, none, 40 KiB
+              (8, 32) 128, none, 32 KiB              (4, 32) 127, none, 24 KiB
+    dq        (4, 32) 144, none, 33,024 B            (8, 16) 128, none, 41,472 B
+              (4, 16) 128, none, 24,832 B            (2, 32) 168, none, 24,704 B
+    dk/dv     (4, 32) 213, none, 33,280 B            (8, 16) 128, 24 B spilled, 41,216 B
+              (4, 16) 172, none, 24,832 B            (2, 32) 244, none, 25,088 B
+
+Blocks of 8 warps are compiled with launch bounds (256 threads, 2 blocks a multiprocessor), which
+caps them at 128 registers: two blocks, 16 warps, share a multiprocessor (without the bounds
+ptxas gave the forward 166 registers: one block, 8 warps). Per key tile and warp, the hot loop
+of the forward at (8, 64) issues about 550 SASS instructions for its 64 mma.sync (32 for s, 32
+for p~ f V; 36 ldmatrix.x4; 600 when the maximum moves), the dq kernel at (4, 32) about 530 for
+48, the dk/dv kernel about 620 for 64: 8 to 11 instructions a tensor-core instruction, where v11
+issued about 37 (forward, (4, 16): 600 for 16 mma.sync) and 48 to 49 (backward, (2, 16)).
 
 THE SAME MATH AS v11 (the twin at bf16 and the harness's tolerances hold): the inputs of the five
 kinds of product rounded to bf16 (ties to even) as v11 rounds them, every product exact, sums in
@@ -97,7 +117,8 @@ v10's bits). What changes is the order of some fp32 sums:
   - the k steps of every product are chained inside the tensor core (D = A B + C), and so are the
     key (query) tiles of o, dq, dk and dv; v11 started each k16 step from zero and added it in fp32;
   - l's four lane parts are added (l0 + l1) + (l2 + l3) (a butterfly), v11 ((l0 + l1) + l2) + l3;
-  - a masked score is set to -inf and gives p~ = 2^-inf = 0 (v11 set p = 0 by a branch: the same).
+  - a masked score is set to -inf and gives p~ = 2^-inf = 0 (v11 set p = 0 by a branch: the same);
+  - a rescale by alpha = 1 is skipped (multiplying by 1 changes no bit).
 Every output element is still summed by one thread (one warp's tensor core) in a fixed order: no
 atomics, bit-identical reruns.
 
@@ -119,7 +140,7 @@ from numba import cuda, float32, int32, uint64
 
 from .attn import NEG_INF, _check
 from .attn_flash_v3 import aligned_rows
-from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv, jit_as, nonneg
+from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv, nonneg
 from .dropout import dropout_factor, key_value, mask_args
 from .half_tile import _word
 from .ptx import bf16x2, ldmatrix_x4, ldmatrix_x4_trans, load4, mma_bf16, store2
@@ -129,10 +150,11 @@ if SIMULATOR:
     from .ptx import ldmatrix_warp, mma_bf16_warp       # the warp instructions' NumPy twins
 
 # (WARPS, BKV): 16 WARPS own rows, inner tiles of BKV rows (a multiple of 16). GPU: the first is
-# the default; each fits 48 KiB of static shared memory at hs = 64 (module docstring). Simulator:
-# one warp, and two warps (a warp that skips a tile while the other computes it), tiles of 16.
-FLASH_V13_FWD_BLOCKS = dict(gpu=((4, 64), (8, 32), (4, 32), (8, 64)), sim=((1, 16), (2, 16)))
-FLASH_V13_BWD_BLOCKS = dict(gpu=((4, 32), (8, 16), (4, 16), (2, 64)), sim=((1, 16), (2, 16)))
+# the default; each fits 48 KiB of static shared memory at hs = 64 and compiles for sm_90 without
+# spills but dk/dv at (8, 16) (module docstring, THE BLOCKS). Simulator: one warp, and two warps
+# (a warp that skips a tile while the other computes it), tiles of 16.
+FLASH_V13_FWD_BLOCKS = dict(gpu=((8, 64), (4, 64), (8, 32), (4, 32)), sim=((1, 16), (2, 16)))
+FLASH_V13_BWD_BLOCKS = dict(gpu=((4, 32), (8, 16), (4, 16), (2, 32)), sim=((1, 16), (2, 16)))
 SHARED_LIMIT = 48 * 1024                    # bytes of static shared memory per block
 LN2 = 0.6931471805599453
 FULL = 0xFFFFFFFF                           # every lane of the warp takes part in a shuffle
@@ -147,17 +169,39 @@ def padded_head(hs: int) -> int:
     return cdiv(hs, 64) * 64
 
 
-def _swizzle(W: int):
-    """s(r) of half_tile._word for rows of W words: the chunk XOR of tile row r, (r >> shift) & (X - 1),
-    which reads bits 0..2 of r only (a period of 8 rows). A device function, or in the simulator a
-    plain function (it also takes NumPy arrays of lanes)."""
+def fragment_words(W: int):
+    """(lane_frag, frag_word) for tiles of W words a row: the words lanes hand to ldmatrix.
+
+    ldmatrix (half_tile.py, point 2): lane 8 i + j gives row j of 8 x 8 matrix i. In the 16 x 16
+    block at tile rows r0 + 0..15 (r0 a multiple of 16) and 16-byte chunks 2 step, 2 step + 1, the
+    lane's row is r0 + 8 b + (lane & 7) and its chunk 2 step + b', b and b' two bits of the lane.
+    The swizzle s of a row reads only its bits 0..2, lane & 7 (the 8 b and r0 leave them), so the
+    chunk is stored at (2 step) ^ (b' ^ s(lane & 7)), and the word is
+        r0 W  +  (8 b + (lane & 7)) W  +  ((8 step) ^ (4 (b' ^ s(lane & 7))))
+    a constant, a per-lane offset, and one XOR of a per-lane value with 8 step: lane_frag(lane)
+    gives the per-lane values once, frag_word(r0, step, off, bits) the word.
+        A of an own tile (rows m, chunks: k steps ks)              b = lane bit 3, b' = bit 4   (offA, bitsA)
+        B of an inner tile as [n = key, k = channel] (chunks ks)   b = lane bit 4, b' = bit 3   (offB, bitsB)
+        B of an inner tile as [k = key, n = channel] (.trans; rows: keys 16 kc.., chunks: channel
+          pairs nj)                                                b = lane bit 3, b' = bit 4   (offA, bitsA)
+    Device functions, or in the simulator plain functions (they take NumPy arrays of lanes too)."""
     C = W // 4
     X = min(C, 8)
-    shift = {1: 3, 2: 2, 4: 1, 8: 0}[X]
+    shift = {1: 3, 2: 2, 4: 1, 8: 0}[X]               # half_tile._word's s(r) = (r >> shift) & (X - 1)
 
-    def swz(r):
-        return (r >> shift) & (X - 1)
-    return swz if SIMULATOR else cuda.jit(device=True, inline="always")(swz)
+    def lane_frag(lane):
+        """(offA, bitsA, offB, bitsB) of this lane."""
+        sw = ((lane & 7) >> shift) & (X - 1)
+        return (((lane & 7) + 8 * ((lane >> 3) & 1)) * W, (((lane >> 4) & 1) ^ sw) << 2,
+                ((lane & 7) + 8 * ((lane >> 4) & 1)) * W, (((lane >> 3) & 1) ^ sw) << 2)
+
+    def frag_word(r0, step, off, bits):
+        """The word this lane hands to ldmatrix for the block at tile rows r0.., chunk pair step."""
+        return r0 * W + off + ((8 * step) ^ bits)
+
+    if SIMULATOR:
+        return lane_frag, frag_word
+    return cuda.jit(device=True, inline="always")(lane_frag), cuda.jit(device=True, inline="always")(frag_word)
 
 
 def shared_bytes(hs: int, warps: int, bkv: int, kernel: str) -> int:
@@ -203,7 +247,8 @@ if SIMULATOR:
         (x_q+2 + x_q+3) in float32 (every lane of the quad gets the same bits)."""
         v = warp_gather(np.array([x0, x1], np.float32), w, lane)
         q = lane & ~3
-        return (v[q, 0] + v[q + 1, 0]) + (v[q + 2, 0] + v[q + 3, 0]), (v[q, 1] + v[q + 1, 1]) + (v[q + 2, 1] + v[q + 3, 1])
+        return ((v[q, 0] + v[q + 1, 0]) + (v[q + 2, 0] + v[q + 3, 0]),
+                (v[q, 1] + v[q + 1, 1]) + (v[q + 2, 1] + v[q + 3, 1]))
 else:
     @cuda.jit(device=True, inline="always")
     def quad_max2(x0, x1, w, lane):
@@ -246,7 +291,6 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
     assert BKV % 16 == 0, f"inner tiles of {BKV} rows: a multiple of 16"
 
     word = _word(W)                # the swizzled word of (tile row, 16-byte chunk): half_tile.py, point 3
-    SWZ = _swizzle(W)              # s(r): the XOR of row r's chunks (period 8 rows)
 
     def copier(R):
         """fetch(regs, x, r0, c0, T): this thread's 4-float chunks of the R x HSP tile of x [T, C]
@@ -297,29 +341,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
                     store2(s, wi, bf16x2(regs[4 * i], regs[4 * i + 1]), bf16x2(regs[4 * i + 2], regs[4 * i + 3]))
         return fetch, put, 4 * CH
 
-    # ldmatrix addresses (half_tile.py, point 2, with the swizzle worked out): lane 8 i + j gives
-    # row j of matrix i. In a tile of rows r0 + 0..15 (r0 a multiple of 16) the lane's row is
-    # r0 + 8 b + (lane & 7), b one bit of the lane, and its chunk 2 step + b' (b' the other bit):
-    # the swizzle of a row only reads the row's bits 0..2, lane & 7, so the stored chunk is
-    # (2 step) ^ (b' ^ s(lane & 7)), and the word index
-    #     r0 W + (8 b + (lane & 7)) W + ((8 step) ^ (4 (b' ^ s(lane & 7))))
-    # is a constant, a per-lane offset, and one XOR of a per-lane value with 8 step.
-    #   A of an own tile (rows = m, chunks = k steps ks):  b = lane bit 3, b' = lane bit 4  (offA, bitsA)
-    #   B of an inner tile [n, k] (rows = keys, chunks ks): b = bit 4, b' = bit 3            (offB, bitsB)
-    #   B of an inner tile [k, n] (.trans: rows = keys k, chunks = channel pairs nj): b = bit 3, b' = bit 4:
-    #   the same lane values as A.
-    def lane_frag(lane):
-        """(offA, bitsA, offB, bitsB) of this lane (the comment above)."""
-        sw = SWZ(lane & 7)
-        return (((lane & 7) + 8 * ((lane >> 3) & 1)) * W, (((lane >> 4) & 1) ^ sw) << 2,
-                ((lane & 7) + 8 * ((lane >> 4) & 1)) * W, (((lane >> 3) & 1) ^ sw) << 2)
-
-    def frag_word(r0, step, off, bits):
-        """The word lane hands to ldmatrix for the 16 x 16 block at tile rows r0.., chunk pair step."""
-        return r0 * W + off + ((8 * step) ^ bits)
-
-    lane_frag, frag_word = (lane_frag, frag_word) if SIMULATOR else (
-        cuda.jit(device=True, inline="always")(lane_frag), cuda.jit(device=True, inline="always")(frag_word))
+    lane_frag, frag_word = fragment_words(W)       # ldmatrix's addresses (fragment_words)
 
     fetch_own, put_own, EO = copier(BQ)
     fetch, put, E = copier(BKV)
@@ -344,14 +366,6 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
             af[kc, 1] = bf16x2(p[1, 4 * kc], p[1, 4 * kc + 1])             # a1: row g+8
             af[kc, 2] = bf16x2(p[0, 4 * kc + 2], p[0, 4 * kc + 3])         # a2: row g, keys 2t+8, 2t+9
             af[kc, 3] = bf16x2(p[1, 4 * kc + 2], p[1, 4 * kc + 3])         # a3: row g+8
-
-    @cuda.jit(device=True)
-    def grad_score(sv, dpv, scale, lse_t, d_t, drop, key, flat, threshold, dscale):
-        """ds = P (f dp - D) of one score s, P = exp(scale s - lse) (the dq kernel's, v11's order)."""
-        p = math.exp(sv * scale - lse_t)
-        if drop:
-            dpv *= dropout_factor(key, flat, threshold, dscale)
-        return p * (dpv - d_t)
 
     if SIMULATOR:
         LANES = np.arange(WARP)
@@ -429,9 +443,9 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
             p~ = 2^(s - m_new)         l += p~ (before dropout)     o += (p~ f) @ v   (mma_rs)
         and at the end y = o / l, lse = ln 2 (m + log2 l)."""
         key = key_value(dropout_key)
-        sq = cuda.shared.array(OWN_WORDS, int32, alignment=16)            # the block's q rows, bf16
-        sk = cuda.shared.array(INNER_WORDS, int32, alignment=16)      # K tiles, two buffers
-        sv = cuda.shared.array(INNER_WORDS, int32, alignment=16)      # V tiles of the same keys
+        sq = cuda.shared.array(OWN_WORDS, int32, alignment=16)     # the block's q rows, bf16
+        sk = cuda.shared.array(INNER_WORDS, int32, alignment=16)   # K tiles, two buffers
+        sv = cuda.shared.array(INNER_WORDS, int32, alignment=16)   # V tiles of the same keys
         ro = cuda.local.array(EO, float32)                 # this thread's share of the q rows
         r = cuda.local.array(E, float32)                   # the next K or V tile, on its way in
         s = cuda.local.array((2, SB), float32)             # scores, then p~ f: rows g, g + 8
@@ -471,13 +485,13 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
             u0 = j * BKV
             cur = j & 1
             more = j + 1 < n_tiles                         # the same in every thread of the block
-            active = u0 <= row0 + 15                       # the warp's rows see some of these keys
+            active = u0 <= row0 + 15 and row0 < T          # the warp's rows see some of these keys
             if active:
                 zero(s)
-                mma_ss(s, sq, 16 * w, sk[cur], fr, w, lane)    # s = q k^T
+                mma_ss(s, sq, 16 * w, sk[cur], fr, w, lane)  # s = q k^T
             if more:
                 put(sk[1 - cur], r)                        # K of the next tile (read before the last barrier)
-                fetch(r, vb, u0 + BKV, c0, T)     # V of the next tile: in flight from here
+                fetch(r, vb, u0 + BKV, c0, T)             # V of the next tile: in flight from here
             if active:
                 diag = u0 + BKV - 1 > row0                 # some key of the tile after some row: mask
                 for hh in range(2):
@@ -498,11 +512,16 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
                     mx[hh] = mt
                 mx[0], mx[1] = quad_max2(mx[0], mx[1], w, lane)   # the rows' maxima over their 4 lanes
                 for hh in range(2):
-                    m_new = float32(math.ceil(max(m[hh], mx[hh])))   # an integer: p~ rounds alike in every tiling
-                    alpha = math.exp2(m[hh] - m_new)       # a power of two; 0 at the first tile
-                    lsum[hh] *= alpha
-                    for jj in range(SH):
-                        o[hh, jj] *= alpha
+                    mx[hh] = float32(math.ceil(max(m[hh], mx[hh])))  # m_new, an integer: p~ rounds alike
+                    #                                                   in every tiling (v11's point 3)
+                if mx[0] != m[0] or mx[1] != m[1]:         # else alpha = 1 for both rows (most tiles): skip
+                    for hh in range(2):
+                        alpha = math.exp2(m[hh] - mx[hh])  # a power of two; 0 at the first tile
+                        lsum[hh] *= alpha
+                        for jj in range(SH):
+                            o[hh, jj] *= alpha
+                for hh in range(2):
+                    m_new = mx[hh]
                     rowflat = ((b * H + h) * T + row0 + 8 * hh + g) * T + u0     # [b, h, t, u0] (dropout)
                     for jj in range(SB):
                         p = math.exp2(s[hh, jj] - m_new)
@@ -512,11 +531,11 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
                         s[hh, jj] = p
                     m[hh] = m_new
                 pack(pf, s)
-                mma_rs(o, pf, sv[cur], fr, w, lane)            # o += (p~ f) @ v
+                mma_rs(o, pf, sv[cur], fr, w, lane)        # o += (p~ f) @ v
             if more:
                 put(sv[1 - cur], r)
                 if j + 2 < n_tiles:
-                    fetch(r, kb, u0 + 2 * BKV, c0, T)   # K two tiles on: in flight across the barrier
+                    fetch(r, kb, u0 + 2 * BKV, c0, T)     # K two tiles on: in flight across a barrier
                 cuda.syncthreads()                         # the next tiles are in; this tile's buffers free
         l0, l1 = quad_sum2(lsum[0], lsum[1], w, lane)      # l: the four lanes' parts
         for hh in range(2):
@@ -537,11 +556,11 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
         D[t] = dy[t] . y[t] is worked out here, a thread a row in channel order (v10), and written
         to d_rowdot for the dk/dv kernel."""
         key = key_value(dropout_key)
-        sq = cuda.shared.array(OWN_WORDS, int32, alignment=16)            # the block's q rows, bf16
-        sdy = cuda.shared.array(OWN_WORDS, int32, alignment=16)           # its dy rows
+        sq = cuda.shared.array(OWN_WORDS, int32, alignment=16)     # the block's q rows, bf16
+        sdy = cuda.shared.array(OWN_WORDS, int32, alignment=16)    # its dy rows
         sk = cuda.shared.array(INNER_WORDS, int32, alignment=16)
         sv = cuda.shared.array(INNER_WORDS, int32, alignment=16)
-        sd = cuda.shared.array(BQ, float32)                            # D of the block's rows
+        sd = cuda.shared.array(BQ, float32)                        # D of the block's rows
         ro = cuda.local.array(EO, float32)
         r = cuda.local.array(E, float32)
         s = cuda.local.array((2, SB), float32)             # scores, then ds
@@ -607,25 +626,33 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
             if active:
                 zero(s)
                 zero(dp)
-                mma_ss(s, sq, 16 * w, sk[cur], fr, w, lane)    # q k^T
+                mma_ss(s, sq, 16 * w, sk[cur], fr, w, lane)  # q k^T
                 mma_ss(dp, sdy, 16 * w, sv[cur], fr, w, lane)  # dy v^T
             if more:
                 put(sk[1 - cur], r)
                 fetch(r, vb, u0 + BKV, c0, T)
             if active:
                 edge = u0 + BKV - 1 > row0 or row0 + 15 >= T   # the diagonal, or rows past T
-                for hh in range(2):
-                    t = row0 + 8 * hh + g
-                    rowflat = ((b * H + h) * T + t) * T + u0
-                    for jj in range(SB):
-                        c = col(jj, tq)
-                        gr = float32(0.0)
-                        if not edge or (u0 + c <= t and t < T):     # (edge: the same in the whole warp)
-                            gr = grad_score(s[hh, jj], dp[hh, jj], scale, lse_t[hh], d_t[hh], drop,
-                                            key, rowflat + c, threshold, dscale)
-                        s[hh, jj] = gr
+                if edge or drop:                           # (the same in the whole warp)
+                    for hh in range(2):
+                        t = row0 + 8 * hh + g
+                        rowflat = ((b * H + h) * T + t) * T + u0
+                        for jj in range(SB):
+                            c = col(jj, tq)
+                            gr = float32(0.0)
+                            if u0 + c <= t and t < T:
+                                p = math.exp(s[hh, jj] * scale - lse_t[hh])
+                                da = dp[hh, jj]
+                                if drop:
+                                    da *= dropout_factor(key, rowflat + c, threshold, dscale)
+                                gr = p * (da - d_t[hh])
+                            s[hh, jj] = gr
+                else:                                      # every score of the tile counts, f = 1
+                    for hh in range(2):
+                        for jj in range(SB):
+                            s[hh, jj] = math.exp(s[hh, jj] * scale - lse_t[hh]) * (dp[hh, jj] - d_t[hh])
                 pack(dsf, s)
-                mma_rs(acc, dsf, sk[cur], fr, w, lane)         # dq += ds @ k
+                mma_rs(acc, dsf, sk[cur], fr, w, lane)     # dq += ds @ k
             if more:
                 put(sv[1 - cur], r)
                 if j + 2 < n_tiles:
@@ -659,10 +686,10 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
             dv += (P^T f) @ dy,  dk += ds^T @ q    (mma_rs, dY and Q read transposed)
         and at the end dk *= scale. Each key row's dk and dv are summed by its warp alone."""
         key = key_value(dropout_key)
-        sk = cuda.shared.array(OWN_WORDS, int32, alignment=16)            # the block's k rows, bf16
-        sv = cuda.shared.array(OWN_WORDS, int32, alignment=16)            # its v rows
-        sq = cuda.shared.array(INNER_WORDS, int32, alignment=16)      # Q tiles, two buffers
-        sdy = cuda.shared.array(INNER_WORDS, int32, alignment=16)     # dY tiles of the same queries
+        sk = cuda.shared.array(OWN_WORDS, int32, alignment=16)     # the block's k rows, bf16
+        sv = cuda.shared.array(OWN_WORDS, int32, alignment=16)     # its v rows
+        sq = cuda.shared.array(INNER_WORDS, int32, alignment=16)   # Q tiles, two buffers
+        sdy = cuda.shared.array(INNER_WORDS, int32, alignment=16)  # dY tiles of the same queries
         slse = cuda.shared.array(ROWS2, float32)
         sd = cuda.shared.array(ROWS2, float32)
         ro = cuda.local.array(EO, float32)
@@ -716,35 +743,44 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
             if active:
                 zero(st)
                 zero(dat)
-                mma_ss(st, sk, 16 * w, sq[cur], fr, w, lane)   # k q^T
+                mma_ss(st, sk, 16 * w, sq[cur], fr, w, lane)  # k q^T
                 mma_ss(dat, sv, 16 * w, sdy[cur], fr, w, lane)  # v dy^T
             if more:
                 put(sq[1 - cur], r)
                 fetch(r, dyb, t0 + BKV, c0, T)
             if active:
                 edge = t0 < row0 + 15 or t0 + BKV > T       # the diagonal, or queries past T
-                for hh in range(2):
-                    u = row0 + 8 * hh + g
+                if edge or drop:                           # (the same in the whole warp)
+                    for hh in range(2):
+                        u = row0 + 8 * hh + g
+                        for jj in range(SB):
+                            c = col(jj, tq)
+                            tt = t0 + c
+                            pf = float32(0.0)
+                            gr = float32(0.0)
+                            if u <= tt and tt < T:
+                                p = math.exp(st[hh, jj] * scale - slse[cur, c])
+                                da = dat[hh, jj]
+                                pf = p
+                                if drop:
+                                    f = dropout_factor(key, ((b * H + h) * T + tt) * T + u, threshold, dscale)
+                                    pf = p * f
+                                    da = da * f
+                                gr = p * (da - sd[cur, c])
+                            st[hh, jj] = pf
+                            dat[hh, jj] = gr
+                else:                                      # every score of the tile counts, f = 1
                     for jj in range(SB):
                         c = col(jj, tq)
-                        tt = t0 + c
-                        pf = float32(0.0)
-                        gr = float32(0.0)
-                        if not edge or (u <= tt and tt < T):       # (edge: the same in the whole warp)
-                            p = math.exp(st[hh, jj] * scale - slse[cur, c])
-                            da = dat[hh, jj]
-                            pf = p
-                            if drop:
-                                f = dropout_factor(key, ((b * H + h) * T + tt) * T + u, threshold, dscale)
-                                pf = p * f
-                                da = da * f
-                            gr = p * (da - sd[cur, c])
-                        st[hh, jj] = pf
-                        dat[hh, jj] = gr
+                        lse_c, d_c = slse[cur, c], sd[cur, c]     # the query's lse and D, for both rows
+                        for hh in range(2):
+                            p = math.exp(st[hh, jj] * scale - lse_c)
+                            st[hh, jj] = p
+                            dat[hh, jj] = p * (dat[hh, jj] - d_c)
                 pack(pff, st)
                 pack(dsf, dat)
-                mma_rs(vacc, pff, sdy[cur], fr, w, lane)       # dv += (P^T f) @ dy
-                mma_rs(kacc, dsf, sq[cur], fr, w, lane)        # dk += ds^T @ q
+                mma_rs(vacc, pff, sdy[cur], fr, w, lane)   # dv += (P^T f) @ dy
+                mma_rs(kacc, dsf, sq[cur], fr, w, lane)    # dk += ds^T @ q
             if more:
                 put(sdy[1 - cur], r)
                 put_rows(slse[1 - cur], rl)
@@ -763,7 +799,15 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
                         dv[b, u, c0 + d] = vacc[hh, jj]
                         dk[b, u, c0 + d] = kacc[hh, jj] * scale
 
-    return tuple(jit_as(f, 13) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
+    # Blocks of 8 warps ask ptxas for two resident blocks a multiprocessor (launch bounds (256, 2):
+    # at most 128 registers a thread, 16 warps); left to itself ptxas gives them up to 172 registers,
+    # one block (8 warps) a multiprocessor. Smaller blocks keep ptxas's own count, without bounds
+    # (a bound of threads alone moves ptxas's own choice: the dq kernel at (4, 32) then spilled).
+    # (The simulator's jit takes no launch bounds.)
+    def jit(f):
+        f.__name__ = f.__qualname__ = f"{f.__name__}_v13"
+        return cuda.jit(launch_bounds=(NT, 2))(f) if WARPS == 8 and not SIMULATOR else cuda.jit(f)
+    return tuple(jit(f) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 
 _KERNELS = {}       # (hs, WARPS, BKV, vec) -> the three kernels of v13

@@ -650,12 +650,14 @@ def residual_layernorm_bwd_v4(dx, df, dg, db, work, dresid, dout, resid, mean, r
 # the next four): other bits, the same math. Needs C % 4 == 0 and 16-byte aligned rows; otherwise
 # the launcher runs v1 (fp32 out only).
 def _row4_kernel(NQ):
+    NV = 4 * NQ                                     # a lane's values (a constant for the local array)
+
     def k_residual_layernorm_fwd(resid, out, out_words, mean, rstd, x, f, g, b, eps, half):
-        """resid = x + f, out = layernorm(resid) (fp32, or bf16 into out_words: the uint16 out seen
-        as int32 [N, C/2], when half), mean and rstd saved; lane tx of row threadIdx.y holds
+        """resid = x + f, out = layernorm(resid) (fp32 into out, or when half bf16 into out_words: the
+        uint16 out seen as int32 [N, C/2]), mean and rstd saved; lane tx of row threadIdx.y holds
         resid[row, 4 (tx + i TPR) + j] in v[4 i + j]."""
         buf = cuda.shared.array(MAX_BLOCK, float32)
-        v = cuda.local.array(4 * NQ, float32)
+        v = cuda.local.array(NV, float32)
         row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
         tx, tpr = cuda.threadIdx.x, cuda.blockDim.x
         C = x.shape[1]
@@ -704,7 +706,7 @@ _ROW4_KERNELS = {}      # NQ -> k_residual_layernorm_fwd_v3
 
 def _rows4(*arrays) -> bool:
     """C-contiguous 2-D arrays whose rows are whole 16-byte chunks on 16-byte boundaries."""
-    return all(a.shape[1] % 4 == 0 and a.strides[-1] == a.itemsize and a.strides[0] == a.itemsize * a.shape[1]
+    return all(a.shape[1] % 4 == 0 and a.strides[-1] == a.dtype.itemsize and a.strides[0] == a.dtype.itemsize * a.shape[1]
                and address(a) % 16 == 0 for a in arrays)
 
 
@@ -731,8 +733,9 @@ def residual_layernorm_fwd_v3(resid, out, mean, rstd, x, f, g, b, eps, *, block,
     nq = cdiv(C, 4 * tpr)
     if nq not in _ROW4_KERNELS:
         _ROW4_KERNELS[nq] = _row4_kernel(nq)
-    words = out.reshape(N * C).view(np.int32).reshape(N, C // 2) if half else out
-    _ROW4_KERNELS[nq][cdiv(N, rw), (tpr, rw), stream](resid, out, words, mean, rstd, x, f, g, b, float32(eps), half)
+    # the kernel is typed for both outputs (a float32 out, int32 words): the one it does not write is a stand-in
+    out32, words = (resid, out.reshape(N * C).view(np.int32).reshape(N, C // 2)) if half else (out, out.view(np.int32))
+    _ROW4_KERNELS[nq][cdiv(N, rw), (tpr, rw), stream](resid, out32, words, mean, rstd, x, f, g, b, float32(eps), half)
 
 
 VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
