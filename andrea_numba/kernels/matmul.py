@@ -186,6 +186,8 @@ def make_tile(tile):
         return make_wgmma_tile(tile)
     if tile[0] == "bf16h":                  # matmul v15 (wgmma_ring.py): wgmma in flight, a deeper ring
         return make_ring_tile(tile)
+    if tile[0] == "bf16m":                  # matmul v17 (wgmma_mn.py, imported at the end of this module):
+        return make_mn_tile(tile)           # the copies as stored, MN-major stages
     return make_simt_tile(tile) if tile[0] == "simt2" else make_warp_tile(tile)
 
 
@@ -774,38 +776,11 @@ VERSIONS["matmul"].update(matmul_versions())
 # differs, so the same sums in the same order: v15's bits, for every transpose. Tiles: v15's on
 # the GPU (the MN-major tiles use the same bytes); in the simulator one warpgroup of 64 x 128 x 64
 # with 4 stages (dynamic; an N-major B of two column blocks, so its descriptor's LBO is used) and
-# of 64 x 64 x 32 with 3 (static): an MN-major tile needs BM and BN multiples of 64. make_tile does
-# not know the kind "bf16m" (this block leaves the rest of the file alone): _k_matmul_v17 is
-# _k_matmul_warp's kernel on make_mn_tile, and v17 asks for its own occupancy.
+# of 64 x 64 x 32 with 3 (static): an MN-major tile needs BM and BN multiples of 64. Its kernel is
+# _k_matmul_warp's on make_mn_tile (make_tile's kind "bf16m"); v17 asks for its own occupancy.
 from .wgmma_mn import make_mn_tile, mn_resolve  # noqa: E402
 
 MN_TILES = dict(gpu=RING_TILES["gpu"], sim=((64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)))
-
-
-@functools.cache
-def _k_matmul_v17(tile, trans_a, trans_b):
-    t = make_mn_tile(tile)
-    mma, zero, store, TM, TN = t.mma[(trans_a, trans_b)], t.zero, t.store, t.TM, t.TN
-
-    @cuda.jit(device=True)
-    def product(out, work, a, b, accumulate, ksplit):
-        """out (+)= op(a) @ op(b) (a grid of one layer), or work[z] = the product over K slice z."""
-        acc = cuda.local.array((TM, TN), float32)
-        zero(acc)
-        K = a.shape[0] if trans_a else a.shape[1]
-        z = cuda.blockIdx.z
-        mma(acc, a, b, z * ksplit, min(K, (z + 1) * ksplit))
-        if cuda.gridDim.z == 1:
-            store(out, acc, accumulate)
-        else:
-            store(work[z], acc, False)         # slice z's partial tile
-
-    def k_matmul(out, work, a, b, accumulate, ksplit):
-        """One BM x BN tile of out (+)= op(a) @ op(b) per block on bf16 wgmma from the bf16 copies as
-        stored (MN-major stage tiles read through the transpose bits); with split-K, block z writes
-        its slice's partial tile to work[z]."""
-        product(out, work, a, b, accumulate, ksplit)
-    return jit_as(k_matmul, 17)                        # k_matmul_v17
 
 
 def _v17_resident(kernel, compiled, args, threads, shared):
@@ -832,7 +807,7 @@ def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     a16, b16 = bf16_copies(a, b, stream)                        # as stored: [M, K] or [K, M], [K, N] or [N, K]
     tile = mn_resolve(block, a16, b16)
     t = make_mn_tile(tile)
-    kernel = _k_matmul_v17(tile, trans_a, trans_b)
+    kernel = _k_matmul_warp(tile, trans_a, trans_b)
     args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
     compiled = allow_shared(kernel, args, t.SHARED)              # past 48 KiB: the driver must allow it
     resident = 0 if work is None else _v17_resident(kernel, compiled, args, t.THREADS, t.SHARED)
