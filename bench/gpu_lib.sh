@@ -6,7 +6,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 py=python3
 
-disagree() {     # rows in a check's JSON file, and the first rows that disagree
+disagree() {     # rows in a check's JSON file, and the first rows that disagree (one line if it is empty:
+  # the check stopped, or ran past its time limit, before writing it)
+  [ -s "$1" ] || { echo "no rows: $(basename "$1") is empty (see its .err)"; return; }
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); bad=[r for r in d['results'] if not r['ok']]; print(len(d['results']), 'rows,', len(bad), 'disagree'); [print(r) for r in bad[:8]]" "$1"
 }
 

@@ -10,6 +10,9 @@ compiler down to PTX. It needs NVVM (pip install numba-cuda[cu12]) but no driver
                                       # registers (with ptxas on the PATH), local memory
     python bench/ptxcheck.py --v13    # the same for matmul v13 (cp.async ring): cp.async, commit,
                                       # wait_group, ldmatrix, mma, bar.sync in the K loop
+    python bench/ptxcheck.py --model bf16m   # one forward + backward of the 12M model with these
+                                      # products (gpu_model.PRODUCTS), every kernel it launches
+                                      # compiled for sm_90a: what a GPU run would compile first
 
 In code: `with compile_only(): some_launch_function(numpy arrays ...)`.
 """
@@ -53,9 +56,11 @@ def compile_only():
     from andrea_numba.kernels import matmul
     saved = [(_dispatcher, "get_current_device"), (_dispatcher.CUDADispatcher, "configure"),
              (cuda, "to_device"), (cuda, "device_array"), (cuda, "synchronize"), (cuda, "stream"),
-             (matmul, "resident_blocks")]
+             (matmul, "resident_blocks"), (matmul, "allow_shared"), (matmul, "_v17_resident")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in saved]
     matmul.resident_blocks = lambda *args: 264     # split-K asks the driver for occupancy: the H200's
+    matmul._v17_resident = lambda *args: 264
+    matmul.allow_shared = lambda *args: None       # (the driver's attribute for dynamic shared memory)
     _dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=CC)
     cuda.to_device = lambda a, stream=0: _host_array(a)
     cuda.device_array = lambda shape, dtype=np.float32, stream=0: _host_array(np.zeros(shape, dtype))
@@ -187,15 +192,40 @@ def v13_report():
             print(f"| {tile[1:6]}, {tile[7]} stages | {op} | " + " | ".join(cells) + f" | {_ptxas(ptx)} |", flush=True)
 
 
+def model_report(args):
+    """--model KIND: GPUModel(products=KIND) at 12M, B = 2, T = 64, one forward and backward with every
+    launch compiled for sm_90a (wgmma needs the "a"), as the trainer's first step would compile them."""
+    from andrea_numba import gpu_model
+    from andrea_numba.config import load_config
+    if len(args) != 1 or args[0] not in gpu_model.PRODUCTS or gpu_model.PRODUCTS[args[0]] is None:
+        sys.exit(f"bench/ptxcheck.py: --model takes one of our products kinds: "
+                 f"{', '.join(k for k, v in gpu_model.PRODUCTS.items() if v is not None)}")
+    global CC
+    CC = (9, 0, "a")
+    m = load_config("12M").model
+    tokens = np.zeros((2, 64), np.int32)
+    with compile_only():
+        model = gpu_model.GPUModel(m, 2, 64, products=args[0])
+        model.forward(tokens, tokens)
+        model.backward()
+    for name in sorted(COMPILED):
+        print(f"{name:<32} float64 instructions: {max(COMPILED[name].values())}")
+    print(f"products {args[0]}: {len(COMPILED)} kernels of one forward + backward compiled to PTX for sm_90a")
+
+
 def main():
     import warnings
     args = sys.argv[1:]
     if {"-h", "--help"} & set(args):
         print(__doc__.split("In code:")[0].rstrip())
         return
+    if args[:1] == ["--model"]:
+        model_report(args[1:])
+        return
     unknown = sorted(set(args) - {"--v12", "--v13"})
     if unknown:
-        sys.exit(f"bench/ptxcheck.py: unknown argument {unknown[0]} (it takes --v12, --v13 or nothing; --help)")
+        sys.exit(f"bench/ptxcheck.py: unknown argument {unknown[0]} (it takes --v12, --v13, --model KIND or "
+                 f"nothing; --help)")
     if "--v12" in sys.argv[1:]:
         v12_report()
         return
@@ -214,11 +244,11 @@ def main():
         for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5, matmul.matmul_v6, matmul.matmul_v7,
                        matmul.matmul_v8, matmul.matmul_v12, matmul.matmul_v13):
             launch(out, np.zeros(matmul.splitk_work(64), np.float32), a, a, trans_a=True, accumulate=True)
-        # flash attention v2 to v12 at the models' head size (the harness's tiny size has hs = 4),
+        # flash attention v2 on at the models' head size (the harness's tiny size has hs = 4),
         # every declared block, with dropout (v11, v12: bf16 and fp16 products)
         from andrea_numba.kernels import attn_flash
         x, lse = np.zeros((2, 128, 384), np.float32), np.zeros((2, 6, 128), np.float32)
-        for v in (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12):
+        for v in sorted(attn_flash.VERSIONS["attn_flash_bwd"])[1:]:
             fwd, bwd = attn_flash.flash_pair(v)
             for blk in fwd.blocks:
                 fwd(x, lse, x, x, x, 6, 0.1, 7, block=blk)

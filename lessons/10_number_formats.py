@@ -27,6 +27,8 @@ What it teaches
     8. wgmma, Hopper's warpgroup product (matmul v14): 128 threads, one 64 x N tile, A and B read
        straight from shared memory through 64-bit descriptors; a tile laid out in core matrices,
        its descriptors, and which thread holds which element of D.
+    9. wgmma's transpose bits (matmul v17): a weight gradient's operand read M-major, as it is
+       stored, instead of copied transposed first; the same bytes read without the bit are wrong.
 
 How to run (no GPU needed; a few seconds)
 
@@ -303,6 +305,41 @@ within fp32 rounding: {bool(np.abs(Dw - Aw.astype(np.float64) @ Bw).max() <= 1e-
     13 others, swizzled ones included, to 5e-8-1.4e-7 of the scale. matmul v14 runs it from Numba:
     two warpgroups a 128 x 128 tile, the operands copied into shared memory by cp.async in v13's
     64-byte swizzle, which is one of wgmma's layouts (mode 2).
+""")
+
+# %%
+C.step("The transpose bits: a weight gradient's operands read as they are stored (matmul v17)")
+# A weight gradient dW = x^T @ dy sums over the tokens: k runs down the columns of x [tokens, d] and
+# of dy. A K-major tile wants each row of A (an m) to hold its k values side by side, so v14 and v15
+# first copied x and dy transposed, a copy as large as the activations. wgmma has a bit per operand
+# (imm-trans-a, imm-trans-b) that says "this one is M-major" (N-major for B): each k then holds its
+# m values side by side, which is how x^T's rows arrive from memory. The 128-byte swizzle's atom is
+# the same 8 rows of 128 bytes, now 8 values of k of 64 values of m:
+#     element (m, k) at  swizzle(start + (m // 64) LBO + (k // 8) SBO + (k % 8) 128 + (m % 64) 2)
+# LBO steps along M (the next 64 values of m), SBO along K: the roles K-major gave them, swapped.
+At = round_bf16(rng.standard_normal((16, 64)).astype(f32))      # x^T's tile as stored: [k, m]
+image_t = np.zeros(16384, np.uint8)              # (room for the wrong reading below too)
+halves_t = image_t.view(np.uint16)
+kk, mm = np.arange(16)[:, None], np.arange(64)[None, :]
+halves_t[WG.mnmajor_offset(mm, kk, 16, WG.SWIZZLE_128B) // 2] = WG.bf16_bits(At)           # A, M-major
+halves_t[(B_START + WG.kmajor_offset(n, k, N_W, WG.SWIZZLE_NONE, 128, 256)) // 2] = WG.bf16_bits(Bw.T)
+lbo_t, sbo_t = WG.mnmajor_lbo_sbo(16, WG.SWIZZLE_128B)
+desc_t = WG.pack_desc(0, lbo_t, sbo_t, WG.SWIZZLE_128B)
+Dt = WG.fragment_to_matrix(WG.wgmma_warpgroup(image_t, desc_t, desc_b, N_W, scale_d=0, trans_a=1))
+ref_t = At.T.astype(np.float64) @ Bw
+plain = WG.fragment_to_matrix(WG.wgmma_warpgroup(image_t, desc_t, desc_b, N_W, scale_d=0, trans_a=0))
+C.say(f"""
+    x^T's tile is stored as it arrives, [k, m], M-major with the 128-byte swizzle (LBO {lbo_t}, SBO
+    {sbo_t}). With the transpose bit set, the warpgroup gives A @ B: max |D - A @ B| / max |A @ B| = \
+{np.abs(Dt - ref_t).max() / np.abs(ref_t).max():.1e} (the M-major read is right: \
+{bool(np.abs(Dt - ref_t).max() <= 1e-6 * np.abs(ref_t).max())}). With the bit clear the same bytes are read as a K-major \
+tile: {np.abs(plain - ref_t).max() / np.abs(ref_t).max():.1e} of the scale off (right: \
+{bool(np.abs(plain - ref_t).max() <= 1e-6 * np.abs(ref_t).max())}).
+    On the H200 (bench/wgmma_probe.py, 2026-12-02) the instruction agreed with this model on 9
+    MN-major layouts (A, B or both, with the 128-, 64- and 32-byte swizzles and without), and the
+    controls (a bit clear, LBO and SBO swapped) failed as it predicts. matmul v17 reads every operand so:
+    the 120M weight gradient dW_1 += x^T @ dh went from 105 TFLOP/s (v15, two transposed copies)
+    to 184 (docs/mixed-precision.md).
 """)
 
 # %%

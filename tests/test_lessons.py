@@ -45,7 +45,7 @@ CASES = {
         ["bf16                8              7                 8", "1 + gap/2 (a tie)    1.0039062500  1.0000000000",
          "weight stays at 1.0000", "the total stops growing", "skip the step, halve S", "double S",
          "differs from the float64 product of the rounded inputs by", "cover k 0..15 once: True",
-         "within fp32 rounding: True"],
+         "within fp32 rounding: True", "(the M-major read is right: True)", "of the scale off (right: False)"],
         ["10_number_formats.png"], []),
     "05_accumulation.py": (
         ["buffer (kernels)", "twin g1 + g2", "twin, one batch of 2", "Largest |scaled buffer - twin gradient"],
