@@ -143,7 +143,7 @@ def make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, trans_a, trans_b):
     [kb, ke), the bf16 copies as stored (a16 [M, K], or [K, M] when trans_a; b16 [K, N], or [N, K]
     when trans_b), through v15's ring (wgmma_ring.py, points 1-3 there): `stages` shared stages
     filled by cp.async, one group of wgmmas in flight. A is read M-major when trans_a, B N-major
-    when not trans_b (point 1); the rest is make_ring_pipeline's, line for line."""
+    when not trans_b (point 1); v15 runs it with both K-major (wgmma_ring.make_ring_pipeline)."""
     A_MN, B_MN = bool(trans_a), not trans_b                     # wgmma's imm-trans-a, imm-trans-b
     A_STEP, A_LBO, A_SBO, A_SWZ = operand_layout(A_MN, BK)
     B_STEP, B_LBO, B_SBO, B_SWZ = operand_layout(B_MN, BK)

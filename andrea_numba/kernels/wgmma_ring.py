@@ -67,15 +67,11 @@ address 0, so pad = 0 there.
 """
 import functools
 
-from numba import cuda, float32
-
-from .common import SIMULATOR
 from .half_tile import BK_HALF, async_resolve
-from .ptx import CP_ASYNC_WAIT, cp_async_commit
+from .ptx import CP_ASYNC_WAIT
 from .warp_tile import fragment_tile
-from .wgmma import (SWIZZLE_64B, SWIZZLE_128B, fence_proxy_async, shared_address, smem_desc, wgmma_acc_zeros,
-                    wgmma_commit, wgmma_fence, wgmma_keep, wgmma_wait0, wgmma_wait1)
-from .wgmma_tile import WARPGROUP, _copier, _fragment_add, _product
+from .wgmma import SWIZZLE_64B, SWIZZLE_128B
+from .wgmma_tile import WARPGROUP
 
 STATIC_LIMIT = 48 * 1024          # bytes of static shared memory a kernel may declare
 DYNAMIC_LIMIT = 227 * 1024        # bytes of dynamic shared memory a Hopper block may ask for
@@ -99,81 +95,12 @@ def dynamic_bytes(BM, BN, BK, stages):
 def make_ring_pipeline(BM, BN, BK, THREADS, stages, vec):
     """tile_mma(acc, a16, b16, kb, ke): acc += this thread's share of a16 @ b16^T over k in [kb, ke)
     (a16 [M, K], b16 [N, K]: K-major bf16 copies), through a ring of `stages` shared stages filled by
-    cp.async, with one group of wgmmas in flight (points 1-3 of the docstring)."""
-    ROW, SWZ, SBO = LAYOUT[BK]
-    A_WORDS, B_WORDS = BM * ROW // 4, BN * ROW // 4             # 32-bit words of each tile
-    STAGE_WORDS = A_WORDS + B_WORDS
-    RING_WORDS = stages * STAGE_WORDS
-    WG_WORDS = 64 * ROW // 4                                    # a warpgroup's 64 rows of A
-    STEP_WORDS = 32 // 4                                        # a k16 step: 32 bytes along a row
-    KSTEPS = BK // 16
-    AHEAD = stages - 2                                          # steps of copies ahead (P)
-    dynamic = dynamic_bytes(BM, BN, BK, stages) > 0
-    copy_a, copy_b = _copier(BM, THREADS, vec, BK), _copier(BN, THREADS, vec, BK)
-    product = _product(BN)
-    if SIMULATOR:                       # the twin reads cuda.threadIdx in wgmma_tile's module: run it
-        product = cuda.jit(device=True)(product)    # as a (fake) device function, which sets that up
-    fragment_add = _fragment_add(BN // 2)
-    wait = CP_ASYNC_WAIT[AHEAD - 1]                             # step s's group landed
-    wait_all = CP_ASYNC_WAIT[0]
-
-    if dynamic:
-        @cuda.jit(device=True)
-        def ring_array():
-            """The dynamic shared array and the word where the ring starts: its first 1024-byte
-            boundary (the launch gave RING_WORDS * 4 + 1024 bytes)."""
-            ring = cuda.shared.array(0, float32)
-            pad = (ALIGN - (shared_address(ring, 0) & (ALIGN - 1))) & (ALIGN - 1)
-            return ring, pad // 4
-    else:
-        @cuda.jit(device=True)
-        def ring_array():
-            """v14's static ring, aligned by its declaration."""
-            return cuda.shared.array(RING_WORDS, float32, alignment=ALIGN), 0
-
-    @cuda.jit(device=True)
-    def load(ring, base, a, b, k0, ke, row0, col0, M, N):
-        """Start the copies of the stage at k0 into the stage at word `base`: A rows row0.., B^T rows col0.."""
-        copy_a(ring[base:base + A_WORDS], a, row0, k0, M, ke)
-        copy_b(ring[base + A_WORDS:base + STAGE_WORDS], b, col0, k0, N, ke)
-
-    @cuda.jit(device=True)
-    def tile_mma(acc, a, b, kb, ke):
-        ring, at0 = ring_array()                                # stage st at word at0 + st * STAGE_WORDS
-        wg = cuda.threadIdx.x // WARPGROUP
-        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        M, N = a.shape[0], b.shape[0]
-        n_steps = (ke - kb + BK - 1) // BK
-        for p in range(AHEAD):                                  # prologue: steps 0 .. P-1 in flight
-            if p < n_steps:
-                load(ring, at0 + p * STAGE_WORDS, a, b, kb + p * BK, ke, row0, col0, M, N)
-            cp_async_commit()
-        d = wgmma_keep(wgmma_acc_zeros(BN))                     # the zeros set before the first fence
-        for s in range(n_steps):
-            wait()                                              # my copies of step s are in ...
-            fence_proxy_async()                                 # ... and visible to wgmma's proxy
-            cuda.syncthreads()                                  # everyone's; and every warpgroup's
-            #                                                     wgmmas of step s - 2 are complete
-            #                                                     (each thread passed wait1 of s - 1)
-            nxt = s + AHEAD                                     # refill stage (s - 2) % stages
-            if nxt < n_steps:
-                load(ring, at0 + (nxt % stages) * STAGE_WORDS, a, b, kb + nxt * BK, ke, row0, col0, M, N)
-            cp_async_commit()                                   # one group a step, empty or not
-            at_a = at0 + (s % stages) * STAGE_WORDS + wg * WG_WORDS   # this warpgroup's 64 rows of A
-            at_b = at0 + (s % stages) * STAGE_WORDS + A_WORDS         # all BN rows of B^T
-            wgmma_fence()
-            for ks in range(KSTEPS):                            # k 16 ks .. 16 ks + 15 of the stage
-                d = product(d, ring, smem_desc(ring, at_a + ks * STEP_WORDS, LBO, SBO, SWZ),
-                            smem_desc(ring, at_b + ks * STEP_WORDS, LBO, SBO, SWZ))
-            wgmma_commit()
-            wgmma_wait1()                                       # step s - 1's group done; s's may run
-            d = wgmma_keep(d)
-        wgmma_wait0()                                           # the last group done: d may be read
-        d = wgmma_keep(d)
-        fragment_add(acc, d)
-        wait_all()                                              # only empty groups remain
-        cuda.syncthreads()                                      # the ring may be refilled by a next call
-    return tile_mma
+    cp.async, with one group of wgmmas in flight (points 1-3 of the docstring). The code is matmul
+    v17's pipeline (wgmma_mn.make_mn_pipeline), which reads each operand K-major or MN-major: here
+    both K-major, the a @ b^T form, with the transpose immediates 0 (the same PTX as v15's own loop
+    had, but for symbol names)."""
+    from .wgmma_mn import make_mn_pipeline      # here, not at the top: wgmma_mn imports this module
+    return make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, False, True)
 
 
 def ring_resolve(block, a16, b16):
