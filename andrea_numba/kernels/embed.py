@@ -40,13 +40,17 @@ corpus), v2 took 2.6 ms a backward, more than the whole forward's attention; v3 
      latency a row.
 The sorted keys live in the first row of v2's links buffer: no new memory.
 
-v4 (the engine's), k_embed_bwd_sort_v3 + k_embed_bwd_v4: v3 with one thread per channel and 16
+v4 (the engine's before v5), k_embed_bwd_sort_v3 + k_embed_bwd_v4: v3 with one thread per channel and 16
 loads in flight. On the H200 v3's sums took 0.72 ms a call at 12M; the block of the most common
 token was the likely cause: its 256 threads for C = 384 channels walk 2,400 rows twice, 8 loads at
 a time. v4's block has a thread for every channel (C rounded up to a warp, at most `block`), so
 the run is walked once, 16 rows of loads ahead of their adds. The same sums in the same order:
 v2's bits. Measured on the H200 (bench/kernels.py embed, text-like ids, whole backward): 12M
 v3 0.47 -> v4 0.24 ms; 120M (C = 768) 0.77 -> 0.54 ms with 512 threads, 0.65 ms with 768.
+
+v5 (the engine's), k_embed_bwd_sort_v3 + k_embed_bwd_v5: v4 with each block's binary searches done
+once, one thread a chunk, instead of by every thread in turn (the comment above k_embed_bwd_v5).
+v3, v4 and v5 sum a run with one device function (_run_adder): v2's bits.
 
 Every version gets dwpe from k_embed_bwd_wpe_v1.
 """
@@ -245,8 +249,29 @@ def _first_at_least(order, lo, hi, key):
     return lo
 
 
+def _run_adder(unroll):
+    """add_run(s, dout, order, k, hi, row0, c): s plus dout[row0 + order[j], c] for j = k .. hi - 1, in
+    that order, `unroll` loads in flight before their adds (the sum of one run of a token's positions)."""
+    @cuda.jit(device=True)
+    def add_run(s, dout, order, k, hi, row0, c):
+        a = cuda.local.array(unroll, float32)        # registers, once the loops over it are unrolled
+        while k + unroll <= hi:                      # `unroll` loads in flight, then their adds in order
+            for u in range(unroll):
+                a[u] = dout[row0 + order[k + u], c]
+            for u in range(unroll):
+                s += a[u]
+            k += unroll
+        while k < hi:
+            s += dout[row0 + order[k], c]
+            k += 1
+        return s
+    return add_run
+
+
 def _make_run_sums(unroll):
     """k_embed_bwd_v3's kernel with `unroll` rows of dout loaded before their adds (v3: 8, v4: 16)."""
+    add_run = _run_adder(unroll)
+
     def k_embed_bwd(dwte, dout, order):
         """dout [N, C]; order [N]: every chunk's sorted keys (k_embed_bwd_sort_v3). One block per
         slot q = p*S + r. Its token v = order[q] // S works here only if slot q begins v's run in
@@ -266,24 +291,13 @@ def _make_run_sums(unroll):
             if lo < e * S + S and order[lo] // S == v:
                 return
         n_chunks = (N + S - 1) // S
-        a = cuda.local.array(unroll, float32)        # registers, once the loops over it are unrolled
         for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
             s = float32(0.0)
             for e in range(p, n_chunks):
                 base, end = e * S, min(e * S + S, N)
                 lo = _first_at_least(order, base, end, v * S)
                 hi = _first_at_least(order, lo, end, (v + 1) * S)
-                row0 = base - v * S                  # position = row0 + key
-                k = lo
-                while k + unroll <= hi:              # `unroll` loads in flight, then their adds in order
-                    for u in range(unroll):
-                        a[u] = dout[row0 + order[k + u], c]
-                    for u in range(unroll):
-                        s += a[u]
-                    k += unroll
-                while k < hi:
-                    s += dout[row0 + order[k], c]
-                    k += 1
+                s = add_run(s, dout, order, lo, hi, base - v * S, c)     # position = base - v S + key
             dwte[v, c] += s
     return k_embed_bwd
 
@@ -337,6 +351,8 @@ MAX_CHUNKS = 1024                   # chunks a v5 block keeps the bounds of (N u
 
 
 def _make_run_sums_v5(unroll):
+    add_run = _run_adder(unroll)
+
     def k_embed_bwd(dwte, dout, order):
         """v4's sums (k_embed_bwd_v4's docstring), the runs' bounds found by one thread a chunk."""
         run_lo = cuda.shared.array(MAX_CHUNKS, int32)
@@ -362,21 +378,10 @@ def _make_run_sums_v5(unroll):
         cuda.syncthreads()
         if earlier[0] == 1:
             return
-        a = cuda.local.array(unroll, float32)
         for c in range(cuda.threadIdx.x, C, cuda.blockDim.x):
             s = float32(0.0)
             for e in range(p, n_chunks):
-                k, hi = run_lo[e], run_hi[e]
-                row0 = e * S - v * S                 # position = row0 + key
-                while k + unroll <= hi:              # `unroll` loads in flight, then their adds in order
-                    for u in range(unroll):
-                        a[u] = dout[row0 + order[k + u], c]
-                    for u in range(unroll):
-                        s += a[u]
-                    k += unroll
-                while k < hi:
-                    s += dout[row0 + order[k], c]
-                    k += 1
+                s = add_run(s, dout, order, run_lo[e], run_hi[e], e * S - v * S, c)   # v4's sums of the runs
             dwte[v, c] += s
     return k_embed_bwd
 
