@@ -78,11 +78,10 @@ from numba import cuda, float32
 from .common import SIMULATOR
 from .half_tile import async_resolve
 from .ptx import CP_ASYNC_WAIT, cp_async_commit
-from .warp_tile import fragment_tile
 from .wgmma import (SWIZZLE_128B, fence_proxy_async, mnmajor_lbo_sbo, mnmajor_step_offset, shared_address,
                     smem_desc, wgmma_acc_zeros, wgmma_bf16_trans, wgmma_commit, wgmma_fence, wgmma_keep,
                     wgmma_wait0, wgmma_wait1, wgmma_warpgroup)
-from .wgmma_ring import ALIGN, DYNAMIC_LIMIT, LAYOUT, LBO, STATIC_LIMIT, dynamic_bytes, ring_bytes
+from .wgmma_ring import ALIGN, LAYOUT, LBO, dynamic_bytes, ring_tile
 from .wgmma_tile import WARPGROUP, _copier, _fragment_add
 
 MN_BLOCK = 64              # values of m (n) in one 128-byte row of an MN-major tile: a column block
@@ -233,20 +232,8 @@ def make_mn_tile(tile):
     """Everything a kernel needs for one v17 tile (make_ring_tile's names and SHARED), with the four
     products mma[(trans_a, trans_b)] on the bf16 copies as stored (half_tile.bf16_copies).
     tile = ("bf16m", BM, BN, BK, 64, BN, vec, STAGES), BK = 32 or 64, BM and BN multiples of 64."""
-    kind, BM, BN, BK, WM, WN, vec, stages = tile
-    assert kind == "bf16m", kind
-    assert BK in LAYOUT, f"v17 tiles take BK = 32 or 64, got {BK}"
-    assert WM == 64 and WN == BN and BM % 64 == 0, f"tile {tile}: warpgroups of 64 rows x all BN columns"
-    assert BN % MN_BLOCK == 0 and BN <= 256, f"tile {tile}: BN a multiple of 64 (an MN-major row), at most 256"
-    assert stages >= 3 and stages - 3 in CP_ASYNC_WAIT, f"{stages} stages: one wgmma group in flight needs 3 .. 5"
-    shared = dynamic_bytes(BM, BN, BK, stages)
-    if shared:
-        assert shared <= DYNAMIC_LIMIT, f"tile {tile}: {shared} bytes of dynamic shared memory"
-    else:
-        assert ring_bytes(BM, BN, BK, stages) <= STATIC_LIMIT, f"tile {tile}: more than 48 KiB of static shared memory"
-    THREADS = WARPGROUP * (BM // 64)
-    ranged = {(ta, tb): make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, ta, tb)
-              for ta in (False, True) for tb in (False, True)}
-    t = fragment_tile(ranged, BM, BN, BK, 16, BN, THREADS)       # v14's accumulator layout and epilogue
-    t.SHARED = shared
-    return t
+    assert tile[0] == "bf16m", tile
+    assert tile[2] % MN_BLOCK == 0 and tile[2] <= 256, f"tile {tile}: BN a multiple of 64 (an MN-major row), at most 256"
+    return ring_tile(tile, 17, lambda BM, BN, BK, THREADS, stages, vec:
+                     {(ta, tb): make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, ta, tb)
+                      for ta in (False, True) for tb in (False, True)})

@@ -115,11 +115,20 @@ def make_ring_tile(tile):
     """Everything a kernel needs for one v15 tile (make_wgmma_tile's names, only the a @ b^T product
     mma[(False, True)]), plus SHARED: the dynamic shared memory bytes its launch passes (0: a static
     ring). tile = ("bf16h", BM, BN, BK, 64, BN, vec, STAGES), BK = 32 or 64."""
+    assert tile[0] == "bf16h", tile
+    assert tile[2] % 8 == 0 and 8 <= tile[2] <= 256, f"tile {tile}: wgmma's N is 8 .. 256, a multiple of 8"
+    return ring_tile(tile, 15, lambda BM, BN, BK, THREADS, stages, vec:
+                     {(False, True): make_ring_pipeline(BM, BN, BK, THREADS, stages, vec)})
+
+
+def ring_tile(tile, version, pipelines):
+    """The tile of v15 or v17 (tile = (kind, BM, BN, BK, 64, BN, vec, STAGES)) after the checks they
+    share: BK = 32 or 64, warpgroups of 64 rows, 3 to 5 stages, the ring within its shared memory.
+    pipelines(BM, BN, BK, THREADS, stages, vec) gives the {(trans_a, trans_b): tile_mma} products;
+    v14's accumulator layout and epilogue (warp_tile.fragment_tile) around them, and SHARED."""
     kind, BM, BN, BK, WM, WN, vec, stages = tile
-    assert kind == "bf16h", kind
-    assert BK in LAYOUT, f"v15 tiles take BK = 32 or 64, got {BK}"
+    assert BK in LAYOUT, f"v{version} tiles take BK = 32 or 64, got {BK}"
     assert WM == 64 and WN == BN and BM % 64 == 0, f"tile {tile}: warpgroups of 64 rows x all BN columns"
-    assert BN % 8 == 0 and 8 <= BN <= 256, f"tile {tile}: wgmma's N is 8 .. 256, a multiple of 8"
     assert stages >= 3 and stages - 3 in CP_ASYNC_WAIT, f"{stages} stages: one wgmma group in flight needs 3 .. 5"
     shared = dynamic_bytes(BM, BN, BK, stages)
     if shared:
@@ -127,8 +136,7 @@ def make_ring_tile(tile):
     else:
         assert ring_bytes(BM, BN, BK, stages) <= STATIC_LIMIT, f"tile {tile}: more than 48 KiB of static shared memory"
     THREADS = WARPGROUP * (BM // 64)
-    ranged = {(False, True): make_ring_pipeline(BM, BN, BK, THREADS, stages, vec)}
-    t = fragment_tile(ranged, BM, BN, BK, 16, BN, THREADS)       # v14's accumulator layout and epilogue
+    t = fragment_tile(pipelines(BM, BN, BK, THREADS, stages, vec), BM, BN, BK, 16, BN, THREADS)
     t.SHARED = shared
     return t
 
