@@ -56,10 +56,9 @@ def compile_only():
     from andrea_numba.kernels import matmul
     saved = [(_dispatcher, "get_current_device"), (_dispatcher.CUDADispatcher, "configure"),
              (cuda, "to_device"), (cuda, "device_array"), (cuda, "synchronize"), (cuda, "stream"),
-             (matmul, "resident_blocks"), (matmul, "allow_shared"), (matmul, "_v17_resident")]
+             (matmul, "resident_blocks"), (matmul, "allow_shared")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in saved]
     matmul.resident_blocks = lambda *args: 264     # split-K asks the driver for occupancy: the H200's
-    matmul._v17_resident = lambda *args: 264
     matmul.allow_shared = lambda *args: None       # (the driver's attribute for dynamic shared memory)
     _dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=CC)
     cuda.to_device = lambda a, stream=0: _host_array(a)

@@ -644,23 +644,29 @@ def matmul_v14(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     _wgmma_matmul(wgmma_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-def _wgmma_matmul(resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
-    """The launch of v14 and v15: the K-major bf16 copies (wgmma_copies), the full tile resolve()
-    makes of them, the kernel allowed the tile's dynamic shared memory (t.SHARED, allow_shared; v14's
-    static rings have none), slices of K as v13's (no atomics), always a16 @ b16^T."""
+def _wgmma_matmul(resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream, as_stored=False):
+    """The launch of v14, v15 and v17: the bf16 copies, the full tile resolve() makes of them, the
+    kernel allowed the tile's dynamic shared memory (t.SHARED, allow_shared; v14's static rings have
+    none), slices of K as v13's (no atomics). v14, v15: K-major copies (wgmma_copies), always
+    a16 @ b16^T; as_stored (v17): the copies as the operands are stored (bf16_copies), op(a16) @ op(b16)."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
-    a16, b16 = wgmma_copies(a, b, bool(trans_a), bool(trans_b), stream)
+    if as_stored:
+        a16, b16 = bf16_copies(a, b, stream)             # [M, K] or [K, M], [K, N] or [N, K]
+        form = (bool(trans_a), bool(trans_b))
+    else:
+        a16, b16 = wgmma_copies(a, b, bool(trans_a), bool(trans_b), stream)
+        form = (False, True)
     tile = resolve(block, a16, b16)
     t = make_tile(tile)
     shared = getattr(t, "SHARED", 0)
-    kernel = _k_matmul_warp(tile, False, True)
+    kernel = _k_matmul_warp(tile, *form)
     args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
     compiled = allow_shared(kernel, args, shared)
     if work is None:
         resident = 0
     elif compiled is None:
-        resident = resident_blocks(tile, False, True, args)
+        resident = resident_blocks(tile, *form, args)
     else:                                                       # the occupancy with its shared memory
         resident = compiled.max_cooperative_grid_blocks(t.THREADS, shared)
     S, ksplit = splitk(M, N, K, 1, block, work, resident)
@@ -777,20 +783,11 @@ VERSIONS["matmul"].update(matmul_versions())
 # the GPU (the MN-major tiles use the same bytes); in the simulator one warpgroup of 64 x 128 x 64
 # with 4 stages (dynamic; an N-major B of two column blocks, so its descriptor's LBO is used) and
 # of 64 x 64 x 32 with 3 (static): an MN-major tile needs BM and BN multiples of 64. Its kernel is
-# _k_matmul_warp's on make_mn_tile (make_tile's kind "bf16m"); v17 asks for its own occupancy.
+# _k_matmul_warp's on make_mn_tile (make_tile's kind "bf16m"), launched by v14's and v15's
+# _wgmma_matmul on the copies as stored.
 from .wgmma_mn import make_mn_tile, mn_resolve  # noqa: E402
 
 MN_TILES = dict(gpu=RING_TILES["gpu"], sim=((64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)))
-
-
-def _v17_resident(kernel, compiled, args, threads, shared):
-    """Blocks of the v17 kernel the GPU runs at once with its dynamic shared memory (v15's query);
-    compiled: what allow_shared returned (None at 48 KiB or less: compiled here). The simulator's
-    stand-in: RESIDENT_BLOCKS, as for every product."""
-    if SIMULATOR:
-        return RESIDENT_BLOCKS
-    compiled = compiled or kernel.compile(tuple(numba.typeof(x) for x in args))
-    return compiled.max_cooperative_grid_blocks(threads, shared)
 
 
 @blocks(**MN_TILES)
@@ -801,21 +798,7 @@ def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     group in flight; block = (BM, BN, BK, 64, BN[, STAGES]), BK = 64 (dynamic ring) or 32 (static),
     BM and BN multiples of 64; work: the split-K buffer (or None). The copies live in
     cublaslt.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
-    M, N = out.shape
-    K = a.shape[0] if trans_a else a.shape[1]
-    trans_a, trans_b = bool(trans_a), bool(trans_b)
-    a16, b16 = bf16_copies(a, b, stream)                        # as stored: [M, K] or [K, M], [K, N] or [N, K]
-    tile = mn_resolve(block, a16, b16)
-    t = make_mn_tile(tile)
-    kernel = _k_matmul_warp(tile, trans_a, trans_b)
-    args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
-    compiled = allow_shared(kernel, args, t.SHARED)              # past 48 KiB: the driver must allow it
-    resident = 0 if work is None else _v17_resident(kernel, compiled, args, t.THREADS, t.SHARED)
-    S, ksplit = splitk(M, N, K, 1, block, work, resident)       # v15's slices of K, no atomics
-    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
-    kernel[t.grid(M, N, S), t.THREADS, stream, t.SHARED](out, part, a16, b16, accumulate, ksplit)
-    if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2)
+    _wgmma_matmul(mn_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream, as_stored=True)
 
 
 matmul_v17.precision = "bf16"
