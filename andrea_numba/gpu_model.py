@@ -139,13 +139,16 @@ class GPUModel:
     attn_out v11, mlp v15, loss_fwd v12, loss_bwd v11: each operand rounded once into bf16 shared
     tiles, fragments read with ldmatrix); "bf16a" the same through matmul v13 (attn_qkv, attn_out
     v12, mlp v16, loss_fwd v13, loss_bwd v12: bf16 copies of the operands, copied to shared memory
-    by cp.async); "bf16r" (the engine's --precision bf16) the same through matmul v16 (attn_qkv, attn_out
-    v13, mlp v17, loss_fwd v14, loss_bwd v13: Hopper's wgmma where no activation would be copied
-    transposed, v13 for the weight gradients; a gradient rounded once for its two products; the loss's
-    softmax in two passes and dlogits written in bf16). "cublas", "cublas-bf16", "cublas-fp16" run every product
-    of the linear ops through cuBLASLt in fp32, bf16 or fp16 (kernels/cublaslt.py: the library
-    route, on a GPU with nvmath-python). With bf16 or fp16 products flash attention runs with
-    products at that precision too (v11, v12: FLASH_VERSION), as the twin at that precision does.
+    by cp.async); "bf16r" the same through matmul v16 (attn_qkv, attn_out v13, mlp v17, loss_fwd v14,
+    loss_bwd v13: Hopper's wgmma where no activation would be copied transposed, v13 for the weight
+    gradients; a gradient rounded once for its two products; the loss's softmax in two passes and
+    dlogits written in bf16); "bf16m" (the engine's --precision bf16 on a Hopper) the same on matmul
+    v17 alone (attn_qkv, attn_out v14, mlp v18, loss_fwd v15, loss_bwd v14: wgmma for every product,
+    an operand with k down its columns read through the transpose bits). "cublas", "cublas-bf16",
+    "cublas-fp16" run every product of the linear ops through cuBLASLt in fp32, bf16 or fp16
+    (kernels/cublaslt.py: the library route, on a GPU with nvmath-python). With bf16 or fp16
+    products flash attention runs with products at that precision too (v13, v12: FLASH_VERSION), as
+    the twin at that precision does.
     mlp_version=<n> runs the MLP's launchers of that version instead (the benchmarks' --mlp-version);
     flash_version=<n> flash attention's (their --flash-version)."""
 

@@ -278,6 +278,12 @@ class OperandCopies:
         if self.buf is None or self.buf.size < need:
             self.buf = cuda.device_array(need, dtype=np.uint16)
 
+    def first(self, rows: int, cols: int):
+        """The slot of a's copy as a uint16 [rows, cols] array (rows packed): where a producer writes
+        an operand in bf16 itself, which the product then takes as it is (loss_bwd v13's dlogits).
+        The caller reserves room first (reserve), b's slot after it."""
+        return self.buf[:rows * cols].reshape(rows, cols)
+
     def round(self, a, b, precision: str, stream=0, transpose=(False, False)):
         """(a16, b16): a and b [rows, cols] rounded to bf16 (uint16 bit patterns) or fp16 (float16),
         each flat, rows packed (round_into: k_round_bf16_v2 / k_round_fp16_v2, ties to even). An operand that
@@ -307,7 +313,7 @@ COPIES = OperandCopies()        # the process's one scratch of 16-bit operand co
 
 class HeldCopies:
     """The scratch where a linear op keeps the bf16 copy of a tensor that two of its products read
-    (products "bf16r": mlp v17's dout and dh_pre, attn_qkv v13's dq, dk, dv, attn_out v13's dout),
+    (products "bf16r" and "bf16m": the MLP's dout and dh_pre, attn_qkv's dq, dk, dv, attn_out's dout),
     rounded once where each product would round it again. The products never write here (their own
     copies go to COPIES), so a held copy stays whole while they run. One tensor at a time, in stream
     order; grown as COPIES is, reserved by a model before its first step (held_elements)."""

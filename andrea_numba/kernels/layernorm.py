@@ -37,7 +37,7 @@ import numpy as np
 
 from numba import cuda, float32
 
-from .common import ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, address, block_sum, blocks, cdiv, jit_as
+from .common import ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, address, block_sum, blocks, cdiv, jit_as, wide_rows
 from .ptx import bf16x2, load4_row, store4
 
 
@@ -704,19 +704,13 @@ def _row4_kernel(NQ):
 _ROW4_KERNELS = {}      # NQ -> k_residual_layernorm_fwd_v3
 
 
-def _rows4(*arrays) -> bool:
-    """C-contiguous 2-D arrays whose rows are whole 16-byte chunks on 16-byte boundaries."""
-    return all(a.shape[1] % 4 == 0 and a.strides[-1] == a.dtype.itemsize and a.strides[0] == a.dtype.itemsize * a.shape[1]
-               and address(a) % 16 == 0 for a in arrays)
-
-
 def fits_v3(resid, out, x, f) -> bool:
     """Whether k_residual_layernorm_fwd_v3 can take these arrays: rows of whole 16-byte chunks (an fp32
     out too), a uint16 out C-contiguous on an 8-byte boundary."""
     if out.dtype == np.uint16:
-        return _rows4(resid, x, f) and out.shape[1] % 4 == 0 and address(out) % 8 == 0 and \
+        return wide_rows(resid, x, f) and out.shape[1] % 4 == 0 and address(out) % 8 == 0 and \
             out.strides == (2 * out.shape[1], 2)
-    return _rows4(resid, out, x, f)
+    return wide_rows(resid, out, x, f)
 
 
 @blocks(**ROW_BLOCKS)

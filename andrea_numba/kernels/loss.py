@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .common import MAX_BLOCK, SIMULATOR, address, block_max, block_sum, blocks
+from .common import MAX_BLOCK, SIMULATOR, address, block_max, block_sum, blocks, wide_rows
 from .cublaslt import COPIES, operand_elements
 from .matmul import WARP_MATMUL, matmul
 from .ptx import bf16x2, load4_row, store4
@@ -369,11 +369,6 @@ def k_loss_fwd_v2(losses, probs, targets, wide):
         losses[row] = (math.log(se) + M) - picked
 
 
-def wide_rows(a) -> bool:
-    """Whether a C-contiguous 2-D array's rows are whole 16-byte chunks on 16-byte boundaries."""
-    return a.shape[1] % 4 == 0 and a.strides[1] == 4 and a.strides[0] == 4 * a.shape[1] and address(a) % 16 == 0
-
-
 def _fwd_two_pass(kind, loss, losses, probs, x, wte, targets, block, stream):
     N, V = probs.shape
     WARP_MATMUL[kind](probs, None, x, wte, trans_b=True, stream=stream)         # logits = x @ wte^T, into probs
@@ -419,7 +414,7 @@ def _bwd_bf16(kind, dx, dwte, work, dloss, x, wte, probs, targets, block, stream
     C = x.shape[1]
     scale = np.float32(float(dloss) / N)
     COPIES.reserve(*operand_elements(N, C, V))                   # no-op in a model: reserved at its start
-    d16 = COPIES.buf[:N * V].reshape(N, V)                       # the first operand's slot
+    d16 = COPIES.first(N, V)                                     # the first operand's slot
     wide = wide_rows(probs) and address(d16) % 8 == 0          # (the scratch starts 256-byte aligned)
     d_words = d16.reshape(N * V).view(np.int32).reshape(N, V // 2) if wide else d16   # (unused when not wide)
     k_loss_bwd_v2[N, block, stream](d16, d_words, probs, targets, scale, wide)
