@@ -603,10 +603,8 @@ def mlp_bwd_v18(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     _bwd_held("bf16m", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
-mlp_fwd_v18.precision = mlp_bwd_v18.precision = "bf16"
-
-
 mlp_fwd_v17.precision = mlp_bwd_v17.precision = "bf16"
+mlp_fwd_v18.precision = mlp_bwd_v18.precision = "bf16"
 
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
