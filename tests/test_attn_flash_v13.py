@@ -5,18 +5,19 @@ whose last tiles are partial, with and without dropout, at a head size padded to
 bit for bit; a warp that skips the tiles its rows cannot see gives the bits of a block that never
 had those tiles; its ldmatrix addresses are half_tile's swizzled words; its blocks fit 48 KiB.
 (The harness rows at the simulator's blocks are in test_kernels.py.) About 15 s in the simulator."""
+import functools
+
 import numpy as np
 import pytest
-from numba import cuda
 
 import reference as R
 from andrea_numba import check
 from andrea_numba.kernels import attn_flash, attn_flash_v13 as V13
 from andrea_numba.kernels.common import BlockDoesNotFit
 from andrea_numba.kernels.half_tile import _frag_index
+from test_attn_flash_lowp import KEY, _run as run_version      # (KEY: the dropout key it passes)
 
 pytestmark = [pytest.mark.xdist_group("attn_flash")]
-KEY = 0x5EED1234
 U = 2.0 ** -8                                   # unit roundoff of a bf16 input
 TOL = check.LOW_PRECISION_TOL["attn_flash"]     # the harness's tolerance for a bf16 attention kernel
 
@@ -26,17 +27,9 @@ def _inputs(seed, B, T, C):
     return [rng.standard_normal((B, T, C)).astype(np.float32) for _ in range(4)]     # q, k, v, dy
 
 
-def _run(block, q, k, v, dy, p, n_head):
-    """v13's forward, then its backward on the forward's y and lse; outputs and D poisoned with NaN."""
-    fwd, bwd = attn_flash.flash_pair(13)
-    B, T, C = q.shape
-    nan = lambda *shape: cuda.to_device(np.full(shape, np.nan, np.float32))
-    q_d, k_d, v_d, dy_d = (cuda.to_device(a) for a in (q, k, v, dy))
-    y, lse = nan(B, T, C), nan(B, n_head, T)
-    fwd(y, lse, q_d, k_d, v_d, n_head, p, KEY, block=block)
-    dq, dk, dv, d_rowdot = nan(B, T, C), nan(B, T, C), nan(B, T, C), nan(B, n_head, T)
-    bwd(dq, dk, dv, d_rowdot, dy_d, q_d, k_d, v_d, y, lse, n_head, p, KEY, block=block)
-    return {name: a.copy_to_host() for name, a in dict(y=y, lse=lse, dq=dq, dk=dk, dv=dv, d_rowdot=d_rowdot).items()}
+# v13's forward, then its backward on the forward's y and lse; outputs and D poisoned with NaN (v11's
+# helper, the same dropout KEY): _run(block, q, k, v, dy, p, n_head)
+_run = functools.partial(run_version, 13)
 
 
 # (dropout p, shape B, T, C, H). hs = 8 (padded to 16 channels: one k step, half of it zeros) at
