@@ -41,7 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
-#          s14a (for the next session: the harness on bf16m's versions, embed v5, LN v3; the bf16m model; flash tables; profile);
+#          s14a (the thirteenth session's first call: the harness on bf16m's versions, embed v5, LN v3; the bf16m model; flash tables; profile);
 #          s12a (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's; run after mm13);
 #          s12b (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
 #          s12c (the step with cuBLASLt bf16 products and the new copies, then mm14);
@@ -451,27 +451,28 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
-    s14a) # for the next session's first call (issue 11): what s13c could not finish, with room to finish it.
-        #  1. the harness at 12M and 120M at once on the engine's new bf16 versions (attn_qkv, attn_out v14, mlp
-        #     v18, loss v15/v14, matmul v17) and on embed_bwd v5 and residual_layernorm v3 (their rows only);
-        #  2. the whole model with bf16m at 12M and 120M; 3. flash attention v11 and v13 kernel by kernel at 120M
-        #     (every block); 4. the 120M bf16m step kernel by kernel
+    s14a) # the thirteenth session's first call (issue 11): what s13c could not finish, with room to finish it.
+        #  1. at once (330 s at most): the harness at 12M and 120M on the engine's new bf16 versions (attn_qkv,
+        #     attn_out v14, mlp v18, loss v15/v14, matmul v17) and on embed_bwd v5 and residual_layernorm v3
+        #     (their rows only); the whole model with bf16m at 12M and 120M;
+        #  2. alone: the 120M bf16m step kernel by kernel; flash attention v11 and v13 kernel by kernel at 120M
+        #     (every block); the step with bf16m beside cuBLASLt's products (cublas-bf16) at 120M
         mkdir -p "$OUT/s14a"; d="$OUT/s14a"
         for size in 12M 120M; do
-          timeout 420 $py -m andrea_numba.check --size $size --seed 257 --compile-workers 4 --ops-only --op attn_qkv --op attn_out \
+          timeout 330 $py -m andrea_numba.check --size $size --seed 257 --compile-workers 4 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --op embed --op residual_layernorm \
               --version 3 --version 5 --version 14 --version 15 --version 17 --version 18 \
               --json > "$d/ops_$size.json" 2> "$d/ops_$size.err" &
+          timeout 330 $py -m andrea_numba.check --size $size --seed 263 --compile-workers 2 --model-only --products bf16m \
+              --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
         done
         wait
-        for size in 12M 120M; do
-          timeout 240 $py -m andrea_numba.check --size $size --seed 263 --compile-workers 4 --model-only --products bf16m \
-              --json > "$d/model_$size.json" 2> "$d/model_$size.err"
-        done
         for f in "$d"/ops_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 200 $py bench/kernels.py attn_flash --sizes 120M --version 11 --version 13 --markdown "$d/flash.md" \
+        profile_kernels kernels_120M_bf16m 60 --size 120M --products bf16m
+        timeout 150 $py bench/kernels.py attn_flash --sizes 120M --version 11 --version 13 --markdown "$d/flash.md" \
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -40
-        profile_kernels kernels_120M_bf16m 45 --size 120M --products bf16m ;;
+        timeout 120 $py bench/step_time.py --sizes 120M --products bf16m cublas-bf16 --iters 3 \
+            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
     s11) # for the next session (issue 11): the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
         # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's
