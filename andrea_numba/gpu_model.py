@@ -26,6 +26,7 @@ import reference.dropout as D
 
 from .kernels import attn, attn_flash, attn_out, attn_qkv, cublaslt, dropout, embed, layernorm, loss, mlp
 from .kernels.matmul import splitk_work
+from .kernels.tma import MAP_BYTES, TMAPS, TensorMaps
 from .kernels.optim import zero
 from .kernels.common import SIMULATOR
 from .layout import n_params, views
@@ -180,6 +181,8 @@ class GPUModel:
             cublaslt.COPIES.reserve(*cublaslt.operand_elements(B * T, m.d_model, m.vocab_size))
         if products in HELD_KINDS:          # ... and the copies an op rounds once for two products
             cublaslt.HELD.reserve(cublaslt.held_elements(B * T, m.d_model))
+        if products in TMA_KINDS:           # ... and the table of TMA tensor maps (matmul v18)
+            TMAPS.reserve()
         self.mlp_fwd_takes_work = "work" in inspect.signature(self.mlp_fwd).parameters   # v11 on
         self.dropout = dropout                      # used by a forward given a dropout_key
         self.flash = flash
@@ -414,11 +417,14 @@ LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp
 # "bf16m": the same ops on matmul v17 alone: wgmma for every product, an operand stored with k down its
 # columns read M- or N-major through wgmma's transpose bits (attn_qkv, attn_out v14, mlp v18, loss_fwd
 # v15, loss_bwd v14)
+# "bf16t": the same ops on matmul v18: v17's tiles copied by TMA from a producer warp, mbarriers, persistent
+# blocks, a tile per product (attn_qkv, attn_out v15, mlp v19, loss_fwd v16, loss_bwd v15)
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, **{kind: None for kind in LIBRARY_PRECISION}}
+            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, "bf16t": 15,
+            **{kind: None for kind in LIBRARY_PRECISION}}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17,
-               "bf16m": 18}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15}   # the loss forward's, where not the linear ops'
+               "bf16m": 18, "bf16t": 19}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 16}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16m", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_v13.py: v13 bf16; attn_flash_lowp.py:
 # v12 fp16, and v11, bf16's before v13);
@@ -441,12 +447,14 @@ def products_scratch(products: str, N: int, C: int, V: int) -> dict:
         held["operands_16bit"] = copies
     if products in HELD_KINDS:
         held["operands_held_16bit"] = 2 * cublaslt.held_elements(N, C)
+    if products in TMA_KINDS:
+        held["tma_tensor_maps"] = TensorMaps.SLOTS * MAP_BYTES
     return held
 
 
 # kinds whose products run wgmma, an instruction of Hopper GPUs only (sm_90a: compute capability 9.0)
 # -> the kind a run gets on any other GPU (the same math on mma.sync, other sums)
-WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a"}
+WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a", "bf16t": "bf16a"}
 
 
 def wgmma_runs_here() -> bool:
@@ -465,10 +473,11 @@ def products_kind(precision: str, products: str = "numba") -> str:
     kind = (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
     return WGMMA_KINDS[kind] if kind in WGMMA_KINDS and not wgmma_runs_here() else kind
 # products -> the precision of the twin that matches it (every other kind: fp32)
-COPIES_KINDS = {"bf16a", "bf16r", "bf16m"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
-SAVED16_KINDS = {"bf16a", "bf16r", "bf16m"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
-HELD_KINDS = {"bf16r", "bf16m"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
-PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "f16w": "fp16",
+COPIES_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
+SAVED16_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
+HELD_KINDS = {"bf16r", "bf16m", "bf16t"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
+TMA_KINDS = {"bf16t"}                                   # ... and whose products read through TMA tensor maps (tma.TMAPS)
+PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "bf16t": "bf16", "f16w": "fp16",
              **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 
 

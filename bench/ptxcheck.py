@@ -53,13 +53,15 @@ def _host_array(a):
 def compile_only():
     """Inside: kernel launches compile to PTX for sm_90 and run nothing; device allocations and
     copies become NumPy arrays, so whole programs (the harness, GPUModel) can run through."""
-    from andrea_numba.kernels import matmul
-    saved = [(_dispatcher, "get_current_device"), (_dispatcher.CUDADispatcher, "configure"),
+    from andrea_numba.kernels import matmul, tma
+    saved = [(tma.TMAPS, "address"), (matmul, "sm_count"), (_dispatcher, "get_current_device"), (_dispatcher.CUDADispatcher, "configure"),
              (cuda, "to_device"), (cuda, "device_array"), (cuda, "synchronize"), (cuda, "stream"),
              (matmul, "resident_blocks"), (matmul, "allow_shared")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in saved]
     matmul.resident_blocks = lambda *args: 264     # split-K asks the driver for occupancy: the H200's
     matmul.allow_shared = lambda *args: None       # (the driver's attribute for dynamic shared memory)
+    tma.TMAPS.address = lambda *args: 0            # matmul v18's tensor maps (the driver encodes them)
+    matmul.sm_count = lambda: 132                  # the H200's multiprocessors
     _dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=CC)
     cuda.to_device = lambda a, stream=0: _host_array(a)
     cuda.device_array = lambda shape, dtype=np.float32, stream=0: _host_array(np.zeros(shape, dtype))

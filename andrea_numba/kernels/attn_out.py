@@ -14,7 +14,7 @@ from numba import cuda, float32
 
 from .common import blocks
 from .cublaslt import HELD
-from .matmul import ASYNC_OP_TILES, MN_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_v13, resolve
+from .matmul import ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_v13, resolve
 
 
 @functools.cache
@@ -266,11 +266,25 @@ def attn_out_bwd_v14(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     _bwd_held("bf16m", dy, dw_o, work, dout, y, w_o, block, stream)
 
 
+# v15: v14 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
+@blocks(**TMA_OP_TILES)
+def attn_out_fwd_v15(out, y, w_o, *, block, stream=0):
+    """out = y @ W_O through matmul v18."""
+    WARP_MATMUL["bf16t"](out, None, y, w_o, block=block, stream=stream)
+
+
+@blocks(**TMA_OP_TILES)
+def attn_out_bwd_v15(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """v14's backward with both products on matmul v18."""
+    _bwd_held("bf16t", dy, dw_o, work, dout, y, w_o, block, stream)
+
+
 attn_out_fwd_v13.precision = attn_out_bwd_v13.precision = "bf16"
+attn_out_fwd_v15.precision = attn_out_bwd_v15.precision = "bf16"
 attn_out_fwd_v14.precision = attn_out_bwd_v14.precision = "bf16"
 
 VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7,
-                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10, 11: attn_out_fwd_v11, 12: attn_out_fwd_v12, 13: attn_out_fwd_v13, 14: attn_out_fwd_v14},
+                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10, 11: attn_out_fwd_v11, 12: attn_out_fwd_v12, 13: attn_out_fwd_v13, 14: attn_out_fwd_v14, 15: attn_out_fwd_v15},
             "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7,
-                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10, 11: attn_out_bwd_v11, 12: attn_out_bwd_v12, 13: attn_out_bwd_v13, 14: attn_out_bwd_v14}}
+                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10, 11: attn_out_bwd_v11, 12: attn_out_bwd_v12, 13: attn_out_bwd_v13, 14: attn_out_bwd_v14, 15: attn_out_bwd_v15}}
 attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7          # what the engine uses

@@ -444,11 +444,25 @@ def loss_bwd_v14(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, bloc
     _bwd_bf16("bf16m", dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
 
 
+# v16 forward, v15 backward: v15 and v14 with the products on matmul v18 (each at its own tile).
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_v16(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """v15 with the logits from matmul v18."""
+    _fwd_two_pass("bf16t", loss, losses, probs, x, wte, targets, block, stream)
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v15(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """v14 with both products on matmul v18."""
+    _bwd_bf16("bf16t", dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
+
+
 loss_fwd_v14.precision = loss_bwd_v13.precision = "bf16"
+loss_fwd_v16.precision = loss_bwd_v15.precision = "bf16"
 loss_fwd_v15.precision = loss_bwd_v14.precision = "bf16"
 
 VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9,
-                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13, 14: loss_fwd_v14, 15: loss_fwd_v15},
+                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13, 14: loss_fwd_v14, 15: loss_fwd_v15, 16: loss_fwd_v16},
             "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8,
-                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12, 13: loss_bwd_v13, 14: loss_bwd_v14}}
+                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12, 13: loss_bwd_v13, 14: loss_bwd_v14, 15: loss_bwd_v15}}
 loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses

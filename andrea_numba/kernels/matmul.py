@@ -805,3 +805,89 @@ matmul_v17.precision = "bf16"
 WARP_KERNELS["bf16m"] = (17, "bf16 wgmma on the bf16 copies as stored: MN-major stages read through the transpose bits")
 VERSIONS["matmul"][17] = matmul_v17
 WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the linear ops on v17 alone
+
+
+# =============================================================================================
+# v18 (this block is v18's whole registration): v17's shared layouts, descriptors and sums, built
+# as Hopper's fast GEMMs are (kernels/wgmma_tma.py): a producer warp whose one thread copies each
+# stage with TMA (a whole swizzled box an instruction, zeros past the edges, kernels/tma.py),
+# consumer warpgroups that wait for a stage's bytes on an mbarrier and let go of it on another, no
+# block-wide barrier in the loop, and persistent blocks (one a multiprocessor) that walk the tiles,
+# so one tile's stores overlap the next tile's copies. Tiles (BM, BN, 64, STAGES): 128 x 256 with 4
+# stages (192 KiB: 128 accumulators a consumer thread, 288 threads), 128 x 128 with 6 and with 4;
+# in the simulator one consumer warpgroup of 64 x 128 with 3 stages and 64 x 64 with 2. Operands
+# that a tensor map cannot describe (rows not whole 16-byte chunks, or a start off a 16-byte
+# boundary) go to v17 at its default tile.
+from .tma import TMAPS, map_fits  # noqa: E402
+from .wgmma_tma import tile_bytes, tma_kernel, units_grid  # noqa: E402
+
+TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 6), (128, 128, 64, 4)),
+                 sim=((64, 128, 64, 3), (64, 64, 64, 2)))
+# block "auto": v18 picks the tile per product (pick_tile): the linear ops on v18 run this way, since
+# one tile does not suit every shape (a 768-wide product makes 192 tiles of 128 x 256 on 132
+# multiprocessors: two waves, the second half empty; 384 of 128 x 128 fill three nearly full)
+TMA_AUTO = "auto"
+# the work a tile does in the time of a 128 x 256 tile's, per unit of area (wgmma m64n256 reads its
+# shared operands a third less per product than m64n128): a guess until bench/gemm.py times both
+TMA_SPEED = {(128, 256): 1.0, (128, 128): 0.8, (64, 128): 1.0, (64, 64): 1.0}
+
+
+def pick_tile(M, N, K, work, resident):
+    """The v18 tile (of TMA_TILES) with the least estimated time for an M x N x K product: waves of
+    persistent units (split-K included, as splitk weighs it) x stages a unit x the tile's area over
+    its speed (TMA_SPEED). Ties go to the first listed."""
+    best = None
+    for tile in TMA_TILES["sim" if SIMULATOR else "gpu"]:
+        BM, BN, BK = tile[:3]
+        S, ksplit = splitk(M, N, K, 1, tile, work, resident)
+        waves = cdiv(cdiv(M, BM) * cdiv(N, BN) * S, resident)
+        cost = waves * (ksplit // BK) * BM * BN / TMA_SPEED[(BM, BN)] + (S > 1) * S * M * N / 8
+        if best is None or cost < best[0]:
+            best = (cost, tile)
+    return best[1]
+
+
+@blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
+def matmul_v18(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """bf16 products on wgmma (sm_90a) from bf16 copies of the operands as stored (v17's), copied
+    to shared memory by TMA from a producer warp, over a ring of mbarrier-guarded stages, by
+    persistent blocks; block = (BM, BN, 64, STAGES), or "auto" (pick_tile's for the shape); work: the
+    split-K buffer (or None). The copies live in cublaslt.COPIES, the tensor maps in tma.TMAPS
+    (written at an operand's first product)."""
+    M, N = out.shape
+    K = a.shape[0] if trans_a else a.shape[1]
+    a16, b16 = bf16_copies(a, b, stream)
+    if not (map_fits(a16) and map_fits(b16)):
+        matmul_v17(out, work, a, b, trans_a, trans_b, accumulate, stream=stream)
+        return
+    if block == TMA_AUTO:
+        block = pick_tile(M, N, K, work, sm_count())
+    BM, BN, BK, stages = block
+    trans_a, trans_b = bool(trans_a), bool(trans_b)
+    kernel, threads = tma_kernel(BM, BN, stages, trans_a, trans_b)
+    shared = tile_bytes(BM, BN, stages)
+    tmap_a = TMAPS.address(a16, BK if trans_a else BM, stream)     # M-major: boxes of BK rows of k
+    tmap_b = TMAPS.address(b16, BN if trans_b else BK, stream)     # K-major: boxes of BN rows of n
+    args = (out, out.reshape(1, M, N), a16, b16, tmap_a, tmap_b, accumulate, K)
+    compiled = allow_shared(kernel, args, shared)
+    resident = RESIDENT_BLOCKS if compiled is None else compiled.max_cooperative_grid_blocks(threads, shared)
+    S, ksplit = splitk(M, N, K, 1, block, work, resident)
+    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
+    kernel[units_grid(M, N, S, BM, BN, resident), threads, stream, shared](
+        out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit)
+    if S > 1:
+        splitk_sum(out, part, accumulate, stream, version=2)
+
+
+# the linear ops on v18 (attn_qkv, attn_out v15, mlp v19, loss_fwd v16, loss_bwd v15): a tile per product
+TMA_OP_TILES = dict(gpu=(TMA_AUTO,), sim=(TMA_AUTO,))
+
+
+def sm_count() -> int:
+    """The GPU's multiprocessors (v18's tiles all run one block on each), RESIDENT_BLOCKS in the simulator."""
+    return RESIDENT_BLOCKS if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+matmul_v18.precision = "bf16"
+VERSIONS["matmul"][18] = matmul_v18
+WARP_MATMUL["bf16t"] = matmul_v18            # products "bf16t" (gpu_model): the linear ops on v18

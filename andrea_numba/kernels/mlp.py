@@ -26,7 +26,7 @@ from numba import cuda, float32
 from .common import address, blocks, elementwise_launch, nonneg
 from .ptx import bf16x2, load4, store4
 from .cublaslt import HELD
-from .matmul import ASYNC_OP_TILES, MN_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
+from .matmul import ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -603,14 +603,29 @@ def mlp_bwd_v18(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     _bwd_held("bf16m", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
+# v19: v18 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
+@blocks(**TMA_OP_TILES)
+def mlp_fwd_v19(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+    """v18 with its products from matmul v18."""
+    gelu_pass = gelu_fwd_v3 if h.dtype == np.uint16 else gelu_fwd_v2
+    _fwd_split("bf16t", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
+
+
+@blocks(**TMA_OP_TILES)
+def mlp_bwd_v19(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v18's backward with its products from matmul v18."""
+    _bwd_held("bf16t", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+
+
 mlp_fwd_v17.precision = mlp_bwd_v17.precision = "bf16"
+mlp_fwd_v19.precision = mlp_bwd_v19.precision = "bf16"
 mlp_fwd_v18.precision = mlp_bwd_v18.precision = "bf16"
 
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 
 VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
-                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13, 14: mlp_fwd_v14, 15: mlp_fwd_v15, 16: mlp_fwd_v16, 17: mlp_fwd_v17, 18: mlp_fwd_v18},
+                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13, 14: mlp_fwd_v14, 15: mlp_fwd_v15, 16: mlp_fwd_v16, 17: mlp_fwd_v17, 18: mlp_fwd_v18, 19: mlp_fwd_v19},
             "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
-                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13, 14: mlp_bwd_v14, 15: mlp_bwd_v15, 16: mlp_bwd_v16, 17: mlp_bwd_v17, 18: mlp_bwd_v18}}
+                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13, 14: mlp_bwd_v14, 15: mlp_bwd_v15, 16: mlp_bwd_v16, 17: mlp_bwd_v17, 18: mlp_bwd_v18, 19: mlp_bwd_v19}}
 mlp_fwd, mlp_bwd = mlp_fwd_v12, mlp_bwd_v12        # what the engine uses
