@@ -41,6 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s15a (matmul v18 and products bf16t: v18's bits against v17, harness, model, products, step);
 #          s14a (the thirteenth session's first call: the harness on bf16m's versions, embed v5, LN v3; the bf16m model; flash tables; profile);
 #          s12a (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's; run after mm13);
 #          s12b (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
@@ -451,6 +452,27 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
+    s15a) # the fourteenth session's first call (issue 11): matmul v18 (TMA, producer warp, mbarriers,
+        # persistent blocks) and products bf16t. 1. bench/v18_bits.py: v18 against v17's bits at every tile
+        # (a hang or a wrong product stops the step here); 2. at once: the harness at 12M on matmul v18 and the
+        # bf16t linear ops, the whole bf16t model at 12M; 3. the products of v17 and v18 (every tile) beside
+        # PyTorch bf16; 4. the step at 120M and 12M, bf16m against bf16t
+        mkdir -p "$OUT/s15a"; d="$OUT/s15a"
+        timeout 150 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
+        echo "v18_bits exit $rc"; cat "$d/bits.txt" | tail -30
+        if [ $rc -ne 0 ]; then echo "s15a: v18 is not right here: stopping"; continue; fi
+        timeout 200 $py -m andrea_numba.check --size 12M --seed 269 --compile-workers 4 --ops-only --op attn_qkv \
+            --op attn_out --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" \
+            --version 15 --version 16 --version 18 --version 19 --json > "$d/ops_12M.json" 2> "$d/ops_12M.err" &
+        timeout 200 $py -m andrea_numba.check --size 12M --seed 271 --compile-workers 2 --model-only --products bf16t \
+            --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
+        wait
+        for f in "$d"/ops_12M.json "$d"/model_12M.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        timeout 170 $py bench/gemm.py --versions 17,18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
+        python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
+        timeout 130 $py bench/step_time.py --sizes 120M 12M --products bf16m bf16t --iters 3 \
+            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
     s14a) # the thirteenth session's first call (issue 11): what s13c could not finish, with room to finish it.
         #  1. at once (330 s at most): the harness at 12M and 120M on the engine's new bf16 versions (attn_qkv,
         #     attn_out v14, mlp v18, loss v15/v14, matmul v17) and on embed_bwd v5 and residual_layernorm v3
