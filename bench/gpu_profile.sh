@@ -41,6 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s15b (v18 with paired stores, tiles along the shorter side: bits, products, step, profile, ncu);
 #          s15a (matmul v18 and products bf16t: v18's bits against v17, harness, model, products, step);
 #          s14a (the thirteenth session's first call: the harness on bf16m's versions, embed v5, LN v3; the bf16m model; flash tables; profile);
 #          s12a (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's; run after mm13);
@@ -452,6 +453,38 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
+    s15b) # matmul v18 with paired stores and the tile order along the shorter side (issue 11): its bits against
+        # v17; its products at every tile beside PyTorch bf16; the step with bf16t at 120M and 12M; the 120M bf16t
+        # step kernel by kernel; one v18 launch (the 120M MLP's x @ W_1) under Nsight Compute's sections
+        mkdir -p "$OUT/s15b"; d="$OUT/s15b"
+        timeout 120 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
+        echo "v18_bits exit $rc"; tail -4 "$d/bits.txt"; grep -c identical "$d/bits.txt"
+        if [ $rc -ne 0 ]; then cat "$d/bits.txt"; echo "s15b: v18 is not right here: stopping"; continue; fi
+        timeout 120 $py bench/gemm.py --versions 18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
+        python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
+        timeout 120 $py bench/step_time.py --sizes 120M 12M --products bf16t --iters 3 \
+            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        OUT=$d profile_kernels kernels_120M_bf16t 45 --size 120M --products bf16t
+        cat > /tmp/one_v18.py <<'PY'
+import numpy as np
+from numba import cuda
+from andrea_numba.kernels import matmul as MM
+M, N, K = 8192, 3072, 768
+a = cuda.to_device(np.random.rand(M, K).astype(np.float32))
+b = cuda.to_device(np.random.rand(K, N).astype(np.float32))
+out = cuda.device_array((M, N), np.float32)
+MM.matmul_v18(out, None, a, b)
+cuda.synchronize()
+cuda.profile_start()
+MM.matmul_v18(out, None, a, b)
+cuda.synchronize()
+cuda.profile_stop()
+PY
+        timeout 120 ncu --profile-from-start off -k regex:k_matmul_v18 --section SpeedOfLight --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+            $py /tmp/one_v18.py > "$d/ncu_v18_mlp.txt" 2>&1; echo "ncu v18 exit $?"
+        grep -v "^==PROF==" "$d/ncu_v18_mlp.txt" | grep -E "Duration|Throughput|Busy|Stall|Eligible|Issued|Warp Cycles|Registers|Achieved|Theoretical Occ|L2 Hit|Mem Pipes|DRAM" | head -40 ;;
     s15a) # the fourteenth session's first call (issue 11): matmul v18 (TMA, producer warp, mbarriers,
         # persistent blocks) and products bf16t. 1. bench/v18_bits.py: v18 against v17's bits at every tile
         # (a hang or a wrong product stops the step here); 2. at once: the harness at 12M on matmul v18 and the

@@ -26,6 +26,7 @@ CASES = [
     # (M, N, K: rows of whole 16-byte chunks, as a tensor map needs, none a multiple of a tile)
     ("x @ W (edges)", 1000, 1096, 520, False, False, False, False),
     ("dy @ W^T (edges)", 1000, 1096, 520, False, True, False, False),
+    ("dy @ W^T (odd N)", 1000, 1095, 520, False, True, False, False),
     ("x^T @ dy += (edges)", 1000, 1096, 520, True, False, True, False),
     ("a^T @ b^T (edges)", 1000, 1096, 520, True, True, False, False),
     ("dW += x^T @ dy, split-K", 768, 768, 8192, True, False, True, True),

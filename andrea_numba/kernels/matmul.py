@@ -814,22 +814,24 @@ WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the
 # consumer warpgroups that wait for a stage's bytes on an mbarrier and let go of it on another, no
 # block-wide barrier in the loop, and persistent blocks (one a multiprocessor) that walk the tiles,
 # so one tile's stores overlap the next tile's copies. Tiles (BM, BN, 64, STAGES): 128 x 256 with 4
-# stages (192 KiB: 128 accumulators a consumer thread, 288 threads), 128 x 128 with 6 and with 4;
+# stages (192 KiB: 128 accumulators a consumer thread, 288 threads) and 128 x 128 with 4 (with 6
+# stages it was slower on all twelve products timed on the H200: not offered);
 # in the simulator one consumer warpgroup of 64 x 128 with 3 stages and 64 x 64 with 2. Operands
 # that a tensor map cannot describe (rows not whole 16-byte chunks, or a start off a 16-byte
 # boundary) go to v17 at its default tile.
 from .tma import TMAPS, map_fits  # noqa: E402
 from .wgmma_tma import tile_bytes, tma_kernel, units_grid  # noqa: E402
 
-TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 6), (128, 128, 64, 4)),
+TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
                  sim=((64, 128, 64, 3), (64, 64, 64, 2)))
 # block "auto": v18 picks the tile per product (pick_tile): the linear ops on v18 run this way, since
 # one tile does not suit every shape (a 768-wide product makes 192 tiles of 128 x 256 on 132
 # multiprocessors: two waves, the second half empty; 384 of 128 x 128 fill three nearly full)
 TMA_AUTO = "auto"
 # the work a tile does in the time of a 128 x 256 tile's, per unit of area (wgmma m64n256 reads its
-# shared operands a third less per product than m64n128): a guess until bench/gemm.py times both
-TMA_SPEED = {(128, 256): 1.0, (128, 128): 0.8, (64, 128): 1.0, (64, 64): 1.0}
+# shared operands a third less per product than m64n128): 0.80-0.92 on the H200's products (twelve
+# shapes, docs/mixed-precision.md, fourteenth session); the simulator's tiles: no preference
+TMA_SPEED = {(128, 256): 1.0, (128, 128): 0.85, (64, 128): 1.0, (64, 64): 1.0}
 
 
 def pick_tile(M, N, K, work, resident):

@@ -40,15 +40,18 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
 
 3. Persistent blocks. The grid is one block per multiprocessor the kernel fits on (the occupancy
    API's count), and block b computes work units b, b + grid, b + 2 grid, ... A unit is one output
-   tile of one slice of K (split-K: unit u is tile u % tiles of slice u // tiles), tiles in rows of
-   N: unit t is tile row t // tiles_n, tile column t % tiles_n. Producer and consumers walk the same
-   units, so the ring's use count g runs on across a block's tiles: while the consumers store tile i
-   the producer already fills the ring with tile i + 1, and the stores cost no idle tensor cores
-   beyond their own time.
+   tile of one slice of K (split-K: unit u is tile t = u % tiles of slice u // tiles), and the tiles
+   run along the shorter side first: with fewer tile rows than columns tile t is row t % tiles_m,
+   column t // tiles_m (the blocks running at once share B's tiles, and A, the smaller, stays in
+   L2: the 120M logits, 64 x 197 tiles, read the 77 MB of wte once instead of once a tile row),
+   else row t // tiles_n, column t % tiles_n. Producer and consumers walk the same units, so the
+   ring's use count g runs on across a block's tiles: while the consumers store tile i the
+   producer already fills the ring with tile i + 1.
 
 4. The epilogue. Each consumer thread stores its accumulators straight from registers (store_tile:
    thread 32 w + 4 g + t of warpgroup wg holds d[4 j + 2 h + c] = row 64 wg + 16 w + g + 8 h, column
-   8 j + 2 t + c of the tile, v14's layout), out (+)= d, or its slice's partial tile work[z] = d;
+   8 j + 2 t + c of the tile, v14's layout; the pair c = 0, 1 as one 64-bit access), out (+)= d, or
+   its slice's partial tile work[z] = d;
    matmul's k_splitk_sum_v2 adds the slices in order afterwards (no atomics).
 
 Same sums as v17 (inputs rounded to bf16 ties to even, exact products, wgmma's fp32 sums in the
@@ -92,6 +95,7 @@ if SIMULATOR:
                     out[row, col] = (out[row, col] + d[r]) if accumulate else d[r]
         return store_tile
 else:
+    from llvmlite import ir
     from numba import types
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
@@ -100,8 +104,11 @@ else:
     def _store_d(typingctx, out, d, r0, c0, accumulate):
         """out[r0 + 8 h, c0 + 8 j + c] (+)= d[4 j + 2 h + c] for every accumulator of an m64nNk16
         wgmma that falls inside out (a C-contiguous float32 [M, N] array): straight-line code with
-        constant register numbers (a loop over d[r] would compile to a switch per register).
-        PTX: setp + @p ld.global / add.f32 / st.global, per register"""
+        constant register numbers (a loop over d[r] would compile to a switch per register). c0 is
+        even, so the pair c = 0, 1 is two neighbours of a row: where N is even and out starts on an
+        8-byte boundary each pair goes as one 64-bit access (a warp then writes 8 whole 32-byte
+        sectors an instruction, not 8 halves), else (and at a last odd column) one value at a time.
+        PTX: setp + @p ld/st.global.v2.f32 (or .f32) and add.f32, per pair of registers"""
         ok = (isinstance(out, types.Array) and out.ndim == 2 and out.dtype == types.float32 and out.layout == "C"
               and isinstance(d, types.UniTuple) and d.dtype == types.float32 and d.count % 4 == 0
               and isinstance(r0, types.Integer) and isinstance(c0, types.Integer))
@@ -116,18 +123,45 @@ else:
             row0 = context.cast(builder, args[2], sig.args[2], types.intp)
             col0 = context.cast(builder, args[3], sig.args[3], types.intp)
             acc = context.cast(builder, args[4], sig.args[4], types.boolean)
-            for r in range(tupty.count):
+            intp = context.get_value_type(types.intp)
+            one, seven = ir.Constant(intp, 1), ir.Constant(intp, 7)
+            base = builder.ptrtoint(arr.data, intp)
+            even = builder.icmp_unsigned("==", builder.and_(shape[1], one), ir.Constant(intp, 0))
+            aligned = builder.icmp_unsigned("==", builder.and_(base, seven), ir.Constant(intp, 0))
+            pairs_ok = builder.and_(even, aligned)
+            v2 = ir.VectorType(ir.FloatType(), 2)
+
+            def put(ptr, v):
+                with builder.if_else(acc) as (add, put_):
+                    with add:
+                        builder.store(builder.fadd(builder.load(ptr), v), ptr)
+                    with put_:
+                        builder.store(v, ptr)
+
+            for r in range(0, tupty.count, 2):                  # r: c = 0, r + 1: c = 1
                 row = builder.add(row0, context.get_constant(types.intp, 8 * ((r >> 1) & 1)))
-                col = builder.add(col0, context.get_constant(types.intp, 8 * (r >> 2) + (r & 1)))
-                inside = builder.and_(builder.icmp_signed("<", row, shape[0]), builder.icmp_signed("<", col, shape[1]))
-                with builder.if_then(inside, likely=True):
-                    ptr = cgutils.get_item_pointer2(context, builder, arr.data, shape, strides, "C", [row, col])
-                    v = builder.extract_value(args[1], r)
-                    with builder.if_else(acc) as (add, put):
-                        with add:
-                            builder.store(builder.fadd(builder.load(ptr), v), ptr)
-                        with put:
-                            builder.store(v, ptr)
+                col = builder.add(col0, context.get_constant(types.intp, 8 * (r >> 2)))
+                col1 = builder.add(col, one)
+                in_row = builder.icmp_signed("<", row, shape[0])
+                both = builder.and_(in_row, builder.icmp_signed("<", col1, shape[1]))
+                x0, x1 = builder.extract_value(args[1], r), builder.extract_value(args[1], r + 1)
+                with builder.if_else(builder.and_(both, pairs_ok), likely=True) as (pair, single):
+                    with pair:
+                        ptr = cgutils.get_item_pointer2(context, builder, arr.data, shape, strides, "C", [row, col])
+                        vp = builder.bitcast(ptr, v2.as_pointer())
+                        v = builder.insert_element(builder.insert_element(ir.Constant(v2, ir.Undefined), x0,
+                                                   ir.Constant(ir.IntType(32), 0)), x1, ir.Constant(ir.IntType(32), 1))
+                        with builder.if_else(acc) as (add, put_):
+                            with add:
+                                builder.store(builder.fadd(builder.load(vp, align=8), v), vp, align=8)
+                            with put_:
+                                builder.store(v, vp, align=8)
+                    with single:
+                        for cc, x in ((col, x0), (col1, x1)):
+                            inside = builder.and_(in_row, builder.icmp_signed("<", cc, shape[1]))
+                            with builder.if_then(inside):
+                                put(cgutils.get_item_pointer2(context, builder, arr.data, shape, strides, "C",
+                                                              [row, cc]), x)
             return context.get_dummy_value()
         return types.void(out, d, r0, c0, accumulate), codegen
 
@@ -179,19 +213,24 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
                 tma_load_2d(ring, at, g, tmap, k0, r0, ROWS, bars, st)
 
     @cuda.jit(device=True)
-    def unit_range(u, tiles, tiles_n, ksplit, K):
-        """(row0, col0, kb, ke, z) of work unit u (point 3)."""
+    def unit_range(u, tiles, tiles_m, tiles_n, ksplit, K):
+        """(row0, col0, kb, ke, z) of work unit u (point 3): tiles in the order that keeps the
+        operand with more tiles in L2, the tile index along the shorter side running fastest."""
         z, t = u // tiles, u % tiles
         kb = z * ksplit
-        return (t // tiles_n) * BM, (t % tiles_n) * BN, kb, min(K, kb + ksplit), z
+        if tiles_m <= tiles_n:                               # down a column of tiles: B's tile is reused
+            tm, tn = t % tiles_m, t // tiles_m
+        else:                                                # along a row of tiles: A's tile is reused
+            tm, tn = t // tiles_n, t % tiles_n
+        return tm * BM, tn * BN, kb, min(K, kb + ksplit), z
 
     @cuda.jit(device=True)
-    def produce(ring, at0, bars, a, b, tmap_a, tmap_b, units, tiles, tiles_n, ksplit, K):
+    def produce(ring, at0, bars, a, b, tmap_a, tmap_b, units, tiles, tiles_m, tiles_n, ksplit, K):
         fence_tensormap(tmap_a)                              # the maps were written from the host
         fence_tensormap(tmap_b)
         g = 0
         for u in range(cuda.blockIdx.x, units, cuda.gridDim.x):
-            row0, col0, kb, ke, z = unit_range(u, tiles, tiles_n, ksplit, K)
+            row0, col0, kb, ke, z = unit_range(u, tiles, tiles_m, tiles_n, ksplit, K)
             for k0 in range(kb, ke, BK):
                 st = g % stages
                 while not mbar_try_wait(bars, stages + st, ((g // stages) & 1) ^ 1):
@@ -203,12 +242,12 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
                 g += 1
 
     @cuda.jit(device=True)
-    def consume(ring, at0, bars, out, part, accumulate, units, tiles, tiles_n, ksplit, K):
+    def consume(ring, at0, bars, out, part, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K):
         tid = cuda.threadIdx.x
         wg, warp, lane = tid // WARPGROUP, tid // WARP, tid % WARP
         g = 0
         for u in range(cuda.blockIdx.x, units, cuda.gridDim.x):
-            row0, col0, kb, ke, z = unit_range(u, tiles, tiles_n, ksplit, K)
+            row0, col0, kb, ke, z = unit_range(u, tiles, tiles_m, tiles_n, ksplit, K)
             n = (ke - kb + BK - 1) // BK
             d = wgmma_keep(wgmma_acc_zeros(BN))              # zeros set before the first fence
             for s in range(n):
@@ -243,8 +282,8 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
         bars = cuda.shared.array(BARRIERS, int64, alignment=8)     # full[st] = bars[st], empty[st] = bars[stages + st]
         M, N = out.shape
         K = a.shape[0] if trans_a else a.shape[1]
-        tiles_n = (N + BN - 1) // BN
-        tiles = ((M + BM - 1) // BM) * tiles_n
+        tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
+        tiles = tiles_m * tiles_n
         units = tiles * part.shape[0]
         tid = cuda.threadIdx.x
         if tid == 0:
@@ -254,9 +293,9 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
             mbar_fence_init()
         cuda.syncthreads()
         if tid == PRODUCER:
-            produce(ring, at0, bars, a, b, tmap_a, tmap_b, units, tiles, tiles_n, ksplit, K)
+            produce(ring, at0, bars, a, b, tmap_a, tmap_b, units, tiles, tiles_m, tiles_n, ksplit, K)
         elif tid < PRODUCER:
-            consume(ring, at0, bars, out, part, accumulate, units, tiles, tiles_n, ksplit, K)
+            consume(ring, at0, bars, out, part, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K)
 
     k_matmul.__doc__ = (f"Persistent {BM} x {BN} tiles of out (+)= op(a) @ op(b) on wgmma, {C} consumer warpgroups "
                         f"and a TMA producer warp over a ring of {stages} stages (kernels/wgmma_tma.py).")
