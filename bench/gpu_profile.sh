@@ -41,6 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s15c (the engine's bf16 on bf16t: harness, models at 12M/120M, step x20, bf16 resume, profile);
 #          s15b (v18 with paired stores, tiles along the shorter side: bits, products, step, profile, ncu);
 #          s15a (matmul v18 and products bf16t: v18's bits against v17, harness, model, products, step);
 #          s14a (the thirteenth session's first call: the harness on bf16m's versions, embed v5, LN v3; the bf16m model; flash tables; profile);
@@ -453,6 +454,44 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
+    s15c) # the engine's bf16 on bf16t (issue 11): 1. at once: the harness at 12M on loss v17 (k_loss_fwd_v3)
+        # and v18's ops, the whole bf16t model at 12M and 120M; 2. the step at 120M and 12M with bf16t, bf16m and
+        # cuBLASLt's products, 20 iterations (PyTorch's eager time varies by a few ms run to run); 3. bit-exact
+        # resume in bf16 (12M, 60 steps against 30 + SIGTERM + resume); 4. the 120M bf16t step kernel by kernel
+        mkdir -p "$OUT/s15c"; d="$OUT/s15c"
+        timeout 200 $py -m andrea_numba.check --size 12M --seed 277 --compile-workers 4 --ops-only --op loss \
+            --op attn_qkv --op attn_out --op mlp --version 15 --version 17 --version 19 \
+            --json > "$d/ops_12M.json" 2> "$d/ops_12M.err" &
+        for size in 12M 120M; do
+          timeout 200 $py -m andrea_numba.check --size $size --seed 281 --compile-workers 2 --model-only --products bf16t \
+              --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
+        done
+        wait
+        for f in "$d"/ops_12M.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16t bf16m cublas-bf16 --iters 20 \
+            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        rm -rf /tmp/r16b; p=/tmp/r16b args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4"
+        timeout 100 $py -m andrea_numba.train $args --precision bf16 --out $p/a > "$d/resume_a.log" 2>&1; echo "bf16 a exit $?"
+        $py -m andrea_numba.train $args --precision bf16 --out $p/b > "$d/resume_b1.log" 2>&1 &
+        pid=$!; waited=0
+        until [ -f $p/b/.loss.json ] && [ "$(wc -l < $p/b/.loss.json)" -ge 30 ]; do
+          sleep 0.1; waited=$((waited + 1)); if [ $waited -ge 1000 ] || ! kill -0 $pid 2>/dev/null; then break; fi
+        done
+        kill -TERM $pid; wait $pid; echo "bf16 b (SIGTERM) exit $?"
+        timeout 100 $py -m andrea_numba.train --resume $p/b > "$d/resume_b2.log" 2>&1; echo "bf16 b (resume) exit $?"
+        $py - "$p" > "$d/resume.json" <<'PY'
+import hashlib, json, sys
+from pathlib import Path
+from andrea_numba.runlog import read_loss
+p = Path(sys.argv[1])
+key = lambda d: [(r["step"], r["train_loss"], r.get("val_loss"), r["lr"], r["grad_norm"]) for r in read_loss(d)]
+sha = lambda f: hashlib.sha256(f.read_bytes()).hexdigest()
+a, b = key(p / "a"), key(p / "b")
+print(json.dumps({"steps_a": len(a), "steps_b": len(b), "loss_json_identical": a == b, "last": a[-1:],
+                  "checkpoints_identical": sha(p / "a" / "checkpoint.bin") == sha(p / "b" / "checkpoint.bin")}))
+PY
+        cat "$d/resume.json"; grep -h "precision\|stopped by signal\|resumed from" "$d"/resume_*.log | head -5
+        OUT=$d profile_kernels kernels_120M_bf16t 30 --size 120M --products bf16t ;;
     s15b) # matmul v18 with paired stores and the tile order along the shorter side (issue 11): its bits against
         # v17; its products at every tile beside PyTorch bf16; the step with bf16t at 120M and 12M; the 120M bf16t
         # step kernel by kernel; one v18 launch (the 120M MLP's x @ W_1) under Nsight Compute's sections
