@@ -843,7 +843,7 @@ def pick_tile(M, N, K, work, resident):
         BM, BN, BK = tile[:3]
         S, ksplit = splitk(M, N, K, 1, tile, work, resident)
         waves = cdiv(cdiv(M, BM) * cdiv(N, BN) * S, resident)
-        cost = waves * (ksplit // BK) * BM * BN / TMA_SPEED[(BM, BN)] + (S > 1) * S * M * N / 8
+        cost = waves * cdiv(ksplit, BK) * BM * BN / TMA_SPEED[(BM, BN)] + (S > 1) * S * M * N / 8
         if best is None or cost < best[0]:
             best = (cost, tile)
     return best[1]
@@ -859,8 +859,8 @@ def matmul_v18(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     a16, b16 = bf16_copies(a, b, stream)
-    if not (map_fits(a16) and map_fits(b16)):
-        matmul_v17(out, work, a, b, trans_a, trans_b, accumulate, stream=stream)
+    if not (map_fits(a16) and map_fits(b16)):             # v17 on the copies (uint16: used where they are)
+        matmul_v17(out, work, a16, b16, trans_a, trans_b, accumulate, stream=stream)
         return
     if block == TMA_AUTO:
         block = pick_tile(M, N, K, work, sm_count())

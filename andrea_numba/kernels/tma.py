@@ -196,7 +196,8 @@ else:
             s[1] = s[2]
 
     def mbar_init(bars, index, count):
-        """Twin: phase 0, `count` arrivals, no bytes."""
+        """Twin: phase 0, `count` arrivals, no bytes (the entry of an earlier block's barrier at the
+        same address is replaced: the table holds one entry an address)."""
         with _LOCK:
             _STATE[_key(bars, index)] = [0, int(count), int(count), 0]
 
@@ -230,8 +231,8 @@ else:
         if done:
             _WAITING.since = None
             return True
-        if getattr(_WAITING, "since", None) is None:
-            _WAITING.since = time.monotonic()
+        if getattr(_WAITING, "since", None) is None or _WAITING.on != (key, parity):
+            _WAITING.since, _WAITING.on = time.monotonic(), (key, parity)    # this wait's first miss
         elif time.monotonic() - _WAITING.since > MBAR_TIMEOUT_S:
             raise RuntimeError(f"mbarrier {index}: a wait on parity {parity} never completed (phase {state[0]}, "
                                f"{state[1]} of {state[2]} arrivals and {state[3]} bytes still due): the ring's protocol is stuck")
