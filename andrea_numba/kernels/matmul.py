@@ -814,36 +814,44 @@ WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the
 # consumer warpgroups that wait for a stage's bytes on an mbarrier and let go of it on another, no
 # block-wide barrier in the loop, and persistent blocks (one a multiprocessor) that walk the tiles,
 # so one tile's stores overlap the next tile's copies. Tiles (BM, BN, 64, STAGES): 128 x 256 with 4
-# stages (192 KiB: 128 accumulators a consumer thread, 288 threads) and 128 x 128 with 4 (with 6
-# stages it was slower on all twelve products timed on the H200: not offered);
+# stages (192 KiB: 128 accumulators a consumer thread, 288 threads), 128 x 128 with 4 (with 6
+# stages it was slower on all twelve products timed on the H200: not offered) and 128 x 128 with 3,
+# two blocks a multiprocessor (97 KiB and at most 112 registers a thread each: one block's stores
+# run beside the other's wgmmas);
 # in the simulator one consumer warpgroup of 64 x 128 with 3 stages and 64 x 64 with 2. Operands
 # that a tensor map cannot describe (rows not whole 16-byte chunks, or a start off a 16-byte
 # boundary) go to v17 at its default tile.
 from .tma import TMAPS, map_fits  # noqa: E402
-from .wgmma_tma import tile_bytes, tma_kernel, units_grid  # noqa: E402
+from .wgmma_tma import blocks_per_sm, tile_bytes, tma_kernel, units_grid  # noqa: E402
 
-TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
+TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4), (128, 128, 64, 3)),
                  sim=((64, 128, 64, 3), (64, 64, 64, 2)))
 # block "auto": v18 picks the tile per product (pick_tile): the linear ops on v18 run this way, since
 # one tile does not suit every shape (a 768-wide product makes 192 tiles of 128 x 256 on 132
 # multiprocessors: two waves, the second half empty; 384 of 128 x 128 fill three nearly full)
 TMA_AUTO = "auto"
-# the work a tile does in the time of a 128 x 256 tile's, per unit of area (wgmma m64n256 reads its
-# shared operands a third less per product than m64n128): 0.80-0.92 on the H200's products (twelve
-# shapes, docs/mixed-precision.md, fourteenth session); the simulator's tiles: no preference
-TMA_SPEED = {(128, 256): 1.0, (128, 128): 0.85, (64, 128): 1.0, (64, 64): 1.0}
+# the work a multiprocessor does on a tile (BM, BN, STAGES) in the time of a 128 x 256 tile's, per
+# unit of area (wgmma m64n256 reads its shared operands a third less per product than m64n128):
+# 0.80-0.92 for 128 x 128 with 4 stages on the H200's products (twelve shapes, docs/mixed-precision.md,
+# fourteenth session); 128 x 128 with 3 stages, two blocks a multiprocessor: not yet timed, so no
+# better than 4 stages (the first listed wins a tie); the simulator's tiles: no preference
+TMA_SPEED = {(128, 256, 4): 1.0, (128, 128, 4): 0.85, (128, 128, 3): 0.85, (64, 128, 3): 1.0, (64, 64, 2): 1.0}
 
 
 def pick_tile(M, N, K, work, resident):
-    """The v18 tile (of TMA_TILES) with the least estimated time for an M x N x K product: waves of
-    persistent units (split-K included, as splitk weighs it) x stages a unit x the tile's area over
-    its speed (TMA_SPEED). Ties go to the first listed."""
+    """The v18 tile (of TMA_TILES) with the least estimated time for an M x N x K product on
+    `resident` multiprocessors: waves of persistent units (split-K included, as splitk weighs it) x
+    stages a unit x the tile's area over its speed (TMA_SPEED), shared by the blocks a
+    multiprocessor holds at once. Ties go to the first listed."""
     best = None
     for tile in TMA_TILES["sim" if SIMULATOR else "gpu"]:
-        BM, BN, BK = tile[:3]
-        S, ksplit = splitk(M, N, K, 1, tile, work, resident)
-        waves = cdiv(cdiv(M, BM) * cdiv(N, BN) * S, resident)
-        cost = waves * cdiv(ksplit, BK) * BM * BN / TMA_SPEED[(BM, BN)] + (S > 1) * S * M * N / 8
+        BM, BN, BK, stages = tile
+        slots = resident * blocks_per_sm(BM, BN, stages)       # blocks at once: 1 or 2 a multiprocessor
+        S, ksplit = splitk(M, N, K, 1, tile, work, slots)
+        waves = cdiv(cdiv(M, BM) * cdiv(N, BN) * S, slots)
+        # a wave of two blocks a multiprocessor takes twice one block's time at the same speed
+        cost = waves * blocks_per_sm(BM, BN, stages) * cdiv(ksplit, BK) * BM * BN / TMA_SPEED[(BM, BN, stages)] \
+            + (S > 1) * S * M * N / 8
         if best is None or cost < best[0]:
             best = (cost, tile)
     return best[1]

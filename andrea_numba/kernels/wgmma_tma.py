@@ -79,9 +79,19 @@ BK = 64                 # values of k a stage: one 128-byte row (the 128-byte sw
 WARP = 32
 
 
+SM_SHARED = 228 * 1024  # shared memory of an H100/H200 multiprocessor (each block's 1 KiB of the driver's counts)
+SM_REGISTERS = 65536    # 32-bit registers of a multiprocessor
+
+
 def tile_bytes(BM, BN, stages):
     """Dynamic shared memory of a launch: the ring plus 1 KiB to start it on a 1024-byte boundary."""
     return stages * (BM + BN) * 2 * BK + ALIGN
+
+
+def blocks_per_sm(BM, BN, stages):
+    """Blocks of a tile one multiprocessor holds at once, by shared memory (1 or 2): with two, one
+    block's epilogue runs while the other's wgmmas do (128 x 128 with 3 stages: 2 x 97 KiB)."""
+    return 2 if 2 * (tile_bytes(BM, BN, stages) + 64 + 1024) <= SM_SHARED else 1
 
 
 if SIMULATOR:
@@ -309,9 +319,10 @@ def tma_kernel(BM, BN, stages, trans_a, trans_b):
     k, threads = make_tma_kernel(BM, BN, stages, trans_a, trans_b)
     if SIMULATOR:
         return cuda.jit(k), threads
-    # .maxntid threads, .minnctapersm 1: ptxas keeps to the registers that let one block of
-    # `threads` run (224 a thread at 288 threads: 128 accumulators at BN = 256 and room to spare)
-    return cuda.jit(k, launch_bounds=(threads, 1)), threads
+    # .maxntid threads, .minnctapersm n: ptxas keeps to the registers that let n blocks of `threads`
+    # run on a multiprocessor (n = 1: 224 a thread at 288 threads, for BN = 256's 128 accumulators;
+    # n = 2: 112, for BN = 128's 64)
+    return cuda.jit(k, launch_bounds=(threads, blocks_per_sm(BM, BN, stages))), threads
 
 
 def units_grid(M, N, S, BM, BN, resident):
