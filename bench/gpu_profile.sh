@@ -41,6 +41,8 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s15e (the engine with residual_layernorm_bwd v5: the whole models, the step x20);
+#          s15d (v18's two-blocks tile: bits, products, operand layouts; residual_layernorm v5: harness, table);
 #          s15c (the engine's bf16 on bf16t: harness, models at 12M/120M, step x20, bf16 resume, profile);
 #          s15b (v18 with paired stores, tiles along the shorter side: bits, products, step, profile, ncu);
 #          s15a (matmul v18 and products bf16t: v18's bits against v17, harness, model, products, step);
@@ -454,6 +456,38 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
+    s15e) # the session's last call (issue 11): the engine with residual_layernorm_bwd v5: the whole model at 12M and
+        # 120M (bf16t) and at 12M (fp32), then the step at 120M and 12M with bf16t and the engine's fp32, 20 iterations
+        mkdir -p "$OUT/s15e"; d="$OUT/s15e"
+        for size in 12M 120M; do
+          timeout 200 $py -m andrea_numba.check --size $size --seed 293 --compile-workers 2 --model-only --products bf16t \
+              --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
+        done
+        timeout 200 $py -m andrea_numba.check --size 12M --seed 293 --compile-workers 2 --model-only \
+            --json > "$d/model_12M_fp32.json" 2> "$d/model_12M_fp32.err" &
+        wait
+        for f in "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16t tf32x3w --iters 20 \
+            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
+    s15d) # matmul v18's new tile and the layouts (issue 11): 1. v18's bits against v17 at every tile (128 x 128
+        # with 3 stages, two blocks a multiprocessor, among them); 2. the products at every tile; 3. one product
+        # with each operand K- or MN-major (bench/v18_layouts.py); 4. the harness on residual_layernorm v5 at 12M
+        # and 120M
+        mkdir -p "$OUT/s15d"; d="$OUT/s15d"
+        timeout 120 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
+        echo "v18_bits exit $rc"; grep -v identical "$d/bits.txt" | tail -8; grep -c identical "$d/bits.txt"
+        timeout 150 $py bench/gemm.py --versions 18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
+        python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
+        timeout 90 $py bench/v18_layouts.py --json "$d/layouts.json" > "$d/layouts.md" 2>&1; echo "layouts exit $?"; cat "$d/layouts.md" | tail -8
+        for size in 12M 120M; do
+          timeout 150 $py -m andrea_numba.check --size $size --seed 283 --compile-workers 2 --ops-only --op residual_layernorm \
+              --version 4 --version 5 --json > "$d/ln_$size.json" 2> "$d/ln_$size.err" &
+        done
+        wait
+        for size in 12M 120M; do echo "ln $size: $(tail -1 "$d/ln_$size.err")"; disagree "$d/ln_$size.json"; done
+        timeout 60 $py bench/kernels.py residual_layernorm --sizes 120M --version 4 --version 5 --markdown "$d/ln_kernels.md" \
+            > "$d/ln_kernels.txt" 2>&1; echo "kernels residual_layernorm exit $?"; grep "^|" "$d/ln_kernels.md" | head -12 ;;
     s15c) # the engine's bf16 on bf16t (issue 11): 1. at once: the harness at 12M on loss v17 (k_loss_fwd_v3)
         # and v18's ops, the whole bf16t model at 12M and 120M; 2. the step at 120M and 12M with bf16t, bf16m and
         # cuBLASLt's products, 20 iterations (PyTorch's eager time varies by a few ms run to run); 3. bit-exact

@@ -26,7 +26,8 @@ Versions of layernorm_bwd (the forward's v1 and v2 are its dx kernel's shapes, w
         a call takes 0.030 + 0.008 ms at C = 768 (docs/kernels-h200.md, 2026-12-01).
 Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with the params of v2;
     v2 with the two-stage params of layernorm_bwd v4; v3, v2's bits with the row in registers and
-    stage 2's loads ahead of its adds; v4 (the engine's), v2's dx kernel with v3's stage 2.
+    stage 2's loads ahead of its adds; v4, v2's dx kernel with v3's stage 2; v5 (the engine's), v4's dx
+    with stage 1 of the params fused into its kernel (a partial sum per row block).
     residual_layernorm_fwd v2: v1's bits with the row in registers. On the H200 the register rows
     were no faster (forward) and slower (backward) than v1's re-reads, which the L2 serves; v3's
     stage 2 took half of v1's time (docs/kernels-h200.md, seventh session).
@@ -37,7 +38,8 @@ import numpy as np
 
 from numba import cuda, float32
 
-from .common import ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, address, block_sum, blocks, cdiv, jit_as, wide_rows
+from .common import (ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, address, block_sum, blocks, cdiv, jit_as, nonneg,
+                     wide_rows)
 from .ptx import bf16x2, load4_row, store4
 
 
@@ -732,11 +734,154 @@ def residual_layernorm_fwd_v3(resid, out, mean, rstd, x, f, g, b, eps, *, block,
     _ROW4_KERNELS[nq][cdiv(N, rw), (tpr, rw), stream](resid, out32, words, mean, rstd, x, f, g, b, float32(eps), half)
 
 
+# ---------------------------------------------------------------------------------------------
+# residual_layernorm_bwd v5: stage 1 of the parameter sums fused into the dx kernel.
+#
+# On the H200 at 120M (8192 rows of C = 768, block (32, 8)) v4 takes, a call,
+# k_residual_layernorm_bwd_v1 0.053 ms + k_layernorm_bwd_params_v3 0.029 ms + stage 2 0.005 ms;
+# 24 calls a training step, 2.1 ms in all. Stage 1 reads dout and x again (50 MB) right after the
+# dx kernel read them. Here the dx kernel's block, RW rows of TPR lanes, sums its own rows too:
+#
+#     part[0, blk, c] = sum over the block's rows of dout * xhat    (xhat = (x - mean) rstd)
+#     part[1, blk, c] = sum over the block's rows of dout           blk = blockIdx.x, R = cdiv(N, RW)
+#
+# The channels go in windows of W = TPR * RW (the block's threads; 256 at (32, 8)). In a window the
+# lanes of row ty compute dx as v1 does (the same float32 expression: v1's dx and df, bit for bit)
+# and leave dout * xhat and dout of each of their channels in shared memory, [RW, W] a sum; after
+# a barrier thread t = ty * TPR + tx adds channel c0 + t over the block's live rows in row order
+# and writes part; a second barrier frees the buffers for the next window (3 windows, 6 barriers at
+# C = 768). dout and x are read as often as in v1 (the row sums, then dx); the 50 MB of stage 1 go.
+# Shared memory: 2 x 8 KB for the windows (sized for the largest RW x W of ROW_BLOCKS) besides
+# v1's 4 KB; 32 registers a thread (v1: 40; ptxas for sm_90): 8 blocks of 256 threads an SM.
+#
+# Stage 2 then adds R = 1024 partials a channel (8192 / 8), not v4's 22: one thread per channel
+# (k_layernorm_bwd_params_sum_v2) would wait on 256 rounds of 4 loads. k_layernorm_bwd_params_sum_v3
+# gives a channel RY threads: thread (tx, ty) adds chunks ty, ty + RY, ... in order (four loads
+# ahead of their adds), the RY sums meet in column_sums' fixed tree over ty; blockIdx.y picks dg or
+# db (cdiv(C, CX) x 2 blocks of CX x RY = 32 x 32 threads: 48 at C = 768, 32 chunks a thread).
+# (v4's stage 2 took 0.0066 ms for R = 44 at 12M on the H200: 11 rounds.) v5 is not yet timed on a GPU.
+# Every sum in a fixed order, no atomics: deterministic. dg, db are summed in another grouping
+# than v4's (rows by blocks of RW, then a tree): other last bits, the same sums.
+# The partials need 2 R C floats of the work buffer (1.6 M at 120M; the split-K buffer holds
+# 18.9 M); with less, or a block larger than the window buffers, the launcher runs v4.
+V5_WINDOW = max(tpr * rw * rw for tpr, rw in ROW_BLOCKS["sim" if SIMULATOR else "gpu"])   # RW x W floats
+
+
+@cuda.jit
+def k_residual_layernorm_bwd_v5(dx, df, part, dresid, dout, x, mean, rstd, g, write_df):
+    """k_residual_layernorm_bwd_v1 (dx, and df when write_df; dx may be dresid itself) and the
+    block's partial parameter sums part[0, blockIdx.x, c] (dout * xhat) and part[1, blockIdx.x, c]
+    (dout) over its RW rows, by windows of W = TPR * RW channels (the comment above). Lane tx of
+    row ty takes channel c = tx + j TPR at step j, as v1; a window is RW steps (the last may be
+    shorter), its slot s = j mod RW. The steps are the same for every lane (cdiv(C, TPR)): the
+    barriers meet. Indices through nonneg: a loop of windows around a loop of channels held 72
+    registers a thread (v1: 40), this one 32 (ptxas, sm_90)."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    pg = cuda.shared.array(V5_WINDOW, float32)       # [RW, W]: dout * xhat of the window, a row a line
+    pb = cuda.shared.array(V5_WINDOW, float32)       # [RW, W]: dout
+    tx, ty = nonneg(cuda.threadIdx.x), nonneg(cuda.threadIdx.y)
+    tpr, rw, blk = nonneg(cuda.blockDim.x), nonneg(cuda.blockDim.y), nonneg(cuda.blockIdx.x)
+    N, C = x.shape
+    W = tpr * rw
+    t = ty * tpr + tx                                # this thread's channel in a window's sums
+    row = blk * rw + ty
+    live = row < N
+    rows = min(rw, N - blk * rw)                     # the block's live rows (the last block may have fewer)
+    mu, r, m1, m2 = layernorm_row_grad(buf, dout, x, mean, rstd, g, row, live)
+    steps = (C + tpr - 1) // tpr
+    c0 = 0                                           # the window's first channel
+    s = 0                                            # the step's slot in the window
+    for j in range(steps):
+        c = nonneg(c0 + s * tpr + tx)                # = tx + j TPR
+        if live and c < C:
+            d = dout[row, c]
+            xhat = (x[row, c] - mu) * r
+            v = dresid[row, c] + r * (d * g[c] - m1 - xhat * m2)        # v1's dx
+            dx[row, c] = v
+            if write_df:
+                df[row, c] = v
+            pg[nonneg(ty * W + s * tpr + tx)] = d * xhat
+            pb[nonneg(ty * W + s * tpr + tx)] = d
+        s += 1
+        if s == rw or j + 1 == steps:                # the window is full (or the row ends): sum it
+            cuda.syncthreads()
+            c = nonneg(c0 + t)
+            if c < C:                                # channel c over the block's rows, in row order
+                sg = pg[t]
+                sb = pb[t]
+                for k in range(1, rows):
+                    sg += pg[nonneg(k * W + t)]
+                    sb += pb[nonneg(k * W + t)]
+                part[0, blk, c] = sg
+                part[1, blk, c] = sb
+            cuda.syncthreads()                       # the sums read: the buffers are free
+            c0 += W
+            s = 0
+
+
+@cuda.jit
+def k_layernorm_bwd_params_sum_v3(dg, db, part):
+    """Stage 2 for many chunks: dg[c] += sum over k of part[0, k, c] (blockIdx.y = 0), db[c] += sum
+    of part[1, k, c] (blockIdx.y = 1). Thread (tx, ty) of channel c = blockIdx.x * CX + tx adds
+    chunks ty, ty + RY, ty + 2 RY, ... in order, four loads ahead of their adds; then the RY sums
+    of a channel meet in a fixed tree over ty (as column_sums)."""
+    s = cuda.shared.array((PARAM_RY, PARAM_CX), float32)
+    tx, ty, ry = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.y
+    c = cuda.blockIdx.x * cuda.blockDim.x + tx
+    w = cuda.blockIdx.y
+    R = part.shape[1]
+    acc = float32(0.0)
+    if c < part.shape[2]:
+        k = ty
+        while k + 3 * ry < R:
+            a0, a1, a2, a3 = part[w, k, c], part[w, k + ry, c], part[w, k + 2 * ry, c], part[w, k + 3 * ry, c]
+            acc += a0
+            acc += a1
+            acc += a2
+            acc += a3
+            k += 4 * ry
+        while k < R:
+            acc += part[w, k, c]
+            k += ry
+    s[ty, tx] = acc
+    cuda.syncthreads()
+    h = ry // 2
+    while h > 0:
+        if ty < h:
+            s[ty, tx] += s[ty + h, tx]
+        cuda.syncthreads()
+        h //= 2
+    if ty == 0 and c < part.shape[2]:
+        if w == 0:
+            dg[c] += s[0, tx]
+        else:
+            db[c] += s[0, tx]
+
+
+@blocks(**ROW_BLOCKS)
+def residual_layernorm_bwd_v5(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
+    """v4's dx and df, bit for bit (k_residual_layernorm_bwd_v5, cdiv(N, RW) blocks of (TPR, RW)
+    threads, also writing each block's partial sums), then dg, db += the partials' sums
+    (k_layernorm_bwd_params_sum_v3). work: float32 [n] scratch, 2 cdiv(N, RW) C floats (else v4)."""
+    N, C = resid.shape
+    tpr, rw = block
+    R = cdiv(N, rw)
+    if work.shape[0] < 2 * R * C or tpr * rw * rw > V5_WINDOW:
+        # no room for a partial sum per row block (or the window buffers are too small for this
+        # block): v4's kernels, whose two-stage params need only 2 C floats of work
+        return residual_layernorm_bwd_v4(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, block=block,
+                                         stream=stream)
+    part = work[:2 * R * C].reshape(2, R, C)
+    k_residual_layernorm_bwd_v5[R, (tpr, rw), stream](dx, df, part, dresid, dout, resid, mean, rstd, g, df is not dx)
+    k_layernorm_bwd_params_sum_v3[(cdiv(C, PARAM_CX), 2), (PARAM_CX, PARAM_RY), stream](dg, db, part)
+
+
 VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
             "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3, 4: layernorm_bwd_v4},
             "residual_layernorm_fwd": {1: residual_layernorm_fwd_v1, 2: residual_layernorm_fwd_v2, 3: residual_layernorm_fwd_v3},
             "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1, 2: residual_layernorm_bwd_v2,
-                                       3: residual_layernorm_bwd_v3, 4: residual_layernorm_bwd_v4}}
+                                       3: residual_layernorm_bwd_v3, 4: residual_layernorm_bwd_v4,
+                                       5: residual_layernorm_bwd_v5}}
 # what the engine uses
-residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v4
+residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v5
 layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v4

@@ -815,16 +815,15 @@ WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the
 # block-wide barrier in the loop, and persistent blocks (one a multiprocessor) that walk the tiles,
 # so one tile's stores overlap the next tile's copies. Tiles (BM, BN, 64, STAGES): 128 x 256 with 4
 # stages (192 KiB: 128 accumulators a consumer thread, 288 threads), 128 x 128 with 4 (with 6
-# stages it was slower on all twelve products timed on the H200: not offered) and 128 x 128 with 3,
-# two blocks a multiprocessor (97 KiB and at most 112 registers a thread each: one block's stores
-# run beside the other's wgmmas);
+# stages it was slower on all twelve products timed on the H200, and so was 128 x 128 with 3 stages
+# and two blocks a multiprocessor, 96 registers a thread: neither offered);
 # in the simulator one consumer warpgroup of 64 x 128 with 3 stages and 64 x 64 with 2. Operands
 # that a tensor map cannot describe (rows not whole 16-byte chunks, or a start off a 16-byte
 # boundary) go to v17 at its default tile.
 from .tma import TMAPS, map_fits  # noqa: E402
 from .wgmma_tma import blocks_per_sm, tile_bytes, tma_kernel, units_grid  # noqa: E402
 
-TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4), (128, 128, 64, 3)),
+TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
                  sim=((64, 128, 64, 3), (64, 64, 64, 2)))
 # block "auto": v18 picks the tile per product (pick_tile): the linear ops on v18 run this way, since
 # one tile does not suit every shape (a 768-wide product makes 192 tiles of 128 x 256 on 132
@@ -833,9 +832,9 @@ TMA_AUTO = "auto"
 # the work a multiprocessor does on a tile (BM, BN, STAGES) in the time of a 128 x 256 tile's, per
 # unit of area (wgmma m64n256 reads its shared operands a third less per product than m64n128):
 # 0.80-0.92 for 128 x 128 with 4 stages on the H200's products (twelve shapes, docs/mixed-precision.md,
-# fourteenth session); 128 x 128 with 3 stages, two blocks a multiprocessor: not yet timed, so no
-# better than 4 stages (the first listed wins a tie); the simulator's tiles: no preference
-TMA_SPEED = {(128, 256, 4): 1.0, (128, 128, 4): 0.85, (128, 128, 3): 0.85, (64, 128, 3): 1.0, (64, 64, 2): 1.0}
+# fourteenth session); the simulator's tiles: no preference. (128 x 128 with 3 stages, two blocks a
+# multiprocessor, was slower than one block of 4 stages on all thirteen products timed: `s15d`.)
+TMA_SPEED = {(128, 256, 4): 1.0, (128, 128, 4): 0.85, (64, 128, 3): 1.0, (64, 64, 2): 1.0}
 
 
 def pick_tile(M, N, K, work, resident):
