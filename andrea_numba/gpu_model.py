@@ -53,20 +53,22 @@ class BufferSpec:
 
 
 def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_params: bool = True,
-                 flash: bool = True, saved16: bool = False) -> list[BufferSpec]:
+                 flash: bool = True, saved16: bool = False, params16: bool = False) -> list[BufferSpec]:
     """Every device buffer of a forward + backward at batch B x T (the optimiser's m and v live
     with the trainer). One line per tensor, llm.c style. training=False: forward only (no
     gradients, no backward scratch); own_params=False: the parameters live in another model;
     flash=True (the engine's): flash attention, which saves lse [L, B, H, T] instead of att
     [L, B, H, T, T]; saved16=True (products "bf16a"): the LayerNorms' outputs and the GELU's,
     read only by bf16 products, saved as bf16 (uint16 bit patterns, half the bytes; SAVED16),
-    the LayerNorms writing into the fp32 scratch ln_out first."""
+    the LayerNorms writing into the fp32 scratch ln_out first; params16=True (products "bf16s"): a
+    bf16 copy of the parameters, rounded once a forward, that the products read their weights from."""
     L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
     N, F, P = B * T, 4 * m.d_model, n_params(m)
     f32, i32 = np.float32, np.int32
     S = lambda name, shape, kind, dtype=f32: BufferSpec(
         name, shape, np.uint16 if saved16 and name in SAVED16 else dtype, kind)
-    specs = [
+    specs = [S("params16", (P,), "params", np.uint16)] if params16 else []  # bf16 copy, rounded each forward
+    specs += [
         S("params", (P,), "params"),                 # flat parameter vector
         S("grads", (P,), "grads"),                   # flat gradient, same layout
         S("tokens", (B, T), "activations", i32),     # input token ids
@@ -201,13 +203,18 @@ class GPUModel:
             assert not training, "a model on another model's buffers runs forward only"
             params, flash = share.params, share.flash
         self.saved16 = products in SAVED16_KINDS     # LN and GELU outputs saved as bf16 (SAVED16)
-        self.specs = buffer_specs(m, B, T, training, own_params=params is None, flash=flash, saved16=self.saved16)
+        self.params16 = products in SHADOW_KINDS     # the products' weights from a bf16 copy (params16)
+        self.specs = buffer_specs(m, B, T, training, own_params=params is None, flash=flash, saved16=self.saved16,
+                                  params16=self.params16)
         if share is None:
             self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
         else:                               # the first elements of each of its buffers: nothing allocated
             self.buf = {s.name: _prefix(share.buf[s.name], s.shape) for s in self.specs}
         self.params = self.buf["params"] if params is None else params
         self.P = views(self.params, m)               # named device views into the flat vectors
+        # the weights the linear ops' products read: views of params16 (bf16 bit patterns, rounded
+        # from params at the start of each forward) or of params themselves
+        self.W = views(self.buf["params16"], m) if self.params16 else self.P
         if training:
             self.grads = self.buf["grads"]
             self.G = views(self.grads, m)
@@ -256,6 +263,9 @@ class GPUModel:
         # an MLP launcher that splits its products over K (mlp v11, v12) takes the split-K buffer,
         # free during the forward; a model without one (forward only) runs those products whole
         mlp_work = {"work": b.get("splitk")} if self.mlp_fwd_takes_work else {}
+        if self.params16:        # every weight rounded to bf16 once (ties to even, as each product would round it)
+            cublaslt.round_into(b["params16"], self.params.reshape(1, self.params.shape[0]), "bf16", s)
+        W = self.W
         embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
 
         def ln(saved):
@@ -285,20 +295,20 @@ class GPUModel:
             p = f"h{l}."
             k_att, k_ao, k_mlp = self.keys[l]
             self.qkv_fwd(b["q"][l], b["k"][l], b["v"][l], b["ln1"][l],
-                         P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
+                         W[p + "attn.w_q"], W[p + "attn.w_k"], W[p + "attn.w_v"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
                 self.flash_launchers()[0](b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s)
             else:
                 attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], *qkv, H, p_drop, k_att, stream=s)
-            self.out_fwd(b["branch"], b["y"][l], P[p + "attn.w_o"], stream=s)
+            self.out_fwd(b["branch"], b["y"][l], W[p + "attn.w_o"], stream=s)
             if p_drop:                                              # in place: branch = drop(branch)
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_ao, stream=s)
             # x_mid = x[l] + branch, then ln2 = LN2(x_mid): one kernel
             residual_ln(b["x_mid"][l], b["ln2"][l], b["ln2_mean"][l], b["ln2_rstd"][l], x[l], b["branch"],
                         P[p + "ln2.g"], P[p + "ln2.b"])
             self.mlp_fwd(out=b["branch"], h_pre=b["h_pre"][l], h=b["h"][l], x=b["ln2"][l],
-                         w_1=P[p + "mlp.w_1"], w_2=P[p + "mlp.w_2"], stream=s, **mlp_work)
+                         w_1=W[p + "mlp.w_1"], w_2=W[p + "mlp.w_2"], stream=s, **mlp_work)
             if p_drop:
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_mlp, stream=s)
             # x[l+1] = x_mid + branch, then the next LayerNorm: block l+1's LN1, or LNf after the last
@@ -307,7 +317,7 @@ class GPUModel:
             else:
                 nxt, q = (b["lnf"], b["lnf_mean"], b["lnf_rstd"]), "lnf."
             residual_ln(x[l + 1], nxt[0], *nxt[1:], b["x_mid"][l], b["branch"], P[q + "g"], P[q + "b"])
-        self.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], P["wte"], b["targets"], stream=s)
+        self.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], W["wte"], b["targets"], stream=s)
 
     def backward(self, dloss: float = 1.0):
         """Adds dloss * d(mean loss)/d(params) into grads (+=: call zero_grads between optimiser
@@ -315,6 +325,7 @@ class GPUModel:
         of the last forward; turns probs into dlogits in place."""
         assert self.training, "this model was built with training=False: it has no gradient buffers"
         b, P, G, m, s = {**self.buf, **self.inputs}, self.P, self.G, self.m, self.stream   # forward's token ids
+        W = self.W                  # the products' weights (params16: as the forward rounded them)
         B, T, C, H = self.B, self.T, m.d_model, m.n_head
         x, bt = b["x"], lambda name: b[name].reshape(B, T, C)        # [N, C] buffers seen as [B, T, C]
         # One buffer carries the residual stream's gradient down the blocks. A residual add
@@ -326,7 +337,7 @@ class GPUModel:
         d_resid, d_branch = b["d_resid"], b["d_branch"]
         d_ln_out = b["d_ln_out"]
         work = b["splitk"]          # split-K partial products; the LayerNorms' partial dg, db sums
-        self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, dloss, b["lnf"], P["wte"], b["probs"], b["targets"],
+        self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, dloss, b["lnf"], W["wte"], b["probs"], b["targets"],
                       stream=s)
         layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], work, d_ln_out, x[m.n_layer],
                                 b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)
@@ -343,13 +354,13 @@ class GPUModel:
             k_att, k_ao, k_mlp = self.keys[l]
             # x[l+1] = x_mid + drop(mlp(LN2(x_mid)))
             self.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], work, branch_grad(k_mlp),
-                         b["ln2"][l], b["h_pre"][l], b["h"][l], P[p + "mlp.w_1"], P[p + "mlp.w_2"], stream=s)
+                         b["ln2"][l], b["h_pre"][l], b["h"][l], W[p + "mlp.w_1"], W[p + "mlp.w_2"], stream=s)
             # both paths into x_mid: d_resid (the skip path's, in place) += LN2's grad_input
             layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln2.g"], G[p + "ln2.b"], work, d_resid,
                                              d_ln_out, b["x_mid"][l], b["ln2_mean"][l], b["ln2_rstd"][l],
                                              P[p + "ln2.g"], stream=s)
             # x_mid = x[l] + drop(W_O(attn(qkv(LN1(x[l])))))
-            self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, branch_grad(k_ao), b["y"][l], P[p + "attn.w_o"], stream=s)
+            self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, branch_grad(k_ao), b["y"][l], W[p + "attn.w_o"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
                 self.flash_launchers()[1](bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
@@ -359,7 +370,7 @@ class GPUModel:
                               b["att"][l], H, p_drop, k_att, stream=s)
             self.qkv_bwd(d_ln_out, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"], work,
                          b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
-                         P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=s)
+                         W[p + "attn.w_q"], W[p + "attn.w_k"], W[p + "attn.w_v"], stream=s)
             # both paths into x[l]: d_resid (the skip path's, in place) += LN1's grad_input
             layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln1.g"], G[p + "ln1.b"], work, d_resid,
                                              d_ln_out, x[l], b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"],
@@ -423,12 +434,15 @@ LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp
 # "bf16t": the same ops on matmul v18: v17's tiles copied by TMA from a producer warp, mbarriers, persistent
 # blocks, a tile per product (attn_qkv, attn_out v15, mlp v19, loss_fwd v17: the softmax reads the logits
 # once, loss_bwd v15)
+# "bf16s": bf16t's ops with every weight rounded to bf16 once a forward into params16 (one pass over
+# the parameters) instead of once a product (twice a step: the forward's product and the backward's
+# dx): the same bits, one launch instead of about 120 at 120M
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, "bf16t": 15,
+            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, "bf16t": 15, "bf16s": 15,
             **{kind: None for kind in LIBRARY_PRECISION}}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17,
-               "bf16m": 18, "bf16t": 19}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17}   # the loss forward's, where not the linear ops'
+               "bf16m": 18, "bf16t": 19, "bf16s": 19}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17, "bf16s": 17}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16t", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_v13.py: v13 bf16; attn_flash_lowp.py:
 # v12 fp16, and v11, bf16's before v13);
@@ -458,7 +472,7 @@ def products_scratch(products: str, N: int, C: int, V: int) -> dict:
 
 # kinds whose products run wgmma, an instruction of Hopper GPUs only (sm_90a: compute capability 9.0)
 # -> the kind a run gets on any other GPU (the same math on mma.sync, other sums)
-WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a", "bf16t": "bf16a"}
+WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a", "bf16t": "bf16a", "bf16s": "bf16a"}
 
 
 def wgmma_runs_here() -> bool:
@@ -477,11 +491,12 @@ def products_kind(precision: str, products: str = "numba") -> str:
     kind = (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
     return WGMMA_KINDS[kind] if kind in WGMMA_KINDS and not wgmma_runs_here() else kind
 # products -> the precision of the twin that matches it (every other kind: fp32)
-COPIES_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
-SAVED16_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
-HELD_KINDS = {"bf16r", "bf16m", "bf16t"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
-TMA_KINDS = {"bf16t"}                                   # ... and whose products read through TMA tensor maps (tma.TMAPS)
-PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "bf16t": "bf16", "f16w": "fp16",
+COPIES_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
+SAVED16_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
+HELD_KINDS = {"bf16r", "bf16m", "bf16t", "bf16s"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
+TMA_KINDS = {"bf16t", "bf16s"}                          # ... and whose products read through TMA tensor maps (tma.TMAPS)
+SHADOW_KINDS = {"bf16s"}                                # ... and whose products read their weights from params16
+PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "bf16t": "bf16", "bf16s": "bf16", "f16w": "fp16",
              **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 
 

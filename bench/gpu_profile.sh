@@ -41,6 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s16a (for the next session: products bf16s against bf16t: models, step, profile);
 #          s15e (the engine with residual_layernorm_bwd v5: the whole models, the step x20);
 #          s15d (v18's two-blocks tile: bits, products, operand layouts; residual_layernorm v5: harness, table);
 #          s15c (the engine's bf16 on bf16t: harness, models at 12M/120M, step x20, bf16 resume, profile);
@@ -456,6 +457,18 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
+    s16a) # for the next session (issue 11): products bf16s (bf16t with every weight rounded once a forward into
+        # params16) against bf16t: the whole model at 12M and 120M, the step x20, the 120M step kernel by kernel
+        mkdir -p "$OUT/s16a"; d="$OUT/s16a"
+        for size in 12M 120M; do
+          timeout 200 $py -m andrea_numba.check --size $size --seed 307 --compile-workers 2 --model-only --products bf16s \
+              --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
+        done
+        wait
+        for f in "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16s bf16t --iters 20 \
+            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        OUT=$d profile_kernels kernels_120M_bf16s 30 --size 120M --products bf16s ;;
     s15e) # the session's last call (issue 11): the engine with residual_layernorm_bwd v5: the whole model at 12M and
         # 120M (bf16t) and at 12M (fp32), then the step at 120M and 12M with bf16t and the engine's fp32, 20 iterations
         mkdir -p "$OUT/s15e"; d="$OUT/s15e"
