@@ -41,7 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
-#          s16a (for the next session: products bf16s against bf16t: models, step, profile);
+#          s16a (for the next session: products bf16s against bf16t, mlp v20 against v19: models, bits, steps, profile);
 #          s15e (the engine with residual_layernorm_bwd v5: the whole models, the step x20);
 #          s15d (v18's two-blocks tile: bits, products, operand layouts; residual_layernorm v5: harness, table);
 #          s15c (the engine's bf16 on bf16t: harness, models at 12M/120M, step x20, bf16 resume, profile);
@@ -458,7 +458,8 @@ PY
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
     s16a) # for the next session (issue 11): products bf16s (bf16t with every weight rounded once a forward into
-        # params16) against bf16t: the whole model at 12M and 120M, the step x20, the 120M step kernel by kernel
+        # params16) against bf16t: the whole model at 12M and 120M, the step x20; mlp v20 (the GELU in v18's
+        # epilogues) against v19 (bits and times at 120M, the step with it); the 120M step kernel by kernel
         mkdir -p "$OUT/s16a"; d="$OUT/s16a"
         for size in 12M 120M; do
           timeout 200 $py -m andrea_numba.check --size $size --seed 307 --compile-workers 2 --model-only --products bf16s \
@@ -468,6 +469,10 @@ PY
         for f in "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16s bf16t --iters 20 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        timeout 100 $py bench/mlp_v20_bits.py --size 120M --json "$d/mlp20.json" > "$d/mlp20.txt" 2>&1
+        echo "mlp_v20_bits exit $?"; cat "$d/mlp20.txt"
+        timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16s --mlp-version 20 --iters 20 \
+            --json "$d/step_mlp20.json" > "$d/step_mlp20.txt" 2>&1; echo "step (mlp v20) exit $?"; grep -v '^{' "$d/step_mlp20.txt"
         OUT=$d profile_kernels kernels_120M_bf16s 30 --size 120M --products bf16s ;;
     s15e) # the session's last call (issue 11): the engine with residual_layernorm_bwd v5: the whole model at 12M and
         # 120M (bf16t) and at 12M (fp32), then the step at 120M and 12M with bf16t and the engine's fp32, 20 iterations

@@ -863,33 +863,52 @@ def matmul_v18(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     persistent blocks; block = (BM, BN, 64, STAGES), or "auto" (pick_tile's for the shape); work: the
     split-K buffer (or None). The copies live in cublaslt.COPIES, the tensor maps in tma.TMAPS
     (written at an operand's first product)."""
+    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+
+def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, epilogue=None, aux=None):
+    """matmul v18's launch; with a fused epilogue (wgmma_tma.py, point 5: ("gelu" | "dgelu", pair)
+    and its aux array) no split-K, and operands a tensor map cannot read raise (the caller checks
+    tma_fits first)."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     a16, b16 = bf16_copies(a, b, stream)
     if not (map_fits(a16) and map_fits(b16)):             # v17 on the copies (uint16: used where they are)
+        assert epilogue is None, "a fused epilogue needs operands a tensor map can read"
         matmul_v17(out, work, a16, b16, trans_a, trans_b, accumulate, stream=stream)
         return
+    if epilogue is not None:
+        work = None                                     # no split-K: the GELU needs the whole sum
     if block == TMA_AUTO:
         block = pick_tile(M, N, K, work, sm_count())
     BM, BN, BK, stages = block
     trans_a, trans_b = bool(trans_a), bool(trans_b)
-    kernel, threads = tma_kernel(BM, BN, stages, trans_a, trans_b)
+    kernel, threads = tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue)
     shared = tile_bytes(BM, BN, stages)
     tmap_a = TMAPS.address(a16, BK if trans_a else BM, stream)     # M-major: boxes of BK rows of k
     tmap_b = TMAPS.address(b16, BN if trans_b else BK, stream)     # K-major: boxes of BN rows of n
-    args = (out, out.reshape(1, M, N), a16, b16, tmap_a, tmap_b, accumulate, K)
+    aux = out if aux is None else aux
+    args = (out, out.reshape(1, M, N), a16, b16, tmap_a, tmap_b, accumulate, K, aux)
     compiled = allow_shared(kernel, args, shared)
     resident = RESIDENT_BLOCKS if compiled is None else compiled.max_cooperative_grid_blocks(threads, shared)
     S, ksplit = splitk(M, N, K, 1, block, work, resident)
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
     kernel[units_grid(M, N, S, BM, BN, resident), threads, stream, shared](
-        out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit)
+        out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit, aux)
     if S > 1:
         splitk_sum(out, part, accumulate, stream, version=2)
 
 
-# the linear ops on v18 (attn_qkv, attn_out v15, mlp v19): a tile per product ("auto", what the engine
-# runs), and every product at one fixed tile besides, so the harness checks two
+def tma_fits(a, b) -> bool:
+    """Whether matmul v18 runs a product of a and b itself: each a 2-D array with rows of a multiple
+    of 8 values (a float32 operand is copied into an aligned slot of COPIES with its rows packed), a
+    uint16 one (read where it is) also a tensor map's alignment (tma.map_fits); else v18 hands the
+    product to v17."""
+    return all(x.ndim == 2 and x.shape[1] % 8 == 0 and (x.dtype != "uint16" or map_fits(x)) for x in (a, b))
+
+
+# the linear ops on v18 (attn_qkv, attn_out v15, mlp v19, v20): a tile per product ("auto", what the
+# engine runs), and every product at one fixed tile besides, so the harness checks two
 TMA_OP_TILES = dict(gpu=(TMA_AUTO, TMA_TILES["gpu"][1]), sim=(TMA_AUTO, TMA_TILES["sim"][1]))
 
 

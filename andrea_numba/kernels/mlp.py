@@ -26,7 +26,8 @@ from numba import cuda, float32
 from .common import address, blocks, elementwise_launch, nonneg
 from .ptx import bf16x2, load4, store4
 from .cublaslt import HELD
-from .matmul import ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
+from .tma import map_fits
+from .matmul import _tma_matmul, tma_fits, ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -617,6 +618,61 @@ def mlp_bwd_v19(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     _bwd_held("bf16t", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
+# v20: v19 with the GELU in the products' epilogues (matmul v18's fused stores, kernels/wgmma_tma.py,
+# point 5). On the H200 at 120M (s15c) k_gelu_fwd_v3 took 0.46 ms a step and k_gelu_bwd_v3 0.69:
+# passes that read h_pre (100 MB a layer) and, backward, dh = dout @ W_2^T, which the product had
+# just written in fp32 (another 100 MB) only to be read once. Here
+#     forward:  h_pre = x @ W_1 and h = bf16(gelu(h_pre)) stored from the same registers
+#     backward: dh_pre = bf16((dout @ W_2^T) gelu'(h_pre)) stored from the registers, h_pre read there;
+#               dh never exists in fp32 (dh_pre's bf16 copy lives in the first half of dh_pre's own
+#               fp32 buffer, which nothing else reads)
+# The same functions (gelu, gelu_grad, the bf16 rounding of bf16x2) on the same fp32 values as
+# v19's passes. Where a tensor map cannot read an operand, or h is not saved as bf16: v19.
+def _gelu_pair(x0, x1):
+    """Two accumulators' GELU as one word of two bf16 (x0 in the low half)."""
+    return bf16x2(gelu(x0), gelu(x1))
+
+
+def _dgelu_pair(x0, x1, z0, z1):
+    """dh_pre = dh gelu'(h_pre) of two accumulators (dh) at two h_pre values, one word of two bf16."""
+    return bf16x2(x0 * gelu_grad(z0), x1 * gelu_grad(z1))
+
+
+GELU_EPILOGUE, DGELU_EPILOGUE = ("gelu", _gelu_pair), ("dgelu", _dgelu_pair)
+
+
+@blocks(**TMA_OP_TILES)
+def mlp_fwd_v20(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+    """v19 with h = bf16(gelu(x @ W_1)) stored by the product itself, beside h_pre; h uint16 (saved
+    as bf16), else (or where v18 would hand the product to v17) v19."""
+    if h.dtype != np.uint16 or not (tma_fits(x, w_1) and map_fits(h)):
+        mlp_fwd_v19(out, h_pre, h, work, x, w_1, w_2, block=block, stream=stream)
+        return
+    _tma_matmul(h_pre, None, x, w_1, False, False, False, block, stream, GELU_EPILOGUE, h)   # h_pre, h
+    WARP_MATMUL["bf16t"](out, work, h, w_2, block=block, stream=stream)                      # out = h @ W_2
+
+
+@blocks(**TMA_OP_TILES)
+def mlp_bwd_v20(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """v19's backward with dh_pre = bf16(dout @ W_2^T gelu'(h_pre)) stored by the product itself (in
+    the first half of dh_pre's fp32 buffer, its bits: dh_pre itself holds no fp32 values after it);
+    where a tensor map cannot read an operand, v19."""
+    N, F = h.shape
+    dh16 = dh_pre.reshape(N * F).view(np.uint16)[:N * F].reshape(N, F)
+    if not (tma_fits(dout, w_2) and tma_fits(x, dh16) and map_fits(dh16)):
+        mlp_bwd_v19(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block=block, stream=stream)
+        return
+    mm = WARP_MATMUL["bf16t"]
+    d16 = HELD.round(dout, stream)                                                   # dout, rounded once
+    mm(dw_2, work, h, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW_2 += h^T @ dout
+    _tma_matmul(h_pre, None, d16, w_2, False, True, False, block, stream, DGELU_EPILOGUE, dh16)   # dh_pre
+    mm(dw_1, work, x, dh16, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
+    mm(dx, work, dh16, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
+
+
+mlp_fwd_v20.precision = mlp_bwd_v20.precision = "bf16"
+
+
 mlp_fwd_v17.precision = mlp_bwd_v17.precision = "bf16"
 mlp_fwd_v19.precision = mlp_bwd_v19.precision = "bf16"
 mlp_fwd_v18.precision = mlp_bwd_v18.precision = "bf16"
@@ -625,7 +681,7 @@ k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 
 VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
-                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13, 14: mlp_fwd_v14, 15: mlp_fwd_v15, 16: mlp_fwd_v16, 17: mlp_fwd_v17, 18: mlp_fwd_v18, 19: mlp_fwd_v19},
+                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13, 14: mlp_fwd_v14, 15: mlp_fwd_v15, 16: mlp_fwd_v16, 17: mlp_fwd_v17, 18: mlp_fwd_v18, 19: mlp_fwd_v19, 20: mlp_fwd_v20},
             "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
-                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13, 14: mlp_bwd_v14, 15: mlp_bwd_v15, 16: mlp_bwd_v16, 17: mlp_bwd_v17, 18: mlp_bwd_v18, 19: mlp_bwd_v19}}
+                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13, 14: mlp_bwd_v14, 15: mlp_bwd_v15, 16: mlp_bwd_v16, 17: mlp_bwd_v17, 18: mlp_bwd_v18, 19: mlp_bwd_v19, 20: mlp_bwd_v20}}
 mlp_fwd, mlp_bwd = mlp_fwd_v12, mlp_bwd_v12        # what the engine uses

@@ -54,6 +54,11 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
    its slice's partial tile work[z] = d;
    matmul's k_splitk_sum_v2 adds the slices in order afterwards (no atomics).
 
+5. Fused epilogues (mlp v20). "gelu": out = d (h_pre, fp32) and aux = bf16(gelu(d)) (h, uint16),
+   the GELU's forward pass done from the registers; "dgelu": aux = bf16(d gelu'(out)) with out =
+   h_pre read, so dh = dout @ W_2^T is never written in fp32. Only without split-K (a partial sum
+   is no place for the GELU). The kernel takes aux always (the plain epilogue ignores it).
+
 Same sums as v17 (inputs rounded to bf16 ties to even, exact products, wgmma's fp32 sums in the
 same k16 order within a stage, stages in order): v17's bits at BN = 128 (bench/same_bits.py on the
 GPU; at BN = 256 the wgmma is another instruction and may add in another order).
@@ -65,6 +70,7 @@ mbarriers do what the PTX ISA says (bench/gemm.py and the harness ask the H200).
 """
 import functools
 
+import numpy as np
 from numba import cuda, float32, int64
 
 from .common import SIMULATOR, cdiv
@@ -104,6 +110,22 @@ if SIMULATOR:
                 if row < M and col < N:
                     out[row, col] = (out[row, col] + d[r]) if accumulate else d[r]
         return store_tile
+
+    def _store_fused(NREG, kind, pair):
+        def store_fused(out, aux, d, r0, c0):
+            """Twin of the fused epilogues (point 5), one value at a time: "gelu": out = d and
+            aux = the low half of pair(d, 0); "dgelu": aux = the low half of pair(d, 0, out, 0)."""
+            M, N = out.shape
+            for r in range(NREG):
+                row, col = r0 + 8 * ((r >> 1) & 1), c0 + 8 * (r >> 2) + (r & 1)
+                if row < M and col < N:
+                    if kind == "gelu":
+                        out[row, col] = d[r]
+                        word = pair(d[r], np.float32(0))
+                    else:
+                        word = pair(d[r], np.float32(0), out[row, col], np.float32(0))
+                    aux[row, col] = np.uint16(np.int32(word).view(np.uint32) & np.uint32(0xFFFF))
+        return store_fused
 else:
     from llvmlite import ir
     from numba import types
@@ -178,8 +200,86 @@ else:
     def _store_tile(NREG):
         return _store_d
 
+    @functools.cache
+    def _store_fused(NREG, kind, pair):
+        """The fused epilogue (point 5) as an intrinsic store_fused(out, aux, d, r0, c0): for every
+        accumulator pair (c = 0, 1 of a row, as _store_d's) inside out, "gelu": out = d (fp32) and
+        aux = pair(d0, d1) (an int32 of two bf16: aux is uint16 [M, N]); "dgelu": aux = pair(d0, d1,
+        z0, z1) with z = out (read: h_pre). pair is a Python function compiled into the code here
+        (context.compile_internal). Where the pair is not whole (N odd, the last column) or the
+        rows are not 4-byte aligned, value by value with pair(x, 0[, z, 0])'s low half."""
+        f32, i32 = types.float32, types.int32
+        pair_sig = i32(f32, f32) if kind == "gelu" else i32(f32, f32, f32, f32)
 
-def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
+        def typer(typingctx, out, aux, d, r0, c0):
+            ok = (isinstance(out, types.Array) and out.ndim == 2 and out.dtype == types.float32 and out.layout == "C"
+                  and isinstance(aux, types.Array) and aux.ndim == 2 and aux.dtype == types.uint16 and aux.layout == "C"
+                  and isinstance(d, types.UniTuple) and d.dtype == types.float32 and d.count == NREG)
+            if not ok:
+                return None
+
+            def codegen(context, builder, sig, args):
+                ot, at = sig.args[0], sig.args[1]
+                o = context.make_array(ot)(context, builder, args[0])
+                a = context.make_array(at)(context, builder, args[1])
+                oshape, ostrides = cgutils.unpack_tuple(builder, o.shape, 2), cgutils.unpack_tuple(builder, o.strides, 2)
+                ashape, astrides = cgutils.unpack_tuple(builder, a.shape, 2), cgutils.unpack_tuple(builder, a.strides, 2)
+                row0 = context.cast(builder, args[3], sig.args[3], types.intp)
+                col0 = context.cast(builder, args[4], sig.args[4], types.intp)
+                intp = context.get_value_type(types.intp)
+                zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
+                even = builder.icmp_unsigned("==", builder.and_(oshape[1], one), zero)
+                aligned = builder.and_(
+                    builder.icmp_unsigned("==", builder.and_(builder.ptrtoint(o.data, intp), ir.Constant(intp, 7)), zero),
+                    builder.icmp_unsigned("==", builder.and_(builder.ptrtoint(a.data, intp), ir.Constant(intp, 3)), zero))
+                pairs_ok = builder.and_(even, aligned)
+                v2, fzero = ir.VectorType(ir.FloatType(), 2), ir.Constant(ir.FloatType(), 0.0)
+                I32 = ir.IntType(32)
+
+                def word(xs, zs):
+                    return context.compile_internal(builder, pair, pair_sig, list(xs) + list(zs) if zs else list(xs))
+
+                for r in range(0, NREG, 2):
+                    row = builder.add(row0, context.get_constant(types.intp, 8 * ((r >> 1) & 1)))
+                    col = builder.add(col0, context.get_constant(types.intp, 8 * (r >> 2)))
+                    col1 = builder.add(col, one)
+                    in_row = builder.icmp_signed("<", row, oshape[0])
+                    both = builder.and_(in_row, builder.icmp_signed("<", col1, oshape[1]))
+                    x0, x1 = builder.extract_value(args[2], r), builder.extract_value(args[2], r + 1)
+                    with builder.if_else(builder.and_(both, pairs_ok), likely=True) as (whole, single):
+                        with whole:
+                            op = cgutils.get_item_pointer2(context, builder, o.data, oshape, ostrides, "C", [row, col])
+                            ap = cgutils.get_item_pointer2(context, builder, a.data, ashape, astrides, "C", [row, col])
+                            vp = builder.bitcast(op, v2.as_pointer())
+                            if kind == "gelu":
+                                v = builder.insert_element(builder.insert_element(ir.Constant(v2, ir.Undefined), x0,
+                                                           ir.Constant(I32, 0)), x1, ir.Constant(I32, 1))
+                                builder.store(v, vp, align=8)
+                                w = word((x0, x1), None)
+                            else:
+                                z = builder.load(vp, align=8)
+                                w = word((x0, x1), (builder.extract_element(z, ir.Constant(I32, 0)),
+                                                    builder.extract_element(z, ir.Constant(I32, 1))))
+                            builder.store(w, builder.bitcast(ap, I32.as_pointer()), align=4)
+                        with single:
+                            for cc, x in ((col, x0), (col1, x1)):
+                                inside = builder.and_(in_row, builder.icmp_signed("<", cc, oshape[1]))
+                                with builder.if_then(inside):
+                                    op = cgutils.get_item_pointer2(context, builder, o.data, oshape, ostrides, "C", [row, cc])
+                                    ap = cgutils.get_item_pointer2(context, builder, a.data, ashape, astrides, "C", [row, cc])
+                                    if kind == "gelu":
+                                        builder.store(x, op)
+                                        w = word((x, fzero), None)
+                                    else:
+                                        w = word((x, fzero), (builder.load(op), fzero))
+                                    builder.store(builder.trunc(w, ir.IntType(16)), ap)
+                return context.get_dummy_value()
+            return types.void(out, aux, d, r0, c0), codegen
+        typer.__name__ = f"store_{kind}"
+        return intrinsic(typer)
+
+
+def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None):
     """The v18 kernel for out (+)= op(a16) @ op(b16) (a16 [M, K] or [K, M] when trans_a, b16 [K, N]
     or [N, K] when trans_b: bf16 copies as stored), BM x BN tiles, `stages` in the ring:
     k(out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit), tmap_*: the tensor maps' addresses
@@ -208,6 +308,16 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
     A_BOXES, B_BOXES = (BM // MN_BLOCK if A_MN else 1), (BN // MN_BLOCK if B_MN else 1)
     product = _product(BN, int(A_MN), int(B_MN))
     store_tile = _store_tile(BN // 2)
+    if epilogue is None:                                     # out (+)= d: every product
+        def _plain(out, aux, d, r0, c0, accumulate):
+            store_tile(out, d, r0, c0, accumulate)
+        store = _plain if SIMULATOR else cuda.jit(device=True, inline="always")(_plain)
+    else:                                                    # ("gelu" | "dgelu", pair): point 5
+        fused = _store_fused(BN // 2, *epilogue)
+
+        def _fused(out, aux, d, r0, c0, accumulate):
+            fused(out, aux, d, r0, c0)
+        store = _fused if SIMULATOR else cuda.jit(device=True, inline="always")(_fused)
     assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256 and BM <= 256, (BM, BN)
     assert stages >= 2 and tile_bytes(BM, BN, stages) <= DYNAMIC_LIMIT, (BM, BN, stages)
 
@@ -252,7 +362,7 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
                 g += 1
 
     @cuda.jit(device=True)
-    def consume(ring, at0, bars, out, part, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K):
+    def consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K):
         tid = cuda.threadIdx.x
         wg, warp, lane = tid // WARPGROUP, tid // WARP, tid % WARP
         g = 0
@@ -282,11 +392,11 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
                 mbar_arrive(bars, stages + (g - 1) % stages)
             r0, c0 = row0 + 16 * warp + (lane >> 2), col0 + 2 * (lane & 3)
             if part.shape[0] == 1:
-                store_tile(out, d, r0, c0, accumulate)
+                store(out, aux, d, r0, c0, accumulate)
             else:
                 store_tile(part[z], d, r0, c0, False)
 
-    def k_matmul(out, part, a, b, tmap_a, tmap_b, accumulate, ksplit):
+    def k_matmul(out, part, a, b, tmap_a, tmap_b, accumulate, ksplit, aux):
         ring = cuda.shared.array(0, float32)
         at0 = ((ALIGN - (shared_address(ring, 0) & (ALIGN - 1))) & (ALIGN - 1)) // 4   # the ring's first word
         bars = cuda.shared.array(BARRIERS, int64, alignment=8)     # full[st] = bars[st], empty[st] = bars[stages + st]
@@ -305,7 +415,7 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
         if tid == PRODUCER:
             produce(ring, at0, bars, a, b, tmap_a, tmap_b, units, tiles, tiles_m, tiles_n, ksplit, K)
         elif tid < PRODUCER:
-            consume(ring, at0, bars, out, part, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K)
+            consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K)
 
     k_matmul.__doc__ = (f"Persistent {BM} x {BN} tiles of out (+)= op(a) @ op(b) on wgmma, {C} consumer warpgroups "
                         f"and a TMA producer warp over a ring of {stages} stages (kernels/wgmma_tma.py).")
@@ -314,9 +424,9 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b):
 
 
 @functools.cache
-def tma_kernel(BM, BN, stages, trans_a, trans_b):
-    """(the compiled-on-demand kernel, threads a block) for one v18 tile and form, cached."""
-    k, threads = make_tma_kernel(BM, BN, stages, trans_a, trans_b)
+def tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None):
+    """(the compiled-on-demand kernel, threads a block) for one v18 tile, form and epilogue, cached."""
+    k, threads = make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue)
     if SIMULATOR:
         return cuda.jit(k), threads
     # .maxntid threads, .minnctapersm n: ptxas keeps to the registers that let n blocks of `threads`

@@ -1,0 +1,42 @@
+"""mlp v20: v19 with the GELU done in matmul v18's epilogue (kernels/wgmma_tma.py, point 5): the
+forward stores h = bf16(gelu(h_pre)) beside h_pre from the product's registers, the backward stores
+dh_pre = bf16(dh gelu'(h_pre)) without writing dh in fp32. The same functions on the same fp32
+values as v19's GELU passes, so (in the simulator, where nothing fuses a multiply and an add) the
+same bits: out, h_pre, h forward, dx, dW_1, dW_2 backward."""
+import numpy as np
+from numba import cuda
+
+from andrea_numba.kernels import matmul as MM
+from andrea_numba.kernels import mlp
+from reference.precision import round_bf16
+
+
+def _bits16(x):
+    return (round_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_mlp_v20_gives_v19s_bits_and_runs_the_fused_epilogues(monkeypatch):
+    rng = np.random.default_rng(3)
+    N, C = 128, 64
+    F = 4 * C
+    x = _bits16(rng.standard_normal((N, C)).astype(np.float32))          # saved as bf16, as the engine does
+    w_1 = (0.1 * rng.standard_normal((C, F))).astype(np.float32)
+    w_2 = (0.1 * rng.standard_normal((F, C))).astype(np.float32)
+    dout = rng.standard_normal((N, C)).astype(np.float32)
+    work = np.zeros(MM.splitk_work(C, N), np.float32)
+    fused = []
+    real = MM._tma_matmul
+    monkeypatch.setattr(mlp, "_tma_matmul", lambda *a: (fused.append(a[9][0]) if len(a) > 9 and a[9] else None, real(*a))[1])
+    runs = []
+    for fwd, bwd in ((mlp.mlp_fwd_v19, mlp.mlp_bwd_v19), (mlp.mlp_fwd_v20, mlp.mlp_bwd_v20)):
+        d = {k: cuda.to_device(v) for k, v in dict(x=x, w_1=w_1, w_2=w_2, dout=dout, work=work).items()}
+        out, h_pre = cuda.to_device(np.zeros((N, C), np.float32)), cuda.to_device(np.zeros((N, F), np.float32))
+        h = cuda.to_device(np.zeros((N, F), np.uint16))
+        fwd(out, h_pre, h, d["work"], d["x"], d["w_1"], d["w_2"])
+        dx, dh_pre = cuda.to_device(np.zeros((N, C), np.float32)), cuda.to_device(np.zeros((N, F), np.float32))
+        dw_1, dw_2 = cuda.to_device(np.ones((C, F), np.float32)), cuda.to_device(np.ones((F, C), np.float32))
+        bwd(dx, dw_1, dw_2, dh_pre, d["work"], d["dout"], d["x"], h_pre, h, d["w_1"], d["w_2"])
+        runs.append([a.copy_to_host() for a in (out, h_pre, h, dx, dw_1, dw_2)])
+    assert fused == ["gelu", "dgelu"]                     # v20 took its fused path, forward and backward
+    for name, a, b in zip(("out", "h_pre", "h", "dx", "dw_1", "dw_2"), *runs):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), name
