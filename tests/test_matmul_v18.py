@@ -247,8 +247,8 @@ def test_products_bf16t_are_the_linear_ops_on_v18():
     v = GM.PRODUCTS["bf16t"]
     assert v == 15                                         # attn_qkv, attn_out, loss_bwd v15
     assert GM.MLP_VERSION["bf16t"] == 19
-    # the brief said loss_fwd v16 (v18's first registration); the code now runs v17, v16's logits
-    # with the softmax reading them once (k_loss_fwd_v3): both are on v18
+    # loss_fwd v16 is v18's first registration; the kind runs v17, v16's logits with the softmax
+    # reading them once (k_loss_fwd_v3): both are on v18
     assert GM.LOSS_FWD_VERSION["bf16t"] == 17
     for table, name, n in [(attn_qkv, "attn_qkv_fwd", v), (attn_qkv, "attn_qkv_bwd", v), (attn_out, "attn_out_fwd", v),
                            (attn_out, "attn_out_bwd", v), (mlp, "mlp_fwd", 19), (mlp, "mlp_bwd", 19),
@@ -256,7 +256,7 @@ def test_products_bf16t_are_the_linear_ops_on_v18():
         assert n in table.VERSIONS[name], (name, n)
     for kinds in (GM.COPIES_KINDS, GM.SAVED16_KINDS, GM.HELD_KINDS, GM.TMA_KINDS):
         assert "bf16t" in kinds
-    assert GM.TMA_KINDS == {"bf16t"} and GM.PRECISION["bf16t"] == "bf16" and GM.WGMMA_KINDS["bf16t"] == "bf16a"
+    assert GM.TMA_KINDS == {"bf16t", "bf16s"} and GM.PRECISION["bf16t"] == "bf16" and GM.WGMMA_KINDS["bf16t"] == "bf16a"
     held = GM.products_scratch("bf16t", 64, 32, 96)
     assert held["tma_tensor_maps"] == tma.TensorMaps.SLOTS * tma.MAP_BYTES
     assert {"operands_16bit", "operands_held_16bit"} <= set(held)
