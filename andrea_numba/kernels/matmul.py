@@ -821,7 +821,7 @@ WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the
 # that a tensor map cannot describe (rows not whole 16-byte chunks, or a start off a 16-byte
 # boundary) go to v17 at its default tile.
 from .tma import TMAPS, map_fits  # noqa: E402
-from .wgmma_tma import blocks_per_sm, tile_bytes, tma_kernel, units_grid  # noqa: E402
+from .wgmma_tma import tile_bytes, tma_kernel, units_grid  # noqa: E402
 
 TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
                  sim=((64, 128, 64, 3), (64, 64, 64, 2)))
@@ -839,18 +839,15 @@ TMA_SPEED = {(128, 256, 4): 1.0, (128, 128, 4): 0.85, (64, 128, 3): 1.0, (64, 64
 
 def pick_tile(M, N, K, work, resident):
     """The v18 tile (of TMA_TILES) with the least estimated time for an M x N x K product on
-    `resident` multiprocessors: waves of persistent units (split-K included, as splitk weighs it) x
-    stages a unit x the tile's area over its speed (TMA_SPEED), shared by the blocks a
-    multiprocessor holds at once. Ties go to the first listed."""
+    `resident` multiprocessors (one block each): waves of persistent units (split-K included, as
+    splitk weighs it) x stages a unit x the tile's area over its speed (TMA_SPEED). Ties go to the
+    first listed."""
     best = None
     for tile in TMA_TILES["sim" if SIMULATOR else "gpu"]:
         BM, BN, BK, stages = tile
-        slots = resident * blocks_per_sm(BM, BN, stages)       # blocks at once: 1 or 2 a multiprocessor
-        S, ksplit = splitk(M, N, K, 1, tile, work, slots)
-        waves = cdiv(cdiv(M, BM) * cdiv(N, BN) * S, slots)
-        # a wave of two blocks a multiprocessor takes twice one block's time at the same speed
-        cost = waves * blocks_per_sm(BM, BN, stages) * cdiv(ksplit, BK) * BM * BN / TMA_SPEED[(BM, BN, stages)] \
-            + (S > 1) * S * M * N / 8
+        S, ksplit = splitk(M, N, K, 1, tile, work, resident)
+        waves = cdiv(cdiv(M, BM) * cdiv(N, BN) * S, resident)
+        cost = waves * cdiv(ksplit, BK) * BM * BN / TMA_SPEED[(BM, BN, stages)] + (S > 1) * S * M * N / 8
         if best is None or cost < best[0]:
             best = (cost, tile)
     return best[1]

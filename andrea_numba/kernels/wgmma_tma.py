@@ -60,8 +60,8 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
    is no place for the GELU). The kernel takes aux always (the plain epilogue ignores it).
 
 Same sums as v17 (inputs rounded to bf16 ties to even, exact products, wgmma's fp32 sums in the
-same k16 order within a stage, stages in order): v17's bits at BN = 128 (bench/same_bits.py on the
-GPU; at BN = 256 the wgmma is another instruction and may add in another order).
+same k16 order within a stage, stages in order): v17's bits, at BN = 256 too (bench/v18_bits.py:
+identical in every form and tile on the H200, 2026-12-03).
 
 In the simulator the producer and the consumers are real threads of a real block: the mbarriers'
 twins make them wait on each other (tma.py), the boxes are copied by NumPy, the wgmmas run
@@ -79,14 +79,10 @@ from .wgmma import (shared_address, smem_desc, wgmma_acc_zeros, wgmma_commit, wg
                     wgmma_wait1)
 from .wgmma_mn import MN_BLOCK, _product, operand_layout
 from .wgmma_ring import ALIGN, DYNAMIC_LIMIT
+from .tile_loop import WARP
 from .wgmma_tile import WARPGROUP
 
 BK = 64                 # values of k a stage: one 128-byte row (the 128-byte swizzle) a row of m or n
-WARP = 32
-
-
-SM_SHARED = 228 * 1024  # shared memory of an H100/H200 multiprocessor (each block's 1 KiB of the driver's counts)
-SM_REGISTERS = 65536    # 32-bit registers of a multiprocessor
 
 
 def tile_bytes(BM, BN, stages):
@@ -94,43 +90,68 @@ def tile_bytes(BM, BN, stages):
     return stages * (BM + BN) * 2 * BK + ALIGN
 
 
-def blocks_per_sm(BM, BN, stages):
-    """Blocks of a tile one multiprocessor holds at once, by shared memory (1 or 2): with two, one
-    block's epilogue runs while the other's wgmmas do (128 x 128 with 3 stages: 2 x 97 KiB)."""
-    return 2 if 2 * (tile_bytes(BM, BN, stages) + 64 + 1024) <= SM_SHARED else 1
-
-
 if SIMULATOR:
+    def _fragment_cells(NREG, r0, c0, shape):
+        """Twin of _fragment_pairs, a value at a time: (r, row, col) of each accumulator d[r] =
+        d[4 j + 2 h + c] (row r0 + 8 h, column c0 + 8 j + c, point 4) that falls inside shape."""
+        for r in range(NREG):
+            row, col = r0 + 8 * ((r >> 1) & 1), c0 + 8 * (r >> 2) + (r & 1)
+            if row < shape[0] and col < shape[1]:
+                yield r, row, col
+
     def _store_tile(NREG):
         def store_tile(out, d, r0, c0, accumulate):
             """Twin: out[r0 + 8 h, c0 + 8 j + c] (+)= d[4 j + 2 h + c] where inside out."""
-            M, N = out.shape
-            for r in range(NREG):
-                row, col = r0 + 8 * ((r >> 1) & 1), c0 + 8 * (r >> 2) + (r & 1)
-                if row < M and col < N:
-                    out[row, col] = (out[row, col] + d[r]) if accumulate else d[r]
+            for r, row, col in _fragment_cells(NREG, r0, c0, out.shape):
+                out[row, col] = (out[row, col] + d[r]) if accumulate else d[r]
         return store_tile
 
     def _store_fused(NREG, kind, pair):
         def store_fused(out, aux, d, r0, c0):
             """Twin of the fused epilogues (point 5), one value at a time: "gelu": out = d and
             aux = the low half of pair(d, 0); "dgelu": aux = the low half of pair(d, 0, out, 0)."""
-            M, N = out.shape
-            for r in range(NREG):
-                row, col = r0 + 8 * ((r >> 1) & 1), c0 + 8 * (r >> 2) + (r & 1)
-                if row < M and col < N:
-                    if kind == "gelu":
-                        out[row, col] = d[r]
-                        word = pair(d[r], np.float32(0))
-                    else:
-                        word = pair(d[r], np.float32(0), out[row, col], np.float32(0))
-                    aux[row, col] = np.uint16(np.int32(word).view(np.uint32) & np.uint32(0xFFFF))
+            for r, row, col in _fragment_cells(NREG, r0, c0, out.shape):
+                if kind == "gelu":
+                    out[row, col] = d[r]
+                    word = pair(d[r], np.float32(0))
+                else:
+                    word = pair(d[r], np.float32(0), out[row, col], np.float32(0))
+                aux[row, col] = np.uint16(np.int32(word).view(np.uint32) & np.uint32(0xFFFF))
         return store_fused
 else:
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
+
+    def _pairs_ok(builder, intp, ncols, aligned):
+        """i1: the pairs of a row may go as whole 64-bit (32-bit) accesses: ncols even and every
+        (pointer, mask) of `aligned` on its boundary (pointer & mask == 0)."""
+        zero = ir.Constant(intp, 0)
+        ok = builder.icmp_unsigned("==", builder.and_(ncols, ir.Constant(intp, 1)), zero)
+        for ptr, mask in aligned:
+            ok = builder.and_(ok, builder.icmp_unsigned("==", builder.and_(builder.ptrtoint(ptr, intp),
+                                                                          ir.Constant(intp, mask)), zero))
+        return ok
+
+    def _fragment_pairs(context, builder, d, nreg, row0, col0, shape):
+        """The accumulator pairs of an m64nNk16 wgmma, straight-line (point 4: d[4 j + 2 h + c] is
+        row r0 + 8 h, column c0 + 8 j + c; c0 is even): for each pair c = 0, 1 of a row, (row, col,
+        col + 1, the row inside shape, both columns inside, d of c = 0, d of c = 1)."""
+        one = ir.Constant(context.get_value_type(types.intp), 1)
+        for r in range(0, nreg, 2):
+            row = builder.add(row0, context.get_constant(types.intp, 8 * ((r >> 1) & 1)))
+            col = builder.add(col0, context.get_constant(types.intp, 8 * (r >> 2)))
+            col1 = builder.add(col, one)
+            in_row = builder.icmp_signed("<", row, shape[0])
+            both = builder.and_(in_row, builder.icmp_signed("<", col1, shape[1]))
+            yield row, col, col1, in_row, both, builder.extract_value(d, r), builder.extract_value(d, r + 1)
+
+    def _vector2(x0, x1, builder):
+        """<2 x float> of x0, x1."""
+        v2 = ir.VectorType(ir.FloatType(), 2)
+        v = builder.insert_element(ir.Constant(v2, ir.Undefined), x0, ir.Constant(ir.IntType(32), 0))
+        return builder.insert_element(v, x1, ir.Constant(ir.IntType(32), 1))
 
     @intrinsic
     def _store_d(typingctx, out, d, r0, c0, accumulate):
@@ -148,52 +169,34 @@ else:
             return None
 
         def codegen(context, builder, sig, args):
-            arrty, tupty = sig.args[0], sig.args[1]
-            arr = context.make_array(arrty)(context, builder, args[0])
+            arr = context.make_array(sig.args[0])(context, builder, args[0])
             shape = cgutils.unpack_tuple(builder, arr.shape, 2)
             strides = cgutils.unpack_tuple(builder, arr.strides, 2)
             row0 = context.cast(builder, args[2], sig.args[2], types.intp)
             col0 = context.cast(builder, args[3], sig.args[3], types.intp)
             acc = context.cast(builder, args[4], sig.args[4], types.boolean)
-            intp = context.get_value_type(types.intp)
-            one, seven = ir.Constant(intp, 1), ir.Constant(intp, 7)
-            base = builder.ptrtoint(arr.data, intp)
-            even = builder.icmp_unsigned("==", builder.and_(shape[1], one), ir.Constant(intp, 0))
-            aligned = builder.icmp_unsigned("==", builder.and_(base, seven), ir.Constant(intp, 0))
-            pairs_ok = builder.and_(even, aligned)
-            v2 = ir.VectorType(ir.FloatType(), 2)
+            pairs_ok = _pairs_ok(builder, context.get_value_type(types.intp), shape[1], [(arr.data, 7)])
 
-            def put(ptr, v):
+            def put(ptr, v, align=None):             # *ptr (+)= v
                 with builder.if_else(acc) as (add, put_):
                     with add:
-                        builder.store(builder.fadd(builder.load(ptr), v), ptr)
+                        builder.store(builder.fadd(builder.load(ptr, align=align), v), ptr, align=align)
                     with put_:
-                        builder.store(v, ptr)
+                        builder.store(v, ptr, align=align)
 
-            for r in range(0, tupty.count, 2):                  # r: c = 0, r + 1: c = 1
-                row = builder.add(row0, context.get_constant(types.intp, 8 * ((r >> 1) & 1)))
-                col = builder.add(col0, context.get_constant(types.intp, 8 * (r >> 2)))
-                col1 = builder.add(col, one)
-                in_row = builder.icmp_signed("<", row, shape[0])
-                both = builder.and_(in_row, builder.icmp_signed("<", col1, shape[1]))
-                x0, x1 = builder.extract_value(args[1], r), builder.extract_value(args[1], r + 1)
+            def at(row, col):
+                return cgutils.get_item_pointer2(context, builder, arr.data, shape, strides, "C", [row, col])
+
+            for row, col, col1, in_row, both, x0, x1 in _fragment_pairs(context, builder, args[1], sig.args[1].count,
+                                                                         row0, col0, shape):
                 with builder.if_else(builder.and_(both, pairs_ok), likely=True) as (pair, single):
                     with pair:
-                        ptr = cgutils.get_item_pointer2(context, builder, arr.data, shape, strides, "C", [row, col])
-                        vp = builder.bitcast(ptr, v2.as_pointer())
-                        v = builder.insert_element(builder.insert_element(ir.Constant(v2, ir.Undefined), x0,
-                                                   ir.Constant(ir.IntType(32), 0)), x1, ir.Constant(ir.IntType(32), 1))
-                        with builder.if_else(acc) as (add, put_):
-                            with add:
-                                builder.store(builder.fadd(builder.load(vp, align=8), v), vp, align=8)
-                            with put_:
-                                builder.store(v, vp, align=8)
+                        put(builder.bitcast(at(row, col), ir.VectorType(ir.FloatType(), 2).as_pointer()),
+                            _vector2(x0, x1, builder), align=8)
                     with single:
                         for cc, x in ((col, x0), (col1, x1)):
-                            inside = builder.and_(in_row, builder.icmp_signed("<", cc, shape[1]))
-                            with builder.if_then(inside):
-                                put(cgutils.get_item_pointer2(context, builder, arr.data, shape, strides, "C",
-                                                              [row, cc]), x)
+                            with builder.if_then(builder.and_(in_row, builder.icmp_signed("<", cc, shape[1]))):
+                                put(at(row, cc), x)
             return context.get_dummy_value()
         return types.void(out, d, r0, c0, accumulate), codegen
 
@@ -219,42 +222,30 @@ else:
                 return None
 
             def codegen(context, builder, sig, args):
-                ot, at = sig.args[0], sig.args[1]
-                o = context.make_array(ot)(context, builder, args[0])
-                a = context.make_array(at)(context, builder, args[1])
+                o = context.make_array(sig.args[0])(context, builder, args[0])
+                a = context.make_array(sig.args[1])(context, builder, args[1])
                 oshape, ostrides = cgutils.unpack_tuple(builder, o.shape, 2), cgutils.unpack_tuple(builder, o.strides, 2)
                 ashape, astrides = cgutils.unpack_tuple(builder, a.shape, 2), cgutils.unpack_tuple(builder, a.strides, 2)
                 row0 = context.cast(builder, args[3], sig.args[3], types.intp)
                 col0 = context.cast(builder, args[4], sig.args[4], types.intp)
-                intp = context.get_value_type(types.intp)
-                zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
-                even = builder.icmp_unsigned("==", builder.and_(oshape[1], one), zero)
-                aligned = builder.and_(
-                    builder.icmp_unsigned("==", builder.and_(builder.ptrtoint(o.data, intp), ir.Constant(intp, 7)), zero),
-                    builder.icmp_unsigned("==", builder.and_(builder.ptrtoint(a.data, intp), ir.Constant(intp, 3)), zero))
-                pairs_ok = builder.and_(even, aligned)
-                v2, fzero = ir.VectorType(ir.FloatType(), 2), ir.Constant(ir.FloatType(), 0.0)
-                I32 = ir.IntType(32)
+                pairs_ok = _pairs_ok(builder, context.get_value_type(types.intp), oshape[1], [(o.data, 7), (a.data, 3)])
+                fzero, I32 = ir.Constant(ir.FloatType(), 0.0), ir.IntType(32)
 
                 def word(xs, zs):
                     return context.compile_internal(builder, pair, pair_sig, list(xs) + list(zs) if zs else list(xs))
 
-                for r in range(0, NREG, 2):
-                    row = builder.add(row0, context.get_constant(types.intp, 8 * ((r >> 1) & 1)))
-                    col = builder.add(col0, context.get_constant(types.intp, 8 * (r >> 2)))
-                    col1 = builder.add(col, one)
-                    in_row = builder.icmp_signed("<", row, oshape[0])
-                    both = builder.and_(in_row, builder.icmp_signed("<", col1, oshape[1]))
-                    x0, x1 = builder.extract_value(args[2], r), builder.extract_value(args[2], r + 1)
+                def at(row, col):                    # (out's element, aux's element)
+                    return (cgutils.get_item_pointer2(context, builder, o.data, oshape, ostrides, "C", [row, col]),
+                            cgutils.get_item_pointer2(context, builder, a.data, ashape, astrides, "C", [row, col]))
+
+                for row, col, col1, in_row, both, x0, x1 in _fragment_pairs(context, builder, args[2], NREG,
+                                                                             row0, col0, oshape):
                     with builder.if_else(builder.and_(both, pairs_ok), likely=True) as (whole, single):
                         with whole:
-                            op = cgutils.get_item_pointer2(context, builder, o.data, oshape, ostrides, "C", [row, col])
-                            ap = cgutils.get_item_pointer2(context, builder, a.data, ashape, astrides, "C", [row, col])
-                            vp = builder.bitcast(op, v2.as_pointer())
+                            op, ap = at(row, col)
+                            vp = builder.bitcast(op, ir.VectorType(ir.FloatType(), 2).as_pointer())
                             if kind == "gelu":
-                                v = builder.insert_element(builder.insert_element(ir.Constant(v2, ir.Undefined), x0,
-                                                           ir.Constant(I32, 0)), x1, ir.Constant(I32, 1))
-                                builder.store(v, vp, align=8)
+                                builder.store(_vector2(x0, x1, builder), vp, align=8)
                                 w = word((x0, x1), None)
                             else:
                                 z = builder.load(vp, align=8)
@@ -263,10 +254,8 @@ else:
                             builder.store(w, builder.bitcast(ap, I32.as_pointer()), align=4)
                         with single:
                             for cc, x in ((col, x0), (col1, x1)):
-                                inside = builder.and_(in_row, builder.icmp_signed("<", cc, oshape[1]))
-                                with builder.if_then(inside):
-                                    op = cgutils.get_item_pointer2(context, builder, o.data, oshape, ostrides, "C", [row, cc])
-                                    ap = cgutils.get_item_pointer2(context, builder, a.data, ashape, astrides, "C", [row, cc])
+                                with builder.if_then(builder.and_(in_row, builder.icmp_signed("<", cc, oshape[1]))):
+                                    op, ap = at(row, cc)
                                     if kind == "gelu":
                                         builder.store(x, op)
                                         w = word((x, fzero), None)
@@ -429,10 +418,9 @@ def tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None):
     k, threads = make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue)
     if SIMULATOR:
         return cuda.jit(k), threads
-    # .maxntid threads, .minnctapersm n: ptxas keeps to the registers that let n blocks of `threads`
-    # run on a multiprocessor (n = 1: 224 a thread at 288 threads, for BN = 256's 128 accumulators;
-    # n = 2: 112, for BN = 128's 64)
-    return cuda.jit(k, launch_bounds=(threads, blocks_per_sm(BM, BN, stages))), threads
+    # .maxntid threads, .minnctapersm 1: ptxas keeps to the registers that let one block of
+    # `threads` run (224 a thread at 288 threads: 128 accumulators at BN = 256 and room to spare)
+    return cuda.jit(k, launch_bounds=(threads, 1)), threads
 
 
 def units_grid(M, N, S, BM, BN, resident):
