@@ -38,6 +38,13 @@ from .layout import n_params, views
 # the Q, K, V, W_1 and logits products and of their weight gradients) and the GELU's output h (W_2's
 # and dW_2's). Not y, the attention output: flash attention's backward reads it in fp32 (D = dy . y).
 SAVED16 = ("ln1", "ln2", "lnf", "h")
+# With products "bf16o" (buffer_specs(out16=True)) the ops that make a bf16 product's operand write
+# it in bf16 themselves, where the operand copy (cublaslt.round_into) rounded their fp32 output
+# before: flash attention v14 writes y's bf16 copy y16 beside y (which its backward still reads in
+# fp32) and dq, dk, dv in bf16 only (d_q, d_k, d_v are uint16); residual_layernorm_bwd v6 writes the
+# residual stream's gradient's bf16 copy d_resid16, which the next block down's attn_out and MLP
+# backward products read. Each is the fp32 value rounded as the copy rounded it: the same bits.
+OUT16 = ("d_q", "d_k", "d_v")
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,8 @@ class BufferSpec:
 
 
 def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_params: bool = True,
-                 flash: bool = True, saved16: bool = False, params16: bool = False) -> list[BufferSpec]:
+                 flash: bool = True, saved16: bool = False, params16: bool = False,
+                 out16: bool = False) -> list[BufferSpec]:
     """Every device buffer of a forward + backward at batch B x T (the optimiser's m and v live
     with the trainer). One line per tensor, llm.c style. training=False: forward only (no
     gradients, no backward scratch); own_params=False: the parameters live in another model;
@@ -61,12 +69,14 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
     [L, B, H, T, T]; saved16=True (products "bf16a"): the LayerNorms' outputs and the GELU's,
     read only by bf16 products, saved as bf16 (uint16 bit patterns, half the bytes; SAVED16),
     the LayerNorms writing into the fp32 scratch ln_out first; params16=True (products "bf16s"): a
-    bf16 copy of the parameters, rounded once a forward, that the products read their weights from."""
+    bf16 copy of the parameters, rounded once a forward, that the products read their weights from;
+    out16=True (products "bf16o"): the bf16 outputs of OUT16's comment (y16, d_resid16; d_q, d_k,
+    d_v as bf16)."""
     L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
     N, F, P = B * T, 4 * m.d_model, n_params(m)
     f32, i32 = np.float32, np.int32
     S = lambda name, shape, kind, dtype=f32: BufferSpec(
-        name, shape, np.uint16 if saved16 and name in SAVED16 else dtype, kind)
+        name, shape, np.uint16 if (saved16 and name in SAVED16) or (out16 and name in OUT16) else dtype, kind)
     specs = [S("params16", (P,), "params", np.uint16)] if params16 else []  # bf16 copy, rounded each forward
     specs += [
         S("params", (P,), "params"),                 # flat parameter vector
@@ -84,6 +94,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("lse", (L, B, H, T), "activations") if flash else    # flash: the rows' log-sum-exp
         S("att", (L, B, H, T, T), "activations"),   # softmax probabilities
         S("y", (L, N, C), "activations"),            # attention output, heads side by side
+        *([S("y16", (L, N, C), "activations", np.uint16)] if out16 else []),   # ... rounded to bf16 (flash v14)
         S("x_mid", (L, N, C), "activations"),        # residual stream between attention and MLP
         S("ln2", (L, N, C), "activations"),
         S("ln2_mean", (L, N), "activations"),
@@ -100,6 +111,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         *([S("ln_out", (N, C), "scratch")] if saved16 else []),   # a LayerNorm's fp32 output, then rounded into ln1, ln2, lnf
         # backward scratch, each named after the gradient it holds (d_name = dL/d name):
         S("d_resid", (N, C), "scratch"),             # the residual stream: x[l+1], then x_mid, then x[l] (backward)
+        *([S("d_resid16", (N, C), "scratch", np.uint16)] if out16 else []),   # ... rounded to bf16 (LN bwd v6)
         S("d_branch", (N, C), "scratch"),            # with dropout: a branch output's gradient, d_resid masked
         S("d_ln_out", (N, C), "scratch"),            # a LayerNorm's output (lnf, ln2, ln1)
         S("d_y", (N, C), "scratch"),                 # attention output
@@ -191,22 +203,24 @@ class GPUModel:
             TMAPS.reserve()
         self.mlp_fwd_takes_work = "work" in inspect.signature(self.mlp_fwd).parameters   # v11 on
         self.dropout = dropout                      # used by a forward given a dropout_key
+        if share is not None:               # a forward on another model's memory (the trainer's sampler)
+            assert not training, "a model on another model's buffers runs forward only"
+            params, flash = share.params, share.flash
         self.flash = flash
         # flash attention's launchers: the engine's (attn_flash.attn_flash_fwd / _bwd, read at each
         # launch) in fp32; with bf16 or fp16 products, the version with products at that precision
         # (FLASH_VERSION); flash_version=<n> runs version n instead (the benchmarks' --flash-version)
-        v_flash = FLASH_VERSION.get(self.precision) if flash_version is None else flash_version
+        v_flash = flash_version_for(products) if flash_version is None else flash_version
+        self.flash_version = v_flash
+        self.out16 = flash and writes_out16(products, m) and v_flash == OUT16_FLASH      # (OUT16)
         self.flash_pair = attn_flash.flash_pair(v_flash) if v_flash is not None else None
         # every launch and copy of this model goes to one stream, never the legacy default stream
         self.stream = cuda.stream() if stream is None else stream
         self.training = training
-        if share is not None:               # a forward on another model's memory (the trainer's sampler)
-            assert not training, "a model on another model's buffers runs forward only"
-            params, flash = share.params, share.flash
         self.saved16 = products in SAVED16_KINDS     # LN and GELU outputs saved as bf16 (SAVED16)
         self.params16 = products in SHADOW_KINDS     # the products' weights from a bf16 copy (params16)
         self.specs = buffer_specs(m, B, T, training, own_params=params is None, flash=flash, saved16=self.saved16,
-                                  params16=self.params16)
+                                  params16=self.params16, out16=self.out16)
         if share is None:
             self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
         else:                               # the first elements of each of its buffers: nothing allocated
@@ -298,11 +312,14 @@ class GPUModel:
             self.qkv_fwd(b["q"][l], b["k"][l], b["v"][l], b["ln1"][l],
                          W[p + "attn.w_q"], W[p + "attn.w_k"], W[p + "attn.w_v"], stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
+            # y, and with out16 its bf16 copy y16, the operand of attn_out's products
+            y16 = {"y16": b["y16"][l].reshape(B, T, C)} if self.out16 else {}
             if self.flash:
-                self.flash_launchers()[0](b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s)
+                self.flash_launchers()[0](b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s,
+                                          **y16)
             else:
                 attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], *qkv, H, p_drop, k_att, stream=s)
-            self.out_fwd(b["branch"], b["y"][l], W[p + "attn.w_o"], stream=s)
+            self.out_fwd(b["branch"], self.y_operand(l), W[p + "attn.w_o"], stream=s)
             if p_drop:                                              # in place: branch = drop(branch)
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_ao, stream=s)
             # x_mid = x[l] + branch, then ln2 = LN2(x_mid): one kernel
@@ -343,13 +360,30 @@ class GPUModel:
         layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], work, d_ln_out, x[m.n_layer],
                                 b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)
         p_drop = self.p_drop
+        # with out16 (no dropout) each residual + LayerNorm backward also writes d_resid's bf16 copy,
+        # the operand of the products of the branch below it; the last block's MLP reads d_resid after
+        # LNf's backward, which writes none (its products round it themselves)
+        resid16 = self.out16 and not p_drop
+        fresh16 = False             # d_resid16 holds d_resid as it is now
 
         def branch_grad(key):
-            """A branch's upstream gradient: d_resid itself, or with dropout its masked copy."""
+            """A branch's upstream gradient: d_resid itself (its bf16 copy where one was written), or
+            with dropout its masked copy."""
             if not p_drop:
-                return d_resid
+                return b["d_resid16"] if fresh16 else d_resid
             dropout.dropout_bwd(_flat(d_branch), _flat(d_resid), p_drop, key, stream=s)
             return d_branch
+
+        def residual_ln_bwd(g, bias, saved_x, mean, rstd, gamma):
+            """d_resid += the LayerNorm's grad_input (in place: both paths into its input), with
+            resid16 into d_resid16 too (residual_layernorm_bwd v6)."""
+            if resid16:
+                layernorm.residual_layernorm_bwd_v6(d_resid, d_resid, g, bias, work, d_resid, d_ln_out, saved_x, mean,
+                                                    rstd, gamma, d16=b["d_resid16"], stream=s)
+            else:
+                layernorm.residual_layernorm_bwd(d_resid, d_resid, g, bias, work, d_resid, d_ln_out, saved_x, mean,
+                                                 rstd, gamma, stream=s)
+            return resid16
         for l in reversed(range(m.n_layer)):
             p = f"h{l}."
             k_att, k_ao, k_mlp = self.keys[l]
@@ -357,11 +391,11 @@ class GPUModel:
             self.mlp_bwd(d_ln_out, G[p + "mlp.w_1"], G[p + "mlp.w_2"], b["d_h_pre"], work, branch_grad(k_mlp),
                          b["ln2"][l], b["h_pre"][l], b["h"][l], W[p + "mlp.w_1"], W[p + "mlp.w_2"], stream=s)
             # both paths into x_mid: d_resid (the skip path's, in place) += LN2's grad_input
-            layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln2.g"], G[p + "ln2.b"], work, d_resid,
-                                             d_ln_out, b["x_mid"][l], b["ln2_mean"][l], b["ln2_rstd"][l],
-                                             P[p + "ln2.g"], stream=s)
+            fresh16 = residual_ln_bwd(G[p + "ln2.g"], G[p + "ln2.b"], b["x_mid"][l], b["ln2_mean"][l],
+                                      b["ln2_rstd"][l], P[p + "ln2.g"])
             # x_mid = x[l] + drop(W_O(attn(qkv(LN1(x[l])))))
-            self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, branch_grad(k_ao), b["y"][l], W[p + "attn.w_o"], stream=s)
+            self.out_bwd(b["d_y"], G[p + "attn.w_o"], work, branch_grad(k_ao), self.y_operand(l), W[p + "attn.w_o"],
+                         stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
                 self.flash_launchers()[1](bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
@@ -373,11 +407,15 @@ class GPUModel:
                          b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],
                          W[p + "attn.w_q"], W[p + "attn.w_k"], W[p + "attn.w_v"], stream=s)
             # both paths into x[l]: d_resid (the skip path's, in place) += LN1's grad_input
-            layernorm.residual_layernorm_bwd(d_resid, d_resid, G[p + "ln1.g"], G[p + "ln1.b"], work, d_resid,
-                                             d_ln_out, x[l], b["ln1_mean"][l], b["ln1_rstd"][l], P[p + "ln1.g"],
-                                             stream=s)
+            fresh16 = residual_ln_bwd(G[p + "ln1.g"], G[p + "ln1.b"], x[l], b["ln1_mean"][l], b["ln1_rstd"][l],
+                                      P[p + "ln1.g"])
         embed.embed_bwd(G["wte"], G["wpe"], b["embed_links"], d_resid.reshape(B, T, C), b["tokens"],
                         m.vocab_size, m.context_length, stream=s)
+
+    def y_operand(self, l: int):
+        """Layer l's attention output as attn_out's products read it: y [N, C], or with out16 its
+        bf16 copy y16 (the same bits once rounded)."""
+        return self.buf["y16"][l] if self.out16 else self.buf["y"][l]
 
     def flash_launchers(self):
         """(forward, backward) of flash attention: the pair of this model's precision or flash_version,
@@ -438,12 +476,15 @@ LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp
 # "bf16s": bf16t's ops with every weight rounded to bf16 once a forward into params16 (one pass over
 # the parameters) instead of once a product (twice a step: the forward's product and the backward's
 # dx): the same bits, one launch instead of about 120 at 120M
+# "bf16o": bf16s with the products' activation operands written in bf16 by the ops that make them
+# (OUT16's comment: flash attention v14, residual_layernorm_bwd v6): the same bits, five copies of
+# [N, C] a layer fewer
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, "bf16t": 15, "bf16s": 15,
+            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, "bf16t": 15, "bf16s": 15, "bf16o": 15,
             **{kind: None for kind in LIBRARY_PRECISION}}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17,
-               "bf16m": 18, "bf16t": 19, "bf16s": 19}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17, "bf16s": 17}   # the loss forward's, where not the linear ops'
+               "bf16m": 18, "bf16t": 19, "bf16s": 19, "bf16o": 19}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17, "bf16s": 17, "bf16o": 17}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16s", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_v13.py: v13 bf16; attn_flash_lowp.py:
 # v12 fp16, and v11, bf16's before v13);
@@ -473,7 +514,7 @@ def products_scratch(products: str, N: int, C: int, V: int) -> dict:
 
 # kinds whose products run wgmma, an instruction of Hopper GPUs only (sm_90a: compute capability 9.0)
 # -> the kind a run gets on any other GPU (the same math on mma.sync, other sums)
-WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a", "bf16t": "bf16a", "bf16s": "bf16a"}
+WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a", "bf16t": "bf16a", "bf16s": "bf16a", "bf16o": "bf16a"}
 
 
 def wgmma_runs_here() -> bool:
@@ -492,12 +533,26 @@ def products_kind(precision: str, products: str = "numba") -> str:
     kind = (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
     return WGMMA_KINDS[kind] if kind in WGMMA_KINDS and not wgmma_runs_here() else kind
 # products -> the precision of the twin that matches it (every other kind: fp32)
-COPIES_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
-SAVED16_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
-HELD_KINDS = {"bf16r", "bf16m", "bf16t", "bf16s"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
-TMA_KINDS = {"bf16t", "bf16s"}                          # ... and whose products read through TMA tensor maps (tma.TMAPS)
-SHADOW_KINDS = {"bf16s"}                                # ... and whose products read their weights from params16
-PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "bf16t": "bf16", "bf16s": "bf16", "f16w": "fp16",
+COPIES_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s", "bf16o"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
+SAVED16_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s", "bf16o"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
+HELD_KINDS = {"bf16r", "bf16m", "bf16t", "bf16s", "bf16o"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
+TMA_KINDS = {"bf16t", "bf16s", "bf16o"}                          # ... and whose products read through TMA tensor maps (tma.TMAPS)
+SHADOW_KINDS = {"bf16s", "bf16o"}                       # ... and whose products read their weights from params16
+OUT16_KINDS = {"bf16o"}                                 # ... and whose ops write the products' operands in bf16 (OUT16)
+OUT16_FLASH = 14                                        # the flash attention version that does (kernels/attn_flash_v13.py)
+
+
+def flash_version_for(products: str):
+    """The flash attention version a model of these products runs: OUT16_FLASH for OUT16_KINDS, else
+    FLASH_VERSION's for their precision (None: the engine's fp32 pair, attn_flash's module names)."""
+    return OUT16_FLASH if products in OUT16_KINDS else FLASH_VERSION.get(PRECISION.get(products, "fp32"))
+
+
+def writes_out16(products: str, m: ModelConfig) -> bool:
+    """Whether a flash-attention model of these products and shapes writes OUT16's bf16 operands:
+    products in OUT16_KINDS and an even head size (flash v14 writes channel pairs as words)."""
+    return products in OUT16_KINDS and (m.d_model // m.n_head) % 2 == 0
+PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "bf16t": "bf16", "bf16s": "bf16", "bf16o": "bf16", "f16w": "fp16",
              **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 
 

@@ -64,7 +64,7 @@ from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
-from .gpu_model import FLASH_VERSION, GPUModel, products_kind
+from .gpu_model import GPUModel, products_kind
 from .kernels import cublaslt, optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
@@ -291,7 +291,7 @@ class Trainer:
         self.log(f"launches: {self.describe_launches()}")
         self.log("precision: " + PRECISION_NOTES[t.precision].format(
             matmul=BF16_MATMUL.get(self.model.products, f"products {self.model.products}"),
-            flash=FLASH_VERSION.get(t.precision)))
+            flash=self.model.flash_version))
         if t.products == "cublas":
             self.log(f"products: cuBLASLt {cublaslt.version()} (kernels/cublaslt.py; every other op our kernels)")
         self.timings = {"setup_s": 0.0, "train_s": 0.0}

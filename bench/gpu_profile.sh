@@ -41,6 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s16b (products bf16o: flash v14 and LN bwd v6 writing the products' operands in bf16: bits against bf16s, model, steps, profile);
 #          s16a (for the next session: products bf16s against bf16t, mlp v20 against v19: models, bits, steps, profile);
 #          s15e (the engine with residual_layernorm_bwd v5: the whole models, the step x20);
 #          s15d (v18's two-blocks tile: bits, products, operand layouts; residual_layernorm v5: harness, table);
@@ -457,6 +458,21 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
+    s16b) # products bf16o (issue 11): flash attention v14 and residual_layernorm_bwd v6 write the products'
+        # activation operands in bf16: its bits against bf16s's (bench/model_bits.py) at 120M and 12M, the whole
+        # model against the twin at 12M, the step x20 (bf16o, bf16s) and the 120M step kernel by kernel
+        mkdir -p "$OUT/s16b"; d="$OUT/s16b"
+        timeout 200 $py -m andrea_numba.check --size 12M --seed 311 --compile-workers 2 --model-only --products bf16o \
+            --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
+        for size in 120M 12M; do
+          timeout 150 $py bench/model_bits.py --size $size --products bf16s bf16o --json "$d/bits_$size.json" \
+              > "$d/bits_$size.txt" 2>&1; echo "model_bits $size exit $?: $(tail -1 "$d/bits_$size.txt")"
+        done
+        wait
+        echo "model_12M.json: $(tail -1 "$d/model_12M.err")"; disagree "$d/model_12M.json"
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16o bf16s --iters 20 \
+            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        OUT=$d profile_kernels kernels_120M_bf16o 40 --size 120M --products bf16o ;;
     s16a) # for the next session (issue 11): products bf16s (bf16t with every weight rounded once a forward into
         # params16) against bf16t: the whole model at 12M and 120M, the step x20; mlp v20 (the GELU in v18's
         # epilogues) against v19 (bits and times at 120M, the step with it); the 120M step kernel by kernel

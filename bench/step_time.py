@@ -26,7 +26,7 @@ from numba import cuda
 
 from andrea_numba import cli
 from andrea_numba.config import load_config
-from andrea_numba.gpu_model import FLASH_VERSION, PRECISION, PRODUCTS, GPUModel
+from andrea_numba.gpu_model import PRODUCTS, GPUModel, flash_version_for
 from andrea_numba.kernels import attn_flash, mlp
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import init_params, n_params
@@ -239,7 +239,7 @@ def main(argv=None):
             pass
         for products in args.products:
             runs = [(False, None)] if args.attention != "flash" else []
-            own = FLASH_VERSION.get(PRECISION.get(products), engine_flash_version())
+            own = flash_version_for(products) or engine_flash_version()
             runs += [(True, v or own) for v in flash_versions] if args.attention != "plain" else []
             for flash, fv in runs:
                 fwd, bwd, loss, nbytes, graph = time_ours(m, B, T, args.iters, flash=flash, products=products,

@@ -272,9 +272,11 @@ else:
         return x0, x1
 
 
-def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
+def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
     """The three kernels of v13 for head size HS, block (WARPS, BKV) and 128-bit global loads VEC
-    (the caller checked the alignment: attn_flash_v3.aligned_rows)."""
+    (the caller checked the alignment: attn_flash_v3.aligned_rows); OUT16 (v14, HS even): the
+    forward writes y's bf16 copy besides y, the backward writes dq, dk, dv in bf16 only (pairs of
+    adjacent channels, one 32-bit word a pair: store16)."""
     HSP = padded_head(HS)          # channels of a stored row (zeros past HS)
     W = HSP // 2                   # 32-bit words of a stored row
     BQ = 16 * WARPS                # own rows of a block
@@ -345,6 +347,21 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
 
     fetch_own, put_own, EO = copier(BQ)
     fetch, put, E = copier(BKV)
+
+    @cuda.jit(device=True)
+    def store16(out, b, t, c0, acc, hh, tq, f, divide):
+        """v14's bf16 stores: out [B, T, C / 2] int32 (a uint16 [B, T, C] buffer seen as words) gets
+        acc[hh, :] / f (divide) or * f, the very fp32 values v13 stores, rounded to bf16 (ties to
+        even, as the products' copy kernel rounds them), accumulators jj and jj + 1 (adjacent
+        channels d, d + 1: col) packed in one word."""
+        for jj in range(0, SH, 2):
+            d = col(jj, tq)
+            if d < HS:
+                if divide:
+                    x0, x1 = acc[hh, jj] / f, acc[hh, jj + 1] / f
+                else:
+                    x0, x1 = acc[hh, jj] * f, acc[hh, jj + 1] * f
+                out[b, t, (c0 + d) // 2] = bf16x2(x0, x1)
 
     @cuda.jit(device=True)
     def zero(acc):
@@ -435,13 +452,14 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
                         af[kc, 0], af[kc, 1], af[kc, 2], af[kc, 3], x2, x3,
                         acc[0, j + 2], acc[0, j + 3], acc[1, j + 2], acc[1, j + 3])
 
-    def k_attn_flash_fwd(y, lse, q, k, v, scale, dropout_key, threshold, dscale):
+    def k_attn_flash_fwd(y, y16, lse, q, k, v, scale, dropout_key, threshold, dscale):
         """Block (b*H + h, query tile of BQ rows, the last tile first); warp w owns rows 16 w ...
         Online softmax over the key tiles 0 .. the tile's last query, in base 2 (v11's): per tile
             s = scale q k^T            (mma_ss; u > t: -inf)        m_new = ceil(max(m, max_u s))
             alpha = 2^(m - m_new)      l *= alpha, o *= alpha
             p~ = 2^(s - m_new)         l += p~ (before dropout)     o += (p~ f) @ v   (mma_rs)
-        and at the end y = o / l, lse = ln 2 (m + log2 l)."""
+        and at the end y = o / l, lse = ln 2 (m + log2 l); with OUT16 also y16 = bf16(y) (v14; v13
+        passes y as y16 and never writes it)."""
         key = key_value(dropout_key)
         sq = cuda.shared.array(OWN_WORDS, int32, alignment=16)     # the block's q rows, bf16
         sk = cuda.shared.array(INNER_WORDS, int32, alignment=16)   # K tiles, two buffers
@@ -546,6 +564,8 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
                     d = col(jj, tq)
                     if d < HS:
                         y[b, t, c0 + d] = o[hh, jj] / lt
+                if OUT16:                                  # y's bf16 copy (v14), the same quotients
+                    store16(y16, b, t, c0, o, hh, tq, lt, True)
                 if tq == 0:                                # lse = ln 2 (m + log2 l), in natural units
                     lse[b, h, t] = (m[hh] + math.log2(lt)) * float32(LN2)
 
@@ -661,10 +681,13 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
         for hh in range(2):
             t = row0 + 8 * hh + g
             if t < T:
-                for jj in range(SH):
-                    d = col(jj, tq)
-                    if d < HS:
-                        dq[b, t, c0 + d] = acc[hh, jj] * scale
+                if OUT16:                                  # v14: dq in bf16 only (dq: its words)
+                    store16(dq, b, t, c0, acc, hh, tq, scale, False)
+                else:
+                    for jj in range(SH):
+                        d = col(jj, tq)
+                        if d < HS:
+                            dq[b, t, c0 + d] = acc[hh, jj] * scale
 
     @cuda.jit(device=True)
     def fetch_rows(regs, a, b, h, t0, T):
@@ -793,11 +816,15 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
         for hh in range(2):
             u = row0 + 8 * hh + g
             if u < T:
-                for jj in range(SH):
-                    d = col(jj, tq)
-                    if d < HS:
-                        dv[b, u, c0 + d] = vacc[hh, jj]
-                        dk[b, u, c0 + d] = kacc[hh, jj] * scale
+                if OUT16:                                  # v14: dk, dv in bf16 only (their words)
+                    store16(dv, b, u, c0, vacc, hh, tq, float32(1.0), False)
+                    store16(dk, b, u, c0, kacc, hh, tq, scale, False)
+                else:
+                    for jj in range(SH):
+                        d = col(jj, tq)
+                        if d < HS:
+                            dv[b, u, c0 + d] = vacc[hh, jj]
+                            dk[b, u, c0 + d] = kacc[hh, jj] * scale
 
     # Blocks of 8 warps ask ptxas for two resident blocks a multiprocessor (launch bounds (256, 2):
     # at most 128 registers a thread, 16 warps); left to itself ptxas gives them up to 172 registers,
@@ -805,17 +832,18 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool):
     # (a bound of threads alone moves ptxas's own choice: the dq kernel at (4, 32) then spilled).
     # (The simulator's jit takes no launch bounds.)
     def jit(f):
-        f.__name__ = f.__qualname__ = f"{f.__name__}_v13"
+        f.__name__ = f.__qualname__ = f"{f.__name__}_v{14 if OUT16 else 13}"
         return cuda.jit(launch_bounds=(NT, 2))(f) if WARPS == 8 and not SIMULATOR else cuda.jit(f)
     return tuple(jit(f) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 
-_KERNELS = {}       # (hs, WARPS, BKV, vec) -> the three kernels of v13
+_KERNELS = {}       # (hs, WARPS, BKV, vec, out16) -> the three kernels of v13 (out16: v14)
 
 
-def kernels(hs, block, vec, which):
+def kernels(hs, block, vec, which, out16=False):
     """The kernels of head size hs and block (WARPS, BKV), after checking that `which` ("fwd",
-    or "bwd": the dq and dk/dv kernels) fits: BKV a multiple of 16, shared memory within 48 KiB."""
+    or "bwd": the dq and dk/dv kernels) fits: BKV a multiple of 16, shared memory within 48 KiB;
+    out16: v14's (bf16 outputs)."""
     warps, bkv = block
     if bkv % 16 or warps < 1:
         raise BlockDoesNotFit(f"flash attention v13: block {block}: inner tiles of a multiple of 16 rows")
@@ -824,9 +852,9 @@ def kernels(hs, block, vec, which):
         if need > SHARED_LIMIT:
             raise BlockDoesNotFit(f"flash attention v13: head size {hs} needs {need} bytes of shared memory in "
                                   f"its {name} kernel with block {block}, more than {SHARED_LIMIT}")
-    key = (hs, warps, bkv, vec)
+    key = (hs, warps, bkv, vec, out16)
     if key not in _KERNELS:
-        _KERNELS[key] = make_kernels(hs, warps, bkv, vec)      # numba compiles each on its first launch
+        _KERNELS[key] = make_kernels(hs, warps, bkv, vec, out16)    # numba compiles each on its first launch
     return _KERNELS[key]
 
 
@@ -840,7 +868,7 @@ def attn_flash_fwd_v13(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *,
     fwd = kernels(hs, block, aligned_rows(hs, q, k, v), "fwd")[0]
     scale = 1.0 / math.sqrt(hs) * (1.0 / math.log(2.0))          # v11's: the scores in base 2
     fwd[(B * n_head, cdiv(T, 16 * warps)), WARP * warps, stream](
-        y, lse, q, k, v, np.float32(scale), *mask_args(dropout_p, dropout_key))
+        y, y, lse, q, k, v, np.float32(scale), *mask_args(dropout_p, dropout_key))      # (y as y16: unused)
 
 
 @blocks(**FLASH_V13_BWD_BLOCKS)
@@ -861,3 +889,56 @@ def attn_flash_bwd_v13(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropou
 
 attn_flash_fwd_v13.precision = "bf16"     # the harness checks it against the twin under products_in("bf16")
 attn_flash_bwd_v13.precision = "bf16"
+
+
+# v14: v13 with its outputs in bf16 where only bf16 products read them. In the engine (products
+# "bf16o") y is read by attn_out's two products (y @ W_O, y^T @ dout) and by the backward's D = dy . y;
+# dq, dk, dv only by attn_qkv's six products. v13 writes them in fp32 and each product's operand copy
+# (cublaslt.round_into) reads them back to round them: five passes of [N, C] a layer. v14's forward
+# writes y and, from the same fp32 quotients, y16 = bf16(y); its backward writes dq, dk, dv straight
+# as bf16, each value the fp32 number v13 would have stored, rounded as the copy would round it
+# (ties to even): the products see the same bits, and the five copies and 3 N C fp32 stores go.
+# Without y16 and with float32 dq, dk, dv (the harness's call) v14 is v13.
+def _words(a):
+    """A uint16 [B, T, C] array (C even) as int32 [B, T, C / 2]: the words store16 writes."""
+    B, T, C = a.shape
+    assert a.dtype == np.uint16 and C % 2 == 0, "bf16 outputs: uint16 [B, T, C] arrays, C even"
+    return a.reshape(B * T * C).view(np.int32).reshape(B, T, C // 2)
+
+
+@blocks(**FLASH_V13_FWD_BLOCKS)
+def attn_flash_fwd_v14(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, y16=None, block, stream=0):
+    """v13's forward; with y16 (uint16 [B, T, C], head size even) also y rounded to bf16 into y16."""
+    if y16 is None:
+        attn_flash_fwd_v13(y, lse, q, k, v, n_head, dropout_p, dropout_key, block=block, stream=stream)
+        return
+    B, T, C, hs = _check(q, n_head)
+    assert hs % 2 == 0, "flash attention v14's bf16 y: an even head size"
+    warps = block[0]
+    fwd = kernels(hs, block, aligned_rows(hs, q, k, v), "fwd", out16=True)[0]
+    scale = 1.0 / math.sqrt(hs) * (1.0 / math.log(2.0))
+    fwd[(B * n_head, cdiv(T, 16 * warps)), WARP * warps, stream](
+        y, _words(y16), lse, q, k, v, np.float32(scale), *mask_args(dropout_p, dropout_key))
+
+
+@blocks(**FLASH_V13_BWD_BLOCKS)
+def attn_flash_bwd_v14(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+                       block, stream=0):
+    """v13's backward; with dq, dk, dv uint16 [B, T, C] (head size even) they receive bf16 (v13's
+    values rounded, ties to even) instead of fp32."""
+    if dq.dtype != np.uint16:
+        attn_flash_bwd_v13(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key,
+                           block=block, stream=stream)
+        return
+    B, T, C, hs = _check(q, n_head)
+    assert hs % 2 == 0, "flash attention v14's bf16 dq, dk, dv: an even head size"
+    warps = block[0]
+    _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy, y), "bwd", out16=True)
+    scale = np.float32(1.0 / math.sqrt(hs))
+    drop = mask_args(dropout_p, dropout_key)
+    grid = (B * n_head, cdiv(T, 16 * warps))
+    dq_kernel[grid, WARP * warps, stream](_words(dq), d_rowdot, dy, q, k, v, y, lse, scale, *drop)
+    dkdv_kernel[grid, WARP * warps, stream](_words(dk), _words(dv), dy, q, k, v, lse, d_rowdot, scale, *drop)
+
+
+attn_flash_fwd_v14.precision = attn_flash_bwd_v14.precision = "bf16"

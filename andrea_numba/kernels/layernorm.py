@@ -27,7 +27,8 @@ Versions of layernorm_bwd (the forward's v1 and v2 are its dx kernel's shapes, w
 Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with the params of v2;
     v2 with the two-stage params of layernorm_bwd v4; v3, v2's bits with the row in registers and
     stage 2's loads ahead of its adds; v4, v2's dx kernel with v3's stage 2; v5 (the engine's), v4's dx
-    with stage 1 of the params fused into its kernel (a partial sum per row block).
+    with stage 1 of the params fused into its kernel (a partial sum per row block); v6, v5 writing
+    dx's bf16 copy too where given a uint16 d16 (what the bf16 products read next).
     residual_layernorm_fwd v2: v1's bits with the row in registers. On the H200 the register rows
     were no faster (forward) and slower (backward) than v1's re-reads, which the L2 serves; v3's
     stage 2 took half of v1's time (docs/kernels-h200.md, seventh session).
@@ -767,15 +768,11 @@ def residual_layernorm_fwd_v3(resid, out, mean, rstd, x, f, g, b, eps, *, block,
 V5_WINDOW = max(tpr * rw * rw for tpr, rw in ROW_BLOCKS["sim" if SIMULATOR else "gpu"])   # RW x W floats
 
 
-@cuda.jit
-def k_residual_layernorm_bwd_v5(dx, df, part, dresid, dout, x, mean, rstd, g, write_df):
-    """k_residual_layernorm_bwd_v1 (dx, and df when write_df; dx may be dresid itself) and the
-    block's partial parameter sums part[0, blockIdx.x, c] (dout * xhat) and part[1, blockIdx.x, c]
-    (dout) over its RW rows, by windows of W = TPR * RW channels (the comment above). Lane tx of
-    row ty takes channel c = tx + j TPR at step j, as v1; a window is RW steps (the last may be
-    shorter), its slot s = j mod RW. The steps are the same for every lane (cdiv(C, TPR)): the
-    barriers meet. Indices through nonneg: a loop of windows around a loop of channels held 72
-    registers a thread (v1: 40), this one 32 (ptxas, sm_90)."""
+@cuda.jit(device=True)
+def residual_layernorm_bwd_rows(dx, df, part, d16, dresid, dout, x, mean, rstd, g, write_df, write_d16):
+    """The body of k_residual_layernorm_bwd_v5 (its docstring) and _v6: the same statements, and
+    when write_d16 (a constant of each kernel) the bf16 bits of each dx value into d16 as it is
+    written. v5 passes False (and dx for d16): the store compiles away, v5's PTX is what it was."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     pg = cuda.shared.array(V5_WINDOW, float32)       # [RW, W]: dout * xhat of the window, a row a line
     pb = cuda.shared.array(V5_WINDOW, float32)       # [RW, W]: dout
@@ -800,6 +797,8 @@ def k_residual_layernorm_bwd_v5(dx, df, part, dresid, dout, x, mean, rstd, g, wr
             dx[row, c] = v
             if write_df:
                 df[row, c] = v
+            if write_d16:
+                d16[row, c] = bf16x2(v, float32(0.0)) & 0xFFFF   # the low half: bf16(v), ties to even
             pg[nonneg(ty * W + s * tpr + tx)] = d * xhat
             pb[nonneg(ty * W + s * tpr + tx)] = d
         s += 1
@@ -817,6 +816,18 @@ def k_residual_layernorm_bwd_v5(dx, df, part, dresid, dout, x, mean, rstd, g, wr
             cuda.syncthreads()                       # the sums read: the buffers are free
             c0 += W
             s = 0
+
+
+@cuda.jit
+def k_residual_layernorm_bwd_v5(dx, df, part, dresid, dout, x, mean, rstd, g, write_df):
+    """k_residual_layernorm_bwd_v1 (dx, and df when write_df; dx may be dresid itself) and the
+    block's partial parameter sums part[0, blockIdx.x, c] (dout * xhat) and part[1, blockIdx.x, c]
+    (dout) over its RW rows, by windows of W = TPR * RW channels (the comment above). Lane tx of
+    row ty takes channel c = tx + j TPR at step j, as v1; a window is RW steps (the last may be
+    shorter), its slot s = j mod RW. The steps are the same for every lane (cdiv(C, TPR)): the
+    barriers meet. Indices through nonneg: a loop of windows around a loop of channels held 72
+    registers a thread (v1: 40), this one 32 (ptxas, sm_90)."""
+    residual_layernorm_bwd_rows(dx, df, part, dx, dresid, dout, x, mean, rstd, g, write_df, False)
 
 
 @cuda.jit
@@ -863,17 +874,70 @@ def residual_layernorm_bwd_v5(dx, df, dg, db, work, dresid, dout, resid, mean, r
     """v4's dx and df, bit for bit (k_residual_layernorm_bwd_v5, cdiv(N, RW) blocks of (TPR, RW)
     threads, also writing each block's partial sums), then dg, db += the partials' sums
     (k_layernorm_bwd_params_sum_v3). work: float32 [n] scratch, 2 cdiv(N, RW) C floats (else v4)."""
-    N, C = resid.shape
-    tpr, rw = block
-    R = cdiv(N, rw)
-    if work.shape[0] < 2 * R * C or tpr * rw * rw > V5_WINDOW:
-        # no room for a partial sum per row block (or the window buffers are too small for this
-        # block): v4's kernels, whose two-stage params need only 2 C floats of work
+    part = fused_partials(work, resid.shape, block)
+    if part is None:
         return residual_layernorm_bwd_v4(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, block=block,
                                          stream=stream)
-    part = work[:2 * R * C].reshape(2, R, C)
-    k_residual_layernorm_bwd_v5[R, (tpr, rw), stream](dx, df, part, dresid, dout, resid, mean, rstd, g, df is not dx)
-    k_layernorm_bwd_params_sum_v3[(cdiv(C, PARAM_CX), 2), (PARAM_CX, PARAM_RY), stream](dg, db, part)
+    k_residual_layernorm_bwd_v5[part.shape[1], block, stream](dx, df, part, dresid, dout, resid, mean, rstd, g,
+                                                              df is not dx)
+    sum_partials(dg, db, part, stream)
+
+
+def fused_partials(work, shape, block):
+    """part [2, R, C] (R = cdiv(N, RW)) at the front of work for the fused kernels (v5, v6), or None
+    where work has no room for a partial sum per row block or the window buffers are too small for
+    this block: then v4's kernels run, whose two-stage params need only 2 C floats of work."""
+    (N, C), (tpr, rw) = shape, block
+    R = cdiv(N, rw)
+    if work.shape[0] < 2 * R * C or tpr * rw * rw > V5_WINDOW:
+        return None
+    return work[:2 * R * C].reshape(2, R, C)
+
+
+def sum_partials(dg, db, part, stream):
+    """Stage 2 of v5 and v6: dg, db += the sums of the R partials (k_layernorm_bwd_params_sum_v3)."""
+    k_layernorm_bwd_params_sum_v3[(cdiv(part.shape[2], PARAM_CX), 2), (PARAM_CX, PARAM_RY), stream](dg, db, part)
+
+
+# ---------------------------------------------------------------------------------------------
+# residual_layernorm_bwd v6: v5 writing dx's bf16 copy too. In the engine dx is the residual
+# stream's gradient d_resid, which two bf16 products read next (the block below's attn_out or MLP
+# backward: dW = a^T @ d_resid and da = d_resid @ W^T); with bf16 products their operand copy
+# (cublaslt.round_into: k_round_bf16_v2) reads it back and rounds it, a pass of [N, C] fp32 in and
+# bf16 out. v6 takes an optional d16 (uint16 [N, C]) and stores bf16(dx) there as it stores dx: one
+# cvt.rn.bf16x2.f32 (ties to even, as the copy rounds; ptx.bf16x2, its low half) and a 16-bit store
+# a value, consecutive lanes on consecutive channels (a warp's 64 bytes of a row: coalesced). The
+# same statements as v5 otherwise (residual_layernorm_bwd_rows): dx, df, dg, db are v5's bits.
+# The store is chosen when the kernel is compiled: k_residual_layernorm_bwd_v6 always writes d16,
+# and without d16 the launcher runs v5, whose kernel is the same statements with the store compiled
+# out. (A kernel argument switching it held 36 registers a thread, this kernel 32 as v5: ptxas,
+# sm_90; at 36, 6 blocks of 256 threads an SM instead of 8.) With no room in work for the partials
+# (v5 then runs v4's kernels) it takes no d16.
+
+@cuda.jit
+def k_residual_layernorm_bwd_v6(dx, df, part, d16, dresid, dout, x, mean, rstd, g, write_df):
+    """k_residual_layernorm_bwd_v5 (its math: xhat = (x - mean) rstd, dxhat = dout g,
+        dx = dresid + rstd (dxhat - mean_c(dxhat) - xhat mean_c(dxhat xhat)),
+    df = dx when write_df, part[0, blk, c] = sum over the block's rows of dout xhat and part[1, blk, c]
+    of dout), and d16[row, c] = the bf16 bit pattern of dx[row, c], rounded to nearest, ties to even
+    (cvt.rn.bf16x2.f32: what the products' copy kernel k_round_bf16_v2 gives for every value but
+    NaN), stored as each dx value is."""
+    residual_layernorm_bwd_rows(dx, df, part, d16, dresid, dout, x, mean, rstd, g, write_df, True)
+
+
+@blocks(**ROW_BLOCKS)
+def residual_layernorm_bwd_v6(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, d16=None, block, stream=0):
+    """v5 (dx, df, dg, db: its bits); d16: None (then v5 itself runs), or uint16 [N, C] receiving
+    bf16(dx) (ties to even) from k_residual_layernorm_bwd_v6. d16 needs v5's room in work: 2 cdiv(N, RW) C."""
+    if d16 is None:
+        return residual_layernorm_bwd_v5(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, block=block,
+                                         stream=stream)
+    part = fused_partials(work, resid.shape, block)
+    assert part is not None, "residual_layernorm_bwd_v6 writes d16 only with work for its partials (2 cdiv(N, RW) C)"
+    assert d16.dtype == np.uint16 and d16.shape == resid.shape, "d16: uint16 [N, C]"
+    k_residual_layernorm_bwd_v6[part.shape[1], block, stream](dx, df, part, d16, dresid, dout, resid, mean, rstd, g,
+                                                              df is not dx)
+    sum_partials(dg, db, part, stream)
 
 
 VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
@@ -881,7 +945,7 @@ VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
             "residual_layernorm_fwd": {1: residual_layernorm_fwd_v1, 2: residual_layernorm_fwd_v2, 3: residual_layernorm_fwd_v3},
             "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1, 2: residual_layernorm_bwd_v2,
                                        3: residual_layernorm_bwd_v3, 4: residual_layernorm_bwd_v4,
-                                       5: residual_layernorm_bwd_v5}}
+                                       5: residual_layernorm_bwd_v5, 6: residual_layernorm_bwd_v6}}
 # what the engine uses
 residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v5
 layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v4
