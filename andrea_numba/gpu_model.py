@@ -162,8 +162,10 @@ class GPUModel:
     through the transpose bits); "bf16t" the same on
     matmul v18 (attn_qkv, attn_out v15, mlp v19, loss_fwd v17, loss_bwd v15: v17's products with
     TMA copies from a producer warp, mbarriers and persistent blocks; the softmax with its row in
-    registers); "bf16s" (the engine's --precision bf16 on a Hopper) bf16t reading every weight from
-    params16, a bf16 copy of the parameters rounded once a forward. "cublas", "cublas-bf16",
+    registers); "bf16s" bf16t reading every weight from params16, a bf16 copy of the parameters
+    rounded once a forward; "bf16o" (the engine's --precision bf16 on a Hopper) bf16s with the
+    products' activation operands written in bf16 by the ops that make them (OUT16: flash attention
+    v14, residual_layernorm_bwd v6). "cublas", "cublas-bf16",
     "cublas-fp16" run every product of the linear ops through cuBLASLt in fp32, bf16 or fp16
     (kernels/cublaslt.py: the library route, on a GPU with nvmath-python). With bf16 or fp16
     products flash attention runs with products at that precision too (v13, v12: FLASH_VERSION), as
@@ -485,7 +487,7 @@ PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "t
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17,
                "bf16m": 18, "bf16t": 19, "bf16s": 19, "bf16o": 19}
 LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17, "bf16s": 17, "bf16o": 17}   # the loss forward's, where not the linear ops'
-PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16s", "fp16": "f16w"}   # train.precision -> the engine's products
+PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16o", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_v13.py: v13 bf16; attn_flash_lowp.py:
 # v12 fp16, and v11, bf16's before v13);
 # the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)

@@ -814,7 +814,8 @@ def format_eta(seconds: float) -> str:
 
 # train.precision: what the log says of it (gpu_model.PRODUCTS_FOR: the products it runs)
 # what runs the bf16 products, by products kind (gpu_model.products_kind: bf16a where wgmma cannot run)
-BF16_MATMUL = {"bf16s": "matmul v18 (Hopper's wgmma, fed by TMA; weights rounded once a forward)",
+BF16_MATMUL = {"bf16o": "matmul v18 (Hopper's wgmma, fed by TMA; weights rounded once a forward, operands written in bf16 by the ops that make them)",
+               "bf16s": "matmul v18 (Hopper's wgmma, fed by TMA; weights rounded once a forward)",
                "bf16t": "matmul v18 (Hopper's wgmma, fed by TMA)", "bf16m": "matmul v17 (Hopper's wgmma)",
                "bf16a": "matmul v13 (mma.sync)"}
 PRECISION_NOTES = {

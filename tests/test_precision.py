@@ -126,7 +126,7 @@ def test_a_config_without_precision_trains_in_fp32_and_bf16_picks_the_bf16_versi
     trainer = tr.Trainer(cfg, tmp_path / "run", log=lambda s: None, graph=False)
     trainer.setup()
     model = trainer.model
-    assert model.products == "bf16s" and model.precision == "bf16"
+    assert model.products == "bf16o" and model.precision == "bf16"
     assert all(getattr(f, "precision", None) == "bf16" for f in (model.qkv_fwd, model.qkv_bwd, model.out_fwd,
                                                                  model.out_bwd, model.mlp_fwd, model.mlp_bwd,
                                                                  model.loss_fwd, model.loss_bwd, *model.flash_pair))

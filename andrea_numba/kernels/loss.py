@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 from numba import cuda, float32
+from numba.cuda import libdevice
 
 from .common import MAX_BLOCK, SIMULATOR, address, block_max, block_sum, blocks, wide_rows
 from .cublaslt import COPIES, operand_elements
@@ -384,6 +385,26 @@ def loss_fwd_v14(loss, losses, probs, x, wte, targets, *, block, stream=0):
     _fwd_two_pass("bf16r", loss, losses, probs, x, wte, targets, block, stream)
 
 
+@cuda.jit(device=True, inline="always")
+def dlogits4(d_words, row, j, target, scale, p0, p1, p2, p3):
+    """dlogits[row, j .. j + 3] from the probabilities p0 .. p3 there: 1 taken off at the target,
+    times scale, rounded to bf16 and stored as two words of pairs (d_words: int32 [N, V/2])."""
+    p0 -= float32(1.0) if j == target else float32(0.0)
+    p1 -= float32(1.0) if j + 1 == target else float32(0.0)
+    p2 -= float32(1.0) if j + 2 == target else float32(0.0)
+    p3 -= float32(1.0) if j + 3 == target else float32(0.0)
+    d_words[row, j // 2] = bf16x2(p0 * scale, p1 * scale)
+    d_words[row, j // 2 + 1] = bf16x2(p2 * scale, p3 * scale)
+
+
+@cuda.jit(device=True, inline="always")
+def dlogit1(d16, row, v, target, scale, p):
+    """dlogits[row, v] from its probability p, as bf16 bits into d16 (uint16 [N, V])."""
+    if v == target:
+        p -= float32(1.0)
+    d16[row, v] = bf16x2(p * scale, float32(0.0)) & 0xFFFF
+
+
 @cuda.jit
 def k_loss_bwd_v2(d16, d_words, probs, targets, scale, wide):
     """dlogits[n, v] = (probs[n, v] - (v == targets[n])) * scale written as bf16 bits into d16 [N, V]
@@ -396,21 +417,15 @@ def k_loss_bwd_v2(d16, d_words, probs, targets, scale, wide):
     if wide:
         for j in range(4 * tid, V, 4 * nt):
             p0, p1, p2, p3 = load4_row(probs, row, j)
-            p0 -= float32(1.0) if j == target else float32(0.0)
-            p1 -= float32(1.0) if j + 1 == target else float32(0.0)
-            p2 -= float32(1.0) if j + 2 == target else float32(0.0)
-            p3 -= float32(1.0) if j + 3 == target else float32(0.0)
-            d_words[row, j // 2] = bf16x2(p0 * scale, p1 * scale)
-            d_words[row, j // 2 + 1] = bf16x2(p2 * scale, p3 * scale)
+            dlogits4(d_words, row, j, target, scale, p0, p1, p2, p3)
     else:
         for v in range(tid, V, nt):
-            p = probs[row, v]
-            if v == target:
-                p -= float32(1.0)
-            d16[row, v] = bf16x2(p * scale, float32(0.0)) & 0xFFFF
+            dlogit1(d16, row, v, target, scale, probs[row, v])
 
 
-def _bwd_bf16(kind, dx, dwte, work, dloss, x, wte, probs, targets, block, stream):
+def _bwd_bf16(kind, dx, dwte, work, dloss, x, wte, probs, targets, block, stream, stats=None):
+    """stats None: dlogits from the softmax in probs (k_loss_bwd_v2); else from the logits in probs
+    and each row's (M, se) in stats [2, N] (k_loss_bwd_v3, loss_bwd v16)."""
     N, V = probs.shape
     C = x.shape[1]
     scale = np.float32(float(dloss) / N)
@@ -418,7 +433,10 @@ def _bwd_bf16(kind, dx, dwte, work, dloss, x, wte, probs, targets, block, stream
     d16 = COPIES.first(N, V)                                     # the first operand's slot
     wide = wide_rows(probs) and address(d16) % 8 == 0          # (the scratch starts 256-byte aligned)
     d_words = d16.reshape(N * V).view(np.int32).reshape(N, V // 2) if wide else d16   # (unused when not wide)
-    k_loss_bwd_v2[N, block, stream](d16, d_words, probs, targets, scale, wide)
+    if stats is None:
+        k_loss_bwd_v2[N, block, stream](d16, d_words, probs, targets, scale, wide)
+    else:
+        k_loss_bwd_v3[N, block, stream](d16, d_words, probs, stats, targets, scale, wide)
     mm = WARP_MATMUL[kind]
     mm(dx, None, d16, wte, stream=stream)                                       # dx = dlogits @ wte
     mm(dwte, work, d16, x, trans_a=True, accumulate=True, stream=stream)        # dwte += dlogits^T @ x
@@ -469,20 +487,35 @@ def loss_bwd_v15(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, bloc
 #     probs = e / se (written in place, float4)        loss = log(se) + M - x[target]
 # 3.3 GB moved instead of 5. Another order of the sum than v2's (v2: an online sum of exp(x - m)
 # rescaled to M): other bits, the same at every run.
+@cuda.jit(device=True, inline="always")
+def _add(a, b):
+    """a + b: NVVM may fuse it with the product that made b into one fma (it does where b has no
+    other use)."""
+    return a + b
+
+
+if SIMULATOR:
+    _add_rn = _add
+else:
+    @cuda.jit(device=True, inline="always")
+    def _add_rn(a, b):
+        """a + b, b rounded first: add.rn.f32, which neither NVVM nor ptxas fuses with the product
+        that made b (the PTX ISA: an add with an explicit rounding modifier is left as it is)."""
+        return libdevice.fadd_rn(a, b)
+
+
 @functools.cache
-def loss_fwd_rows(V: int, T: int):
-    """The k_loss_fwd_v3 kernel for rows of V logits on T threads (V % 4 == 0, rows 16-byte aligned)."""
+def _row_softmax(V: int, T: int, add=_add):
+    """The part of k_loss_fwd_v3 that k_loss_fwd_v4 shares, for rows of V logits on T threads: (NX,
+    row_sums), NX the values a thread holds; row_sums(buf, xs, probs, row, tid) -> (M, se) loads
+    thread tid's values of the row into xs [NX] (local), takes M (block_max), turns xs into
+    e = exp(x - M) and sums them with `add` (each thread's NX in order, then block_sum's tree)."""
     NQ = (V + 4 * T - 1) // (4 * T)
     NX = 4 * NQ                                      # a constant: Numba sizes local arrays at compile time
     NEG = float32(-math.inf)
 
-    def k_loss_fwd_v3(losses, probs, targets):
-        """probs [N, V]: the logits on entry, the softmax on exit; losses[row] = log(sum exp) - logit
-        of the target. One block of T threads a row, the row in registers (comment above)."""
-        buf = cuda.shared.array(MAX_BLOCK, float32)
-        row, tid = cuda.blockIdx.x, cuda.threadIdx.x
-        xs = cuda.local.array(NX, float32)
-        picked = probs[row, targets[row]]            # read before the barrier after which rows are written
+    @cuda.jit(device=True, inline="always")
+    def row_sums(buf, xs, probs, row, tid):
         m = NEG
         for q in range(NQ):
             j = 4 * (tid + q * T)
@@ -496,8 +529,33 @@ def loss_fwd_rows(V: int, T: int):
         for i in range(NX):
             e = math.exp(xs[i] - M)                 # exp(-inf) = 0 past the row's end
             xs[i] = e
-            s += e
-        se = block_sum(buf, s)
+            s = add(s, e)
+        return M, block_sum(buf, s)
+
+    return NX, row_sums
+
+
+def _row_kernel(kernel, T: int):
+    """kernel compiled for blocks of T threads: .maxntid T on a GPU, where ptxas keeps to the
+    registers one block of T threads may have (128 at T = 512; the 100 values of a 120M row and the
+    rest fit without spilling, sm_90)."""
+    return cuda.jit(kernel) if SIMULATOR else cuda.jit(kernel, launch_bounds=(T, 1))
+
+
+@functools.cache
+def loss_fwd_rows(V: int, T: int):
+    """The k_loss_fwd_v3 kernel for rows of V logits on T threads (V % 4 == 0, rows 16-byte aligned)."""
+    NQ = (V + 4 * T - 1) // (4 * T)
+    NX, row_sums = _row_softmax(V, T)
+
+    def k_loss_fwd_v3(losses, probs, targets):
+        """probs [N, V]: the logits on entry, the softmax on exit; losses[row] = log(sum exp) - logit
+        of the target. One block of T threads a row, the row in registers (comment above)."""
+        buf = cuda.shared.array(MAX_BLOCK, float32)
+        row, tid = cuda.blockIdx.x, cuda.threadIdx.x
+        xs = cuda.local.array(NX, float32)
+        picked = probs[row, targets[row]]            # read before the barrier after which rows are written
+        M, se = row_sums(buf, xs, probs, row, tid)
         for q in range(NQ):
             j = 4 * (tid + q * T)
             if j < V:
@@ -505,9 +563,7 @@ def loss_fwd_rows(V: int, T: int):
         if tid == 0:
             losses[row] = (math.log(se) + M) - picked
 
-    # .maxntid T: ptxas keeps to the registers one block of T threads may have (128 at T = 512; the
-    # 100 values of a 120M row and the rest fit without spilling, sm_90)
-    return cuda.jit(k_loss_fwd_v3) if SIMULATOR else cuda.jit(k_loss_fwd_v3, launch_bounds=(T, 1))
+    return _row_kernel(k_loss_fwd_v3, T)
 
 
 # v17 forward: v16 (the logits from matmul v18) with the softmax in one read of the logits
@@ -528,12 +584,106 @@ def loss_fwd_v17(loss, losses, probs, x, wte, targets, *, block, stream=0):
 loss_fwd_v17.precision = "bf16"
 
 
+# v18 forward, v16 backward (bf16): the fp32 softmax is never written. v17's k_loss_fwd_v3 reads the
+# logits once and writes probs = e / se over them, which v15's k_loss_bwd_v2 reads back for dlogits:
+# at 120M (N = 8192 rows, V = 50304) 1.65 GB written and 1.65 GB read again, 0.89 + 0.59 ms on the
+# H200, both at memory bandwidth. Here the forward keeps the logits in probs and saves two numbers a
+# row in stats [2, N] (k_loss_fwd_v4):
+#     M = max_v x[v]            se = sum_v exp(x[v] - M)            losses[row] = log(se) + M - x[target]
+# and the backward (k_loss_bwd_v3) computes, as it reads the logits,
+#     p = exp(x - M) / se       dlogits = (p - onehot(target)) * dloss / N, in bf16 as k_loss_bwd_v2
+# M and se are v3's own: the same register-held row and order of the sum (_row_softmax, which v3 is
+# built from too); p takes the fp32 operations v3 stores (math.exp, then a division; no fastmath) on
+# the same values, so it is the value v3 would have written, and losses, loss, the bf16 dlogits, dx
+# and dwte are bit for bit v17 + v15's (the packing is v2's: dlogits4, dlogit1; the same products).
+# Saved: one 1.65 GB write a step at 120M (stats: 2 x 4 bytes a row, 64 KB); the backward does the
+# exp and the division a logit that v3 did. After the forward probs holds the logits, not the
+# softmax: a caller that reads probabilities back computes exp(x - M) / se itself.
+# Without stats both launchers are v17 / v15 (how the harness calls them). Where probs' rows are not
+# whole 16-byte chunks (wide_rows false: V % 4 != 0, or unaligned) both fall back to v17 / v15 as
+# well, stats neither written nor read: each decides from probs alone, so the pair always agrees.
+@functools.cache
+def loss_stats_rows(V: int, T: int):
+    """The k_loss_fwd_v4 kernel for rows of V logits on T threads (V % 4 == 0, rows 16-byte aligned).
+    Its sum adds each e with _add_rn: v3 keeps e for its division, so e is rounded before it is
+    added (mul.f32, add.f32); here e has no other use and NVVM would fuse the two into an fma, which
+    rounds once (other bits where e is subnormal)."""
+    NX, row_sums = _row_softmax(V, T, _add_rn)
+
+    def k_loss_fwd_v4(losses, stats, probs, targets):
+        """k_loss_fwd_v3 with probs left as it is (the logits): stats[0, row] = M, the row's maximum,
+        stats[1, row] = se = sum exp(x - M), and losses[row] = log(se) + M - the target's logit."""
+        buf = cuda.shared.array(MAX_BLOCK, float32)
+        row, tid = cuda.blockIdx.x, cuda.threadIdx.x
+        xs = cuda.local.array(NX, float32)
+        M, se = row_sums(buf, xs, probs, row, tid)
+        if tid == 0:
+            losses[row] = (math.log(se) + M) - probs[row, targets[row]]
+            stats[0, row] = M
+            stats[1, row] = se
+
+    return _row_kernel(k_loss_fwd_v4, T)
+
+
+@cuda.jit
+def k_loss_bwd_v3(d16, d_words, logits, stats, targets, scale, wide):
+    """k_loss_bwd_v2 from the logits: p = exp(x - M) / se with (M, se) = stats[:, row] (k_loss_fwd_v4),
+    the value k_loss_fwd_v3 would have stored; then dlogits = (p - onehot) * scale in bf16 as v2."""
+    row = cuda.blockIdx.x
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    target = targets[row]
+    M, se = stats[0, row], stats[1, row]
+    V = logits.shape[1]
+    if wide:
+        for j in range(4 * tid, V, 4 * nt):
+            x0, x1, x2, x3 = load4_row(logits, row, j)
+            dlogits4(d_words, row, j, target, scale, math.exp(x0 - M) / se, math.exp(x1 - M) / se,
+                     math.exp(x2 - M) / se, math.exp(x3 - M) / se)
+    else:
+        for v in range(tid, V, nt):
+            dlogit1(d16, row, v, target, scale, math.exp(logits[row, v] - M) / se)
+
+
+def _stats_for(probs, stats):
+    """stats where v18 / v16 use it (rows of whole 16-byte chunks), else None; checks its shape."""
+    if stats is None or not wide_rows(probs):
+        return None
+    if stats.shape != (2, probs.shape[0]) or stats.dtype != np.float32:
+        raise ValueError(f"stats must be float32 [2, {probs.shape[0]}] (M and se a row), not {stats.dtype} {stats.shape}")
+    return stats
+
+
+@blocks(gpu=(512, 1024), sim=(4, 8))
+def loss_fwd_v18(loss, losses, probs, x, wte, targets, *, stats=None, block, stream=0):
+    """v17, or with stats (float32 [2, N]): the logits left in probs, each row's maximum M and sum
+    se = sum exp(x - M) in stats (k_loss_fwd_v4), for loss_bwd v16; losses and loss as v17's."""
+    stats = _stats_for(probs, stats)
+    if stats is None:
+        return loss_fwd_v17(loss, losses, probs, x, wte, targets, block=block, stream=stream)
+    N, V = probs.shape
+    WARP_MATMUL["bf16t"](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
+    loss_stats_rows(V, block)[N, block, stream](losses, stats, probs, targets)
+    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+
+
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_v16(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stats=None, block, stream=0):
+    """v15, or with stats (loss_fwd v18's): the softmax recomputed from the logits in probs as dlogits
+    are written (k_loss_bwd_v3); the same two products on matmul v18."""
+    _bwd_bf16("bf16t", dx, dwte, work, dloss, x, wte, probs, targets, block, stream, _stats_for(probs, stats))
+
+
+loss_fwd_v18.precision = loss_bwd_v16.precision = "bf16"
+
+
 loss_fwd_v14.precision = loss_bwd_v13.precision = "bf16"
 loss_fwd_v16.precision = loss_bwd_v15.precision = "bf16"
 loss_fwd_v15.precision = loss_bwd_v14.precision = "bf16"
 
 VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9,
-                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13, 14: loss_fwd_v14, 15: loss_fwd_v15, 16: loss_fwd_v16, 17: loss_fwd_v17},
+                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13, 14: loss_fwd_v14, 15: loss_fwd_v15, 16: loss_fwd_v16, 17: loss_fwd_v17,
+                         18: loss_fwd_v18},
             "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8,
-                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12, 13: loss_bwd_v13, 14: loss_bwd_v14, 15: loss_bwd_v15}}
+                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12, 13: loss_bwd_v13, 14: loss_bwd_v14, 15: loss_bwd_v15,
+                         16: loss_bwd_v16}}
 loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses
