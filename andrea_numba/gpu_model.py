@@ -61,7 +61,7 @@ class BufferSpec:
 
 def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_params: bool = True,
                  flash: bool = True, saved16: bool = False, params16: bool = False,
-                 out16: bool = False) -> list[BufferSpec]:
+                 out16: bool = False, loss_stats: bool = False) -> list[BufferSpec]:
     """Every device buffer of a forward + backward at batch B x T (the optimiser's m and v live
     with the trainer). One line per tensor, llm.c style. training=False: forward only (no
     gradients, no backward scratch); own_params=False: the parameters live in another model;
@@ -71,7 +71,8 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
     the LayerNorms writing into the fp32 scratch ln_out first; params16=True (products "bf16s"): a
     bf16 copy of the parameters, rounded once a forward, that the products read their weights from;
     out16=True (products "bf16o"): the bf16 outputs of OUT16's comment (y16, d_resid16; d_q, d_k,
-    d_v as bf16)."""
+    d_v as bf16); loss_stats=True (LOGITS_KINDS, training): the loss's row maxima and sums of
+    exponentials, with which its backward recomputes the softmax from the logits left in probs."""
     L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
     N, F, P = B * T, 4 * m.d_model, n_params(m)
     f32, i32 = np.float32, np.int32
@@ -106,6 +107,7 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
         S("lnf_rstd", (N,), "activations"),
         S("losses", (N,), "activations"),            # per-position cross-entropy
         S("probs", (N, V), "activations"),           # softmax of the logits; backward turns it into dlogits
+        *([S("loss_stats", (2, N), "activations")] if loss_stats else []),   # ... or the logits, with M and se a row
         S("loss", (1,), "activations"),              # mean loss
         S("branch", (N, C), "scratch"),              # output of attn_out / mlp before the residual add
         *([S("ln_out", (N, C), "scratch")] if saved16 else []),   # a LayerNorm's fp32 output, then rounded into ln1, ln2, lnf
@@ -196,7 +198,7 @@ class GPUModel:
             vm = MLP_VERSION.get(products, v) if mlp_version is None else mlp_version
             self.mlp_fwd, self.mlp_bwd = mlp.VERSIONS["mlp_fwd"][vm], mlp.VERSIONS["mlp_bwd"][vm]
             self.loss_fwd = loss.VERSIONS["loss_fwd"][LOSS_FWD_VERSION.get(products, v)]
-            self.loss_bwd = loss.VERSIONS["loss_bwd"][v]
+            self.loss_bwd = loss.VERSIONS["loss_bwd"][LOSS_BWD_VERSION.get(products, v)]
         if products in COPIES_KINDS:        # matmul v13's bf16 copies: reserved before the first step
             cublaslt.COPIES.reserve(*cublaslt.operand_elements(B * T, m.d_model, m.vocab_size))
         if products in HELD_KINDS:          # ... and the copies an op rounds once for two products
@@ -221,8 +223,12 @@ class GPUModel:
         self.training = training
         self.saved16 = products in SAVED16_KINDS     # LN and GELU outputs saved as bf16 (SAVED16)
         self.params16 = products in SHADOW_KINDS     # the products' weights from a bf16 copy (params16)
+        # a training model of LOGITS_KINDS: the loss forward leaves the logits in probs and saves M and
+        # se a row in loss_stats; the backward recomputes the softmax from them (forward-only models,
+        # the sampler's, write the softmax itself)
+        self.loss_stats = products in LOGITS_KINDS and training
         self.specs = buffer_specs(m, B, T, training, own_params=params is None, flash=flash, saved16=self.saved16,
-                                  params16=self.params16, out16=self.out16)
+                                  params16=self.params16, out16=self.out16, loss_stats=self.loss_stats)
         if share is None:
             self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
         else:                               # the first elements of each of its buffers: nothing allocated
@@ -337,7 +343,8 @@ class GPUModel:
             else:
                 nxt, q = (b["lnf"], b["lnf_mean"], b["lnf_rstd"]), "lnf."
             residual_ln(x[l + 1], nxt[0], *nxt[1:], b["x_mid"][l], b["branch"], P[q + "g"], P[q + "b"])
-        self.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], W["wte"], b["targets"], stream=s)
+        stats = {"stats": b["loss_stats"]} if self.loss_stats else {}
+        self.loss_fwd(b["loss"], b["losses"], b["probs"], b["lnf"], W["wte"], b["targets"], stream=s, **stats)
 
     def backward(self, dloss: float = 1.0):
         """Adds dloss * d(mean loss)/d(params) into grads (+=: call zero_grads between optimiser
@@ -357,8 +364,9 @@ class GPUModel:
         d_resid, d_branch = b["d_resid"], b["d_branch"]
         d_ln_out = b["d_ln_out"]
         work = b["splitk"]          # split-K partial products; the LayerNorms' partial dg, db sums
+        stats = {"stats": b["loss_stats"]} if self.loss_stats else {}
         self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, dloss, b["lnf"], W["wte"], b["probs"], b["targets"],
-                      stream=s)
+                      stream=s, **stats)
         layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], work, d_ln_out, x[m.n_layer],
                                 b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)
         p_drop = self.p_drop
@@ -441,6 +449,10 @@ class GPUModel:
         """Softmax over the vocabulary at one position (row = b*T + t), copied to the host
         (waits for the stream: a host sync)."""
         out = self.buf["probs"][row].copy_to_host(stream=self.stream)
+        if self.loss_stats:          # probs holds the logits: the softmax from the row's M and se
+            m_se = self.buf["loss_stats"][:, row].copy_to_host(stream=self.stream)
+            self.stream.synchronize()
+            return (np.exp(out - m_se[0]) / m_se[1]).astype(np.float32)
         self.stream.synchronize()
         return out
 
@@ -486,7 +498,7 @@ PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "t
             **{kind: None for kind in LIBRARY_PRECISION}}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17,
                "bf16m": 18, "bf16t": 19, "bf16s": 19, "bf16o": 19}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17, "bf16s": 17, "bf16o": 17}   # the loss forward's, where not the linear ops'
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17, "bf16s": 17, "bf16o": 18}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16o", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_v13.py: v13 bf16; attn_flash_lowp.py:
 # v12 fp16, and v11, bf16's before v13);
@@ -542,6 +554,8 @@ TMA_KINDS = {"bf16t", "bf16s", "bf16o"}                          # ... and whose
 SHADOW_KINDS = {"bf16s", "bf16o"}                       # ... and whose products read their weights from params16
 OUT16_KINDS = {"bf16o"}                                 # ... and whose ops write the products' operands in bf16 (OUT16)
 OUT16_FLASH = 14                                        # the flash attention version that does (kernels/attn_flash_v13.py)
+LOGITS_KINDS = {"bf16o"}     # ... and whose training loss keeps the logits in probs, saving M and se a row (loss v18/v16)
+LOSS_BWD_VERSION = {"bf16o": 16}                        # the loss backward's, where not the linear ops'
 
 
 def flash_version_for(products: str):

@@ -19,7 +19,8 @@ from numba import cuda
 from reference.dropout import SITES
 
 from .config import Config, load_config
-from .gpu_model import SAVED16_KINDS, SHADOW_KINDS, buffer_specs, products_kind, products_scratch, writes_out16
+from .gpu_model import (LOGITS_KINDS, SAVED16_KINDS, SHADOW_KINDS, buffer_specs, products_kind, products_scratch,
+                        writes_out16)
 from .kernels import cublaslt, optim
 from .kernels.common import SIMULATOR
 from .layout import n_params
@@ -45,7 +46,8 @@ def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]
     kind = products_kind(t.precision, t.products)          # GPUModel's products= for this run
     rows = [(s.kind, s.name, s.nbytes) for s in buffer_specs(m, B, t.seq_len, saved16=kind in SAVED16_KINDS,
                                                                  params16=kind in SHADOW_KINDS,
-                                                                 out16=writes_out16(kind, m))]
+                                                                 out16=writes_out16(kind, m),
+                                                                 loss_stats=kind in LOGITS_KINDS)]
     rows += [("optimizer", "adam_m", 4 * P), ("optimizer", "adam_v", 4 * P), ("optimizer", "decay_mask", P),
              ("optimizer", "norm_partial", 4 * optim.NORM_BLOCKS), ("optimizer", "stats", 8)]
     rows += [("step", "batches", 4 * t.n_microbatches * 2 * B * t.seq_len),      # int32 [n_micro, 2, B, T]

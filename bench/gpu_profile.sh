@@ -41,6 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s16c (bf16o with loss v18/v16 (the logits kept, M and se saved): bits against bf16s, models, steps x30, bf16 resume, profile);
 #          s16b (products bf16o: flash v14 and LN bwd v6 writing the products' operands in bf16: bits against bf16s, model, steps, profile);
 #          s16a (for the next session: products bf16s against bf16t, mlp v20 against v19: models, bits, steps, profile);
 #          s15e (the engine with residual_layernorm_bwd v5: the whole models, the step x20);
@@ -57,6 +58,32 @@
 #          GRAPH_STEPS=n sets graph's steps (20)
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
+
+resume_bf16() {   # resume_bf16 DIR: bit-exact resume in bf16 (the engine's products), 12M: run a (60 steps straight)
+  # against run b (SIGTERM after 30 logged steps, then --resume): the same losses and checkpoint bytes, into DIR/resume.json
+  local d=$1 p=/tmp/r16b args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4" pid waited
+  rm -rf $p
+  timeout 100 $py -m andrea_numba.train $args --precision bf16 --out $p/a > "$d/resume_a.log" 2>&1; echo "bf16 a exit $?"
+  $py -m andrea_numba.train $args --precision bf16 --out $p/b > "$d/resume_b1.log" 2>&1 &
+  pid=$!; waited=0
+  until [ -f $p/b/.loss.json ] && [ "$(wc -l < $p/b/.loss.json)" -ge 30 ]; do
+    sleep 0.1; waited=$((waited + 1)); if [ $waited -ge 1000 ] || ! kill -0 $pid 2>/dev/null; then break; fi
+  done
+  kill -TERM $pid; wait $pid; echo "bf16 b (SIGTERM) exit $?"
+  timeout 100 $py -m andrea_numba.train --resume $p/b > "$d/resume_b2.log" 2>&1; echo "bf16 b (resume) exit $?"
+  $py - "$p" > "$d/resume.json" <<'PY'
+import hashlib, json, sys
+from pathlib import Path
+from andrea_numba.runlog import read_loss
+p = Path(sys.argv[1])
+key = lambda d: [(r["step"], r["train_loss"], r.get("val_loss"), r["lr"], r["grad_norm"]) for r in read_loss(d)]
+sha = lambda f: hashlib.sha256(f.read_bytes()).hexdigest()
+a, b = key(p / "a"), key(p / "b")
+print(json.dumps({"steps_a": len(a), "steps_b": len(b), "loss_json_identical": a == b, "last": a[-1:],
+              "checkpoints_identical": sha(p / "a" / "checkpoint.bin") == sha(p / "b" / "checkpoint.bin")}))
+PY
+  cat "$d/resume.json"; grep -h "precision\|stopped by signal\|resumed from" "$d"/resume_*.log | head -5
+}
 
 profile_kernels() {   # profile_kernels TAG LINES RUN_ARGS...: bench/profile_kernels.py run RUN_ARGS under Nsight
   # Compute, then its table into $OUT/TAG.md and .json (the first LINES lines shown)
@@ -458,6 +485,23 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
+    s16c) # products bf16o with the loss keeping the logits (loss_fwd v18, loss_bwd v16: M and se saved a row, the
+        # softmax recomputed in the backward) (issue 11): its bits against bf16s's at 120M and 12M, the whole model
+        # against the twin at 120M, the step x30 (bf16o, bf16s), bit-exact resume in bf16 (the engine's: bf16o), the
+        # 120M step kernel by kernel
+        mkdir -p "$OUT/s16c"; d="$OUT/s16c"
+        timeout 200 $py -m andrea_numba.check --size 120M --seed 313 --compile-workers 2 --model-only --products bf16o \
+            --json > "$d/model_120M.json" 2> "$d/model_120M.err" &
+        for size in 120M 12M; do
+          timeout 150 $py bench/model_bits.py --size $size --products bf16s bf16o --json "$d/bits_$size.json" \
+              > "$d/bits_$size.txt" 2>&1; echo "model_bits $size exit $?: $(tail -1 "$d/bits_$size.txt")"
+        done
+        wait
+        echo "model_120M.json: $(tail -1 "$d/model_120M.err")"; disagree "$d/model_120M.json"
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16o bf16s --iters 30 \
+            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        resume_bf16 "$d"
+        OUT=$d profile_kernels kernels_120M_bf16o 40 --size 120M --products bf16o ;;
     s16b) # products bf16o (issue 11): flash attention v14 and residual_layernorm_bwd v6 write the products'
         # activation operands in bf16: its bits against bf16s's (bench/model_bits.py) at 120M and 12M, the whole
         # model against the twin at 12M, the step x20 (bf16o, bf16s) and the 120M step kernel by kernel
@@ -538,27 +582,7 @@ PY
         for f in "$d"/ops_12M.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16t bf16m cublas-bf16 --iters 20 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        rm -rf /tmp/r16b; p=/tmp/r16b args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4"
-        timeout 100 $py -m andrea_numba.train $args --precision bf16 --out $p/a > "$d/resume_a.log" 2>&1; echo "bf16 a exit $?"
-        $py -m andrea_numba.train $args --precision bf16 --out $p/b > "$d/resume_b1.log" 2>&1 &
-        pid=$!; waited=0
-        until [ -f $p/b/.loss.json ] && [ "$(wc -l < $p/b/.loss.json)" -ge 30 ]; do
-          sleep 0.1; waited=$((waited + 1)); if [ $waited -ge 1000 ] || ! kill -0 $pid 2>/dev/null; then break; fi
-        done
-        kill -TERM $pid; wait $pid; echo "bf16 b (SIGTERM) exit $?"
-        timeout 100 $py -m andrea_numba.train --resume $p/b > "$d/resume_b2.log" 2>&1; echo "bf16 b (resume) exit $?"
-        $py - "$p" > "$d/resume.json" <<'PY'
-import hashlib, json, sys
-from pathlib import Path
-from andrea_numba.runlog import read_loss
-p = Path(sys.argv[1])
-key = lambda d: [(r["step"], r["train_loss"], r.get("val_loss"), r["lr"], r["grad_norm"]) for r in read_loss(d)]
-sha = lambda f: hashlib.sha256(f.read_bytes()).hexdigest()
-a, b = key(p / "a"), key(p / "b")
-print(json.dumps({"steps_a": len(a), "steps_b": len(b), "loss_json_identical": a == b, "last": a[-1:],
-                  "checkpoints_identical": sha(p / "a" / "checkpoint.bin") == sha(p / "b" / "checkpoint.bin")}))
-PY
-        cat "$d/resume.json"; grep -h "precision\|stopped by signal\|resumed from" "$d"/resume_*.log | head -5
+        resume_bf16 "$d"
         OUT=$d profile_kernels kernels_120M_bf16t 30 --size 120M --products bf16t ;;
     s15b) # matmul v18 with paired stores and the tile order along the shorter side (issue 11): its bits against
         # v17; its products at every tile beside PyTorch bf16; the step with bf16t at 120M and 12M; the 120M bf16t

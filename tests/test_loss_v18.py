@@ -8,7 +8,10 @@ call); where the rows are not whole 16-byte chunks (V % 4 != 0) both fall back t
 
 In the simulator (each thread a Python thread): N = 6 rows, C = 8, V = 64 (four values a thread) and
 V = 62 (the fallback); a row whose target is its largest logit, one where it is the smallest. The
-sum's order is replayed in NumPy to check se itself (each thread's values in order, then the tree)."""
+sum's order is replayed in NumPy to check se itself (each thread's values in order, then the tree).
+bf16 dlogits show only a value's top 16 bits (an fp32 p one ulp off rarely changes them), so one test
+also reads the fp32 (p - onehot) * scale before its rounding (bf16x2 made to hand back fp32 bits), at
+scale = 1/8, where p's every bit shows."""
 import math
 
 import numpy as np
@@ -18,7 +21,6 @@ from numba import cuda
 from andrea_numba.kernels import cublaslt, loss
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels.common import SIMULATOR
-from andrea_numba.kernels.tma import TMAPS
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
 
@@ -87,12 +89,6 @@ def _se_in_order(logits, M, T):
     return part[0]
 
 
-@pytest.fixture(autouse=True)
-def _scratch():
-    cublaslt.COPIES.reserve(*cublaslt.operand_elements(N, C, 64))
-    TMAPS.reserve()
-
-
 def _bits(a):
     return np.asarray(a, f32).view(np.uint32)
 
@@ -144,6 +140,51 @@ def test_the_scalar_path_of_the_backward_gives_the_wide_ones_bits():
         got.append(d16.copy_to_host())
     assert np.array_equal(got[0], got[1]) and np.array_equal(got[0], got[2])
     assert (got[0] != 0).all()
+
+
+def _fp32_dlogits(monkeypatch, kernel, probs, extra, targets, scale, wide):
+    """The fp32 values (p - onehot) * scale that the kernel rounds to bf16, recovered whole: bf16x2 (a
+    module global, looked up as the simulator runs the kernel) is made to hand back the fp32 bits of
+    one of its two values (wide: lo, then hi, each run's words holding every other value) or half of
+    them (one value a thread: d16 keeps 16 bits, the low, then the high half)."""
+    V = probs.shape[1]
+    runs = []
+    for part in range(2):
+        if wide:
+            probe = lambda lo, hi, part=part: np.array([lo, hi][part], f32).view(np.int32)   # noqa: E731
+        else:
+            probe = lambda lo, hi, part=part: np.array(lo, f32).view(np.int32) >> (16 * part)  # noqa: E731
+        monkeypatch.setattr(loss, "bf16x2", probe)
+        d16 = cuda.to_device(np.zeros((N, V), np.uint16))
+        words = d16.reshape(N * V).view(np.int32).reshape(N, V // 2)
+        kernel[N, 4](d16, words, probs, *extra, cuda.to_device(targets), scale, wide)
+        runs.append(d16.copy_to_host())
+    monkeypatch.undo()
+    if wide:
+        a, b = (r.view(np.uint32) for r in runs)              # [N, V/2]: values 4i, 4i + 2 | 4i + 1, 4i + 3
+        out = np.empty((N, V), np.uint32)
+        out[:, 0::4], out[:, 2::4], out[:, 1::4], out[:, 3::4] = a[:, 0::2], a[:, 1::2], b[:, 0::2], b[:, 1::2]
+        return out
+    return runs[0].astype(np.uint32) | (runs[1].astype(np.uint32) << 16)
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_the_backward_recomputes_v3s_fp32_softmax_bit_for_bit(monkeypatch, wide):
+    """bf16 hides all but a value's top 16 bits: here k_loss_bwd_v3's fp32 (p - onehot) * scale, before
+    the rounding, against k_loss_bwd_v2's from v17's probs (and NumPy's from them). scale = 0.75 / 6 =
+    1/8, a power of two: the products are exact, so p's every bit shows."""
+    V = 64
+    x, wte, targets, _ = _inputs(V, seed=7)
+    stats = cuda.to_device(np.zeros((2, N), f32))
+    v18, v17 = _forward(18, x, wte, targets, 4, stats), _forward(17, x, wte, targets, 4)
+    scale = f32(0.75 / N)
+    assert scale == f32(0.125)
+    got = _fp32_dlogits(monkeypatch, loss.k_loss_bwd_v3, v18["probs"], (stats,), targets, scale, wide)
+    want = _fp32_dlogits(monkeypatch, loss.k_loss_bwd_v2, v17["probs"], (), targets, scale, wide)
+    p = v17["probs"].copy_to_host()
+    p[np.arange(N), targets] -= f32(1.0)
+    assert np.array_equal(want, _bits(p * scale))
+    assert np.array_equal(got, want)
 
 
 def test_without_stats_or_with_rows_not_whole_chunks_they_are_v17_and_v15():

@@ -476,17 +476,8 @@ def loss_bwd_v15(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, bloc
     _bwd_bf16("bf16t", dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
 
 
-# k_loss_fwd_v3: v2's softmax with the row held in registers, so the logits are read once. At 120M
-# (V = 50304) k_loss_fwd_v2 took 1.55 ms of the bf16t step on the H200, more than the logits' own
-# product (1.20 ms): it reads each 201 KB row twice and writes it once, 5 GB, and the 264 rows in
-# flight (53 MB) spill out of the 50 MB L2 between the two reads. Here thread tid of the row's T
-# holds its values x[4 (tid + q T) .. + 3], q < NQ = cdiv(V, 4 T) (NQ float4 loads, all in flight at
-# once; 100 registers at T = 512), then:
-#     M = max over the row (block_max)          e = exp(x - M), kept in the registers
-#     se = sum of e (each thread's NQ x 4 in order, then block_sum's fixed tree)
-#     probs = e / se (written in place, float4)        loss = log(se) + M - x[target]
-# 3.3 GB moved instead of 5. Another order of the sum than v2's (v2: an online sum of exp(x - m)
-# rescaled to M): other bits, the same at every run.
+# The sum of a softmax row: k_loss_fwd_v3 adds each e = exp(x - M) with _add, k_loss_fwd_v4 with
+# _add_rn, so that both round e before adding it (loss_stats_rows says why).
 @cuda.jit(device=True, inline="always")
 def _add(a, b):
     """a + b: NVVM may fuse it with the product that made b into one fma (it does where b has no
@@ -504,6 +495,17 @@ else:
         return libdevice.fadd_rn(a, b)
 
 
+# k_loss_fwd_v3: v2's softmax with the row held in registers, so the logits are read once. At 120M
+# (V = 50304) k_loss_fwd_v2 took 1.55 ms of the bf16t step on the H200, more than the logits' own
+# product (1.20 ms): it reads each 201 KB row twice and writes it once, 5 GB, and the 264 rows in
+# flight (53 MB) spill out of the 50 MB L2 between the two reads. Here thread tid of the row's T
+# holds its values x[4 (tid + q T) .. + 3], q < NQ = cdiv(V, 4 T) (NQ float4 loads, all in flight at
+# once; 100 registers at T = 512), then:
+#     M = max over the row (block_max)          e = exp(x - M), kept in the registers
+#     se = sum of e (each thread's NQ x 4 in order, then block_sum's fixed tree)
+#     probs = e / se (written in place, float4)        loss = log(se) + M - x[target]
+# 3.3 GB moved instead of 5. Another order of the sum than v2's (v2: an online sum of exp(x - m)
+# rescaled to M): other bits, the same at every run.
 @functools.cache
 def _row_softmax(V: int, T: int, add=_add):
     """The part of k_loss_fwd_v3 that k_loss_fwd_v4 shares, for rows of V logits on T threads: (NX,
