@@ -41,6 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s16d (products bf16f: matmul v19, the split-K slices added in the product's kernel: bits against bf16o, model, steps x30, profile);
 #          s16c (bf16o with loss v18/v16 (the logits kept, M and se saved): bits against bf16s, models, steps x30, bf16 resume, profile);
 #          s16b (products bf16o: flash v14 and LN bwd v6 writing the products' operands in bf16: bits against bf16s, model, steps, profile);
 #          s16a (for the next session: products bf16s against bf16t, mlp v20 against v19: models, bits, steps, profile);
@@ -485,6 +486,21 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
+    s16d) # products bf16f (issue 11): bf16o's ops on matmul v19, whose kernel adds its split-K slices itself: its
+        # bits against bf16o's at 120M and 12M, the whole model against the twin at 12M, the step x30 (bf16f,
+        # bf16o), the 120M step kernel by kernel
+        mkdir -p "$OUT/s16d"; d="$OUT/s16d"
+        timeout 200 $py -m andrea_numba.check --size 12M --seed 317 --compile-workers 2 --model-only --products bf16f \
+            --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
+        for size in 120M 12M; do
+          timeout 150 $py bench/model_bits.py --size $size --products bf16o bf16f --json "$d/bits_$size.json" \
+              > "$d/bits_$size.txt" 2>&1; echo "model_bits $size exit $?: $(tail -1 "$d/bits_$size.txt")"
+        done
+        wait
+        echo "model_12M.json: $(tail -1 "$d/model_12M.err")"; disagree "$d/model_12M.json"
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16f bf16o --iters 30 \
+            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        OUT=$d profile_kernels kernels_120M_bf16f 40 --size 120M --products bf16f ;;
     s16c) # products bf16o with the loss keeping the logits (loss_fwd v18, loss_bwd v16: M and se saved a row, the
         # softmax recomputed in the backward) (issue 11): its bits against bf16s's at 120M and 12M, the whole model
         # against the twin at 120M, the step x30 (bf16o, bf16s), bit-exact resume in bf16 (the engine's: bf16o), the

@@ -34,6 +34,7 @@ import functools
 from types import SimpleNamespace
 
 import numba
+import numpy as np
 from numba import cuda, float32
 
 from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
@@ -863,10 +864,30 @@ def matmul_v18(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, epilogue=None, aux=None):
-    """matmul v18's launch; with a fused epilogue (wgmma_tma.py, point 5: ("gelu" | "dgelu", pair)
-    and its aux array) no split-K, and operands a tensor map cannot read raise (the caller checks
-    tma_fits first)."""
+class SplitKCounts:
+    """matmul v19's counters (wgmma_tma.py, point 6): an int32 for each (tile, consumer warp) of a
+    split product, all 0 between launches (the last warp of each sets its counter back). One array
+    for every launch (they run in stream order), reserved by a model before its first step; the
+    harness's and benchmarks' launches reserve it at their first split product."""
+    SIZE = 1 << 14                  # 16384: 2048 tiles of 8 consumer warps (a split product has few)
+
+    def __init__(self):
+        self.buf = None
+
+    def reserve(self):
+        if self.buf is None:
+            self.buf = cuda.to_device(np.zeros(self.SIZE, np.int32))
+        return self.buf
+
+
+COUNTS = SplitKCounts()
+
+
+def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, epilogue=None, aux=None,
+                fixup=False):
+    """matmul v18's launch (fixup: v19's, whose kernel adds its split-K slices itself, wgmma_tma.py
+    point 6); with a fused epilogue (point 5: ("gelu" | "dgelu", pair) and its aux array) no
+    split-K, and operands a tensor map cannot read raise (the caller checks tma_fits first)."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     a16, b16 = bf16_copies(a, b, stream)
@@ -880,19 +901,22 @@ def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, ep
         block = pick_tile(M, N, K, work, sm_count())
     BM, BN, BK, stages = block
     trans_a, trans_b = bool(trans_a), bool(trans_b)
-    kernel, threads = tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue)
+    kernel, threads = tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue, fixup)
+    counts = COUNTS.reserve()
     shared = tile_bytes(BM, BN, stages)
     tmap_a = TMAPS.address(a16, BK if trans_a else BM, stream)     # M-major: boxes of BK rows of k
     tmap_b = TMAPS.address(b16, BN if trans_b else BK, stream)     # K-major: boxes of BN rows of n
     aux = out if aux is None else aux
-    args = (out, out.reshape(1, M, N), a16, b16, tmap_a, tmap_b, accumulate, K, aux)
+    args = (out, out.reshape(1, M, N), a16, b16, tmap_a, tmap_b, accumulate, K, aux, counts)
     compiled = allow_shared(kernel, args, shared)
     resident = RESIDENT_BLOCKS if compiled is None else compiled.max_cooperative_grid_blocks(threads, shared)
     S, ksplit = splitk(M, N, K, 1, block, work, resident)
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
+    if fixup and S > 1:
+        assert cdiv(M, BM) * cdiv(N, BN) * 4 * (BM // 64) <= counts.shape[0], "matmul v19: more tiles than counters"
     kernel[units_grid(M, N, S, BM, BN, resident), threads, stream, shared](
-        out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit, aux)
-    if S > 1:
+        out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit, aux, counts)
+    if S > 1 and not fixup:
         splitk_sum(out, part, accumulate, stream, version=2)
 
 
@@ -917,3 +941,17 @@ def sm_count() -> int:
 matmul_v18.precision = "bf16"
 VERSIONS["matmul"][18] = matmul_v18
 WARP_MATMUL["bf16t"] = matmul_v18            # products "bf16t" (gpu_model): the linear ops on v18
+
+
+# v19: v18 whose kernel adds its split-K slices itself (wgmma_tma.py, point 6): the last warp of the S
+# slices of a tile's cells sums them in k_splitk_sum_v2's order, so v18's bits without the second
+# launch and its pass over memory. On the H200 the sums took 0.93 ms of the 120M bf16 step (s16c).
+@blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
+def matmul_v19(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """matmul v18 with the split-K slices added in the product's own kernel (SplitKCounts)."""
+    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=True)
+
+
+matmul_v19.precision = "bf16"
+VERSIONS["matmul"][19] = matmul_v19
+WARP_MATMUL["bf16f"] = matmul_v19            # products "bf16f" (gpu_model): bf16o's ops on v19

@@ -59,6 +59,18 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
    h_pre read, so dh = dout @ W_2^T is never written in fp32. Only without split-K (a partial sum
    is no place for the GELU). The kernel takes aux always (the plain epilogue ignores it).
 
+6. The split-K fixup (matmul v19). v18 leaves the S partial tiles of a split product in work and
+   a second kernel (k_splitk_sum_v2) adds them: one more launch and a pass over S M N values from
+   memory after the product has ended. v19 adds them in the product's own tail, in the same order:
+   each consumer warp, after storing its cells of partial z, counts itself on an integer counter of
+   its (tile, warp) (counts[t * 4C + warp]: threadfence, then one lane's atomic add; integers, so
+   nothing about the sums depends on who arrives when); the warp that brings the count to S is the
+   last of the S slices of those cells, and it sums them, z = 0, 1, ..., S - 1 in order, into out
+   (+)= sum, exactly k_splitk_sum_v2's expression: v18's bits. The partials it reads were written a
+   moment before, mostly still in L2. It then sets the counter back to 0 for the next launch. Each
+   cell's 32-byte sector belongs to one warp (a quad of lanes holds a row's 8 columns), so no SM
+   reads another warp's cells before they are final (no stale L1 lines).
+
 Same sums as v17 (inputs rounded to bf16 ties to even, exact products, wgmma's fp32 sums in the
 same k16 order within a stage, stages in order): v17's bits, at BN = 256 too (bench/v18_bits.py:
 identical in every form and tile on the H200, 2026-12-03).
@@ -82,6 +94,8 @@ from .wgmma_ring import ALIGN, DYNAMIC_LIMIT
 from .tile_loop import WARP
 from .wgmma_tile import WARPGROUP
 
+FULL = 0xFFFFFFFF                # every lane of a warp (syncwarp, shfl)
+
 BK = 64                 # values of k a stage: one 128-byte row (the 128-byte swizzle) a row of m or n
 
 
@@ -91,6 +105,22 @@ def tile_bytes(BM, BN, stages):
 
 
 if SIMULATOR:
+    import threading
+
+    from .attn_flash_v13 import warp_gather             # a warp's meeting point in the simulator
+    _COUNT_LOCK = threading.Lock()
+
+    def warp_last(counts, slot, S, w, lane):
+        """Twin of warp_last: the warp's 32 lanes meet (syncwarp), lane 0 counts (an atomic add, here
+        under a lock) and resets at S, every lane gets its count (shfl)."""
+        warp_gather(0, w, lane)
+        seen = 0
+        if lane == 0:
+            with _COUNT_LOCK:
+                seen = int(counts[slot])
+                counts[slot] = 0 if seen == S - 1 else seen + 1
+        return int(warp_gather(seen, w, lane)[0]) == S - 1
+
     def _fragment_cells(NREG, r0, c0, shape):
         """Twin of _fragment_pairs, a value at a time: (r, row, col) of each accumulator d[r] =
         d[4 j + 2 h + c] (row r0 + 8 h, column c0 + 8 j + c, point 4) that falls inside shape."""
@@ -123,6 +153,25 @@ else:
     from numba import types
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
+
+    @cuda.jit(device=True, inline="always")
+    def warp_last(counts, slot, S, w, lane):
+        """Point 6: whether this warp is the last of the S slices to store its cells of the tile.
+        Every lane's partial cells visible GPU-wide (threadfence) before any lane counts (syncwarp);
+        lane 0 adds 1 to counts[slot] (an integer atomic: the old value back) and, the last, sets it
+        back to 0; the old value goes to every lane (shfl); the last fences again before it reads.
+        PTX: membar.gl; bar.warp.sync; atom.global.add.u32; shfl.sync.idx.b32"""
+        cuda.threadfence()
+        cuda.syncwarp(FULL)
+        seen = 0
+        if lane == 0:
+            seen = cuda.atomic.add(counts, slot, 1)
+            if seen == S - 1:
+                counts[slot] = 0
+        last = cuda.shfl_sync(FULL, seen, 0) == S - 1
+        if last:
+            cuda.threadfence()
+        return last
 
     def _pairs_ok(builder, intp, ncols, aligned):
         """i1: the pairs of a row may go as whole 64-bit (32-bit) accesses: ncols even and every
@@ -268,17 +317,21 @@ else:
         return intrinsic(typer)
 
 
-def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None):
+def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=False):
     """The v18 kernel for out (+)= op(a16) @ op(b16) (a16 [M, K] or [K, M] when trans_a, b16 [K, N]
     or [N, K] when trans_b: bf16 copies as stored), BM x BN tiles, `stages` in the ring:
     k(out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit), tmap_*: the tensor maps' addresses
     (tma.TMAPS: boxes of BM or BN rows for a K-major operand, BK rows for an MN-major one); part
-    [S, M, N]: S = 1 (out itself, viewed [1, M, N]) or the split-K slices."""
+    [S, M, N]: S = 1 (out itself, viewed [1, M, N]) or the split-K slices; counts: int32, a counter
+    for each (tile, consumer warp) of a split product, all 0 (fixup: v19 adds the slices itself,
+    point 6; v18 leaves them to k_splitk_sum_v2 and never reads counts)."""
     C = BM // 64                                             # consumer warpgroups
     # who lets go of a stage: one lane a consumer warp on a GPU (after wgmma.wait_group, a
     # .sync.aligned instruction, all 32 lanes have passed the stage's wait); in the simulator, where
     # a warp's threads do not run in step, every consumer thread for itself
     RELEASERS = C * WARPGROUP if SIMULATOR else 4 * C
+    WARPS_C = 4 * C                                          # consumer warps (a counter each, point 6)
+    NREG = BN // 2                                           # accumulators a consumer thread
     LANE_MASK = 0 if SIMULATOR else WARP - 1                # lane & LANE_MASK == 0: this thread arrives
     PRODUCER = C * WARPGROUP                                 # the thread that issues the copies
     THREADS = PRODUCER + WARP
@@ -296,7 +349,7 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None):
     A_ROWS, B_ROWS = (BK if A_MN else BM), (BK if B_MN else BN)   # each box's rows (its tensor map's)
     A_BOXES, B_BOXES = (BM // MN_BLOCK if A_MN else 1), (BN // MN_BLOCK if B_MN else 1)
     product = _product(BN, int(A_MN), int(B_MN))
-    store_tile = _store_tile(BN // 2)
+    store_tile = _store_tile(NREG)
     if epilogue is None:                                     # out (+)= d: every product
         def _plain(out, aux, d, r0, c0, accumulate):
             store_tile(out, d, r0, c0, accumulate)
@@ -351,7 +404,23 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None):
                 g += 1
 
     @cuda.jit(device=True)
-    def consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K):
+    def sum_slices(out, part, r0, c0, accumulate):
+        """Point 6: out (+)= part[0] + part[1] + ... + part[S - 1] at this thread's cells (its
+        accumulators' rows and columns, point 4), in k_splitk_sum_v2's order."""
+        M, N = out.shape
+        for r in range(NREG):
+            row, col = r0 + 8 * ((r >> 1) & 1), c0 + 8 * (r >> 2) + (r & 1)
+            if row < M and col < N:
+                v = part[0, row, col]
+                for z in range(1, part.shape[0]):
+                    v += part[z, row, col]
+                if accumulate:
+                    out[row, col] += v
+                else:
+                    out[row, col] = v
+
+    @cuda.jit(device=True)
+    def consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K, counts):
         tid = cuda.threadIdx.x
         wg, warp, lane = tid // WARPGROUP, tid // WARP, tid % WARP
         g = 0
@@ -384,8 +453,10 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None):
                 store(out, aux, d, r0, c0, accumulate)
             else:
                 store_tile(part[z], d, r0, c0, False)
+                if fixup and warp_last(counts, (u % tiles) * WARPS_C + warp, part.shape[0], warp, lane):
+                    sum_slices(out, part, r0, c0, accumulate)       # the last slice's warp: point 6
 
-    def k_matmul(out, part, a, b, tmap_a, tmap_b, accumulate, ksplit, aux):
+    def k_matmul(out, part, a, b, tmap_a, tmap_b, accumulate, ksplit, aux, counts):
         ring = cuda.shared.array(0, float32)
         at0 = ((ALIGN - (shared_address(ring, 0) & (ALIGN - 1))) & (ALIGN - 1)) // 4   # the ring's first word
         bars = cuda.shared.array(BARRIERS, int64, alignment=8)     # full[st] = bars[st], empty[st] = bars[stages + st]
@@ -404,18 +475,19 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None):
         if tid == PRODUCER:
             produce(ring, at0, bars, a, b, tmap_a, tmap_b, units, tiles, tiles_m, tiles_n, ksplit, K)
         elif tid < PRODUCER:
-            consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K)
+            consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K, counts)
 
     k_matmul.__doc__ = (f"Persistent {BM} x {BN} tiles of out (+)= op(a) @ op(b) on wgmma, {C} consumer warpgroups "
                         f"and a TMA producer warp over a ring of {stages} stages (kernels/wgmma_tma.py).")
-    k_matmul.__name__ = k_matmul.__qualname__ = "k_matmul_v18"
+    k_matmul.__name__ = k_matmul.__qualname__ = "k_matmul_v19" if fixup else "k_matmul_v18"
     return k_matmul, THREADS
 
 
 @functools.cache
-def tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None):
-    """(the compiled-on-demand kernel, threads a block) for one v18 tile, form and epilogue, cached."""
-    k, threads = make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue)
+def tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=False):
+    """(the compiled-on-demand kernel, threads a block) for one v18 tile, form and epilogue (fixup:
+    v19's), cached."""
+    k, threads = make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue, fixup)
     if SIMULATOR:
         return cuda.jit(k), threads
     # .maxntid threads, .minnctapersm 1: ptxas keeps to the registers that let one block of

@@ -1,0 +1,65 @@
+"""matmul v19 (kernels/wgmma_tma.py, point 6): v18 whose kernel adds its split-K slices itself. The last
+consumer warp of the S slices of a tile's cells (an integer counter a (tile, warp), counted after a
+threadfence) sums them in k_splitk_sum_v2's order, so the result is v18's bit for bit, and it sets its
+counter back to 0, so the next launch (a CUDA graph's replay) starts clean. In the simulator the
+warp's meeting (syncwarp, shfl) is a barrier of its 32 threads and the atomic add a locked one."""
+import numpy as np
+import pytest
+from numba import cuda
+
+from andrea_numba import gpu_model as GM
+from andrea_numba.kernels import matmul as MM
+from andrea_numba.kernels.common import SIMULATOR
+from test_matmul_v12 import _operands, _run
+from test_matmul_v17 import _bits
+
+sim_only = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
+
+
+@sim_only
+def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_zero(monkeypatch):
+    """out += a^T @ b, 64 x 128 (two 64 x 64 tiles) x K = 512 on the auto tile: two slices a tile, each
+    unit on its own persistent block; v18 then k_splitk_sum_v2 against v19 alone, twice (the
+    counters must be back at 0 for the second)."""
+    rng = np.random.default_rng(191)
+    M, N, K = 64, 128, 512
+    a, b = _operands(rng, M, N, K, True, False)
+    a16, b16 = _bits(a), _bits(b)
+    o0 = rng.standard_normal((M, N)).astype(np.float32)
+    work = cuda.to_device(np.zeros(8 * M * N, np.float32))
+    tile = MM.pick_tile(M, N, K, work, MM.sm_count())
+    S, _ = MM.splitk(M, N, K, 1, tile, work)
+    assert S > 1
+    sums = []
+    real_sum = MM.splitk_sum
+    monkeypatch.setattr(MM, "splitk_sum", lambda *a, **k: (sums.append(1), real_sum(*a, **k))[1])
+    want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_v18)
+    assert sums == [1]                                    # v18: the second kernel
+    counts = MM.COUNTS.reserve()
+    for _ in range(2):
+        got = _run(a16, b16, True, False, o0, work=cuda.to_device(np.full(8 * M * N, np.nan, np.float32)),
+                   accumulate=True, launch=MM.matmul_v19)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert not counts.copy_to_host().any()
+    assert sums == [1]                                    # v19: none
+
+
+def test_v19_is_the_products_of_bf16f():
+    assert MM.VERSIONS["matmul"][19] is MM.matmul_v19 and MM.WARP_MATMUL["bf16f"] is MM.matmul_v19
+    assert MM.matmul_v19.precision == "bf16"
+
+
+def test_products_bf16f_are_bf16o_on_v19():
+    """bf16f: bf16o's model (OUT16, the logits kept, params16) with the linear ops whose products are
+    matmul v19's (attn_qkv, attn_out v16, mlp v21, loss_bwd v17; loss_fwd v18, whose logits are not split)."""
+    from andrea_numba.kernels import attn_out, attn_qkv, loss, mlp
+    v = GM.PRODUCTS["bf16f"]
+    assert v == 16 and GM.MLP_VERSION["bf16f"] == 21 and GM.LOSS_BWD_VERSION["bf16f"] == 17
+    assert GM.LOSS_FWD_VERSION["bf16f"] == 18
+    for ops in (attn_qkv.VERSIONS, attn_out.VERSIONS):
+        assert all(ops[name][v].precision == "bf16" for name in ops)
+    assert mlp.VERSIONS["mlp_bwd"][21].precision == loss.VERSIONS["loss_bwd"][17].precision == "bf16"
+    for kinds in (GM.COPIES_KINDS, GM.SAVED16_KINDS, GM.HELD_KINDS, GM.TMA_KINDS, GM.SHADOW_KINDS, GM.OUT16_KINDS,
+                  GM.LOGITS_KINDS):
+        assert "bf16o" in kinds and "bf16f" in kinds
+    assert GM.PRECISION["bf16f"] == "bf16" and GM.WGMMA_KINDS["bf16f"] == "bf16a"
