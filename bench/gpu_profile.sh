@@ -494,10 +494,12 @@ PY
             --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
         for size in 120M 12M; do
           timeout 150 $py bench/model_bits.py --size $size --products bf16o bf16f --json "$d/bits_$size.json" \
-              > "$d/bits_$size.txt" 2>&1; echo "model_bits $size exit $?: $(tail -1 "$d/bits_$size.txt")"
+              > "$d/bits_$size.txt" 2>&1; rc=$?; echo "model_bits $size exit $rc: $(tail -1 "$d/bits_$size.txt")"
+          if [ $rc -ne 0 ]; then tail -5 "$d/bits_$size.txt"; break; fi
         done
         wait
         echo "model_12M.json: $(tail -1 "$d/model_12M.err")"; disagree "$d/model_12M.json"
+        if [ $rc -ne 0 ]; then echo "s16d: bf16f does not give bf16o's bits here: stopping"; continue; fi
         timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16f bf16o --iters 30 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         OUT=$d profile_kernels kernels_120M_bf16f 40 --size 120M --products bf16f ;;
