@@ -945,7 +945,10 @@ WARP_MATMUL["bf16t"] = matmul_v18            # products "bf16t" (gpu_model): the
 
 # v19: v18 whose kernel adds its split-K slices itself (wgmma_tma.py, point 6): the last warp of the S
 # slices of a tile's cells sums them in k_splitk_sum_v2's order, so v18's bits without the second
-# launch and its pass over memory. On the H200 the sums took 0.93 ms of the 120M bf16 step (s16c).
+# launch and its pass over memory (the sums took 0.93 ms of the 120M bf16 step, s16c). Measured on the
+# H200 (s16d): v18's bits in whole 120M and 12M steps, but the split products took 173 us against
+# 23: the summing warp's scalar loads, one slice after another, wait on L2 S x 128 times a thread.
+# A rung that lost (docs/mixed-precision.md); batching those loads is its next step.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v19(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """matmul v18 with the split-K slices added in the product's own kernel (SplitKCounts)."""

@@ -69,7 +69,9 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
    (+)= sum, exactly k_splitk_sum_v2's expression: v18's bits. The partials it reads were written a
    moment before, mostly still in L2. It then sets the counter back to 0 for the next launch. Each
    cell's 32-byte sector belongs to one warp (a quad of lanes holds a row's 8 columns), so no SM
-   reads another warp's cells before they are final (no stale L1 lines).
+   reads another warp's cells before they are final (no stale L1 lines). On the H200 (2026-12-03)
+   this gave v18's bits and was 7x slower on the split products: sum_slices' loads, one scalar a
+   slice a cell, each waits for the one before; they need to be batched.
 
 Same sums as v17 (inputs rounded to bf16 ties to even, exact products, wgmma's fp32 sums in the
 same k16 order within a stage, stages in order): v17's bits, at BN = 256 too (bench/v18_bits.py:
