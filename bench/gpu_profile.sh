@@ -86,6 +86,28 @@ PY
   cat "$d/resume.json"; grep -h "precision\|stopped by signal\|resumed from" "$d"/resume_*.log | head -5
 }
 
+same_bits_then_time() {   # same_bits_then_time TAG BASE NEW CHECK_SIZE SEED ITERS [resume], into $OUT/TAG: products
+  # NEW against BASE bit for bit (bench/model_bits.py, a whole 120M and 12M step; stops at a difference, status
+  # 1), the whole NEW model against the twin at CHECK_SIZE (meanwhile), the step of both (ITERS iterations),
+  # with "resume" bit-exact resume in bf16 (resume_bf16), then the 120M NEW step kernel by kernel
+  local tag=$1 base=$2 new=$3 size=$4 seed=$5 iters=$6 d="$OUT/$1" rc=0 at
+  mkdir -p "$d"
+  timeout 200 $py -m andrea_numba.check --size $size --seed $seed --compile-workers 2 --model-only --products $new \
+      --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
+  for at in 120M 12M; do
+    timeout 150 $py bench/model_bits.py --size $at --products $base $new --json "$d/bits_$at.json" \
+        > "$d/bits_$at.txt" 2>&1; rc=$?; echo "model_bits $at exit $rc: $(tail -1 "$d/bits_$at.txt")"
+    if [ $rc -ne 0 ]; then tail -5 "$d/bits_$at.txt"; break; fi
+  done
+  wait
+  echo "model_$size.json: $(tail -1 "$d/model_$size.err")"; disagree "$d/model_$size.json"
+  if [ $rc -ne 0 ]; then echo "$tag: $new does not give $base's bits here: stopping"; return 1; fi
+  timeout 200 $py bench/step_time.py --sizes 120M 12M --products $new $base --iters $iters \
+      --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+  if [ "$7" = resume ]; then resume_bf16 "$d"; fi
+  OUT=$d profile_kernels kernels_120M_$new 40 --size 120M --products $new
+}
+
 profile_kernels() {   # profile_kernels TAG LINES RUN_ARGS...: bench/profile_kernels.py run RUN_ARGS under Nsight
   # Compute, then its table into $OUT/TAG.md and .json (the first LINES lines shown)
   local tag=$1 lines=$2; shift 2
@@ -489,52 +511,16 @@ PY
     s16d) # products bf16f (issue 11): bf16o's ops on matmul v19, whose kernel adds its split-K slices itself: its
         # bits against bf16o's at 120M and 12M, the whole model against the twin at 12M, the step x30 (bf16f,
         # bf16o), the 120M step kernel by kernel
-        mkdir -p "$OUT/s16d"; d="$OUT/s16d"
-        timeout 200 $py -m andrea_numba.check --size 12M --seed 317 --compile-workers 2 --model-only --products bf16f \
-            --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
-        for size in 120M 12M; do
-          timeout 150 $py bench/model_bits.py --size $size --products bf16o bf16f --json "$d/bits_$size.json" \
-              > "$d/bits_$size.txt" 2>&1; rc=$?; echo "model_bits $size exit $rc: $(tail -1 "$d/bits_$size.txt")"
-          if [ $rc -ne 0 ]; then tail -5 "$d/bits_$size.txt"; break; fi
-        done
-        wait
-        echo "model_12M.json: $(tail -1 "$d/model_12M.err")"; disagree "$d/model_12M.json"
-        if [ $rc -ne 0 ]; then echo "s16d: bf16f does not give bf16o's bits here: stopping"; continue; fi
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16f bf16o --iters 30 \
-            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        OUT=$d profile_kernels kernels_120M_bf16f 40 --size 120M --products bf16f ;;
+        same_bits_then_time s16d bf16o bf16f 12M 317 30 || continue ;;
     s16c) # products bf16o with the loss keeping the logits (loss_fwd v18, loss_bwd v16: M and se saved a row, the
         # softmax recomputed in the backward) (issue 11): its bits against bf16s's at 120M and 12M, the whole model
         # against the twin at 120M, the step x30 (bf16o, bf16s), bit-exact resume in bf16 (the engine's: bf16o), the
         # 120M step kernel by kernel
-        mkdir -p "$OUT/s16c"; d="$OUT/s16c"
-        timeout 200 $py -m andrea_numba.check --size 120M --seed 313 --compile-workers 2 --model-only --products bf16o \
-            --json > "$d/model_120M.json" 2> "$d/model_120M.err" &
-        for size in 120M 12M; do
-          timeout 150 $py bench/model_bits.py --size $size --products bf16s bf16o --json "$d/bits_$size.json" \
-              > "$d/bits_$size.txt" 2>&1; echo "model_bits $size exit $?: $(tail -1 "$d/bits_$size.txt")"
-        done
-        wait
-        echo "model_120M.json: $(tail -1 "$d/model_120M.err")"; disagree "$d/model_120M.json"
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16o bf16s --iters 30 \
-            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        resume_bf16 "$d"
-        OUT=$d profile_kernels kernels_120M_bf16o 40 --size 120M --products bf16o ;;
+        same_bits_then_time s16c bf16s bf16o 120M 313 30 resume || continue ;;
     s16b) # products bf16o (issue 11): flash attention v14 and residual_layernorm_bwd v6 write the products'
         # activation operands in bf16: its bits against bf16s's (bench/model_bits.py) at 120M and 12M, the whole
         # model against the twin at 12M, the step x20 (bf16o, bf16s) and the 120M step kernel by kernel
-        mkdir -p "$OUT/s16b"; d="$OUT/s16b"
-        timeout 200 $py -m andrea_numba.check --size 12M --seed 311 --compile-workers 2 --model-only --products bf16o \
-            --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
-        for size in 120M 12M; do
-          timeout 150 $py bench/model_bits.py --size $size --products bf16s bf16o --json "$d/bits_$size.json" \
-              > "$d/bits_$size.txt" 2>&1; echo "model_bits $size exit $?: $(tail -1 "$d/bits_$size.txt")"
-        done
-        wait
-        echo "model_12M.json: $(tail -1 "$d/model_12M.err")"; disagree "$d/model_12M.json"
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16o bf16s --iters 20 \
-            --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        OUT=$d profile_kernels kernels_120M_bf16o 40 --size 120M --products bf16o ;;
+        same_bits_then_time s16b bf16s bf16o 12M 311 20 || continue ;;
     s16a) # for the next session (issue 11): products bf16s (bf16t with every weight rounded once a forward into
         # params16) against bf16t: the whole model at 12M and 120M, the step x20; mlp v20 (the GELU in v18's
         # epilogues) against v19 (bits and times at 120M, the step with it); the 120M step kernel by kernel
