@@ -41,6 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s17a (for the next session: matmul v23, v19 with its in-kernel split-K sums' loads batched: products beside v18, v19);
 #          s16d (products bf16f: matmul v19, the split-K slices added in the product's kernel: bits against bf16o, model, steps x30, profile);
 #          s16c (bf16o with loss v18/v16 (the logits kept, M and se saved): bits against bf16s, models, steps x30, bf16 resume, profile);
 #          s16b (products bf16o: flash v14 and LN bwd v6 writing the products' operands in bf16: bits against bf16s, model, steps, profile);
@@ -508,6 +509,31 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
+    s17a) # for the next session (issue 11): matmul v23 (v19 with the loads of its in-kernel split-K sums batched,
+        # wgmma_tma.py point 6) beside v18 (k_splitk_sum_v2 after the product) and v19 on every product of
+        # bench/gemm.py, the weight gradients' split shapes among them; then whether v23 gives v18's bits in a split
+        # 120M weight gradient (bench/v18_bits.py covers v17 against v18 only)
+        mkdir -p "$OUT/s17a"; d="$OUT/s17a"
+        timeout 200 $py bench/gemm.py --versions 18,19,23 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
+        timeout 120 $py - > "$d/bits.txt" 2>&1 <<'PY'
+import numpy as np
+from numba import cuda
+from andrea_numba.kernels import matmul as MM
+rng = np.random.default_rng(5)
+M, N, K = 768, 3072, 8192                      # 120M dW_1 += x^T @ dh: split over K
+a = rng.standard_normal((K, M)).astype(np.float32)
+b = rng.standard_normal((K, N)).astype(np.float32)
+o0 = rng.standard_normal((M, N)).astype(np.float32)
+outs = {}
+for v in (18, 19, 23):
+    out, work = cuda.to_device(o0), cuda.device_array(MM.splitk_work(M, K), np.float32)
+    MM.VERSIONS["matmul"][v](out, work, cuda.to_device(a), cuda.to_device(b), trans_a=True, accumulate=True)
+    outs[v] = out.copy_to_host()
+for v in (19, 23):
+    print(f"v{v} against v18: {'identical' if np.array_equal(outs[v].view(np.uint32), outs[18].view(np.uint32)) else 'DIFFERENT'}")
+PY
+        echo "bits exit $?"; cat "$d/bits.txt" ;;
     s16d) # products bf16f (issue 11): bf16o's ops on matmul v19, whose kernel adds its split-K slices itself: its
         # bits against bf16o's at 120M and 12M, the whole model against the twin at 12M, the step x30 (bf16f,
         # bf16o), the 120M step kernel by kernel

@@ -63,3 +63,26 @@ def test_products_bf16f_are_bf16o_on_v19():
                   GM.LOGITS_KINDS):
         assert "bf16o" in kinds and "bf16f" in kinds
     assert GM.PRECISION["bf16f"] == "bf16" and GM.WGMMA_KINDS["bf16f"] == "bf16a"
+
+
+@sim_only
+def test_v23_batches_the_sums_loads_and_keeps_v18s_bits(monkeypatch):
+    """v23 (fixup 2): a split product with more slices than a batch holds (SMAX = 8: K = 1280 on one
+    64 x 64 tile, with 16 resident blocks, gives 10 slices of 128, so a second batch continues the
+    running sums): v18's bits, counters back at 0."""
+    monkeypatch.setattr(MM, "RESIDENT_BLOCKS", 16)
+    rng = np.random.default_rng(233)
+    M, N, K = 64, 64, 1280
+    a, b = _operands(rng, M, N, K, True, False)
+    a16, b16 = _bits(a), _bits(b)
+    o0 = rng.standard_normal((M, N)).astype(np.float32)
+    work = cuda.to_device(np.zeros(16 * M * N, np.float32))
+    tile = MM.pick_tile(M, N, K, work, MM.sm_count())
+    S, _ = MM.splitk(M, N, K, 1, tile, work, MM.RESIDENT_BLOCKS)
+    assert S > 8, S
+    want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_v18)
+    got = _run(a16, b16, True, False, o0, work=cuda.to_device(np.full(16 * M * N, np.nan, np.float32)),
+               accumulate=True, launch=MM.matmul_v23)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not MM.COUNTS.reserve().copy_to_host().any()
+    assert MM.VERSIONS["matmul"][23] is MM.matmul_v23

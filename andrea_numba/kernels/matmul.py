@@ -884,9 +884,9 @@ COUNTS = SplitKCounts()
 
 
 def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, epilogue=None, aux=None,
-                fixup=False):
-    """matmul v18's launch (fixup: v19's, whose kernel adds its split-K slices itself, wgmma_tma.py
-    point 6); with a fused epilogue (point 5: ("gelu" | "dgelu", pair) and its aux array) no
+                fixup=0):
+    """matmul v18's launch (fixup 1, 2: v19's, v23's, whose kernels add their split-K slices
+    themselves, wgmma_tma.py point 6); with a fused epilogue (point 5: ("gelu" | "dgelu", pair) and its aux array) no
     split-K, and operands a tensor map cannot read raise (the caller checks tma_fits first)."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
@@ -952,9 +952,23 @@ WARP_MATMUL["bf16t"] = matmul_v18            # products "bf16t" (gpu_model): the
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v19(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """matmul v18 with the split-K slices added in the product's own kernel (SplitKCounts)."""
-    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=True)
+    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=1)
 
 
 matmul_v19.precision = "bf16"
 VERSIONS["matmul"][19] = matmul_v19
 WARP_MATMUL["bf16f"] = matmul_v19            # products "bf16f" (gpu_model): bf16o's ops on v19
+
+
+# v23: v19 with the in-kernel sums' loads batched (20-22 are the library route's numbers, cublaslt.py) (wgmma_tma.py, point 6: sum_slices_batched, up to 8
+# slices of 2 accumulator pairs in flight before the adds, in the same order): v18's bits. Not yet
+# run on a GPU (the fifteenth session's device time ran out after v19's measurement); the simulator
+# checks its bits (tests/test_matmul_v19.py), bench/gpu_profile.sh s17a times it.
+@blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
+def matmul_v23(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """matmul v19 with the split-K slices' loads batched before their adds."""
+    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=2)
+
+
+matmul_v23.precision = "bf16"
+VERSIONS["matmul"][23] = matmul_v23

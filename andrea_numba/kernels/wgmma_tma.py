@@ -72,6 +72,11 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
    reads another warp's cells before they are final (no stale L1 lines). On the H200 (2026-12-03)
    this gave v18's bits and was 7x slower on the split products: sum_slices' loads, one scalar a
    slice a cell, each waits for the one before; they need to be batched.
+   matmul v23 (fixup = 2) sums the same way with its loads batched (sum_slices_batched): for
+   PAIRS pairs of neighbouring cells at a time it loads up to SMAX slices of each into registers
+   (every load in flight at once, a constant number of them: no local memory), then adds them in
+   slice order; past SMAX slices the next SMAX continue the same running sums. The same additions
+   in the same order as v19 and k_splitk_sum_v2: v18's bits.
 
 Same sums as v17 (inputs rounded to bf16 ties to even, exact products, wgmma's fp32 sums in the
 same k16 order within a stage, stages in order): v17's bits, at BN = 256 too (bench/v18_bits.py:
@@ -319,14 +324,14 @@ else:
         return intrinsic(typer)
 
 
-def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=False):
+def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
     """The v18 kernel for out (+)= op(a16) @ op(b16) (a16 [M, K] or [K, M] when trans_a, b16 [K, N]
     or [N, K] when trans_b: bf16 copies as stored), BM x BN tiles, `stages` in the ring:
     k(out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit), tmap_*: the tensor maps' addresses
     (tma.TMAPS: boxes of BM or BN rows for a K-major operand, BK rows for an MN-major one); part
     [S, M, N]: S = 1 (out itself, viewed [1, M, N]) or the split-K slices; counts: int32, a counter
-    for each (tile, consumer warp) of a split product, all 0 (fixup: v19 adds the slices itself,
-    point 6; v18 leaves them to k_splitk_sum_v2 and never reads counts)."""
+    for each (tile, consumer warp) of a split product, all 0 (fixup 1 or 2: v19 or v23 adds the
+    slices itself, point 6; 0: v18 leaves them to k_splitk_sum_v2 and never reads counts)."""
     C = BM // 64                                             # consumer warpgroups
     # who lets go of a stage: one lane a consumer warp on a GPU (after wgmma.wait_group, a
     # .sync.aligned instruction, all 32 lanes have passed the stage's wait); in the simulator, where
@@ -421,6 +426,40 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=False
                 else:
                     out[row, col] = v
 
+    SMAX, PAIRS = 8, 2                                       # v23: slices and accumulator pairs a batch
+    XSHAPE, PQ = (SMAX, 2 * PAIRS), 2 * PAIRS                # (constants for cuda.local.array)
+
+    @cuda.jit(device=True)
+    def sum_slices_batched(out, part, r0, c0, accumulate):
+        """Point 6, v23: sum_slices' sums (the same order) with the loads of PAIRS accumulator pairs
+        x up to SMAX slices issued before any add. x[z, 2 p + c]: slice z0 + z, pair p, column c."""
+        M, N = out.shape
+        S = part.shape[0]
+        x = cuda.local.array(XSHAPE, float32)
+        v = cuda.local.array(PQ, float32)
+        for r in range(0, NREG, 2 * PAIRS):              # accumulators r .. r + 2 PAIRS - 1
+            for z0 in range(0, S, SMAX):
+                for z in range(SMAX):                    # the loads: independent, all in flight
+                    for q in range(2 * PAIRS):
+                        row, col = r0 + 8 * (((r + q) >> 1) & 1), c0 + 8 * ((r + q) >> 2) + ((r + q) & 1)
+                        if z0 + z < S and row < M and col < N:
+                            x[z, q] = part[z0 + z, row, col]
+                for q in range(2 * PAIRS):               # the adds, in slice order
+                    if z0 == 0:
+                        v[q] = x[0, q]
+                    else:
+                        v[q] += x[0, q]
+                    for z in range(1, SMAX):
+                        if z0 + z < S:
+                            v[q] += x[z, q]
+            for q in range(2 * PAIRS):
+                row, col = r0 + 8 * (((r + q) >> 1) & 1), c0 + 8 * ((r + q) >> 2) + ((r + q) & 1)
+                if row < M and col < N:
+                    if accumulate:
+                        out[row, col] += v[q]
+                    else:
+                        out[row, col] = v[q]
+
     @cuda.jit(device=True)
     def consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K, counts):
         tid = cuda.threadIdx.x
@@ -456,7 +495,10 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=False
             else:
                 store_tile(part[z], d, r0, c0, False)
                 if fixup and warp_last(counts, (u % tiles) * WARPS_C + warp, part.shape[0], warp, lane):
-                    sum_slices(out, part, r0, c0, accumulate)       # the last slice's warp: point 6
+                    if fixup == 2:                                  # the last slice's warp: point 6
+                        sum_slices_batched(out, part, r0, c0, accumulate)
+                    else:
+                        sum_slices(out, part, r0, c0, accumulate)
 
     def k_matmul(out, part, a, b, tmap_a, tmap_b, accumulate, ksplit, aux, counts):
         ring = cuda.shared.array(0, float32)
@@ -481,14 +523,14 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=False
 
     k_matmul.__doc__ = (f"Persistent {BM} x {BN} tiles of out (+)= op(a) @ op(b) on wgmma, {C} consumer warpgroups "
                         f"and a TMA producer warp over a ring of {stages} stages (kernels/wgmma_tma.py).")
-    k_matmul.__name__ = k_matmul.__qualname__ = "k_matmul_v19" if fixup else "k_matmul_v18"
+    k_matmul.__name__ = k_matmul.__qualname__ = f"k_matmul_v{(18, 19, 23)[fixup]}"     # fixup 0, 1, 2: v18, v19, v23
     return k_matmul, THREADS
 
 
 @functools.cache
-def tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=False):
-    """(the compiled-on-demand kernel, threads a block) for one v18 tile, form and epilogue (fixup:
-    v19's), cached."""
+def tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
+    """(the compiled-on-demand kernel, threads a block) for one v18 tile, form and epilogue (fixup 1,
+    2: v19's, v23's), cached."""
     k, threads = make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue, fixup)
     if SIMULATOR:
         return cuda.jit(k), threads
