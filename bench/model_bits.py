@@ -6,7 +6,7 @@ same parameters and tokens, the loss and every gradient compared.
 For kinds that should give the same bits (bf16s against bf16t, or bf16o against bf16s: the same
 products reading the same rounded operands, written by other kernels), the line says "identical";
 otherwise how far apart they are (relative to the largest gradient). The simulator tests check the
-same at the tiny size (tests/test_params16.py, tests/test_out16.py); this is the check at 12M and
+same at the tiny size (tests/test_out16.py); this is the check at 12M and
 120M on the GPU's own code.
 """
 import argparse
