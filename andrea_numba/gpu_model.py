@@ -495,15 +495,12 @@ LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp
 # "bf16o": bf16s with the products' activation operands written in bf16 by the ops that make them
 # (OUT16's comment: flash attention v14, residual_layernorm_bwd v6): the same bits, five copies of
 # [N, C] a layer fewer; its loss keeps the logits (loss_fwd v18, loss_bwd v16: LOGITS_KINDS)
-# "bf16f": bf16o's ops on matmul v19, whose kernel adds its split-K slices itself (attn_qkv,
-# attn_out v16, mlp v21, loss_bwd v17): the same bits, no k_splitk_sum launches; on the H200 slower
-# (34.1 ms against 24.9 at 120M: its in-kernel sums wait on their loads one by one)
 PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, "bf16t": 15, "bf16s": 15, "bf16o": 15, "bf16f": 16,
+            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, "bf16t": 15, "bf16s": 15, "bf16o": 15,
             **{kind: None for kind in LIBRARY_PRECISION}}
 MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17,
-               "bf16m": 18, "bf16t": 19, "bf16s": 19, "bf16o": 19, "bf16f": 21}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17, "bf16s": 17, "bf16o": 18, "bf16f": 18}   # the loss forward's, where not the linear ops'
+               "bf16m": 18, "bf16t": 19, "bf16s": 19, "bf16o": 19}
+LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17, "bf16s": 17, "bf16o": 18}   # the loss forward's, where not the linear ops'
 PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16o", "fp16": "f16w"}   # train.precision -> the engine's products
 # flash attention's version by the products' precision (kernels/attn_flash_v13.py: v13 bf16; attn_flash_lowp.py:
 # v12 fp16, and v11, bf16's before v13);
@@ -533,7 +530,7 @@ def products_scratch(products: str, N: int, C: int, V: int) -> dict:
 
 # kinds whose products run wgmma, an instruction of Hopper GPUs only (sm_90a: compute capability 9.0)
 # -> the kind a run gets on any other GPU (the same math on mma.sync, other sums)
-WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a", "bf16t": "bf16a", "bf16s": "bf16a", "bf16o": "bf16a", "bf16f": "bf16a"}
+WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a", "bf16t": "bf16a", "bf16s": "bf16a", "bf16o": "bf16a"}
 
 
 def wgmma_runs_here() -> bool:
@@ -552,15 +549,15 @@ def products_kind(precision: str, products: str = "numba") -> str:
     kind = (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
     return WGMMA_KINDS[kind] if kind in WGMMA_KINDS and not wgmma_runs_here() else kind
 # products -> the precision of the twin that matches it (every other kind: fp32)
-COPIES_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s", "bf16o", "bf16f"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
-SAVED16_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s", "bf16o", "bf16f"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
-HELD_KINDS = {"bf16r", "bf16m", "bf16t", "bf16s", "bf16o", "bf16f"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
-TMA_KINDS = {"bf16t", "bf16s", "bf16o", "bf16f"}                          # ... and whose products read through TMA tensor maps (tma.TMAPS)
-SHADOW_KINDS = {"bf16s", "bf16o", "bf16f"}                       # ... and whose products read their weights from params16
-OUT16_KINDS = {"bf16o", "bf16f"}                                 # ... and whose ops write the products' operands in bf16 (OUT16)
+COPIES_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s", "bf16o"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
+SAVED16_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s", "bf16o"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
+HELD_KINDS = {"bf16r", "bf16m", "bf16t", "bf16s", "bf16o"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
+TMA_KINDS = {"bf16t", "bf16s", "bf16o"}                          # ... and whose products read through TMA tensor maps (tma.TMAPS)
+SHADOW_KINDS = {"bf16s", "bf16o"}                       # ... and whose products read their weights from params16
+OUT16_KINDS = {"bf16o"}                                 # ... and whose ops write the products' operands in bf16 (OUT16)
 OUT16_FLASH = 14                                        # the flash attention version that does (kernels/attn_flash_v13.py)
-LOGITS_KINDS = {"bf16o", "bf16f"}     # ... and whose training loss keeps the logits in probs, saving M and se a row (loss v18/v16)
-LOSS_BWD_VERSION = {"bf16o": 16, "bf16f": 17}                        # the loss backward's, where not the linear ops'
+LOGITS_KINDS = {"bf16o"}     # ... and whose training loss keeps the logits in probs, saving M and se a row (loss v18/v16)
+LOSS_BWD_VERSION = {"bf16o": 16}                        # the loss backward's, where not the linear ops'
 
 
 def flash_version_for(products: str):
@@ -573,7 +570,7 @@ def writes_out16(products: str, m: ModelConfig) -> bool:
     """Whether a flash-attention model of these products and shapes writes OUT16's bf16 operands:
     products in OUT16_KINDS and an even head size (flash v14 writes channel pairs as words)."""
     return products in OUT16_KINDS and (m.d_model // m.n_head) % 2 == 0
-PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "bf16t": "bf16", "bf16s": "bf16", "bf16o": "bf16", "bf16f": "bf16", "f16w": "fp16",
+PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "bf16t": "bf16", "bf16s": "bf16", "bf16o": "bf16", "f16w": "fp16",
              **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 
 

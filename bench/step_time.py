@@ -26,8 +26,9 @@ from numba import cuda
 
 from andrea_numba import cli
 from andrea_numba.config import load_config
-from andrea_numba.gpu_model import PRODUCTS, GPUModel, flash_version_for
+from andrea_numba.gpu_model import PRODUCTS, TMA_KINDS, GPUModel, flash_version_for
 from andrea_numba.kernels import attn_flash, mlp
+from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import init_params, n_params
 
@@ -208,6 +209,9 @@ def main(argv=None):
                          "with bf16 products, v12 with fp16)")
     ap.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
                     help="run the MLP's launchers of this version in the model (5 and 6: the k-major tiles)")
+    ap.add_argument("--tma-matmul", nargs="+", type=int, choices=(18, 19, 23), default=[18],
+                    help="with products on TMA (bf16t, bf16s, bf16o): time each with these matmul versions "
+                         "(18, the engine's; 19 and 23: the split-K slices added in the product's kernel)")
     args = ap.parse_args(argv)
     flash_versions = args.flash_version or [None]          # None: the model's own (by its products' precision)
     rows, train_steps = [], []         # train_steps: a line for each size's PyTorch training step
@@ -241,10 +245,16 @@ def main(argv=None):
             runs = [(False, None)] if args.attention != "flash" else []
             own = flash_version_for(products) or engine_flash_version()
             runs += [(True, v or own) for v in flash_versions] if args.attention != "plain" else []
-            for flash, fv in runs:
-                fwd, bwd, loss, nbytes, graph = time_ours(m, B, T, args.iters, flash=flash, products=products,
-                                                          flash_version=fv, mlp_version=args.mlp_version)
-                row = {"size": size, "products": products, "flash": flash, "flash_version": fv,
+            tma = args.tma_matmul if products in TMA_KINDS else [18]
+            for (flash, fv), mm in ((r, v) for r in runs for v in tma):
+                old = MM.tma_matmul(mm)               # (18: the engine's, as it was)
+                try:
+                    fwd, bwd, loss, nbytes, graph = time_ours(m, B, T, args.iters, flash=flash, products=products,
+                                                              flash_version=fv, mlp_version=args.mlp_version)
+                finally:
+                    MM.WARP_MATMUL["bf16t"] = old
+                row = {"size": size, "products": products + ("" if mm == 18 else f"/mm{mm}"), "flash": flash,
+                       "flash_version": fv,
                        "mlp_version": args.mlp_version, "B": B, "T": T,
                        "params": n_params(m),
                        "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "tokens_per_s": B * T / (fwd + bwd), "graph_ms": graph,

@@ -256,7 +256,7 @@ def test_products_bf16t_are_the_linear_ops_on_v18():
         assert n in table.VERSIONS[name], (name, n)
     for kinds in (GM.COPIES_KINDS, GM.SAVED16_KINDS, GM.HELD_KINDS, GM.TMA_KINDS):
         assert "bf16t" in kinds
-    assert GM.TMA_KINDS == {"bf16t", "bf16s", "bf16o", "bf16f"} and GM.PRECISION["bf16t"] == "bf16" and GM.WGMMA_KINDS["bf16t"] == "bf16a"
+    assert GM.TMA_KINDS == {"bf16t", "bf16s", "bf16o"} and GM.PRECISION["bf16t"] == "bf16" and GM.WGMMA_KINDS["bf16t"] == "bf16a"
     held = GM.products_scratch("bf16t", 64, 32, 96)
     assert held["tma_tensor_maps"] == tma.TensorMaps.SLOTS * tma.MAP_BYTES
     assert {"operands_16bit", "operands_held_16bit"} <= set(held)

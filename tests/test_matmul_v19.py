@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from andrea_numba import gpu_model as GM
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels.common import SIMULATOR
 from test_matmul_v12 import _operands, _run
@@ -44,25 +43,20 @@ def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_ze
     assert sums == [1]                                    # v19: none
 
 
-def test_v19_is_the_products_of_bf16f():
-    assert MM.VERSIONS["matmul"][19] is MM.matmul_v19 and MM.WARP_MATMUL["bf16f"] is MM.matmul_v19
-    assert MM.matmul_v19.precision == "bf16"
-
-
-def test_products_bf16f_are_bf16o_on_v19():
-    """bf16f: bf16o's model (OUT16, the logits kept, params16) with the linear ops whose products are
-    matmul v19's (attn_qkv, attn_out v16, mlp v21, loss_bwd v17; loss_fwd v18, whose logits are not split)."""
-    from andrea_numba.kernels import attn_out, attn_qkv, loss, mlp
-    v = GM.PRODUCTS["bf16f"]
-    assert v == 16 and GM.MLP_VERSION["bf16f"] == 21 and GM.LOSS_BWD_VERSION["bf16f"] == 17
-    assert GM.LOSS_FWD_VERSION["bf16f"] == 18
-    for ops in (attn_qkv.VERSIONS, attn_out.VERSIONS):
-        assert all(ops[name][v].precision == "bf16" for name in ops)
-    assert mlp.VERSIONS["mlp_bwd"][21].precision == loss.VERSIONS["loss_bwd"][17].precision == "bf16"
-    for kinds in (GM.COPIES_KINDS, GM.SAVED16_KINDS, GM.HELD_KINDS, GM.TMA_KINDS, GM.SHADOW_KINDS, GM.OUT16_KINDS,
-                  GM.LOGITS_KINDS):
-        assert "bf16o" in kinds and "bf16f" in kinds
-    assert GM.PRECISION["bf16f"] == "bf16" and GM.WGMMA_KINDS["bf16f"] == "bf16a"
+def test_tma_matmul_points_the_tma_kinds_products_at_a_fixup_version_and_back():
+    """Benchmarks time v19 and v23 inside the whole model by pointing the TMA kinds' products
+    (WARP_MATMUL["bf16t"], which bf16t, bf16s and bf16o's ops call) at them, then back."""
+    assert MM.VERSIONS["matmul"][19] is MM.matmul_v19 and MM.matmul_v19.precision == "bf16"
+    engine = MM.WARP_MATMUL["bf16t"]
+    assert engine is MM.matmul_v18
+    old = MM.tma_matmul(23)
+    try:
+        assert old is engine and MM.WARP_MATMUL["bf16t"] is MM.matmul_v23
+    finally:
+        MM.WARP_MATMUL["bf16t"] = old
+    with pytest.raises(AssertionError):
+        MM.tma_matmul(17)
+    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
 
 
 @sim_only

@@ -279,26 +279,12 @@ def attn_out_bwd_v15(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     _bwd_held("bf16t", dy, dw_o, work, dout, y, w_o, block, stream)
 
 
-# v16: v15 on matmul v19 (dW_O's split-K slices added in the product's own kernel).
-@blocks(**TMA_OP_TILES)
-def attn_out_fwd_v16(out, y, w_o, *, block, stream=0):
-    """out = y @ W_O through matmul v19."""
-    WARP_MATMUL["bf16f"](out, None, y, w_o, block=block, stream=stream)
-
-
-@blocks(**TMA_OP_TILES)
-def attn_out_bwd_v16(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
-    """v15's backward with both products on matmul v19."""
-    _bwd_held("bf16f", dy, dw_o, work, dout, y, w_o, block, stream)
-
-
 attn_out_fwd_v13.precision = attn_out_bwd_v13.precision = "bf16"
 attn_out_fwd_v15.precision = attn_out_bwd_v15.precision = "bf16"
-attn_out_fwd_v16.precision = attn_out_bwd_v16.precision = "bf16"
 attn_out_fwd_v14.precision = attn_out_bwd_v14.precision = "bf16"
 
 VERSIONS = {"attn_out_fwd": {1: attn_out_fwd_v1, 2: attn_out_fwd_v2, 3: attn_out_fwd_v3, 4: attn_out_fwd_v4, 5: attn_out_fwd_v5, 6: attn_out_fwd_v6, 7: attn_out_fwd_v7,
-                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10, 11: attn_out_fwd_v11, 12: attn_out_fwd_v12, 13: attn_out_fwd_v13, 14: attn_out_fwd_v14, 15: attn_out_fwd_v15, 16: attn_out_fwd_v16},
+                             8: attn_out_fwd_v8, 9: attn_out_fwd_v9, 10: attn_out_fwd_v10, 11: attn_out_fwd_v11, 12: attn_out_fwd_v12, 13: attn_out_fwd_v13, 14: attn_out_fwd_v14, 15: attn_out_fwd_v15},
             "attn_out_bwd": {1: attn_out_bwd_v1, 2: attn_out_bwd_v2, 3: attn_out_bwd_v3, 4: attn_out_bwd_v4, 5: attn_out_bwd_v5, 6: attn_out_bwd_v6, 7: attn_out_bwd_v7,
-                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10, 11: attn_out_bwd_v11, 12: attn_out_bwd_v12, 13: attn_out_bwd_v13, 14: attn_out_bwd_v14, 15: attn_out_bwd_v15, 16: attn_out_bwd_v16}}
+                             8: attn_out_bwd_v8, 9: attn_out_bwd_v9, 10: attn_out_bwd_v10, 11: attn_out_bwd_v11, 12: attn_out_bwd_v12, 13: attn_out_bwd_v13, 14: attn_out_bwd_v14, 15: attn_out_bwd_v15}}
 attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7          # what the engine uses

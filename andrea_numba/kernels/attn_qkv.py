@@ -331,28 +331,14 @@ def attn_qkv_bwd_v15(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *
     _bwd_held("bf16t", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
-# v16: v15 on matmul v19 (the weight gradients' split-K slices added in the product's own kernel).
-@blocks(**TMA_OP_TILES)
-def attn_qkv_fwd_v16(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """q, k, v: three products of matmul v19."""
-    _fwd_chain("bf16f", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**TMA_OP_TILES)
-def attn_qkv_bwd_v16(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v15's backward with all six products on matmul v19."""
-    _bwd_held("bf16f", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
 attn_qkv_fwd_v13.precision = attn_qkv_bwd_v13.precision = "bf16"
 attn_qkv_fwd_v15.precision = attn_qkv_bwd_v15.precision = "bf16"
-attn_qkv_fwd_v16.precision = attn_qkv_bwd_v16.precision = "bf16"
 attn_qkv_fwd_v14.precision = attn_qkv_bwd_v14.precision = "bf16"
 
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
 VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7,
-                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_v12, 13: attn_qkv_fwd_v13, 14: attn_qkv_fwd_v14, 15: attn_qkv_fwd_v15, 16: attn_qkv_fwd_v16},
+                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_v12, 13: attn_qkv_fwd_v13, 14: attn_qkv_fwd_v14, 15: attn_qkv_fwd_v15},
             "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7,
-                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_v12, 13: attn_qkv_bwd_v13, 14: attn_qkv_bwd_v14, 15: attn_qkv_bwd_v15, 16: attn_qkv_bwd_v16}}
+                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_v12, 13: attn_qkv_bwd_v13, 14: attn_qkv_bwd_v14, 15: attn_qkv_bwd_v15}}
 attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7          # what the engine uses

@@ -678,16 +678,6 @@ def loss_bwd_v16(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stat
 loss_fwd_v18.precision = loss_bwd_v16.precision = "bf16"
 
 
-# v17 backward: v16 with both products on matmul v19 (dx = dlogits @ wte, K = V, is split over K at
-# 120M: its slices added in the product's own kernel). The forward stays v18 (the logits are not split).
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v17(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stats=None, block, stream=0):
-    """v16 with both products on matmul v19."""
-    _bwd_bf16("bf16f", dx, dwte, work, dloss, x, wte, probs, targets, block, stream, _stats_for(probs, stats))
-
-
-loss_bwd_v17.precision = "bf16"
-
 
 loss_fwd_v14.precision = loss_bwd_v13.precision = "bf16"
 loss_fwd_v16.precision = loss_bwd_v15.precision = "bf16"
@@ -698,5 +688,5 @@ VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss
                          18: loss_fwd_v18},
             "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8,
                          9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12, 13: loss_bwd_v13, 14: loss_bwd_v14, 15: loss_bwd_v15,
-                         16: loss_bwd_v16, 17: loss_bwd_v17}}
+                         16: loss_bwd_v16}}
 loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses

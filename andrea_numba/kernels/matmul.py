@@ -957,10 +957,21 @@ def matmul_v19(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 matmul_v19.precision = "bf16"
 VERSIONS["matmul"][19] = matmul_v19
-WARP_MATMUL["bf16f"] = matmul_v19            # products "bf16f" (gpu_model): bf16o's ops on v19
+# (The fifteenth session timed v19 in the engine as products "bf16f": bf16o's ops on v19, since removed;
+# bench/step_time.py --tma-matmul 19 runs the same thing: tma_matmul.)
 
 
-# v23: v19 with the in-kernel sums' loads batched (20-22 are the library route's numbers, cublaslt.py) (wgmma_tma.py, point 6: sum_slices_batched, up to 8
+def tma_matmul(version: int):
+    """Benchmarks only: make the products of the kinds on TMA (bf16t, bf16s, bf16o: WARP_MATMUL["bf16t"],
+    which their ops call at each product) matmul `version` (18, 19, 23), for a rung of the split-K
+    fixup timed and checked inside the whole model without a products kind of its own. Returns the
+    launcher it replaced (put it back after)."""
+    assert version in (18, 19, 23), f"matmul v{version} is not a TMA version (18, 19, 23)"
+    old, WARP_MATMUL["bf16t"] = WARP_MATMUL["bf16t"], VERSIONS["matmul"][version]
+    return old
+
+
+# v23: v19 with the in-kernel sums' loads batched (20-22 are the library route's numbers, cublaslt.py). (wgmma_tma.py, point 6: sum_slices_batched, up to 8
 # slices of 2 accumulator pairs in flight before the adds, in the same order): v18's bits. Not yet
 # run on a GPU (the fifteenth session's device time ran out after v19's measurement); the simulator
 # checks its bits (tests/test_matmul_v19.py), bench/gpu_profile.sh s17a times it.

@@ -678,27 +678,11 @@ mlp_fwd_v19.precision = mlp_bwd_v19.precision = "bf16"
 mlp_fwd_v18.precision = mlp_bwd_v18.precision = "bf16"
 
 
-# v21: v19 on matmul v19 (dW_1's and dW_2's split-K slices added in the product's own kernel).
-@blocks(**TMA_OP_TILES)
-def mlp_fwd_v21(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
-    """v19 with its products from matmul v19."""
-    gelu_pass = gelu_fwd_v3 if h.dtype == np.uint16 else gelu_fwd_v2
-    _fwd_split("bf16f", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
-
-
-@blocks(**TMA_OP_TILES)
-def mlp_bwd_v21(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
-    """v19's backward with its products from matmul v19."""
-    _bwd_held("bf16f", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
-
-
-mlp_fwd_v21.precision = mlp_bwd_v21.precision = "bf16"
-
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 
 VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
-                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13, 14: mlp_fwd_v14, 15: mlp_fwd_v15, 16: mlp_fwd_v16, 17: mlp_fwd_v17, 18: mlp_fwd_v18, 19: mlp_fwd_v19, 20: mlp_fwd_v20, 21: mlp_fwd_v21},
+                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13, 14: mlp_fwd_v14, 15: mlp_fwd_v15, 16: mlp_fwd_v16, 17: mlp_fwd_v17, 18: mlp_fwd_v18, 19: mlp_fwd_v19, 20: mlp_fwd_v20},
             "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
-                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13, 14: mlp_bwd_v14, 15: mlp_bwd_v15, 16: mlp_bwd_v16, 17: mlp_bwd_v17, 18: mlp_bwd_v18, 19: mlp_bwd_v19, 20: mlp_bwd_v20, 21: mlp_bwd_v21}}
+                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13, 14: mlp_bwd_v14, 15: mlp_bwd_v15, 16: mlp_bwd_v16, 17: mlp_bwd_v17, 18: mlp_bwd_v18, 19: mlp_bwd_v19, 20: mlp_bwd_v20}}
 mlp_fwd, mlp_bwd = mlp_fwd_v12, mlp_bwd_v12        # what the engine uses
