@@ -867,8 +867,8 @@ def matmul_v18(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 class SplitKCounts:
     """matmul v19's counters (wgmma_tma.py, point 6): an int32 for each (tile, consumer warp) of a
     split product, all 0 between launches (the last warp of each sets its counter back). One array
-    for every launch (they run in stream order), reserved by a model before its first step; the
-    harness's and benchmarks' launches reserve it at their first split product."""
+    for every launch (they run in stream order), reserved by a model before its first step (and by
+    the first v18 launch elsewhere: the harness, the benchmarks). v18 passes it too, unread."""
     SIZE = 1 << 14                  # 16384: 2048 tiles of 8 consumer warps (a split product has few)
 
     def __init__(self):
@@ -913,7 +913,7 @@ def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, ep
     S, ksplit = splitk(M, N, K, 1, block, work, resident)
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
     if fixup and S > 1:
-        assert cdiv(M, BM) * cdiv(N, BN) * 4 * (BM // 64) <= counts.shape[0], "matmul v19: more tiles than counters"
+        assert cdiv(M, BM) * cdiv(N, BN) * 4 * (BM // 64) <= counts.shape[0], "split-K fixup: more tiles than counters"
     kernel[units_grid(M, N, S, BM, BN, resident), threads, stream, shared](
         out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit, aux, counts)
     if S > 1 and not fixup:
@@ -971,9 +971,9 @@ def tma_matmul(version: int):
     return old
 
 
-# v23: v19 with the in-kernel sums' loads batched (20-22 are the library route's numbers, cublaslt.py). (wgmma_tma.py, point 6: sum_slices_batched, up to 8
-# slices of 2 accumulator pairs in flight before the adds, in the same order): v18's bits. Not yet
-# run on a GPU (the fifteenth session's device time ran out after v19's measurement); the simulator
+# v23 (20-22 are the library route's numbers, cublaslt.py): v19 with the in-kernel sums' loads batched
+# (wgmma_tma.py, point 6: sum_slices_batched, up to 8 slices of 2 accumulator pairs in flight before
+# the adds, in the same order): v18's bits. Not yet run on a GPU (the fifteenth session's device time ran out after v19's measurement); the simulator
 # checks its bits (tests/test_matmul_v19.py), bench/gpu_profile.sh s17a times it.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v23(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):

@@ -677,7 +677,6 @@ mlp_fwd_v17.precision = mlp_bwd_v17.precision = "bf16"
 mlp_fwd_v19.precision = mlp_bwd_v19.precision = "bf16"
 mlp_fwd_v18.precision = mlp_bwd_v18.precision = "bf16"
 
-
 k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
 k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
 

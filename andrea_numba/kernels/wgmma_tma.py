@@ -74,9 +74,10 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
    slice a cell, each waits for the one before; they need to be batched.
    matmul v23 (fixup = 2) sums the same way with its loads batched (sum_slices_batched): for
    PAIRS pairs of neighbouring cells at a time it loads up to SMAX slices of each into registers
-   (every load in flight at once, a constant number of them: no local memory), then adds them in
-   slice order; past SMAX slices the next SMAX continue the same running sums. The same additions
-   in the same order as v19 and k_splitk_sum_v2: v18's bits.
+   (every load in flight at once; constant indices once the loops unroll, so the arrays are
+   registers, though ptxas spills 44 bytes at 128 x 256), then adds them in slice order; past SMAX
+   slices the next SMAX continue the same running sums. The same additions in the same order as
+   v19 and k_splitk_sum_v2: v18's bits. Not yet timed on a GPU.
 
 Same sums as v17 (inputs rounded to bf16 ties to even, exact products, wgmma's fp32 sums in the
 same k16 order within a stage, stages in order): v17's bits, at BN = 256 too (bench/v18_bits.py:
