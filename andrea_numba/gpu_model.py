@@ -168,7 +168,8 @@ class GPUModel:
     registers); "bf16s" bf16t reading every weight from params16, a bf16 copy of the parameters
     rounded once a forward; "bf16o" (the engine's --precision bf16 on a Hopper) bf16s with the
     products' activation operands written in bf16 by the ops that make them (OUT16: flash attention
-    v14, residual_layernorm_bwd v6). "cublas", "cublas-bf16",
+    v14, residual_layernorm_bwd v6) and its training loss keeping the logits (loss v18/v16,
+    LOGITS_KINDS). "cublas", "cublas-bf16",
     "cublas-fp16" run every product of the linear ops through cuBLASLt in fp32, bf16 or fp16
     (kernels/cublaslt.py: the library route, on a GPU with nvmath-python). With bf16 or fp16
     products flash attention runs with products at that precision too (v13, v12: FLASH_VERSION), as
