@@ -58,19 +58,89 @@ def products_in(precision):
 
 
 def current():
-    """The precision products_in set ("bf16", "fp16"), or None: exact products."""
+    """The precision products_in set ("bf16", "fp16", an FP8 scope), or None: exact products."""
     return _PRODUCTS.get()
 
 
 def mm(a, b):
     """a @ b as a product kernel of the current precision (products_in) computes it: exact by
     default; at "bf16" both inputs rounded to bf16 first (every product of two bf16 values is
-    exact; the sums stay in the inputs' dtype). The twins' products all go through here."""
+    exact; the sums stay in the inputs' dtype); at an FP8 scope (FP8_SCOPES) see fp8_mm. The twins'
+    products all go through here."""
     precision = _PRODUCTS.get()
     if precision is None:
         return a @ b
+    if precision in FP8_SCOPES:
+        return fp8_mm(precision, a, b)
     rnd = ROUND[precision]
     return rnd(a).astype(a.dtype) @ rnd(b).astype(b.dtype)
+
+
+# FP8 (issue 12: reference/fp8.py), simulated: each operand of a product quantized per tensor (scaled
+# from its amax, rounded, scaled back), the product in float64. Which products, and to which format,
+# is the scope's:
+#     "fp8-fwd"    the forward's products in E4M3; the backward's exact
+#     "fp8-e5m2"   every product in E4M3, but a gradient operand of the backward's in E5M2
+#     "fp8-all"    every product's operands in E4M3
+# The backward is the code run inside backward_products(). A gradient operand is a Grad array: the
+# caller marks the backward's upstream gradients (as_grad), NumPy carries the mark through the
+# twins' arithmetic (a view, a product, a sum with a plain array are Grads too), and fp8_mm marks
+# what it returns in the backward. fp8_log() collects, for every quantized operand, its format,
+# shape, amax and the fractions that underflowed and saturated.
+FP8_SCOPES = ("fp8-fwd", "fp8-e5m2", "fp8-all")
+_BACKWARD = contextvars.ContextVar("backward", default=False)
+_FP8_LOG = contextvars.ContextVar("fp8_log", default=None)
+
+
+class Grad(np.ndarray):
+    """An array that is (derived from) a gradient of the backward pass: its products' operand in
+    E5M2 at scope "fp8-e5m2"."""
+
+
+def as_grad(a):
+    """a (an array or a number) marked as a gradient (a view: no copy)."""
+    return np.asarray(a).view(Grad)
+
+
+@contextlib.contextmanager
+def backward_products():
+    """Inside: the products are the backward pass's (their scope's backward formats)."""
+    token = _BACKWARD.set(True)
+    try:
+        yield
+    finally:
+        _BACKWARD.reset(token)
+
+
+@contextlib.contextmanager
+def fp8_log():
+    """Inside: every operand fp8_mm quantizes is recorded in the list this yields."""
+    log = []
+    token = _FP8_LOG.set(log)
+    try:
+        yield log
+    finally:
+        _FP8_LOG.reset(token)
+
+
+def fp8_mm(scope, a, b):
+    """a @ b with a and b quantized per tensor (reference/fp8.py's quantize) as scope says (above)."""
+    from .fp8 import E4M3, E5M2, quantize
+    backward = _BACKWARD.get()
+    if backward and scope == "fp8-fwd":
+        out = np.asarray(a) @ np.asarray(b)
+    else:
+        ops = []
+        for x in (a, b):
+            fmt = E5M2 if backward and scope == "fp8-e5m2" and isinstance(x, Grad) else E4M3
+            q = quantize(np.asarray(x), fmt)
+            log = _FP8_LOG.get()
+            if log is not None:
+                log.append(dict(format=fmt.name, shape=tuple(np.shape(x)), backward=backward, amax=q.amax,
+                                underflow=q.underflow, saturated=q.saturated))
+            ops.append(q.values)
+        out = ops[0] @ ops[1]
+    return out.view(Grad) if isinstance(a, Grad) or isinstance(b, Grad) else out
 
 
 # (u, e) of a format: rounding moves a value x by at most u |x| + e (e: half the spacing of its

@@ -76,3 +76,61 @@ def test_per_tensor_scaling_maps_amax_to_the_largest_value_and_counts_underflow(
     stale = quantize(np.array([0.5, 2.0, -4.0]), E4M3, amax=1.0)    # a delayed scale from a smaller amax
     assert stale.saturated == pytest.approx(2 / 3) and list(stale.values) == [0.5, 1.0, -1.0]
     assert quantize(np.zeros(3), E5M2).scale == 1.0 and quantize(np.zeros(3), E5M2).underflow == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# FP8 products in the twin (reference.precision's FP8 scopes) and the study (python -m andrea_numba.fp8)
+
+def test_the_scopes_quantize_the_products_they_name():
+    import reference as R
+    from reference.precision import as_grad, backward_products, fp8_log, mm
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4))
+    g = as_grad(rng.standard_normal((8, 16)) * 1e-3)
+    exact = a @ b
+    with R.products_in("fp8-fwd"), fp8_log() as log:
+        fwd = mm(a, b)
+        with backward_products():
+            assert np.array_equal(mm(g, b), np.asarray(g) @ b)          # the backward's: exact
+    assert [e["format"] for e in log] == ["e4m3", "e4m3"] and not np.array_equal(fwd, exact)
+    np.testing.assert_array_equal(fwd, quantize(a, E4M3).values @ quantize(b, E4M3).values)
+    with R.products_in("fp8-e5m2"), backward_products(), fp8_log() as log:
+        out = mm(g.reshape(8, 16).T.T * 2.0, b)                          # the mark survives views and arithmetic
+    assert [e["format"] for e in log] == ["e5m2", "e4m3"] and all(e["backward"] for e in log)
+    assert type(out).__name__ == "Grad"                                   # ... and products of a gradient
+    with R.products_in("fp8-all"), backward_products(), fp8_log() as log:
+        mm(g, b)
+    assert [e["format"] for e in log] == ["e4m3", "e4m3"]
+
+
+def test_the_study_measures_every_op_output_at_every_scope(tmp_path):
+    import json
+
+    from andrea_numba import fp8
+    from andrea_numba.cases import CASES
+    rows = fp8.study("tiny", B=1, T=8)
+    assert {r["op"] for r in rows} == set(fp8.STUDY_OPS)
+    for op in fp8.STUDY_OPS:
+        outs = {(r["direction"], r["tensor"]) for r in rows if r["op"] == op}
+        assert outs >= {("fwd", t) for t in CASES[op].fwd_out if t != "att"} | {("bwd", t) for t in CASES[op].bwd_out}
+    for r in rows:
+        if r["scope"] == "fp8-fwd" and r["direction"] == "bwd" and r["op"] in ("attn_qkv", "attn_out"):
+            assert r["rel_err"] == 0 and r["quantized"] == 0                 # weights and inputs saved exactly
+        elif r["tensor"] != "loss":
+            assert 1e-3 < r["rel_err"] < 1.0, r                              # eight bits show, and no blow-up
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    fp8.main(["study", "--size", "tiny", "--seq", "8", "--batch", "1", "--json", str(out), "--plot", str(png)])
+    assert json.loads(out.read_text())[0].keys() >= {"op", "scope", "rel_err", "underflow"}
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, says", [(["study", "--scope", "fp4"], "unknown scope 'fp4'"),
+                                        (["study", "--size", "tiny", "--seq", "17"], "longer than the tiny model's context"),
+                                        (["study", "--plot", "/nonexistent/x.png"], "does not exist"),
+                                        ([], "the following arguments are required")])
+def test_the_study_refuses_bad_input_in_one_line(argv, says, capsys):
+    from andrea_numba import fp8
+    with pytest.raises(SystemExit) as e:
+        fp8.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and says in err and "\n" not in err

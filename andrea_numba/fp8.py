@@ -1,0 +1,156 @@
+"""What eight bits do to each op, measured in the NumPy twin: python -m andrea_numba.fp8 study.
+
+    python -m andrea_numba.fp8 study                        # 12M's shapes, B = 2, T = 64: the table
+    python -m andrea_numba.fp8 study --size tiny --plot fp8.png --json fp8.json
+
+Each op whose twin multiplies matrices (the projections, attention, the MLP, the classifier) runs
+its forward and backward three more times, with its products' operands quantized to FP8
+(reference/fp8.py: per tensor, scaled from the tensor's absolute maximum, rounded, saturating), the
+products in float64, at each scope of reference.precision.FP8_SCOPES:
+
+    fp8-fwd    the forward's products in E4M3, the backward's exact
+    fp8-e5m2   the forward's in E4M3, the backward's with their gradient operand in E5M2
+    fp8-all    every operand of every product in E4M3
+
+and each output is compared with the same op's twin with exact products: the table gives, per op,
+scope and output, max |fp8 - exact| / max |exact| (u: E4M3's unit roundoff 2^-4, E5M2's 2^-3), and
+the largest fraction of any quantized operand that underflowed to zero. The backward runs on the
+FP8 forward's own outputs, as training would. Norms, the softmax, the loss and the optimiser are not
+quantized (their ops are not in the table). The backward's upstream gradients are marked as
+gradients (reference.precision.as_grad); the loss's is a scalar, so its saved probs, which its
+backward turns into dlogits, are marked instead.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import reference as R
+from reference.precision import FP8_SCOPES, as_grad, backward_products, fp8_log
+
+from . import cli
+from .cases import CASES, Dims
+from .config import load_config
+
+# the ops whose twins' products go through reference.precision.mm (attention: the flash twin, the
+# engine's; the plain attention twin multiplies with einsum, exactly)
+STUDY_OPS = ("attn_qkv", "attn_flash", "attn_out", "mlp", "loss")
+
+
+def _rel(got, ref) -> float:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    return float(np.max(np.abs(got - ref)) / scale) if scale > 0 else float(np.max(np.abs(got)))
+
+
+def _backward_inputs(case, values, outs, upstream):
+    """The backward's arguments with its upstream gradients marked (the loss: its probs)."""
+    marked = {k: as_grad(v) for k, v in upstream.items()}
+    saved = dict(outs)
+    if case.op == "loss":
+        saved["probs"] = as_grad(outs["probs"])
+    return {**values, **saved, **marked}
+
+
+def study(size: str = "12M", B: int = 2, T: int = 64, seed: int = 0, scopes=FP8_SCOPES) -> list[dict]:
+    """Rows {op, scope, direction, tensor, rel_err, underflow} for every op of STUDY_OPS."""
+    m = load_config(size).model
+    dims = Dims.of(m, B, T)
+    rows = []
+    for op in STUDY_OPS:
+        case = CASES[op]
+        rng = np.random.default_rng(seed)
+        values = case.make(dims, rng)
+        with R.products_in("fp32"):
+            ref_f = case.forward(values)
+            upstream = case.upstream_for(ref_f, rng)
+            ref_b = case.backward({**values, **ref_f, **upstream})
+        for scope in scopes:
+            with R.products_in(scope), fp8_log() as log_f:
+                outs = case.forward(values)
+            with R.products_in(scope), backward_products(), fp8_log() as log_b:
+                grads = case.backward(_backward_inputs(case, values, outs, upstream))
+            for direction, got, ref, log in (("fwd", outs, ref_f, log_f), ("bwd", grads, ref_b, log_b)):
+                under = max((e["underflow"] for e in log), default=0.0)
+                for name in ref:
+                    if np.issubdtype(np.asarray(ref[name]).dtype, np.floating):
+                        rows.append(dict(op=op, scope=scope, direction=direction, tensor=name,
+                                         rel_err=_rel(got[name], ref[name]), underflow=under,
+                                         quantized=len(log)))
+    return rows
+
+
+def format_table(rows) -> str:
+    scopes = list(dict.fromkeys(r["scope"] for r in rows))
+    head = f"{'op':<11} {'pass':<4} {'tensor':<8} " + " ".join(f"{s:>10}" for s in scopes) + "   underflow (max, of any operand)"
+    lines = [head, "-" * len(head)]
+    keys = list(dict.fromkeys((r["op"], r["direction"], r["tensor"]) for r in rows))
+    by = {(r["op"], r["direction"], r["tensor"], r["scope"]): r for r in rows}
+    for op, direction, tensor in keys:
+        cells = [by.get((op, direction, tensor, s)) for s in scopes]
+        errs = " ".join(f"{c['rel_err']:>10.2e}" if c else f"{'-':>10}" for c in cells)
+        under = " ".join(f"{c['underflow']:.1%}" if c and c["quantized"] else "exact" for c in cells)
+        lines.append(f"{op:<11} {direction:<4} {tensor:<8} {errs}   {under}")
+    return "\n".join(lines)
+
+
+def plot(rows, path) -> None:
+    """A bar per op output and scope, log scale, with E4M3's and E5M2's unit roundoff drawn (an exact
+    output, an fp8-fwd backward's weight gradient, has no bar)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .atomic import atomic_write
+    from reference.fp8 import E4M3, E5M2
+    scopes = list(dict.fromkeys(r["scope"] for r in rows))
+    keys = list(dict.fromkeys((r["op"], r["direction"], r["tensor"]) for r in rows))
+    by = {(r["op"], r["direction"], r["tensor"], r["scope"]): r["rel_err"] for r in rows}
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(keys)), 4.8))
+    width = 0.8 / len(scopes)
+    for i, s in enumerate(scopes):
+        ys = [by.get((*k, s), 0.0) or np.nan for k in keys]
+        ax.bar(np.arange(len(keys)) + (i - (len(scopes) - 1) / 2) * width, ys, width, label=s)
+    for fmt, style in ((E4M3, "--"), (E5M2, ":")):
+        ax.axhline(fmt.unit_roundoff, color="gray", linestyle=style, linewidth=1, label=f"u of {fmt.name}")
+    ax.set_yscale("log")
+    ax.set_ylim(1e-4, 1.0)
+    ax.set_xticks(np.arange(len(keys)), [f"{o} {d} {t}" for o, d, t in keys], rotation=70, ha="right", fontsize=8)
+    ax.set_ylabel("max |fp8 - exact| / max |exact|")
+    ax.set_title("FP8 in the twin: each op's outputs against exact products")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    p = cli.Parser(prog="python -m andrea_numba.fp8", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
+    s = sub.add_parser("study", help="the table of every op's error with FP8 products, in the twin")
+    s.add_argument("--size", type=cli.one_of(["tiny", "12M", "120M"], "size"), default="12M",
+                   help="the model whose shapes the ops take (default 12M)")
+    s.add_argument("--batch", type=cli.int_range(1, 64), default=2, help="B (default 2)")
+    s.add_argument("--seq", type=cli.int_range(1, 1024), default=64, help="T (default 64, at most the context)")
+    s.add_argument("--seed", type=cli.int_range(0, 2 ** 31 - 1), default=0)
+    s.add_argument("--scope", nargs="+", type=cli.one_of(FP8_SCOPES, "scope"), default=list(FP8_SCOPES))
+    s.add_argument("--plot", type=cli.file_to_write(".png"), help="also draw the table into this PNG")
+    s.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows as JSON")
+    args = p.parse_args(argv)
+    ctx = load_config(args.size).model.context_length
+    if args.seq > ctx:
+        cli.fail(f"--seq {args.seq} is longer than the {args.size} model's context ({ctx}): give at most {ctx}")
+    rows = study(args.size, args.batch, args.seq, args.seed, args.scope)
+    print(f"FP8 in the twin at {args.size}'s shapes, B = {args.batch}, T = {args.seq}:")
+    print(format_table(rows))
+    if args.json:
+        from .atomic import atomic_write_json
+        atomic_write_json(args.json, rows)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
