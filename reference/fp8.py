@@ -94,3 +94,54 @@ def quantize(x, fmt: Format, amax: float | None = None) -> Quantized:
     under = float(np.mean(q[nonzero] == 0)) if nonzero.any() else 0.0
     sat = float(np.mean(np.abs(x) > amax)) if x.size else 0.0
     return Quantized(q / scale, scale, amax, under, sat)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bit patterns, and the GPU's arithmetic (issue 12's quantize kernels: andrea_numba/kernels/fp8.py)
+#
+# An FP8 value is stored as one byte: sign << 7 | exponent << M | mantissa, the exponent biased by
+# 1 - E (E4M3: 7, E5M2: 15); exponent 0 holds the subnormals (mantissa x 2^(E - M)) and zero.
+# The GPU quantizes in fp32: scale = max / amax in fp32, y = x * scale in fp32 (one fp32 rounding,
+# which the float64 quantize above does not make), then rounds y to the format (cvt.rn.satfinite).
+
+def encode(v, fmt: Format):
+    """Values of fmt (round_fp8's results, finite) as their uint8 bit patterns."""
+    v = np.asarray(v, dtype=np.float64)
+    M, bias = fmt.mantissa_bits, 1 - fmt.min_exponent
+    sign = np.signbit(v).astype(np.uint8) << 7
+    a = np.abs(v)
+    _, k = np.frexp(np.where(a > 0, a, 1.0))
+    e = k - 1
+    sub = (a < 2.0 ** fmt.min_exponent)
+    man_sub = np.rint(a / 2.0 ** (fmt.min_exponent - M))
+    man_norm = np.rint((np.ldexp(a, -e) - 1.0) * 2 ** M)
+    exp = np.where(sub, 0, e + bias)
+    man = np.where(sub, man_sub, man_norm)
+    return (sign | (exp.astype(np.uint8) << M) | man.astype(np.uint8)).astype(np.uint8)
+
+
+def decode(codes, fmt: Format):
+    """uint8 bit patterns of fmt as float64 values (E4M3's 0x7F / 0xFF: NaN; E5M2's top exponent:
+    inf and NaN)."""
+    c = np.asarray(codes, dtype=np.uint8).astype(np.int64)
+    M, bias = fmt.mantissa_bits, 1 - fmt.min_exponent
+    sign = np.where(c >> 7, -1.0, 1.0)
+    exp, man = (c >> M) & ((1 << (7 - M)) - 1), c & ((1 << M) - 1)
+    v = np.where(exp == 0, man * 2.0 ** (fmt.min_exponent - M), (1 + man / 2 ** M) * np.exp2(exp - bias))
+    top = (1 << (7 - M)) - 1
+    if fmt is E4M3:
+        v = np.where((exp == top) & (man == (1 << M) - 1), np.nan, v)
+    else:
+        v = np.where(exp == top, np.where(man == 0, np.inf, np.nan), v)
+    return sign * v
+
+
+def quantize_fp32(x, fmt: Format):
+    """(uint8 codes, fp32 amax, fp32 scale) of x quantized as the GPU's kernels do: amax = max |x|
+    and scale = max / amax (1 for an all-zero x) in fp32, y = x * scale in fp32, y rounded to fmt
+    with saturation."""
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.float32(np.max(np.abs(x))) if x.size else np.float32(0)
+    scale = np.float32(fmt.max_value) / amax if amax > 0 and np.isfinite(amax) else np.float32(1)
+    y = x * scale                                          # float32 * float32: one fp32 rounding
+    return encode(round_fp8(y, fmt), fmt), amax, np.float32(scale)
