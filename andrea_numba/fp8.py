@@ -79,12 +79,17 @@ def study(size: str = "12M", B: int = 2, T: int = 64, seed: int = 0, scopes=FP8_
     return rows
 
 
-def format_table(rows) -> str:
+def _grid(rows):
+    """(scopes, outputs (op, direction, tensor), {(op, direction, tensor, scope): row}), in the rows' order."""
     scopes = list(dict.fromkeys(r["scope"] for r in rows))
+    keys = list(dict.fromkeys((r["op"], r["direction"], r["tensor"]) for r in rows))
+    return scopes, keys, {(r["op"], r["direction"], r["tensor"], r["scope"]): r for r in rows}
+
+
+def format_table(rows) -> str:
+    scopes, keys, by = _grid(rows)
     head = f"{'op':<11} {'pass':<4} {'tensor':<8} " + " ".join(f"{s:>10}" for s in scopes) + "   underflow (max, of any operand)"
     lines = [head, "-" * len(head)]
-    keys = list(dict.fromkeys((r["op"], r["direction"], r["tensor"]) for r in rows))
-    by = {(r["op"], r["direction"], r["tensor"], r["scope"]): r for r in rows}
     for op, direction, tensor in keys:
         cells = [by.get((op, direction, tensor, s)) for s in scopes]
         errs = " ".join(f"{c['rel_err']:>10.2e}" if c else f"{'-':>10}" for c in cells)
@@ -102,13 +107,12 @@ def plot(rows, path) -> None:
 
     from .atomic import atomic_write
     from reference.fp8 import E4M3, E5M2
-    scopes = list(dict.fromkeys(r["scope"] for r in rows))
-    keys = list(dict.fromkeys((r["op"], r["direction"], r["tensor"]) for r in rows))
-    by = {(r["op"], r["direction"], r["tensor"], r["scope"]): r["rel_err"] for r in rows}
+    scopes, keys, by = _grid(rows)
     fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(keys)), 4.8))
     width = 0.8 / len(scopes)
     for i, s in enumerate(scopes):
-        ys = [by.get((*k, s), 0.0) or np.nan for k in keys]
+        ys = [by[(*k, s)]["rel_err"] if (*k, s) in by else np.nan for k in keys]
+        ys = [y or np.nan for y in ys]                   # (an exact output: no bar)
         ax.bar(np.arange(len(keys)) + (i - (len(scopes) - 1) / 2) * width, ys, width, label=s)
     for fmt, style in ((E4M3, "--"), (E5M2, ":")):
         ax.axhline(fmt.unit_roundoff, color="gray", linestyle=style, linewidth=1, label=f"u of {fmt.name}")

@@ -42,8 +42,7 @@ def main():
     from andrea_numba.kernels import matmul as MM
     runs = []
     for kind, mm in zip(args.products, (18, args.matmul)):
-        old = MM.tma_matmul(mm)
-        try:
+        with MM.tma_matmul(mm):
             model = G.GPUModel(m, B, T, products=kind)
             model.params.copy_to_device(params)
             model.forward(tokens, targets)
@@ -51,8 +50,6 @@ def main():
             model.stream.synchronize()
             runs.append((model.read_loss(), model.grads.copy_to_host()))
             del model
-        finally:
-            MM.WARP_MATMUL["bf16t"] = old
     (l0, g0), (l1, g1) = runs
     same = l0 == l1 and np.array_equal(g0.view(np.uint32), g1.view(np.uint32))
     far = float(np.max(np.abs(g0.astype(np.float64) - g1)) / max(np.max(np.abs(g0)), 1e-30))

@@ -247,12 +247,9 @@ def main(argv=None):
             runs += [(True, v or own) for v in flash_versions] if args.attention != "plain" else []
             tma = args.tma_matmul if products in TMA_KINDS else [18]
             for (flash, fv), mm in ((r, v) for r in runs for v in tma):
-                old = MM.tma_matmul(mm)               # (18: the engine's, as it was)
-                try:
+                with MM.tma_matmul(mm):                # (18: the engine's)
                     fwd, bwd, loss, nbytes, graph = time_ours(m, B, T, args.iters, flash=flash, products=products,
                                                               flash_version=fv, mlp_version=args.mlp_version)
-                finally:
-                    MM.WARP_MATMUL["bf16t"] = old
                 row = {"size": size, "products": products + ("" if mm == 18 else f"/mm{mm}"), "flash": flash,
                        "flash_version": fv,
                        "mlp_version": args.mlp_version, "B": B, "T": T,

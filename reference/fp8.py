@@ -82,13 +82,21 @@ class Quantized:
                              # tensor's own amax; some with a delayed scale from an older, smaller one)
 
 
+def _amax(x):
+    return np.max(np.abs(x)) if x.size else x.dtype.type(0)
+
+
+def _scale(amax, fmt: Format, dtype):
+    """max / amax in dtype (the quantize kernels': fp32), 1 for an amax of 0 (or not finite)."""
+    return dtype(fmt.max_value) / dtype(amax) if amax > 0 and np.isfinite(amax) else dtype(1)
+
+
 def quantize(x, fmt: Format, amax: float | None = None) -> Quantized:
     """x scaled per tensor (s = max / amax; amax of x itself unless given: a delayed scale from a
     history), rounded to fmt with saturation, and scaled back."""
     x = np.asarray(x, dtype=np.float64)
-    if amax is None:
-        amax = float(np.max(np.abs(x))) if x.size else 0.0
-    scale = fmt.max_value / amax if amax > 0 and np.isfinite(amax) else 1.0
+    amax = float(_amax(x)) if amax is None else amax
+    scale = float(_scale(amax, fmt, np.float64))
     q = round_fp8(x * scale, fmt)
     nonzero = x != 0
     under = float(np.mean(q[nonzero] == 0)) if nonzero.any() else 0.0
@@ -141,7 +149,7 @@ def quantize_fp32(x, fmt: Format):
     and scale = max / amax (1 for an all-zero x) in fp32, y = x * scale in fp32, y rounded to fmt
     with saturation."""
     x = np.asarray(x, dtype=np.float32)
-    amax = np.float32(np.max(np.abs(x))) if x.size else np.float32(0)
-    scale = np.float32(fmt.max_value) / amax if amax > 0 and np.isfinite(amax) else np.float32(1)
+    amax = _amax(x)
+    scale = _scale(amax, fmt, np.float32)
     y = x * scale                                          # float32 * float32: one fp32 rounding
-    return encode(round_fp8(y, fmt), fmt), amax, np.float32(scale)
+    return encode(round_fp8(y, fmt), fmt), amax, scale

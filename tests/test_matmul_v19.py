@@ -15,19 +15,30 @@ from test_matmul_v17 import _bits
 sim_only = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
 
 
+def _split_product(seed, M, N, K, slots):
+    """A weight gradient out += a^T @ b that splits over K: (a16, b16, o0, work of `slots` M x N
+    slices, its slice count S on the auto tile with the simulator's resident blocks)."""
+    rng = np.random.default_rng(seed)
+    a, b = _operands(rng, M, N, K, True, False)
+    o0 = rng.standard_normal((M, N)).astype(np.float32)
+    work = cuda.to_device(np.zeros(slots * M * N, np.float32))
+    tile = MM.pick_tile(M, N, K, work, MM.sm_count())
+    S, _ = MM.splitk(M, N, K, 1, tile, work, MM.RESIDENT_BLOCKS)
+    return _bits(a), _bits(b), o0, work, S
+
+
+def _fixup(launch, a16, b16, o0, work):
+    """launch's out, on a work buffer of NaN (every slice it sums must have been written)."""
+    return _run(a16, b16, True, False, o0, work=cuda.to_device(np.full(work.shape[0], np.nan, np.float32)),
+                accumulate=True, launch=launch)
+
+
 @sim_only
 def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_zero(monkeypatch):
     """out += a^T @ b, 64 x 128 (two 64 x 64 tiles) x K = 512 on the auto tile: two slices a tile, each
     unit on its own persistent block; v18 then k_splitk_sum_v2 against v19 alone, twice (the
     counters must be back at 0 for the second)."""
-    rng = np.random.default_rng(191)
-    M, N, K = 64, 128, 512
-    a, b = _operands(rng, M, N, K, True, False)
-    a16, b16 = _bits(a), _bits(b)
-    o0 = rng.standard_normal((M, N)).astype(np.float32)
-    work = cuda.to_device(np.zeros(8 * M * N, np.float32))
-    tile = MM.pick_tile(M, N, K, work, MM.sm_count())
-    S, _ = MM.splitk(M, N, K, 1, tile, work)
+    a16, b16, o0, work, S = _split_product(191, 64, 128, 512, 8)
     assert S > 1
     sums = []
     real_sum = MM.splitk_sum
@@ -36,8 +47,7 @@ def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_ze
     assert sums == [1]                                    # v18: the second kernel
     counts = MM.COUNTS.reserve()
     for _ in range(2):
-        got = _run(a16, b16, True, False, o0, work=cuda.to_device(np.full(8 * M * N, np.nan, np.float32)),
-                   accumulate=True, launch=MM.matmul_v19)
+        got = _fixup(MM.matmul_v19, a16, b16, o0, work)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
         assert not counts.copy_to_host().any()
     assert sums == [1]                                    # v19: none
@@ -47,15 +57,15 @@ def test_tma_matmul_points_the_tma_kinds_products_at_a_fixup_version_and_back():
     """Benchmarks time v19 and v23 inside the whole model by pointing the TMA kinds' products
     (WARP_MATMUL["bf16t"], which bf16t, bf16s and bf16o's ops call) at them, then back."""
     assert MM.VERSIONS["matmul"][19] is MM.matmul_v19 and MM.matmul_v19.precision == "bf16"
-    engine = MM.WARP_MATMUL["bf16t"]
-    assert engine is MM.matmul_v18
-    old = MM.tma_matmul(23)
-    try:
-        assert old is engine and MM.WARP_MATMUL["bf16t"] is MM.matmul_v23
-    finally:
-        MM.WARP_MATMUL["bf16t"] = old
-    with pytest.raises(AssertionError):
-        MM.tma_matmul(17)
+    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
+    with MM.tma_matmul(23):
+        assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v23
+    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
+    with pytest.raises(RuntimeError), MM.tma_matmul(19):          # put back when the block raises too
+        assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v19
+        raise RuntimeError
+    with pytest.raises(AssertionError), MM.tma_matmul(17):
+        pass
     assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
 
 
@@ -65,18 +75,10 @@ def test_v23_batches_the_sums_loads_and_keeps_v18s_bits(monkeypatch):
     64 x 64 tile, with 16 resident blocks, gives 10 slices of 128, so a second batch continues the
     running sums): v18's bits, counters back at 0."""
     monkeypatch.setattr(MM, "RESIDENT_BLOCKS", 16)
-    rng = np.random.default_rng(233)
-    M, N, K = 64, 64, 1280
-    a, b = _operands(rng, M, N, K, True, False)
-    a16, b16 = _bits(a), _bits(b)
-    o0 = rng.standard_normal((M, N)).astype(np.float32)
-    work = cuda.to_device(np.zeros(16 * M * N, np.float32))
-    tile = MM.pick_tile(M, N, K, work, MM.sm_count())
-    S, _ = MM.splitk(M, N, K, 1, tile, work, MM.RESIDENT_BLOCKS)
+    a16, b16, o0, work, S = _split_product(233, 64, 64, 1280, 16)
     assert S > 8, S
     want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_v18)
-    got = _run(a16, b16, True, False, o0, work=cuda.to_device(np.full(16 * M * N, np.nan, np.float32)),
-               accumulate=True, launch=MM.matmul_v23)
+    got = _fixup(MM.matmul_v23, a16, b16, o0, work)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert not MM.COUNTS.reserve().copy_to_host().any()
     assert MM.VERSIONS["matmul"][23] is MM.matmul_v23

@@ -30,6 +30,7 @@ so the linear ops' own kernels (k_attn_qkv_fwd_v1, k_mlp_fwd_v1, ...) reuse it a
 what they do with the sums. A "block" of these launchers is a tile shape (BM, BN, BK, TM, TN):
 (BM/TM) * (BN/TN) threads; Numba compiles one kernel per shape, the first time it is asked for.
 """
+import contextlib
 import functools
 from types import SimpleNamespace
 
@@ -822,7 +823,7 @@ WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the
 # that a tensor map cannot describe (rows not whole 16-byte chunks, or a start off a 16-byte
 # boundary) go to v17 at its default tile.
 from .tma import TMAPS, map_fits  # noqa: E402
-from .wgmma_tma import tile_bytes, tma_kernel, units_grid  # noqa: E402
+from .wgmma_tma import fixup_counters, tile_bytes, tma_kernel, units_grid  # noqa: E402
 
 TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
                  sim=((64, 128, 64, 3), (64, 64, 64, 2)))
@@ -913,7 +914,7 @@ def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, ep
     S, ksplit = splitk(M, N, K, 1, block, work, resident)
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
     if fixup and S > 1:
-        assert cdiv(M, BM) * cdiv(N, BN) * 4 * (BM // 64) <= counts.shape[0], "split-K fixup: more tiles than counters"
+        assert fixup_counters(M, N, BM, BN) <= counts.shape[0], "split-K fixup: more tiles than counters"
     kernel[units_grid(M, N, S, BM, BN, resident), threads, stream, shared](
         out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit, aux, counts)
     if S > 1 and not fixup:
@@ -961,14 +962,18 @@ VERSIONS["matmul"][19] = matmul_v19
 # bench/step_time.py --tma-matmul 19 runs the same thing: tma_matmul.)
 
 
+@contextlib.contextmanager
 def tma_matmul(version: int):
-    """Benchmarks only: make the products of the kinds on TMA (bf16t, bf16s, bf16o: WARP_MATMUL["bf16t"],
-    which their ops call at each product) matmul `version` (18, 19, 23), for a rung of the split-K
-    fixup timed and checked inside the whole model without a products kind of its own. Returns the
-    launcher it replaced (put it back after)."""
+    """Benchmarks only: inside, the products of the kinds on TMA (bf16t, bf16s, bf16o: WARP_MATMUL["bf16t"],
+    which their ops call at each product) run matmul `version` (18, 19, 23), for a rung of the split-K
+    fixup timed and checked inside the whole model without a products kind of its own; after, the
+    engine's again."""
     assert version in (18, 19, 23), f"matmul v{version} is not a TMA version (18, 19, 23)"
     old, WARP_MATMUL["bf16t"] = WARP_MATMUL["bf16t"], VERSIONS["matmul"][version]
-    return old
+    try:
+        yield
+    finally:
+        WARP_MATMUL["bf16t"] = old
 
 
 # v23 (20-22 are the library route's numbers, cublaslt.py): v19 with the in-kernel sums' loads batched

@@ -411,21 +411,31 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
                 load(ring, base + A_WORDS, b, tmap_b, col0, k0, bars, st, B_MN, B_ROWS, B_BOXES)
                 g += 1
 
+    @cuda.jit(device=True, inline="always")
+    def cell(r0, c0, r):
+        """(row, column) of accumulator d[r] = d[4 j + 2 h + c]: row r0 + 8 h, column c0 + 8 j + c (point 4)."""
+        return r0 + 8 * ((r >> 1) & 1), c0 + 8 * (r >> 2) + (r & 1)
+
+    @cuda.jit(device=True, inline="always")
+    def put(out, row, col, v, accumulate):
+        """out[row, col] (+)= v."""
+        if accumulate:
+            out[row, col] += v
+        else:
+            out[row, col] = v
+
     @cuda.jit(device=True)
     def sum_slices(out, part, r0, c0, accumulate):
         """Point 6: out (+)= part[0] + part[1] + ... + part[S - 1] at this thread's cells (its
         accumulators' rows and columns, point 4), in k_splitk_sum_v2's order."""
         M, N = out.shape
         for r in range(NREG):
-            row, col = r0 + 8 * ((r >> 1) & 1), c0 + 8 * (r >> 2) + (r & 1)
+            row, col = cell(r0, c0, r)
             if row < M and col < N:
                 v = part[0, row, col]
                 for z in range(1, part.shape[0]):
                     v += part[z, row, col]
-                if accumulate:
-                    out[row, col] += v
-                else:
-                    out[row, col] = v
+                put(out, row, col, v, accumulate)
 
     SMAX, PAIRS = 8, 2                                       # v23: slices and accumulator pairs a batch
     XSHAPE, PQ = (SMAX, 2 * PAIRS), 2 * PAIRS                # (constants for cuda.local.array)
@@ -442,7 +452,7 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
             for z0 in range(0, S, SMAX):
                 for z in range(SMAX):                    # the loads: independent, all in flight
                     for q in range(2 * PAIRS):
-                        row, col = r0 + 8 * (((r + q) >> 1) & 1), c0 + 8 * ((r + q) >> 2) + ((r + q) & 1)
+                        row, col = cell(r0, c0, r + q)
                         if z0 + z < S and row < M and col < N:
                             x[z, q] = part[z0 + z, row, col]
                 for q in range(2 * PAIRS):               # the adds, in slice order
@@ -454,12 +464,9 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
                         if z0 + z < S:
                             v[q] += x[z, q]
             for q in range(2 * PAIRS):
-                row, col = r0 + 8 * (((r + q) >> 1) & 1), c0 + 8 * ((r + q) >> 2) + ((r + q) & 1)
+                row, col = cell(r0, c0, r + q)
                 if row < M and col < N:
-                    if accumulate:
-                        out[row, col] += v[q]
-                    else:
-                        out[row, col] = v[q]
+                    put(out, row, col, v[q], accumulate)
 
     @cuda.jit(device=True)
     def consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K, counts):
@@ -526,6 +533,11 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
                         f"and a TMA producer warp over a ring of {stages} stages (kernels/wgmma_tma.py).")
     k_matmul.__name__ = k_matmul.__qualname__ = f"k_matmul_v{(18, 19, 23)[fixup]}"     # fixup 0, 1, 2: v18, v19, v23
     return k_matmul, THREADS
+
+
+def fixup_counters(M, N, BM, BN) -> int:
+    """The counters a split product's fixup uses (point 6): one a (tile, consumer warp)."""
+    return cdiv(M, BM) * cdiv(N, BN) * 4 * (BM // 64)
 
 
 @functools.cache
