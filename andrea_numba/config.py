@@ -81,7 +81,9 @@ class TrainConfig:
     sample_tokens: int         # tokens generated per sample
     seed: int                  # seeds initialisation and the data order
     precision: str             # of the products (linear ops, attention): "fp32" (the reference), "bf16" or "fp16"
-                               # (inputs rounded to it, fp32 sums; fp16 with loss scaling); the rest stays fp32
+                               # (inputs rounded to it, fp32 sums; fp16 with loss scaling); the rest stays fp32;
+                               # "fp8-fwd", "fp8-e5m2", "fp8-all": the linear layers' products in FP8 at that
+                               # scope (kernels/fp8_products.py; products "cublas" only), the rest bf16
     products: str              # who computes them: "numba" (our kernels) or "cublas" (cuBLASLt through
                                # nvmath-python: pip install -e ".[cublas]", a GPU only)
 
@@ -109,7 +111,7 @@ SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 # the value that gives those runs' behaviour (a config file should still name every field)
 DEFAULTS = {("train", "dropout"): 0.0, ("train", "early_stop"): 0, ("train", "precision"): "fp32",
             ("train", "products"): "numba"}
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8-fwd", "fp8-e5m2", "fp8-all")   # fp8-*: issue 12 (cuBLASLt only)
 PRODUCT_ROUTES = ("numba", "cublas")
 LR_DECAYS = ("cosine", "constant")
 INT32_MAX = 2 ** 31 - 1      # the checkpoint stores the step and the parameter count as int32
@@ -224,6 +226,9 @@ def validate(cfg: Config) -> Config:
              f"field 'train.precision' must be one of {', '.join(PRECISIONS)}, got '{t.precision}'")
     _require(t.products in PRODUCT_ROUTES,
              f"field 'train.products' must be one of {', '.join(PRODUCT_ROUTES)}, got '{t.products}'")
+    _require(not t.precision.startswith("fp8") or t.products == "cublas",
+             f"field 'train.precision' is '{t.precision}', whose FP8 products run through cuBLASLt: set "
+             f"train.products to 'cublas' (on the command line: --products cublas)")
     _require(t.clip_norm >= 0, f"field 'train.clip_norm' must be >= 0 (0 = no clipping), got {t.clip_norm}")
     _require(d.tokenizer in TOKENIZERS,
              f"field 'data.tokenizer' must be one of {', '.join(TOKENIZERS)}, got '{d.tokenizer}'")

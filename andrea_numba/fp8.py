@@ -128,6 +128,84 @@ def plot(rows, path) -> None:
     plt.close(fig)
 
 
+# ---------------------------------------------------------------------------------------------
+# python -m andrea_numba.fp8 check: the GPU's FP8 kernels against the twin (the harness's rows)
+
+QUANT_SHAPES = ((37, 50), (64, 16), (3, 1))     # ragged rows and columns, whole tiles, a column
+
+
+def _quant_input(rng, shape):
+    """Values spread over 9 decades (subnormals after scaling, underflow), zeros of both signs, a tie."""
+    x = (rng.standard_normal(shape) * np.exp(rng.uniform(-20.0, 0.0, shape))).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:2] = [0.0, -0.0] if flat.size >= 2 else flat[:2]
+    return x
+
+
+def quantize_rows(seed: int = 0) -> list[dict]:
+    """k_quantize_v1 and k_quantize_t_v1 (kernels/fp8.py) against reference.fp8.quantize_fp32: every
+    byte (and every padding byte zero), amax, scale, descale, the underflow count; run twice, the
+    same bytes. Rows in the harness's form (check.format_table)."""
+    from numba import cuda
+
+    from reference.fp8 import E4M3, E5M2, decode, descale_fp32, quantize_fp32
+
+    from .kernels import fp8 as Q
+    rng = np.random.default_rng(seed)
+    rows = []
+    for shape in QUANT_SHAPES:
+        x = _quant_input(rng, shape)
+        for fmt in (E4M3, E5M2):
+            want, amax, scale = quantize_fp32(x, fmt)
+            under = int(np.sum((decode(want, fmt) == 0) & (x != 0)))
+            for t in (False, True):
+                rows_, k = (shape[1], shape[0]) if t else shape
+                ld = Q.padded(k)
+                expect = np.zeros((rows_, ld), np.uint8)
+                expect[:, :k] = want.T if t else want
+                runs = []
+                for _ in range(2):
+                    codes = cuda.to_device(np.full(rows_ * ld, 0xAB, np.uint8))      # poisoned
+                    stats, count = cuda.to_device(np.full(Q.STATS, np.nan, np.float32)), cuda.to_device(np.full(1, -7, np.int32))
+                    partial = cuda.device_array(Q.AMAX_BLOCKS, np.float32)
+                    got = Q.quantize_v1(codes, stats, count, partial, cuda.to_device(x), fmt, transpose=t)
+                    runs.append((got.copy_to_host(), stats.copy_to_host(), int(count.copy_to_host()[0])))
+                got, st, n = runs[0]
+                wrong = int(np.sum(got != expect))
+                same_stats = (st[0] == amax and st[1] == scale and st[2] == descale_fp32(amax, fmt) and n == under)
+                rows.append({"op": "fp8_quantize", "kernel": "fp8_quantize_t" if t else "fp8_quantize",
+                             "version": 1, "block": fmt.name, "tensor": f"x {shape[0]}x{shape[1]}",
+                             "max_abs_err": float(wrong), "rel_err": wrong / got.size,
+                             "tol": {"atol": 0.0, "rtol": 0.0},
+                             "bitwise_repeat": bool(np.array_equal(runs[1][0], got)),
+                             "ok": wrong == 0 and same_stats and np.array_equal(runs[1][0], got)})
+    return rows
+
+
+def product_rows(size: str = "12M", scopes=FP8_SCOPES, seed: int = 0) -> list[dict]:
+    """matmul v24 (E4M3 through cuBLASLt) on every transposed form of the harness's matmul cases,
+    and the linear ops at each scope (kernels/fp8_products.linear_ops), against the twin at the same
+    scope and against the fp32 twin within their rounding (check.check_launcher). A GPU with FP8 only."""
+    from . import check
+    from .kernels import fp8_products as F
+    F.require_fp8()
+    m = load_config(size).model
+    B, T = check.SHAPES[size][0]
+    dims = Dims.of(m, B, T)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for case in CASES.values():
+        if case.fwd == "matmul":
+            rows += check.check_launcher(case, "fwd", F.matmul_v24, dims, rng, version=24)
+    for scope in scopes:
+        ops = F.linear_ops(scope, dims.N, m.d_model, m.vocab_size, m.n_layer)
+        for op in ("attn_qkv", "attn_out", "mlp"):
+            for direction in ("fwd", "bwd"):
+                rows += check.check_launcher(CASES[op], direction, ops[f"{op}_{direction}"], dims, rng,
+                                             version=scope, block=scope)
+    return rows
+
+
 def main(argv=None) -> None:
     p = cli.Parser(prog="python -m andrea_numba.fp8", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
@@ -140,7 +218,15 @@ def main(argv=None) -> None:
     s.add_argument("--scope", nargs="+", type=cli.one_of(FP8_SCOPES, "scope"), default=list(FP8_SCOPES))
     s.add_argument("--plot", type=cli.file_to_write(".png"), help="also draw the table into this PNG")
     s.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows as JSON")
+    c = sub.add_parser("check", help="the GPU's FP8 kernels against the twin: the quantize kernels (also in the "
+                       "simulator) and, on a GPU with FP8, matmul v24 and the linear ops at every scope")
+    c.add_argument("--size", type=cli.one_of(["tiny", "12M", "120M"], "size"), default="12M",
+                   help="the model whose shapes the product checks take (default 12M)")
+    c.add_argument("--scope", nargs="+", type=cli.one_of(FP8_SCOPES, "scope"), default=list(FP8_SCOPES))
+    c.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows as JSON")
     args = p.parse_args(argv)
+    if args.command == "check":
+        raise SystemExit(run_check(args))
     ctx = load_config(args.size).model.context_length
     if args.seq > ctx:
         cli.fail(f"--seq {args.seq} is longer than the {args.size} model's context ({ctx}): give at most {ctx}")
@@ -154,6 +240,23 @@ def main(argv=None) -> None:
     if args.plot:
         plot(rows, args.plot)
         print(f"wrote {args.plot}")
+
+
+def run_check(args) -> int:
+    """The check command: its table; 0 when every row agrees, 1 otherwise."""
+    from . import check
+    from .kernels import fp8_products as F
+    rows = quantize_rows()
+    reason = F.fp8_unavailable()
+    if reason is None:
+        rows += product_rows(args.size, args.scope)
+    print(check.format_table(rows))
+    if reason:
+        print(f"products not checked here: {reason}")
+    if args.json:
+        from .atomic import atomic_write_json
+        atomic_write_json(args.json, rows)
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":

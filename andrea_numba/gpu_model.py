@@ -23,8 +23,9 @@ from numba import cuda
 
 from .config import ModelConfig
 import reference.dropout as D
+from reference.precision import FP8_SCOPES
 
-from .kernels import attn, attn_flash, attn_out, attn_qkv, cublaslt, dropout, embed, layernorm, loss, mlp
+from .kernels import attn, attn_flash, attn_out, attn_qkv, cublaslt, dropout, embed, fp8_products, layernorm, loss, mlp
 from .kernels import matmul
 from .kernels.matmul import splitk_work
 from .kernels.tma import MAP_BYTES, TMAPS, TensorMaps
@@ -187,9 +188,14 @@ class GPUModel:
         self.products = products
         self.precision = PRECISION.get(products, "fp32")     # of the products: the twin's precision
         v = PRODUCTS[products]
-        if v is None:                       # the library route: every product through cuBLASLt
+        self.fp8 = None                     # the FP8 products' scratch and record (fp8_products.FP8)
+        if v is None and self.precision in FP8_SCOPES:     # FP8 linear layers, bf16 classifier (cuBLASLt)
+            ops = fp8_products.linear_ops(self.precision, B * T, m.d_model, m.vocab_size, m.n_layer)
+            self.fp8 = fp8_products.FP8
+        elif v is None:                     # the library route: every product through cuBLASLt
             ops = cublaslt.linear_ops(LIBRARY_PRECISION[products], B * T, m.d_model, m.vocab_size)   # (one line
             # if it cannot run here)
+        if v is None:
             self.qkv_fwd, self.qkv_bwd = ops["attn_qkv_fwd"], ops["attn_qkv_bwd"]
             self.out_fwd, self.out_bwd = ops["attn_out_fwd"], ops["attn_out_bwd"]
             self.mlp_fwd, self.mlp_bwd = ops["mlp_fwd"], ops["mlp_bwd"]
@@ -250,7 +256,7 @@ class GPUModel:
     def nbytes(self) -> int:
         """Its buffers' bytes (with cuBLASLt's workspace when the library computes its products, and
         the scratch of 16-bit operand copies when the library or matmul v13 does)."""
-        held = products_scratch(self.products, self.N, self.m.d_model, self.m.vocab_size)
+        held = products_scratch(self.products, self.N, self.m.d_model, self.m.vocab_size, self.m.n_layer)
         return sum(s.nbytes for s in self.specs) + sum(held.values())
 
     def forward(self, tokens, targets, dropout_key=None, keys=None):
@@ -289,6 +295,8 @@ class GPUModel:
         # an MLP launcher that splits its products over K (mlp v11, v12) takes the split-K buffer,
         # free during the forward; a model without one (forward only) runs those products whole
         mlp_work = {"work": b.get("splitk")} if self.mlp_fwd_takes_work else {}
+        if self.fp8 is not None:     # this step's FP8 records from slot 0 (fp8_products.FP8Workspace)
+            self.fp8.begin()
         if self.params16:        # every weight rounded to bf16 once (ties to even, as each product would round it)
             cublaslt.round_into(b["params16"], self.params.reshape(1, self.params.shape[0]), "bf16", s)
         W = self.W
@@ -475,7 +483,9 @@ class GPUModel:
 # "cublas", "cublas-bf16", "cublas-fp16": the library route (kernels/cublaslt.py): the same ops with every
 # product through cuBLASLt in fp32 (an SGEMM), bf16 or fp16, the engine's kernels for the rest (None:
 # no version of ours); on a GPU with nvmath-python only
-LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp16"}
+LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp16",
+                     # issue 12: the linear layers' products in FP8 at a scope (kernels/fp8_products.py)
+                     "cublas-fp8-fwd": "fp8-fwd", "cublas-fp8-e5m2": "fp8-e5m2", "cublas-fp8-all": "fp8-all"}
 # "bf16l": bf16 products on matmul v12's tiles (bf16 shared tiles read with ldmatrix: attn_qkv, attn_out
 # v11, mlp v15, loss_fwd v12, loss_bwd v11)
 # "bf16a": bf16 products through matmul v13 (each operand rounded once into a bf16 copy in
@@ -506,11 +516,11 @@ PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16o", "fp16": "f16w"}   # train.pr
 # flash attention's version by the products' precision (kernels/attn_flash_v13.py: v13 bf16; attn_flash_lowp.py:
 # v12 fp16, and v11, bf16's before v13);
 # the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
-FLASH_VERSION = {"bf16": 13, "fp16": 12}
+FLASH_VERSION = {"bf16": 13, "fp16": 12, **{scope: 13 for scope in FP8_SCOPES}}   # FP8 scopes: attention in bf16
 LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
 
 
-def products_scratch(products: str, N: int, C: int, V: int) -> dict:
+def products_scratch(products: str, N: int, C: int, V: int, n_layer: int = 1) -> dict:
     """What a model of these products holds beside its buffers, by name (bytes), for N = B*T rows,
     width C and vocabulary V: cuBLASLt's workspace when the library computes the products, and the
     scratch of 16-bit operand copies (cublaslt.COPIES) when the library does in bf16 or fp16 or
@@ -526,6 +536,8 @@ def products_scratch(products: str, N: int, C: int, V: int) -> dict:
         held["operands_held_16bit"] = 2 * cublaslt.held_elements(N, C)
     if products in TMA_KINDS:
         held["tma_tensor_maps"] = TensorMaps.SLOTS * MAP_BYTES
+    if PRECISION.get(products) in FP8_SCOPES:
+        held["operands_fp8"] = fp8_products.scratch_bytes(N, C, n_layer)
     return held
 
 

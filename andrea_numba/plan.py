@@ -54,7 +54,7 @@ def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]
              ("step", "step_scalars", 8 * step_scalar_words(cfg))]
     # cuBLASLt's workspace, the operands' 16-bit copies (kernels/cublaslt.py: the library's, or matmul v13's)
     where = "library" if t.products == "cublas" else "scratch"
-    rows += [(where, name, nbytes) for name, nbytes in products_scratch(kind, B * t.seq_len, m.d_model, m.vocab_size).items()]
+    rows += [(where, name, nbytes) for name, nbytes in products_scratch(kind, B * t.seq_len, m.d_model, m.vocab_size, m.n_layer).items()]
     return rows
 
 

@@ -47,6 +47,7 @@ BEST_FILE = "best.bin"              # the checkpoint of the best validation loss
 LOSS_FILE = ".loss.json"
 SAMPLES_FILE = ".samples.json"
 STATE_FILE = ".state.json"
+FP8_FILE = ".fp8.json"         # FP8 runs: each quantized tensor's amax and underflow, every --log-every steps
 LOCK_FILE = ".lock"
 DATA_DIR = "data"
 

@@ -74,6 +74,7 @@ from .runlog import (
     BEST_FILE,
     CHECKPOINT_FILE,
     DATA_DIR,
+    FP8_FILE,
     LOSS_FILE,
     SAMPLES_FILE,
     STATE_FILE,
@@ -716,6 +717,9 @@ class Trainer:
                                          f"then start a new run (--config FILE --out NEW_DIR)")
                 rec["elapsed_s"] = round(self.elapsed(), 3)
                 self.append(LOSS_FILE, rec)
+                fp8 = self.model.fp8
+                if fp8 is not None and (self.step % self.log_every == 0 or self.step in (1, last)):
+                    self.append(FP8_FILE, {"step": self.step, "tensors": fp8.record(self.cfg.model.n_layer)})
                 if self.step % self.log_every == 0 or "val_loss" in rec or self.step == last:
                     eta = (time.time() - t_start) / done_here * (last - self.step)
                     val = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
@@ -825,7 +829,14 @@ PRECISION_NOTES = {
             "gradients, AdamW, LayerNorm, the softmax and the loss in fp32",
     "fp16": "fp16 products (attn_qkv, attn_out, mlp, the classifier and flash attention v12: inputs rounded "
             "to fp16, sums in fp32) with dynamic loss scaling (andrea_numba/loss_scale.py); weights, gradients, "
-            "AdamW, LayerNorm, the softmax and the loss in fp32"}
+            "AdamW, LayerNorm, the softmax and the loss in fp32",
+    **{scope: "FP8 products for the linear layers (attn_qkv, attn_out, mlp: " + what + ", each operand scaled by "
+              "its own amax, cuBLASLt's FP8 kernels, fp32 sums: kernels/fp8_products.py); the classifier's and "
+              "flash attention v{flash}'s products in bf16; weights, gradients, AdamW, LayerNorm, the softmax and "
+              "the loss in fp32; each quantized tensor's amax and underflow in " + FP8_FILE
+       for scope, what in (("fp8-fwd", "the forward in E4M3, the backward in bf16"),
+                           ("fp8-e5m2", "E4M3, the backward's gradients in E5M2"),
+                           ("fp8-all", "every operand in E4M3"))}}
 
 # flags that would make a resumed run another run: --resume refuses them
 RESUME_FIXED = (("data", "--data"), ("batch_size", "--batch-size"), ("seq_len", "--seq-len"), ("seed", "--seed"),
@@ -838,6 +849,8 @@ def build_config(args) -> Config:
     train = {k: v for k, v in (("steps", args.steps), ("seed", args.seed), ("batch_size", args.batch_size),
                                ("n_microbatches", args.microbatches), ("seq_len", args.seq_len),
                                ("precision", args.precision), ("products", args.products)) if v is not None}
+    if (args.precision or "").startswith("fp8") and args.products is None:
+        train["products"] = "cublas"      # FP8 products run through cuBLASLt only
     raw = cfg.to_dict()
     raw["train"].update(train)
     source = args.data or raw["data"]["source"]
@@ -887,8 +900,10 @@ def parser() -> Parser:
     ap.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
     ap.add_argument("--precision", metavar="P", help="of the products (linear ops and attention): fp32 (the "
                     "reference), bf16 or fp16 (their inputs rounded to it, fp32 sums; fp16 with dynamic loss "
-                    "scaling; weights, gradients, AdamW, LayerNorm, the softmax and the loss stay fp32); default: "
-                    "the config's")
+                    "scaling; weights, gradients, AdamW, LayerNorm, the softmax and the loss stay fp32); fp8-fwd, "
+                    "fp8-e5m2 or fp8-all: the linear layers' products in FP8 (E4M3 forward; the backward bf16, "
+                    "E5M2 gradients or E4M3: Ada or Hopper GPUs, through cuBLASLt, so --products cublas); "
+                    "default: the config's")
     ap.add_argument("--products", metavar="R", help="who computes the linear ops' products: numba (our "
                     "tensor-core kernels) or cublas (cuBLASLt through nvmath-python, pip install -e \".[cublas]\"; "
                     "a GPU only); default: the config's")

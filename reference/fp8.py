@@ -153,3 +153,23 @@ def quantize_fp32(x, fmt: Format):
     scale = _scale(amax, fmt, np.float32)
     y = x * scale                                          # float32 * float32: one fp32 rounding
     return encode(round_fp8(y, fmt), fmt), amax, scale
+
+
+def descale_fp32(amax, fmt: Format):
+    """amax / max in fp32 (1 for amax 0): what the GPU's products multiply an FP8 operand's sums by
+    (kernels/fp8.py's stats[2]; not 1 / scale, which would round twice)."""
+    amax = np.float32(amax)
+    return np.float32(amax / np.float32(fmt.max_value)) if amax > 0 and np.isfinite(amax) else np.float32(1)
+
+
+def quantize_gpu(x, fmt: Format) -> Quantized:
+    """x quantized as the GPU quantizes a product's operand (quantize_fp32: x in fp32, its fp32 amax
+    and scale, the bytes), standing for decode(codes) * descale: the values the FP8 product
+    multiplies. The twins' FP8 products (reference.precision.fp8_mm) use this, so that a GPU product
+    and its twin multiply the same numbers."""
+    x32 = np.asarray(x, dtype=np.float32)
+    codes, amax, scale = quantize_fp32(x32, fmt)
+    values = decode(codes, fmt) * np.float64(descale_fp32(amax, fmt))
+    nonzero = x32 != 0
+    under = float(np.mean(values[nonzero] == 0)) if nonzero.any() else 0.0
+    return Quantized(values, float(scale), float(amax), under, 0.0)

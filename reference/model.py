@@ -45,7 +45,7 @@ from .embed import embed_bwd, embed_fwd
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .loss import loss_bwd, loss_fwd
 from .mlp import mlp_bwd, mlp_fwd
-from .precision import current, mm, products_in
+from .precision import FP8_SCOPES, as_grad, backward_products, current, higher, mm, products_in
 from .residual import residual_add, residual_add_bwd
 
 
@@ -65,8 +65,9 @@ def _trunk(params, m: ModelConfig, tokens, dropout_p=0.0, dropout_key=None):
         if current() is None:       # exact products: attention saving its probabilities (lessons read att)
             a["y"], a["att"] = attn_fwd(a["q"], a["k"], a["v"], H, p_drop, k_att)
         else:                       # bf16 / fp16 products: the engine runs flash attention v11 / v12, whose
-            # twin rounds the same products' inputs (reference/attn.py)
-            a["y"], a["lse"] = attn_flash_fwd(a["q"], a["k"], a["v"], H, p_drop, k_att)
+            # twin rounds the same products' inputs (reference/attn.py); at an FP8 scope in bf16 (higher)
+            with higher():
+                a["y"], a["lse"] = attn_flash_fwd(a["q"], a["k"], a["v"], H, p_drop, k_att)
         attn_out = dropout_fwd(attn_out_fwd(a["y"], P[p + "attn.w_o"]), p_drop, k_ao)
         x = a["x_mid"] = residual_add(x, attn_out)
         a["ln2"], a["ln2_mean"], a["ln2_rstd"] = layernorm_fwd(x, P[p + "ln2.g"], P[p + "ln2.b"], eps)
@@ -86,7 +87,8 @@ def model_forward(params, m: ModelConfig, tokens, targets, dropout_p=0.0, dropou
     with products_in(precision):
         acts = _trunk(params, m, tokens, dropout_p, dropout_key)
         acts["targets"], acts["precision"] = targets, precision
-        loss, acts["losses"], acts["probs"] = loss_fwd(acts["lnf"], views(params, m)["wte"], targets)
+        with higher():              # the classifier: bf16 at an FP8 scope (reference/precision.py)
+            loss, acts["losses"], acts["probs"] = loss_fwd(acts["lnf"], views(params, m)["wte"], targets)
     return loss, acts
 
 
@@ -94,13 +96,14 @@ def model_logits(params, m: ModelConfig, tokens, precision=None):
     """tokens [B, T] -> logits [B, T, V] (no targets, nothing saved): for sampling and evaluation."""
     with products_in(precision):
         acts = _trunk(params, m, tokens)
-        return mm(acts["lnf"], views(params, m)["wte"].T)
+        with higher():
+            return mm(acts["lnf"], views(params, m)["wte"].T)
 
 
 def model_backward(params, m: ModelConfig, acts, dloss: float = 1.0):
     """Gradient of dloss x the mean loss with respect to every parameter, as a flat vector like
     params (dloss is 1 but for loss scaling: fp16's products, andrea_numba/loss_scale.py)."""
-    with products_in(acts.get("precision")):    # the forward's precision of the products
+    with products_in(acts.get("precision")), backward_products():    # the forward's precision of the products
         return _backward(params, m, acts, dloss)
 
 
@@ -111,7 +114,11 @@ def _backward(params, m: ModelConfig, acts, dloss=1.0):
     G = views(grads, m)                     # views: += below writes into the flat vector
     H = m.n_head
     p_drop, dropout_key = acts.get("dropout", (0.0, None))
-    dx, dwte = loss_bwd(dloss, acts["lnf"], P["wte"], acts["probs"], acts["targets"])
+    # at an FP8 scope: the gradients that reach the linear layers' products marked as such (their
+    # operand in E5M2 at "fp8-e5m2"), attention's and the classifier's products in bf16 (higher)
+    g = as_grad if current() in FP8_SCOPES else (lambda a: a)
+    with higher():
+        dx, dwte = loss_bwd(dloss, acts["lnf"], P["wte"], acts["probs"], acts["targets"])
     G["wte"] += dwte                        # the tied projection's share of wte's gradient
     dx, dg, db = layernorm_bwd(dx, acts["x_out"], acts["lnf_mean"], acts["lnf_rstd"], P["lnf.g"])
     G["lnf.g"] += dg
@@ -121,7 +128,7 @@ def _backward(params, m: ModelConfig, acts, dloss=1.0):
         k_att, k_ao, k_mlp = block_keys(dropout_key, l)
         # x_out = x_mid + drop(mlp(LN2(x_mid)))
         dx_mid, dmlp = residual_add_bwd(dx)
-        dmlp = dropout_bwd(dmlp, p_drop, k_mlp)
+        dmlp = g(dropout_bwd(dmlp, p_drop, k_mlp))
         dln2, dw_1, dw_2 = mlp_bwd(dmlp, a["ln2"], a["h_pre"], a["h"], P[p + "mlp.w_1"], P[p + "mlp.w_2"])
         G[p + "mlp.w_1"] += dw_1
         G[p + "mlp.w_2"] += dw_2
@@ -131,13 +138,14 @@ def _backward(params, m: ModelConfig, acts, dloss=1.0):
         dx_mid = residual_add(dx_mid, dx_ln)          # x_mid fed two branches: their gradients add
         # x_mid = x_in + drop(W_O(attn(qkv(LN1(x_in)))))
         dx_in, dattn_out = residual_add_bwd(dx_mid)
-        dattn_out = dropout_bwd(dattn_out, p_drop, k_ao)
+        dattn_out = g(dropout_bwd(dattn_out, p_drop, k_ao))
         dy, dw_o = attn_out_bwd(dattn_out, a["y"], P[p + "attn.w_o"])
         G[p + "attn.w_o"] += dw_o
         if "att" in a:
             dq, dk, dv = attn_bwd(dy, a["q"], a["k"], a["v"], a["att"], H, p_drop, k_att)
         else:
-            dq, dk, dv = attn_flash_bwd(dy, a["q"], a["k"], a["v"], a["y"], a["lse"], H, p_drop, k_att)
+            with higher():
+                dq, dk, dv = map(g, attn_flash_bwd(dy, a["q"], a["k"], a["v"], a["y"], a["lse"], H, p_drop, k_att))
         dln1, dw_q, dw_k, dw_v = attn_qkv_bwd(dq, dk, dv, a["ln1"],
                                               P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"])
         G[p + "attn.w_q"] += dw_q

@@ -76,12 +76,14 @@ def mm(a, b):
     return rnd(a).astype(a.dtype) @ rnd(b).astype(b.dtype)
 
 
-# FP8 (issue 12: reference/fp8.py), simulated: each operand of a product quantized per tensor (scaled
-# from its amax, rounded, scaled back), the product in float64. Which products, and to which format,
-# is the scope's:
-#     "fp8-fwd"    the forward's products in E4M3; the backward's exact
+# FP8 (issue 12: reference/fp8.py), simulated: each operand of a product quantized per tensor as the
+# GPU quantizes it (quantize_gpu: scaled from its fp32 amax, rounded, scaled back), the product in
+# float64. Which products, and to which format, is the scope's:
+#     "fp8-fwd"    the forward's products in E4M3; the backward's in bf16 (as the GPU runs them)
 #     "fp8-e5m2"   every product in E4M3, but a gradient operand of the backward's in E5M2
 #     "fp8-all"    every product's operands in E4M3
+# A model trained at an FP8 scope keeps attention's products and the classifier's in bf16 (the
+# twin model enters higher() around them; reference/model.py): FP8 is for the linear layers.
 # The backward is the code run inside backward_products(). A gradient operand is a Grad array: the
 # caller marks the backward's upstream gradients (as_grad), NumPy carries the mark through the
 # twins' arithmetic (a view, a product, a sum with a plain array are Grads too), and fp8_mm marks
@@ -123,17 +125,28 @@ def fp8_log():
         _FP8_LOG.reset(token)
 
 
+@contextlib.contextmanager
+def higher():
+    """Inside: at an FP8 scope, the products run in bf16 (attention's and the classifier's, in a model
+    trained at that scope); any other precision stays as it is."""
+    token = _PRODUCTS.set("bf16" if _PRODUCTS.get() in FP8_SCOPES else _PRODUCTS.get())
+    try:
+        yield
+    finally:
+        _PRODUCTS.reset(token)
+
+
 def fp8_mm(scope, a, b):
-    """a @ b with a and b quantized per tensor (reference/fp8.py's quantize) as scope says (above)."""
-    from .fp8 import E4M3, E5M2, quantize
+    """a @ b with a and b quantized per tensor (reference/fp8.py's quantize_gpu) as scope says (above)."""
+    from .fp8 import E4M3, E5M2, quantize_gpu
     backward = _BACKWARD.get()
     if backward and scope == "fp8-fwd":
-        out = np.asarray(a) @ np.asarray(b)
+        out = round_bf16(a).astype(np.float64) @ round_bf16(b).astype(np.float64)
     else:
         ops = []
         for x in (a, b):
             fmt = E5M2 if backward and scope == "fp8-e5m2" and isinstance(x, Grad) else E4M3
-            q = quantize(np.asarray(x), fmt)
+            q = quantize_gpu(np.asarray(x), fmt)
             log = _FP8_LOG.get()
             if log is not None:
                 log.append(dict(format=fmt.name, shape=tuple(np.shape(x)), backward=backward, amax=q.amax,
@@ -153,6 +166,8 @@ def error_bound(a, b, precision, trans_a=False, trans_b=False):
     the inputs alone: each input moves by at most u |x| + e (ROUNDING), so each product a_ik b_kj by
     at most (2u + u^2) |a_ik| |b_kj| + e (1 + u) (|a_ik| + |b_kj|) + e^2, summed over k (bf16:
     (2u + u^2) sum_k |a_ik| |b_kj|, u = 2^-8). An fp16 input past 65504 would be inf: none may be."""
+    if precision in FP8_SCOPES:
+        return fp8_error_bound(a, b, trans_a, trans_b)
     u, e = ROUNDING[precision]
     a, b = np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64))
     a, b = (a.T if trans_a else a), (b.T if trans_b else b)
@@ -160,3 +175,16 @@ def error_bound(a, b, precision, trans_a=False, trans_b=False):
     if e:
         bound += e * (1 + u) * (a.sum(axis=1, keepdims=True) + b.sum(axis=0, keepdims=True)) + a.shape[1] * e * e
     return bound
+
+
+def fp8_error_bound(a, b, trans_a=False, trans_b=False):
+    """error_bound for a forward product at an FP8 scope (both operands E4M3, scaled per tensor):
+    an operand x moves by at most d_x = u |x| + e_x, u = 2^-4 (plus 2^-23 for the fp32 multiply by the
+    scale), e_x half the smallest subnormal scaled back (2^-10 amax_x / 448); so a_ik b_kj by at most
+    d_a |b| + |a| d_b + d_a d_b, summed over k."""
+    from .fp8 import E4M3
+    a, b = np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64))
+    a, b = (a.T if trans_a else a), (b.T if trans_b else b)
+    u = E4M3.unit_roundoff + 2.0 ** -23
+    da, db = (u * x + E4M3.smallest / 2 * (x.max(initial=0.0) / E4M3.max_value) for x in (a, b))
+    return da @ b + a @ db + da @ db

@@ -83,7 +83,8 @@ def test_per_tensor_scaling_maps_amax_to_the_largest_value_and_counts_underflow(
 
 def test_the_scopes_quantize_the_products_they_name():
     import reference as R
-    from reference.precision import as_grad, backward_products, fp8_log, mm
+    from reference.fp8 import quantize_gpu
+    from reference.precision import as_grad, backward_products, fp8_log, mm, round_bf16
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4))
     g = as_grad(rng.standard_normal((8, 16)) * 1e-3)
@@ -91,9 +92,11 @@ def test_the_scopes_quantize_the_products_they_name():
     with R.products_in("fp8-fwd"), fp8_log() as log:
         fwd = mm(a, b)
         with backward_products():
-            assert np.array_equal(mm(g, b), np.asarray(g) @ b)          # the backward's: exact
+            want = round_bf16(g).astype(np.float64) @ round_bf16(b).astype(np.float64)
+            assert np.array_equal(mm(g, b), want)                      # the backward's: bf16
     assert [e["format"] for e in log] == ["e4m3", "e4m3"] and not np.array_equal(fwd, exact)
-    np.testing.assert_array_equal(fwd, quantize(a, E4M3).values @ quantize(b, E4M3).values)
+    np.testing.assert_array_equal(fwd, quantize_gpu(a, E4M3).values @ quantize_gpu(b, E4M3).values)
+    np.testing.assert_allclose(fwd, quantize(a, E4M3).values @ quantize(b, E4M3).values, rtol=1e-5, atol=1e-5)
     with R.products_in("fp8-e5m2"), backward_products(), fp8_log() as log:
         out = mm(g.reshape(8, 16).T.T * 2.0, b)                          # the mark survives views and arithmetic
     assert [e["format"] for e in log] == ["e5m2", "e4m3"] and all(e["backward"] for e in log)
@@ -115,7 +118,7 @@ def test_the_study_measures_every_op_output_at_every_scope(tmp_path):
         assert outs >= {("fwd", t) for t in CASES[op].fwd_out if t != "att"} | {("bwd", t) for t in CASES[op].bwd_out}
     for r in rows:
         if r["scope"] == "fp8-fwd" and r["direction"] == "bwd" and r["op"] in ("attn_qkv", "attn_out"):
-            assert r["rel_err"] == 0 and r["quantized"] == 0                 # weights and inputs saved exactly
+            assert 0 < r["rel_err"] < 2.0 ** -6 and r["quantized"] == 0    # bf16 products: within a few u of bf16
         elif r["tensor"] != "loss":
             assert 1e-3 < r["rel_err"] < 1.0, r                              # eight bits show, and no blow-up
     out, png = tmp_path / "s.json", tmp_path / "s.png"

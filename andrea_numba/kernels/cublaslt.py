@@ -52,7 +52,8 @@ from .ptx import load4_row, store8
 
 WORKSPACE_BYTES = 32 << 20          # cuBLASLt's scratch for every product (NVIDIA suggests 32 MiB on Hopper)
 PRECISIONS = ("fp32", "bf16", "fp16")
-OPERAND_TYPE = {"fp32": "CUDA_R_32F", "bf16": "CUDA_R_16BF", "fp16": "CUDA_R_16F"}   # of A and B (C, D: fp32)
+OPERAND_TYPE = {"fp32": "CUDA_R_32F", "bf16": "CUDA_R_16BF", "fp16": "CUDA_R_16F",   # of A and B (C, D: fp32)
+                "e4m3": "CUDA_R_8F_E4M3", "e5m2": "CUDA_R_8F_E5M2"}                # (FP8: kernels/fp8_products.py)
 VERSION_OF = {"fp32": 20, "bf16": 21, "fp16": 22}   # matmul's version numbers of the library route
 ALIGN = 128                         # elements (256 bytes) between the two 16-bit copies in the scratch
 
@@ -422,15 +423,19 @@ class Library:
         buf = np.array([value], dtype=dtype_of(attr))
         setter(obj, attr, buf.ctypes.data, buf.nbytes)
 
-    def plan(self, precision, op: dict, aligns: tuple) -> tuple:
+    def plan(self, precision, op: dict, aligns: tuple, types=None) -> tuple:
+        """(descriptor, layouts, algorithm) of a product: operands of `precision` (OPERAND_TYPE), or of
+        the two types (A's, B's: cuBLAS's A is our b) that `types` names (FP8: "e4m3", "e5m2")."""
         import nvmath
         lt, D, P = self.lt, self.lt.MatmulDescAttribute, self.lt.MatmulPreferenceAttribute
-        f32, operand = int(nvmath.CudaDataType.CUDA_R_32F), int(getattr(nvmath.CudaDataType, OPERAND_TYPE[precision]))
+        cdt = nvmath.CudaDataType
+        f32 = int(cdt.CUDA_R_32F)
+        type_a, type_b = (int(getattr(cdt, OPERAND_TYPE[t])) for t in (types or (precision, precision)))
         desc = lt.matmul_desc_create(int(self.cublas.ComputeType.COMPUTE_32F), f32)     # fp32 sums, fp32 alpha/beta
         op_of = {False: int(self.cublas.Operation.N), True: int(self.cublas.Operation.T)}
         self._set(lt.matmul_desc_set_attribute, desc, D.TRANSA, op_of[op["trans_A"]], lt.get_matmul_desc_attribute_dtype)
         self._set(lt.matmul_desc_set_attribute, desc, D.TRANSB, op_of[op["trans_B"]], lt.get_matmul_desc_attribute_dtype)
-        layouts = [lt.matrix_layout_create(operand, *op["A"]), lt.matrix_layout_create(operand, *op["B"]),
+        layouts = [lt.matrix_layout_create(type_a, *op["A"]), lt.matrix_layout_create(type_b, *op["B"]),
                    lt.matrix_layout_create(f32, *op["D"])]
         pref = lt.matmul_preference_create()
         dt = lt.get_matmul_preference_attribute_dtype
@@ -466,6 +471,33 @@ class Library:
         if key not in self.plans:
             self.plans[key] = self.plan(precision, op, aligns)
         desc, (la, lb, ld), found = self.plans[key]
+        beta = self.one if accumulate else self.zero
+        self.lt.matmul(self.handle, desc, self.one.ctypes.data, ptr_b, la, ptr_a, lb, beta.ctypes.data,
+                       ptr_out, ld, ptr_out, ld, found.ptr, address(self.workspace), WORKSPACE_BYTES,
+                       _stream_pointer(stream))
+
+
+    def matmul_fp8(self, out, qa, qb, accumulate, stream):
+        """out (+)= (qa's values) @ (qb's values)^T: qa [M, lda] and qb [N, ldb] FP8 operands, both
+        K-major (kernels/fp8_products.py's Quant: codes, format, K, the device address of its
+        descale), an fp32 product D = descale_a descale_b (A_q B_q) with fp32 sums: cuBLASLt's "TN"
+        FP8 form (column-major D^T = B'^T A' with A' = qb transposed, B' = qa), the only one Hopper
+        has. Each call points the plan's A and B scale pointers at the operands' descales."""
+        M, N = out.shape
+        K = qa.codes.shape[1]                     # padded to 16 bytes with zeros, which add nothing
+        assert qb.k == qa.k and qb.codes.shape[1] == K and qa.codes.shape[0] == M and qb.codes.shape[0] == N, \
+            f"FP8 operands {qa.codes.shape} {qb.codes.shape} (K = {qa.k}, {qb.k}) -> {out.shape}"
+        op = lt_operands(M, N, K, False, True, K, K, _row_stride(out, "out"))
+        ptr_a, ptr_b, ptr_out = address(qa.codes), address(qb.codes), address(out)
+        aligns = (_alignment(ptr_b), _alignment(ptr_a), _alignment(ptr_out), _alignment(ptr_out))
+        types = (qb.fmt, qa.fmt)                  # cuBLAS's A is our b
+        key = ("fp8", types, tuple(sorted((k, v) for k, v in op.items())), aligns)
+        if key not in self.plans:
+            self.plans[key] = self.plan("fp8", op, aligns, types)
+        desc, (la, lb, ld), found = self.plans[key]
+        D, dt = self.lt.MatmulDescAttribute, self.lt.get_matmul_desc_attribute_dtype
+        self._set(self.lt.matmul_desc_set_attribute, desc, D.A_SCALE_POINTER, qb.descale, dt)
+        self._set(self.lt.matmul_desc_set_attribute, desc, D.B_SCALE_POINTER, qa.descale, dt)
         beta = self.one if accumulate else self.zero
         self.lt.matmul(self.handle, desc, self.one.ctypes.data, ptr_b, la, ptr_a, lb, beta.ctypes.data,
                        ptr_out, ld, ptr_out, ld, found.ptr, address(self.workspace), WORKSPACE_BYTES,

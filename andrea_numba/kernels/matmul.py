@@ -768,6 +768,11 @@ matmul = matmul_v2        # what the engine uses
 from .cublaslt import matmul_versions  # noqa: E402
 
 VERSIONS["matmul"].update(matmul_versions())
+# v24: the same library's FP8 E4M3 products, each operand quantized per tensor by our kernels first
+# (kernels/fp8_products.py, issue 12), where FP8 runs (Ada or Hopper with nvmath-python)
+from .fp8_products import matmul_versions as fp8_matmul_versions  # noqa: E402
+
+VERSIONS["matmul"].update(fp8_matmul_versions())
 
 
 # =============================================================================================
