@@ -119,8 +119,13 @@ def check_simulator_size(cfg: Config, resuming: bool = False) -> None:
 
 def check_device(cfg: Config, resuming: bool = False) -> None:
     """Before any data is prepared: the run must fit the GPU's free memory (or, in the simulator,
-    be small enough to finish), and cuBLASLt must be able to run where the config asks for it."""
-    reason = cublaslt.unavailable() if cfg.train.products == "cublas" else None
+    be small enough to finish), and cuBLASLt (and its FP8 products) must be able to run where the
+    config asks for them."""
+    if cfg.train.precision.startswith("fp8"):
+        from .kernels.fp8_products import fp8_unavailable
+        reason = fp8_unavailable()
+    else:
+        reason = cublaslt.unavailable() if cfg.train.products == "cublas" else None
     if reason:
         raise PlanError(reason)
     if SIMULATOR:

@@ -41,6 +41,7 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s17b (issue 12, FP8: the kernels against the twin at 12M, the fp8-e5m2 model, FP8 products against bf16, a training smoke run);
 #          s17a (for the next session: matmul v23, v19 with its in-kernel split-K sums' loads batched: products beside v18, v19);
 #          s16d (products bf16f, since removed: matmul v19, the split-K slices added in the product's kernel: bits against bf16o, model, steps x30, profile);
 #          s16c (bf16o with loss v18/v16 (the logits kept, M and se saved): bits against bf16s, models, steps x30, bf16 resume, profile);
@@ -61,18 +62,18 @@
 source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
 
-resume_bf16() {   # resume_bf16 DIR: bit-exact resume in bf16 (the engine's products), 12M: run a (60 steps straight)
-  # against run b (SIGTERM after 30 logged steps, then --resume): the same losses and checkpoint bytes, into DIR/resume.json
-  local d=$1 p=/tmp/r16b args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4" pid waited
+resume_bf16() {   # resume_bf16 DIR [PRECISION]: bit-exact resume in bf16 (the engine's products) or PRECISION, 12M: run a (60
+  # steps straight) against run b (SIGTERM after 30 logged steps, then --resume): the same losses and checkpoint bytes, into DIR/resume.json
+  local d=$1 prec=${2:-bf16} p=/tmp/r16b args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4" pid waited
   rm -rf $p
-  timeout 100 $py -m andrea_numba.train $args --precision bf16 --out $p/a > "$d/resume_a.log" 2>&1; echo "bf16 a exit $?"
-  $py -m andrea_numba.train $args --precision bf16 --out $p/b > "$d/resume_b1.log" 2>&1 &
+  timeout 100 $py -m andrea_numba.train $args --precision $prec --out $p/a > "$d/resume_a.log" 2>&1; echo "$prec a exit $?"
+  $py -m andrea_numba.train $args --precision $prec --out $p/b > "$d/resume_b1.log" 2>&1 &
   pid=$!; waited=0
   until [ -f $p/b/.loss.json ] && [ "$(wc -l < $p/b/.loss.json)" -ge 30 ]; do
     sleep 0.1; waited=$((waited + 1)); if [ $waited -ge 1000 ] || ! kill -0 $pid 2>/dev/null; then break; fi
   done
-  kill -TERM $pid; wait $pid; echo "bf16 b (SIGTERM) exit $?"
-  timeout 100 $py -m andrea_numba.train --resume $p/b > "$d/resume_b2.log" 2>&1; echo "bf16 b (resume) exit $?"
+  kill -TERM $pid; wait $pid; echo "$prec b (SIGTERM) exit $?"
+  timeout 100 $py -m andrea_numba.train --resume $p/b > "$d/resume_b2.log" 2>&1; echo "$prec b (resume) exit $?"
   $py - "$p" > "$d/resume.json" <<'PY'
 import hashlib, json, sys
 from pathlib import Path
@@ -527,6 +528,20 @@ PY
         # bf16o), the 120M step kernel by kernel
         # (ran at commit 89cccf1; the kind bf16f is gone: s17a runs v19 and v23 through --tma-matmul)
         echo "s16d: products bf16f were removed after this step ran (docs/mixed-precision.md); run s17a" ;;
+    s17b) # issue 12's first GPU call: the FP8 kernels against the twin at 12M (quantize rows, matmul v24, the linear
+        # ops at every scope), the whole fp8-e5m2 model against the twin (meanwhile), FP8 products against bf16 ones
+        # (bench/fp8_gemm.py), a 30-step 12M training smoke run at fp8-e5m2 and its .fp8.json record
+        d="$OUT/s17b"; mkdir -p "$d"
+        timeout 300 $py -m andrea_numba.check --size 12M --seed 317 --compile-workers 2 --model-only \
+            --products cublas-fp8-e5m2 --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
+        timeout 200 $py -m andrea_numba.fp8 check --size 12M --json "$d/check_12M.json" > "$d/check_12M.txt" 2>&1
+        echo "fp8 check 12M exit $?"; grep -v " ok$" "$d/check_12M.txt" | tail -30; tail -2 "$d/check_12M.txt"
+        timeout 150 $py bench/fp8_gemm.py --json "$d/gemm.json" > "$d/gemm.txt" 2>&1; echo "fp8_gemm exit $?"; cat "$d/gemm.txt"
+        rm -rf /tmp/f8; timeout 150 $py -m andrea_numba.train --size 12M --precision fp8-e5m2 --steps 30 --log-every 10 \
+            --out /tmp/f8 --compile-workers 4 > "$d/train_smoke.txt" 2>&1; echo "train smoke exit $?"
+        grep -v "^step  *[0-9]*/.*ETA" "$d/train_smoke.txt" | tail -8; grep "^step" "$d/train_smoke.txt" | tail -3
+        cp /tmp/f8/.fp8.json "$d/fp8_smoke.json" 2>/dev/null; head -c 700 "$d/fp8_smoke.json"; echo
+        wait; echo "model_12M.json: $(tail -1 "$d/model_12M.err")"; disagree "$d/model_12M.json" ;;
     s16c) # products bf16o with the loss keeping the logits (loss_fwd v18, loss_bwd v16: M and se saved a row, the
         # softmax recomputed in the backward) (issue 11): its bits against bf16s's at 120M and 12M, the whole model
         # against the twin at 120M, the step x30 (bf16o, bf16s), bit-exact resume in bf16 (the engine's: bf16o), the

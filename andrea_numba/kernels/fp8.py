@@ -38,6 +38,8 @@ THREADS = 16 if SIMULATOR else 256              # a block of the 1-D kernels (a 
 QUANT_BLOCKS = 2 if SIMULATOR else 132 * 8      # k_quantize_v1's grid (it strides over the tensor)
 T_TILE = 8 if SIMULATOR else 32                 # k_quantize_t_v1's square tile of x
 T_ROWS = 2 if SIMULATOR else 8                  # its threads along y: each T_TILE / T_ROWS rows
+T_PITCH = T_TILE + 1                            # the tile's rows: one word more (the column reads' banks)
+T_THREADS = T_TILE * T_ROWS
 T_GRID_Y = 65535
 STATS = 3                                       # floats of a quantized tensor's record: amax, scale, descale
 ROW_ALIGN = 16                                  # bytes: where each row of an FP8 operand starts (cuBLASLt)
@@ -161,8 +163,8 @@ def make_quantize(M: int, E: int, fmax: float):
         of rows over y (striding past 65,535): read along x's rows (coalesced), the bytes through a
         shared tile, written along the transpose's rows (kernels/cublaslt.py's k_round_bf16_t_v1:
         the same walk; the tile's rows one word longer so the column reads hit different banks)."""
-        tile = cuda.shared.array((T_TILE, T_TILE + 1), int32)
-        buf = cuda.shared.array(T_TILE * T_ROWS, int32)
+        tile = cuda.shared.array((T_TILE, T_PITCH), int32)
+        buf = cuda.shared.array(T_THREADS, int32)
         R, C = x.shape
         tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
         scale = stats[1]
@@ -182,7 +184,7 @@ def make_quantize(M: int, E: int, fmax: float):
                 if j < C and i < ld:
                     codes[j * ld + i] = uint8(tile[tx, q])
             cuda.syncthreads()                                   # the tile is read before the next rows
-        total = block_count(buf, n, ty * T_TILE + tx, T_TILE * T_ROWS)
+        total = block_count(buf, n, ty * T_TILE + tx, T_THREADS)
         if tx == 0 and ty == 0 and total > 0:
             cuda.atomic.add(count, 0, total)
 

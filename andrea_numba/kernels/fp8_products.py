@@ -143,8 +143,10 @@ FP8 = FP8Workspace()            # the process's one FP8 scratch (launches run in
 
 
 def mm(out, qa: Quant, qb: Quant, accumulate=False, stream=0):
-    """out (+)= A_q @ B_q^T descaled: one cuBLASLt FP8 product (cublaslt.Library.matmul_fp8)."""
-    cublaslt.library().matmul_fp8(out, qa, qb, accumulate, stream)
+    """out (+)= A_q @ B_q^T descaled: one cuBLASLt FP8 product (cublaslt.Library.matmul_fp8);
+    skipped while andrea_numba.precompile records a step's launches (cublaslt.RECORDING)."""
+    if not cublaslt.RECORDING:
+        cublaslt.library().matmul_fp8(out, qa, qb, accumulate, stream)
 
 
 def fp8_matmul(out, a, b, trans_a=False, trans_b=False, accumulate=False, fmt_a="e4m3", fmt_b="e4m3",
@@ -158,10 +160,8 @@ def fp8_matmul(out, a, b, trans_a=False, trans_b=False, accumulate=False, fmt_a=
 def matmul_v24(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block=None, stream=0):
     """out (+)= op(a) @ op(b) in FP8 E4M3 through cuBLASLt: each operand's amax, scale and bytes by
     kernels/fp8.py (k_amax_partial_v1, k_amax_final_v1, k_quantize_v1 or k_quantize_t_v1), then the
-    FP8 product with fp32 sums (work and block unused; skipped while andrea_numba.precompile
-    records a step's launches, as the library route's products are)."""
-    if not cublaslt.RECORDING:
-        fp8_matmul(out, a, b, trans_a, trans_b, accumulate, stream=stream)
+    FP8 product with fp32 sums (work and block unused)."""
+    fp8_matmul(out, a, b, trans_a, trans_b, accumulate, stream=stream)
 
 
 matmul_v24.blocks = ("cublasLt",)
