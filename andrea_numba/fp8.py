@@ -206,6 +206,98 @@ def product_rows(size: str = "12M", scopes=FP8_SCOPES, seed: int = 0) -> list[di
     return rows
 
 
+# ---------------------------------------------------------------------------------------------
+# python -m andrea_numba.fp8 history RUN_DIR...: what the trainer recorded of each quantized tensor
+
+# the tensors drawn in the amax panel: an activation and a gradient operand of each linear op, a weight
+AMAX_SHOWN = ("attn_qkv.fwd.x", "attn_out.fwd.y", "mlp.fwd.h", "mlp.fwd.w_1", "attn_out.bwd.dout",
+              "mlp.bwd.dout", "mlp.bwd.dh_pre", "attn_qkv.bwd.dq")
+UNDERFLOW_SHOWN = 8          # the underflow panel: the tensors that lost most
+
+
+class HistoryError(Exception):
+    """A run directory without a readable FP8 record; str(err) is one line: what, and what to do."""
+
+
+def read_history(run_dir) -> list[dict]:
+    """The records of a run's FP8 file (runlog.FP8_FILE: one JSON line every --log-every steps), or
+    a one-line error (HistoryError) when there are none."""
+    import json
+    from pathlib import Path
+
+    from .runlog import FP8_FILE
+    path = Path(run_dir) / FP8_FILE
+    if not path.is_file():
+        raise HistoryError(f"no FP8 record in {path}: it is written by runs trained with --precision "
+                             f"fp8-fwd, fp8-e5m2 or fp8-all")
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rec = json.loads(line)
+            records.append({"step": int(rec["step"]), "tensors": list(rec["tensors"])})
+        except (ValueError, KeyError, TypeError):
+            raise HistoryError(f"{path}, line {n}, is not an FP8 record: the file is damaged") from None
+    if not records:
+        raise HistoryError(f"{path} is empty: the run has not logged a step yet")
+    return records
+
+
+def by_tensor(records) -> dict:
+    """{label: [(step, max amax over layers, max underflow over layers)]}, in the records' order."""
+    out = {}
+    for rec in records:
+        per = {}
+        for t in rec["tensors"]:
+            a, u = per.get(t["label"], (0.0, 0.0))
+            per[t["label"]] = (max(a, t["amax"]), max(u, t["underflow"]))
+        for label, (a, u) in per.items():
+            out.setdefault(label, []).append((rec["step"], a, u))
+    return out
+
+
+def history_table(runs: dict) -> str:
+    """Per run and tensor: amax at the first and last record, the largest underflow over the run."""
+    lines = [f"{'run':<12} {'tensor':<22} {'amax first':>11} {'amax last':>11} {'underflow max':>14} {'at step':>8}",
+             "-" * 84]
+    for name, records in runs.items():
+        for label, series in by_tensor(records).items():
+            worst = max(series, key=lambda r: r[2])
+            lines.append(f"{name:<12} {label:<22} {series[0][1]:>11.3g} {series[-1][1]:>11.3g} {worst[2]:>13.2%} "
+                         f"{worst[0]:>8}")
+    return "\n".join(lines)
+
+
+def plot_history(runs: dict, path) -> None:
+    """A row per run: amax (max over layers) of AMAX_SHOWN against the step, log scale; the fraction
+    of values that underflowed, for the UNDERFLOW_SHOWN tensors that lost most."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .atomic import atomic_write
+    fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.4 * len(runs)), squeeze=False)
+    for (name, records), (ax_a, ax_u) in zip(runs.items(), axes):
+        series = by_tensor(records)
+        for label in AMAX_SHOWN:
+            if label in series:
+                steps, amax, _ = zip(*series[label])
+                ax_a.plot(steps, amax, label=label, lw=1.2)
+        worst = sorted(series, key=lambda k: -max(u for _, _, u in series[k]))[:UNDERFLOW_SHOWN]
+        for label in worst:
+            steps, _, under = zip(*series[label])
+            ax_u.plot(steps, [100 * u for u in under], label=label, lw=1.2)
+        ax_a.set_yscale("log")
+        ax_a.set_title(f"{name}: amax (largest over the layers)", fontsize=10)
+        ax_u.set_title(f"{name}: values that underflowed to 0 (%, worst layer)", fontsize=10)
+        for ax in (ax_a, ax_u):
+            ax.set_xlabel("step")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
     p = cli.Parser(prog="python -m andrea_numba.fp8", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
@@ -224,7 +316,22 @@ def main(argv=None) -> None:
                    help="the model whose shapes the product checks take (default 12M)")
     c.add_argument("--scope", nargs="+", type=cli.one_of(FP8_SCOPES, "scope"), default=list(FP8_SCOPES))
     c.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows as JSON")
+    h = sub.add_parser("history", help="what an FP8 run recorded of each quantized tensor (amax, underflow): "
+                       "a table, and with --plot the curves")
+    h.add_argument("runs", nargs="+", type=cli.existing_dir, metavar="RUN_DIR", help="run directories of FP8 runs")
+    h.add_argument("--plot", type=cli.file_to_write(".png"), help="also draw the curves into this PNG")
     args = p.parse_args(argv)
+    if args.command == "history":
+        from pathlib import Path
+        try:
+            runs = {Path(r).name: read_history(r) for r in args.runs}
+        except HistoryError as e:
+            cli.fail(str(e))
+        print(history_table(runs))
+        if args.plot:
+            plot_history(runs, args.plot)
+            print(f"wrote {args.plot}")
+        return
     if args.command == "check":
         raise SystemExit(run_check(args))
     ctx = load_config(args.size).model.context_length

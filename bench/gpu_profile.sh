@@ -41,6 +41,8 @@
 #          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
 #          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          s17p (issue 12: which cuBLASLt FP8 forms run, with the library's log); s17c (FP8 at 120M, the models at
+#          12M, the step by scope beside PyTorch, fp8-e5m2 resume); s17d (12M 2000 steps: fp32, bf16, 3 FP8 scopes);
 #          s17b (issue 12, FP8: the kernels against the twin at 12M, the fp8-e5m2 model, FP8 products against bf16, a training smoke run);
 #          s17a (for the next session: matmul v23, v19 with its in-kernel split-K sums' loads batched: products beside v18, v19);
 #          s16d (products bf16f, since removed: matmul v19, the split-K slices added in the product's kernel: bits against bf16o, model, steps x30, profile);
@@ -528,6 +530,35 @@ PY
         # bf16o), the 120M step kernel by kernel
         # (ran at commit 89cccf1; the kind bf16f is gone: s17a runs v19 and v23 through --tma-matmul)
         echo "s16d: products bf16f were removed after this step ran (docs/mixed-precision.md); run s17a" ;;
+    s17p) # which cuBLASLt FP8 product forms run (bench/fp8_probe.py, cuBLASLt's log kept), then s17b
+        mkdir -p "$OUT/s17p"; CUBLASLT_LOG_LEVEL=5 CUBLASLT_LOG_FILE="$OUT/s17p/lt.log" timeout 100 $py bench/fp8_probe.py \
+            > "$OUT/s17p/probe.txt" 2>&1; echo "probe exit $?"; grep -v "^\[" "$OUT/s17p/probe.txt" | tail -8
+        grep -i "error\|not supported\|fail" "$OUT/s17p/lt.log" | head -8; gzip -f "$OUT/s17p/lt.log" ;;
+    s17c) # issue 12: the FP8 kernels against the twin at 120M; the whole model at each scope against the twin at
+        # 12M; the step at 120M and 12M with bf16o, cuBLASLt bf16 and the three FP8 scopes beside PyTorch; bit-exact
+        # resume at fp8-e5m2
+        d="$OUT/s17c"; mkdir -p "$d"
+        for sc in fp8-fwd fp8-all; do
+          timeout 400 $py -m andrea_numba.check --size 12M --seed 319 --compile-workers 1 --model-only \
+              --products cublas-$sc --json > "$d/model_12M_$sc.json" 2> "$d/model_12M_$sc.err" &
+        done
+        timeout 300 $py -m andrea_numba.fp8 check --size 120M --json "$d/check_120M.json" > "$d/check_120M.txt" 2>&1
+        echo "fp8 check 120M exit $?"; grep -v " ok$" "$d/check_120M.txt" | tail -12
+        timeout 300 $py bench/step_time.py --sizes 120M 12M --products bf16o cublas-bf16 cublas-fp8-fwd cublas-fp8-e5m2 \
+            cublas-fp8-all --iters 20 --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
+        resume_bf16 "$d" fp8-e5m2
+        wait; for f in "$d"/model_12M_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
+    s17d) # issue 12's report: 12M trained QUALITY_STEPS (2000) steps in fp32, bf16 and the three FP8 scopes at once
+        # (bench/precision_runs.py --parallel), the validation curves on one plot, the FP8 runs' amax and underflow
+        # history (python -m andrea_numba.fp8 history)
+        d="$OUT/s17d"; mkdir -p "$d"; rm -rf /tmp/q8
+        timeout ${QUALITY_TIMEOUT:-540} $py bench/precision_runs.py --out /tmp/q8 --size 12M --steps "${QUALITY_STEPS:-2000}" \
+            --precisions fp32,bf16,fp8-fwd,fp8-e5m2,fp8-all --parallel > "$d/quality.txt" 2>&1
+        echo "quality exit $?"; grep "^|" "$d/quality.txt" | tail -12; grep -i "error\|diverged" "$d/quality.txt" | head -5
+        cp /tmp/q8/precision_runs.* "$d/"; for r in fp8-fwd fp8-e5m2 fp8-all; do cp /tmp/q8/$r/.fp8.json "$d/$r.fp8.json"; done
+        for r in fp32 bf16 fp8-fwd fp8-e5m2 fp8-all; do cp /tmp/q8/$r/.loss.json "$d/$r.loss.json"; cp /tmp/q8/$r/.state.json "$d/$r.state.json"; done
+        $py -m andrea_numba.fp8 history /tmp/q8/fp8-fwd /tmp/q8/fp8-e5m2 /tmp/q8/fp8-all --plot "$d/fp8_history.png" \
+            > "$d/history.txt" 2>&1; echo "history exit $?"; grep -v "  0.00%" "$d/history.txt" | head -40 ;;
     s17b) # issue 12's first GPU call: the FP8 kernels against the twin at 12M (quantize rows, matmul v24, the linear
         # ops at every scope), the whole fp8-e5m2 model against the twin (meanwhile), FP8 products against bf16 ones
         # (bench/fp8_gemm.py), a 30-step 12M training smoke run at fp8-e5m2 and its .fp8.json record

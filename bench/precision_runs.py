@@ -7,7 +7,7 @@ Each precision trains in its own process (`python -m andrea_numba.train --size S
 --steps N --out DIR/P`), one after another, or all at once on the one GPU with --parallel (the same
 losses, bit for bit: a run's numbers do not depend on what else the GPU runs, only its time does).
 --products cublas trains the bf16 and fp16 runs with cuBLASLt's products (fp32 stays the engine's
-reference); a run named P/cublas in --precisions (fp32/cublas, bf16/cublas) trains P with cuBLASLt's
+reference; the FP8 scopes, fp8-fwd, fp8-e5m2 and fp8-all, always run through cuBLASLt); a run named P/cublas in --precisions (fp32/cublas, bf16/cublas) trains P with cuBLASLt's
 products beside the others. DIR receives precision_runs.md (every evaluation's
 validation loss by precision, and each one's difference from fp32's at the same step),
 precision_runs.json and precision_runs.png (the validation curves together). Exit code 0 when every
@@ -62,9 +62,9 @@ def main(argv=None) -> int:
             cli.fail(f"{run_dir[p]} exists already: choose another --out, or delete it")
     for p in args.precisions:
         precision, library = p.removesuffix("/cublas"), p.endswith("/cublas")
-        products = "cublas" if library else "numba" if precision == "fp32" else args.products
+        products = "cublas" if library or precision.startswith("fp8") else "numba" if precision == "fp32" else args.products
         cmd = [sys.executable, "-m", "andrea_numba.train", "--size", args.size, "--precision", precision,
-               "--steps", str(args.steps), "--out", str(run_dir[p]), "--log-every", "250", "--products", products]
+               "--steps", str(args.steps), "--out", str(run_dir[p]), "--log-every", "50", "--products", products]
         if args.parallel:                       # the CPUs shared by the runs' compile workers too
             cmd += ["--compile-workers", "4"]
         print(f"{p}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)

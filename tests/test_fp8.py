@@ -137,3 +137,26 @@ def test_the_study_refuses_bad_input_in_one_line(argv, says, capsys):
         fp8.main(argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and says in err and "\n" not in err
+
+
+def test_the_history_command_reads_a_runs_fp8_record(tmp_path, capsys):
+    import json
+
+    from andrea_numba import fp8
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / ".fp8.json", "w") as f:
+        for step in (1, 10):
+            tensors = [dict(label=lab, layer=l, elements=10, amax=a * (l + 1), underflow=u * step)
+                       for l in range(2) for lab, a, u in (("mlp.fwd.h", 2.0, 0.0), ("mlp.bwd.dout", 1e-3, 0.01))]
+            f.write(json.dumps({"step": step, "tensors": tensors}) + "\n")
+    series = fp8.by_tensor(fp8.read_history(run))
+    assert series["mlp.fwd.h"] == [(1, 4.0, 0.0), (10, 4.0, 0.0)]          # the largest over the layers
+    assert series["mlp.bwd.dout"][-1] == (10, 2e-3, 0.1)
+    png = tmp_path / "h.png"
+    fp8.main(["history", str(run), "--plot", str(png)])
+    assert "10.00%" in capsys.readouterr().out and png.read_bytes()[:4] == b"\x89PNG"
+    (run / ".fp8.json").write_text("{not json\n")
+    with pytest.raises(SystemExit) as e:
+        fp8.main(["history", str(run)])
+    assert e.value.code == 2 and "is not an FP8 record" in capsys.readouterr().err

@@ -423,9 +423,11 @@ class Library:
         buf = np.array([value], dtype=dtype_of(attr))
         setter(obj, attr, buf.ctypes.data, buf.nbytes)
 
-    def plan(self, precision, op: dict, aligns: tuple, types=None) -> tuple:
+    def plan(self, precision, op: dict, aligns: tuple, types=None, scales=None) -> tuple:
         """(descriptor, layouts, algorithm) of a product: operands of `precision` (OPERAND_TYPE), or of
-        the two types (A's, B's: cuBLAS's A is our b) that `types` names (FP8: "e4m3", "e5m2")."""
+        the two types (A's, B's: cuBLAS's A is our b) that `types` names (FP8: "e4m3", "e5m2"), with
+        `scales` (FP8: the device addresses of A's and B's descales) set before the heuristic picks
+        an algorithm, so that it picks one that scales."""
         import nvmath
         lt, D, P = self.lt, self.lt.MatmulDescAttribute, self.lt.MatmulPreferenceAttribute
         cdt = nvmath.CudaDataType
@@ -435,6 +437,9 @@ class Library:
         op_of = {False: int(self.cublas.Operation.N), True: int(self.cublas.Operation.T)}
         self._set(lt.matmul_desc_set_attribute, desc, D.TRANSA, op_of[op["trans_A"]], lt.get_matmul_desc_attribute_dtype)
         self._set(lt.matmul_desc_set_attribute, desc, D.TRANSB, op_of[op["trans_B"]], lt.get_matmul_desc_attribute_dtype)
+        if scales:
+            for attr, ptr in zip((D.A_SCALE_POINTER, D.B_SCALE_POINTER), scales):
+                self._set(lt.matmul_desc_set_attribute, desc, attr, ptr, lt.get_matmul_desc_attribute_dtype)
         layouts = [lt.matrix_layout_create(type_a, *op["A"]), lt.matrix_layout_create(type_b, *op["B"]),
                    lt.matrix_layout_create(f32, *op["D"])]
         pref = lt.matmul_preference_create()
@@ -493,7 +498,7 @@ class Library:
         types = (qb.fmt, qa.fmt)                  # cuBLAS's A is our b
         key = ("fp8", types, tuple(sorted((k, v) for k, v in op.items())), aligns)
         if key not in self.plans:
-            self.plans[key] = self.plan("fp8", op, aligns, types)
+            self.plans[key] = self.plan("fp8", op, aligns, types, (qb.descale, qa.descale))
         desc, (la, lb, ld), found = self.plans[key]
         D, dt = self.lt.MatmulDescAttribute, self.lt.get_matmul_desc_attribute_dtype
         self._set(self.lt.matmul_desc_set_attribute, desc, D.A_SCALE_POINTER, qb.descale, dt)
