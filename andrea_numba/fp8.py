@@ -8,7 +8,7 @@ its forward and backward three more times, with its products' operands quantized
 (reference/fp8.py: per tensor, scaled from the tensor's absolute maximum, rounded, saturating), the
 products in float64, at each scope of reference.precision.FP8_SCOPES:
 
-    fp8-fwd    the forward's products in E4M3, the backward's exact
+    fp8-fwd    the forward's products in E4M3, the backward's in bf16 (as the GPU runs them)
     fp8-e5m2   the forward's in E4M3, the backward's with their gradient operand in E5M2
     fp8-all    every operand of every product in E4M3
 
@@ -93,7 +93,7 @@ def format_table(rows) -> str:
     for op, direction, tensor in keys:
         cells = [by.get((op, direction, tensor, s)) for s in scopes]
         errs = " ".join(f"{c['rel_err']:>10.2e}" if c else f"{'-':>10}" for c in cells)
-        under = " ".join(f"{c['underflow']:.1%}" if c and c["quantized"] else "exact" for c in cells)
+        under = " ".join(f"{c['underflow']:.1%}" if c and c["quantized"] else "bf16" for c in cells)
         lines.append(f"{op:<11} {direction:<4} {tensor:<8} {errs}   {under}")
     return "\n".join(lines)
 

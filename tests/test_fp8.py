@@ -160,3 +160,22 @@ def test_the_history_command_reads_a_runs_fp8_record(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         fp8.main(["history", str(run)])
     assert e.value.code == 2 and "is not an FP8 record" in capsys.readouterr().err
+
+
+def test_an_fp8_precision_runs_through_cublaslt_and_says_so_where_it_cannot():
+    from andrea_numba import train
+    from andrea_numba.config import ConfigError, config_from_dict, load_config
+    from andrea_numba.gpu_model import products_kind, products_scratch
+    args = train.parser().parse_args(["--size", "tiny", "--precision", "fp8-e5m2"])
+    cfg = train.build_config(args)
+    assert (cfg.train.precision, cfg.train.products) == ("fp8-e5m2", "cublas")     # --products implied
+    assert products_kind("fp8-e5m2", "cublas") == "cublas-fp8-e5m2"
+    raw = load_config("tiny").to_dict()
+    raw["train"].update(precision="fp8-all", products="numba")
+    with pytest.raises(ConfigError, match="set train.products to 'cublas'"):
+        config_from_dict(raw)
+    m = cfg.model
+    assert products_scratch("cublas-fp8-all", 64, m.d_model, m.vocab_size, m.n_layer)["operands_fp8"] > 0
+    from andrea_numba.plan import PlanError, check_device
+    with pytest.raises(PlanError, match="FP8 products need a GPU"):            # the simulator: one line
+        check_device(cfg)
