@@ -1,5 +1,5 @@
 """Which cuBLASLt FP8 product forms run on this GPU: one small E4M3 product in each candidate form
-(output type, where the scale pointers are set, bias type), with cuBLASLt's own log on (run with
+(output type, where the scale pointers are set and how they are aligned), with cuBLASLt's own log on (run with
 CUBLASLT_LOG_LEVEL=5 for its reasons). Prints one line a form: ok (with the error against float64)
 or the library's status.
 
@@ -34,7 +34,7 @@ def main() -> int:
     ref = a.astype(np.float64) @ b.astype(np.float64).T
     dt = lt.get_matmul_desc_attribute_dtype
 
-    def attempt(name, out_type, scales_first, with_scales=True):
+    def attempt(name, out_type, scales_first, with_scales=True, offset=0):
         out_np = {"CUDA_R_32F": np.float32, "CUDA_R_16BF": np.uint16, "CUDA_R_16F": np.float16}[out_type]
         out = cuda.to_device(np.zeros((M, N), out_np))
         desc = lt.matmul_desc_create(int(lib.cublas.ComputeType.COMPUTE_32F), int(cdt.CUDA_R_32F))
@@ -43,8 +43,8 @@ def main() -> int:
 
         def scales():
             if with_scales:
-                lib._set(lt.matmul_desc_set_attribute, desc, D.A_SCALE_POINTER, qb.descale, dt)
-                lib._set(lt.matmul_desc_set_attribute, desc, D.B_SCALE_POINTER, qa.descale, dt)
+                lib._set(lt.matmul_desc_set_attribute, desc, D.A_SCALE_POINTER, qb.descale + offset, dt)
+                lib._set(lt.matmul_desc_set_attribute, desc, D.B_SCALE_POINTER, qa.descale + offset, dt)
         if scales_first:
             scales()
         e4 = int(cdt.CUDA_R_8F_E4M3)
@@ -80,6 +80,7 @@ def main() -> int:
             attempt(f"out {out_type}, scale pointers set {'before' if first else 'after'} the heuristic",
                     out_type, first)
         attempt(f"out {out_type}, no scale pointers", out_type, True, with_scales=False)
+        attempt(f"out {out_type}, scale pointers 4 bytes past a 16-byte boundary", out_type, True, offset=4)
     return 0
 
 

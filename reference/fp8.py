@@ -157,7 +157,7 @@ def quantize_fp32(x, fmt: Format):
 
 def descale_fp32(amax, fmt: Format):
     """amax / max in fp32 (1 for amax 0): what the GPU's products multiply an FP8 operand's sums by
-    (kernels/fp8.py's stats[2]; not 1 / scale, which would round twice)."""
+    (kernels/fp8.py's stats[0]; not 1 / scale, which would round twice)."""
     amax = np.float32(amax)
     return np.float32(amax / np.float32(fmt.max_value)) if amax > 0 and np.isfinite(amax) else np.float32(1)
 

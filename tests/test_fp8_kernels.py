@@ -38,7 +38,7 @@ def test_the_kernels_give_the_twins_bytes(fmt, transpose):
     codes, stats, count = _run(x, fmt, transpose)
     want, amax, scale = quantize_fp32(x, fmt)
     want = want.T if transpose else want
-    assert stats[0] == amax and stats[1] == scale and stats[2] == descale_fp32(amax, fmt)
+    assert stats[2] == amax and stats[1] == scale and stats[0] == descale_fp32(amax, fmt) and stats[3] == 0
     k = want.shape[1]
     np.testing.assert_array_equal(codes[:, :k], want)
     assert not codes[:, k:].any()                                 # the padding: zero bytes
@@ -52,7 +52,7 @@ def test_the_kernels_give_the_twins_bytes(fmt, transpose):
 
 def test_an_all_zero_tensor_has_scale_1_and_zero_bytes():
     codes, stats, count = _run(np.zeros((4, 10), np.float32), E4M3)
-    assert list(stats) == [0.0, 1.0, 1.0] and not codes.any() and count == 0
+    assert list(stats) == [1.0, 1.0, 0.0, 0.0] and not codes.any() and count == 0
 
 
 def test_the_check_commands_quantize_rows_agree():

@@ -19,8 +19,8 @@ from reference.fp8 import decode
 def _mm(out, qa, qb, accumulate=False, stream=0):
     """out (+)= decode(A_q) descale_a @ (decode(B_q) descale_b)^T: cuBLASLt's FP8 product, by definition."""
     stats = F.FP8.stats.copy_to_host()
-    a = decode(qa.codes.copy_to_host(), F.FORMATS[qa.fmt]) * np.float64(stats[qa.slot, 2])
-    b = decode(qb.codes.copy_to_host(), F.FORMATS[qb.fmt]) * np.float64(stats[qb.slot, 2])
+    a = decode(qa.codes.copy_to_host(), F.FORMATS[qa.fmt]) * np.float64(stats[qa.slot, 0])
+    b = decode(qb.codes.copy_to_host(), F.FORMATS[qb.fmt]) * np.float64(stats[qb.slot, 0])
     res = a @ b.T
     if accumulate:
         res += out.copy_to_host()

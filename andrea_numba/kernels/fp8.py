@@ -4,9 +4,12 @@ reference/fp8.py (quantize_fp32, encode). The products themselves: kernels/fp8_p
 
     k_amax_partial_v1   partial[b] = max |x| over block b's grid-stride share of x [R, C] (a tree in
                         shared memory; a maximum does not depend on the order, so neither do its bits)
-    k_amax_final_v1     stats = [amax, scale, descale]: amax = max of the partials, scale = max / amax
+    k_amax_final_v1     stats = [descale, scale, amax, 0]: amax = max of the partials, scale = max / amax
                         and descale = amax / max in fp32 (both 1 where amax is 0), max the format's
-                        largest value; count[0] = 0 (the quantize kernel's underflow counter)
+                        largest value; count[0] = 0 (the quantize kernel's underflow counter). The
+                        descale comes first: cuBLASLt reads it from a 16-byte aligned address (a
+                        record is 16 bytes; on the H200 a scale pointer 4 bytes past a 16-byte
+                        boundary made every FP8 product fail with CUBLAS_STATUS_NOT_SUPPORTED)
     k_quantize_v1       codes[i * ld + j] = the byte of round_fp8(x[i, j] * scale): x's rows as they
                         are, each padded with zero bytes to ld (ld >= C)
     k_quantize_t_v1     codes[j * ld + i] = the same byte: x transposed, through a shared tile
@@ -41,7 +44,7 @@ T_ROWS = 2 if SIMULATOR else 8                  # its threads along y: each T_TI
 T_PITCH = T_TILE + 1                            # the tile's rows: one word more (the column reads' banks)
 T_THREADS = T_TILE * T_ROWS
 T_GRID_Y = 65535
-STATS = 3                                       # floats of a quantized tensor's record: amax, scale, descale
+STATS = 4                                       # floats of a quantized tensor's record: descale, scale, amax, 0
 ROW_ALIGN = 16                                  # bytes: where each row of an FP8 operand starts (cuBLASLt)
 
 
@@ -66,7 +69,7 @@ def k_amax_partial_v1(partial, x):
 
 @cuda.jit
 def k_amax_final_v1(stats, count, partial, fmax):
-    """stats = [amax, fmax / amax, amax / fmax] (fp32; 1, 1 for amax = 0), amax the max of the
+    """stats = [amax / fmax, fmax / amax, amax, 0] (fp32; 1, 1 for amax = 0), amax the max of the
     partials; count[0] = 0."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     m = float32(0.0)
@@ -74,9 +77,10 @@ def k_amax_final_v1(stats, count, partial, fmax):
         m = max(m, partial[i])
     m = block_max(buf, m)
     if cuda.threadIdx.x == 0:
-        stats[0] = m
+        stats[0] = m / fmax if m > float32(0.0) else float32(1.0)
         stats[1] = fmax / m if m > float32(0.0) else float32(1.0)
-        stats[2] = m / fmax if m > float32(0.0) else float32(1.0)
+        stats[2] = m
+        stats[3] = float32(0.0)
         count[0] = 0
 
 
@@ -203,8 +207,8 @@ def kernels_of(fmt):
 
 def quantize_v1(codes, stats, count, partial, x, fmt, transpose=False, ld=None, stream=0):
     """codes (uint8, flat) = x [R, C] quantized per tensor to fmt, as it lies ([R, ld], ld >= C) or
-    transposed ([C, ld], ld >= R); ld: padded(C) or padded(R) unless given. stats (float32 [3]) =
-    [amax, scale, descale]; count (int32 [1]) = how many nonzero values underflowed; partial
+    transposed ([C, ld], ld >= R); ld: padded(C) or padded(R) unless given. stats (float32 [4]) =
+    [descale, scale, amax, 0]; count (int32 [1]) = how many nonzero values underflowed; partial
     (float32 [AMAX_BLOCKS]) the reduction's scratch. Returns the codes as a uint8 [rows, ld] view."""
     R, C = x.shape
     rows, ld = (C, padded(R) if ld is None else ld) if transpose else (R, padded(C) if ld is None else ld)

@@ -79,7 +79,7 @@ class Quant:
 class FP8Workspace:
     """The scratch of the FP8 products: two slots of operand bytes (a and b of one product: an op
     may hold a's bytes for several products while b's change), the reduction's partials, and the
-    record of each quantization: stats [S, 3] (amax, scale, descale) and counts [S] (underflowed
+    record of each quantization: stats [S, 4] (descale, scale, amax, 0) and counts [S] (underflowed
     values), slot s the s-th quantization since begin(). labels[s] and sizes[s] name it on the host.
     Reserved before the first step (reserve); nothing is allocated after."""
 
@@ -121,7 +121,7 @@ class FP8Workspace:
         self.sizes.setdefault(s, R * C)
         stats, count = self.stats[s], self.counts[s:s + 1]
         codes = Q.quantize_v1(self.codes[which], stats, count, self.partial, x, FORMATS[fmt], kmajor_t, stream=stream)
-        return Quant(codes, fmt, k, address(self.stats) + (s * Q.STATS + 2) * 4, s)
+        return Quant(codes, fmt, k, address(self.stats) + s * Q.STATS * 4, s)     # (16-byte aligned)
 
     def record(self, n_layer: int = 1) -> list[dict]:
         """The last step's record, slot by slot: label, layer, elements, amax, underflow fraction
@@ -134,7 +134,7 @@ class FP8Workspace:
             label = self.labels[s]
             k = seen[label] = seen.get(label, -1) + 1
             layer = k if ".fwd." in label else n_layer - 1 - k
-            out.append(dict(label=label, layer=layer, elements=self.sizes[s], amax=float(stats[s, 0]),
+            out.append(dict(label=label, layer=layer, elements=self.sizes[s], amax=float(stats[s, 2]),
                             underflow=float(counts[s]) / max(1, self.sizes[s])))
         return out
 
