@@ -708,6 +708,9 @@ class Trainer:
                     rec["loss_scale"] = scale
                     if overflow:
                         rec["skipped"] = True
+                fp8 = self.model.fp8         # this step's FP8 record, before an evaluation's forward overwrites it
+                if fp8 is not None and (self.step % self.log_every == 0 or self.step in (1, last)):
+                    self.append(FP8_FILE, {"step": self.step, "tensors": fp8.record(self.cfg.model.n_layer)})
                 if self.step % t.eval_interval == 0 or self.step == last:
                     val = rec["val_loss"] = self.evaluate()
                     if not math.isfinite(val):
@@ -717,9 +720,6 @@ class Trainer:
                                          f"then start a new run (--config FILE --out NEW_DIR)")
                 rec["elapsed_s"] = round(self.elapsed(), 3)
                 self.append(LOSS_FILE, rec)
-                fp8 = self.model.fp8
-                if fp8 is not None and (self.step % self.log_every == 0 or self.step in (1, last)):
-                    self.append(FP8_FILE, {"step": self.step, "tensors": fp8.record(self.cfg.model.n_layer)})
                 if self.step % self.log_every == 0 or "val_loss" in rec or self.step == last:
                     eta = (time.time() - t_start) / done_here * (last - self.step)
                     val = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""

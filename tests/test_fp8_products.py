@@ -49,3 +49,19 @@ def test_the_linear_ops_at_fp8_e5m2_agree_with_the_twin(fake_library):
     assert rows and all(r["ok"] for r in rows)
     labels = [F.FP8.labels[s] for s in sorted(F.FP8.labels)]
     assert "mlp.bwd.dh_pre_t" in labels and "attn_qkv.bwd.x" in labels
+
+
+def test_the_record_reads_every_slot_of_the_step_after_a_shorter_forward(fake_library):
+    """A training step replayed from its graph runs no Python: the record must not stop at the count
+    an evaluation's forward (fewer quantizations, begin() again) left behind."""
+    from numba import cuda
+    ws = F.FP8Workspace()
+    ws.reserve(256, 256, 8)
+    x = cuda.to_device(np.arange(12, dtype=np.float32).reshape(3, 4) - 5)
+    for label in ("mlp.fwd.x", "mlp.bwd.dout", "mlp.bwd.x"):             # a training step: 3 records
+        ws.quantize(x, "e4m3", False, 0, label)
+    ws.begin()
+    ws.quantize(x, "e4m3", False, 0, "mlp.fwd.x")                        # an evaluation's forward
+    rec = ws.record(n_layer=1)
+    assert [r["label"] for r in rec] == ["mlp.fwd.x", "mlp.bwd.dout", "mlp.bwd.x"]
+    assert rec[0]["amax"] == 6.0 and rec[0]["layer"] == 0 and rec[1]["layer"] == 0

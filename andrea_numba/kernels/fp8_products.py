@@ -126,8 +126,10 @@ class FP8Workspace:
     def record(self, n_layer: int = 1) -> list[dict]:
         """The last step's record, slot by slot: label, layer, elements, amax, underflow fraction
         (copies from the GPU: for the trainer's history, between steps). The layer is the label's
-        occurrence: the forward's k-th is layer k, the backward's k-th layer n_layer - 1 - k."""
-        n = min(self.next, self.slots)
+        occurrence: the forward's k-th is layer k, the backward's k-th layer n_layer - 1 - k. Every
+        labelled slot is read: a training step's are all of them (a step replayed from its CUDA graph
+        runs no Python, so `next` may hold a later forward-only count: an evaluation's, the sampler's)."""
+        n = min(len(self.labels), self.slots)
         stats, counts = self.stats.copy_to_host()[:n], self.counts.copy_to_host()[:n]
         seen, out = {}, []
         for s in range(n):
