@@ -1,7 +1,12 @@
-"""What eight bits do to each op, measured in the NumPy twin: python -m andrea_numba.fp8 study.
+"""FP8 (issue 12, docs/fp8.md): what eight bits do to each op, whether the GPU's FP8 kernels agree
+with the twin, and what an FP8 training run lost.
 
     python -m andrea_numba.fp8 study                        # 12M's shapes, B = 2, T = 64: the table
     python -m andrea_numba.fp8 study --size tiny --plot fp8.png --json fp8.json
+    python -m andrea_numba.fp8 check [--size 120M]          # the FP8 kernels against the twin (GPU: all rows)
+    python -m andrea_numba.fp8 history RUN_DIR --plot h.png # an FP8 run's amax and underflow record
+
+study (CPU, NumPy):
 
 Each op whose twin multiplies matrices (the projections, attention, the MLP, the classifier) runs
 its forward and backward three more times, with its products' operands quantized to FP8
