@@ -1,5 +1,6 @@
-"""FP8 (issue 12, docs/fp8.md): what eight bits do to each op, whether the GPU's FP8 kernels agree
-with the twin, and what an FP8 training run lost.
+"""FP8 (issue 12): what eight bits do to each op, the FP8 kernels against the twin, a run's record.
+
+docs/fp8.md has the study's table, the kernels' checks on the H200 and the training runs' records.
 
     python -m andrea_numba.fp8 study                        # 12M's shapes, B = 2, T = 64: the table
     python -m andrea_numba.fp8 study --size tiny --plot fp8.png --json fp8.json
