@@ -3,15 +3,21 @@ twin (in the CUDA simulator at the tiny size, at shapes that cross tile edges), 
 writes every output element and adds into parameter gradients; so does the whole GPU model, whose
 tolerance is tight enough to fail a gradient tensor that is 1% off. The agreement harness, run
 as a test."""
+import contextlib
+import dataclasses
+import hashlib
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from andrea_numba import check
-from andrea_numba.cases import CASES
+from andrea_numba.cases import CASES, Dims, call
+from andrea_numba.config import load_config
+from andrea_numba.kernels.common import SIMULATOR, BlockDoesNotFit
 
 UTILITIES = {"grad_norm", "grad_scale", "adamw", "zero", "matmul"}
 
@@ -27,6 +33,140 @@ def expected_rows(case) -> set:
     return keys
 
 
+# ------------------------------------------------------------------------------------------------
+# In the simulator a row whose launches are those of a row already checked is not run again. Some
+# versions run another version's code when called as the harness calls them: without their optional
+# outputs (flash attention v14 without y16 is v13, residual_layernorm_bwd v6 without d_resid16 v5,
+# loss_fwd v18 and loss_bwd v16 without stats v17 and v15, mlp_fwd v20 with h in fp32 v19); a TMA
+# version at block "auto" picks the fixed tile it also declares (64 x 64 for every product at these
+# shapes); some hand a product to another version (matmul v16 to v15 or v13, v18, v19 and v23 to v17
+# where a tensor map cannot read an operand: all of "matmul a^T@b +=" here) or launch the same threads
+# (loss_fwd v9 is v7 at the simulator's blocks). A dry run of each (version, block) records what it
+# launches instead of running it (kernel, grid, block, shared memory and every argument: the same
+# buffers at the same offsets, or the same values) and its host copies into device arrays, on the
+# same buffers each time, refilled before and hashed after it (a launcher that wrote one from the
+# host would differ). Rows with the same record and precision (which picks the twin and the
+# tolerance) run the same kernels on the same inputs: the first is checked (against the twin, and
+# bit-identical on a rerun), the others are that row.
+
+class _Same:
+    """An object compared by identity; held, so that its id is not reused while a record lives."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+def _digest(a) -> str:
+    a = np.ascontiguousarray(getattr(a, "_ary", a))
+    return f"{a.dtype.str}{a.shape}:" + hashlib.sha1(a.view(np.uint8)).hexdigest()
+
+
+def _described(a):
+    """An argument as a launch record holds it: an array as (its base array, offset, shape, strides,
+    dtype), anything else as its type and repr."""
+    a = getattr(a, "_ary", a)
+    if isinstance(a, np.ndarray):
+        base = a
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        offset = a.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        return "array", _Same(base), offset, a.shape, a.strides, a.dtype.str
+    return "value", type(a).__name__, repr(a)
+
+
+@contextlib.contextmanager
+def launches_recorded(record):
+    """The simulator's kernel launches, host copies into device arrays and host writes to them
+    appended to `record`; no kernel runs."""
+    from numba.cuda.simulator import kernel as K
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+    saved = K.FakeCUDAKernel.__call__, FakeCUDAArray.copy_to_device, FakeCUDAArray.__setitem__
+
+    def launch(kernel, *args):
+        record.append(("launch", _Same(kernel), kernel.grid_dim, kernel.block_dim, kernel.dynshared_size,
+                       tuple(map(_described, args))))
+
+    def copy(arr, ary, stream=0):
+        record.append(("copy", _described(arr), _digest(ary)))
+
+    def write(arr, index, value):
+        record.append(("write", _described(arr), repr(index),
+                       _digest(value) if hasattr(value, "shape") else repr(value)))
+
+    K.FakeCUDAKernel.__call__, FakeCUDAArray.copy_to_device, FakeCUDAArray.__setitem__ = launch, copy, write
+    try:
+        yield
+    finally:
+        K.FakeCUDAKernel.__call__, FakeCUDAArray.copy_to_device, FakeCUDAArray.__setitem__ = saved
+
+
+def _dry_run(case, launch, block, dims, ref, buffers) -> tuple:
+    """What one (version, block) launches with the harness's arguments (launcher_args), on device
+    buffers kept in `buffers` (name, shape, dtype -> (host values, device array)) and refilled first:
+    (the launch record, each buffer's hash after it)."""
+    values, refs, outputs, accums = ref
+    inputs, outs, accums, scratch, scalars = check.launcher_args(case, launch, dims, values, refs, outputs, accums)
+    host = {**inputs, **check.poisoned_buffers(outs, scratch),
+            **{k: np.zeros(np.atleast_1d(refs[k]).shape, np.float32) for k in accums}}
+    d = {}
+    for name, v in host.items():
+        key = (name, v.shape, v.dtype.str)
+        if key not in buffers:
+            buffers[key] = (v.copy(), cuda.to_device(v))
+        buffers[key][1].copy_to_device(buffers[key][0])
+        d[name] = buffers[key][1]
+    record = []
+    with launches_recorded(record):
+        call(launch, {**scalars, **d}, **({"block": block} if hasattr(launch, "blocks") else {}))
+    assert any(r[0] == "launch" for r in record), f"{launch.__name__}: the dry run recorded no launch"
+    return tuple(record), tuple(sorted((k, _digest(v)) for k, v in d.items()))
+
+
+def rows_once(op, seed=1234):
+    """check.run_checks("tiny", seed, model=False, only=[op])'s rows (op_rows' loop: every version at
+    every block, at the tiny size's op shapes), a row whose dry run repeats a checked row's left
+    out: (rows, {(op, kernel, version, block) left out: the checked row's}). On a GPU every row."""
+    if not SIMULATOR:
+        return check.run_checks("tiny", seed=seed, model=False, only=[op]), {}
+    m = load_config("tiny").model
+    (B, T), _ = check.SHAPES["tiny"]
+    dims = dataclasses.replace(Dims.of(m, B, min(T, m.context_length)), V=check.OP_VOCAB["tiny"])
+    rng = np.random.default_rng(seed)
+    case, rows, same = CASES[op], [], {}
+    for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
+        kernel = case.fwd if direction == "fwd" else case.bwd
+        ref = check.reference_for(case, direction, dims, rng)
+        low, checked, buffers = {}, {}, {}
+        for version, launch in case.versions(direction).items():
+            precision = getattr(launch, "precision", None)
+            if precision is not None and precision not in low:
+                low[precision] = check.low_precision_reference(case, direction, ref, precision)
+            for block in launch.blocks:
+                label = (op, kernel, version, str(block).replace(" ", ""))
+                try:
+                    key = (precision, _dry_run(case, launch, block, dims, ref, buffers))
+                except BlockDoesNotFit:                 # check_launcher says so, as op_rows does
+                    key = None
+                if key is not None and key in checked:
+                    same[label] = checked[key]
+                    continue
+                if key is not None:
+                    checked[key] = label
+                try:
+                    rows += check.check_launcher(case, direction, launch, dims, rng, block, version, ref,
+                                                 low=low.get(precision))
+                except BlockDoesNotFit as e:
+                    print(f"not checked at this size: {e}", file=sys.stderr)
+    return rows, same
+
+
 # One harness run per op (not one for all): each is a test of its own, so `pytest -n` spreads them
 # over the CPU's cores.
 @pytest.mark.slow
@@ -34,16 +174,53 @@ def expected_rows(case) -> set:
 def test_kernels_agree_with_the_twin(op):
     """Every version of the op's launchers at every block size it declares has a harness row (a new
     version in a module's VERSIONS is checked without another edit; one the harness misses fails),
-    agrees with the twin and reruns bit-identically."""
-    rows = check.run_checks("tiny", seed=1234, model=False, only=[op])
-    mine = [r for r in rows if r["op"] == op]
-    assert mine and len(mine) == len(rows)
+    or launches what a checked row launches (rows_once); every checked row agrees with the twin and
+    reruns bit-identically."""
+    mine, same = rows_once(op)
+    assert mine and all(r["op"] == op for r in mine)
     seen = {(r["op"], r.get("kernel"), r.get("version"), r.get("block")) for r in mine}
-    missing = expected_rows(CASES[op]) - seen
+    assert set(same.values()) <= seen and not set(same) & seen
+    missing = expected_rows(CASES[op]) - seen - set(same)
     assert not missing, f"no harness row for {sorted(missing)[:5]}"
     for r in mine:
         assert r["ok"], r
         assert r["bitwise_repeat"], r
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the dry run records the simulator's launches")
+def test_a_dry_run_tells_the_same_launches_from_others():
+    """The record of rows_once: matmul v18 at "auto" and at the 64 x 64 tile it picks for the harness's
+    product are the same launches; at its 64 x 128 tile, and v19 (another kernel) at "auto", they
+    are not; flash attention v14 without its bf16 outputs launches v13's kernels; a launcher that
+    also writes an output from the host, or is given another value, differs."""
+    from andrea_numba.kernels import matmul as MM
+    m = load_config("tiny").model
+    dims = dataclasses.replace(Dims.of(m, 3, 13), V=72)
+    rng = np.random.default_rng(0)
+    case = CASES["matmul"]
+    ref = check.reference_for(case, "fwd", dims, rng)
+    buffers = {}
+    run = lambda launch, block: _dry_run(case, launch, block, dims, ref, buffers)
+    auto = run(MM.matmul_v18, MM.TMA_AUTO)
+    assert auto == run(MM.matmul_v18, (64, 64, 64, 2)) == run(MM.matmul_v18, MM.TMA_AUTO)
+    assert auto != run(MM.matmul_v18, (64, 128, 64, 3)) and auto != run(MM.matmul_v19, MM.TMA_AUTO)
+
+    def host_write(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+        MM.matmul_v18(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)
+        out[0, 0] = 1.0                                      # recorded as a host write to the output
+
+    def host_copy(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+        MM.matmul_v18(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)
+        np.copyto(out._ary, 0.0)                             # seen in the output's hash
+    for other in (host_write, host_copy):
+        other.blocks = MM.matmul_v18.blocks
+        assert run(other, MM.TMA_AUTO) != auto
+    flash = CASES["attn_flash"]
+    ref = check.reference_for(flash, "fwd", dims, rng)
+    versions = flash.versions("fwd")
+    v13, v14 = (_dry_run(flash, versions[v], (1, 16), dims, ref, buffers) for v in (13, 14))
+    assert v13 == v14 != _dry_run(flash, versions[13], (2, 16), dims, ref, buffers)
+    assert v13 != _dry_run(flash, versions[12], (1, 16), dims, ref, buffers)
 
 
 @pytest.mark.slow

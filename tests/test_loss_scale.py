@@ -6,6 +6,11 @@ import pytest
 
 from andrea_numba import loss_scale as LS
 
+# A run's last step evaluates and samples (at the tiny config's 2 batches and 16 tokens: 18 forwards
+# of the fp16 model, most of these runs' time in the simulator); one batch and 2 tokens still run
+# both at fp16, and nothing below reads them.
+QUICK_END = dict(eval_batches=1, sample_tokens=2)
+
 
 def test_overflow_halves_and_skips_a_run_of_good_steps_doubles():
     s = LS.LossScale(2.0 ** 10)
@@ -54,7 +59,7 @@ def test_fp16_steps_that_overflow_are_skipped_and_the_scale_halves(tmp_path, mon
     raw = load_config("tiny").to_dict()
     raw["model"]["n_layer"] = 1
     raw["train"].update(batch_size=1, seq_len=8, n_microbatches=1, precision="fp16", steps=2, eval_interval=100,
-                        sample_interval=100, checkpoint_interval=2)
+                        sample_interval=100, checkpoint_interval=2, **QUICK_END)
     cfg = validate(config_from_dict(raw))
     lines = []
     trainer = tr.Trainer(cfg, tmp_path / "run", log=lines.append, graph=False)
@@ -85,7 +90,8 @@ def test_an_fp16_run_resumed_after_skipped_steps_is_bit_exact(tmp_path, monkeypa
     monkeypatch.setattr(LS.LossScale.__init__, "__defaults__", (2.0 ** 19, 0, 0))
     raw = load_config("tiny").to_dict()
     raw["model"]["n_layer"] = 1
-    raw["train"].update(batch_size=1, seq_len=8, n_microbatches=1, precision="fp16", steps=3, eval_interval=100, sample_interval=100, checkpoint_interval=100)
+    raw["train"].update(batch_size=1, seq_len=8, n_microbatches=1, precision="fp16", steps=3, eval_interval=100, sample_interval=100, checkpoint_interval=100,
+                        **QUICK_END)
     cfg = validate(config_from_dict(raw))
     quiet = lambda s: None
     a = tr.Trainer(cfg, tmp_path / "a", log=quiet, graph=False)

@@ -45,15 +45,16 @@ def _v18_only(monkeypatch, a, b, trans_a, trans_b, o0, **kwargs):
 # ------------------------------------------------------------------------------------------------
 # the kernel: v17's bits
 
-# Every form, edges in M, N and K (stored rows of 72, 136 and 200 values: whole 16-byte chunks, so the
+# Every form, edges in M, N and K (stored rows of 72 and 136 values: whole 16-byte chunks, so the
 # tensor maps fit), more work units than the RESIDENT_BLOCKS = 4 persistent blocks:
-#   (True, False) A M-major, B N-major; (False, True) both K-major: 136 x 200 (or 200 x 136) x 136
-#     on 64 x 64 tiles with 2 stages: 12 units, 3 a block, 3 stages of k a tile (64, 64, 8), so a
-#     block's 9 ring uses wrap the ring's phases 4 times, across tiles; tiles walked down columns
-#     (tiles_m < tiles_n) and along rows (tiles_m > tiles_n);
+#   (True, False) A M-major, B N-major; (False, True) both K-major: 72 x 136 (or 136 x 72) x 136
+#     on 64 x 64 tiles with 2 stages: 6 units, 2 for blocks 0 and 1, 3 stages of k a tile (64, 64,
+#     8), so such a block's second tile starts at stage 1 (its 6 ring uses wrap the ring's phases 3
+#     times, across tiles); tiles walked down columns (tiles_m < tiles_n) and along rows (tiles_m >
+#     tiles_n). (136 x 200 here before: 12 units, twice the simulator's time for the same paths.)
 #   (False, False) on 64 x 128 with 3 stages (B two 64-wide N-major boxes a stage), 6 units;
 #   (True, True) A M-major, B K-major on 64 x 64, 6 units; K = 72 for these two (cheaper).
-FORMS = [(True, False, 136, 200, 136, TILE_64), (False, True, 200, 136, 136, TILE_64),
+FORMS = [(True, False, 72, 136, 136, TILE_64), (False, True, 136, 72, 136, TILE_64),
          (False, False, 136, 200, 72, MM.TMA_TILES["sim"][0]), (True, True, 72, 136, 72, TILE_64)]
 
 

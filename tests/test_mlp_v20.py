@@ -8,6 +8,7 @@ from numba import cuda
 
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels import mlp
+from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 
 
@@ -17,8 +18,15 @@ def _bits16(x):
 
 def test_mlp_v20_gives_v19s_bits_and_runs_the_fused_epilogues(monkeypatch):
     rng = np.random.default_rng(3)
-    N, C = 128, 64
+    # Edges everywhere, on the simulator's 64 x 128 tile of 3 stages (the tile "auto" gave the fused
+    # products at the 128 x 64 size this test had; the harness runs v20's backward at "auto", 64 x 64
+    # there): 40 rows (part of a 64-row tile), K = C = 24 (part of a 64-wide stage), F = 96 (part of
+    # a 128-wide tile). No product splits over K, so v19 sums each as v20 does.
+    N, C = 40, 24
     F = 4 * C
+    block = MM.TMA_TILES["sim"][0] if SIMULATOR else None          # None: the default ("auto")
+    if SIMULATOR:
+        assert block == (64, 128, 64, 3)
     x = _bits16(rng.standard_normal((N, C)).astype(np.float32))          # saved as bf16, as the engine does
     w_1 = (0.1 * rng.standard_normal((C, F))).astype(np.float32)
     w_2 = (0.1 * rng.standard_normal((F, C))).astype(np.float32)
@@ -32,10 +40,10 @@ def test_mlp_v20_gives_v19s_bits_and_runs_the_fused_epilogues(monkeypatch):
         d = {k: cuda.to_device(v) for k, v in dict(x=x, w_1=w_1, w_2=w_2, dout=dout, work=work).items()}
         out, h_pre = cuda.to_device(np.zeros((N, C), np.float32)), cuda.to_device(np.zeros((N, F), np.float32))
         h = cuda.to_device(np.zeros((N, F), np.uint16))
-        fwd(out, h_pre, h, d["work"], d["x"], d["w_1"], d["w_2"])
+        fwd(out, h_pre, h, d["work"], d["x"], d["w_1"], d["w_2"], block=block)
         dx, dh_pre = cuda.to_device(np.zeros((N, C), np.float32)), cuda.to_device(np.zeros((N, F), np.float32))
         dw_1, dw_2 = cuda.to_device(np.ones((C, F), np.float32)), cuda.to_device(np.ones((F, C), np.float32))
-        bwd(dx, dw_1, dw_2, dh_pre, d["work"], d["dout"], d["x"], h_pre, h, d["w_1"], d["w_2"])
+        bwd(dx, dw_1, dw_2, dh_pre, d["work"], d["dout"], d["x"], h_pre, h, d["w_1"], d["w_2"], block=block)
         runs.append([a.copy_to_host() for a in (out, h_pre, h, dx, dw_1, dw_2)])
     assert fused == ["gelu", "dgelu"]                     # v20 took its fused path, forward and backward
     for name, a, b in zip(("out", "h_pre", "h", "dx", "dw_1", "dw_2"), *runs):

@@ -10,11 +10,12 @@
     and resumed until it finishes ends with the same checkpoint.bin, best.bin and losses as one
     that was never interrupted.
 
-All of it works on copies of one uninterrupted 4-step run of ANDREA-tiny with dropout (the `base`
-fixture, made in this process). The kill test's runs are subprocesses; the fixture starts them in
+All of it works on copies of one uninterrupted 4-step run of ANDREA-tiny with one block and dropout
+(the `base` fixture, made in this process). The kill test's runs are subprocesses; the fixture starts them in
 a thread beside the base run when the kill test is selected, so the two share the machine's cores.
 """
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -44,7 +45,10 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONUNBUFFERED": "1",
        "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
 STEPS = 4
-N = n_params(load_config("tiny").model)
+# The runs here are of ANDREA-tiny with one block (write_config): what a run directory holds and how a
+# run stops, resumes and refuses does not depend on the depth, and the simulator pays per launch (the
+# harness and the gradient checks cover the two-block model; test_train.small_config does the same).
+N = n_params(dataclasses.replace(load_config("tiny").model, n_layer=1))
 KILL_TEST = "test_killed_at_random_moments_and_resumed_the_run_ends_the_same"
 KILL_SEED = 20261130
 
@@ -55,10 +59,12 @@ def corpus_text() -> str:
 
 
 def write_config(path, **train):
-    """ANDREA-tiny in microbatches of 1 x 8 tokens, dropout 0.1, evaluation and a checkpoint every
-    2 steps, no text samples; the corpus is corpus.txt beside the config (a relative path)."""
+    """ANDREA-tiny with one block, in microbatches of 1 x 8 tokens, dropout 0.1, evaluation and a
+    checkpoint every 2 steps, no text samples; the corpus is corpus.txt beside the config (a relative
+    path)."""
     raw = load_config("tiny").to_dict()
     raw["name"] = "ANDREA-tiny-rundir"
+    raw["model"]["n_layer"] = 1
     raw["data"]["source"] = "corpus.txt"
     raw["train"].update(dict(batch_size=1, seq_len=8, n_microbatches=1, steps=STEPS, lr=3e-2, min_lr=3e-3,
                              warmup_steps=1, dropout=0.1, eval_interval=2, eval_batches=1, checkpoint_interval=2,
@@ -268,7 +274,7 @@ REFUSALS = {
                                                (r / "checkpoint.bin").read_bytes()[4:]), RESUME, "is corrupt"),
     "checkpoint with one bit flipped": (_flip("checkpoint.bin", 1000), RESUME, "does not match the sha256 recorded"),
     "checkpoint of another model size": (lambda r: ck.save_checkpoint(r / "checkpoint.bin", 2, *[np.ones(100, np.float32)] * 3),
-                                         RESUME, "holds 100 parameters but the config needs 3,792: it belongs to "
+                                         RESUME, f"holds 100 parameters but the config needs {N:,}: it belongs to "
                                                  "another model size"),
     "checkpoint missing but on record": (lambda r: (r / "checkpoint.bin").unlink(), RESUME, "checkpoint.bin is missing"),
     "best.bin with one bit flipped": (_flip("best.bin", 1000), RESUME, "best.bin does not match the sha256 recorded"),
