@@ -5,6 +5,7 @@ tolerance is tight enough to fail a gradient tensor that is 1% off. The agreemen
 as a test."""
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import subprocess
@@ -34,20 +35,26 @@ def expected_rows(case) -> set:
 
 
 # ------------------------------------------------------------------------------------------------
-# In the simulator a row whose launches are those of a row already checked is not run again. Some
-# versions run another version's code when called as the harness calls them: without their optional
-# outputs (flash attention v14 without y16 is v13, residual_layernorm_bwd v6 without d_resid16 v5,
-# loss_fwd v18 and loss_bwd v16 without stats v17 and v15, mlp_fwd v20 with h in fp32 v19); a TMA
-# version at block "auto" picks the fixed tile it also declares (64 x 64 for every product at these
-# shapes); some hand a product to another version (matmul v16 to v15 or v13, v18, v19 and v23 to v17
-# where a tensor map cannot read an operand: all of "matmul a^T@b +=" here) or launch the same threads
-# (loss_fwd v9 is v7 at the simulator's blocks). A dry run of each (version, block) records what it
-# launches instead of running it (kernel, grid, block, shared memory and every argument: the same
-# buffers at the same offsets, or the same values) and its host copies into device arrays, on the
-# same buffers each time, refilled before and hashed after it (a launcher that wrote one from the
-# host would differ). Rows with the same record and precision (which picks the twin and the
-# tolerance) run the same kernels on the same inputs: the first is checked (against the twin, and
-# bit-identical on a rerun), the others are that row.
+# In the simulator the harness's rows are chosen by dry runs: each (version, block) is called with
+# the harness's arguments while its launches are recorded instead of run (kernel, grid, block, shared
+# memory and every argument: the same buffers at the same offsets, or the same values), with its
+# host copies into device arrays, on the same buffers each time, refilled before and hashed after (a
+# launcher that wrote one from the host would differ). Two rules leave a row out:
+#  - same launches: its record and precision (which picks the twin and the tolerance) are those of a
+#    row already checked, so it runs the same kernels on the same inputs. Versions that run another
+#    version's code as the harness calls them: without their optional outputs (flash attention v14
+#    without y16 is v13, residual_layernorm_bwd v6 without d_resid16 v5, loss_fwd v18 and loss_bwd
+#    v16 without stats v17 and v15, mlp_fwd v20 with h in fp32 v19); a TMA version at block "auto"
+#    picks the fixed tile it also declares (64 x 64 for every product at these shapes); a version
+#    that hands its product on (matmul v16 to v15 or v13; v18, v19 and v23 to v17 where a tensor map
+#    cannot read an operand: all of "matmul a^T@b +=" here); loss_fwd v9 is v7 at these blocks.
+#  - the products' tile: a linear op's version at a block other than its first launches what it
+#    launches at its first, but for its products' launches, whose kernels at that tile the matmul
+#    cases check (product_kernels): the op's own code is checked at the first block, the tile's at
+#    every form by the matmul cases, and on these shapes' multi-step K (weight gradients: K = B*T =
+#    39) by the backward rows this rule keeps (an op kernel or a copy of its own differs there) and
+#    by the versions' own tests (test_matmul_v12 to v17, test_warp_tile).
+# The first row of each kind is checked (against the twin, and bit-identical on a rerun).
 
 class _Same:
     """An object compared by identity; held, so that its id is not reused while a record lives."""
@@ -129,17 +136,50 @@ def _dry_run(case, launch, block, dims, ref, buffers) -> tuple:
     return tuple(record), tuple(sorted((k, _digest(v)) for k, v in d.items()))
 
 
-def rows_once(op, seed=1234):
-    """check.run_checks("tiny", seed, model=False, only=[op])'s rows (op_rows' loop: every version at
-    every block, at the tiny size's op shapes), a row whose dry run repeats a checked row's left
-    out: (rows, {(op, kernel, version, block) left out: the checked row's}). On a GPU every row."""
-    if not SIMULATOR:
-        return check.run_checks("tiny", seed=seed, model=False, only=[op]), {}
+def _tiny_dims():
     m = load_config("tiny").model
     (B, T), _ = check.SHAPES["tiny"]
-    dims = dataclasses.replace(Dims.of(m, B, min(T, m.context_length)), V=check.OP_VOCAB["tiny"])
-    rng = np.random.default_rng(seed)
-    case, rows, same = CASES[op], [], {}
+    return dataclasses.replace(Dims.of(m, B, min(T, m.context_length)), V=check.OP_VOCAB["tiny"])
+
+
+@functools.cache
+def product_kernels() -> frozenset:
+    """The kernels the three matmul cases launch (dry runs of every version at every block): the
+    products, their operand copies and split-K sums, each checked by those cases at each tile."""
+    dims, rng, kernels = _tiny_dims(), np.random.default_rng(0), set()
+    for case in CASES.values():
+        if case.fwd != "matmul":
+            continue
+        ref, buffers = check.reference_for(case, "fwd", dims, rng), {}
+        for launch in case.versions("fwd").values():
+            for block in launch.blocks:
+                record, _ = _dry_run(case, launch, block, dims, ref, buffers)
+                kernels |= {r[1] for r in record if r[0] == "launch"}
+    return frozenset(kernels)
+
+
+def _only_products_differ(first, other) -> bool:
+    """Whether two dry runs of one version at two blocks differ only in launches of product_kernels():
+    the block reaches the products' tiles and nothing else."""
+    (rec_a, after_a), (rec_b, after_b) = first, other
+    if after_a != after_b or len(rec_a) != len(rec_b):
+        return False
+    products = product_kernels()
+    return all(a == b or (a[0] == b[0] == "launch" and a[1] in products and b[1] in products)
+               for a, b in zip(rec_a, rec_b))
+
+
+def harness_rows(op, seed=1234):
+    """check.run_checks("tiny", seed, model=False, only=[op])'s rows (op_rows' loop: every version at
+    every block, at the tiny size's op shapes), less the rows the dry runs leave out: (rows, {(op,
+    kernel, version, block) left out: (the checked row it is, why)}), why "same launches" (the row's
+    launches are a checked row's) or "the products' tile" (at this block the version launches what it
+    launches at its first, but for its products' kernels at another tile, each checked at that tile
+    by the matmul cases). On a GPU every row."""
+    if not SIMULATOR:
+        return check.run_checks("tiny", seed=seed, model=False, only=[op]), {}
+    dims, rng = _tiny_dims(), np.random.default_rng(seed)
+    case, rows, left = CASES[op], [], {}
     for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
         kernel = case.fwd if direction == "fwd" else case.bwd
         ref = check.reference_for(case, direction, dims, rng)
@@ -148,23 +188,30 @@ def rows_once(op, seed=1234):
             precision = getattr(launch, "precision", None)
             if precision is not None and precision not in low:
                 low[precision] = check.low_precision_reference(case, direction, ref, precision)
+            first = None          # (the row that checks the version's first block, that block's dry run)
             for block in launch.blocks:
                 label = (op, kernel, version, str(block).replace(" ", ""))
                 try:
-                    key = (precision, _dry_run(case, launch, block, dims, ref, buffers))
+                    run = _dry_run(case, launch, block, dims, ref, buffers)
                 except BlockDoesNotFit:                 # check_launcher says so, as op_rows does
-                    key = None
+                    run = None
+                key = None if run is None else (precision, run)
                 if key is not None and key in checked:
-                    same[label] = checked[key]
-                    continue
-                if key is not None:
-                    checked[key] = label
-                try:
-                    rows += check.check_launcher(case, direction, launch, dims, rng, block, version, ref,
-                                                 low=low.get(precision))
-                except BlockDoesNotFit as e:
-                    print(f"not checked at this size: {e}", file=sys.stderr)
-    return rows, same
+                    left[label] = (checked[key], "same launches")
+                elif (first is not None and None not in (first[1], run) and case.fwd != "matmul"
+                      and _only_products_differ(first[1], run)):
+                    left[label] = (first[0], "the products' tile")
+                else:
+                    if key is not None:
+                        checked[key] = label
+                    try:
+                        rows += check.check_launcher(case, direction, launch, dims, rng, block, version, ref,
+                                                     low=low.get(precision))
+                    except BlockDoesNotFit as e:
+                        print(f"not checked at this size: {e}", file=sys.stderr)
+                if first is None:
+                    first = (left[label][0] if label in left else label, run)
+    return rows, left
 
 
 # One harness run per op (not one for all): each is a test of its own, so `pytest -n` spreads them
@@ -174,13 +221,13 @@ def rows_once(op, seed=1234):
 def test_kernels_agree_with_the_twin(op):
     """Every version of the op's launchers at every block size it declares has a harness row (a new
     version in a module's VERSIONS is checked without another edit; one the harness misses fails),
-    or launches what a checked row launches (rows_once); every checked row agrees with the twin and
+    or is a checked row by the dry runs (harness_rows); every checked row agrees with the twin and
     reruns bit-identically."""
-    mine, same = rows_once(op)
+    mine, left = harness_rows(op)
     assert mine and all(r["op"] == op for r in mine)
     seen = {(r["op"], r.get("kernel"), r.get("version"), r.get("block")) for r in mine}
-    assert set(same.values()) <= seen and not set(same) & seen
-    missing = expected_rows(CASES[op]) - seen - set(same)
+    assert {row for row, _ in left.values()} <= seen and not set(left) & seen
+    missing = expected_rows(CASES[op]) - seen - set(left)
     assert not missing, f"no harness row for {sorted(missing)[:5]}"
     for r in mine:
         assert r["ok"], r
@@ -189,13 +236,13 @@ def test_kernels_agree_with_the_twin(op):
 
 @pytest.mark.skipif(not SIMULATOR, reason="the dry run records the simulator's launches")
 def test_a_dry_run_tells_the_same_launches_from_others():
-    """The record of rows_once: matmul v18 at "auto" and at the 64 x 64 tile it picks for the harness's
-    product are the same launches; at its 64 x 128 tile, and v19 (another kernel) at "auto", they
-    are not; flash attention v14 without its bf16 outputs launches v13's kernels; a launcher that
-    also writes an output from the host, or is given another value, differs."""
+    """The records of harness_rows: matmul v18 at "auto" and at the 64 x 64 tile it picks for the
+    harness's product are the same launches; at its 64 x 128 tile, and v19 (another kernel) at
+    "auto", they are not; flash attention v14 without its bf16 outputs launches v13's kernels; a
+    launcher that also writes an output from the host differs. mlp v9's two blocks differ in matmul
+    v8's tile alone, mlp v1's in its own kernel's tile too."""
     from andrea_numba.kernels import matmul as MM
-    m = load_config("tiny").model
-    dims = dataclasses.replace(Dims.of(m, 3, 13), V=72)
+    dims = _tiny_dims()
     rng = np.random.default_rng(0)
     case = CASES["matmul"]
     ref = check.reference_for(case, "fwd", dims, rng)
@@ -221,6 +268,12 @@ def test_a_dry_run_tells_the_same_launches_from_others():
     v13, v14 = (_dry_run(flash, versions[v], (1, 16), dims, ref, buffers) for v in (13, 14))
     assert v13 == v14 != _dry_run(flash, versions[13], (2, 16), dims, ref, buffers)
     assert v13 != _dry_run(flash, versions[12], (1, 16), dims, ref, buffers)
+    mlp = CASES["mlp"]
+    ref = check.reference_for(mlp, "fwd", dims, rng)
+    for version, tile_alone in ((9, True), (1, False)):
+        launch = mlp.versions("fwd")[version]
+        first, other = (_dry_run(mlp, launch, block, dims, ref, buffers) for block in launch.blocks[:2])
+        assert first != other and _only_products_differ(first, other) is tile_alone
 
 
 @pytest.mark.slow
