@@ -189,13 +189,12 @@ class GPUModel:
         self.precision = PRECISION.get(products, "fp32")     # of the products: the twin's precision
         v = PRODUCTS[products]
         self.fp8 = None                     # the FP8 products' scratch and record (fp8_products.FP8)
-        if v is None and self.precision in FP8_SCOPES:     # FP8 linear layers, bf16 classifier (cuBLASLt)
-            ops = fp8_products.linear_ops(self.precision, B * T, m.d_model, m.vocab_size, m.n_layer)
-            self.fp8 = fp8_products.FP8
-        elif v is None:                     # the library route: every product through cuBLASLt
-            ops = cublaslt.linear_ops(LIBRARY_PRECISION[products], B * T, m.d_model, m.vocab_size)   # (one line
-            # if it cannot run here)
-        if v is None:
+        if v is None:                       # the library route: every product through cuBLASLt (one line
+            if self.precision in FP8_SCOPES:                # if it cannot run here); FP8 linear layers
+                ops = fp8_products.linear_ops(self.precision, B * T, m.d_model, m.vocab_size, m.n_layer)
+                self.fp8 = fp8_products.FP8
+            else:
+                ops = cublaslt.linear_ops(LIBRARY_PRECISION[products], B * T, m.d_model, m.vocab_size)
             self.qkv_fwd, self.qkv_bwd = ops["attn_qkv_fwd"], ops["attn_qkv_bwd"]
             self.out_fwd, self.out_bwd = ops["attn_out_fwd"], ops["attn_out_bwd"]
             self.mlp_fwd, self.mlp_bwd = ops["mlp_fwd"], ops["mlp_bwd"]

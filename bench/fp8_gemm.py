@@ -2,8 +2,8 @@
 
     python bench/fp8_gemm.py [--json out.json]         (a GPU with FP8 tensor cores: Ada or Hopper)
 
-Each row is one product out[M, N] (+)= op(a) @ op(b) as the engine calls it, timed as CUDA graph
-replays (bench/gemm.py's timed_graph: the GPU's time, medians of 5) in these forms:
+Each row is one product out[M, N] = op(a) @ op(b) as the engine calls it (a "+=" product timed
+without its accumulation), as CUDA graph replays (bench/gemm.py's timed_graph: the GPU's time, medians of 5) in these forms:
     v18          our bf16 wgmma product (kernels/wgmma_tma.py), operands rounded to bf16 copies first
     v21          cuBLASLt bf16 (kernels/cublaslt.py): the bf16 copies, then the library's product
     v24          cuBLASLt E4M3 (kernels/fp8_products.py): each operand's amax, scale and bytes (three
@@ -26,20 +26,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
+from bench import gemm  # noqa: E402
 from bench.gemm import timed_graph  # noqa: E402
 
-SHAPES = [
-    ("12M x @ W_1", 8192, 1536, 384, False, False, False),
-    ("12M dx = dh @ W_1^T", 8192, 384, 1536, False, True, False),
-    ("12M dW_1 += x^T @ dh", 384, 1536, 8192, True, False, True),
+# the linear layers' products of bench/gemm.py (the classifier's stay bf16 at every FP8 scope), one
+# projection of 120M and a large square one
+SHAPES = [s for s in gemm.SHAPES if "wte" not in s[0]] + [
     ("120M x @ W_q", 8192, 768, 768, False, False, False),
-    ("120M x @ W_1", 8192, 3072, 768, False, False, False),
-    ("120M dx = dh @ W_1^T", 8192, 768, 3072, False, True, False),
-    ("120M dW_1 += x^T @ dh", 768, 3072, 8192, True, False, True),
-    ("120M dW_2 += h^T @ dout", 3072, 768, 8192, True, False, True),
     ("square 8192", 8192, 8192, 8192, False, False, False),
 ]
-
 
 def torch_times(M, N, K):
     """(bf16 ms, fp8 ms) of PyTorch's products alone on [M, K] @ [K, N], or (None, None)."""
@@ -92,7 +87,7 @@ def main(argv=None) -> int:
             f"torch fp8 ms | v24 / v21 | fp8 only / torch bf16 | err v24 | err v21 |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    for label, M, N, K, ta, tb, acc in SHAPES:
+    for label, M, N, K, ta, tb, _ in SHAPES:
         a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
         ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)

@@ -69,7 +69,7 @@ def main() -> int:
             got = out.copy_to_host()
             if out_type == "CUDA_R_16BF":
                 got = (got.astype(np.uint32) << 16).view(np.float32)
-            got = got.astype(np.float64).T if False else got.astype(np.float64)
+            got = got.astype(np.float64)
             err = np.max(np.abs(got - ref)) / np.max(np.abs(ref))
             print(f"{name}: ok, err {err:.2e}")
         except Exception as e:                  # noqa: BLE001 (the probe reports every form)

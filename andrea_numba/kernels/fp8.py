@@ -86,8 +86,9 @@ def k_amax_final_v1(stats, count, partial, fmax):
 
 @cuda.jit(device=True)
 def block_count(buf, n, tid, nthreads):
-    """The sum of the block's n (int32) by a fixed tree in shared buf; thread 0 adds it to the
-    counter (count[0] += total: one integer atomic a block, so the count has no order to depend on)."""
+    """The sum of the block's n (int32) by a fixed tree in shared buf, for thread tid of nthreads (a
+    power of two; common.block_sum's tree for a block of any shape). The callers' thread 0 then adds
+    it to the counter: one integer atomic a block, so the count has no order to depend on."""
     buf[tid] = n
     cuda.syncthreads()
     s = nthreads // 2
