@@ -37,7 +37,7 @@ from . import cli
 from .cases import CASES, Dims, call
 from .config import ModelConfig, exit_on_config_error, load_config
 from .kernels.common import SIMULATOR, BlockDoesNotFit, device_name
-from .gpu_model import PRECISION, PRODUCTS
+from .recipes import RECIPES, resolve
 from .layout import init_params, param_layout
 from .loss_scale import INIT as LOSS_SCALE_INIT
 
@@ -339,12 +339,13 @@ def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None, versions=None, vocab=
     return rows
 
 
-def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "tf32x3w",
+def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, recipe="fp32",
                attention=(False, True)) -> list[dict]:
     """The whole model: loss and every gradient tensor of GPUModel against reference.model, in a
     training forward with dropout (probability MODEL_DROPOUT, a key drawn from rng); once with the
     engine's attention ("model") and once with flash attention ("model, flash attention").
-    products: GPUModel's (its precision picks the twin's, and the tolerance: MODEL_TOLS);
+    recipe: GPUModel's (a Recipe or an engine recipe's name; its precision picks the twin's, and the
+    tolerance: MODEL_TOLS);
     attention: which of the two to run (flash: True)."""
     from .gpu_model import GPUModel
 
@@ -353,7 +354,8 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "
     tokens = rng.integers(0, m.vocab_size, size=(B, T)).astype(np.int32)
     targets = rng.integers(0, m.vocab_size, size=(B, T)).astype(np.int32)
     key = int(rng.integers(0, 2 ** 32))
-    precision = PRECISION.get(products, "fp32")
+    recipe = resolve(recipe)
+    precision = recipe.precision
     tol = MODEL_TOLS[precision]           # the loss's; a gradient tensor's: model_tol
     if precision != "fp32":      # attention v2 has no bf16 / fp16 version: the flash model only
         attention = tuple(a for a in attention if a)
@@ -366,7 +368,7 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "
     for op, flash in ((f"model{label}", False), (f"model, flash attention{label}", True)):
         if flash not in attention:
             continue
-        model = GPUModel(m, B, T, dropout=MODEL_DROPOUT, flash=flash, products=products)
+        model = GPUModel(m, B, T, dropout=MODEL_DROPOUT, flash=flash, recipe=recipe)
         model.params.copy_to_device(params)
         runs = []
         for _ in range(2):
@@ -385,16 +387,16 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, products: str = "
 
 
 def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=True, progress=None, only=None,
-               versions=None, products="tf32x3w", compile_workers=0):
+               versions=None, recipe="fp32", compile_workers=0):
     """Rows of the op checks (every case, or the cases named in `only`; every version, or those
-    numbered in `versions`) and of the whole model (GPUModel with `products`). compile_workers > 0
+    numbered in `versions`) and of the whole model (GPUModel with `recipe`). compile_workers > 0
     (on a GPU): first the same checks with every launch recorded instead of run (their rows thrown
     away), every kernel they launch compiled on that many processes (andrea_numba.precompile), then
     the checks themselves, whose launches find their kernels compiled."""
     if compile_workers and not SIMULATOR:
         from .precompile import compile_ahead, record_launches
         launches = record_launches(lambda: run_checks(size, seed, batch, seq, ops, model, None, only, versions,
-                                                      products))
+                                                      recipe))
         compile_ahead(launches, compile_workers, log=progress)
     cfg = load_config(size)
     m = cfg.model
@@ -411,7 +413,7 @@ def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=Tru
             progress(f"ops checked at B={ob} T={ot}{vocab} in {time.time() - t0:.1f} s")
     if model:
         t0 = time.time()
-        rows += model_rows(m, mb, mt, rng, seed, products)
+        rows += model_rows(m, mb, mt, rng, seed, recipe)
         if progress:
             progress(f"whole model checked at B={mb} T={mt} in {time.time() - t0:.1f} s")
     return rows
@@ -457,19 +459,16 @@ def main(argv=None) -> int:
                     help=f"check only this op (repeatable): {', '.join(CASES)}")
     ap.add_argument("--version", action="append", metavar="N", type=cli.int_range(1, 99),
                     help="check only this version number of each launcher (repeatable; default every version)")
-    ap.add_argument("--products", default="tf32x3w", type=cli.one_of(PRODUCTS, "products"),
-                    help="the whole model's products (GPUModel products=): tf32x3w, the engine's fp32 (default); "
-                         "bf16a / f16w, the engine's bf16 / fp16 (checked against the twin at that precision); bf16l the "
-                         "bf16 products on matmul v12; "
-                         "cublas, cublas-bf16, cublas-fp16 through cuBLASLt (a GPU with nvmath-python); or another "
-                         "version's kind")
+    ap.add_argument("--recipe", default="fp32", type=cli.one_of(RECIPES, "recipe"),
+                    help="the whole model's recipe (andrea_numba/recipes.py), checked against the twin at its "
+                         f"precision: {', '.join(RECIPES)} (default fp32; cublas-* need a GPU with nvmath-python)")
     ap.add_argument("--compile-workers", type=cli.int_range(0, 64), default=0, metavar="N",
                     help="on a GPU: compile every kernel the checks launch on N processes first (default 0: each "
                          "at its first launch)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
-    if args.products != "tf32x3w" and (args.ops_only or args.op or args.version):
-        cli.fail("argument --products: picks the whole model's products; it cannot be combined with --ops-only, "
+    if args.recipe != "fp32" and (args.ops_only or args.op or args.version):
+        cli.fail("argument --recipe: picks the whole model's recipe; it cannot be combined with --ops-only, "
                  "--op or --version")
     if args.model_only and (args.ops_only or args.op or args.version):
         cli.fail("argument --model-only: cannot be combined with --ops-only, --op or --version")
@@ -488,7 +487,7 @@ def main(argv=None) -> int:
     say(f"seed {seed}, device: {device_name()}")
     rows = run_checks(args.size, seed, args.batch, args.seq, ops=not args.model_only,
                       model=not (args.ops_only or args.op or args.version), progress=say, only=args.op,
-                      versions=args.version, products=args.products, compile_workers=args.compile_workers)
+                      versions=args.version, recipe=args.recipe, compile_workers=args.compile_workers)
     ok = all(r["ok"] for r in rows)
     if args.json:
         print(json.dumps({"ok": ok, "device": device_name(), "seed": seed, "size": args.size, "results": rows},

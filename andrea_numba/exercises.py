@@ -260,7 +260,7 @@ def borrowed(ex: Exercise, mod, path: Path) -> str | None:
     engine's own kernels of this op (or the whole engine), or holds or calls the twin's backward."""
     case = CASES[ex.op]
     if ex.kind == "kernel":
-        engine = {case.module.__name__, "andrea_numba.gpu_model"}
+        engine = {case.module.__name__, "andrea_numba.gpu_model", "andrea_numba.recipes"}
         hit = sorted(_imported_modules(path) & engine)
         own = [n for n, v in vars(mod).items()
                if getattr(getattr(v, "py_func", v), "__module__", None) == case.module.__name__]

@@ -25,28 +25,12 @@ from .config import ModelConfig
 import reference.dropout as D
 from reference.precision import FP8_SCOPES
 
-from .kernels import attn, attn_flash, attn_out, attn_qkv, cublaslt, dropout, embed, fp8_products, layernorm, loss, mlp
-from .kernels import matmul
-from .kernels.matmul import splitk_work
+from .kernels import attn, cublaslt, dropout, embed, fp8_products, layernorm
+from .kernels.matmul import COUNTS, splitk_work
 from .kernels.tma import MAP_BYTES, TMAPS, TensorMaps
 from .kernels.optim import zero
-from .kernels.common import SIMULATOR
 from .layout import n_params, views
-
-
-# Saved as bf16 with products "bf16a" (buffer_specs(saved16=True)): the activations whose every
-# reader is a bf16 product, which rounds its inputs to bf16 (ties to even) before it multiplies, so
-# keeping them rounded changes no bit the products see: LN1's, LN2's and LNf's outputs (the inputs of
-# the Q, K, V, W_1 and logits products and of their weight gradients) and the GELU's output h (W_2's
-# and dW_2's). Not y, the attention output: flash attention's backward reads it in fp32 (D = dy . y).
-SAVED16 = ("ln1", "ln2", "lnf", "h")
-# With products "bf16o" (buffer_specs(out16=True)) the ops that make a bf16 product's operand write
-# it in bf16 themselves, where the operand copy (cublaslt.round_into) rounded their fp32 output
-# before: flash attention v14 writes y's bf16 copy y16 beside y (which its backward still reads in
-# fp32) and dq, dk, dv in bf16 only (d_q, d_k, d_v are uint16); residual_layernorm_bwd v6 writes the
-# residual stream's gradient's bf16 copy d_resid16, which the next block down's attn_out and MLP
-# backward products read. Each is the fp32 value rounded as the copy rounded it: the same bits.
-OUT16 = ("d_q", "d_k", "d_v")
+from .recipes import LINEAR, OUT16, SAVED16, Recipe, resolve
 
 
 @dataclass(frozen=True)
@@ -68,13 +52,14 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
     with the trainer). One line per tensor, llm.c style. training=False: forward only (no
     gradients, no backward scratch); own_params=False: the parameters live in another model;
     flash=True (the engine's): flash attention, which saves lse [L, B, H, T] instead of att
-    [L, B, H, T, T]; saved16=True (products "bf16a"): the LayerNorms' outputs and the GELU's,
-    read only by bf16 products, saved as bf16 (uint16 bit patterns, half the bytes; SAVED16),
-    the LayerNorms writing into the fp32 scratch ln_out first; params16=True (products "bf16s"): a
-    bf16 copy of the parameters, rounded once a forward, that the products read their weights from;
-    out16=True (products "bf16o"): the bf16 outputs of OUT16's comment (y16, d_resid16; d_q, d_k,
-    d_v as bf16); loss_stats=True (LOGITS_KINDS, training): the loss's row maxima and sums of
-    exponentials, with which its backward recomputes the softmax from the logits left in probs."""
+    [L, B, H, T, T]. The rest follow the recipe (Recipe.buffer_flags): saved16=True (bf16_saved):
+    the LayerNorms' outputs and the GELU's, read only by bf16 products, saved as bf16 (uint16 bit
+    patterns, half the bytes; recipes.SAVED16), the LayerNorms writing into the fp32 scratch ln_out
+    first where they cannot write bf16 themselves; params16=True (bf16_weights): a bf16 copy of the
+    parameters, rounded once a forward, that the products read their weights from; out16=True
+    (bf16_outputs): the bf16 outputs of recipes.OUT16's comment (y16, d_resid16; d_q, d_k, d_v as
+    bf16); loss_stats=True (keeps_logits, training): the loss's row maxima and sums of exponentials,
+    with which its backward recomputes the softmax from the logits left in probs."""
     L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
     N, F, P = B * T, 4 * m.d_model, n_params(m)
     f32, i32 = np.float32, np.int32
@@ -136,105 +121,61 @@ def buffer_specs(m: ModelConfig, B: int, T: int, training: bool = True, own_para
 class GPUModel:
     """training=False builds a forward-only model (sampling, evaluation at another batch size);
     params=<device array> makes it use another model's parameter vector instead of its own;
-    flash=True (the default) runs flash attention (kernels/attn_flash.py, the module's engine
-    version: v8's forward and v10's backward, on tensor cores, no [B, H, T, T] buffer); flash=False attention v2
-    (kernels/attn.py, which saves the probabilities). The two agree to float32 rounding, not bit
-    for bit: a run keeps one. On the H200 flash attention was faster at 12M and 120M and needs
-    5.2 GB less at 120M (docs/kernels-h200.md).
     share=<GPUModel> (with training=False, at a B x T no larger) runs on the first elements of
     that model's buffers and its parameters, allocating nothing: the trainer's sampler.
-    products="tf32x3w" (the default) runs the linear ops' v7 (mlp v12: its GELU a pass of its
-    own, its C-wide products split over K in the split-K buffer; the loss forward's v9, its softmax
-    rows on as few threads as they need): 3xTF32 on the swizzled k-major tiles of kernels/split_tile.py, the small parts truncated
-    by the tensor core (matmul v8); "tf32x3t" their v6 (mlp v7), the same sums on v6's tiles
-    (matmul v7); "tf32x3k" their v5, the same tiles with both parts rounded (matmul v6);
-    "tf32x3s" their v4 (split planes, matmul v5); "tf32x3" their v3 (warp tiles, matmul v4);
-    "simt2" their v8 (mlp v10): no tensor cores, SIMT multiply-adds on the k-major tiles of
-    kernels/simt_tile.py (matmul v9); "simt" their v2 (SIMT warp tiles, matmul v3). All are
-    fp32-accurate. "bf16w" runs their bf16 versions (attn_qkv, attn_out v9, mlp v13, loss_fwd
-    v10, loss_bwd v9: matmul v10's tiles, every product's inputs rounded to bf16, fp32 sums); its
-    twin is reference.model at precision "bf16" (self.precision); "f16w" the same in fp16;
-    "bf16l" their bf16 versions on matmul v12's tiles (attn_qkv,
-    attn_out v11, mlp v15, loss_fwd v12, loss_bwd v11: each operand rounded once into bf16 shared
-    tiles, fragments read with ldmatrix); "bf16a" the same through matmul v13 (attn_qkv, attn_out
-    v12, mlp v16, loss_fwd v13, loss_bwd v12: bf16 copies of the operands, copied to shared memory
-    by cp.async); "bf16r" the same through matmul v16 (attn_qkv, attn_out v13, mlp v17, loss_fwd v14,
-    loss_bwd v13: Hopper's wgmma where no activation would be copied transposed, v13 for the weight
-    gradients; a gradient rounded once for its two products; the loss's softmax in two passes and
-    dlogits written in bf16); "bf16m" the same on matmul v17 alone (attn_qkv, attn_out v14, mlp v18,
-    loss_fwd v15, loss_bwd v14: wgmma for every product, an operand with k down its columns read
-    through the transpose bits); "bf16t" the same on
-    matmul v18 (attn_qkv, attn_out v15, mlp v19, loss_fwd v17, loss_bwd v15: v17's products with
-    TMA copies from a producer warp, mbarriers and persistent blocks; the softmax with its row in
-    registers); "bf16s" bf16t reading every weight from params16, a bf16 copy of the parameters
-    rounded once a forward; "bf16o" (the engine's --precision bf16 on a Hopper) bf16s with the
-    products' activation operands written in bf16 by the ops that make them (OUT16: flash attention
-    v14, residual_layernorm_bwd v6) and its training loss keeping the logits (loss v18/v16,
-    LOGITS_KINDS). "cublas", "cublas-bf16",
-    "cublas-fp16" run every product of the linear ops through cuBLASLt in fp32, bf16 or fp16
-    (kernels/cublaslt.py: the library route, on a GPU with nvmath-python). With bf16 or fp16
-    products flash attention runs with products at that precision too (v13, v12: FLASH_VERSION), as
-    the twin at that precision does.
-    mlp_version=<n> runs the MLP's launchers of that version instead (the benchmarks' --mlp-version);
-    flash_version=<n> flash attention's (their --flash-version)."""
+    recipe=<Recipe or name> (andrea_numba/recipes.py; default "fp32") says which kernel computes
+    each op and in which format each saved tensor is kept; self.precision is its products'
+    precision, the twin's (reference.model at that precision computes the same).
+    flash=True (the default) runs the recipe's flash attention (no [B, H, T, T] buffer); flash=False
+    attention v2 (kernels/attn.py, fp32 recipes only), which saves the probabilities. The two agree
+    to float32 rounding, not bit for bit: a run keeps one. On the H200 flash attention was faster at
+    12M and 120M and needs 5.2 GB less at 120M (docs/kernels.md)."""
 
     def __init__(self, m: ModelConfig, B: int, T: int, stream=None, training=True, params=None,
-                 dropout: float = 0.0, flash: bool = True, products: str = "tf32x3w", share=None,
-                 mlp_version: int | None = None, flash_version: int | None = None):
+                 dropout: float = 0.0, flash: bool = True, recipe: Recipe | str = "fp32", share=None):
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
-        assert products in PRODUCTS, f"products must be one of {sorted(PRODUCTS)}, got {products!r}"
+        recipe = resolve(recipe)
         self.m, self.B, self.T, self.N = m, B, T, B * T
-        # the linear ops' launchers, by version (PRODUCTS)
-        self.products = products
-        self.precision = PRECISION.get(products, "fp32")     # of the products: the twin's precision
-        v = PRODUCTS[products]
+        self.recipe = recipe
+        self.precision = recipe.precision           # of the products: the twin's precision
         self.fp8 = None                     # the FP8 products' scratch and record (fp8_products.FP8)
-        if v is None:                       # the library route: every product through cuBLASLt (one line
-            if self.precision in FP8_SCOPES:                # if it cannot run here); FP8 linear layers
-                ops = fp8_products.linear_ops(self.precision, B * T, m.d_model, m.vocab_size, m.n_layer)
+        kernels = dict(recipe.kernels)
+        if recipe.library is not None:      # the library route: every product through cuBLASLt (one line
+            if recipe.library in FP8_SCOPES:            # if it cannot run here); FP8 linear layers
+                ops = fp8_products.linear_ops(recipe.library, B * T, m.d_model, m.vocab_size, m.n_layer)
                 self.fp8 = fp8_products.FP8
             else:
-                ops = cublaslt.linear_ops(LIBRARY_PRECISION[products], B * T, m.d_model, m.vocab_size)
-            self.qkv_fwd, self.qkv_bwd = ops["attn_qkv_fwd"], ops["attn_qkv_bwd"]
-            self.out_fwd, self.out_bwd = ops["attn_out_fwd"], ops["attn_out_bwd"]
-            self.mlp_fwd, self.mlp_bwd = ops["mlp_fwd"], ops["mlp_bwd"]
-            self.loss_fwd, self.loss_bwd = ops["loss_fwd"], ops["loss_bwd"]
-        else:
-            self.qkv_fwd, self.qkv_bwd = attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v]
-            self.out_fwd, self.out_bwd = attn_out.VERSIONS["attn_out_fwd"][v], attn_out.VERSIONS["attn_out_bwd"][v]
-            vm = MLP_VERSION.get(products, v) if mlp_version is None else mlp_version
-            self.mlp_fwd, self.mlp_bwd = mlp.VERSIONS["mlp_fwd"][vm], mlp.VERSIONS["mlp_bwd"][vm]
-            self.loss_fwd = loss.VERSIONS["loss_fwd"][LOSS_FWD_VERSION.get(products, v)]
-            self.loss_bwd = loss.VERSIONS["loss_bwd"][LOSS_BWD_VERSION.get(products, v)]
-        if products in COPIES_KINDS:        # matmul v13's bf16 copies: reserved before the first step
+                ops = cublaslt.linear_ops(recipe.library, B * T, m.d_model, m.vocab_size)
+            kernels.update({op: (ops[op + "_fwd"], ops[op + "_bwd"]) for op in LINEAR})
+        self.kernels = kernels
+        self.qkv_fwd, self.qkv_bwd = kernels["attn_qkv"]
+        self.out_fwd, self.out_bwd = kernels["attn_out"]
+        self.mlp_fwd, self.mlp_bwd = kernels["mlp"]
+        self.loss_fwd, self.loss_bwd = kernels["loss"]
+        if recipe.operand_copies:           # matmul v13's bf16 copies: reserved before the first step
             cublaslt.COPIES.reserve(*cublaslt.operand_elements(B * T, m.d_model, m.vocab_size))
-        if products in HELD_KINDS:          # ... and the copies an op rounds once for two products
+        if recipe.held_copies:              # ... and the copies an op rounds once for two products
             cublaslt.HELD.reserve(cublaslt.held_elements(B * T, m.d_model))
-        if products in TMA_KINDS:           # ... and the table of TMA tensor maps (matmul v18), and v19's
+        if recipe.tensor_maps:              # ... and the table of TMA tensor maps (matmul v18), and v19's
             TMAPS.reserve()                 # split-K counters (every v18 launch passes them)
-            matmul.COUNTS.reserve()
+            COUNTS.reserve()
         self.mlp_fwd_takes_work = "work" in inspect.signature(self.mlp_fwd).parameters   # v11 on
         self.dropout = dropout                      # used by a forward given a dropout_key
         if share is not None:               # a forward on another model's memory (the trainer's sampler)
             assert not training, "a model on another model's buffers runs forward only"
             params, flash = share.params, share.flash
+        assert flash or recipe.precision == "fp32", f"attention v2 has fp32 products only, not {recipe.name}'s"
         self.flash = flash
-        # flash attention's launchers: the engine's (attn_flash.attn_flash_fwd / _bwd, read at each
-        # launch) in fp32; with bf16 or fp16 products, the version with products at that precision
-        # (FLASH_VERSION); flash_version=<n> runs version n instead (the benchmarks' --flash-version)
-        v_flash = flash_version_for(products) if flash_version is None else flash_version
-        self.flash_version = v_flash
-        self.out16 = flash and writes_out16(products, m) and v_flash == OUT16_FLASH      # (OUT16)
-        self.flash_pair = attn_flash.flash_pair(v_flash) if v_flash is not None else None
+        self.out16 = flash and recipe.writes_out16(m)       # (recipes.OUT16)
         # every launch and copy of this model goes to one stream, never the legacy default stream
         self.stream = cuda.stream() if stream is None else stream
         self.training = training
-        self.saved16 = products in SAVED16_KINDS     # LN and GELU outputs saved as bf16 (SAVED16)
-        self.params16 = products in SHADOW_KINDS     # the products' weights from a bf16 copy (params16)
-        # a training model of LOGITS_KINDS: the loss forward leaves the logits in probs and saves M and
-        # se a row in loss_stats; the backward recomputes the softmax from them (forward-only models,
-        # the sampler's, write the softmax itself)
-        self.loss_stats = products in LOGITS_KINDS and training
+        self.saved16 = recipe.bf16_saved            # LN and GELU outputs saved as bf16 (SAVED16)
+        self.params16 = recipe.bf16_weights         # the products' weights from a bf16 copy (params16)
+        # a training model of a recipe that keeps the logits: the loss forward leaves the logits in probs
+        # and saves M and se a row in loss_stats; the backward recomputes the softmax from them
+        # (forward-only models, the sampler's, write the softmax itself)
+        self.loss_stats = recipe.keeps_logits and training
         self.specs = buffer_specs(m, B, T, training, own_params=params is None, flash=flash, saved16=self.saved16,
                                   params16=self.params16, out16=self.out16, loss_stats=self.loss_stats)
         if share is None:
@@ -255,7 +196,7 @@ class GPUModel:
     def nbytes(self) -> int:
         """Its buffers' bytes (with cuBLASLt's workspace when the library computes its products, and
         the scratch of 16-bit operand copies when the library or matmul v13 does)."""
-        held = products_scratch(self.products, self.N, self.m.d_model, self.m.vocab_size, self.m.n_layer)
+        held = products_scratch(self.recipe, self.N, self.m.d_model, self.m.vocab_size, self.m.n_layer)
         return sum(s.nbytes for s in self.specs) + sum(held.values())
 
     def forward(self, tokens, targets, dropout_key=None, keys=None):
@@ -299,7 +240,10 @@ class GPUModel:
         if self.params16:        # every weight rounded to bf16 once (ties to even, as each product would round it)
             cublaslt.round_into(b["params16"], self.params.reshape(1, self.params.shape[0]), "bf16", s)
         W = self.W
-        embed.embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
+        embed_fwd = self.kernels["embed"][0]
+        ln_fwd = self.kernels["layernorm"][0]
+        fused_ln_fwd = self.kernels["residual_layernorm"][0]
+        embed_fwd(x[0].reshape(B, T, C), b["tokens"], P["wte"], P["wpe"], stream=s)
 
         def ln(saved):
             """Where a LayerNorm writes its output: the saved buffer, or with saved16 the fp32 scratch
@@ -312,16 +256,17 @@ class GPUModel:
                 cublaslt.round_into(_flat(saved), b["ln_out"], "bf16", s)
 
         def residual_ln(resid, saved, mean, rstd, x_in, f, g, beta):
-            """resid = x_in + f and saved = LN(resid): the engine's residual_layernorm_fwd; with saved16
-            its v3, which writes the bf16 output itself, where the rows are whole 16-byte chunks."""
-            if self.saved16 and layernorm.fits_v3(resid, saved, x_in, f):
-                layernorm.residual_layernorm_fwd_v3(resid, saved, mean, rstd, x_in, f, g, beta, eps, stream=s)
-            else:
-                layernorm.residual_layernorm_fwd(resid, ln(saved), mean, rstd, x_in, f, g, beta, eps, stream=s)
+            """resid = x_in + f and saved = LN(resid): the recipe's residual_layernorm forward; with
+            saved16 (its v3) it writes the bf16 output itself where the rows are whole 16-byte chunks,
+            and v1 writes the fp32 ln_out, then rounded, where they are not."""
+            if self.saved16 and not layernorm.fits_v3(resid, saved, x_in, f):
+                layernorm.residual_layernorm_fwd_v1(resid, ln(saved), mean, rstd, x_in, f, g, beta, eps, stream=s)
                 keep(saved)
+            else:
+                fused_ln_fwd(resid, saved, mean, rstd, x_in, f, g, beta, eps, stream=s)
         # the first LayerNorm has no residual sum before it; every later one is fused with the
-        # residual add that makes its input (layernorm.residual_layernorm_fwd)
-        layernorm.layernorm_fwd(ln(b["ln1"][0]), b["ln1_mean"][0], b["ln1_rstd"][0], x[0],
+        # residual add that makes its input (the recipe's residual_layernorm)
+        ln_fwd(ln(b["ln1"][0]), b["ln1_mean"][0], b["ln1_rstd"][0], x[0],
                                 P["h0.ln1.g"], P["h0.ln1.b"], eps, stream=s)
         keep(b["ln1"][0])
         for l in range(m.n_layer):
@@ -333,7 +278,7 @@ class GPUModel:
             # y, and with out16 its bf16 copy y16, the operand of attn_out's products
             y16 = {"y16": b["y16"][l].reshape(B, T, C)} if self.out16 else {}
             if self.flash:
-                self.flash_launchers()[0](b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s,
+                self.kernels["attention"][0](b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s,
                                           **y16)
             else:
                 attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], *qkv, H, p_drop, k_att, stream=s)
@@ -377,13 +322,14 @@ class GPUModel:
         stats = {"stats": b["loss_stats"]} if self.loss_stats else {}
         self.loss_bwd(d_ln_out, G["wte"], b["probs"], work, dloss, b["lnf"], W["wte"], b["probs"], b["targets"],
                       stream=s, **stats)
-        layernorm.layernorm_bwd(d_resid, G["lnf.g"], G["lnf.b"], work, d_ln_out, x[m.n_layer],
+        self.kernels["layernorm"][1](d_resid, G["lnf.g"], G["lnf.b"], work, d_ln_out, x[m.n_layer],
                                 b["lnf_mean"], b["lnf_rstd"], P["lnf.g"], stream=s)
         p_drop = self.p_drop
         # with out16 (no dropout) each residual + LayerNorm backward also writes d_resid's bf16 copy,
         # the operand of the products of the branch below it; the last block's MLP reads d_resid after
         # LNf's backward, which writes none (its products round it themselves)
         resid16 = self.out16 and not p_drop
+        fused_ln_bwd = self.kernels["residual_layernorm"][1]   # v6 writes d_resid16 when given d16
         fresh16 = False             # d_resid16 holds d_resid as it is now
 
         def branch_grad(key):
@@ -398,11 +344,10 @@ class GPUModel:
             """d_resid += the LayerNorm's grad_input (in place: both paths into its input), with
             resid16 into d_resid16 too (residual_layernorm_bwd v6)."""
             if resid16:
-                layernorm.residual_layernorm_bwd_v6(d_resid, d_resid, g, bias, work, d_resid, d_ln_out, saved_x, mean,
-                                                    rstd, gamma, d16=b["d_resid16"], stream=s)
+                fused_ln_bwd(d_resid, d_resid, g, bias, work, d_resid, d_ln_out, saved_x, mean, rstd, gamma,
+                             d16=b["d_resid16"], stream=s)
             else:
-                layernorm.residual_layernorm_bwd(d_resid, d_resid, g, bias, work, d_resid, d_ln_out, saved_x, mean,
-                                                 rstd, gamma, stream=s)
+                fused_ln_bwd(d_resid, d_resid, g, bias, work, d_resid, d_ln_out, saved_x, mean, rstd, gamma, stream=s)
             return resid16
         for l in reversed(range(m.n_layer)):
             p = f"h{l}."
@@ -418,7 +363,7 @@ class GPUModel:
                          stream=s)
             qkv = [b[n][l].reshape(B, T, C) for n in ("q", "k", "v")]
             if self.flash:
-                self.flash_launchers()[1](bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
+                self.kernels["attention"][1](bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
                                           b["y"][l].reshape(B, T, C), b["lse"][l], H, p_drop, k_att, stream=s)
             else:
                 attn.attn_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"), *qkv,
@@ -429,18 +374,13 @@ class GPUModel:
             # both paths into x[l]: d_resid (the skip path's, in place) += LN1's grad_input
             fresh16 = residual_ln_bwd(G[p + "ln1.g"], G[p + "ln1.b"], x[l], b["ln1_mean"][l], b["ln1_rstd"][l],
                                       P[p + "ln1.g"])
-        embed.embed_bwd(G["wte"], G["wpe"], b["embed_links"], d_resid.reshape(B, T, C), b["tokens"],
+        self.kernels["embed"][1](G["wte"], G["wpe"], b["embed_links"], d_resid.reshape(B, T, C), b["tokens"],
                         m.vocab_size, m.context_length, stream=s)
 
     def y_operand(self, l: int):
         """Layer l's attention output as attn_out's products read it: y [N, C], or with out16 its
         bf16 copy y16 (the same bits once rounded)."""
         return self.buf["y16"][l] if self.out16 else self.buf["y"][l]
-
-    def flash_launchers(self):
-        """(forward, backward) of flash attention: the pair of this model's precision or flash_version,
-        else the engine's (attn_flash's module names, read at each launch)."""
-        return self.flash_pair or (attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd)
 
     def zero_grads(self):
         zero(self.grads, stream=self.stream)
@@ -473,117 +413,27 @@ class GPUModel:
         return float(out[0])
 
 
-# products= of GPUModel: the version of the linear ops (attn_qkv, attn_out, mlp, loss) it runs;
-# the MLP's own number where it differs (its v6 is v5 with another store loop, not a product kind)
-# "bf16w": every product of the linear ops in bf16 (matmul v10's tiles: inputs rounded to bf16 as
-# they are read, fp32 sums), the engine's tf32x3w versions otherwise (attention, LayerNorm, the
-# softmax and the loss, the optimiser stay fp32): issue 11's first form of --precision bf16
-# "f16w": the same in fp16 (matmul v11's tiles), for --precision fp16 with loss scaling
-# "cublas", "cublas-bf16", "cublas-fp16": the library route (kernels/cublaslt.py): the same ops with every
-# product through cuBLASLt in fp32 (an SGEMM), bf16 or fp16, the engine's kernels for the rest (None:
-# no version of ours); on a GPU with nvmath-python only
-LIBRARY_PRECISION = {"cublas": "fp32", "cublas-bf16": "bf16", "cublas-fp16": "fp16",
-                     # issue 12: the linear layers' products in FP8 at a scope (kernels/fp8_products.py)
-                     "cublas-fp8-fwd": "fp8-fwd", "cublas-fp8-e5m2": "fp8-e5m2", "cublas-fp8-all": "fp8-all"}
-# "bf16l": bf16 products on matmul v12's tiles (bf16 shared tiles read with ldmatrix: attn_qkv, attn_out
-# v11, mlp v15, loss_fwd v12, loss_bwd v11)
-# "bf16a": bf16 products through matmul v13 (each operand rounded once into a bf16 copy in
-# cublaslt.COPIES, copied to shared memory by cp.async: attn_qkv, attn_out v12, mlp v16, loss_fwd
-# v13, loss_bwd v12)
-# "bf16r": bf16a's ops through matmul v16: Hopper's wgmma (v15) where no activation needs a transposed
-# copy, v13 for the weight gradients; the loss with two passes over the logits and dlogits written in
-# bf16 (attn_qkv, attn_out v13, mlp v17, loss_fwd v14, loss_bwd v13)
-# "bf16m": the same ops on matmul v17 alone: wgmma for every product, an operand stored with k down its
-# columns read M- or N-major through wgmma's transpose bits (attn_qkv, attn_out v14, mlp v18, loss_fwd
-# v15, loss_bwd v14)
-# "bf16t": the same ops on matmul v18: v17's tiles copied by TMA from a producer warp, mbarriers, persistent
-# blocks, a tile per product (attn_qkv, attn_out v15, mlp v19, loss_fwd v17: the softmax reads the logits
-# once, loss_bwd v15)
-# "bf16s": bf16t's ops with every weight rounded to bf16 once a forward into params16 (one pass over
-# the parameters) instead of once a product (twice a step: the forward's product and the backward's
-# dx): the same bits, one launch instead of about 120 at 120M
-# "bf16o": bf16s with the products' activation operands written in bf16 by the ops that make them
-# (OUT16's comment: flash attention v14, residual_layernorm_bwd v6): the same bits, five copies of
-# [N, C] a layer fewer; its loss keeps the logits (loss_fwd v18, loss_bwd v16: LOGITS_KINDS)
-PRODUCTS = {"simt": 2, "tf32x3": 3, "tf32x3s": 4, "tf32x3k": 5, "tf32x3t": 6, "tf32x3w": 7, "simt2": 8, "bf16w": 9,
-            "f16w": 10, "bf16l": 11, "bf16a": 12, "bf16r": 13, "bf16m": 14, "bf16t": 15, "bf16s": 15, "bf16o": 15,
-            **{kind: None for kind in LIBRARY_PRECISION}}
-MLP_VERSION = {"tf32x3t": 7, "tf32x3w": 12, "simt2": 10, "bf16w": 13, "f16w": 14, "bf16l": 15, "bf16a": 16, "bf16r": 17,
-               "bf16m": 18, "bf16t": 19, "bf16s": 19, "bf16o": 19}
-LOSS_FWD_VERSION = {"tf32x3w": 9, "bf16w": 10, "f16w": 11, "bf16l": 12, "bf16a": 13, "bf16r": 14, "bf16m": 15, "bf16t": 17, "bf16s": 17, "bf16o": 18}   # the loss forward's, where not the linear ops'
-PRODUCTS_FOR = {"fp32": "tf32x3w", "bf16": "bf16o", "fp16": "f16w"}   # train.precision -> the engine's products
-# flash attention's version by the products' precision (kernels/attn_flash_v13.py: v13 bf16; attn_flash_lowp.py:
-# v12 fp16, and v11, bf16's before v13);
-# the twin at that precision runs the flash twin, which rounds the same products (reference/model.py)
-FLASH_VERSION = {"bf16": 13, "fp16": 12, **{scope: 13 for scope in FP8_SCOPES}}   # FP8 scopes: attention in bf16
-LIBRARY_FOR = {p: kind for kind, p in LIBRARY_PRECISION.items()}         # ... with train.products "cublas"
-
-
-def products_scratch(products: str, N: int, C: int, V: int, n_layer: int = 1) -> dict:
-    """What a model of these products holds beside its buffers, by name (bytes), for N = B*T rows,
-    width C and vocabulary V: cuBLASLt's workspace when the library computes the products, and the
-    scratch of 16-bit operand copies (cublaslt.COPIES) when the library does in bf16 or fp16 or
-    matmul v13 does (COPIES_KINDS), and the scratch where an op keeps a gradient rounded once for its
-    two products (cublaslt.HELD, HELD_KINDS). GPUModel.nbytes and the memory plan (plan.py) count these."""
+def products_scratch(recipe: Recipe | str, N: int, C: int, V: int, n_layer: int = 1) -> dict:
+    """What a model of this recipe holds beside its buffers, by name (bytes), for N = B*T rows,
+    width C and vocabulary V: cuBLASLt's workspace when the library computes the products, the
+    scratch of 16-bit operand copies (cublaslt.COPIES) when the library does in bf16 or fp16 or our
+    products copy their operands (operand_copies), the scratch where an op keeps a gradient rounded
+    once for its two products (cublaslt.HELD, held_copies), the TMA tensor maps, the FP8 operands.
+    GPUModel.nbytes and the memory plan (plan.py) count these."""
+    recipe = resolve(recipe)
     held = {}
-    if PRODUCTS[products] is None:
+    if recipe.library is not None:
         held["cublaslt_workspace"] = cublaslt.WORKSPACE_BYTES
-    copies = cublaslt.scratch_bytes(PRECISION.get(products, "fp32"), N, C, V)
-    if copies and (PRODUCTS[products] is None or products in COPIES_KINDS):
+    copies = cublaslt.scratch_bytes(recipe.precision, N, C, V)
+    if copies and (recipe.library is not None or recipe.operand_copies):
         held["operands_16bit"] = copies
-    if products in HELD_KINDS:
+    if recipe.held_copies:
         held["operands_held_16bit"] = 2 * cublaslt.held_elements(N, C)
-    if products in TMA_KINDS:
+    if recipe.tensor_maps:
         held["tma_tensor_maps"] = TensorMaps.SLOTS * MAP_BYTES
-    if PRECISION.get(products) in FP8_SCOPES:
+    if recipe.precision in FP8_SCOPES:
         held["operands_fp8"] = fp8_products.scratch_bytes(N, C, n_layer)
     return held
-
-
-# kinds whose products run wgmma, an instruction of Hopper GPUs only (sm_90a: compute capability 9.0)
-# -> the kind a run gets on any other GPU (the same math on mma.sync, other sums)
-WGMMA_KINDS = {"bf16r": "bf16a", "bf16m": "bf16a", "bf16t": "bf16a", "bf16s": "bf16a", "bf16o": "bf16a"}
-
-
-def wgmma_runs_here() -> bool:
-    """Whether this process's GPU runs wgmma (compute capability 9.0); the simulator runs its twin."""
-    if SIMULATOR:
-        return True
-    try:
-        return tuple(cuda.get_current_device().compute_capability) == (9, 0)
-    except Exception:                   # no GPU here: no wgmma either
-        return False
-
-
-def products_kind(precision: str, products: str = "numba") -> str:
-    """GPUModel's products= for a run's train.precision and train.products (numba: PRODUCTS_FOR,
-    cublas: LIBRARY_FOR), on a GPU that is not a Hopper the kind's fallback (WGMMA_KINDS)."""
-    kind = (LIBRARY_FOR if products == "cublas" else PRODUCTS_FOR)[precision]
-    return WGMMA_KINDS[kind] if kind in WGMMA_KINDS and not wgmma_runs_here() else kind
-# products -> the precision of the twin that matches it (every other kind: fp32)
-COPIES_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s", "bf16o"}       # our products that take 16-bit copies of their operands (cublaslt.COPIES)
-SAVED16_KINDS = {"bf16a", "bf16r", "bf16m", "bf16t", "bf16s", "bf16o"}      # ... and whose models save SAVED16 as bf16 (their products read it as it is)
-HELD_KINDS = {"bf16r", "bf16m", "bf16t", "bf16s", "bf16o"}                 # ... and whose ops round a gradient once for two products (cublaslt.HELD)
-TMA_KINDS = {"bf16t", "bf16s", "bf16o"}                          # ... and whose products read through TMA tensor maps (tma.TMAPS)
-SHADOW_KINDS = {"bf16s", "bf16o"}                       # ... and whose products read their weights from params16
-OUT16_KINDS = {"bf16o"}                                 # ... and whose ops write the products' operands in bf16 (OUT16)
-OUT16_FLASH = 14                                        # the flash attention version that does (kernels/attn_flash_v13.py)
-LOGITS_KINDS = {"bf16o"}     # ... and whose training loss keeps the logits in probs, saving M and se a row (loss v18/v16)
-LOSS_BWD_VERSION = {"bf16o": 16}                        # the loss backward's, where not the linear ops'
-
-
-def flash_version_for(products: str):
-    """The flash attention version a model of these products runs: OUT16_FLASH for OUT16_KINDS, else
-    FLASH_VERSION's for their precision (None: the engine's fp32 pair, attn_flash's module names)."""
-    return OUT16_FLASH if products in OUT16_KINDS else FLASH_VERSION.get(PRECISION.get(products, "fp32"))
-
-
-def writes_out16(products: str, m: ModelConfig) -> bool:
-    """Whether a flash-attention model of these products and shapes writes OUT16's bf16 operands:
-    products in OUT16_KINDS and an even head size (flash v14 writes channel pairs as words)."""
-    return products in OUT16_KINDS and (m.d_model // m.n_head) % 2 == 0
-PRECISION = {"bf16w": "bf16", "bf16l": "bf16", "bf16a": "bf16", "bf16r": "bf16", "bf16m": "bf16", "bf16t": "bf16", "bf16s": "bf16", "bf16o": "bf16", "f16w": "fp16",
-             **{kind: p for kind, p in LIBRARY_PRECISION.items() if p != "fp32"}}
 
 
 def _flat(a):

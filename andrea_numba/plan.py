@@ -19,11 +19,11 @@ from numba import cuda
 from reference.dropout import SITES
 
 from .config import Config, load_config
-from .gpu_model import (LOGITS_KINDS, SAVED16_KINDS, SHADOW_KINDS, buffer_specs, products_kind, products_scratch,
-                        writes_out16)
-from .kernels import cublaslt, optim
+from .gpu_model import buffer_specs, products_scratch
+from .kernels import optim
 from .kernels.common import SIMULATOR
 from .layout import n_params
+from .recipes import recipe_for, unavailable
 
 HYPER_WORDS = 2         # AdamW's [lr, bc1, bc2] as float32, in two uint64 words of the step's scalars
 
@@ -43,18 +43,15 @@ def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]
     m, t = cfg.model, cfg.train
     B = B or t.batch_size
     P = n_params(m)
-    kind = products_kind(t.precision, t.products)          # GPUModel's products= for this run
-    rows = [(s.kind, s.name, s.nbytes) for s in buffer_specs(m, B, t.seq_len, saved16=kind in SAVED16_KINDS,
-                                                                 params16=kind in SHADOW_KINDS,
-                                                                 out16=writes_out16(kind, m),
-                                                                 loss_stats=kind in LOGITS_KINDS)]
+    recipe = recipe_for(t.precision, t.products)          # the run's recipe on this GPU
+    rows = [(s.kind, s.name, s.nbytes) for s in buffer_specs(m, B, t.seq_len, **recipe.buffer_flags(m))]
     rows += [("optimizer", "adam_m", 4 * P), ("optimizer", "adam_v", 4 * P), ("optimizer", "decay_mask", P),
              ("optimizer", "norm_partial", 4 * optim.NORM_BLOCKS), ("optimizer", "stats", 8)]
     rows += [("step", "batches", 4 * t.n_microbatches * 2 * B * t.seq_len),      # int32 [n_micro, 2, B, T]
              ("step", "step_scalars", 8 * step_scalar_words(cfg))]
     # cuBLASLt's workspace, the operands' 16-bit copies (kernels/cublaslt.py: the library's, or matmul v13's)
     where = "library" if t.products == "cublas" else "scratch"
-    rows += [(where, name, nbytes) for name, nbytes in products_scratch(kind, B * t.seq_len, m.d_model, m.vocab_size, m.n_layer).items()]
+    rows += [(where, name, nbytes) for name, nbytes in products_scratch(recipe, B * t.seq_len, m.d_model, m.vocab_size, m.n_layer).items()]
     return rows
 
 
@@ -121,11 +118,7 @@ def check_device(cfg: Config, resuming: bool = False) -> None:
     """Before any data is prepared: the run must fit the GPU's free memory (or, in the simulator,
     be small enough to finish), and cuBLASLt (and its FP8 products) must be able to run where the
     config asks for them."""
-    if cfg.train.precision.startswith("fp8"):
-        from .kernels.fp8_products import fp8_unavailable
-        reason = fp8_unavailable()
-    else:
-        reason = cublaslt.unavailable() if cfg.train.products == "cublas" else None
+    reason = unavailable(recipe_for(cfg.train.precision, cfg.train.products))
     if reason:
         raise PlanError(reason)
     if SIMULATOR:

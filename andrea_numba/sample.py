@@ -27,6 +27,7 @@ from . import data as D
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import ConfigError, config_from_dict
 from .layout import n_params
+from .recipes import recipe_for, unavailable
 from .runlog import BEST_FILE, CHECKPOINT_FILE, DATA_DIR, STATE_FILE, RunDirError, read_run_state
 
 MAX_TOKENS = 1_000_000          # --tokens: a limit against typos
@@ -62,7 +63,8 @@ def generate(model, tokenizer, prompt: str, n_tokens: int, seed: int, temperatur
     return tokenizer.decode(out)
 
 
-def generate_cpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40, precision="fp32") -> str:
+def generate_cpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40, precision="fp32",
+                 products="numba") -> str:
     """The same sampling loop as generate, with the NumPy twin computing the logits (its products
     at the run's precision)."""
     ids = list(tokenizer.encode(prompt)) or [0]
@@ -97,12 +99,13 @@ def _require_gpu() -> None:
         raise SampleError("no CUDA GPU found: sample with --cpu (the NumPy twin)")
 
 
-def generate_gpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40, precision="fp32") -> str:
-    """generate on a forward-only GPUModel of batch 1 holding the given weights, its products at
-    the run's precision (as the trainer's own samples)."""
-    from .gpu_model import PRODUCTS_FOR, GPUModel
+def generate_gpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40, precision="fp32",
+                 products="numba") -> str:
+    """generate on a forward-only GPUModel of batch 1 holding the given weights, with the run's
+    recipe (recipes.recipe_for its precision and products, on this GPU: as the trainer's own samples)."""
+    from .gpu_model import GPUModel
     _require_gpu()
-    model = GPUModel(m, 1, m.context_length, training=False, products=PRODUCTS_FOR[precision])
+    model = GPUModel(m, 1, m.context_length, training=False, recipe=recipe_for(precision, products))
     model.params.copy_to_device(params, stream=model.stream)       # ordered before the first forward
     return generate(model, tokenizer, prompt, n_tokens, seed, temperature, top_k)
 
@@ -193,13 +196,17 @@ def main(argv=None) -> int:
     _encode(tokenizer, args.prompt, m.vocab_size)
     path, shas, what = _checkpoint(run, state, args.best)
     step, params, *_ = load_checkpoint(path, n_params(m), shas)
+    precision, products = cfg.train.precision, cfg.train.products
     if not args.cpu:
         _require_gpu()
-    precision = cfg.train.precision
+        reason = unavailable(recipe_for(precision, products))
+        if reason:
+            raise SampleError(f"{reason}; or sample on the CPU with --cpu (the NumPy twin at {precision})")
     print(f"{cfg.name}, {what} at step {step} ({'NumPy twin on the CPU' if args.cpu else 'CUDA kernels'}"
           f"{'' if precision == 'fp32' else f', {precision} products'})", file=sys.stderr)
     gen = generate_cpu if args.cpu else generate_gpu
-    text = gen(params, m, tokenizer, args.prompt, args.tokens, args.seed, args.temperature, args.top_k, precision)
+    text = gen(params, m, tokenizer, args.prompt, args.tokens, args.seed, args.temperature, args.top_k, precision,
+               products)
     out = args.prompt + text
     try:
         print(out)

@@ -64,7 +64,8 @@ from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
-from .gpu_model import GPUModel, products_kind
+from .gpu_model import GPUModel
+from .recipes import recipe_for
 from .kernels import cublaslt, optim, residual
 from .kernels.common import SIMULATOR, device_name
 from .layout import decay_mask, init_params, n_params
@@ -290,9 +291,10 @@ class Trainer:
         self.device = device_name()
         self.allocate()
         self.log(f"launches: {self.describe_launches()}")
-        self.log("precision: " + PRECISION_NOTES[t.precision].format(
-            matmul=BF16_MATMUL.get(self.model.products, f"products {self.model.products}"),
-            flash=self.model.flash_version))
+        recipe = self.model.recipe
+        self.log(f"precision: {t.precision}, recipe {recipe.name} (andrea_numba/recipes.py): {recipe.what}; "
+                 "weights, gradients, AdamW, LayerNorm, the softmax and the loss in fp32"
+                 + (f"; each quantized tensor's amax and underflow in {FP8_FILE}" if self.model.fp8 is not None else ""))
         if t.products == "cublas":
             self.log(f"products: cuBLASLt {cublaslt.version()} (kernels/cublaslt.py; every other op our kernels)")
         self.timings = {"setup_s": 0.0, "train_s": 0.0}
@@ -355,11 +357,10 @@ class Trainer:
         # one stream for the whole run: every launch and copy is ordered on it, none goes to the
         # legacy default stream (which would wait for, and hold up, all other work on the GPU)
         s = self.stream = cuda.stream()
-        products = products_kind(t.precision, t.products)
-        self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout, products=products)
+        self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout, recipe=recipe_for(t.precision, t.products))
         # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
         # are free between steps), with the training sequence length as its window
-        self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, products=self.model.products)
+        self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, recipe=self.model.recipe)
         self.adam_m = cuda.device_array(self.n, np.float32, stream=s)
         self.adam_v = cuda.device_array(self.n, np.float32, stream=s)
         self.decay = cuda.to_device(decay_mask(m, np.uint8), stream=s)
@@ -815,28 +816,6 @@ def format_eta(seconds: float) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # command line
-
-# train.precision: what the log says of it (gpu_model.PRODUCTS_FOR: the products it runs)
-# what runs the bf16 products, by products kind (gpu_model.products_kind: bf16a where wgmma cannot run)
-BF16_MATMUL = {"bf16o": "matmul v18 (Hopper's wgmma, fed by TMA; weights rounded once a forward, operands written in bf16 by the ops that make them)",
-               "bf16s": "matmul v18 (Hopper's wgmma, fed by TMA; weights rounded once a forward)",
-               "bf16t": "matmul v18 (Hopper's wgmma, fed by TMA)", "bf16m": "matmul v17 (Hopper's wgmma)",
-               "bf16a": "matmul v13 (mma.sync)"}
-PRECISION_NOTES = {
-    "fp32": "fp32 (products on tensor cores as 3xTF32, as accurate as fp32)",
-    "bf16": "bf16 products (attn_qkv, attn_out, mlp, the classifier on {matmul}, and flash attention v{flash}: "
-            "inputs rounded to bf16, sums in fp32), the LayerNorms' and the GELU's outputs saved as bf16; weights, "
-            "gradients, AdamW, LayerNorm, the softmax and the loss in fp32",
-    "fp16": "fp16 products (attn_qkv, attn_out, mlp, the classifier and flash attention v12: inputs rounded "
-            "to fp16, sums in fp32) with dynamic loss scaling (andrea_numba/loss_scale.py); weights, gradients, "
-            "AdamW, LayerNorm, the softmax and the loss in fp32",
-    **{scope: "FP8 products for the linear layers (attn_qkv, attn_out, mlp: " + what + ", each operand scaled by "
-              "its own amax, cuBLASLt's FP8 kernels, fp32 sums: kernels/fp8_products.py); the classifier's and "
-              "flash attention v{flash}'s products in bf16; weights, gradients, AdamW, LayerNorm, the softmax and "
-              "the loss in fp32; each quantized tensor's amax and underflow in " + FP8_FILE
-       for scope, what in (("fp8-fwd", "the forward in E4M3, the backward in bf16"),
-                           ("fp8-e5m2", "E4M3, the backward's gradients in E5M2"),
-                           ("fp8-all", "every operand in E4M3"))}}
 
 # flags that would make a resumed run another run: --resume refuses them
 RESUME_FIXED = (("data", "--data"), ("batch_size", "--batch-size"), ("seq_len", "--seq-len"), ("seed", "--seed"),

@@ -84,7 +84,7 @@ def run_train_step(args):
     t = cfg.train
     replay = tr.StepGraph(trainer.stream, trainer.step_work).replay_ms(10)
     with open(args.log, "w") as f:
-        json.dump({"size": args.size, "B": t.batch_size, "T": t.seq_len, "products": trainer.model.products,
+        json.dump({"size": args.size, "B": t.batch_size, "T": t.seq_len, "recipe": trainer.model.recipe.name,
                    "what": f"one training step ({t.n_microbatches} microbatches, norm, clipping, AdamW)",
                    "graph_replay_ms": replay, "launches": log}, f, indent=0)
     print(f"{len(log)} launches logged in one training step of {cfg.name}; its graph replays in "
@@ -103,10 +103,11 @@ def run(args):
     from andrea_numba.config import load_config
     from andrea_numba.gpu_model import GPUModel
     from andrea_numba.layout import init_params
+    from lab.recipes import get, variant
 
     cfg = load_config(args.size)
     m, B, T = cfg.model, cfg.train.batch_size, cfg.train.seq_len
-    model = GPUModel(m, B, T, products=args.products, mlp_version=args.mlp_version)
+    model = GPUModel(m, B, T, recipe=variant(get(args.recipe), args.mlp_version))
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
     x = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
@@ -123,7 +124,7 @@ def run(args):
     cuda.profile_stop()
     undo()
     with open(args.log, "w") as f:
-        json.dump({"size": args.size, "B": B, "T": T, "products": args.products, "launches": log}, f, indent=0)
+        json.dump({"size": args.size, "B": B, "T": T, "recipe": args.recipe, "launches": log}, f, indent=0)
     print(f"{len(log)} launches logged in one forward + backward of {cfg.name}, B={B} T={T}", file=sys.stderr)
 
 
@@ -183,7 +184,7 @@ def table(args):
             d[key][1] += ms
     what = meta.get("what", "one forward + backward")
     replay = meta.get("graph_replay_ms")
-    out = [f"{meta['size']}, B={meta['B']} T={meta['T']}, products {meta['products']}: {what}, "
+    out = [f"{meta['size']}, B={meta['B']} T={meta['T']}, recipe {meta.get('recipe', meta.get('products'))}: {what}, "
            f"{len(launches)} kernels, {total:.2f} ms of GPU time (Nsight Compute, gpu__time_duration)"
            + (f"; the same step as a CUDA graph replays in {replay:.2f} ms" if replay else ""), "",
            "| launcher | kernels | ms | share |", "|---|---|---|---|"]
@@ -199,19 +200,19 @@ def table(args):
             f.write(text + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**{k: meta[k] for k in ("size", "B", "T", "products")}, "what": what, "gpu_ms": total,
+            json.dump({**{k: meta.get(k) for k in ("size", "B", "T", "recipe")}, "what": what, "gpu_ms": total,
                        "graph_replay_ms": replay,
                        "launchers": {k: {"kernels": n, "ms": ms} for k, (n, ms) in by_launcher.items()}}, f, indent=1)
 
 
 def main(argv=None):
-    from andrea_numba.gpu_model import PRODUCTS
     from andrea_numba.kernels import mlp
+    from lab.recipes import NAMES
     ap = cli.Parser(prog="python bench/profile_kernels.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="one step between profile_start/stop, with its launches logged")
     r.add_argument("--size", type=cli.config, default="12M")
-    r.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3w")
+    r.add_argument("--recipe", choices=NAMES, default="fp32", help="the engine's recipe or a lab rung")
     r.add_argument("--log", type=cli.file_to_write(".json"), required=True, help="the launch log to write")
     r.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
                    help="the MLP's launchers of this version")

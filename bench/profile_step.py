@@ -2,8 +2,8 @@
 
     python bench/profile_step.py --size 120M          # B x T from the config
 
-Every launcher the engine uses (the op pairs of andrea_numba/cases.py, flash attention, and the
-versions of the linear ops the model picked) is wrapped with cuda.synchronize() before and after,
+Every launcher of the model's recipe (andrea_numba/recipes.py, or a lab rung: --recipe) and
+dropout's is wrapped with cuda.synchronize() before and after,
 so each op is timed alone (this serialises the GPU: the total is a little above an unwrapped step).
 Prints a table: op, calls per step, total ms, share of the step.
 """
@@ -16,23 +16,24 @@ from collections import defaultdict
 import numpy as np
 from numba import cuda
 
-from andrea_numba.cases import CASES, OPS, VARIANTS
 from andrea_numba import cli
 from andrea_numba.config import load_config
-from andrea_numba.gpu_model import PRODUCTS, GPUModel
+from andrea_numba.gpu_model import GPUModel
+from andrea_numba.kernels import dropout
 from andrea_numba.layout import init_params
+from lab.recipes import NAMES, get
 
 
 def main(argv=None):
     ap = cli.Parser(prog="python bench/profile_step.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=cli.config, default="120M")
     ap.add_argument("--iters", type=cli.int_range(1, 10_000), default=3)
-    ap.add_argument("--products", choices=sorted(PRODUCTS), default="tf32x3w", help="the linear ops' version (GPUModel products=)")
+    ap.add_argument("--recipe", choices=NAMES, default="fp32", help="the engine's recipe or a lab rung (default fp32)")
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the results here too")
     args = ap.parse_args(argv)
     cfg = load_config(args.size)
     m, B, T = cfg.model, cfg.train.batch_size, cfg.train.seq_len
-    model = GPUModel(m, B, T, products=args.products)
+    model = GPUModel(m, B, T, recipe=get(args.recipe))
     model.params.copy_to_device(init_params(m, 0))
     x = cuda.to_device(np.random.default_rng(0).integers(0, m.vocab_size, (B, T)).astype(np.int32))
     model.forward(x, x)                      # compile
@@ -50,14 +51,16 @@ def main(argv=None):
             calls[name] += 1
             return r
         return timed
-    # the module-level launchers the model calls (embed, layernorm, attention, residual, dropout) ...
-    for mod, name in ((CASES[op].module, n) for op in OPS + VARIANTS for n in (CASES[op].fwd, CASES[op].bwd)):
-        f = getattr(mod, name)
-        setattr(mod, name, timer(f, f.__name__))
-    # ... and the linear ops' launchers it picked by version (products=)
-    for attr in ("qkv_fwd", "qkv_bwd", "out_fwd", "out_bwd", "mlp_fwd", "mlp_bwd", "loss_fwd", "loss_bwd"):
-        f = getattr(model, attr)
-        setattr(model, attr, timer(f, f.__name__))
+    # the launchers of the model's recipe (model.kernels: embed, the LayerNorms, attention, the
+    # linear ops) ...
+    model.kernels = {op: tuple(timer(f, f.__name__) for f in pair) for op, pair in model.kernels.items()}
+    model.qkv_fwd, model.qkv_bwd = model.kernels["attn_qkv"]
+    model.out_fwd, model.out_bwd = model.kernels["attn_out"]
+    model.mlp_fwd, model.mlp_bwd = model.kernels["mlp"]
+    model.loss_fwd, model.loss_bwd = model.kernels["loss"]
+    # ... and dropout's, module-level
+    for name in ("dropout_fwd", "dropout_bwd"):
+        setattr(dropout, name, timer(getattr(dropout, name), name))
     t0 = time.perf_counter()
     for _ in range(args.iters):
         model.forward(x, x)

@@ -10,8 +10,8 @@ compiler down to PTX. It needs NVVM (pip install numba-cuda[cu12]) but no driver
                                       # registers (with ptxas on the PATH), local memory
     python bench/ptxcheck.py --v13    # the same for matmul v13 (cp.async ring): cp.async, commit,
                                       # wait_group, ldmatrix, mma, bar.sync in the K loop
-    python bench/ptxcheck.py --model bf16m   # one forward + backward of the 12M model with these
-                                      # products (gpu_model.PRODUCTS), every kernel it launches
+    python bench/ptxcheck.py --model bf16m   # one forward + backward of the 12M model with this
+                                      # recipe (the engine's or a lab rung), every kernel it launches
                                       # compiled for sm_90a: what a GPU run would compile first
 
 In code: `with compile_only(): some_launch_function(numpy arrays ...)`.
@@ -194,24 +194,25 @@ def v13_report():
 
 
 def model_report(args):
-    """--model KIND: GPUModel(products=KIND) at 12M, B = 2, T = 64, one forward and backward with every
+    """--model RECIPE: GPUModel(recipe=RECIPE) at 12M, B = 2, T = 64, one forward and backward with every
     launch compiled for sm_90a (wgmma needs the "a"), as the trainer's first step would compile them."""
     from andrea_numba import gpu_model
     from andrea_numba.config import load_config
-    if len(args) != 1 or args[0] not in gpu_model.PRODUCTS or gpu_model.PRODUCTS[args[0]] is None:
-        sys.exit(f"bench/ptxcheck.py: --model takes one of our products kinds: "
-                 f"{', '.join(k for k, v in gpu_model.PRODUCTS.items() if v is not None)}")
+    from lab.recipes import NAMES, get
+    ours = [n for n in NAMES if get(n).library is None]
+    if len(args) != 1 or args[0] not in ours:
+        sys.exit(f"bench/ptxcheck.py: --model takes one of the recipes of our kernels: {', '.join(ours)}")
     global CC
     CC = (9, 0, "a")
     m = load_config("12M").model
     tokens = np.zeros((2, 64), np.int32)
     with compile_only():
-        model = gpu_model.GPUModel(m, 2, 64, products=args[0])
+        model = gpu_model.GPUModel(m, 2, 64, recipe=get(args[0]))
         model.forward(tokens, tokens)
         model.backward()
     for name in sorted(COMPILED):
         print(f"{name:<32} float64 instructions: {max(COMPILED[name].values())}")
-    print(f"products {args[0]}: {len(COMPILED)} kernels of one forward + backward compiled to PTX for sm_90a")
+    print(f"recipe {args[0]}: {len(COMPILED)} kernels of one forward + backward compiled to PTX for sm_90a")
 
 
 def main():

@@ -5,7 +5,7 @@
     python bench/step_time.py --attention both     # flash attention (the engine's) and attention v2
     python bench/step_time.py --flash-version 3 4  # flash attention v3 and v4 in the engine's place
     python bench/step_time.py --mlp-version 6      # the MLP's v6 in place of the engine's
-    python bench/step_time.py --products tf32x3w tf32x3t simt  # the linear ops' v7 (the engine's), v6, v2
+    python bench/step_time.py --recipe fp32 tf32x3t simt  # the engine's fp32 recipe and two lab rungs
 
 Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
 (it is not a dependency of the project), the same GPT written in PyTorch in fp32 (TF32 off, as
@@ -26,23 +26,18 @@ from numba import cuda
 
 from andrea_numba import cli
 from andrea_numba.config import load_config
-from andrea_numba.gpu_model import PRODUCTS, TMA_KINDS, GPUModel, flash_version_for
+from andrea_numba.gpu_model import GPUModel
 from andrea_numba.kernels import attn_flash, mlp
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import init_params, n_params
+from lab.recipes import NAMES, flash_number, get, variant
 
 SHAPES = {"tiny": (2, 16), "12M": (16, 512), "120M": (8, 1024)}
 
 
-def engine_flash_version() -> int:
-    """The version number of the flash attention the engine runs (attn_flash's module-level names)."""
-    return next(v for v, f in attn_flash.VERSIONS["attn_flash_bwd"].items() if f is attn_flash.attn_flash_bwd)
-
-
-def time_ours(m, B, T, iters, flash=True, products="tf32x3w", flash_version=None, mlp_version=None):
-    model = GPUModel(m, B, T, flash=flash, products=products, mlp_version=mlp_version,
-                     flash_version=flash_version if flash else None)
+def time_ours(m, B, T, iters, flash=True, recipe="fp32"):
+    model = GPUModel(m, B, T, flash=flash, recipe=recipe)
     model.params.copy_to_device(init_params(m, 0))
     rng = np.random.default_rng(0)
     tokens = cuda.to_device(rng.integers(0, m.vocab_size, (B, T)).astype(np.int32))
@@ -201,16 +196,16 @@ def main(argv=None):
     ap.add_argument("--attention", choices=("flash", "plain", "both"), default="flash",
                     help="flash attention (the engine's default), attention v2 (saves the probabilities), or both")
     ap.add_argument("--flash", action="store_const", const="both", dest="attention", help="the same as --attention both")
-    ap.add_argument("--products", nargs="+", choices=sorted(PRODUCTS), default=["tf32x3w"],
-                    help="the linear ops' products: tf32x3w (v7, the engine's), tf32x3t (v6), tf32x3k (v5, k-major), tf32x3s (v4, split planes), "
-                         "tf32x3 (v3), simt (v2), bf16w / f16w (bf16 / fp16: v9, v10), bf16l (bf16 on matmul v12, the engine's), bf16a (bf16 on matmul v13), cublas / cublas-bf16 / cublas-fp16 (cuBLASLt)")
+    ap.add_argument("--recipe", nargs="+", choices=NAMES, default=["fp32"],
+                    help="the recipes to time: the engine's (andrea_numba/recipes.py) or the lab's rungs "
+                         "(lab/recipes.py); default fp32")
     ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_bwd"])[1:],
                     help="flash attention versions to time (default: the model's own: the engine's in fp32, v11 "
                          "with bf16 products, v12 with fp16)")
     ap.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
                     help="run the MLP's launchers of this version in the model (5 and 6: the k-major tiles)")
     ap.add_argument("--tma-matmul", nargs="+", type=int, choices=(18, 19, 23), default=[18],
-                    help="with products on TMA (bf16t, bf16s, bf16o): time each with these matmul versions "
+                    help="with products on TMA (bf16t, bf16s, bf16-hopper): time each with these matmul versions "
                          "(18, the engine's; 19 and 23: the split-K slices added in the product's kernel)")
     args = ap.parse_args(argv)
     flash_versions = args.flash_version or [None]          # None: the model's own (by its products' precision)
@@ -241,16 +236,17 @@ def main(argv=None):
                                    f"{torch_row['torch_train_step_tokens_per_s']:,.0f} tokens/s")
         except ImportError:
             pass
-        for products in args.products:
+        for name in args.recipe:
+            recipe = get(name)
             runs = [(False, None)] if args.attention != "flash" else []
-            own = flash_version_for(products) or engine_flash_version()
-            runs += [(True, v or own) for v in flash_versions] if args.attention != "plain" else []
-            tma = args.tma_matmul if products in TMA_KINDS else [18]
+            runs += [(True, v or flash_number(recipe)) for v in flash_versions] if args.attention != "plain" else []
+            tma = args.tma_matmul if recipe.tensor_maps else [18]
             for (flash, fv), mm in ((r, v) for r in runs for v in tma):
                 with MM.tma_matmul(mm):                # (18: the engine's)
-                    fwd, bwd, loss, nbytes, graph = time_ours(m, B, T, args.iters, flash=flash, products=products,
-                                                              flash_version=fv, mlp_version=args.mlp_version)
-                row = {"size": size, "products": products + ("" if mm == 18 else f"/mm{mm}"), "flash": flash,
+                    fwd, bwd, loss, nbytes, graph = time_ours(
+                        m, B, T, args.iters, flash=flash,
+                        recipe=variant(recipe, args.mlp_version, fv if flash else None))
+                row = {"size": size, "recipe": name + ("" if mm == 18 else f"/mm{mm}"), "flash": flash,
                        "flash_version": fv,
                        "mlp_version": args.mlp_version, "B": B, "T": T,
                        "params": n_params(m),
@@ -258,13 +254,13 @@ def main(argv=None):
                        "loss": loss, "buffers_GB": nbytes / 1e9, **torch_row}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    head = (f"{'size':<6} {'products':<11} {'flash':<5} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} "
+    head = (f"{'size':<6} {'recipe':<12} {'flash':<5} {'B x T':>9} {'fwd ms':>8} {'bwd ms':>8} {'tok/s':>9} "
             f"{'GB':>6} {'torch fp32 ms':>14} {'x fp32':>7} {'torch GB':>9} {'torch bf16 ms':>14} {'bf16 GB':>8} "
             f"{'graph ms':>9} {'graph x fp32':>13} {'graph x bf16':>13}")
     print(head)
     for r in rows:
         ours = r["fwd_ms"] + r["bwd_ms"]
-        print(f"{r['size']:<6} {r['products']:<11} {'v%d' % r['flash_version'] if r['flash'] else 'no':<5} {r['B']:>4} x {r['T']:<4} "
+        print(f"{r['size']:<6} {r['recipe']:<12} {'v%d' % r['flash_version'] if r['flash'] else 'no':<5} {r['B']:>4} x {r['T']:<4} "
               f"{r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} {r['tokens_per_s']:>9.0f} {r['buffers_GB']:>6.2f} "
               f"{r.get('torch_fp32_ms', float('nan')):>14.1f} {r.get('torch_fp32_ms', float('nan')) / ours:>7.2f} "
               f"{r.get('torch_fp32_peak_GB', float('nan')):>9.2f} {r.get('torch_bf16_ms', float('nan')):>14.1f} "

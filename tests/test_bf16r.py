@@ -131,11 +131,12 @@ def test_rounding_a_gradient_once_changes_no_bit():
 
 
 def test_bf16_runs_wgmma_only_on_a_hopper(monkeypatch):
-    """--precision bf16 runs products bf16o (matmul v18, weights from params16, operands written in bf16 by the ops) where wgmma runs (compute capability 9.0, or the
-    simulator's twin), and bf16a (mma.sync, the same math) on any other GPU, where sm_90a code
-    would not load."""
-    from andrea_numba import gpu_model as G
-    assert G.products_kind("bf16") == "bf16o" and G.products_kind("fp16") == "f16w"
-    monkeypatch.setattr(G, "wgmma_runs_here", lambda: False)
-    assert G.products_kind("bf16") == "bf16a" and G.products_kind("fp32") == "tf32x3w"
-    assert G.products_kind("bf16", "cublas") == "cublas-bf16"
+    """--precision bf16 runs the recipe bf16-hopper (matmul v18, weights from params16, operands
+    written in bf16 by the ops) where wgmma runs (compute capability 9.0, or the simulator's twin),
+    and bf16-ampere (mma.sync, the same math) on any other GPU, where sm_90a code would not load."""
+    from andrea_numba import recipes
+    name = lambda *a, **k: recipes.recipe_for(*a, **k).name
+    assert name("bf16") == "bf16-hopper" and name("fp16") == "fp16" and name("bf16", hopper=False) == "bf16-ampere"
+    monkeypatch.setattr(recipes, "hopper_here", lambda: False)
+    assert name("bf16") == "bf16-ampere" and name("fp32") == "fp32"
+    assert name("bf16", "cublas") == "cublas-bf16" and name("fp8-all", "cublas") == "cublas-fp8-all"

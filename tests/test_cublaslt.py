@@ -66,7 +66,7 @@ def test_not_in_the_simulator_one_line_each():
     assert not set(cublaslt.VERSION_OF.values()) & set(matmul.VERSIONS["matmul"])     # no harness rows for it here
     from andrea_numba.gpu_model import GPUModel
     with pytest.raises(ConfigError, match="cuBLASLt"):
-        GPUModel(load_config("tiny").model, 1, 8, products="cublas-bf16")
+        GPUModel(load_config("tiny").model, 1, 8, recipe="cublas-bf16")
 
 
 def test_products_field_defaults_to_numba_and_is_checked():

@@ -165,11 +165,12 @@ def test_the_history_command_reads_a_runs_fp8_record(tmp_path, capsys):
 def test_an_fp8_precision_runs_through_cublaslt_and_says_so_where_it_cannot():
     from andrea_numba import train
     from andrea_numba.config import ConfigError, config_from_dict, load_config
-    from andrea_numba.gpu_model import products_kind, products_scratch
+    from andrea_numba.gpu_model import products_scratch
+    from andrea_numba.recipes import recipe_for
     args = train.parser().parse_args(["--size", "tiny", "--precision", "fp8-e5m2"])
     cfg = train.build_config(args)
     assert (cfg.train.precision, cfg.train.products) == ("fp8-e5m2", "cublas")     # --products implied
-    assert products_kind("fp8-e5m2", "cublas") == "cublas-fp8-e5m2"
+    assert recipe_for("fp8-e5m2", "cublas").name == "cublas-fp8-e5m2"
     raw = load_config("tiny").to_dict()
     raw["train"].update(precision="fp8-all", products="numba")
     with pytest.raises(ConfigError, match="set train.products to 'cublas'"):

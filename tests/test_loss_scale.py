@@ -64,7 +64,7 @@ def test_fp16_steps_that_overflow_are_skipped_and_the_scale_halves(tmp_path, mon
     lines = []
     trainer = tr.Trainer(cfg, tmp_path / "run", log=lines.append, graph=False)
     trainer.setup()
-    assert trainer.model.products == "f16w"
+    assert trainer.model.recipe.name == "fp16"
     assert trainer.run() == 0
     assert sum("overflowed at scale" in line for line in lines) == 2, lines
     assert trainer.scaler.scale == 2.0 ** 118 and trainer.scaler.skipped == 2

@@ -7,7 +7,7 @@ simulator's v18 blocks are 160 threads (one consumer warpgroup and the producer 
 so the launches are few: the four forms, with edges in M, N and K and more work units than resident
 blocks (the ring goes round across tiles, both tile orders of unit_range), and one split-K weight
 gradient on the "auto" tile; the operands are bf16 bits already (uint16: no rounding kernel). The rest is plain Python: the mbarrier and box-copy twins, map_fits, pick_tile, the fallback
-to v17, and the products kind "bf16t" of gpu_model.
+to v17, and the lab recipe bf16t (lab/recipes.py).
 """
 import functools
 import time
@@ -21,6 +21,8 @@ from andrea_numba.kernels import attn_out, attn_qkv, loss, mlp
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels import tma
 from andrea_numba.kernels.common import SIMULATOR
+from andrea_numba.recipes import RECIPES
+from lab.recipes import LAB
 from test_matmul_v12 import _bf16_product, _operands, _run
 from test_matmul_v17 import _bits
 
@@ -245,20 +247,21 @@ def test_map_fits_rows_of_whole_16_byte_chunks_of_bf16_only():
 def test_products_bf16t_are_the_linear_ops_on_v18():
     assert MM.VERSIONS["matmul"][18] is MM.matmul_v18 and MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
     assert MM.matmul_v18.precision == "bf16"
-    v = GM.PRODUCTS["bf16t"]
-    assert v == 15                                         # attn_qkv, attn_out, loss_bwd v15
-    assert GM.MLP_VERSION["bf16t"] == 19
-    # loss_fwd v16 is v18's first registration; the kind runs v17, v16's logits with the softmax
+    bf16t = LAB["bf16t"]
+    v = 15                                                 # attn_qkv, attn_out, loss_bwd v15
+    assert bf16t.kernels["attn_qkv"] == (attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v])
+    assert bf16t.kernels["mlp"][0] is mlp.VERSIONS["mlp_fwd"][19]
+    # loss_fwd v16 is v18's first registration; the recipe runs v17, v16's logits with the softmax
     # reading them once (k_loss_fwd_v3): both are on v18
-    assert GM.LOSS_FWD_VERSION["bf16t"] == 17
+    assert bf16t.kernels["loss"] == (loss.VERSIONS["loss_fwd"][17], loss.VERSIONS["loss_bwd"][v])
     for table, name, n in [(attn_qkv, "attn_qkv_fwd", v), (attn_qkv, "attn_qkv_bwd", v), (attn_out, "attn_out_fwd", v),
                            (attn_out, "attn_out_bwd", v), (mlp, "mlp_fwd", 19), (mlp, "mlp_bwd", 19),
                            (loss, "loss_fwd", 16), (loss, "loss_fwd", 17), (loss, "loss_bwd", v)]:
         assert n in table.VERSIONS[name], (name, n)
-    for kinds in (GM.COPIES_KINDS, GM.SAVED16_KINDS, GM.HELD_KINDS, GM.TMA_KINDS):
-        assert "bf16t" in kinds
-    assert GM.TMA_KINDS == {"bf16t", "bf16s", "bf16o"} and GM.PRECISION["bf16t"] == "bf16" and GM.WGMMA_KINDS["bf16t"] == "bf16a"
-    held = GM.products_scratch("bf16t", 64, 32, 96)
+    assert bf16t.operand_copies and bf16t.bf16_saved and bf16t.held_copies and bf16t.tensor_maps
+    assert {n for n, r in {**RECIPES, **LAB}.items() if r.tensor_maps} == {"bf16t", "bf16s", "bf16-hopper"}
+    assert bf16t.precision == "bf16" and bf16t.needs_hopper and bf16t.elsewhere == "bf16-ampere"
+    held = GM.products_scratch(bf16t, 64, 32, 96)
     assert held["tma_tensor_maps"] == tma.TensorMaps.SLOTS * tma.MAP_BYTES
     assert {"operands_16bit", "operands_held_16bit"} <= set(held)
-    assert "tma_tensor_maps" not in GM.products_scratch("bf16m", 64, 32, 96)
+    assert "tma_tensor_maps" not in GM.products_scratch(LAB["bf16m"], 64, 32, 96)

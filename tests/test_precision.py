@@ -1,5 +1,7 @@
 """bfloat16 rounding (reference/precision.py), its twin of the GPU's packing instruction (ptx.bf16x2)
 and the harness's two checks of a bf16 product version (check.low_precision_reference)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from andrea_numba.cases import CASES, Dims
 from andrea_numba.config import load_config
 from andrea_numba.kernels import matmul
 from andrea_numba.kernels.common import SIMULATOR
+from lab.recipes import get as lab_recipe
 
 
 def bits(x):
@@ -96,7 +99,7 @@ def test_matmul_v10_is_a_bf16_version_of_the_ladder():
 @pytest.mark.slow
 def test_the_whole_model_with_bf16_products_agrees_with_the_twin_at_bf16():
     m = load_config("tiny").model
-    rows = check.model_rows(m, 2, 8, np.random.default_rng(1234), 1234, products="bf16w", attention=(True,))
+    rows = check.model_rows(m, 2, 8, np.random.default_rng(1234), 1234, recipe=lab_recipe("bf16w"), attention=(True,))
     assert {r["op"] for r in rows} == {"model, flash attention, bf16 products"}     # the engine's attention
     assert all(r["ok"] and r["bitwise_repeat"] for r in rows)
 
@@ -126,16 +129,16 @@ def test_a_config_without_precision_trains_in_fp32_and_bf16_picks_the_bf16_versi
     trainer = tr.Trainer(cfg, tmp_path / "run", log=lambda s: None, graph=False)
     trainer.setup()
     model = trainer.model
-    assert model.products == "bf16o" and model.precision == "bf16"
+    assert model.recipe.name == "bf16-hopper" and model.precision == "bf16"
     assert all(getattr(f, "precision", None) == "bf16" for f in (model.qkv_fwd, model.qkv_bwd, model.out_fwd,
                                                                  model.out_bwd, model.mlp_fwd, model.mlp_bwd,
-                                                                 model.loss_fwd, model.loss_bwd, *model.flash_pair))
+                                                                 model.loss_fwd, model.loss_bwd, *model.kernels["attention"]))
     trainer.write_state()
     assert json.loads((tmp_path / "run" / ".state.json").read_text())["config"]["train"]["precision"] == "bf16"
 
 
-def test_bf16a_products_reserve_their_copies_before_the_first_step():
-    """GPUModel(products="bf16a") runs the linear ops on matmul v13, whose operands are bf16 copies in
+def test_bf16_ampere_reserves_its_copies_before_the_first_step():
+    """GPUModel(recipe="bf16-ampere") runs the linear ops on matmul v13, whose operands are bf16 copies in
     cublaslt.COPIES: the model reserves room for its largest product's two copies when it is built
     (nothing may be allocated once a step is captured as a graph), counts it in nbytes, and its
     launchers all take bf16 products."""
@@ -144,12 +147,12 @@ def test_bf16a_products_reserve_their_copies_before_the_first_step():
     m = load_config("tiny").model
     B, T = 2, 8
     cublaslt.COPIES.buf = None
-    model = GPUModel(m, B, T, products="bf16a")
+    model = GPUModel(m, B, T, recipe="bf16-ampere")
     a, b = cublaslt.operand_elements(B * T, m.d_model, m.vocab_size)
     assert cublaslt.COPIES.buf is not None and cublaslt.COPIES.buf.size >= a + b
     copies = cublaslt.scratch_bytes("bf16", B * T, m.d_model, m.vocab_size)
     assert copies > 0 and model.nbytes == sum(s.nbytes for s in model.specs) + copies
-    assert GPUModel(m, B, T, products="bf16l").nbytes == sum(s.nbytes for s in buffer_specs(m, B, T))
+    assert GPUModel(m, B, T, recipe=lab_recipe("bf16l")).nbytes == sum(s.nbytes for s in buffer_specs(m, B, T))
     assert model.precision == "bf16" and all(
         getattr(f, "precision", None) == "bf16" for f in (model.qkv_fwd, model.qkv_bwd, model.out_fwd, model.out_bwd,
                                                           model.mlp_fwd, model.mlp_bwd, model.loss_fwd, model.loss_bwd))
@@ -174,26 +177,27 @@ def test_the_score_weights_get_twice_the_low_precision_allowance_and_still_fail_
 
 
 def test_saving_the_bf16_products_inputs_rounded_changes_no_bit(monkeypatch):
-    """With products "bf16a" the model saves LN1's, LN2's, LNf's and the GELU's outputs as bf16
-    (gpu_model.SAVED16: uint16 buffers, half the bytes), since only bf16 products read them and
+    """With recipe bf16-ampere the model saves LN1's, LN2's, LNf's and the GELU's outputs as bf16
+    (recipes.SAVED16: uint16 buffers, half the bytes), since only bf16 products read them and
     each rounds its inputs so: the loss and every gradient are bit for bit those of the same
-    products on fp32 buffers. (The residual LayerNorms then write bf16 themselves, by their v3;
-    the fp32 run takes v3 too, so the two differ only in where the rounding happens.)"""
+    products on fp32 buffers (the same recipe with bf16_saved off). The residual LayerNorms write
+    the bf16 output themselves (their v3); the run on fp32 buffers takes v3 too, so the two differ
+    only in where the rounding happens."""
     from andrea_numba import gpu_model as G
+    from andrea_numba import recipes as R16
     from andrea_numba.kernels import layernorm
     from andrea_numba.layout import init_params
-    monkeypatch.setattr(layernorm, "residual_layernorm_fwd", layernorm.residual_layernorm_fwd_v3)
     m = load_config("tiny").model
     B, T = 1, 8
     rng = np.random.default_rng(5)
     tokens, targets = (rng.integers(0, m.vocab_size, (B, T)).astype(np.int32) for _ in range(2))
     runs = []
+    bf16 = R16.get("bf16-ampere")
+    assert bf16.kernels["residual_layernorm"][0] is layernorm.residual_layernorm_fwd_v3
     for saved in (True, False):
-        if not saved:
-            monkeypatch.setattr(G, "SAVED16_KINDS", set())
-        model = G.GPUModel(m, B, T, products="bf16a")
+        model = G.GPUModel(m, B, T, recipe=dataclasses.replace(bf16, bf16_saved=saved))
         assert model.saved16 is saved
-        assert {model.buf[n].dtype for n in G.SAVED16} == {np.dtype(np.uint16 if saved else np.float32)}
+        assert {model.buf[n].dtype for n in R16.SAVED16} == {np.dtype(np.uint16 if saved else np.float32)}
         model.params.copy_to_device(init_params(m, 3))
         model.forward(tokens, targets)
         model.backward()
@@ -202,7 +206,7 @@ def test_saving_the_bf16_products_inputs_rounded_changes_no_bit(monkeypatch):
     assert np.array_equal(runs[0][1].view(np.uint32), runs[1][1].view(np.uint32))
     saved = {s.name: s.nbytes for s in G.buffer_specs(m, B, T, saved16=True)}
     plain = {s.name: s.nbytes for s in G.buffer_specs(m, B, T)}
-    assert all(2 * saved[n] == plain[n] for n in G.SAVED16) and "ln_out" in saved and "ln_out" not in plain
+    assert all(2 * saved[n] == plain[n] for n in R16.SAVED16) and "ln_out" in saved and "ln_out" not in plain
 
 
 def test_the_memory_plan_is_the_engines_model_at_each_precision():
@@ -210,7 +214,8 @@ def test_the_memory_plan_is_the_engines_model_at_each_precision():
     at bf16 the bf16-saved activations and matmul v13's operand copies too."""
     from andrea_numba import plan
     from andrea_numba.config import config_from_dict, validate
-    from andrea_numba.gpu_model import GPUModel, products_kind
+    from andrea_numba.gpu_model import GPUModel
+    from andrea_numba.recipes import recipe_for
     for precision in ("fp32", "bf16", "fp16"):
         raw = load_config("tiny").to_dict()
         raw["train"]["precision"] = precision
@@ -218,6 +223,6 @@ def test_the_memory_plan_is_the_engines_model_at_each_precision():
         t = cfg.train
         rows = plan.memory_plan(cfg)
         model_bytes = sum(b for kind, _, b in rows if kind in ("params", "grads", "activations", "scratch"))
-        model = GPUModel(cfg.model, t.batch_size, t.seq_len, products=products_kind(precision))
+        model = GPUModel(cfg.model, t.batch_size, t.seq_len, recipe=recipe_for(precision))
         assert model_bytes == model.nbytes, precision
         assert (("scratch", "operands_16bit") in {(k, n) for k, n, _ in rows}) == (precision == "bf16")
