@@ -1,4 +1,4 @@
-"""No input a user can type gives a traceback (issue 9): a table of bad inputs for every command line.
+"""No input a user can type gives a traceback: a table of bad inputs for every command line.
 
 Each row calls a tool's main(argv) in this process and asserts: exit code 2, exactly one line on
 stderr and it starts with "error:", no "Traceback" anywhere, the expected words in that line (so
