@@ -112,7 +112,7 @@ same_bits_then_time() {   # same_bits_then_time TAG BASE NEW CHECK_SIZE SEED ITE
   if [ $rc -ne 0 ]; then echo "$tag: $new does not give $base's bits here: stopping"; return 1; fi
   timeout 200 $py bench/step_time.py --sizes 120M 12M --products $new $base --iters $iters \
       --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-  if [ "$7" = resume ]; then resume_bf16 "$d"; fi
+  if [ "${7:-}" = resume ]; then resume_bf16 "$d"; fi
   OUT=$d profile_kernels kernels_120M_$new 40 --size 120M --products $new
 }
 
