@@ -1,4 +1,4 @@
-"""FP8 (issue 12): what eight bits do to each op, the FP8 kernels against the twin, a run's record.
+"""FP8: what eight bits do to each op, the FP8 kernels against the twin, a run's record.
 
 docs/fp8.md has the study's table, the kernels' checks on the H200 and the training runs' records.
 

@@ -1,4 +1,4 @@
-"""FP8 products against bf16 ones, at the shapes of the linear layers (issue 12): does E4M3 pay?
+"""FP8 products against bf16 ones, at the shapes of the linear layers: does E4M3 pay?
 
     python bench/fp8_gemm.py [--json out.json]         (a GPU with FP8 tensor cores: Ada or Hopper)
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A short GPU session for flash attention. Writes to $OUT.
+# Flash attention on the GPU: the harness and the kernel times. Writes to $OUT.
 #   bash bench/gpu_flash.sh [steps...]      # PYTHONPATH set up as the README says
 #   steps: flash (the default: the harness at 12M and 120M, flash beside the present attention,
 #          then bench/kernels.py's table of both at 12M); flash16 (flash v11 (bf16 products) and v12
 #          (fp16): the harness at 12M and 120M, each output's largest error against the twin at its
 #          precision and against the fp32 twin, and their kernel times beside v8 and v10 at both sizes)
-source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree
+WHAT=flash; source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree
 steps=${*:-flash}
 
 errors() {   # the largest rel_err of each (kernel, version, tensor) in a check's JSON file, over its blocks

@@ -1,8 +1,14 @@
-# Shared by the bench/gpu_*.sh session scripts (sourced): the output folder, the Python to run,
-# the summary of a harness result file, the whole-model check, the harness on one op at both
+# Shared by the bench/gpu_*.sh scripts (sourced): the output folder, the scratch folder, the Python
+# to run, the summary of a harness result file, the whole-model check, the harness on one op at both
 # sizes and the side-by-side of versions.
+#   OUT  the results, by default results/DATE-GPU-WHAT (results/2026-12-03-h200-fp8-step: WHAT is set by
+#        the script that sources this, the GPU is the second word of nvidia-smi's name); exported, so a
+#        script that runs itself again for one of its steps writes into the same folder
+#   tmp  run directories and other scratch that is not a result (TMPDIR, else /tmp)
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | awk '{print tolower($2)}')
+export OUT=${OUT:-results/$(date +%F)-${gpu:-gpu}-${WHAT:-run}}; mkdir -p "$OUT"
+tmp=${TMPDIR:-/tmp}
 export PYTHONUNBUFFERED=1
 py=python3
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One GPU session for the warp-tile products (issue 10, part 1): the products against cuBLAS, the
+# The warp-tile products on the GPU: the products against cuBLAS, the
 # harness for every version of the linear ops at 12M (with the whole model) and at 120M, their
 # kernel table, and the whole step beside PyTorch with both kinds of products. Writes to $OUT.
 #   bash bench/gpu_products.sh [steps...]      steps: gemm check12 check120 kernels step (default all)
 #   and for the split tiles (matmul v5, the linear ops' v4): gemm5 check5 step5 profile5
 #   and for the k-major tiles (matmul v6, the linear ops' v5, the engine's): gemm6 check6 model step6
-source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model
+WHAT=products; source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model
 steps=${*:-gemm check12 check120 kernels step}
 
 check_versions() {   # check_versions TAG SEED --version N ...: the linear ops and products at 12M and 120M

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# One GPU session: where the step's GPU time goes, kernel by kernel (Nsight Compute), the training
-# step in graph mode against eager, the whole step beside PyTorch, and harness runs. Writes to $OUT.
+# GPU jobs: where the step's GPU time goes, kernel by kernel (Nsight Compute), the training step in
+# graph mode against eager, the whole step beside PyTorch, harness runs, each kernel version and
+# products kind checked and timed. Writes to $OUT (bench/gpu_lib.sh: by default
+# results/DATE-GPU-STEPS, the steps joined by +), a job's files in a folder named after it.
 #   bash bench/gpu_profile.sh [steps...]
 #   steps: profile (12M and 120M kernels by op), graph (12M, 20 steps, both modes), step (12M and
 #          120M beside PyTorch), check120 (linear ops v5 and matmul v6 at 120M), ln (layernorm and
-#          residual_layernorm, every version, at 12M), checks (the harness on what changed, and the
-#          whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed),
+#          residual_layernorm, every version, at 12M), checks (the harness on linear ops v5, matmul v6,
+#          LayerNorm and flash v3/v4, and the whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed),
 #          mlp6 (the MLP's v6 against v5: harness, kernel table, the step), model (the whole model
 #          against the twin at 12M and 120M), v8 (matmul v8 and v7 and the linear ops on them: harness
 #          at 12M, the whole model, products beside cuBLAS, the step with products tf32x3w and tf32x3t),
@@ -19,11 +21,11 @@
 #          ln2 (residual_layernorm v2/v3 against v1/v2: the harness at 12M and 120M, the kernel table),
 #          torchstep (bench/step_time.py at 12M and 120M, or TORCH_SIZES, with PyTorch fp32's whole training step);
 #          flash8 (flash attention v7 and v8 against v5: the harness at 12M and 120M, kernel table, the step);
-#          s8 (flash v9, mlp v11/v12, loss_fwd v9: same bits, harness and kernel tables at 12M, the whole model);
-#          s8b (flash v10 against v9's bits; the harness on v10 at 12M and on the new versions at 120M);
+#          flash9-mlp12 (flash v9, mlp v11/v12, loss_fwd v9: same bits, harness and kernel tables at 12M, the whole model);
+#          flash10 (flash v10 against v9's bits; the harness on v10 at 12M, and on it and flash9-mlp12's versions at 120M);
 #          ahead (bench/compile_ahead_check.py at AHEAD_SIZE, default 12M); default (the default 12M run,
-#          timed, its run files and loss plot); s9 (the harness at 120M on mlp v11/v12, loss_fwd v9, flash
-#          v9/v10, and the whole model at 12M, in parallel); bf16 (matmul v10 against v8: the harness at
+#          timed, its run files and loss plot); flash10-mlp12-120M (the harness at 120M on mlp v11/v12, loss_fwd
+#          v9, flash v9/v10, and the whole model at 12M, in parallel); bf16 (matmul v10 against v8: the harness at
 #          12M and 120M, the products beside cuBLAS SGEMM and PyTorch's bf16 matmul); bf16b (the linear
 #          ops' bf16 versions at 12M, the whole model at bf16 at 12M and 120M); bf16c (the same at 120M with
 #          the tolerances that bf16b's figures set, and the step with bf16 products beside PyTorch bf16);
@@ -34,39 +36,41 @@
 #          side, v13 at each of its tiles);
 #          cublas (the products through cuBLASLt: harness, whole model, gemm and step tables, graph = eager);
 #          bf16d (started in the background: the 16-bit versions' harness at 120M, the fp16 model with the loss
-#          scaled; bf16d_report waits and reports); resume16 (bit-exact resume in bf16 and fp16); s10 and s10b
-#          (the tenth session's last two runs: every new low-precision version's harness, the gemm and step
-#          tables; the engine's bf16/fp16 model, quality and resume); s11 (the quality question at 2,000 steps
-#          with an fp32/cublas noise floor, the 120M model at bf16 and fp16, flash attention's kernels);
-#          s13a (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
-#          s13b (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
-#          s13c (the engine's bf16 on bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
-#          s17p (issue 12: which cuBLASLt FP8 forms run, with the library's log); s17c (FP8 at 120M, the models at
-#          12M, the step by scope beside PyTorch, fp8-e5m2 resume); s17d (12M 2000 steps: fp32, bf16, 3 FP8 scopes);
-#          s17b (issue 12, FP8: the kernels against the twin at 12M, the fp8-e5m2 model, FP8 products against bf16, a training smoke run);
-#          s17a (for the next session: matmul v23, v19 with its in-kernel split-K sums' loads batched: products beside v18, v19);
-#          s16d (products bf16f, since removed: matmul v19, the split-K slices added in the product's kernel: bits against bf16o, model, steps x30, profile);
-#          s16c (bf16o with loss v18/v16 (the logits kept, M and se saved): bits against bf16s, models, steps x30, bf16 resume, profile);
-#          s16b (products bf16o: flash v14 and LN bwd v6 writing the products' operands in bf16: bits against bf16s, model, steps, profile);
-#          s16a (for the next session: products bf16s against bf16t, mlp v20 against v19: models, bits, steps, profile);
-#          s15e (the engine with residual_layernorm_bwd v5: the whole models, the step x20);
-#          s15d (v18's two-blocks tile: bits, products, operand layouts; residual_layernorm v5: harness, table);
-#          s15c (the engine's bf16 on bf16t: harness, models at 12M/120M, step x20, bf16 resume, profile);
-#          s15b (v18 with paired stores, tiles along the shorter side: bits, products, step, profile, ncu);
-#          s15a (matmul v18 and products bf16t: v18's bits against v17, harness, model, products, step);
-#          s14a (the thirteenth session's first call: the harness on bf16m's versions, embed v5, LN v3; the bf16m model; flash tables; profile);
-#          s12a (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's; run after mm13);
-#          s12b (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
-#          s12c (the step with cuBLASLt bf16 products and the new copies, then mm14);
+#          scaled; bf16d_report waits and reports); resume16 (bit-exact resume in bf16 and fp16);
+#          bf16l-cublas16 (matmul v12, cuBLASLt's bf16/fp16 route, flash v11/v12, the linear ops on v12's tiles:
+#          harness, models, the gemm, step and flash tables); bf16l-f16w (the bf16l/f16w models, quality and
+#          resume); quality-floor (the quality question at 2,000 steps with an fp32/cublas noise floor, the
+#          120M model at bf16 and fp16, flash attention's kernels; FLOOR_PRECISIONS sets the runs,
+#          FLOOR_FLASH=0 leaves out the flash table);
+#          bf16r (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
+#          bf16m (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
+#          bf16m-flash13 (products bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
+#          fp8-probe (which cuBLASLt FP8 forms run, with the library's log); fp8-step (FP8 at 120M, the models at
+#          12M, the step by scope beside PyTorch, fp8-e5m2 resume); fp8-quality (12M 2000 steps: fp32, bf16, 3 FP8 scopes);
+#          fp8-checks (the FP8 kernels against the twin at 12M, the fp8-e5m2 model, FP8 products against bf16, a training smoke run);
+#          mm23 (matmul v23, v19 with its in-kernel split-K sums' loads batched: products beside v18 and v19, bits, the step);
+#          bf16o-loss18 (bf16o with loss v18/v16 (the logits kept, M and se saved): bits against bf16s, models, steps x30, bf16 resume, profile);
+#          bf16o (products bf16o: flash v14 and LN bwd v6 writing the products' operands in bf16: bits against bf16s, model, steps, profile);
+#          bf16s (products bf16s against bf16t, mlp v20 against v19: models, bits, steps, profile);
+#          ln5-step (residual_layernorm_bwd v5: the whole models, the step x20);
+#          mm18-tiles-ln5 (v18's two-blocks tile: bits, products, operand layouts; residual_layernorm v5: harness, table);
+#          bf16t (products bf16t: harness, models at 12M/120M, step x20, bf16 resume, profile);
+#          mm18-stores (v18 with paired stores, tiles along the shorter side: bits, products, step, profile, ncu);
+#          mm18 (matmul v18 and products bf16t: v18's bits against v17, harness, model, products, step);
+#          bf16m-profile (the harness on bf16m's versions, embed v5, LN v3; the bf16m model; flash tables; profile);
+#          profile-bf16l-cublas (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's);
+#          bf16a (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
+#          cublas-bf16-step (the step with cuBLASLt bf16 products on k_round_bf16_v2's copies, then mm14);
 #          mm14 (matmul v14, wgmma on K-major bf16 copies: the harness at 12M and 120M at once, v13, v14, v21 timed);
 #          mm15 (matmul v15, wgmma in flight on a dynamic-shared-memory ring: the harness at 12M and 120M, v14, v15, v21 timed);
 #          GRAPH_STEPS=n sets graph's steps (20)
-source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree, check_model, check_op_sizes, compare_versions
+WHAT=$(echo ${*:-profile graph step check120 ln} | tr ' ' +)
+source "$(dirname "$0")/gpu_lib.sh"      # OUT, tmp, py, disagree, check_model, check_op_sizes, compare_versions
 steps=${*:-profile graph step check120 ln}
 
 resume_bf16() {   # resume_bf16 DIR [PRECISION]: bit-exact resume in bf16 (the engine's products) or PRECISION, 12M: run a (60
   # steps straight) against run b (SIGTERM after 30 logged steps, then --resume): the same losses and checkpoint bytes, into DIR/resume.json
-  local d=$1 prec=${2:-bf16} p=/tmp/r16b args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4" pid waited
+  local d=$1 prec=${2:-bf16} p=$tmp/r16b args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4" pid waited
   rm -rf $p
   timeout 100 $py -m andrea_numba.train $args --precision $prec --out $p/a > "$d/resume_a.log" 2>&1; echo "$prec a exit $?"
   $py -m andrea_numba.train $args --precision $prec --out $p/b > "$d/resume_b1.log" 2>&1 &
@@ -108,7 +112,7 @@ same_bits_then_time() {   # same_bits_then_time TAG BASE NEW CHECK_SIZE SEED ITE
   if [ $rc -ne 0 ]; then echo "$tag: $new does not give $base's bits here: stopping"; return 1; fi
   timeout 200 $py bench/step_time.py --sizes 120M 12M --products $new $base --iters $iters \
       --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-  if [ "$7" = resume ]; then resume_bf16 "$d"; fi
+  if [ "${7:-}" = resume ]; then resume_bf16 "$d"; fi
   OUT=$d profile_kernels kernels_120M_$new 40 --size 120M --products $new
 }
 
@@ -116,9 +120,9 @@ profile_kernels() {   # profile_kernels TAG LINES RUN_ARGS...: bench/profile_ker
   # Compute, then its table into $OUT/TAG.md and .json (the first LINES lines shown)
   local tag=$1 lines=$2; shift 2
   timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
-      $py bench/profile_kernels.py run "$@" --log "/tmp/launches_$tag.json" > "/tmp/ncu_$tag.csv" 2> "/tmp/ncu_$tag.err"
-  echo "ncu $tag exit $?"; grep -v "^==PROF==" "/tmp/ncu_$tag.err" | tail -3
-  $py bench/profile_kernels.py table --log "/tmp/launches_$tag.json" --ncu "/tmp/ncu_$tag.csv" \
+      $py bench/profile_kernels.py run "$@" --log "$tmp/launches_$tag.json" > "$tmp/ncu_$tag.csv" 2> "$tmp/ncu_$tag.err"
+  echo "ncu $tag exit $?"; grep -v "^==PROF==" "$tmp/ncu_$tag.err" | tail -3
+  $py bench/profile_kernels.py table --log "$tmp/launches_$tag.json" --ncu "$tmp/ncu_$tag.csv" \
       --markdown "$OUT/$tag.md" --json "$OUT/$tag.json" > /dev/null
   echo "table $tag exit $?"; head -"$lines" "$OUT/$tag.md"
 }
@@ -154,7 +158,7 @@ for s in $steps; do
     adamw3) check_op_sizes "$OUT/adamw3" adamw_zero 61
             timeout 120 $py bench/kernels.py adamw_zero --sizes 12M,120M --markdown "$OUT/adamw3/kernels.md" \
                 > "$OUT/adamw3/kernels.txt" 2>&1; echo "kernels adamw_zero exit $?"; grep "^|" "$OUT/adamw3/kernels.md" ;;
-    trainstep) profile_kernels trainstep_12M 40 --size 12M --train-step /tmp/trainstep ;;
+    trainstep) profile_kernels trainstep_12M 40 --size 12M --train-step $tmp/trainstep ;;
     ln2) check_op_sizes "$OUT/ln2" residual_layernorm 67
          timeout 150 $py bench/kernels.py residual_layernorm --sizes 12M,120M --markdown "$OUT/ln2/kernels.md" \
              > "$OUT/ln2/kernels.txt" 2>&1; echo "kernels residual_layernorm exit $?"; grep "^|" "$OUT/ln2/kernels.md" ;;
@@ -202,61 +206,62 @@ for s in $steps; do
         mkdir -p "$OUT/v8"; mv "$OUT"/model_* "$OUT"/v8_check_* "$OUT/v8/" ;;
     mlp9) compare_versions mlp9 mlp 37 200 "8 9" --mlp-version 9 ;;     # the MLP's v9 (the GELU a pass of its own) against v8
     flash5) compare_versions flash5 attn_flash 41 240 "3 5 6" --flash-version "3 5 6" ;;   # flash v5 (v7's split), v6 (swizzled) against v3
-    s8b) # flash v10 (D from 128-bit loads) against v9's bits, the harness on it at 12M, and at 120M on
-         # this session's new versions (mlp v11, v12, loss_fwd v9, flash v9, v10)
-        mkdir -p "$OUT/s8b"
-        timeout 90 $py bench/same_bits.py --size 12M --op attn_flash --versions 9 10 --json "$OUT/s8b/bits_flash_9_10.json" \
-            > "$OUT/s8b/bits_flash_9_10.txt" 2>&1; echo "same_bits attn_flash 9 10 exit $?"; tail -1 "$OUT/s8b/bits_flash_9_10.txt"
+    flash10) # flash v10 (D from 128-bit loads) against v9's bits, the harness on it at 12M, and at 120M
+         # on it and flash9-mlp12's versions (mlp v11, v12, loss_fwd v9, flash v9)
+        mkdir -p "$OUT/flash10"
+        timeout 90 $py bench/same_bits.py --size 12M --op attn_flash --versions 9 10 --json "$OUT/flash10/bits_flash_9_10.json" \
+            > "$OUT/flash10/bits_flash_9_10.txt" 2>&1; echo "same_bits attn_flash 9 10 exit $?"; tail -1 "$OUT/flash10/bits_flash_9_10.txt"
         timeout 100 $py -m andrea_numba.check --size 12M --seed 101 --ops-only --op attn_flash --version 10 --json \
-            > "$OUT/s8b/check_12M.json" 2> "$OUT/s8b/check_12M.err"
-        echo "s8b check 12M exit $?"; tail -1 "$OUT/s8b/check_12M.err"; disagree "$OUT/s8b/check_12M.json"
+            > "$OUT/flash10/check_12M.json" 2> "$OUT/flash10/check_12M.err"
+        echo "flash10 check 12M exit $?"; tail -1 "$OUT/flash10/check_12M.err"; disagree "$OUT/flash10/check_12M.json"
         timeout 200 $py -m andrea_numba.check --size 120M --seed 103 --ops-only --op mlp --op loss --op attn_flash \
-            --version 9 --version 10 --version 11 --version 12 --json > "$OUT/s8b/check_120M.json" 2> "$OUT/s8b/check_120M.err"
-        echo "s8b check 120M exit $?"; tail -1 "$OUT/s8b/check_120M.err"; disagree "$OUT/s8b/check_120M.json" ;;
+            --version 9 --version 10 --version 11 --version 12 --json > "$OUT/flash10/check_120M.json" 2> "$OUT/flash10/check_120M.err"
+        echo "flash10 check 120M exit $?"; tail -1 "$OUT/flash10/check_120M.err"; disagree "$OUT/flash10/check_120M.json" ;;
     ahead) # compiling ahead on worker processes against compiling at launch: the same PTX, and how long
         timeout 240 $py bench/compile_ahead_check.py --size ${AHEAD_SIZE:-12M} --json "$OUT/ahead_${AHEAD_SIZE:-12M}.json" \
             > "$OUT/ahead_${AHEAD_SIZE:-12M}.md" 2> "$OUT/ahead_${AHEAD_SIZE:-12M}.err"
         echo "ahead exit $?"; head -1 "$OUT/ahead_${AHEAD_SIZE:-12M}.md"; tail -3 "$OUT/ahead_${AHEAD_SIZE:-12M}.err"
         # two 30-step 12M runs, each in its own process: kernels compiled at their first launch, and
         # compiled ahead on worker processes: the same losses and the same checkpoint, bit for bit
-        rm -rf /tmp/lazy /tmp/ahead
-        $py -m andrea_numba.train --size 12M --steps 30 --out /tmp/lazy --compile-workers 0 --log-every 10 > "$OUT/ahead_lazy.txt" 2>&1
+        rm -rf $tmp/lazy $tmp/ahead
+        $py -m andrea_numba.train --size 12M --steps 30 --out $tmp/lazy --compile-workers 0 --log-every 10 > "$OUT/ahead_lazy.txt" 2>&1
         echo "lazy exit $?"
-        $py -m andrea_numba.train --size 12M --steps 30 --out /tmp/ahead --log-every 10 > "$OUT/ahead_ahead.txt" 2>&1
+        $py -m andrea_numba.train --size 12M --steps 30 --out $tmp/ahead --log-every 10 > "$OUT/ahead_ahead.txt" 2>&1
         echo "ahead run exit $?"; grep "^compiled" "$OUT/ahead_ahead.txt"
-        $py - > "$OUT/ahead_runs.json" <<'PY'
-import hashlib, json
+        $py - "$tmp" > "$OUT/ahead_runs.json" <<'PY'
+import hashlib, json, sys
 from andrea_numba.runlog import read_loss
 key = lambda d: [(r["step"], r["train_loss"], r.get("val_loss"), r["grad_norm"]) for r in read_loss(d)]
 sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
-res = {"losses_identical": key("/tmp/lazy") == key("/tmp/ahead"), "steps": len(key("/tmp/ahead")),
-       "checkpoints_identical": sha("/tmp/lazy/checkpoint.bin") == sha("/tmp/ahead/checkpoint.bin")}
+T = sys.argv[1]
+res = {"losses_identical": key(f"{T}/lazy") == key(f"{T}/ahead"), "steps": len(key(f"{T}/ahead")),
+       "checkpoints_identical": sha(f"{T}/lazy/checkpoint.bin") == sha(f"{T}/ahead/checkpoint.bin")}
 print(json.dumps(res))
 PY
         cat "$OUT/ahead_runs.json" ;;
     default) # the default run as a student starts it, timed from outside too; its loss, state and
         # samples files into $OUT/default/ (not its checkpoints), the loss plot beside them
-        mkdir -p "$OUT/default"; rm -rf /tmp/run12M
-        /usr/bin/time -v $py -m andrea_numba.train --size 12M --out /tmp/run12M > "$OUT/default/train.txt" \
+        mkdir -p "$OUT/default"; rm -rf $tmp/run12M
+        /usr/bin/time -v $py -m andrea_numba.train --size 12M --out $tmp/run12M > "$OUT/default/train.txt" \
             2> "$OUT/default/train.time"; echo "default run exit $?"
         grep -E "^(compil|launches|done|memory)" "$OUT/default/train.txt"; grep "Elapsed" "$OUT/default/train.time"
-        for f in .loss.json .state.json .samples.json; do cp /tmp/run12M/$f "$OUT/default/${f#.}"; done
-        $py -m andrea_numba.plot /tmp/run12M --out "$OUT/default/loss_12M.png" > /dev/null 2>&1; echo "plot exit $?" ;;
-    s9) # what the eighth session's last run could not finish: the harness at 120M on mlp v11/v12,
-        # loss_fwd v9 and flash v9/v10, and the whole model at 12M with the engine's kernels (flash
-        # v10): four processes at once (each compiles its own kernels, the slow part), into $OUT/s9/
-        mkdir -p "$OUT/s9"
+        for f in .loss.json .state.json .samples.json; do cp $tmp/run12M/$f "$OUT/default/${f#.}"; done
+        $py -m andrea_numba.plot $tmp/run12M --out "$OUT/default/loss_12M.png" > /dev/null 2>&1; echo "plot exit $?" ;;
+    flash10-mlp12-120M) # the harness at 120M on mlp v11/v12, loss_fwd v9 and flash v9/v10, and the
+        # whole model at 12M with the engine's kernels: four processes at once (each compiles its own
+        # kernels, the slow part), into $OUT/flash10-mlp12-120M/
+        mkdir -p "$OUT/flash10-mlp12-120M"
         check120() {   # check120 TAG SEED OP VERSIONS...
           local tag=$1 seed=$2 op=$3; shift 3
           local vflags=(); for v in "$@"; do vflags+=(--version "$v"); done
           timeout 420 $py -m andrea_numba.check --size 120M --seed "$seed" --ops-only --op "$op" "${vflags[@]}" --json \
-              > "$OUT/s9/check_120M_$tag.json" 2> "$OUT/s9/check_120M_$tag.err"; echo "check 120M $tag exit $?"
+              > "$OUT/flash10-mlp12-120M/check_120M_$tag.json" 2> "$OUT/flash10-mlp12-120M/check_120M_$tag.err"; echo "check 120M $tag exit $?"
         }
         check120 mlp 107 mlp 11 12 & check120 loss 109 loss 9 & check120 flash 113 attn_flash 9 10 &
-        timeout 420 $py -m andrea_numba.check --size 12M --seed 127 --model-only --json > "$OUT/s9/model_12M.json" \
-            2> "$OUT/s9/model_12M.err"; echo "model 12M exit $?"
+        timeout 420 $py -m andrea_numba.check --size 12M --seed 127 --model-only --json > "$OUT/flash10-mlp12-120M/model_12M.json" \
+            2> "$OUT/flash10-mlp12-120M/model_12M.err"; echo "model 12M exit $?"
         wait
-        for f in "$OUT"/s9/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
+        for f in "$OUT"/flash10-mlp12-120M/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
     bf16) # matmul v10 (bf16 tensor cores) against v8 (3xTF32): the harness on the three product cases
         # at 12M and 120M at once (against the rounded twin and within the rounding bound of the
         # fp32 twin), then the products beside cuBLAS SGEMM and PyTorch's bf16 matmul
@@ -281,7 +286,7 @@ PY
         done
         wait
         for f in "$OUT"/bf16b/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
-    bf16c) # for the next session: the 16-bit step beside PyTorch bf16 (12M and 120M); the harness on the
+    bf16c) # the 16-bit step beside PyTorch bf16 (12M and 120M); the harness on the
         # linear ops' bf16 and fp16 versions (attn_qkv, attn_out v9/v10, mlp v13/v14, loss_fwd v10/v11,
         # loss_bwd v9/v10) at 12M and 120M, matmul v11 at both, and the whole model with bf16 and fp16
         # products at 12M (and bf16 at 120M), with their tolerances: five processes at once, each compiling
@@ -301,7 +306,7 @@ PY
         timeout 300 $py bench/step_time.py --sizes 12M 120M --products tf32x3w bf16w f16w --json "$OUT/bf16c/step.json" \
             > "$OUT/bf16c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/bf16c/step.txt" ;;
     bf16d) # started in the background (a later step's wait, or bf16d_report, waits for them): the harness
-        # of the 16-bit versions of the linear ops at 120M (bf16c's ran out of time), and the whole model
+        # of the 16-bit versions of the linear ops at 120M (four compile workers), and the whole model
         # with fp16 products at 12M with the loss scaled as in training (check.MODEL_DLOSS)
         mkdir -p "$OUT/bf16d"
         timeout 450 $py -m andrea_numba.check --size 120M --seed 149 --compile-workers 4 --ops-only --op attn_qkv \
@@ -311,16 +316,16 @@ PY
             --json > "$OUT/bf16d/model_12M_f16w.json" 2> "$OUT/bf16d/model_12M_f16w.err" & ;;
     bf16d_report) wait
         for f in "$OUT"/bf16d/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
-    resume16) # bit-exact resume in bf16 and fp16 (issue 11): for each, 12M run a (60 steps straight) and run b
+    resume16) # bit-exact resume in bf16 and fp16: for each, 12M run a (60 steps straight) and run b
         # (SIGTERM after 30 logged steps, then --resume), both precisions at once: the same losses, loss
         # scales and checkpoint bytes
-        mkdir -p "$OUT/resume16"; rm -rf /tmp/r16
+        mkdir -p "$OUT/resume16"; rm -rf $tmp/r16
         resume_pair() {   # resume_pair PRECISION
-          local p=$1 d=/tmp/r16/$1 args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4"
+          local p=$1 d=$tmp/r16/$1 args="--size 12M --microbatches 1 --steps 60 --log-every 20 --compile-workers 4"
           $py -m andrea_numba.train $args --precision $p --out $d/a > "$OUT/resume16/${p}_a.log" 2>&1; echo "$p a exit $?"
           $py -m andrea_numba.train $args --precision $p --out $d/b > "$OUT/resume16/${p}_b1.log" 2>&1 &
           local pid=$!
-          local waited=0     # (at most 200 s: a run b that died before its 30th step must not hang the session)
+          local waited=0     # (at most 200 s: a run b that died before its 30th step must not hang the script)
           until [ -f $d/b/.loss.json ] && [ "$(wc -l < $d/b/.loss.json)" -ge 30 ]; do
             sleep 0.1; waited=$((waited + 1)); if [ $waited -ge 2000 ] || ! kill -0 $pid 2>/dev/null; then break; fi
           done
@@ -328,21 +333,21 @@ PY
           $py -m andrea_numba.train --resume $d/b > "$OUT/resume16/${p}_b2.log" 2>&1; echo "$p b (resume) exit $?"
         }
         resume_pair bf16 & resume_pair fp16 & wait
-        $py - > "$OUT/resume16/check.json" <<'PY'
-import hashlib, json
+        $py - "$tmp" > "$OUT/resume16/check.json" <<'PY'
+import hashlib, json, sys
 from andrea_numba.runlog import read_loss
 key = lambda d: [(r["step"], r["train_loss"], r.get("val_loss"), r["lr"], r["grad_norm"], r.get("loss_scale"))
                  for r in read_loss(d)]
 sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
-res = {}
+T, res = sys.argv[1], {}
 for p in ("bf16", "fp16"):
-    a, b = key(f"/tmp/r16/{p}/a"), key(f"/tmp/r16/{p}/b")
+    a, b = key(f"{T}/r16/{p}/a"), key(f"{T}/r16/{p}/b")
     res[p] = {"steps_a": len(a), "steps_b": len(b), "loss_json_identical": a == b,
-              "checkpoints_identical": sha(f"/tmp/r16/{p}/a/checkpoint.bin") == sha(f"/tmp/r16/{p}/b/checkpoint.bin")}
+              "checkpoints_identical": sha(f"{T}/r16/{p}/a/checkpoint.bin") == sha(f"{T}/r16/{p}/b/checkpoint.bin")}
 print(json.dumps(res))
 PY
         cat "$OUT/resume16/check.json"; grep -h "stopped by signal\|resumed from\|loss scale" "$OUT"/resume16/*_b*.log | head -8 ;;
-    s10) # the tenth session's last run (the timing tables at the end, alone on the GPU):
+    bf16l-cublas16) # the 16-bit products and flash v11/v12 (the timing tables at the end, alone on the GPU):
         #  1. the harness, all at once: matmul v12 and the cuBLASLt bf16/fp16 route (v21, v22: operands
         #     rounded into 16-bit copies) at 12M and 120M; the linear ops on v12's tiles (attn_qkv, attn_out
         #     v11, mlp v15, loss_fwd v12, loss_bwd v11) at 12M; flash attention v11 (bf16) and v12 (fp16) at
@@ -350,7 +355,7 @@ PY
         #  2. then: the step at 12M and 120M with bf16l and cublas-bf16 products, flash v10 and v11, beside
         #     PyTorch bf16; v10, v12, v21, v22 beside cuBLAS SGEMM and PyTorch bf16; flash v8/v10 against
         #     v11/v12 kernel by kernel
-        mkdir -p "$OUT/s10"; d="$OUT/s10"
+        mkdir -p "$OUT/bf16l-cublas16"; d="$OUT/bf16l-cublas16"
         for size in 12M 120M; do
           timeout 240 $py -m andrea_numba.check --size $size --seed 173 --compile-workers 2 --ops-only --op matmul --op "matmul a@b^T" \
               --op "matmul a^T@b +=" --version 12 --version 21 --version 22 --json > "$d/mm_$size.json" 2> "$d/mm_$size.err" &
@@ -371,32 +376,32 @@ PY
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
         timeout 55 $py bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
             --markdown "$d/flash_kernels.md" > "$d/flash_kernels.txt" 2>&1; echo "flash kernels exit $?"; grep "^|" "$d/flash_kernels.md" ;;
-    s10b) # the engine's bf16 (bf16l products, flash v11) and fp16 (f16w, flash v12), all at once: the 12M
+    bf16l-f16w) # bf16 (bf16l products, flash v11) and fp16 (f16w, flash v12), all at once: the 12M
         # training quality (QUALITY_STEPS), bit-exact resume in both, the whole model against the twin
-        # (which now runs the flash twin at that precision) at 12M
-        mkdir -p "$OUT/s10b"
-        QUALITY_STEPS=${QUALITY_STEPS:-800} bash "$0" quality > "$OUT/s10b/quality.log" 2>&1 &
-        bash "$0" resume16 > "$OUT/s10b/resume16.log" 2>&1 &
+        # (which runs the flash twin at that precision) at 12M
+        mkdir -p "$OUT/bf16l-f16w"
+        QUALITY_STEPS=${QUALITY_STEPS:-800} bash "$0" quality > "$OUT/bf16l-f16w/quality.log" 2>&1 &
+        bash "$0" resume16 > "$OUT/bf16l-f16w/resume16.log" 2>&1 &
         for products in bf16l f16w; do
           timeout 200 $py -m andrea_numba.check --size 12M --seed 191 --compile-workers 2 --model-only --products $products \
-              --json > "$OUT/s10b/model_12M_$products.json" 2> "$OUT/s10b/model_12M_$products.err" &
+              --json > "$OUT/bf16l-f16w/model_12M_$products.json" 2> "$OUT/bf16l-f16w/model_12M_$products.err" &
         done
         wait
-        for f in "$OUT"/s10b/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        grep "^|" "$OUT/quality.txt"; tail -3 "$OUT/s10b/quality.log"; cat "$OUT/resume16/check.json"; tail -4 "$OUT/s10b/resume16.log" ;;
-    s12a) # the eleventh session's first run: matmul v13 (mm13's harness and tables), then where the 120M bf16
-        # step's GPU time goes, kernel by kernel (Nsight Compute), with our products (bf16l, flash v11) and
-        # with cuBLASLt's (cublas-bf16): what is left once the products are fast
+        for f in "$OUT"/bf16l-f16w/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        grep "^|" "$OUT/quality.txt"; tail -3 "$OUT/bf16l-f16w/quality.log"; cat "$OUT/resume16/check.json"; tail -4 "$OUT/bf16l-f16w/resume16.log" ;;
+    profile-bf16l-cublas) # where the 120M bf16 step's GPU time goes, kernel by kernel (Nsight Compute),
+        # with our products (bf16l, flash v11) and with cuBLASLt's (cublas-bf16): what is left once the
+        # products are fast
         for products in bf16l cublas-bf16; do profile_kernels "kernels_120M_$products" 45 --size 120M --products $products; done ;;
-    s12b) # the eleventh session's second run:
+    bf16a) # matmul v13's linear ops and products bf16a:
         #  1. at once: the wgmma probe (bench/wgmma_probe.py: can Numba drive Hopper's warpgroup
         #     products, and with which shared-memory layout); the harness on the linear ops on matmul
-        #     v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12) and on v13 (its copies now
-        #     by k_round_bf16_v2) at 12M and 120M; the whole model with bf16a products (the engine's bf16
-        #     now: LN and GELU outputs saved as bf16) at 12M and 120M; bit-exact resume in bf16 and fp16;
+        #     v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12) and on v13 (its copies made
+        #     by k_round_bf16_v2) at 12M and 120M; the whole model with bf16a products (bf16 products,
+        #     LN and GELU outputs saved as bf16) at 12M and 120M; bit-exact resume in bf16 and fp16;
         #  2. alone on the GPU: the step with bf16l and bf16a beside PyTorch bf16; the 120M bf16a step
         #     kernel by kernel; v12, v13 and v21 beside PyTorch bf16; PyTorch bf16 through torch.compile
-        mkdir -p "$OUT/s12b"; d="$OUT/s12b"
+        mkdir -p "$OUT/bf16a"; d="$OUT/bf16a"
         timeout 120 $py bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
         for size in 12M 120M; do
           timeout 300 $py -m andrea_numba.check --size $size --seed 197 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
@@ -417,12 +422,12 @@ PY
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
         timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16a --iters 3 --torch-compile --json "$d/compile.json" \
             > "$d/compile.txt" 2>&1; echo "torch.compile step exit $?"; grep -v '^{' "$d/compile.txt" ;;
-    s12c) # the eleventh session's last run: the step with cuBLASLt's bf16 products now that their copies
-        # are k_round_bf16_v2's, beside bf16a and PyTorch bf16, at 120M and 12M (first: nothing before it can
+    cublas-bf16-step) # the step with cuBLASLt's bf16 products, their copies made by k_round_bf16_v2,
+        # beside bf16a and PyTorch bf16, at 120M and 12M (first: nothing before it can
         # have left the GPU in a bad state); then mm14 (matmul v14 on wgmma: harness and products)
-        mkdir -p "$OUT/s12c"
-        timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16a cublas-bf16 --iters 3 --json "$OUT/s12c/step.json" \
-            > "$OUT/s12c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/s12c/step.txt"
+        mkdir -p "$OUT/cublas-bf16-step"
+        timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16a cublas-bf16 --iters 3 --json "$OUT/cublas-bf16-step/step.json" \
+            > "$OUT/cublas-bf16-step/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/cublas-bf16-step/step.txt"
         bash "$0" mm14 ;;
     mm14) # matmul v14 (kernels/wgmma_tile.py: wgmma m64n128k16 from v13's swizzled cp.async ring, both copies
         # K-major, transposed copies by k_round_bf16_t_v1): product_version's harness and table beside v13, v21
@@ -431,13 +436,13 @@ PY
         # 128-byte rows (the 128-byte swizzle) in a 4-stage ring of dynamic shared memory, 129 KiB, allowed by
         # matmul.allow_shared): product_version's harness and table beside v14, v21
         product_version 15 14,15,21 ;;
-    s13a) # the twelfth session's second run (products "bf16r": matmul v16 = v15's wgmma where no activation is
+    bf16r) # products "bf16r" (matmul v16 = v15's wgmma where no activation is
         # copied transposed, v13 for the weight gradients; the loss's two passes and bf16 dlogits):
         #  1. at once: the harness on attn_qkv, attn_out v13, mlp v17, loss_fwd v14, loss_bwd v13 and
         #     matmul v16 at 12M and 120M; the whole model with bf16r at 12M and 120M;
         #  2. alone: the step with bf16a and bf16r beside PyTorch bf16; the 120M bf16r step kernel by kernel;
         #     matmul v15 at each of its tiles (--blocks)
-        mkdir -p "$OUT/s13a"; d="$OUT/s13a"
+        mkdir -p "$OUT/bf16r"; d="$OUT/bf16r"
         for size in 12M 120M; do
           timeout 300 $py -m andrea_numba.check --size $size --seed 223 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 13 --version 14 --version 16 \
@@ -452,14 +457,14 @@ PY
         profile_kernels kernels_120M_bf16r 45 --size 120M --products bf16r
         timeout 150 $py bench/gemm.py --versions 15 --blocks --json "$d/gemm_blocks.json" > "$d/gemm_blocks.md" 2> "$d/gemm_blocks.err"
         echo "gemm --blocks exit $?"; grep "^|" "$d/gemm_blocks.md"; tail -3 "$d/gemm_blocks.err" ;;
-    s13b) # the twelfth session's third run: matmul v17 (wgmma_mn.py: MN-major stages read through wgmma's
+    bf16m) # matmul v17 (wgmma_mn.py: MN-major stages read through wgmma's
         # transpose bits) and the ops on it (products "bf16m": attn_qkv, attn_out v14, mlp v18, loss v15/v14);
-        # embed_bwd v5 and residual_layernorm_fwd v3 (the engine's now); bf16r with its gradients rounded once.
+        # embed_bwd v5 and residual_layernorm_fwd v3; bf16r with its gradients rounded once.
         #  1. at once: the wgmma probe (the MN-major layouts); the harness at 12M and 120M on those ops, matmul
         #     v16 and v17, embed and residual_layernorm; the whole model with bf16m; bit-exact resume (bf16r)
         #  2. alone: the step with bf16r and bf16m beside PyTorch bf16; the 120M bf16m step kernel by kernel;
         #     matmul v15, v16, v17, v21; embed and residual_layernorm kernels
-        mkdir -p "$OUT/s13b"; d="$OUT/s13b"
+        mkdir -p "$OUT/bf16m"; d="$OUT/bf16m"
         timeout 240 $py bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
         for size in 12M 120M; do
           timeout 300 $py -m andrea_numba.check --size $size --seed 229 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
@@ -483,15 +488,13 @@ PY
           timeout 100 $py bench/kernels.py $op --sizes 12M,120M --markdown "$d/kernels_$op.md" > "$d/kernels_$op.txt" 2>&1
           echo "kernels $op exit $?"; grep "^|" "$d/kernels_$op.md" | head -30
         done ;;
-    s13c) # the twelfth session's last run (s13b's harness stopped on a host-side bug of residual_layernorm v3,
-        # and its resume pair waited for a run that had died): the engine's bf16 is now products bf16m (matmul
-        # v17) with flash attention v13.
+    bf16m-flash13) # products bf16m (matmul v17) with flash attention v13:
         #  1. at once (170 s at most): the harness at 12M and 120M on flash v13, embed v5, residual_layernorm
         #     v3, matmul v16/v17 and the linear ops' v13-v18; the whole 120M model with the engine's bf16;
         #     bit-exact resume in bf16 and fp16
         #  2. alone: the step with bf16m, flash v11 and v13, beside PyTorch bf16; flash v11 and v13's kernels
         #     at 120M; matmul v17 beside v21
-        mkdir -p "$OUT/s13c"; d="$OUT/s13c"
+        mkdir -p "$OUT/bf16m-flash13"; d="$OUT/bf16m-flash13"
         for size in 12M 120M; do
           timeout 170 $py -m andrea_numba.check --size $size --seed 239 --compile-workers 3 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --op embed --op residual_layernorm \
@@ -512,11 +515,11 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
         timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
-    s17a) # for the next session (issue 11): matmul v23 (v19 with the loads of its in-kernel split-K sums batched,
+    mm23) # matmul v23 (v19 with the loads of its in-kernel split-K sums batched,
         # wgmma_tma.py point 6) beside v18 (k_splitk_sum_v2 after the product) and v19 on every product of
         # bench/gemm.py, the weight gradients' split shapes among them; v23's bits in the whole 120M and 12M
         # bf16o step (bench/model_bits.py --matmul 23); the step with v18, v23 and v19 (--tma-matmul)
-        mkdir -p "$OUT/s17a"; d="$OUT/s17a"
+        mkdir -p "$OUT/mm23"; d="$OUT/mm23"
         timeout 200 $py bench/gemm.py --versions 18,19,23 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         for size in 120M 12M; do
@@ -525,19 +528,14 @@ PY
         done
         timeout 240 $py bench/step_time.py --sizes 120M 12M --products bf16o --tma-matmul 18 23 19 --iters 30 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
-    s16d) # products bf16f (issue 11): bf16o's ops on matmul v19, whose kernel adds its split-K slices itself: its
-        # bits against bf16o's at 120M and 12M, the whole model against the twin at 12M, the step x30 (bf16f,
-        # bf16o), the 120M step kernel by kernel
-        # (ran at commit 89cccf1; the kind bf16f is gone: s17a runs v19 and v23 through --tma-matmul)
-        echo "s16d: products bf16f were removed after this step ran (docs/mixed-precision.md); run s17a" ;;
-    s17p) # which cuBLASLt FP8 product forms run (bench/fp8_probe.py, cuBLASLt's log kept), then s17b
-        mkdir -p "$OUT/s17p"; CUBLASLT_LOG_LEVEL=5 CUBLASLT_LOG_FILE="$OUT/s17p/lt.log" timeout 100 $py bench/fp8_probe.py \
-            > "$OUT/s17p/probe.txt" 2>&1; echo "probe exit $?"; grep -v "^\[" "$OUT/s17p/probe.txt" | tail -8
-        grep -i "error\|not supported\|fail" "$OUT/s17p/lt.log" | head -8; gzip -f "$OUT/s17p/lt.log" ;;
-    s17c) # issue 12: the FP8 kernels against the twin at 120M; the whole model at each scope against the twin at
+    fp8-probe) # which cuBLASLt FP8 product forms run (bench/fp8_probe.py, cuBLASLt's log kept); before fp8-checks
+        mkdir -p "$OUT/fp8-probe"; CUBLASLT_LOG_LEVEL=5 CUBLASLT_LOG_FILE="$OUT/fp8-probe/lt.log" timeout 100 $py bench/fp8_probe.py \
+            > "$OUT/fp8-probe/probe.txt" 2>&1; echo "probe exit $?"; grep -v "^\[" "$OUT/fp8-probe/probe.txt" | tail -8
+        grep -i "error\|not supported\|fail" "$OUT/fp8-probe/lt.log" | head -8; gzip -f "$OUT/fp8-probe/lt.log" ;;
+    fp8-step) # the FP8 kernels against the twin at 120M; the whole model at each scope against the twin at
         # 12M; the step at 120M and 12M with bf16o, cuBLASLt bf16 and the three FP8 scopes beside PyTorch; bit-exact
         # resume at fp8-e5m2
-        d="$OUT/s17c"; mkdir -p "$d"
+        d="$OUT/fp8-step"; mkdir -p "$d"
         for sc in fp8-fwd fp8-all; do
           timeout 400 $py -m andrea_numba.check --size 12M --seed 319 --compile-workers 1 --model-only \
               --products cublas-$sc --json > "$d/model_12M_$sc.json" 2> "$d/model_12M_$sc.err" &
@@ -548,44 +546,44 @@ PY
             cublas-fp8-all --iters 20 --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         resume_bf16 "$d" fp8-e5m2
         wait; for f in "$d"/model_12M_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
-    s17d) # issue 12's report: 12M trained QUALITY_STEPS (2000) steps in fp32, bf16 and the three FP8 scopes at once
+    fp8-quality) # 12M trained QUALITY_STEPS (2000) steps in fp32, bf16 and the three FP8 scopes at once
         # (bench/precision_runs.py --parallel), the validation curves on one plot, the FP8 runs' amax and underflow
         # history (python -m andrea_numba.fp8 history)
-        d="$OUT/s17d"; mkdir -p "$d"; rm -rf /tmp/q8
-        timeout ${QUALITY_TIMEOUT:-540} $py bench/precision_runs.py --out /tmp/q8 --size 12M --steps "${QUALITY_STEPS:-2000}" \
+        d="$OUT/fp8-quality"; mkdir -p "$d"; rm -rf $tmp/q8
+        timeout ${QUALITY_TIMEOUT:-540} $py bench/precision_runs.py --out $tmp/q8 --size 12M --steps "${QUALITY_STEPS:-2000}" \
             --precisions fp32,bf16,fp8-fwd,fp8-e5m2,fp8-all --parallel > "$d/quality.txt" 2>&1
         echo "quality exit $?"; grep "^|" "$d/quality.txt" | tail -12; grep -i "error\|diverged" "$d/quality.txt" | head -5
-        cp /tmp/q8/precision_runs.* "$d/"; for r in fp8-fwd fp8-e5m2 fp8-all; do cp /tmp/q8/$r/.fp8.json "$d/$r.fp8.json"; done
-        for r in fp32 bf16 fp8-fwd fp8-e5m2 fp8-all; do cp /tmp/q8/$r/.loss.json "$d/$r.loss.json"; cp /tmp/q8/$r/.state.json "$d/$r.state.json"; done
-        $py -m andrea_numba.fp8 history /tmp/q8/fp8-fwd /tmp/q8/fp8-e5m2 /tmp/q8/fp8-all --plot "$d/fp8_history.png" \
+        cp $tmp/q8/precision_runs.* "$d/"; for r in fp8-fwd fp8-e5m2 fp8-all; do cp $tmp/q8/$r/.fp8.json "$d/$r.fp8.json"; done
+        for r in fp32 bf16 fp8-fwd fp8-e5m2 fp8-all; do cp $tmp/q8/$r/.loss.json "$d/$r.loss.json"; cp $tmp/q8/$r/.state.json "$d/$r.state.json"; done
+        $py -m andrea_numba.fp8 history $tmp/q8/fp8-fwd $tmp/q8/fp8-e5m2 $tmp/q8/fp8-all --plot "$d/fp8_history.png" \
             > "$d/history.txt" 2>&1; echo "history exit $?"; grep -v "  0.00%" "$d/history.txt" | head -40 ;;
-    s17b) # issue 12's first GPU call: the FP8 kernels against the twin at 12M (quantize rows, matmul v24, the linear
+    fp8-checks) # the FP8 kernels against the twin at 12M (quantize rows, matmul v24, the linear
         # ops at every scope), the whole fp8-e5m2 model against the twin (meanwhile), FP8 products against bf16 ones
         # (bench/fp8_gemm.py), a 30-step 12M training smoke run at fp8-e5m2 and its .fp8.json record
-        d="$OUT/s17b"; mkdir -p "$d"
+        d="$OUT/fp8-checks"; mkdir -p "$d"
         timeout 300 $py -m andrea_numba.check --size 12M --seed 317 --compile-workers 2 --model-only \
             --products cublas-fp8-e5m2 --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
         timeout 200 $py -m andrea_numba.fp8 check --size 12M --json "$d/check_12M.json" > "$d/check_12M.txt" 2>&1
         echo "fp8 check 12M exit $?"; grep -v " ok$" "$d/check_12M.txt" | tail -30; tail -2 "$d/check_12M.txt"
         timeout 150 $py bench/fp8_gemm.py --json "$d/gemm.json" > "$d/gemm.txt" 2>&1; echo "fp8_gemm exit $?"; cat "$d/gemm.txt"
-        rm -rf /tmp/f8; timeout 150 $py -m andrea_numba.train --size 12M --precision fp8-e5m2 --steps 30 --log-every 10 \
-            --out /tmp/f8 --compile-workers 4 > "$d/train_smoke.txt" 2>&1; echo "train smoke exit $?"
+        rm -rf $tmp/f8; timeout 150 $py -m andrea_numba.train --size 12M --precision fp8-e5m2 --steps 30 --log-every 10 \
+            --out $tmp/f8 --compile-workers 4 > "$d/train_smoke.txt" 2>&1; echo "train smoke exit $?"
         grep -v "^step  *[0-9]*/.*ETA" "$d/train_smoke.txt" | tail -8; grep "^step" "$d/train_smoke.txt" | tail -3
-        cp /tmp/f8/.fp8.json "$d/fp8_smoke.json" 2>/dev/null; head -c 700 "$d/fp8_smoke.json"; echo
+        cp $tmp/f8/.fp8.json "$d/fp8_smoke.json" 2>/dev/null; head -c 700 "$d/fp8_smoke.json"; echo
         wait; echo "model_12M.json: $(tail -1 "$d/model_12M.err")"; disagree "$d/model_12M.json" ;;
-    s16c) # products bf16o with the loss keeping the logits (loss_fwd v18, loss_bwd v16: M and se saved a row, the
-        # softmax recomputed in the backward) (issue 11): its bits against bf16s's at 120M and 12M, the whole model
+    bf16o-loss18) # products bf16o with the loss keeping the logits (loss_fwd v18, loss_bwd v16: M and se saved a row, the
+        # softmax recomputed in the backward): its bits against bf16s's at 120M and 12M, the whole model
         # against the twin at 120M, the step x30 (bf16o, bf16s), bit-exact resume in bf16 (the engine's: bf16o), the
         # 120M step kernel by kernel
-        same_bits_then_time s16c bf16s bf16o 120M 313 30 resume || continue ;;
-    s16b) # products bf16o (issue 11): flash attention v14 and residual_layernorm_bwd v6 write the products'
+        same_bits_then_time bf16o-loss18 bf16s bf16o 120M 313 30 resume || continue ;;
+    bf16o) # products bf16o: flash attention v14 and residual_layernorm_bwd v6 write the products'
         # activation operands in bf16: its bits against bf16s's (bench/model_bits.py) at 120M and 12M, the whole
         # model against the twin at 12M, the step x20 (bf16o, bf16s) and the 120M step kernel by kernel
-        same_bits_then_time s16b bf16s bf16o 12M 311 20 || continue ;;
-    s16a) # for the next session (issue 11): products bf16s (bf16t with every weight rounded once a forward into
+        same_bits_then_time bf16o bf16s bf16o 12M 311 20 || continue ;;
+    bf16s) # products bf16s (bf16t with every weight rounded once a forward into
         # params16) against bf16t: the whole model at 12M and 120M, the step x20; mlp v20 (the GELU in v18's
         # epilogues) against v19 (bits and times at 120M, the step with it); the 120M step kernel by kernel
-        mkdir -p "$OUT/s16a"; d="$OUT/s16a"
+        mkdir -p "$OUT/bf16s"; d="$OUT/bf16s"
         for size in 12M 120M; do
           timeout 200 $py -m andrea_numba.check --size $size --seed 307 --compile-workers 2 --model-only --products bf16s \
               --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
@@ -599,9 +597,9 @@ PY
         timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16s --mlp-version 20 --iters 20 \
             --json "$d/step_mlp20.json" > "$d/step_mlp20.txt" 2>&1; echo "step (mlp v20) exit $?"; grep -v '^{' "$d/step_mlp20.txt"
         OUT=$d profile_kernels kernels_120M_bf16s 30 --size 120M --products bf16s ;;
-    s15e) # the session's last call (issue 11): the engine with residual_layernorm_bwd v5: the whole model at 12M and
+    ln5-step) # the engine with residual_layernorm_bwd v5: the whole model at 12M and
         # 120M (bf16t) and at 12M (fp32), then the step at 120M and 12M with bf16t and the engine's fp32, 20 iterations
-        mkdir -p "$OUT/s15e"; d="$OUT/s15e"
+        mkdir -p "$OUT/ln5-step"; d="$OUT/ln5-step"
         for size in 12M 120M; do
           timeout 200 $py -m andrea_numba.check --size $size --seed 293 --compile-workers 2 --model-only --products bf16t \
               --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
@@ -612,11 +610,11 @@ PY
         for f in "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16t tf32x3w --iters 20 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
-    s15d) # matmul v18's new tile and the layouts (issue 11): 1. v18's bits against v17 at every tile (128 x 128
+    mm18-tiles-ln5) # matmul v18's tiles and the operand layouts: 1. v18's bits against v17 at every tile (128 x 128
         # with 3 stages, two blocks a multiprocessor, among them); 2. the products at every tile; 3. one product
         # with each operand K- or MN-major (bench/v18_layouts.py); 4. the harness on residual_layernorm v5 at 12M
         # and 120M
-        mkdir -p "$OUT/s15d"; d="$OUT/s15d"
+        mkdir -p "$OUT/mm18-tiles-ln5"; d="$OUT/mm18-tiles-ln5"
         timeout 120 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
         echo "v18_bits exit $rc"; grep -v identical "$d/bits.txt" | tail -8; grep -c identical "$d/bits.txt"
         timeout 150 $py bench/gemm.py --versions 18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
@@ -631,11 +629,11 @@ PY
         for size in 12M 120M; do echo "ln $size: $(tail -1 "$d/ln_$size.err")"; disagree "$d/ln_$size.json"; done
         timeout 60 $py bench/kernels.py residual_layernorm --sizes 120M --version 4 --version 5 --markdown "$d/ln_kernels.md" \
             > "$d/ln_kernels.txt" 2>&1; echo "kernels residual_layernorm exit $?"; grep "^|" "$d/ln_kernels.md" | head -12 ;;
-    s15c) # the engine's bf16 on bf16t (issue 11): 1. at once: the harness at 12M on loss v17 (k_loss_fwd_v3)
+    bf16t) # products bf16t: 1. at once: the harness at 12M on loss v17 (k_loss_fwd_v3)
         # and v18's ops, the whole bf16t model at 12M and 120M; 2. the step at 120M and 12M with bf16t, bf16m and
         # cuBLASLt's products, 20 iterations (PyTorch's eager time varies by a few ms run to run); 3. bit-exact
         # resume in bf16 (12M, 60 steps against 30 + SIGTERM + resume); 4. the 120M bf16t step kernel by kernel
-        mkdir -p "$OUT/s15c"; d="$OUT/s15c"
+        mkdir -p "$OUT/bf16t"; d="$OUT/bf16t"
         timeout 200 $py -m andrea_numba.check --size 12M --seed 277 --compile-workers 4 --ops-only --op loss \
             --op attn_qkv --op attn_out --op mlp --version 15 --version 17 --version 19 \
             --json > "$d/ops_12M.json" 2> "$d/ops_12M.err" &
@@ -649,20 +647,20 @@ PY
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         resume_bf16 "$d"
         OUT=$d profile_kernels kernels_120M_bf16t 30 --size 120M --products bf16t ;;
-    s15b) # matmul v18 with paired stores and the tile order along the shorter side (issue 11): its bits against
+    mm18-stores) # matmul v18 with paired stores and the tile order along the shorter side: its bits against
         # v17; its products at every tile beside PyTorch bf16; the step with bf16t at 120M and 12M; the 120M bf16t
         # step kernel by kernel; one v18 launch (the 120M MLP's x @ W_1) under Nsight Compute's sections
-        mkdir -p "$OUT/s15b"; d="$OUT/s15b"
+        mkdir -p "$OUT/mm18-stores"; d="$OUT/mm18-stores"
         timeout 120 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
         echo "v18_bits exit $rc"; tail -4 "$d/bits.txt"; grep -c identical "$d/bits.txt"
-        if [ $rc -ne 0 ]; then cat "$d/bits.txt"; echo "s15b: v18 is not right here: stopping"; continue; fi
+        if [ $rc -ne 0 ]; then cat "$d/bits.txt"; echo "mm18-stores: v18 is not right here: stopping"; continue; fi
         timeout 120 $py bench/gemm.py --versions 18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
         timeout 120 $py bench/step_time.py --sizes 120M 12M --products bf16t --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         OUT=$d profile_kernels kernels_120M_bf16t 45 --size 120M --products bf16t
-        cat > /tmp/one_v18.py <<'PY'
+        cat > $tmp/one_v18.py <<'PY'
 import numpy as np
 from numba import cuda
 from andrea_numba.kernels import matmul as MM
@@ -679,17 +677,17 @@ cuda.profile_stop()
 PY
         timeout 120 ncu --profile-from-start off -k regex:k_matmul_v18 --section SpeedOfLight --section WarpStateStats \
             --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-            $py /tmp/one_v18.py > "$d/ncu_v18_mlp.txt" 2>&1; echo "ncu v18 exit $?"
+            $py $tmp/one_v18.py > "$d/ncu_v18_mlp.txt" 2>&1; echo "ncu v18 exit $?"
         grep -v "^==PROF==" "$d/ncu_v18_mlp.txt" | grep -E "Duration|Throughput|Busy|Stall|Eligible|Issued|Warp Cycles|Registers|Achieved|Theoretical Occ|L2 Hit|Mem Pipes|DRAM" | head -40 ;;
-    s15a) # the fourteenth session's first call (issue 11): matmul v18 (TMA, producer warp, mbarriers,
+    mm18) # matmul v18 (TMA, producer warp, mbarriers,
         # persistent blocks) and products bf16t. 1. bench/v18_bits.py: v18 against v17's bits at every tile
         # (a hang or a wrong product stops the step here); 2. at once: the harness at 12M on matmul v18 and the
         # bf16t linear ops, the whole bf16t model at 12M; 3. the products of v17 and v18 (every tile) beside
         # PyTorch bf16; 4. the step at 120M and 12M, bf16m against bf16t
-        mkdir -p "$OUT/s15a"; d="$OUT/s15a"
+        mkdir -p "$OUT/mm18"; d="$OUT/mm18"
         timeout 150 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
         echo "v18_bits exit $rc"; cat "$d/bits.txt" | tail -30
-        if [ $rc -ne 0 ]; then echo "s15a: v18 is not right here: stopping"; continue; fi
+        if [ $rc -ne 0 ]; then echo "mm18: v18 is not right here: stopping"; continue; fi
         timeout 200 $py -m andrea_numba.check --size 12M --seed 269 --compile-workers 4 --ops-only --op attn_qkv \
             --op attn_out --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" \
             --version 15 --version 16 --version 18 --version 19 --json > "$d/ops_12M.json" 2> "$d/ops_12M.err" &
@@ -702,13 +700,13 @@ PY
         python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
         timeout 130 $py bench/step_time.py --sizes 120M 12M --products bf16m bf16t --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
-    s14a) # the thirteenth session's first call (issue 11): what s13c could not finish, with room to finish it.
-        #  1. at once (330 s at most): the harness at 12M and 120M on the engine's new bf16 versions (attn_qkv,
+    bf16m-profile) # products bf16m in the harness and the model, with longer limits than bf16m-flash13's:
+        #  1. at once (330 s at most): the harness at 12M and 120M on bf16m's versions (attn_qkv,
         #     attn_out v14, mlp v18, loss v15/v14, matmul v17) and on embed_bwd v5 and residual_layernorm v3
         #     (their rows only); the whole model with bf16m at 12M and 120M;
         #  2. alone: the 120M bf16m step kernel by kernel; flash attention v11 and v13 kernel by kernel at 120M
         #     (every block); the step with bf16m beside cuBLASLt's products (cublas-bf16) at 120M
-        mkdir -p "$OUT/s14a"; d="$OUT/s14a"
+        mkdir -p "$OUT/bf16m-profile"; d="$OUT/bf16m-profile"
         for size in 12M 120M; do
           timeout 330 $py -m andrea_numba.check --size $size --seed 257 --compile-workers 4 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --op embed --op residual_layernorm \
@@ -724,24 +722,24 @@ PY
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -40
         timeout 120 $py bench/step_time.py --sizes 120M --products bf16m cublas-bf16 --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
-    s11) # for the next session (issue 11): the quality question at the default 2,000 steps with its noise
+    quality-floor) # the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
         # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's
         # kernels v8/v10 against v11/v12 at both sizes, alone on the GPU
-        mkdir -p "$OUT/s11"
-        timeout 520 $py bench/precision_runs.py --out /tmp/q11 --size 12M --steps "${QUALITY_STEPS:-2000}" --parallel \
-            --precisions "${S11_PRECISIONS:-fp32,fp32/cublas,bf16,bf16/cublas,fp16}" > "$OUT/s11/quality.txt" 2>&1 &
+        mkdir -p "$OUT/quality-floor"
+        timeout 520 $py bench/precision_runs.py --out $tmp/q11 --size 12M --steps "${QUALITY_STEPS:-2000}" --parallel \
+            --precisions "${FLOOR_PRECISIONS:-fp32,fp32/cublas,bf16,bf16/cublas,fp16}" > "$OUT/quality-floor/quality.txt" 2>&1 &
         for products in bf16l f16w; do
           timeout 300 $py -m andrea_numba.check --size 120M --seed 193 --compile-workers 4 --model-only --products $products \
-              --json > "$OUT/s11/model_120M_$products.json" 2> "$OUT/s11/model_120M_$products.err" &
+              --json > "$OUT/quality-floor/model_120M_$products.json" 2> "$OUT/quality-floor/model_120M_$products.err" &
         done
         wait
-        cp /tmp/q11/precision_runs.* "$OUT/s11/"; grep "^|" "$OUT/s11/quality.txt"
-        for f in "$OUT"/s11/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        [ "${S11_FLASH:-1}" = 0 ] && continue      # S11_FLASH=0: without the flash kernel table
+        cp $tmp/q11/precision_runs.* "$OUT/quality-floor/"; grep "^|" "$OUT/quality-floor/quality.txt"
+        for f in "$OUT"/quality-floor/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
+        [ "${FLOOR_FLASH:-1}" = 0 ] && continue      # FLOOR_FLASH=0: without the flash kernel table
         timeout 100 $py bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
-            --markdown "$OUT/s11/flash_kernels.md" > "$OUT/s11/flash_kernels.txt" 2>&1; echo "flash kernels exit $?"
-        grep "^|" "$OUT/s11/flash_kernels.md" ;;
+            --markdown "$OUT/quality-floor/flash_kernels.md" > "$OUT/quality-floor/flash_kernels.txt" 2>&1; echo "flash kernels exit $?"
+        grep "^|" "$OUT/quality-floor/flash_kernels.md" ;;
     cublas) # the library route (kernels/cublaslt.py, nvmath-python carried as a wheel): matmul v20-v22
         # (cuBLASLt fp32 / bf16 / fp16) in the harness at 12M and 120M; the whole model with cuBLASLt
         # products at 12M (fp32, bf16, fp16) and 120M (bf16); v20-v22 timed beside v8, v10 and PyTorch
@@ -764,20 +762,21 @@ PY
         echo "gemm exit $?"; grep "^|" "$OUT/cublas/gemm.md"
         timeout 200 $py bench/step_time.py --sizes 12M 120M --products bf16w cublas-bf16 cublas --json "$OUT/cublas/step.json" \
             > "$OUT/cublas/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/cublas/step.txt"
-        rm -rf /tmp/lt_graph /tmp/lt_eager
+        rm -rf $tmp/lt_graph $tmp/lt_eager
         for mode in graph eager; do
-          timeout 120 $py -m andrea_numba.train --size 12M --steps 30 --precision bf16 --products cublas --out /tmp/lt_$mode \
+          timeout 120 $py -m andrea_numba.train --size 12M --steps 30 --precision bf16 --products cublas --out $tmp/lt_$mode \
               --log-every 10 $([ $mode = eager ] && echo --no-graph) > "$OUT/cublas/train_$mode.txt" 2>&1
           echo "train $mode exit $?"; grep "products:\|launches:\|step *30" "$OUT/cublas/train_$mode.txt" | head -4
         done
-        $py - > "$OUT/cublas/train_same.json" <<'PY'
-import hashlib, json
+        $py - "$tmp" > "$OUT/cublas/train_same.json" <<'PY'
+import hashlib, json, sys
 from andrea_numba.runlog import read_loss
 key = lambda d: [(r["step"], r["train_loss"], r.get("val_loss"), r["grad_norm"]) for r in read_loss(d)]
 sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
-print(json.dumps({"losses_identical": key("/tmp/lt_graph") == key("/tmp/lt_eager"), "steps": len(key("/tmp/lt_graph")),
-                  "checkpoint_identical": sha("/tmp/lt_graph/checkpoint.bin") == sha("/tmp/lt_eager/checkpoint.bin"),
-                  "state": json.load(open("/tmp/lt_graph/.state.json")).get("cublaslt_version")}))
+T = sys.argv[1]
+print(json.dumps({"losses_identical": key(f"{T}/lt_graph") == key(f"{T}/lt_eager"), "steps": len(key(f"{T}/lt_graph")),
+                  "checkpoint_identical": sha(f"{T}/lt_graph/checkpoint.bin") == sha(f"{T}/lt_eager/checkpoint.bin"),
+                  "state": json.load(open(f"{T}/lt_graph/.state.json")).get("cublaslt_version")}))
 PY
         cat "$OUT/cublas/train_same.json" ;;
     mm12) # matmul v12 (bf16 shared tiles, ldmatrix fragments; kernels/half_tile.py): the harness on the
@@ -812,33 +811,33 @@ PY
         timeout 240 $py bench/gemm.py --versions 13 --blocks --json "$OUT/mm13/gemm_blocks.json" > "$OUT/mm13/gemm_blocks.md" \
             2> "$OUT/mm13/gemm_blocks.err"
         echo "gemm --blocks exit $?"; grep "^|" "$OUT/mm13/gemm_blocks.md"; tail -3 "$OUT/mm13/gemm_blocks.err" ;;
-    quality) # issue 11's training-quality target: 12M for QUALITY_STEPS (2000) steps in fp32, bf16 and fp16,
+    quality) # training quality: 12M for QUALITY_STEPS (2000) steps in fp32, bf16 and fp16,
         # the validation losses side by side and plotted (bench/precision_runs.py), into $OUT/quality/
         # the three at once on the GPU (--parallel: the same losses as one after another);
         # QUALITY_PRODUCTS=cublas trains bf16 and fp16 with cuBLASLt's products
-        timeout ${QUALITY_TIMEOUT:-560} $py bench/precision_runs.py --out /tmp/quality --size 12M --steps "${QUALITY_STEPS:-2000}" \
+        timeout ${QUALITY_TIMEOUT:-560} $py bench/precision_runs.py --out $tmp/quality --size 12M --steps "${QUALITY_STEPS:-2000}" \
             --precisions fp32,bf16,fp16 --parallel --products "${QUALITY_PRODUCTS:-numba}" > "$OUT/quality.txt" 2>&1
         echo "quality exit $?"; grep "^|" "$OUT/quality.txt" | tail -4
-        mkdir -p "$OUT/quality"; cp /tmp/quality/precision_runs.* "$OUT/quality/"
+        mkdir -p "$OUT/quality"; cp $tmp/quality/precision_runs.* "$OUT/quality/"
         grep "loss scale" "$OUT/quality.txt" | head -5 ;;
     flash8) compare_versions flash8 attn_flash 83 300 "5 7 8" --flash-version "5 7 8" ;;   # flash v7 (indices >= 0), v8 (longest tiles first) against v5
-    s8) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
+    flash9-mlp12) # flash v9 (D in the dq kernel), mlp v11 (C-wide products split over K) and v12 (128-bit GELU
         # passes), loss_fwd v9 (softmax rows on fewer threads): the same bits where they claim them,
         # the harness at 12M, their kernel tables at 12M, the whole model at 12M with the engine's
-        mkdir -p "$OUT/s8"
+        mkdir -p "$OUT/flash9-mlp12"
         for pair in "attn_flash 5 9" "attn_flash 8 9" "mlp 11 12"; do set -- $pair
-          timeout 90 $py bench/same_bits.py --size 12M --op $1 --versions $2 $3 --json "$OUT/s8/bits_$1_$2_$3.json" \
-              > "$OUT/s8/bits_$1_$2_$3.txt" 2>&1; echo "same_bits $pair exit $?"; tail -1 "$OUT/s8/bits_$1_$2_$3.txt"; done
+          timeout 90 $py bench/same_bits.py --size 12M --op $1 --versions $2 $3 --json "$OUT/flash9-mlp12/bits_$1_$2_$3.json" \
+              > "$OUT/flash9-mlp12/bits_$1_$2_$3.txt" 2>&1; echo "same_bits $pair exit $?"; tail -1 "$OUT/flash9-mlp12/bits_$1_$2_$3.txt"; done
         timeout 200 $py -m andrea_numba.check --size 12M --seed 89 --ops-only --op mlp --op loss --op attn_flash \
-            --version 9 --version 11 --version 12 --json > "$OUT/s8/check_12M.json" 2> "$OUT/s8/check_12M.err"
-        echo "s8 check 12M exit $?"; tail -1 "$OUT/s8/check_12M.err"; disagree "$OUT/s8/check_12M.json"
-        timeout 150 $py bench/kernels.py mlp --sizes 12M --version 9 --version 11 --version 12 --markdown "$OUT/s8/mlp.md" \
-            > "$OUT/s8/mlp.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/s8/mlp.md"
-        timeout 100 $py bench/kernels.py loss --sizes 12M --version 7 --version 9 --markdown "$OUT/s8/loss.md" \
-            > "$OUT/s8/loss.txt" 2>&1; echo "kernels loss exit $?"; grep "^|" "$OUT/s8/loss.md"
-        timeout 150 $py -m andrea_numba.check --size 12M --seed 97 --model-only --json > "$OUT/s8/model_12M.json" \
-            2> "$OUT/s8/model_12M.err"; echo "model 12M exit $?"; tail -1 "$OUT/s8/model_12M.err"; disagree "$OUT/s8/model_12M.json" ;;
-    simt2) # the engine's new MLP (v9) and flash attention (v5) in the whole model; matmul v9 (SIMT
+            --version 9 --version 11 --version 12 --json > "$OUT/flash9-mlp12/check_12M.json" 2> "$OUT/flash9-mlp12/check_12M.err"
+        echo "flash9-mlp12 check 12M exit $?"; tail -1 "$OUT/flash9-mlp12/check_12M.err"; disagree "$OUT/flash9-mlp12/check_12M.json"
+        timeout 150 $py bench/kernels.py mlp --sizes 12M --version 9 --version 11 --version 12 --markdown "$OUT/flash9-mlp12/mlp.md" \
+            > "$OUT/flash9-mlp12/mlp.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/flash9-mlp12/mlp.md"
+        timeout 100 $py bench/kernels.py loss --sizes 12M --version 7 --version 9 --markdown "$OUT/flash9-mlp12/loss.md" \
+            > "$OUT/flash9-mlp12/loss.txt" 2>&1; echo "kernels loss exit $?"; grep "^|" "$OUT/flash9-mlp12/loss.md"
+        timeout 150 $py -m andrea_numba.check --size 12M --seed 97 --model-only --json > "$OUT/flash9-mlp12/model_12M.json" \
+            2> "$OUT/flash9-mlp12/model_12M.err"; echo "model 12M exit $?"; tail -1 "$OUT/flash9-mlp12/model_12M.err"; disagree "$OUT/flash9-mlp12/model_12M.json" ;;
+    simt2) # the whole model with the engine's kernels; matmul v9 (SIMT
            # tiles) against v3 and cuBLAS; the step with tf32x3w, simt and simt2 products; the harness
            # on the simt2 linear ops at 12M
         mkdir -p "$OUT/simt2"
@@ -859,5 +858,5 @@ PY
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
-for d in graph checks v8 mlp6 mlp9 flash5 flash8 s8 s8b simt2 embed4 adamw3 ln2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
+for d in graph checks v8 mlp6 mlp9 flash5 flash8 flash9-mlp12 flash10 simt2 embed4 adamw3 ln2; do [ -d "$OUT/$d" ] && tar -C "$OUT" -czf "$OUT/$d.tgz" "$d" && rm -r "$OUT/$d"; done
 true

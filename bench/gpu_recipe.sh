@@ -10,11 +10,9 @@
 #
 # Run with PYTHONPATH set up as the README says (the collect step samples from best.bin).
 # The corpus comes from `data download shakespeare` (or, without network, from .corpus/shakespeare.txt
-# through a file:// address; the sha256 is the registry's either way). Run files stay in /tmp/recipe.
-set -u
-OUT=${OUT:-/tmp/out}; R=/tmp/recipe; mkdir -p "$OUT" "$R"
-export PYTHONUNBUFFERED=1
-py=python3
+# through a file:// address; the sha256 is the registry's either way). Run files stay in $tmp/recipe.
+WHAT=recipe; source "$(dirname "$0")/gpu_lib.sh"      # OUT, tmp, py
+R=$tmp/recipe; mkdir -p "$R"
 CFG=configs/ANDREA-12M-SHAKESPEARE.json
 
 gpu1_jobs() {

@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
-# One GPU session for issue 10's step: flash attention v2 checked (12M, 120M) and timed, the CUDA
+# The training step on the GPU: flash attention v2 checked (12M, 120M) and timed, the CUDA
 # graph against eager (bench/gpu_graph.py), the whole step beside PyTorch, and the default 12M
 # training run with its wall time. Writes to $OUT.
 #   bash bench/gpu_step.sh [steps...]      steps: tf32 flash graph step mem120 train (default all)
 #   mem120: ten steps of the 120M config (graph mode), for the memory plan against what setup took
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-py=python3
+WHAT=step; source "$(dirname "$0")/gpu_lib.sh"      # OUT, tmp, py
 steps=${*:-tf32 flash graph step mem120 train}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 for s in $steps; do
@@ -24,14 +21,14 @@ for s in $steps; do
            echo "gpu_graph exit $?"; tail -25 "$OUT/graph.txt" ;;
     step) $py bench/step_time.py --sizes 12M 120M --attention both --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
           echo "step exit $?"; grep -v '^{' "$OUT/step.txt" ;;
-    mem120) rm -rf /tmp/run120M
-           $py -m andrea_numba.train --size 120M --steps 10 --out /tmp/run120M --log-every 5 > "$OUT/train120M.txt" 2>&1
+    mem120) rm -rf $tmp/run120M
+           $py -m andrea_numba.train --size 120M --steps 10 --out $tmp/run120M --log-every 5 > "$OUT/train120M.txt" 2>&1
            echo "train 120M exit $?"; grep -E "memory|launches|tok/s|total" "$OUT/train120M.txt" ;;
-    train) rm -rf /tmp/run12M
-           /usr/bin/time -v $py -m andrea_numba.train --size 12M --out /tmp/run12M --log-every 500 > "$OUT/train.txt" 2> "$OUT/train.time"
+    train) rm -rf $tmp/run12M
+           /usr/bin/time -v $py -m andrea_numba.train --size 12M --out $tmp/run12M --log-every 500 > "$OUT/train.txt" 2> "$OUT/train.time"
            echo "train exit $?"; tail -15 "$OUT/train.txt"; grep -E "Elapsed|Maximum resident" "$OUT/train.time"
-           mkdir -p "$OUT/run12M"; cp /tmp/run12M/*.json /tmp/run12M/*.png "$OUT/run12M/" 2>/dev/null
-           cp /tmp/run12M/.*.json "$OUT/run12M/" 2>/dev/null; ls -la /tmp/run12M ;;
+           mkdir -p "$OUT/run12M"; cp $tmp/run12M/*.json $tmp/run12M/*.png "$OUT/run12M/" 2>/dev/null
+           cp $tmp/run12M/.*.json "$OUT/run12M/" 2>/dev/null; ls -la $tmp/run12M ;;
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done

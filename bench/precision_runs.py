@@ -12,7 +12,7 @@ products beside the others. DIR receives precision_runs.md (every evaluation's
 validation loss by precision, and each one's difference from fp32's at the same step),
 precision_runs.json and precision_runs.png (the validation curves together). Exit code 0 when every
 run finished and, with fp32 among them, every other precision's last validation loss is within 1%
-of fp32's (issue 11's target); 1 otherwise.
+of fp32's; 1 otherwise.
 """
 from __future__ import annotations
 

@@ -221,7 +221,7 @@ def main(argv=None):
             torch_row["torch_fp32_ms"] *= 1e3
             torch_row["torch_bf16_ms"], torch_row["torch_bf16_peak_GB"] = time_torch(m, B, T, args.iters, bf16=True)
             torch_row["torch_bf16_ms"] *= 1e3
-            if args.torch_compile:          # issue 11's stretch figure: PyTorch bf16 through torch.compile
+            if args.torch_compile:          # PyTorch bf16 through torch.compile
                 ms, _ = time_torch(m, B, T, args.iters, bf16=True, compiled=True)
                 torch_row["torch_bf16_compiled_ms"] = ms * 1e3
                 train_steps.append(f"PyTorch bf16 autocast through torch.compile, {size}: {ms * 1e3:.2f} ms a "

@@ -42,7 +42,7 @@ read) and the raw registers. Each variant runs in its own process (a faulting wg
 CUDA context for the rest): about 5 s a variant.
 
     python bench/wgmma_probe.py --json out.json    # on the GPU: every variant, each in its own process
-    python bench/wgmma_probe.py --ptx /tmp/ptx     # anywhere: compile each kernel for sm_90a, run ptxas
+    python bench/wgmma_probe.py --ptx ptx/         # anywhere: compile each kernel for sm_90a, run ptxas
 """
 from __future__ import annotations
 

@@ -407,7 +407,7 @@ C.say(f"""
 {chr(10).join("        " + " ".join(f"{v:2d}" for v in row) for row in swizzled)}
     On the H200 (docs/mixed-precision.md, 2026-12-03) v18 gives v17's bits and runs the 120M MLP's
     x @ W_1 at 382 TFLOP/s with its operand copies (v17: 217) and the logits at 505 (v17: 233); the
-    120M bf16 forward + backward went from 38.1 ms (v17) to 26.4 (v18, with that session's other kernels).
+    120M bf16 forward + backward went from 38.1 ms (v17) to 26.4 (v18, with the other kernels of that date).
 """)
 
 # %%

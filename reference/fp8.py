@@ -105,7 +105,7 @@ def quantize(x, fmt: Format, amax: float | None = None) -> Quantized:
 
 
 # ------------------------------------------------------------------------------------------------
-# Bit patterns, and the GPU's arithmetic (issue 12's quantize kernels: andrea_numba/kernels/fp8.py)
+# Bit patterns, and the GPU's arithmetic (the quantize kernels: andrea_numba/kernels/fp8.py)
 #
 # An FP8 value is stored as one byte: sign << 7 | exponent << M | mantissa, the exponent biased by
 # 1 - E (E4M3: 7, E5M2: 15); exponent 0 holds the subnormals (mantissa x 2^(E - M)) and zero.

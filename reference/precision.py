@@ -76,7 +76,7 @@ def mm(a, b):
     return rnd(a).astype(a.dtype) @ rnd(b).astype(b.dtype)
 
 
-# FP8 (issue 12: reference/fp8.py), simulated: each operand of a product quantized per tensor as the
+# FP8 (reference/fp8.py), simulated: each operand of a product quantized per tensor as the
 # GPU quantizes it (quantize_gpu: scaled from its fp32 amax, rounded, scaled back), the product in
 # float64. Which products, and to which format, is the scope's:
 #     "fp8-fwd"    the forward's products in E4M3; the backward's in bf16 (as the GPU runs them)

@@ -1,4 +1,4 @@
-"""Products "bf16r" (the engine's bf16 from the twelfth session): matmul v16 routes each product to
+"""Products "bf16r": matmul v16 routes each product to
 v15 (wgmma) or v13 (mma.sync); the loss's two-pass softmax (k_loss_fwd_v2) and its dlogits written
 in bf16 (k_loss_bwd_v2); the MLP's GELU' pass writing bf16 (k_gelu_bwd_v3); gradients rounded once
 for two products (cublaslt.HELD). The harness (tests/test_kernels.py) checks every new launcher

@@ -1,4 +1,4 @@
-"""No input a user can type gives a traceback (issue 9): a table of bad inputs for every command line.
+"""No input a user can type gives a traceback: a table of bad inputs for every command line.
 
 Each row calls a tool's main(argv) in this process and asserts: exit code 2, exactly one line on
 stderr and it starts with "error:", no "Traceback" anywhere, the expected words in that line (so
@@ -228,7 +228,7 @@ def busy_port():
 def tools():
     return {"config": config.main, "sample": sample.main, "plot": plot.main, "dashboard": dashboard.main,
             "data": data.main, "check": check.main, "gradcheck": gradcheck.main, "exercises": exercises.main,
-            **{f"bench/{b}": _bench(b).main for b in ("kernels", "gpu_session", "step_time", "profile_step",
+            **{f"bench/{b}": _bench(b).main for b in ("kernels", "gpu_checks", "step_time", "profile_step",
                                                          "gpu_graph", "gemm", "tf32_check", "profile_kernels",
                                                          "gemm_ablate", "ncu_gemm", "precision_runs")}}
 
@@ -391,11 +391,11 @@ ROWS = [
     ("bench/kernels", ["attn", "--sizes", "tiny,,12M"], "argument --sizes"),
     ("bench/kernels", ["attn", "--json", "{W}/nodir/out.json"], "does not exist"),
     ("bench/kernels", ["attn", "--markdown", "{W}/out.txt"], "ending in .md"),
-    ("bench/gpu_session", [], "the following arguments are required: --out"),
-    ("bench/gpu_session", ["--out", "{W}/files/afile"], "is a file, not a directory"),
-    ("bench/gpu_session", ["--out", "{W}/new", "--ops", "nope"], "unknown op 'nope'"),
-    ("bench/gpu_session", ["--out", "{W}/new", "--check", "7B"], "unknown size '7B'"),
-    ("bench/gpu_session", ["--out", "{W}/new", "--seed", "x"], "argument --seed"),
+    ("bench/gpu_checks", [], "the following arguments are required: --out"),
+    ("bench/gpu_checks", ["--out", "{W}/files/afile"], "is a file, not a directory"),
+    ("bench/gpu_checks", ["--out", "{W}/new", "--ops", "nope"], "unknown op 'nope'"),
+    ("bench/gpu_checks", ["--out", "{W}/new", "--check", "7B"], "unknown size '7B'"),
+    ("bench/gpu_checks", ["--out", "{W}/new", "--seed", "x"], "argument --seed"),
     ("bench/step_time", ["--iters", "0"], "argument --iters"),
     ("bench/step_time", ["--sizes", "7B"], "invalid choice: '7B'"),
     ("bench/step_time", ["--json", "{W}/nodir/x.json"], "does not exist"),

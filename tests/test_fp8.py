@@ -1,4 +1,4 @@
-"""The FP8 formats of reference/fp8.py (issue 12's simulated FP8): every one of the 256 bit patterns
+"""The FP8 formats of reference/fp8.py (simulated FP8): every one of the 256 bit patterns
 of E4M3 and E5M2, decoded from the OCP FP8 definitions, is a fixed point of round_fp8; a value
 halfway between two neighbours goes to the one whose last mantissa bit is 0; everything past the
 largest value saturates; and per-tensor scaling maps a tensor's amax onto the format's largest value,
@@ -40,7 +40,7 @@ def test_every_value_is_a_fixed_point_and_midpoints_go_to_the_even_neighbour(fmt
     np.testing.assert_array_equal(round_fp8(mid + (hi - lo) * 1e-3, fmt), hi)   # just past halfway
     np.testing.assert_array_equal(round_fp8(mid - (hi - lo) * 1e-3, fmt), lo)
     try:
-        import ml_dtypes                                            # the library the issue names, where installed
+        import ml_dtypes                                            # its FP8 types agree, where installed
     except ImportError:
         return
     dt = ml_dtypes.float8_e4m3fn if fmt is E4M3 else ml_dtypes.float8_e5m2

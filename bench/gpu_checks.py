@@ -1,11 +1,11 @@
-"""One GPU session's checks and benchmarks in one process, so every kernel compiles once:
+"""The GPU checks and benchmarks in one process, so every kernel compiles once:
 the agreement harness (every version at every block size, ops and whole model) and
 bench/kernels.py's table, at the sizes given. Results go to --out as JSON and Markdown.
 
-    python bench/gpu_session.py --out results/ --check 12M,120M --kernels 12M
-    python bench/gpu_session.py --out results/ --kernels 120M --ops loss,attn
+    python bench/gpu_checks.py --out results/ --check 12M,120M --kernels 12M
+    python bench/gpu_checks.py --out results/ --kernels 120M --ops loss,attn
 
-Progress goes to stderr, one line per step, so a long session shows where it is.
+Progress goes to stderr, one line per step, so a long run shows where it is.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
             raise argparse.ArgumentTypeError(f"unknown op {bad[0]!r}: give all, or ops of {', '.join(CASES)}")
         return text
 
-    ap = cli.Parser(prog="python bench/gpu_session.py", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python bench/gpu_checks.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=cli.dir_to_write, required=True, help="folder for the result files")
     ap.add_argument("--check", type=cli.config_list, default=[], help="sizes for the agreement harness, comma-separated")
     ap.add_argument("--kernels", type=cli.config_list, default=[], help="sizes for bench/kernels.py's table, comma-separated")
