@@ -446,8 +446,9 @@ def format_table(rows) -> str:
 
 
 @exit_on_config_error
-def main(argv=None) -> int:
-    ap = cli.Parser(prog="python -m andrea_numba.check",
+def main(argv=None, recipes=RECIPES, prog="python -m andrea_numba.check") -> int:
+    """The command line; recipes: the recipes --recipe may name (the lab's entry adds its rungs)."""
+    ap = cli.Parser(prog=prog,
                     description="Check every CUDA kernel and the whole GPU model against the NumPy twin.")
     ap.add_argument("--size", default="tiny", type=cli.config, help="tiny, 12M, 120M or a config file (default tiny)")
     ap.add_argument("--seed", type=cli.seed, default=None, help="seed of the random inputs (default: fresh, printed)")
@@ -459,9 +460,9 @@ def main(argv=None) -> int:
                     help=f"check only this op (repeatable): {', '.join(CASES)}")
     ap.add_argument("--version", action="append", metavar="N", type=cli.int_range(1, 99),
                     help="check only this version number of each launcher (repeatable; default every version)")
-    ap.add_argument("--recipe", default="fp32", type=cli.one_of(RECIPES, "recipe"),
-                    help="the whole model's recipe (andrea_numba/recipes.py), checked against the twin at its "
-                         f"precision: {', '.join(RECIPES)} (default fp32; cublas-* need a GPU with nvmath-python)")
+    ap.add_argument("--recipe", default="fp32", type=cli.one_of(recipes, "recipe"),
+                    help="the whole model's recipe, checked against the twin at its precision: "
+                         f"{', '.join(recipes)} (default fp32; cublas-* need a GPU with nvmath-python)")
     ap.add_argument("--compile-workers", type=cli.int_range(0, 64), default=0, metavar="N",
                     help="on a GPU: compile every kernel the checks launch on N processes first (default 0: each "
                          "at its first launch)")
@@ -487,7 +488,7 @@ def main(argv=None) -> int:
     say(f"seed {seed}, device: {device_name()}")
     rows = run_checks(args.size, seed, args.batch, args.seq, ops=not args.model_only,
                       model=not (args.ops_only or args.op or args.version), progress=say, only=args.op,
-                      versions=args.version, recipe=args.recipe, compile_workers=args.compile_workers)
+                      versions=args.version, recipe=recipes[args.recipe], compile_workers=args.compile_workers)
     ok = all(r["ok"] for r in rows)
     if args.json:
         print(json.dumps({"ok": ok, "device": device_name(), "seed": seed, "size": args.size, "results": rows},

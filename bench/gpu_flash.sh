@@ -25,9 +25,9 @@ for s in $steps; do
   t0=$(date +%s)
   case $s in
     flash)
-      $py -m andrea_numba.check --size 12M --seed 4 --op attn_flash --op attn --json > "$OUT/flash_check_12M.json" \
+      $py -m lab.check --size 12M --seed 4 --op attn_flash --op attn --json > "$OUT/flash_check_12M.json" \
           2> "$OUT/flash_check_12M.err"; echo "check 12M exit $?"; tail -2 "$OUT/flash_check_12M.err"
-      $py -m andrea_numba.check --size 120M --seed 4 --op attn_flash --json > "$OUT/flash_check_120M.json" \
+      $py -m lab.check --size 120M --seed 4 --op attn_flash --json > "$OUT/flash_check_120M.json" \
           2> "$OUT/flash_check_120M.err"; echo "check 120M exit $?"; tail -2 "$OUT/flash_check_120M.err"
       for op in attn_flash attn; do
           $py bench/kernels.py $op --sizes 12M --markdown "$OUT/bench_$op.md" > "$OUT/bench_$op.txt" 2>&1
@@ -40,7 +40,7 @@ for s in $steps; do
       # and every output's largest error, so that the tolerance can be set from these figures.
       mkdir -p "$OUT/flash16"
       for size in 12M 120M; do
-        timeout 400 $py -m andrea_numba.check --size $size --seed 167 --compile-workers 4 --ops-only --op attn_flash \
+        timeout 400 $py -m lab.check --size $size --seed 167 --compile-workers 4 --ops-only --op attn_flash \
             --version 11 --version 12 --json > "$OUT/flash16/check_$size.json" 2> "$OUT/flash16/check_$size.err" &
       done
       wait

@@ -21,7 +21,7 @@ disagree() {     # rows in a check's JSON file, and the first rows that disagree
 check_model() {  # check_model SEED: the whole model against the float64 twin at 12M and 120M
   local size
   for size in 12M 120M; do
-    timeout 150 $py -m andrea_numba.check --size $size --seed "$1" --model-only --json > "$OUT/model_$size.json" \
+    timeout 150 $py -m lab.check --size $size --seed "$1" --model-only --json > "$OUT/model_$size.json" \
         2> "$OUT/model_$size.err"
     echo "model $size exit $?"; tail -1 "$OUT/model_$size.err"; disagree "$OUT/model_$size.json"
   done
@@ -32,7 +32,7 @@ check_op_sizes() {    # check_op_sizes DIR OP SEED [check flags...]: the harness
   local dir=$1 op=$2 seed=$3 size; shift 3
   mkdir -p "$dir"
   for size in 12M 120M; do
-    timeout 150 $py -m andrea_numba.check --size $size --seed "$seed" --ops-only --op "$op" "$@" \
+    timeout 150 $py -m lab.check --size $size --seed "$seed" --ops-only --op "$op" "$@" \
         --json > "$dir/check_$size.json" 2> "$dir/check_$size.err"
     echo "$(basename "$dir") check $size exit $?"; tail -1 "$dir/check_$size.err"; disagree "$dir/check_$size.json"
   done

@@ -11,7 +11,7 @@ steps=${*:-gemm check12 check120 kernels step}
 check_versions() {   # check_versions TAG SEED --version N ...: the linear ops and products at 12M and 120M
   local tag=$1 seed=$2; shift 2
   for size in 12M 120M; do
-    $py -m andrea_numba.check --size $size --seed $seed --op attn_qkv --op attn_out --op mlp --op loss --op matmul \
+    $py -m lab.check --size $size --seed $seed --op attn_qkv --op attn_out --op mlp --op loss --op matmul \
         --op "matmul a@b^T" --op "matmul a^T@b +=" "$@" --json > "$OUT/${tag}_$size.json" 2> "$OUT/${tag}_$size.err"
     echo "$tag $size exit $?"; tail -1 "$OUT/${tag}_$size.err"; disagree "$OUT/${tag}_$size.json"
   done
@@ -22,9 +22,9 @@ for s in $steps; do
   t0=$(date +%s)
   case $s in
     gemm) $py bench/gemm.py --json "$OUT/gemm.json" > "$OUT/gemm.md" 2>&1; echo "gemm exit $?"; cat "$OUT/gemm.md" ;;
-    check12) $py -m andrea_numba.check --size 12M --seed 4 --json > "$OUT/check_12M.json" 2> "$OUT/check_12M.err"
+    check12) $py -m lab.check --size 12M --seed 4 --json > "$OUT/check_12M.json" 2> "$OUT/check_12M.err"
              echo "check 12M exit $?"; tail -3 "$OUT/check_12M.err" ;;
-    check120) $py -m andrea_numba.check --size 120M --seed 4 --op attn_qkv --op attn_out --op mlp --op loss \
+    check120) $py -m lab.check --size 120M --seed 4 --op attn_qkv --op attn_out --op mlp --op loss \
                   --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --json > "$OUT/check_120M.json" 2> "$OUT/check_120M.err"
               echo "check 120M exit $?"; tail -3 "$OUT/check_120M.err" ;;
     kernels) mkdir -p "$OUT/kernels"
@@ -33,7 +33,7 @@ for s in $steps; do
                $py bench/kernels.py "$op" --sizes $size --markdown "$f.md" > "$f.txt" 2>&1; echo "kernels $size $op exit $?"
                grep "^|" "$f.md" | grep -v "| v1 |"
              done; done ;;
-    step) $py bench/step_time.py --sizes 12M 120M --products tf32x3 simt --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
+    step) $py bench/step_time.py --sizes 12M 120M --recipe tf32x3 simt --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
           echo "step exit $?"; cat "$OUT/step.txt" | grep -v '^{' ;;
     gemm5) $py bench/gemm.py --versions 4,5 --blocks --json "$OUT/gemm5.json" > "$OUT/gemm5.md" 2>&1
            echo "gemm5 exit $?"; cat "$OUT/gemm5.md" ;;
@@ -42,12 +42,12 @@ for s in $steps; do
            echo "gemm6 exit $?"; cat "$OUT/gemm6.md" | grep -v "v6_regs" ; grep -o "'v6_regs': \[[0-9]*\]" "$OUT/gemm6.md" | sort | uniq -c ;;
     check6) check_versions check6 7 --version 5 --version 6 ;;
     model) check_model 8 ;;
-    step6) $py bench/step_time.py --sizes 12M 120M --products tf32x3k tf32x3 --json "$OUT/step6.json" > "$OUT/step6.txt" 2>&1
+    step6) $py bench/step_time.py --sizes 12M 120M --recipe tf32x3k tf32x3 --json "$OUT/step6.json" > "$OUT/step6.txt" 2>&1
            echo "step6 exit $?"; grep -v '^{' "$OUT/step6.txt" ;;
-    step5) $py bench/step_time.py --sizes 12M 120M --products tf32x3 tf32x3s --json "$OUT/step5.json" > "$OUT/step5.txt" 2>&1
+    step5) $py bench/step_time.py --sizes 12M 120M --recipe tf32x3 tf32x3s --json "$OUT/step5.json" > "$OUT/step5.txt" 2>&1
            echo "step5 exit $?"; grep -v '^{' "$OUT/step5.txt" ;;
     profile5) for size in 12M 120M; do
-                $py bench/profile_step.py --size $size --products tf32x3s --json "$OUT/profile5_$size.json" > "$OUT/profile5_$size.txt" 2>&1
+                $py bench/profile_step.py --size $size --recipe tf32x3s --json "$OUT/profile5_$size.json" > "$OUT/profile5_$size.txt" 2>&1
                 echo "profile5 $size exit $?"; head -12 "$OUT/profile5_$size.txt"
               done ;;
   esac

@@ -10,7 +10,7 @@
 #          LayerNorm and flash v3/v4, and the whole model), gemm (matmul v6 beside cuBLAS), flash (flash attention v3 and v4 timed),
 #          mlp6 (the MLP's v6 against v5: harness, kernel table, the step), model (the whole model
 #          against the twin at 12M and 120M), v8 (matmul v8 and v7 and the linear ops on them: harness
-#          at 12M, the whole model, products beside cuBLAS, the step with products tf32x3w and tf32x3t),
+#          at 12M, the whole model, products beside cuBLAS, the step with products fp32 and tf32x3t),
 #          mlp9 (the MLP's v9 against v8: harness at 12M and 120M, kernel table, the step), flash5
 #          (flash attention v5 and v6 against v3: the same three), simt2 (matmul v9 and the linear
 #          ops on it: the whole model, products beside v3 and cuBLAS, the step, the harness),
@@ -38,19 +38,19 @@
 #          bf16d (started in the background: the 16-bit versions' harness at 120M, the fp16 model with the loss
 #          scaled; bf16d_report waits and reports); resume16 (bit-exact resume in bf16 and fp16);
 #          bf16l-cublas16 (matmul v12, cuBLASLt's bf16/fp16 route, flash v11/v12, the linear ops on v12's tiles:
-#          harness, models, the gemm, step and flash tables); bf16l-f16w (the bf16l/f16w models, quality and
+#          harness, models, the gemm, step and flash tables); bf16l-f16w (the bf16l/fp16 models, quality and
 #          resume); quality-floor (the quality question at 2,000 steps with an fp32/cublas noise floor, the
 #          120M model at bf16 and fp16, flash attention's kernels; FLOOR_PRECISIONS sets the runs,
 #          FLOOR_FLASH=0 leaves out the flash table);
-#          bf16r (products bf16r: harness, whole model, the step beside bf16a and PyTorch, the 120M profile, v15's tiles);
+#          bf16r (products bf16r: harness, whole model, the step beside bf16-ampere and PyTorch, the 120M profile, v15's tiles);
 #          bf16m (matmul v17 and products bf16m, embed_bwd v5, residual_layernorm_fwd v3: probe, harness, model, resume, step, tables);
 #          bf16m-flash13 (products bf16m and flash v13: harness, model, resume; the step, flash and v17 tables);
 #          fp8-probe (which cuBLASLt FP8 forms run, with the library's log); fp8-step (FP8 at 120M, the models at
 #          12M, the step by scope beside PyTorch, fp8-e5m2 resume); fp8-quality (12M 2000 steps: fp32, bf16, 3 FP8 scopes);
 #          fp8-checks (the FP8 kernels against the twin at 12M, the fp8-e5m2 model, FP8 products against bf16, a training smoke run);
 #          mm23 (matmul v23, v19 with its in-kernel split-K sums' loads batched: products beside v18 and v19, bits, the step);
-#          bf16o-loss18 (bf16o with loss v18/v16 (the logits kept, M and se saved): bits against bf16s, models, steps x30, bf16 resume, profile);
-#          bf16o (products bf16o: flash v14 and LN bwd v6 writing the products' operands in bf16: bits against bf16s, model, steps, profile);
+#          bf16-hopper-loss18 (bf16-hopper with loss v18/v16 (the logits kept, M and se saved): bits against bf16s, models, steps x30, bf16 resume, profile);
+#          bf16-hopper (products bf16-hopper: flash v14 and LN bwd v6 writing the products' operands in bf16: bits against bf16s, model, steps, profile);
 #          bf16s (products bf16s against bf16t, mlp v20 against v19: models, bits, steps, profile);
 #          ln5-step (residual_layernorm_bwd v5: the whole models, the step x20);
 #          mm18-tiles-ln5 (v18's two-blocks tile: bits, products, operand layouts; residual_layernorm v5: harness, table);
@@ -59,7 +59,7 @@
 #          mm18 (matmul v18 and products bf16t: v18's bits against v17, harness, model, products, step);
 #          bf16m-profile (the harness on bf16m's versions, embed v5, LN v3; the bf16m model; flash tables; profile);
 #          profile-bf16l-cublas (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's);
-#          bf16a (the wgmma probe; v13's linear ops and the bf16a model: harness, resume, step, profile, gemm, torch.compile);
+#          bf16-ampere (the wgmma probe; v13's linear ops and the bf16-ampere model: harness, resume, step, profile, gemm, torch.compile);
 #          cublas-bf16-step (the step with cuBLASLt bf16 products on k_round_bf16_v2's copies, then mm14);
 #          mm14 (matmul v14, wgmma on K-major bf16 copies: the harness at 12M and 120M at once, v13, v14, v21 timed);
 #          mm15 (matmul v15, wgmma in flight on a dynamic-shared-memory ring: the harness at 12M and 120M, v14, v15, v21 timed);
@@ -100,20 +100,20 @@ same_bits_then_time() {   # same_bits_then_time TAG BASE NEW CHECK_SIZE SEED ITE
   # with "resume" bit-exact resume in bf16 (resume_bf16), then the 120M NEW step kernel by kernel
   local tag=$1 base=$2 new=$3 size=$4 seed=$5 iters=$6 d="$OUT/$1" rc=0 at
   mkdir -p "$d"
-  timeout 200 $py -m andrea_numba.check --size $size --seed $seed --compile-workers 2 --model-only --products $new \
+  timeout 200 $py -m lab.check --size $size --seed $seed --compile-workers 2 --model-only --recipe $new \
       --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
   for at in 120M 12M; do
-    timeout 150 $py bench/model_bits.py --size $at --products $base $new --json "$d/bits_$at.json" \
+    timeout 150 $py bench/model_bits.py --sizes $at --same $base $new --json "$d/bits_$at.json" \
         > "$d/bits_$at.txt" 2>&1; rc=$?; echo "model_bits $at exit $rc: $(tail -1 "$d/bits_$at.txt")"
     if [ $rc -ne 0 ]; then tail -5 "$d/bits_$at.txt"; break; fi
   done
   wait
   echo "model_$size.json: $(tail -1 "$d/model_$size.err")"; disagree "$d/model_$size.json"
   if [ $rc -ne 0 ]; then echo "$tag: $new does not give $base's bits here: stopping"; return 1; fi
-  timeout 200 $py bench/step_time.py --sizes 120M 12M --products $new $base --iters $iters \
+  timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe $new $base --iters $iters \
       --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
   if [ "${7:-}" = resume ]; then resume_bf16 "$d"; fi
-  OUT=$d profile_kernels kernels_120M_$new 40 --size 120M --products $new
+  OUT=$d profile_kernels kernels_120M_$new 40 --size 120M --recipe $new
 }
 
 profile_kernels() {   # profile_kernels TAG LINES RUN_ARGS...: bench/profile_kernels.py run RUN_ARGS under Nsight
@@ -132,7 +132,7 @@ product_version() {   # product_version V GEMM_VERSIONS: matmul vV on the three 
   local v=$1 versions=$2 size d="$OUT/mm$1"; declare -A pid
   mkdir -p "$d"
   for size in 12M 120M; do
-    timeout 150 $py -m andrea_numba.check --size $size --seed 211 --ops-only --op matmul --op "matmul a@b^T" \
+    timeout 150 $py -m lab.check --size $size --seed 211 --ops-only --op matmul --op "matmul a@b^T" \
         --op "matmul a^T@b +=" --version "$v" --compile-workers 2 --json > "$d/check_$size.json" 2> "$d/check_$size.err" &
     pid[$size]=$!
   done
@@ -149,7 +149,7 @@ for s in $steps; do
   t0=$(date +%s)
   case $s in
     profile) for size in 12M 120M; do profile_kernels "kernels_$size" 30 --size $size; done ;;
-    embed3) timeout 90 $py -m andrea_numba.check --size 12M --seed 53 --op embed --ops-only --json \
+    embed3) timeout 90 $py -m lab.check --size 12M --seed 53 --op embed --ops-only --json \
                 > "$OUT/embed3_check_12M.json" 2> "$OUT/embed3_check_12M.err"
             echo "embed3 check 12M exit $?"; tail -1 "$OUT/embed3_check_12M.err"; disagree "$OUT/embed3_check_12M.json" ;;
     embed4) check_op_sizes "$OUT/embed4" embed 59
@@ -169,14 +169,14 @@ for s in $steps; do
            echo "gpu_graph exit $?"; tail -12 "$OUT/graph.txt" ;;
     step) timeout 200 $py bench/step_time.py --sizes 12M 120M --flash-version 3 4 --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
           echo "step exit $?"; grep -v '^{' "$OUT/step.txt" ;;
-    check120) timeout 400 $py -m andrea_numba.check --size 120M --seed 7 --op attn_qkv --op attn_out --op mlp --op loss \
+    check120) timeout 400 $py -m lab.check --size 120M --seed 7 --op attn_qkv --op attn_out --op mlp --op loss \
                   --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 5 --version 6 --ops-only --json \
                   > "$OUT/check6_120M.json" 2> "$OUT/check6_120M.err"
               echo "check6 120M exit $?"; tail -1 "$OUT/check6_120M.err"; disagree "$OUT/check6_120M.json" ;;
     checks) # the split-K choice (linear ops v5, matmul v6), the LayerNorm versions and flash v3/v4 at 12M;
             # 120M: flash v4 and the MLP's products; then the whole model at both sizes
             run_check() { local tag=$1 size=$2 t=$3; shift 3
-              timeout $t $py -m andrea_numba.check --size $size --seed 11 --ops-only "$@" --json > "$OUT/$tag.json" 2> "$OUT/$tag.err"
+              timeout $t $py -m lab.check --size $size --seed 11 --ops-only "$@" --json > "$OUT/$tag.json" 2> "$OUT/$tag.err"
               echo "$tag exit $?"; tail -1 "$OUT/$tag.err"; disagree "$OUT/$tag.json"; }
             run_check linear_12M 12M 150 --op mlp --op attn_out --op attn_qkv --op "matmul a^T@b +=" --version 5 --version 6
             run_check ln_12M 12M 90 --op layernorm --op residual_layernorm
@@ -195,13 +195,13 @@ for s in $steps; do
     mlp6) compare_versions mlp6 mlp 13 200 "5 6" --mlp-version 6 ;;     # the MLP's v6 (sums kept in registers) against v5
     v8) # matmul v8 (swizzled tiles) against v7, and the linear ops on each: harness at 12M, the
         # whole model (the engine's: v8), products beside cuBLAS, the step with both
-        timeout 200 $py -m andrea_numba.check --size 12M --seed 23 --ops-only --op attn_qkv --op attn_out --op mlp --op loss \
+        timeout 200 $py -m lab.check --size 12M --seed 23 --ops-only --op attn_qkv --op attn_out --op mlp --op loss \
             --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 7 --version 8 --json > "$OUT/v8_check_12M.json" 2> "$OUT/v8_check_12M.err"
         echo "v8 check 12M exit $?"; tail -1 "$OUT/v8_check_12M.err"; disagree "$OUT/v8_check_12M.json"
         check_model 29
         timeout 150 $py bench/gemm.py --versions 7,8 --json "$OUT/gemm_v8.json" > "$OUT/gemm_v8.md" 2>&1
         echo "gemm exit $?"; grep "^|" "$OUT/gemm_v8.md"
-        timeout 200 $py bench/step_time.py --sizes 12M 120M --products tf32x3w tf32x3t --json "$OUT/v8_step.json" > "$OUT/v8_step.txt" 2>&1
+        timeout 200 $py bench/step_time.py --sizes 12M 120M --recipe fp32 tf32x3t --json "$OUT/v8_step.json" > "$OUT/v8_step.txt" 2>&1
         echo "step exit $?"; grep -v '^{' "$OUT/v8_step.txt"
         mkdir -p "$OUT/v8"; mv "$OUT"/model_* "$OUT"/v8_check_* "$OUT/v8/" ;;
     mlp9) compare_versions mlp9 mlp 37 200 "8 9" --mlp-version 9 ;;     # the MLP's v9 (the GELU a pass of its own) against v8
@@ -211,10 +211,10 @@ for s in $steps; do
         mkdir -p "$OUT/flash10"
         timeout 90 $py bench/same_bits.py --size 12M --op attn_flash --versions 9 10 --json "$OUT/flash10/bits_flash_9_10.json" \
             > "$OUT/flash10/bits_flash_9_10.txt" 2>&1; echo "same_bits attn_flash 9 10 exit $?"; tail -1 "$OUT/flash10/bits_flash_9_10.txt"
-        timeout 100 $py -m andrea_numba.check --size 12M --seed 101 --ops-only --op attn_flash --version 10 --json \
+        timeout 100 $py -m lab.check --size 12M --seed 101 --ops-only --op attn_flash --version 10 --json \
             > "$OUT/flash10/check_12M.json" 2> "$OUT/flash10/check_12M.err"
         echo "flash10 check 12M exit $?"; tail -1 "$OUT/flash10/check_12M.err"; disagree "$OUT/flash10/check_12M.json"
-        timeout 200 $py -m andrea_numba.check --size 120M --seed 103 --ops-only --op mlp --op loss --op attn_flash \
+        timeout 200 $py -m lab.check --size 120M --seed 103 --ops-only --op mlp --op loss --op attn_flash \
             --version 9 --version 10 --version 11 --version 12 --json > "$OUT/flash10/check_120M.json" 2> "$OUT/flash10/check_120M.err"
         echo "flash10 check 120M exit $?"; tail -1 "$OUT/flash10/check_120M.err"; disagree "$OUT/flash10/check_120M.json" ;;
     ahead) # compiling ahead on worker processes against compiling at launch: the same PTX, and how long
@@ -254,11 +254,11 @@ PY
         check120() {   # check120 TAG SEED OP VERSIONS...
           local tag=$1 seed=$2 op=$3; shift 3
           local vflags=(); for v in "$@"; do vflags+=(--version "$v"); done
-          timeout 420 $py -m andrea_numba.check --size 120M --seed "$seed" --ops-only --op "$op" "${vflags[@]}" --json \
+          timeout 420 $py -m lab.check --size 120M --seed "$seed" --ops-only --op "$op" "${vflags[@]}" --json \
               > "$OUT/flash10-mlp12-120M/check_120M_$tag.json" 2> "$OUT/flash10-mlp12-120M/check_120M_$tag.err"; echo "check 120M $tag exit $?"
         }
         check120 mlp 107 mlp 11 12 & check120 loss 109 loss 9 & check120 flash 113 attn_flash 9 10 &
-        timeout 420 $py -m andrea_numba.check --size 12M --seed 127 --model-only --json > "$OUT/flash10-mlp12-120M/model_12M.json" \
+        timeout 420 $py -m lab.check --size 12M --seed 127 --model-only --json > "$OUT/flash10-mlp12-120M/model_12M.json" \
             2> "$OUT/flash10-mlp12-120M/model_12M.err"; echo "model 12M exit $?"
         wait
         for f in "$OUT"/flash10-mlp12-120M/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
@@ -267,7 +267,7 @@ PY
         # fp32 twin), then the products beside cuBLAS SGEMM and PyTorch's bf16 matmul
         mkdir -p "$OUT/bf16"
         for size in 12M 120M; do
-          timeout 300 $py -m andrea_numba.check --size $size --seed 131 --ops-only --op matmul --op "matmul a@b^T" \
+          timeout 300 $py -m lab.check --size $size --seed 131 --ops-only --op matmul --op "matmul a@b^T" \
               --op "matmul a^T@b +=" --version 8 --version 10 --json > "$OUT/bf16/check_$size.json" \
               2> "$OUT/bf16/check_$size.err" &
         done
@@ -278,10 +278,10 @@ PY
     bf16b) # the linear ops' bf16 versions (attn_qkv, attn_out v9, mlp v13, loss_fwd v10, loss_bwd v9) at
         # 12M, and the whole model with bf16 products against the twin at bf16, at 12M and 120M: at once
         mkdir -p "$OUT/bf16b"
-        timeout 230 $py -m andrea_numba.check --size 12M --seed 137 --ops-only --op attn_qkv --op attn_out --op mlp \
+        timeout 230 $py -m lab.check --size 12M --seed 137 --ops-only --op attn_qkv --op attn_out --op mlp \
             --op loss --version 9 --version 10 --version 13 --json > "$OUT/bf16b/ops_12M.json" 2> "$OUT/bf16b/ops_12M.err" &
         for size in 12M 120M; do
-          timeout 230 $py -m andrea_numba.check --size $size --seed 139 --model-only --products bf16w --json \
+          timeout 230 $py -m lab.check --size $size --seed 139 --model-only --recipe bf16w --json \
               > "$OUT/bf16b/model_$size.json" 2> "$OUT/bf16b/model_$size.err" &
         done
         wait
@@ -293,26 +293,26 @@ PY
         # its kernels on two more first (check --compile-workers)
         mkdir -p "$OUT/bf16c"
         for size in 12M 120M; do
-          timeout 300 $py -m andrea_numba.check --size $size --seed 149 --compile-workers 2 --ops-only --op attn_qkv --op attn_out --op mlp \
+          timeout 300 $py -m lab.check --size $size --seed 149 --compile-workers 2 --ops-only --op attn_qkv --op attn_out --op mlp \
               --op loss --op matmul --op "matmul a^T@b +=" --version 9 --version 10 --version 11 --version 13 \
               --version 14 --json > "$OUT/bf16c/ops_$size.json" 2> "$OUT/bf16c/ops_$size.err" &
         done
-        for run in "12M bf16w" "12M f16w" "120M bf16w"; do set -- $run
-          timeout 300 $py -m andrea_numba.check --size $1 --seed 151 --compile-workers 2 --model-only --products $2 --json \
+        for run in "12M bf16w" "12M fp16" "120M bf16w"; do set -- $run
+          timeout 300 $py -m lab.check --size $1 --seed 151 --compile-workers 2 --model-only --recipe $2 --json \
               > "$OUT/bf16c/model_$1_$2.json" 2> "$OUT/bf16c/model_$1_$2.err" &
         done
         wait
         for f in "$OUT"/bf16c/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 300 $py bench/step_time.py --sizes 12M 120M --products tf32x3w bf16w f16w --json "$OUT/bf16c/step.json" \
+        timeout 300 $py bench/step_time.py --sizes 12M 120M --recipe fp32 bf16w fp16 --json "$OUT/bf16c/step.json" \
             > "$OUT/bf16c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/bf16c/step.txt" ;;
     bf16d) # started in the background (a later step's wait, or bf16d_report, waits for them): the harness
         # of the 16-bit versions of the linear ops at 120M (four compile workers), and the whole model
         # with fp16 products at 12M with the loss scaled as in training (check.MODEL_DLOSS)
         mkdir -p "$OUT/bf16d"
-        timeout 450 $py -m andrea_numba.check --size 120M --seed 149 --compile-workers 4 --ops-only --op attn_qkv \
+        timeout 450 $py -m lab.check --size 120M --seed 149 --compile-workers 4 --ops-only --op attn_qkv \
             --op attn_out --op mlp --op loss --op matmul --op "matmul a^T@b +=" --version 9 --version 10 --version 11 \
             --version 13 --version 14 --json > "$OUT/bf16d/ops_120M.json" 2> "$OUT/bf16d/ops_120M.err" &
-        timeout 200 $py -m andrea_numba.check --size 12M --seed 151 --compile-workers 2 --model-only --products f16w \
+        timeout 200 $py -m lab.check --size 12M --seed 151 --compile-workers 2 --model-only --recipe fp16 \
             --json > "$OUT/bf16d/model_12M_f16w.json" 2> "$OUT/bf16d/model_12M_f16w.err" & ;;
     bf16d_report) wait
         for f in "$OUT"/bf16d/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
@@ -357,33 +357,33 @@ PY
         #     v11/v12 kernel by kernel
         mkdir -p "$OUT/bf16l-cublas16"; d="$OUT/bf16l-cublas16"
         for size in 12M 120M; do
-          timeout 240 $py -m andrea_numba.check --size $size --seed 173 --compile-workers 2 --ops-only --op matmul --op "matmul a@b^T" \
+          timeout 240 $py -m lab.check --size $size --seed 173 --compile-workers 2 --ops-only --op matmul --op "matmul a@b^T" \
               --op "matmul a^T@b +=" --version 12 --version 21 --version 22 --json > "$d/mm_$size.json" 2> "$d/mm_$size.err" &
-          timeout 240 $py -m andrea_numba.check --size $size --seed 167 --compile-workers 2 --ops-only --op attn_flash \
+          timeout 240 $py -m lab.check --size $size --seed 167 --compile-workers 2 --ops-only --op attn_flash \
               --version 11 --version 12 --json > "$d/flash_$size.json" 2> "$d/flash_$size.err" &
         done
-        timeout 240 $py -m andrea_numba.check --size 12M --seed 179 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
+        timeout 240 $py -m lab.check --size 12M --seed 179 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
             --op mlp --op loss --version 11 --version 12 --version 15 --json > "$d/ops_12M.json" 2> "$d/ops_12M.err" &
         for products in bf16l cublas-bf16 cublas-fp16; do
-          timeout 240 $py -m andrea_numba.check --size 12M --seed 181 --compile-workers 2 --model-only --products $products \
+          timeout 240 $py -m lab.check --size 12M --seed 181 --compile-workers 2 --model-only --recipe $products \
               --json > "$d/model_12M_$products.json" 2> "$d/model_12M_$products.err" &
         done
         wait
         for f in "$d"/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 170 $py bench/step_time.py --sizes 12M 120M --products bf16l cublas-bf16 --flash-version 10 11 \
+        timeout 170 $py bench/step_time.py --sizes 12M 120M --recipe bf16l cublas-bf16 --flash-version 10 11 \
             --iters 3 --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         timeout 80 $py bench/gemm.py --versions 10,12,21,22 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
         timeout 55 $py bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
             --markdown "$d/flash_kernels.md" > "$d/flash_kernels.txt" 2>&1; echo "flash kernels exit $?"; grep "^|" "$d/flash_kernels.md" ;;
-    bf16l-f16w) # bf16 (bf16l products, flash v11) and fp16 (f16w, flash v12), all at once: the 12M
+    bf16l-f16w) # bf16 (bf16l products, flash v11) and fp16 (fp16, flash v12), all at once: the 12M
         # training quality (QUALITY_STEPS), bit-exact resume in both, the whole model against the twin
         # (which runs the flash twin at that precision) at 12M
         mkdir -p "$OUT/bf16l-f16w"
         QUALITY_STEPS=${QUALITY_STEPS:-800} bash "$0" quality > "$OUT/bf16l-f16w/quality.log" 2>&1 &
         bash "$0" resume16 > "$OUT/bf16l-f16w/resume16.log" 2>&1 &
-        for products in bf16l f16w; do
-          timeout 200 $py -m andrea_numba.check --size 12M --seed 191 --compile-workers 2 --model-only --products $products \
+        for products in bf16l fp16; do
+          timeout 200 $py -m lab.check --size 12M --seed 191 --compile-workers 2 --model-only --recipe $products \
               --json > "$OUT/bf16l-f16w/model_12M_$products.json" 2> "$OUT/bf16l-f16w/model_12M_$products.err" &
         done
         wait
@@ -392,22 +392,22 @@ PY
     profile-bf16l-cublas) # where the 120M bf16 step's GPU time goes, kernel by kernel (Nsight Compute),
         # with our products (bf16l, flash v11) and with cuBLASLt's (cublas-bf16): what is left once the
         # products are fast
-        for products in bf16l cublas-bf16; do profile_kernels "kernels_120M_$products" 45 --size 120M --products $products; done ;;
-    bf16a) # matmul v13's linear ops and products bf16a:
+        for products in bf16l cublas-bf16; do profile_kernels "kernels_120M_$products" 45 --size 120M --recipe $products; done ;;
+    bf16-ampere) # matmul v13's linear ops and products bf16-ampere:
         #  1. at once: the wgmma probe (bench/wgmma_probe.py: can Numba drive Hopper's warpgroup
         #     products, and with which shared-memory layout); the harness on the linear ops on matmul
         #     v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12) and on v13 (its copies made
-        #     by k_round_bf16_v2) at 12M and 120M; the whole model with bf16a products (bf16 products,
+        #     by k_round_bf16_v2) at 12M and 120M; the whole model with bf16-ampere products (bf16 products,
         #     LN and GELU outputs saved as bf16) at 12M and 120M; bit-exact resume in bf16 and fp16;
-        #  2. alone on the GPU: the step with bf16l and bf16a beside PyTorch bf16; the 120M bf16a step
+        #  2. alone on the GPU: the step with bf16l and bf16-ampere beside PyTorch bf16; the 120M bf16-ampere step
         #     kernel by kernel; v12, v13 and v21 beside PyTorch bf16; PyTorch bf16 through torch.compile
-        mkdir -p "$OUT/bf16a"; d="$OUT/bf16a"
+        mkdir -p "$OUT/bf16-ampere"; d="$OUT/bf16-ampere"
         timeout 120 $py bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
         for size in 12M 120M; do
-          timeout 300 $py -m andrea_numba.check --size $size --seed 197 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
+          timeout 300 $py -m lab.check --size $size --seed 197 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 12 --version 13 --version 16 \
               --json > "$d/ops_$size.json" 2> "$d/ops_$size.err" &
-          timeout 300 $py -m andrea_numba.check --size $size --seed 199 --compile-workers 2 --model-only --products bf16a \
+          timeout 300 $py -m lab.check --size $size --seed 199 --compile-workers 2 --model-only --recipe bf16-ampere \
               --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
         done
         bash "$0" resume16 > "$d/resume16.log" 2>&1 &
@@ -415,18 +415,18 @@ PY
         echo "wgmma probe:"; cat "$d/wgmma.txt" | tail -25
         for f in "$d"/ops_*.json "$d"/flash_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         tail -3 "$d/resume16.log"; cat "$OUT/resume16/check.json"
-        timeout 170 $py bench/step_time.py --sizes 12M 120M --products bf16l bf16a --iters 3 --json "$d/step.json" \
+        timeout 170 $py bench/step_time.py --sizes 12M 120M --recipe bf16l bf16-ampere --iters 3 --json "$d/step.json" \
             > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        profile_kernels kernels_120M_bf16a 30 --size 120M --products bf16a
+        profile_kernels kernels_120M_bf16a 30 --size 120M --recipe bf16-ampere
         timeout 90 $py bench/gemm.py --versions 12,13,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
-        timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16a --iters 3 --torch-compile --json "$d/compile.json" \
+        timeout 150 $py bench/step_time.py --sizes 120M 12M --recipe bf16-ampere --iters 3 --torch-compile --json "$d/compile.json" \
             > "$d/compile.txt" 2>&1; echo "torch.compile step exit $?"; grep -v '^{' "$d/compile.txt" ;;
     cublas-bf16-step) # the step with cuBLASLt's bf16 products, their copies made by k_round_bf16_v2,
-        # beside bf16a and PyTorch bf16, at 120M and 12M (first: nothing before it can
+        # beside bf16-ampere and PyTorch bf16, at 120M and 12M (first: nothing before it can
         # have left the GPU in a bad state); then mm14 (matmul v14 on wgmma: harness and products)
         mkdir -p "$OUT/cublas-bf16-step"
-        timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16a cublas-bf16 --iters 3 --json "$OUT/cublas-bf16-step/step.json" \
+        timeout 150 $py bench/step_time.py --sizes 120M 12M --recipe bf16-ampere cublas-bf16 --iters 3 --json "$OUT/cublas-bf16-step/step.json" \
             > "$OUT/cublas-bf16-step/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/cublas-bf16-step/step.txt"
         bash "$0" mm14 ;;
     mm14) # matmul v14 (kernels/wgmma_tile.py: wgmma m64n128k16 from v13's swizzled cp.async ring, both copies
@@ -440,21 +440,21 @@ PY
         # copied transposed, v13 for the weight gradients; the loss's two passes and bf16 dlogits):
         #  1. at once: the harness on attn_qkv, attn_out v13, mlp v17, loss_fwd v14, loss_bwd v13 and
         #     matmul v16 at 12M and 120M; the whole model with bf16r at 12M and 120M;
-        #  2. alone: the step with bf16a and bf16r beside PyTorch bf16; the 120M bf16r step kernel by kernel;
+        #  2. alone: the step with bf16-ampere and bf16r beside PyTorch bf16; the 120M bf16r step kernel by kernel;
         #     matmul v15 at each of its tiles (--blocks)
         mkdir -p "$OUT/bf16r"; d="$OUT/bf16r"
         for size in 12M 120M; do
-          timeout 300 $py -m andrea_numba.check --size $size --seed 223 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
+          timeout 300 $py -m lab.check --size $size --seed 223 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 13 --version 14 --version 16 \
               --version 17 --json > "$d/ops_$size.json" 2> "$d/ops_$size.err" &
-          timeout 300 $py -m andrea_numba.check --size $size --seed 227 --compile-workers 2 --model-only --products bf16r \
+          timeout 300 $py -m lab.check --size $size --seed 227 --compile-workers 2 --model-only --recipe bf16r \
               --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
         done
         wait
         for f in "$d"/ops_*.json "$d"/flash_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16a bf16r --iters 3 --json "$d/step.json" \
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16-ampere bf16r --iters 3 --json "$d/step.json" \
             > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        profile_kernels kernels_120M_bf16r 45 --size 120M --products bf16r
+        profile_kernels kernels_120M_bf16r 45 --size 120M --recipe bf16r
         timeout 150 $py bench/gemm.py --versions 15 --blocks --json "$d/gemm_blocks.json" > "$d/gemm_blocks.md" 2> "$d/gemm_blocks.err"
         echo "gemm --blocks exit $?"; grep "^|" "$d/gemm_blocks.md"; tail -3 "$d/gemm_blocks.err" ;;
     bf16m) # matmul v17 (wgmma_mn.py: MN-major stages read through wgmma's
@@ -467,11 +467,11 @@ PY
         mkdir -p "$OUT/bf16m"; d="$OUT/bf16m"
         timeout 240 $py bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
         for size in 12M 120M; do
-          timeout 300 $py -m andrea_numba.check --size $size --seed 229 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
+          timeout 300 $py -m lab.check --size $size --seed 229 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --op embed --op residual_layernorm \
               --version 3 --version 5 --version 14 --version 15 --version 16 --version 17 --version 18 \
               --json > "$d/ops_$size.json" 2> "$d/ops_$size.err" &
-          timeout 300 $py -m andrea_numba.check --size $size --seed 233 --compile-workers 2 --model-only --products bf16m \
+          timeout 300 $py -m lab.check --size $size --seed 233 --compile-workers 2 --model-only --recipe bf16m \
               --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
         done
         bash "$0" resume16 > "$d/resume16.log" 2>&1 &
@@ -479,9 +479,9 @@ PY
         echo "wgmma probe:"; grep -i "mn_\|layouts right" "$d/wgmma.txt" | tail -30
         for f in "$d"/ops_*.json "$d"/flash_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         tail -3 "$d/resume16.log"; cat "$OUT/resume16/check.json"
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16r bf16m --iters 3 --json "$d/step.json" \
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16r bf16m --iters 3 --json "$d/step.json" \
             > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        profile_kernels kernels_120M_bf16m 45 --size 120M --products bf16m
+        profile_kernels kernels_120M_bf16m 45 --size 120M --recipe bf16m
         timeout 120 $py bench/gemm.py --versions 15,16,17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         for op in embed residual_layernorm; do
@@ -496,20 +496,20 @@ PY
         #     at 120M; matmul v17 beside v21
         mkdir -p "$OUT/bf16m-flash13"; d="$OUT/bf16m-flash13"
         for size in 12M 120M; do
-          timeout 170 $py -m andrea_numba.check --size $size --seed 239 --compile-workers 3 --ops-only --op attn_qkv --op attn_out \
+          timeout 170 $py -m lab.check --size $size --seed 239 --compile-workers 3 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --op embed --op residual_layernorm \
               --version 3 --version 5 --version 13 --version 14 --version 15 --version 16 --version 17 \
               --version 18 --json > "$d/ops_$size.json" 2> "$d/ops_$size.err" &
-          timeout 170 $py -m andrea_numba.check --size $size --seed 251 --compile-workers 2 --ops-only --op attn_flash \
+          timeout 170 $py -m lab.check --size $size --seed 251 --compile-workers 2 --ops-only --op attn_flash \
               --version 13 --json > "$d/flash_$size.json" 2> "$d/flash_$size.err" &
         done
-        timeout 170 $py -m andrea_numba.check --size 120M --seed 241 --compile-workers 3 --model-only --products bf16m \
+        timeout 170 $py -m lab.check --size 120M --seed 241 --compile-workers 3 --model-only --recipe bf16m \
             --json > "$d/model_120M.json" 2> "$d/model_120M.err" &
         timeout 170 bash "$0" resume16 > "$d/resume16.log" 2>&1 &
         wait
         for f in "$d"/ops_*.json "$d"/flash_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         tail -3 "$d/resume16.log"; cat "$OUT/resume16/check.json"
-        timeout 130 $py bench/step_time.py --sizes 120M 12M --products bf16m --flash-version 11 13 --iters 3 \
+        timeout 130 $py bench/step_time.py --sizes 120M 12M --recipe bf16m --flash-version 11 13 --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         timeout 60 $py bench/kernels.py attn_flash --sizes 120M --version 11 --version 13 --markdown "$d/flash.md" \
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
@@ -518,31 +518,31 @@ PY
     mm23) # matmul v23 (v19 with the loads of its in-kernel split-K sums batched,
         # wgmma_tma.py point 6) beside v18 (k_splitk_sum_v2 after the product) and v19 on every product of
         # bench/gemm.py, the weight gradients' split shapes among them; v23's bits in the whole 120M and 12M
-        # bf16o step (bench/model_bits.py --matmul 23); the step with v18, v23 and v19 (--tma-matmul)
+        # bf16-hopper step (bench/model_bits.py --matmul 23); the step with v18, v23 and v19 (--tma-matmul)
         mkdir -p "$OUT/mm23"; d="$OUT/mm23"
         timeout 200 $py bench/gemm.py --versions 18,19,23 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         for size in 120M 12M; do
-          timeout 150 $py bench/model_bits.py --size $size --products bf16o bf16o --matmul 23 --json "$d/bits_$size.json" \
+          timeout 150 $py bench/model_bits.py --sizes $size --same bf16-hopper bf16-hopper --matmul 23 --json "$d/bits_$size.json" \
               > "$d/bits_$size.txt" 2>&1; echo "model_bits $size exit $?: $(tail -1 "$d/bits_$size.txt")"
         done
-        timeout 240 $py bench/step_time.py --sizes 120M 12M --products bf16o --tma-matmul 18 23 19 --iters 30 \
+        timeout 240 $py bench/step_time.py --sizes 120M 12M --recipe bf16-hopper --tma-matmul 18 23 19 --iters 30 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
     fp8-probe) # which cuBLASLt FP8 product forms run (bench/fp8_probe.py, cuBLASLt's log kept); before fp8-checks
         mkdir -p "$OUT/fp8-probe"; CUBLASLT_LOG_LEVEL=5 CUBLASLT_LOG_FILE="$OUT/fp8-probe/lt.log" timeout 100 $py bench/fp8_probe.py \
             > "$OUT/fp8-probe/probe.txt" 2>&1; echo "probe exit $?"; grep -v "^\[" "$OUT/fp8-probe/probe.txt" | tail -8
         grep -i "error\|not supported\|fail" "$OUT/fp8-probe/lt.log" | head -8; gzip -f "$OUT/fp8-probe/lt.log" ;;
     fp8-step) # the FP8 kernels against the twin at 120M; the whole model at each scope against the twin at
-        # 12M; the step at 120M and 12M with bf16o, cuBLASLt bf16 and the three FP8 scopes beside PyTorch; bit-exact
+        # 12M; the step at 120M and 12M with bf16-hopper, cuBLASLt bf16 and the three FP8 scopes beside PyTorch; bit-exact
         # resume at fp8-e5m2
         d="$OUT/fp8-step"; mkdir -p "$d"
         for sc in fp8-fwd fp8-all; do
-          timeout 400 $py -m andrea_numba.check --size 12M --seed 319 --compile-workers 1 --model-only \
-              --products cublas-$sc --json > "$d/model_12M_$sc.json" 2> "$d/model_12M_$sc.err" &
+          timeout 400 $py -m lab.check --size 12M --seed 319 --compile-workers 1 --model-only \
+              --recipe cublas-$sc --json > "$d/model_12M_$sc.json" 2> "$d/model_12M_$sc.err" &
         done
         timeout 300 $py -m andrea_numba.fp8 check --size 120M --json "$d/check_120M.json" > "$d/check_120M.txt" 2>&1
         echo "fp8 check 120M exit $?"; grep -v " ok$" "$d/check_120M.txt" | tail -12
-        timeout 300 $py bench/step_time.py --sizes 120M 12M --products bf16o cublas-bf16 cublas-fp8-fwd cublas-fp8-e5m2 \
+        timeout 300 $py bench/step_time.py --sizes 120M 12M --recipe bf16-hopper cublas-bf16 cublas-fp8-fwd cublas-fp8-e5m2 \
             cublas-fp8-all --iters 20 --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         resume_bf16 "$d" fp8-e5m2
         wait; for f in "$d"/model_12M_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
@@ -561,8 +561,8 @@ PY
         # ops at every scope), the whole fp8-e5m2 model against the twin (meanwhile), FP8 products against bf16 ones
         # (bench/fp8_gemm.py), a 30-step 12M training smoke run at fp8-e5m2 and its .fp8.json record
         d="$OUT/fp8-checks"; mkdir -p "$d"
-        timeout 300 $py -m andrea_numba.check --size 12M --seed 317 --compile-workers 2 --model-only \
-            --products cublas-fp8-e5m2 --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
+        timeout 300 $py -m lab.check --size 12M --seed 317 --compile-workers 2 --model-only \
+            --recipe cublas-fp8-e5m2 --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
         timeout 200 $py -m andrea_numba.fp8 check --size 12M --json "$d/check_12M.json" > "$d/check_12M.txt" 2>&1
         echo "fp8 check 12M exit $?"; grep -v " ok$" "$d/check_12M.txt" | tail -30; tail -2 "$d/check_12M.txt"
         timeout 150 $py bench/fp8_gemm.py --json "$d/gemm.json" > "$d/gemm.txt" 2>&1; echo "fp8_gemm exit $?"; cat "$d/gemm.txt"
@@ -571,44 +571,44 @@ PY
         grep -v "^step  *[0-9]*/.*ETA" "$d/train_smoke.txt" | tail -8; grep "^step" "$d/train_smoke.txt" | tail -3
         cp $tmp/f8/.fp8.json "$d/fp8_smoke.json" 2>/dev/null; head -c 700 "$d/fp8_smoke.json"; echo
         wait; echo "model_12M.json: $(tail -1 "$d/model_12M.err")"; disagree "$d/model_12M.json" ;;
-    bf16o-loss18) # products bf16o with the loss keeping the logits (loss_fwd v18, loss_bwd v16: M and se saved a row, the
+    bf16-hopper-loss18) # products bf16-hopper with the loss keeping the logits (loss_fwd v18, loss_bwd v16: M and se saved a row, the
         # softmax recomputed in the backward): its bits against bf16s's at 120M and 12M, the whole model
-        # against the twin at 120M, the step x30 (bf16o, bf16s), bit-exact resume in bf16 (the engine's: bf16o), the
+        # against the twin at 120M, the step x30 (bf16-hopper, bf16s), bit-exact resume in bf16 (the engine's: bf16-hopper), the
         # 120M step kernel by kernel
-        same_bits_then_time bf16o-loss18 bf16s bf16o 120M 313 30 resume || continue ;;
-    bf16o) # products bf16o: flash attention v14 and residual_layernorm_bwd v6 write the products'
+        same_bits_then_time bf16-hopper-loss18 bf16s bf16-hopper 120M 313 30 resume || continue ;;
+    bf16-hopper) # products bf16-hopper: flash attention v14 and residual_layernorm_bwd v6 write the products'
         # activation operands in bf16: its bits against bf16s's (bench/model_bits.py) at 120M and 12M, the whole
-        # model against the twin at 12M, the step x20 (bf16o, bf16s) and the 120M step kernel by kernel
-        same_bits_then_time bf16o bf16s bf16o 12M 311 20 || continue ;;
+        # model against the twin at 12M, the step x20 (bf16-hopper, bf16s) and the 120M step kernel by kernel
+        same_bits_then_time bf16-hopper bf16s bf16-hopper 12M 311 20 || continue ;;
     bf16s) # products bf16s (bf16t with every weight rounded once a forward into
         # params16) against bf16t: the whole model at 12M and 120M, the step x20; mlp v20 (the GELU in v18's
         # epilogues) against v19 (bits and times at 120M, the step with it); the 120M step kernel by kernel
         mkdir -p "$OUT/bf16s"; d="$OUT/bf16s"
         for size in 12M 120M; do
-          timeout 200 $py -m andrea_numba.check --size $size --seed 307 --compile-workers 2 --model-only --products bf16s \
+          timeout 200 $py -m lab.check --size $size --seed 307 --compile-workers 2 --model-only --recipe bf16s \
               --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
         done
         wait
         for f in "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16s bf16t --iters 20 \
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16s bf16t --iters 20 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         timeout 100 $py bench/mlp_v20_bits.py --size 120M --json "$d/mlp20.json" > "$d/mlp20.txt" 2>&1
         echo "mlp_v20_bits exit $?"; cat "$d/mlp20.txt"
-        timeout 150 $py bench/step_time.py --sizes 120M 12M --products bf16s --mlp-version 20 --iters 20 \
+        timeout 150 $py bench/step_time.py --sizes 120M 12M --recipe bf16s --mlp-version 20 --iters 20 \
             --json "$d/step_mlp20.json" > "$d/step_mlp20.txt" 2>&1; echo "step (mlp v20) exit $?"; grep -v '^{' "$d/step_mlp20.txt"
-        OUT=$d profile_kernels kernels_120M_bf16s 30 --size 120M --products bf16s ;;
+        OUT=$d profile_kernels kernels_120M_bf16s 30 --size 120M --recipe bf16s ;;
     ln5-step) # the engine with residual_layernorm_bwd v5: the whole model at 12M and
         # 120M (bf16t) and at 12M (fp32), then the step at 120M and 12M with bf16t and the engine's fp32, 20 iterations
         mkdir -p "$OUT/ln5-step"; d="$OUT/ln5-step"
         for size in 12M 120M; do
-          timeout 200 $py -m andrea_numba.check --size $size --seed 293 --compile-workers 2 --model-only --products bf16t \
+          timeout 200 $py -m lab.check --size $size --seed 293 --compile-workers 2 --model-only --recipe bf16t \
               --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
         done
-        timeout 200 $py -m andrea_numba.check --size 12M --seed 293 --compile-workers 2 --model-only \
+        timeout 200 $py -m lab.check --size 12M --seed 293 --compile-workers 2 --model-only \
             --json > "$d/model_12M_fp32.json" 2> "$d/model_12M_fp32.err" &
         wait
         for f in "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16t tf32x3w --iters 20 \
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16t fp32 --iters 20 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
     mm18-tiles-ln5) # matmul v18's tiles and the operand layouts: 1. v18's bits against v17 at every tile (128 x 128
         # with 3 stages, two blocks a multiprocessor, among them); 2. the products at every tile; 3. one product
@@ -622,7 +622,7 @@ PY
         python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
         timeout 90 $py bench/v18_layouts.py --json "$d/layouts.json" > "$d/layouts.md" 2>&1; echo "layouts exit $?"; cat "$d/layouts.md" | tail -8
         for size in 12M 120M; do
-          timeout 150 $py -m andrea_numba.check --size $size --seed 283 --compile-workers 2 --ops-only --op residual_layernorm \
+          timeout 150 $py -m lab.check --size $size --seed 283 --compile-workers 2 --ops-only --op residual_layernorm \
               --version 4 --version 5 --json > "$d/ln_$size.json" 2> "$d/ln_$size.err" &
         done
         wait
@@ -634,19 +634,19 @@ PY
         # cuBLASLt's products, 20 iterations (PyTorch's eager time varies by a few ms run to run); 3. bit-exact
         # resume in bf16 (12M, 60 steps against 30 + SIGTERM + resume); 4. the 120M bf16t step kernel by kernel
         mkdir -p "$OUT/bf16t"; d="$OUT/bf16t"
-        timeout 200 $py -m andrea_numba.check --size 12M --seed 277 --compile-workers 4 --ops-only --op loss \
+        timeout 200 $py -m lab.check --size 12M --seed 277 --compile-workers 4 --ops-only --op loss \
             --op attn_qkv --op attn_out --op mlp --version 15 --version 17 --version 19 \
             --json > "$d/ops_12M.json" 2> "$d/ops_12M.err" &
         for size in 12M 120M; do
-          timeout 200 $py -m andrea_numba.check --size $size --seed 281 --compile-workers 2 --model-only --products bf16t \
+          timeout 200 $py -m lab.check --size $size --seed 281 --compile-workers 2 --model-only --recipe bf16t \
               --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
         done
         wait
         for f in "$d"/ops_12M.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --products bf16t bf16m cublas-bf16 --iters 20 \
+        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16t bf16m cublas-bf16 --iters 20 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         resume_bf16 "$d"
-        OUT=$d profile_kernels kernels_120M_bf16t 30 --size 120M --products bf16t ;;
+        OUT=$d profile_kernels kernels_120M_bf16t 30 --size 120M --recipe bf16t ;;
     mm18-stores) # matmul v18 with paired stores and the tile order along the shorter side: its bits against
         # v17; its products at every tile beside PyTorch bf16; the step with bf16t at 120M and 12M; the 120M bf16t
         # step kernel by kernel; one v18 launch (the 120M MLP's x @ W_1) under Nsight Compute's sections
@@ -657,9 +657,9 @@ PY
         timeout 120 $py bench/gemm.py --versions 18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
-        timeout 120 $py bench/step_time.py --sizes 120M 12M --products bf16t --iters 3 \
+        timeout 120 $py bench/step_time.py --sizes 120M 12M --recipe bf16t --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        OUT=$d profile_kernels kernels_120M_bf16t 45 --size 120M --products bf16t
+        OUT=$d profile_kernels kernels_120M_bf16t 45 --size 120M --recipe bf16t
         cat > $tmp/one_v18.py <<'PY'
 import numpy as np
 from numba import cuda
@@ -688,17 +688,17 @@ PY
         timeout 150 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
         echo "v18_bits exit $rc"; cat "$d/bits.txt" | tail -30
         if [ $rc -ne 0 ]; then echo "mm18: v18 is not right here: stopping"; continue; fi
-        timeout 200 $py -m andrea_numba.check --size 12M --seed 269 --compile-workers 4 --ops-only --op attn_qkv \
+        timeout 200 $py -m lab.check --size 12M --seed 269 --compile-workers 4 --ops-only --op attn_qkv \
             --op attn_out --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" \
             --version 15 --version 16 --version 18 --version 19 --json > "$d/ops_12M.json" 2> "$d/ops_12M.err" &
-        timeout 200 $py -m andrea_numba.check --size 12M --seed 271 --compile-workers 2 --model-only --products bf16t \
+        timeout 200 $py -m lab.check --size 12M --seed 271 --compile-workers 2 --model-only --recipe bf16t \
             --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
         wait
         for f in "$d"/ops_12M.json "$d"/model_12M.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         timeout 170 $py bench/gemm.py --versions 17,18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
-        timeout 130 $py bench/step_time.py --sizes 120M 12M --products bf16m bf16t --iters 3 \
+        timeout 130 $py bench/step_time.py --sizes 120M 12M --recipe bf16m bf16t --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
     bf16m-profile) # products bf16m in the harness and the model, with longer limits than bf16m-flash13's:
         #  1. at once (330 s at most): the harness at 12M and 120M on bf16m's versions (attn_qkv,
@@ -708,19 +708,19 @@ PY
         #     (every block); the step with bf16m beside cuBLASLt's products (cublas-bf16) at 120M
         mkdir -p "$OUT/bf16m-profile"; d="$OUT/bf16m-profile"
         for size in 12M 120M; do
-          timeout 330 $py -m andrea_numba.check --size $size --seed 257 --compile-workers 4 --ops-only --op attn_qkv --op attn_out \
+          timeout 330 $py -m lab.check --size $size --seed 257 --compile-workers 4 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --op embed --op residual_layernorm \
               --version 3 --version 5 --version 14 --version 15 --version 17 --version 18 \
               --json > "$d/ops_$size.json" 2> "$d/ops_$size.err" &
-          timeout 330 $py -m andrea_numba.check --size $size --seed 263 --compile-workers 2 --model-only --products bf16m \
+          timeout 330 $py -m lab.check --size $size --seed 263 --compile-workers 2 --model-only --recipe bf16m \
               --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
         done
         wait
         for f in "$d"/ops_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        profile_kernels kernels_120M_bf16m 60 --size 120M --products bf16m
+        profile_kernels kernels_120M_bf16m 60 --size 120M --recipe bf16m
         timeout 150 $py bench/kernels.py attn_flash --sizes 120M --version 11 --version 13 --markdown "$d/flash.md" \
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -40
-        timeout 120 $py bench/step_time.py --sizes 120M --products bf16m cublas-bf16 --iters 3 \
+        timeout 120 $py bench/step_time.py --sizes 120M --recipe bf16m cublas-bf16 --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
     quality-floor) # the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
@@ -729,8 +729,8 @@ PY
         mkdir -p "$OUT/quality-floor"
         timeout 520 $py bench/precision_runs.py --out $tmp/q11 --size 12M --steps "${QUALITY_STEPS:-2000}" --parallel \
             --precisions "${FLOOR_PRECISIONS:-fp32,fp32/cublas,bf16,bf16/cublas,fp16}" > "$OUT/quality-floor/quality.txt" 2>&1 &
-        for products in bf16l f16w; do
-          timeout 300 $py -m andrea_numba.check --size 120M --seed 193 --compile-workers 4 --model-only --products $products \
+        for products in bf16l fp16; do
+          timeout 300 $py -m lab.check --size 120M --seed 193 --compile-workers 4 --model-only --recipe $products \
               --json > "$OUT/quality-floor/model_120M_$products.json" 2> "$OUT/quality-floor/model_120M_$products.err" &
         done
         wait
@@ -748,19 +748,19 @@ PY
         mkdir -p "$OUT/cublas"
         $py -c "import nvmath; from nvmath.bindings import cublasLt; print('nvmath', nvmath.__version__, 'cublasLt', cublasLt.get_version())"
         for size in 12M 120M; do
-          timeout 200 $py -m andrea_numba.check --size $size --seed 157 --ops-only --op matmul --op "matmul a@b^T" \
+          timeout 200 $py -m lab.check --size $size --seed 157 --ops-only --op matmul --op "matmul a@b^T" \
               --op "matmul a^T@b +=" --version 20 --version 21 --version 22 --json > "$OUT/cublas/ops_$size.json" \
               2> "$OUT/cublas/ops_$size.err" &
         done
-        for run in "12M cublas" "12M cublas-bf16" "12M cublas-fp16" "120M cublas-bf16"; do set -- $run
-          timeout 200 $py -m andrea_numba.check --size $1 --seed 163 --model-only --products $2 --json \
+        for run in "12M cublas-fp32" "12M cublas-bf16" "12M cublas-fp16" "120M cublas-bf16"; do set -- $run
+          timeout 200 $py -m lab.check --size $1 --seed 163 --model-only --recipe $2 --json \
               > "$OUT/cublas/model_$1_$2.json" 2> "$OUT/cublas/model_$1_$2.err" &
         done
         wait
         for f in "$OUT"/cublas/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         timeout 150 $py bench/gemm.py --versions 8,10,20,21,22 --json "$OUT/cublas/gemm.json" > "$OUT/cublas/gemm.md" 2>&1
         echo "gemm exit $?"; grep "^|" "$OUT/cublas/gemm.md"
-        timeout 200 $py bench/step_time.py --sizes 12M 120M --products bf16w cublas-bf16 cublas --json "$OUT/cublas/step.json" \
+        timeout 200 $py bench/step_time.py --sizes 12M 120M --recipe bf16w cublas-bf16 cublas-fp32 --json "$OUT/cublas/step.json" \
             > "$OUT/cublas/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/cublas/step.txt"
         rm -rf $tmp/lt_graph $tmp/lt_eager
         for mode in graph eager; do
@@ -785,7 +785,7 @@ PY
         # matmul (the default tiles), then v12 at every declared tile (--blocks: the fastest shown)
         mkdir -p "$OUT/mm12"
         for size in 12M 120M; do
-          timeout 300 $py -m andrea_numba.check --size $size --seed 163 --ops-only --op matmul --op "matmul a@b^T" \
+          timeout 300 $py -m lab.check --size $size --seed 163 --ops-only --op matmul --op "matmul a@b^T" \
               --op "matmul a^T@b +=" --version 12 --json > "$OUT/mm12/check_$size.json" 2> "$OUT/mm12/check_$size.err" &
         done
         wait
@@ -801,7 +801,7 @@ PY
         # tiles), then v13 at every declared tile (--blocks: the fastest shown)
         mkdir -p "$OUT/mm13"
         for size in 12M 120M; do
-          timeout 300 $py -m andrea_numba.check --size $size --seed 167 --ops-only --op matmul --op "matmul a@b^T" \
+          timeout 300 $py -m lab.check --size $size --seed 167 --ops-only --op matmul --op "matmul a@b^T" \
               --op "matmul a^T@b +=" --version 13 --compile-workers 2 --json > "$OUT/mm13/check_$size.json" \
               2> "$OUT/mm13/check_$size.err"
           echo "mm13 check $size exit $?: $(tail -1 "$OUT/mm13/check_$size.err")"; disagree "$OUT/mm13/check_$size.json"
@@ -828,31 +828,31 @@ PY
         for pair in "attn_flash 5 9" "attn_flash 8 9" "mlp 11 12"; do set -- $pair
           timeout 90 $py bench/same_bits.py --size 12M --op $1 --versions $2 $3 --json "$OUT/flash9-mlp12/bits_$1_$2_$3.json" \
               > "$OUT/flash9-mlp12/bits_$1_$2_$3.txt" 2>&1; echo "same_bits $pair exit $?"; tail -1 "$OUT/flash9-mlp12/bits_$1_$2_$3.txt"; done
-        timeout 200 $py -m andrea_numba.check --size 12M --seed 89 --ops-only --op mlp --op loss --op attn_flash \
+        timeout 200 $py -m lab.check --size 12M --seed 89 --ops-only --op mlp --op loss --op attn_flash \
             --version 9 --version 11 --version 12 --json > "$OUT/flash9-mlp12/check_12M.json" 2> "$OUT/flash9-mlp12/check_12M.err"
         echo "flash9-mlp12 check 12M exit $?"; tail -1 "$OUT/flash9-mlp12/check_12M.err"; disagree "$OUT/flash9-mlp12/check_12M.json"
         timeout 150 $py bench/kernels.py mlp --sizes 12M --version 9 --version 11 --version 12 --markdown "$OUT/flash9-mlp12/mlp.md" \
             > "$OUT/flash9-mlp12/mlp.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/flash9-mlp12/mlp.md"
         timeout 100 $py bench/kernels.py loss --sizes 12M --version 7 --version 9 --markdown "$OUT/flash9-mlp12/loss.md" \
             > "$OUT/flash9-mlp12/loss.txt" 2>&1; echo "kernels loss exit $?"; grep "^|" "$OUT/flash9-mlp12/loss.md"
-        timeout 150 $py -m andrea_numba.check --size 12M --seed 97 --model-only --json > "$OUT/flash9-mlp12/model_12M.json" \
+        timeout 150 $py -m lab.check --size 12M --seed 97 --model-only --json > "$OUT/flash9-mlp12/model_12M.json" \
             2> "$OUT/flash9-mlp12/model_12M.err"; echo "model 12M exit $?"; tail -1 "$OUT/flash9-mlp12/model_12M.err"; disagree "$OUT/flash9-mlp12/model_12M.json" ;;
     simt2) # the whole model with the engine's kernels; matmul v9 (SIMT
-           # tiles) against v3 and cuBLAS; the step with tf32x3w, simt and simt2 products; the harness
+           # tiles) against v3 and cuBLAS; the step with fp32, simt and simt2 products; the harness
            # on the simt2 linear ops at 12M
         mkdir -p "$OUT/simt2"
         check_model 43; mv "$OUT"/model_* "$OUT/simt2/"
         timeout 200 $py bench/gemm.py --versions 3,9 --blocks --json "$OUT/simt2/gemm.json" > "$OUT/simt2/gemm.md" 2>&1
         echo "gemm exit $?"; grep "^|" "$OUT/simt2/gemm.md"
-        timeout 220 $py bench/step_time.py --sizes 12M 120M --products tf32x3w simt2 simt --json "$OUT/simt2/step.json" \
+        timeout 220 $py bench/step_time.py --sizes 12M 120M --recipe fp32 simt2 simt --json "$OUT/simt2/step.json" \
             > "$OUT/simt2/step.txt" 2>&1
         echo "step exit $?"; grep -v '^{' "$OUT/simt2/step.txt"
-        timeout 150 $py -m andrea_numba.check --size 12M --seed 47 --ops-only --op attn_qkv --op attn_out --op mlp --op loss \
+        timeout 150 $py -m lab.check --size 12M --seed 47 --ops-only --op attn_qkv --op attn_out --op mlp --op loss \
             --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 8 --version 9 --version 10 --json \
             > "$OUT/simt2/check_12M.json" 2> "$OUT/simt2/check_12M.err"
         echo "simt2 check 12M exit $?"; tail -1 "$OUT/simt2/check_12M.err"; disagree "$OUT/simt2/check_12M.json" ;;
     model) check_model 14 ;;             # the whole model against the float64 twin (the engine's kernels)
-    ln) timeout 300 $py -m andrea_numba.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
+    ln) timeout 300 $py -m lab.check --size 12M --seed 9 --op layernorm --op residual_layernorm --ops-only --json \
             > "$OUT/check_ln_12M.json" 2> "$OUT/check_ln_12M.err"
         echo "ln 12M exit $?"; tail -1 "$OUT/check_ln_12M.err"; disagree "$OUT/check_ln_12M.json" ;;
   esac

@@ -17,9 +17,9 @@ CFG=configs/ANDREA-12M-SHAKESPEARE.json
 
 gpu1_jobs() {
     echo "== agreement harness, 12M (every op, the whole model with dropout)"
-    $py -m andrea_numba.check --size 12M --seed 3 --json > $R/check_12M.json 2> $R/check_12M.err; echo "exit $?"
+    $py -m lab.check --size 12M --seed 3 --json > $R/check_12M.json 2> $R/check_12M.err; echo "exit $?"
     echo "== agreement harness, 120M (attention and dropout)"
-    $py -m andrea_numba.check --size 120M --seed 3 --op attn --op dropout --json > $R/check_120M.json \
+    $py -m lab.check --size 120M --seed 3 --op attn --op dropout --json > $R/check_120M.json \
         2> $R/check_120M.err; echo "exit $?"
     echo "== SIGTERM and resume with dropout: run a (60 steps) against run b (SIGTERM after 30, --resume)"
     local args="--config $CFG --steps 60 --log-every 10"

@@ -12,7 +12,7 @@ for s in $steps; do
   case $s in
     tf32) $py bench/tf32_check.py 2>&1 | tee "$OUT/tf32_check.txt" ;;
     flash) for size in 12M 120M; do
-             $py -m andrea_numba.check --size $size --seed 5 --op attn_flash --json > "$OUT/flash_check_$size.json" \
+             $py -m lab.check --size $size --seed 5 --op attn_flash --json > "$OUT/flash_check_$size.json" \
                  2> "$OUT/flash_check_$size.err"; echo "check $size attn_flash exit $?"; tail -2 "$OUT/flash_check_$size.err"
            done
            $py bench/kernels.py attn_flash --sizes 12M,120M --markdown "$OUT/flash_kernels.md" > "$OUT/flash_kernels.txt" 2>&1

@@ -10,7 +10,7 @@ want() { [[ $parts == *" $1 "* ]]; }
 
 if want check; then
 echo "== agreement harness, 12M"
-$py -m andrea_numba.check --size 12M --seed 2 --json > "$OUT/check_12M.json" 2> "$OUT/check_12M.err"; echo "exit $?"
+$py -m lab.check --size 12M --seed 2 --json > "$OUT/check_12M.json" 2> "$OUT/check_12M.err"; echo "exit $?"
 fi
 
 if want resume; then

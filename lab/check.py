@@ -1,0 +1,14 @@
+"""The agreement harness with the lab's recipes too: `python -m lab.check` takes every flag of
+`python -m andrea_numba.check`, and --recipe may name a lab rung (lab/recipes.py) as well as an
+engine recipe.
+
+    python -m lab.check --size 12M --model-only --recipe bf16t
+"""
+import sys
+
+from andrea_numba import check
+from andrea_numba.recipes import RECIPES
+from lab.recipes import LAB
+
+if __name__ == "__main__":
+    sys.exit(check.main(recipes={**RECIPES, **LAB}, prog="python -m lab.check"))
