@@ -24,8 +24,8 @@ from numba import cuda, float32
 from numba.cuda import libdevice
 
 from .common import MAX_BLOCK, SIMULATOR, address, block_max, block_sum, blocks, wide_rows
-from .cublaslt import COPIES, operand_elements
 from .matmul import WARP_MATMUL, matmul
+from .operands import COPIES, operand_elements
 from .ptx import bf16x2, load4_row, store4
 
 MEAN_THREADS = 4 if SIMULATOR else 1024     # k_loss_mean_v1: one block
@@ -321,7 +321,7 @@ loss_fwd_v13.precision = loss_bwd_v12.precision = "bf16"
 #
 # k_loss_bwd_v2 writes dlogits = (probs - onehot) dloss / N straight as bf16 (nearest, ties to
 # even: the bits the products' copy kernel would have made of the fp32 values), into the slot of
-# the 16-bit operand scratch (cublaslt.COPIES) where a product's first operand goes; both products
+# the 16-bit operand scratch (operands.COPIES) where a product's first operand goes; both products
 # take that uint16 array as it is (a bf16 operand is not copied again). The fp32 dlogits buffer is
 # not written: probs stays the softmax.
 

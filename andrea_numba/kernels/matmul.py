@@ -40,10 +40,14 @@ from numba import cuda, float32
 
 from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
 from .half_tile import async_resolve, bf16_copies, make_async_tile, make_half_tile
+from .operands import COPIES
 from .simt_tile import make_simt_tile
+from .tma import TMAPS, map_fits
 from .warp_tile import make_epilogue, make_warp_tile, resolve
+from .wgmma_mn import make_mn_tile, mn_resolve
 from .wgmma_ring import make_ring_tile, ring_resolve
 from .wgmma_tile import make_wgmma_tile, wgmma_resolve
+from .wgmma_tma import fixup_counters, tile_bytes, tma_kernel, units_grid
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
 # engine's. On a GPU 64 x 64 tiles of 256 threads (8 KiB of shared memory); in the simulator,
@@ -559,7 +563,7 @@ VERSIONS["matmul"][12] = matmul_v12
 
 
 # v13: v12's tiles fed by cp.async (kernels/half_tile.py, "matmul v13"). Each operand is first
-# rounded once to a bf16 copy (cublaslt.round_into, ties to even: v12's rounding) in a scratch of
+# rounded once to a bf16 copy (operands.round_into, ties to even: v12's rounding) in a scratch of
 # half_tile's; the product kernel copies 16-byte chunks of the copies global -> shared with
 # cp.async (no staging registers, half the bytes of v12's fp32 loads) into a ring of 3 shared
 # stages (4 for the smaller tiles), one barrier a step, then v12's swizzle, ldmatrix and mma.sync.
@@ -576,7 +580,7 @@ ASYNC_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32, 4), (64, 6
 def matmul_v13(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """bf16 tensor-core products from bf16 copies of the operands (rounded once, ties to even) copied
     to shared memory by cp.async through a ring of stages; block = (BM, BN, 32, WM, WN[, STAGES]);
-    work: the split-K buffer (or None). The copies live in cublaslt.COPIES, a scratch that grows to
+    work: the split-K buffer (or None). The copies live in operands.COPIES, a scratch that grows to
     the largest product seen (half_tile.bf16_copies): an allocation at the first product of a new
     largest size, so not for a graph capture without COPIES.reserve first, and one scratch for the
     process (launches on two streams at once would share it)."""
@@ -614,7 +618,7 @@ ASYNC_OP_TILES = ASYNC_TILES
 # memory through descriptors (the 64-byte swizzle of v13's k-inner tiles is wgmma's mode 2): no
 # ldmatrix, no fragment registers. wgmma reads the tiles K-major, so both copies are made K-major,
 # the a @ b^T form: a16 [M, K], b16 [N, K]; an operand stored with k down its columns (b of x @ W,
-# a^T of a weight gradient) is rounded into a transposed copy (cublaslt.k_round_bf16_t_v1, a 32 x 32
+# a^T of a weight gradient) is rounded into a transposed copy (operands.k_round_bf16_t_v1, a 32 x 32
 # tile transpose through shared memory). Same math as v13 (inputs rounded to bf16 ties to even,
 # exact products, fp32 sums), another order of the sums inside the tensor core: other bits than
 # v13, the same at every run. Tiles (BM, BN, 32, 64, BN[, STAGES]): 128 x 128 of 2 warpgroups with
@@ -623,11 +627,9 @@ ASYNC_OP_TILES = ASYNC_TILES
 WGMMA_TILES = dict(gpu=((128, 128, 32, 64, 128), (64, 128, 32, 64, 128, 4)),
                    sim=((64, 16, 32, 64, 16), (64, 8, 32, 64, 8, 4)))
 
-from .cublaslt import COPIES  # noqa: E402
-
 
 def wgmma_copies(a, b, trans_a, trans_b, stream=0):
-    """(a16 [M, K], b16 [N, K]): the K-major bf16 copies of op(a) and op(b)^T in cublaslt.COPIES.
+    """(a16 [M, K], b16 [N, K]): the K-major bf16 copies of op(a) and op(b)^T in operands.COPIES.
     a stored [M, K] (not trans_a) and b stored [N, K] (trans_b) are K-major already: rounded as they
     are (a uint16 one used where it is); a^T stored [K, M] and b stored [K, N] are rounded into
     transposed copies (k_round_bf16_t_v1; a uint16 one has its bits transposed)."""
@@ -642,7 +644,7 @@ def matmul_v14(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     """bf16 products on wgmma (sm_90a) from K-major bf16 copies of the operands (rounded once, ties
     to even; transposed where stored the other way) copied to shared memory by cp.async through a
     ring of stages; block = (BM, BN, 32, 64, BN[, STAGES]); work: the split-K buffer (or None). The
-    copies live in cublaslt.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
+    copies live in operands.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
     _wgmma_matmul(wgmma_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
@@ -729,7 +731,7 @@ def matmul_v15(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     """bf16 products on wgmma (sm_90a) with one wgmma group in flight, from K-major bf16 copies (v14's)
     through a ring of cp.async stages in dynamic shared memory; block = (BM, BN, BK, 64, BN[, STAGES]),
     BK = 64 (dynamic ring) or 32 (static, v14's); work: the split-K buffer (or None). The copies live
-    in cublaslt.COPIES, as v13's and v14's."""
+    in operands.COPIES, as v13's and v14's."""
     _wgmma_matmul(ring_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
@@ -762,17 +764,12 @@ VERSIONS["matmul"][16] = matmul_v16
 
 matmul = matmul_v2        # what the engine uses
 
-# v20-v22: not rungs of the ladder but the library beside it: the same products through cuBLASLt in
-# fp32, bf16 and fp16 (kernels/cublaslt.py), present where they can run (a GPU with nvmath-python),
-# so that the harness checks the library as it checks our kernels and bench/gemm.py times it.
-from .cublaslt import matmul_versions  # noqa: E402
-
-VERSIONS["matmul"].update(matmul_versions())
-# v24: the same library's FP8 E4M3 products, each operand quantized per tensor by our kernels first
-# (kernels/fp8_products.py, issue 12), where FP8 runs (Ada or Hopper with nvmath-python)
-from .fp8_products import matmul_versions as fp8_matmul_versions  # noqa: E402
-
-VERSIONS["matmul"].update(fp8_matmul_versions())
+# v20-v22 and v24 are not rungs of the ladder but the library beside it: the same products through
+# cuBLASLt in fp32, bf16 and fp16 (kernels/cublaslt.py), and its FP8 E4M3 products with each operand
+# quantized per tensor by our kernels first (kernels/fp8_products.py). Both modules sit above the
+# ops they wrap, so they are not imported here: kernels/__init__.py adds their versions to VERSIONS
+# where they can run (a GPU with nvmath-python; FP8: Ada or Hopper), so that the harness checks the
+# library as it checks our kernels and bench/gemm.py times it.
 
 
 # =============================================================================================
@@ -792,7 +789,6 @@ VERSIONS["matmul"].update(fp8_matmul_versions())
 # of 64 x 64 x 32 with 3 (static): an MN-major tile needs BM and BN multiples of 64. Its kernel is
 # _k_matmul_warp's on make_mn_tile (make_tile's kind "bf16m"), launched by v14's and v15's
 # _wgmma_matmul on the copies as stored.
-from .wgmma_mn import make_mn_tile, mn_resolve  # noqa: E402
 
 MN_TILES = dict(gpu=RING_TILES["gpu"], sim=((64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)))
 
@@ -804,7 +800,7 @@ def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     through wgmma's transpose bits; v15's ring of cp.async stages in dynamic shared memory, one wgmma
     group in flight; block = (BM, BN, BK, 64, BN[, STAGES]), BK = 64 (dynamic ring) or 32 (static),
     BM and BN multiples of 64; work: the split-K buffer (or None). The copies live in
-    cublaslt.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
+    operands.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
     _wgmma_matmul(mn_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream, as_stored=True)
 
 
@@ -827,8 +823,6 @@ WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the
 # in the simulator one consumer warpgroup of 64 x 128 with 3 stages and 64 x 64 with 2. Operands
 # that a tensor map cannot describe (rows not whole 16-byte chunks, or a start off a 16-byte
 # boundary) go to v17 at its default tile.
-from .tma import TMAPS, map_fits  # noqa: E402
-from .wgmma_tma import fixup_counters, tile_bytes, tma_kernel, units_grid  # noqa: E402
 
 TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
                  sim=((64, 128, 64, 3), (64, 64, 64, 2)))
@@ -865,7 +859,7 @@ def matmul_v18(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     """bf16 products on wgmma (sm_90a) from bf16 copies of the operands as stored (v17's), copied
     to shared memory by TMA from a producer warp, over a ring of mbarrier-guarded stages, by
     persistent blocks; block = (BM, BN, 64, STAGES), or "auto" (pick_tile's for the shape); work: the
-    split-K buffer (or None). The copies live in cublaslt.COPIES, the tensor maps in tma.TMAPS
+    split-K buffer (or None). The copies live in operands.COPIES, the tensor maps in tma.TMAPS
     (written at an operand's first product)."""
     _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
