@@ -133,7 +133,7 @@ class Library:
 
     def __init__(self):
         require()
-        from nvmath.bindings import cublas, cublasLt
+        from nvmath.bindings import cublas, cublasLt        # optional (nvmath-python): require() checked it
         self.lt, self.cublas = cublasLt, cublas
         self.handle = cublasLt.create()
         self.version = int(cublasLt.get_version())
@@ -150,7 +150,7 @@ class Library:
         the two types (A's, B's: cuBLAS's A is our b) that `types` names (FP8: "e4m3", "e5m2"), with
         `scales` (FP8: the device addresses of A's and B's descales) set before the heuristic picks
         an algorithm, so that it picks one that scales."""
-        import nvmath
+        import nvmath                                        # optional, as above
         lt, D, P = self.lt, self.lt.MatmulDescAttribute, self.lt.MatmulPreferenceAttribute
         cdt = nvmath.CudaDataType
         f32 = int(cdt.CUDA_R_32F)

@@ -715,7 +715,7 @@ def allow_shared(kernel, args, nbytes):
     device; nothing in the simulator or at 48 KiB or less. Returns the compiled kernel (or None)."""
     if SIMULATOR or nbytes <= 48 * 1024:
         return None
-    from numba.cuda.cudadrv.driver import binding, driver
+    from numba.cuda.cudadrv.driver import binding, driver    # optional: it needs cuda-python (a GPU's)
     compiled = kernel.compile(tuple(numba.typeof(x) for x in args))
     cufunc = compiled._codelibrary.get_cufunc()
     key = (id(compiled), cufunc.device.id, nbytes)
