@@ -112,7 +112,7 @@ SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 # the value that gives those runs' behaviour (a config file should still name every field)
 DEFAULTS = {("train", "dropout"): 0.0, ("train", "early_stop"): 0, ("train", "precision"): "fp32",
             ("train", "products"): "numba"}
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8-fwd", "fp8-e5m2", "fp8-all")   # fp8-*: issue 12 (cuBLASLt only)
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8-fwd", "fp8-e5m2", "fp8-all")   # fp8-*: FP8 products (cuBLASLt only)
 PRODUCT_ROUTES = ("numba", "cublas")
 LR_DECAYS = ("cosine", "constant")
 INT32_MAX = 2 ** 31 - 1      # the checkpoint stores the step and the parameter count as int32

@@ -162,7 +162,7 @@ def attn_out_bwd_v8(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 
 k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd_v1.blocks[0])
 
-# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
 # harness to check them against the twin at that precision (check.py, low_precision_reference).
 @blocks(**KMAJOR_TILES)

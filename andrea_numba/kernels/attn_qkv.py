@@ -199,7 +199,7 @@ def attn_qkv_bwd_v8(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *,
     _bwd_warp("simt2", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
-# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
 # harness to check them against the twin at that precision (check.py, low_precision_reference).
 @blocks(**KMAJOR_TILES)

@@ -1,4 +1,4 @@
-"""FP8 products on the GPU (issue 12): each operand quantized per tensor by kernels/fp8.py, the
+"""FP8 products on the GPU: each operand quantized per tensor by kernels/fp8.py, the
 product by cuBLASLt's FP8 kernels with the two descales, fp32 sums, an fp32 output:
 
     out (+)= op(a) @ op(b)  ~  (descale_a descale_b) (A_q @ B_q^T)

@@ -238,7 +238,7 @@ def loss_fwd_v9(loss, losses, probs, x, wte, targets, *, block, stream=0):
     _fwd_warp("tf32x3w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
-# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
 # harness to check them against the twin at that precision (check.py, low_precision_reference).
 # The loss forward's bf16 version is v10 (v9's softmax rows), the backward's v9 (v7's form).

@@ -434,7 +434,7 @@ def mlp_bwd_v12(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
 
 
-# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
 # harness to check them against the twin at that precision (check.py, low_precision_reference).
 @blocks(**KMAJOR_TILES)
@@ -619,7 +619,7 @@ def mlp_bwd_v19(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 
 
 # v20: v19 with the GELU in the products' epilogues (matmul v18's fused stores, kernels/wgmma_tma.py,
-# point 5). On the H200 at 120M (s15c) k_gelu_fwd_v3 took 0.46 ms a step and k_gelu_bwd_v3 0.69:
+# point 5). On the H200 at 120M k_gelu_fwd_v3 took 0.46 ms a step and k_gelu_bwd_v3 0.69:
 # passes that read h_pre (100 MB a layer) and, backward, dh = dout @ W_2^T, which the product had
 # just written in fp32 (another 100 MB) only to be read once. Here
 #     forward:  h_pre = x @ W_1 and h = bf16(gelu(h_pre)) stored from the same registers
