@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .config import ConfigError, load_config
+
 INT32_MAX = 2 ** 31 - 1     # the checkpoint's step and parameter count are int32; so are token ids
 
 
@@ -268,7 +270,6 @@ def url(value: str) -> str:
 def config(value: str) -> str:
     """A size (tiny, 12M, 120M) or the path of a config JSON file that loads and validates; the text
     is returned as given (tools pass it on to load_config)."""
-    from .config import ConfigError, load_config           # config imports this module
     try:
         load_config(value)
     except ConfigError as e:

@@ -13,6 +13,7 @@ it, print that line and exit with code 2 (see `exit_on_config_error`).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import json
@@ -111,7 +112,7 @@ SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
 # the value that gives those runs' behaviour (a config file should still name every field)
 DEFAULTS = {("train", "dropout"): 0.0, ("train", "early_stop"): 0, ("train", "precision"): "fp32",
             ("train", "products"): "numba"}
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8-fwd", "fp8-e5m2", "fp8-all")   # fp8-*: issue 12 (cuBLASLt only)
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8-fwd", "fp8-e5m2", "fp8-all")   # fp8-*: FP8 products (cuBLASLt only)
 PRODUCT_ROUTES = ("numba", "cublas")
 LR_DECAYS = ("cosine", "constant")
 INT32_MAX = 2 ** 31 - 1      # the checkpoint stores the step and the parameter count as int32
@@ -329,16 +330,24 @@ def exit_on_config_error(fn):
     return wrapped
 
 
+class _Arguments(argparse.ArgumentParser):
+    """The parser of this module's command line: a bad argument raises ConfigError, which main's
+    decorator turns into one line on stderr and exit code 2, as cli.Parser does for the package's
+    other command lines (cli imports this module, to check a --size or --config when it is parsed)."""
+
+    def error(self, message):
+        raise ConfigError(f"{message} (see {self.prog} --help)")
+
+
 @exit_on_config_error
 def main(argv=None) -> int:
-    from . import cli
-    ap = cli.Parser(prog="python -m andrea_numba.config",
+    ap = _Arguments(prog="python -m andrea_numba.config",
                     description="Validate a config and print it with its parameter count.")
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--size", default="tiny", type=cli.config, help=f"one of {', '.join(SIZES)} (default tiny)")
-    g.add_argument("--config", type=cli.config, help="path of a config JSON file")
+    g.add_argument("--size", default="tiny", help=f"one of {', '.join(SIZES)} (default tiny)")
+    g.add_argument("--config", help="path of a config JSON file")
     args = ap.parse_args(argv)
-    cfg = load_config(args.config or args.size)
+    cfg = load_config(args.config or args.size)            # a bad size or file: ConfigError, one line
     print(json.dumps(cfg.to_dict(), indent=2))
     print(f"{cfg.name}: {cfg.model.n_params:,} parameters")
     return 0

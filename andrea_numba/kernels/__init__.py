@@ -19,6 +19,19 @@
                 (the products inside the linear ops)
     optim       grad_norm, grad_scale, adamw, zero             reference/optim.py
     common      block_sum, block_max, blocks, SIMULATOR
+    operands    the 16-bit copies of a product's operands (round_into) and their scratch (COPIES, HELD)
+    cublaslt    the library route: the same products through cuBLASLt (matmul v20-v22), and the
+                linear ops with every product there (linear_ops)
+    fp8_products  FP8 products through cuBLASLt (matmul v24), and the linear ops with them
+
+Imports run downwards, never in a circle (tests/test_imports.py checks it), all at the top of a module:
+    bottom      common, ptx (one-instruction device functions), tile_loop, operands, tma, wgmma
+    tiles       split_tile, warp_tile, simt_tile, half_tile, wgmma_tile, wgmma_mn, wgmma_ring, wgmma_tma
+    products    matmul (the ladder of products; make_tile serves the linear ops their tiles)
+    ops         embed, layernorm, residual, dropout, attn, attn_flash_* (attn_flash: the table),
+                attn_qkv, attn_out, mlp, loss, optim, fp8 (the quantize kernels)
+    library     cublaslt, fp8_products: above the ops whose products they replace
+This package imports the library route last, to add its products to matmul.VERSIONS (below).
 
 The ladder, the same in every module (as llm.c's dev/cuda keeps every version of a kernel):
 - Kernels are module-level names numbered by version: k_layernorm_bwd_params_v1, _v2. A version
@@ -45,3 +58,12 @@ The ladder, the same in every module (as llm.c's dev/cuda keeps every version of
 - Every launcher has GPU block sizes and smaller simulator ones, since the CUDA simulator runs each
   thread as a Python thread.
 """
+from . import cublaslt, fp8_products, matmul
+
+# matmul v20-v22 (cuBLASLt in fp32, bf16, fp16) and v24 (FP8) beside the ladder, where they can run
+# (a GPU with nvmath-python; FP8: Ada or Hopper): the harness checks them and bench/gemm.py times
+# them as it does our kernels. Here, because the library route sits above matmul (which cannot
+# import it), and because Python runs this file before any module of the package: whichever kernel
+# module is imported first, matmul.VERSIONS is whole.
+matmul.VERSIONS["matmul"].update(cublaslt.matmul_versions())
+matmul.VERSIONS["matmul"].update(fp8_products.matmul_versions())

@@ -32,14 +32,23 @@ memory in lane order (attn.row_max, attn.row_sum).
               k_attn_flash_bwd_dkdv_v1     block (key tile, b*H + h): walks the query tiles t >= u
 The dq and dk/dv kernels both recompute s, P and datt (the price of not storing them), so that
 each output element is summed by one thread in a fixed order: no atomics, bit-identical reruns.
-The tiled kernels are built per head size and block by make_flash_kernels, on first use.
+The tiled kernels are built per head size and block by make_flash_kernels, on first use. The rowdot
+kernel lives in attn_flash_rowdot.py, since v2 to v8 launch it too.
 """
 import math
 
 import numpy as np
 from numba import cuda, float32
 
-from .attn import NEG_INF, _check, _split, row_max, row_sum, tile_helpers
+from .attn import NEG_INF, _check, row_max, row_sum, tile_helpers
+from .attn_flash_mma import attn_flash_bwd_v2, attn_flash_fwd_v2
+from .attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
+from .attn_flash_v3 import (attn_flash_bwd_v3, attn_flash_bwd_v4, attn_flash_bwd_v5, attn_flash_bwd_v6,
+                            attn_flash_bwd_v7, attn_flash_bwd_v8, attn_flash_bwd_v9, attn_flash_bwd_v10,
+                            attn_flash_bwd_v11, attn_flash_bwd_v12, attn_flash_fwd_v3, attn_flash_fwd_v4,
+                            attn_flash_fwd_v5, attn_flash_fwd_v6, attn_flash_fwd_v7, attn_flash_fwd_v8,
+                            attn_flash_fwd_v11, attn_flash_fwd_v12)
+from .attn_flash_v13 import attn_flash_bwd_v13, attn_flash_bwd_v14, attn_flash_fwd_v13, attn_flash_fwd_v14
 from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv
 from .dropout import dropout_factor, key_value, mask_args
 
@@ -57,24 +66,6 @@ def _shared_bytes(hs, bk, BQ, TPR):
     dq = 2 * BQ * hs + 2 * bk * (hs + 1) + BQ * bk             # q, dy rows, K and V tiles, ds tile
     dkdv = 2 * BQ * hs + 2 * bk * (hs + 1) + 2 * BQ * bk + 2 * bk   # k, v rows, Q, dY tiles, P f, ds, lse, D
     return 4 * max(fwd, dq, dkdv)
-
-
-@cuda.jit
-def k_attn_flash_bwd_rowdot_v1(d_rowdot, dy, y):
-    """Thread (b, h, t): d_rowdot[b, h, t] = D[t] = sum_d dy[b, t, c0 + d] y[b, t, c0 + d] over
-    the head's hs channels (c0 = h * hs), in channel order. The softmax backward's row sum
-    sum_u P[t, u] datt[t, u], without a row of P or datt."""
-    B, H, T = d_rowdot.shape
-    hs = dy.shape[2] // H
-    idx = cuda.grid(1)
-    if idx >= B * H * T:
-        return
-    b, h, t = _split(B, H, T, idx)
-    c0 = h * hs
-    acc = float32(0.0)
-    for d in range(hs):
-        acc += dy[b, t, c0 + d] * y[b, t, c0 + d]
-    d_rowdot[b, h, t] = acc
 
 
 def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
@@ -335,33 +326,23 @@ def attn_flash_bwd_v1(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
 
 
+# The versions (v1 above; the others imported at the top):
 # v2: the same three kernels with their products on tensor cores (kernels/attn_flash_mma.py)
-from .attn_flash_mma import attn_flash_bwd_v2, attn_flash_fwd_v2  # noqa: E402  (it uses the rowdot kernel above)
 # v3: v2 with the next tiles loading during the products, the own tile split once (kernels/attn_flash_v3.py)
-from .attn_flash_v3 import attn_flash_bwd_v3, attn_flash_fwd_v3  # noqa: E402
 # v4: v3 with the own tiles' values in one plane, split as read: larger tiles fit (same file)
-from .attn_flash_v3 import attn_flash_bwd_v4, attn_flash_fwd_v4  # noqa: E402
 # v5: v3 with matmul v7's split (the small parts truncated by the tensor core) (same file)
-from .attn_flash_v3 import attn_flash_bwd_v5, attn_flash_fwd_v5  # noqa: E402
 # v6: v5 with swizzled inner tiles: no bank conflicts in either way they are read (same file)
-from .attn_flash_v3 import attn_flash_bwd_v6, attn_flash_fwd_v6  # noqa: E402
 # v7: v5 with indices the compiler knows are >= 0 (no code for negative indices); v8: v7 with the
-# longest tiles of every head first (same file)
-from .attn_flash_v3 import attn_flash_bwd_v7, attn_flash_bwd_v8, attn_flash_fwd_v7, attn_flash_fwd_v8  # noqa: E402
+#     longest tiles of every head first (same file)
 # v9: (the backward only; v8's forward) D = dy . y worked out in the dq kernel (no rowdot launch)
-from .attn_flash_v3 import attn_flash_bwd_v9  # noqa: E402
 # v10: (the backward only) v9 with dy and y read 128 bits at a time for D (same file)
-from .attn_flash_v3 import attn_flash_bwd_v10  # noqa: E402
 # v11: v8's forward and v10's backward with bf16 products (mma.sync m16n8k16, inputs rounded as read,
-# the forward's softmax in base 2); v12: the same in fp16 (kernels/attn_flash_lowp.py). Forward and
-# backward share the number (there is no forward v9 or v10: those versions changed the backward only)
-from .attn_flash_lowp import attn_flash_bwd_v11, attn_flash_bwd_v12, attn_flash_fwd_v11, attn_flash_fwd_v12  # noqa: E402
+#     the forward's softmax in base 2); v12: the same in fp16 (the 16-bit pieces: kernels/attn_flash_lowp.py;
+#     the launchers: attn_flash_v3.py). Forward and backward share the number (there is no forward v9
+#     or v10: those versions changed the backward only)
 # v13: v11's math (bf16 products) with bf16 tiles read by ldmatrix, p~ f and ds kept in registers as the
-# next product's A operand, 4 warps a block, one barrier a tile (kernels/attn_flash_v13.py)
-from .attn_flash_v13 import attn_flash_bwd_v13, attn_flash_fwd_v13  # noqa: E402
+#     next product's A operand, 4 warps a block, one barrier a tile (kernels/attn_flash_v13.py)
 # v14: v13 writing y's bf16 copy (y16) and dq, dk, dv in bf16 where given uint16 buffers (same file)
-from .attn_flash_v13 import attn_flash_bwd_v14, attn_flash_fwd_v14  # noqa: E402
-
 VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
                                5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6, 7: attn_flash_fwd_v7,
                                8: attn_flash_fwd_v8, 11: attn_flash_fwd_v11, 12: attn_flash_fwd_v12,

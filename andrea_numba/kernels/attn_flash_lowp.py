@@ -3,7 +3,8 @@ with every product on mma.sync m16n8k16, its inputs rounded to a 16-bit format.
 
 Read attn_flash.py (the math), then attn_flash_v3.py (the tiles, the prefetch, v8's grid and
 v10's D): v11 and v12 are that kernel text (attn_flash_v3.make_kernels, HALF = "bf16" or "fp16")
-with the pieces below in place of the 3xTF32 ones. What stays fp32: the softmax, its statistics
+with the pieces below in place of the 3xTF32 ones; their launchers sit in attn_flash_v3.py beside
+v3-v10's, which this module lies below. What stays fp32: the softmax, its statistics
 (the running maximum m, the sum l, lse and D = dy . y), every sum, and the tiles in shared memory.
 What is rounded: the inputs of the five kinds of product, as fragments are formed,
 
@@ -74,9 +75,14 @@ from numba import cuda, float32, int32
 
 from reference.precision import round_bf16, round_fp16
 
-from .common import SIMULATOR, blocks
+from .common import SIMULATOR
 from .ptx import bf16x2, f16x2, mma_bf16, mma_f16
 from .warp_tile import WARP
+
+if not SIMULATOR:      # the code generator of load4_b32 (below)
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
 
 HALF = {"bf16": (bf16x2, mma_bf16, round_bf16), "fp16": (f16x2, mma_f16, round_fp16)}   # pack, mma, twin's rounding
 HALF_VERSION = {"bf16": 11, "fp16": 12}
@@ -90,10 +96,6 @@ if SIMULATOR:
         flat = arr.reshape(-1)
         return flat[index], flat[index + 1], flat[index + 2], flat[index + 3]
 else:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
     _I4 = types.UniTuple(types.int32, 4)
 
     @intrinsic
@@ -226,44 +228,3 @@ def kstep_nn16(NI, BKV, fmt):
             acc[1, 2 * ni] += c2
             acc[1, 2 * ni + 1] += c3
     return step
-
-
-# Blocks (WARPS, BKV): v8's and v10's on the GPU (attn_flash_v3.py's table; the packed own tiles
-# take less shared memory than v8's planes); in the simulator (1, 8) (a half k16 step, two key
-# tiles at the harness's T = 13) and (1, 16) (whole k16 steps), one warp each, which costs the
-# simulator 2 s less a harness run than v8's (2, 16); tests/test_attn_flash_lowp.py runs (2, 16).
-FLASH_LOWP_FWD_BLOCKS = dict(gpu=((4, 16), (2, 32), (2, 16)), sim=((1, 8), (1, 16)))
-FLASH_LOWP_BWD_BLOCKS = dict(gpu=((2, 16), (1, 16), (2, 8)), sim=((1, 8), (1, 16)))
-
-
-def _launchers(fmt):
-    from .attn_flash_v3 import _bwd, _fwd
-
-    @blocks(**FLASH_LOWP_FWD_BLOCKS)
-    def fwd(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
-        _fwd(2, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=True, nonneg=True,
-             heavy=True, half=fmt)
-
-    @blocks(**FLASH_LOWP_BWD_BLOCKS)
-    def bwd(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
-        _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
-             trunc=True, nonneg=True, heavy=True, rowdot=2, half=fmt)
-    return fwd, bwd
-
-
-def _named(launch, name, doc, precision):
-    launch.__name__ = launch.__qualname__ = name
-    launch.__doc__ = doc
-    launch.precision = precision      # the harness checks it against the twin under products_in(precision)
-    return launch
-
-
-_f, _b = _launchers("bf16")
-attn_flash_fwd_v11 = _named(_f, "attn_flash_fwd_v11", """As v8 with bf16 products (mma.sync m16n8k16, inputs
-    rounded as fragments are formed) and the online softmax in base 2 with an integer maximum.""", "bf16")
-attn_flash_bwd_v11 = _named(_b, "attn_flash_bwd_v11", """As v10 with bf16 products (mma.sync m16n8k16,
-    inputs rounded as fragments are formed).""", "bf16")
-_f, _b = _launchers("fp16")
-attn_flash_fwd_v12 = _named(_f, "attn_flash_fwd_v12", """As v11 with fp16 products (cvt.rn.f16x2.f32,
-    mma.sync ... .f16.f16): 11 significant bits where bf16 keeps 8, nothing above 65504.""", "fp16")
-attn_flash_bwd_v12 = _named(_b, "attn_flash_bwd_v12", """As v11's backward with fp16 products.""", "fp16")

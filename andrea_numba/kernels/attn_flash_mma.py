@@ -36,6 +36,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .attn import NEG_INF, _check
+from .attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
 from .common import BlockDoesNotFit, blocks, cdiv
 from .dropout import dropout_factor, key_value, mask_args
 from .warp_tile import WARP, _kstep
@@ -339,7 +340,6 @@ def attn_flash_bwd_v2(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
                       block, stream=0):
     """d_rowdot [B, H, T] receives D = dy . y (v1's k_attn_flash_bwd_rowdot_v1), then the dq and
     the dk/dv kernels on grid (T / (16 WARPS) tiles, B*H), 32 WARPS threads; block = (WARPS, BKV)."""
-    from .attn_flash import k_attn_flash_bwd_rowdot_v1
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
     _, dq_kernel, dkdv_kernel = kernels(hs, block)

@@ -127,13 +127,12 @@ the other lanes' registers. In the simulator (one Python thread a CUDA thread) e
   - a product from shared tiles (mma_ss) and the B operand of mma_rs: every lane's ldmatrix
     addresses from the same index functions (ptx.ldmatrix_warp), the warp's product in NumPy
     (ptx.mma_bf16_warp), this lane's four results chained into its accumulator;
-  - an operand in registers (mma_rs's p~ f, the quad's maxima and sums): warp_gather, where the
+  - an operand in registers (mma_rs's p~ f, the quad's maxima and sums): ptx.warp_gather, where the
     32 lanes of the warp leave their values in a slot each and wait at a barrier of the warp's 32
     threads (a real warp barrier: warps of a block pass it independently, as they would a
     shfl.sync, so a warp may skip a tile that another computes).
 """
 import math
-import threading
 
 import numpy as np
 from numba import cuda, float32, int32, uint64
@@ -147,7 +146,7 @@ from .ptx import bf16x2, ldmatrix_x4, ldmatrix_x4_trans, load4, mma_bf16, store2
 from .warp_tile import WARP
 
 if SIMULATOR:
-    from .ptx import ldmatrix_warp, mma_bf16_warp       # the warp instructions' NumPy twins
+    from .ptx import ldmatrix_warp, mma_bf16_warp, warp_gather     # the warp instructions' NumPy twins
 
 # (WARPS, BKV): 16 WARPS own rows, inner tiles of BKV rows (a multiple of 16). GPU: the first is
 # the default; each fits 48 KiB of static shared memory at hs = 64 and compiles for sm_90 without
@@ -214,27 +213,6 @@ def shared_bytes(hs: int, warps: int, bkv: int, kernel: str) -> int:
 
 
 if SIMULATOR:
-    class _WarpSlots:
-        """One warp's meeting point in the simulator: a slot for each lane's values and a barrier
-        of the warp's 32 threads."""
-
-        def __init__(self):
-            self.barrier = threading.Barrier(WARP, timeout=120)
-            self.slots = [None] * WARP
-
-    def warp_gather(x, w, lane):
-        """Simulator only: every lane's x (a number or an array) for warp w of this block, stacked
-        [32, ...]. Each lane leaves its x in its slot, waits for the warp's other 31 lanes, reads
-        them all, and waits again (so no lane refills its slot before the warp has read it)."""
-        block = threading.current_thread()._manager        # the simulator's block, shared by its threads
-        warps = block.__dict__.setdefault("_warp_slots", {})
-        meet = warps.get(w) or warps.setdefault(w, _WarpSlots())
-        meet.slots[lane] = np.array(x, copy=True)
-        meet.barrier.wait()
-        out = np.stack(meet.slots)
-        meet.barrier.wait()
-        return out
-
     def quad_max2(x0, x1, w, lane):
         """The maxima of x0 and of x1 over the 4 lanes of this lane's quad (the twin of quad_max2)."""
         v = warp_gather(np.array([x0, x1], np.float32), w, lane)

@@ -72,6 +72,9 @@ A thread holds, of a 16-row tile product, rows g and g + 8 and the columns 2t, 2
 Every output element is summed by one thread, tile after tile in a fixed order: deterministic,
 no atomics. In the simulator the tensor-core steps are NumPy twins that compute each thread's
 outputs from the same shared tiles (the own tile from its planes, as big + small).
+
+The same kernel text serves the later versions, whose launchers follow v3's and v4's below: v5 to
+v10 (each a comment of its own), and v11, v12 with 16-bit products (attn_flash_lowp.py's pieces).
 """
 import math
 
@@ -79,6 +82,8 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from .attn import NEG_INF, _check
+from .attn_flash_lowp import HALF_VERSION, kstep_nn16, kstep_own16, own_tile16
+from .attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
 from .common import SIMULATOR, BlockDoesNotFit, address, as_is, blocks, cdiv, jit_as, nonneg
 from .dropout import dropout_factor, key_value, mask_args
 from .ptx import load4, mma_tf32, tf32_round
@@ -246,7 +251,6 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
     HALF = "bf16" or "fp16" (with v8's forward, v10's backward): every product one mma.sync
     m16n8k16 of inputs rounded to that format, the forward's softmax in base 2 (v11, v12:
     attn_flash_lowp.py)."""
-    from .attn_flash_lowp import HALF_VERSION, kstep_nn16, kstep_own16, own_tile16
     KS = 16 if HALF else 8        # the mma's k step: 8 (TF32), 16 (bf16, fp16)
     HS8 = cdiv(HS, KS) * KS       # head size rounded up to the mma's k step (tiles zero-padded)
     BQ = 16 * WARPS               # rows of the block's own tile: 16 per warp
@@ -656,7 +660,6 @@ def _fwd(planes, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream,
 
 def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
          trunc=False, swizzle=False, nonneg=False, heavy=False, rowdot=0, half=None):
-    from .attn_flash import k_attn_flash_bwd_rowdot_v1
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
     vec = aligned_rows(hs, q, k, v, dy, *((y,) if rowdot == 2 else ()))     # (v10 reads y 128 bits at a time too)
@@ -825,3 +828,45 @@ def attn_flash_bwd_v10(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropou
     """As v9 with dy and y read 128 bits at a time for D."""
     _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
          trunc=True, nonneg=True, heavy=True, rowdot=2)
+
+
+# v11 (bf16 products) and v12 (fp16 products): v8's forward and v10's backward with every product on
+# mma.sync m16n8k16, its inputs rounded to a 16-bit format (the pieces: attn_flash_lowp.py, whose
+# docstring tells how). Blocks (WARPS, BKV): v8's and v10's on the GPU (this module's table; the
+# packed own tiles take less shared memory than v8's planes); in the simulator (1, 8) (a half k16
+# step, two key tiles at the harness's T = 13) and (1, 16) (whole k16 steps), one warp each, which
+# costs the simulator 2 s less a harness run than v8's (2, 16); tests/test_attn_flash_lowp.py runs
+# (2, 16).
+FLASH_LOWP_FWD_BLOCKS = dict(gpu=((4, 16), (2, 32), (2, 16)), sim=((1, 8), (1, 16)))
+FLASH_LOWP_BWD_BLOCKS = dict(gpu=((2, 16), (1, 16), (2, 8)), sim=((1, 8), (1, 16)))
+
+
+def _launchers(fmt):
+    @blocks(**FLASH_LOWP_FWD_BLOCKS)
+    def fwd(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+        _fwd(2, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=True, nonneg=True,
+             heavy=True, half=fmt)
+
+    @blocks(**FLASH_LOWP_BWD_BLOCKS)
+    def bwd(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+        _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
+             trunc=True, nonneg=True, heavy=True, rowdot=2, half=fmt)
+    return fwd, bwd
+
+
+def _named(launch, name, doc, precision):
+    launch.__name__ = launch.__qualname__ = name
+    launch.__doc__ = doc
+    launch.precision = precision      # the harness checks it against the twin under products_in(precision)
+    return launch
+
+
+_f, _b = _launchers("bf16")
+attn_flash_fwd_v11 = _named(_f, "attn_flash_fwd_v11", """As v8 with bf16 products (mma.sync m16n8k16, inputs
+    rounded as fragments are formed) and the online softmax in base 2 with an integer maximum.""", "bf16")
+attn_flash_bwd_v11 = _named(_b, "attn_flash_bwd_v11", """As v10 with bf16 products (mma.sync m16n8k16,
+    inputs rounded as fragments are formed).""", "bf16")
+_f, _b = _launchers("fp16")
+attn_flash_fwd_v12 = _named(_f, "attn_flash_fwd_v12", """As v11 with fp16 products (cvt.rn.f16x2.f32,
+    mma.sync ... .f16.f16): 11 significant bits where bf16 keeps 8, nothing above 65504.""", "fp16")
+attn_flash_bwd_v12 = _named(_b, "attn_flash_bwd_v12", """As v11's backward with fp16 products.""", "fp16")

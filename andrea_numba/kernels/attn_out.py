@@ -13,7 +13,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .cublaslt import HELD
+from .operands import HELD
 from .matmul import ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_v13, resolve
 
 
@@ -162,7 +162,7 @@ def attn_out_bwd_v8(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 
 k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd_v1.blocks[0])
 
-# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
 # harness to check them against the twin at that precision (check.py, low_precision_reference).
 @blocks(**KMAJOR_TILES)
@@ -233,7 +233,7 @@ attn_out_fwd_v12.precision = attn_out_bwd_v12.precision = "bf16"
 
 
 # v13: v12 through matmul v16 (out and dy on v15's wgmma, dW_O on v13), dout rounded to bf16 once for
-# both backward products (cublaslt.HELD), where v12 rounded it for each.
+# both backward products (operands.HELD), where v12 rounded it for each.
 def _bwd_held(kind, dy, dw_o, work, dout, y, w_o, block, stream):
     d16 = HELD.round(dout, stream)
     WARP_MATMUL[kind](dy, work, d16, w_o, trans_b=True, block=block, stream=stream)
@@ -249,7 +249,7 @@ def attn_out_fwd_v13(out, y, w_o, *, block, stream=0):
 @blocks(**RING_TILES)
 def attn_out_bwd_v13(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """dy = dout @ W_O^T (v15), dW_O += y^T @ dout (v13, split over K into work), through matmul v16;
-    dout rounded to bf16 once (cublaslt.HELD)."""
+    dout rounded to bf16 once (operands.HELD)."""
     _bwd_held("bf16r", dy, dw_o, work, dout, y, w_o, block, stream)
 
 

@@ -17,7 +17,7 @@ import functools
 from numba import cuda, float32
 
 from .common import blocks
-from .cublaslt import HELD
+from .operands import HELD
 from .matmul import ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve
 
 
@@ -199,7 +199,7 @@ def attn_qkv_bwd_v8(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *,
     _bwd_warp("simt2", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
-# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
 # harness to check them against the twin at that precision (check.py, low_precision_reference).
 @blocks(**KMAJOR_TILES)
@@ -277,7 +277,7 @@ attn_qkv_fwd_v12.precision = attn_qkv_bwd_v12.precision = "bf16"
 
 
 # v13: v12's products through matmul v16: wgmma (v15) for q, k, v and dx, v13 for the weight gradients;
-# each of dq, dk, dv rounded to bf16 once (cublaslt.HELD) for its two products, where v12 rounded it
+# each of dq, dk, dv rounded to bf16 once (operands.HELD) for its two products, where v12 rounded it
 # for each. The products run in the order (dx, dW_Q), (dx, dW_K), (dx, dW_V): dx still sums q, k, v.
 # v14: the same on matmul v17 (wgmma for every product, the weight gradients' operands read as stored).
 def _fwd_chain(kind, q, k, v, x, w_q, w_k, w_v, block, stream):
@@ -302,7 +302,7 @@ def attn_qkv_fwd_v13(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
 @blocks(**RING_TILES)
 def attn_qkv_bwd_v13(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v12's six products through matmul v16: dx's three on v15 (wgmma), the weight gradients on v13;
-    dq, dk, dv each rounded to bf16 once (cublaslt.HELD)."""
+    dq, dk, dv each rounded to bf16 once (operands.HELD)."""
     _bwd_held("bf16r", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 

@@ -9,12 +9,21 @@ Determinism: no kernel uses atomics on floats. A reduction is either a sequentia
 thread or `block_sum`, a shared-memory tree whose order depends only on the block size, so the same
 inputs and launch give bit-identical results.
 """
+import contextlib
 import functools
 import math
 import sys
+import threading
 
+import numpy as _np
 from numba import config as numba_config
 from numba import cuda, int64, uint32
+from numba.core import types as _types
+from numba.np import numpy_support as _numpy_support
+
+if numba_config.ENABLE_CUDASIM:      # the simulator's parts that the replacements below patch
+    from numba.cuda.simulator import kernel as _simkernel
+    from numba.cuda.simulator import kernelapi as _kernelapi
 
 SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
 # Small test launches (tiny model, the harness) are meant to be small: no warning per launch.
@@ -30,14 +39,6 @@ if SIMULATOR:
     # without a lock: two threads of a block that arrive together can each create their own
     # array and no longer share it (seen as rare wrong, non-repeatable sums). This replacement
     # does the same lookup under a lock, and reads only the caller's frame instead of the stack.
-    import contextlib
-    import threading
-
-    import numpy as _np
-    from numba.core import types as _types
-    from numba.cuda.simulator import kernelapi as _kernelapi
-    from numba.np import numpy_support as _numpy_support
-
     _shared_lock = threading.Lock()
     _shared_array_unlocked = _kernelapi.FakeCUDAShared.array
 
@@ -67,8 +68,6 @@ if SIMULATOR:
     # (or the last thread to finish, when the rest wait) opens the barrier for all; the launcher
     # just joins the threads. An exception in one thread releases the others with an error, as
     # before.
-    from numba.cuda.simulator import kernel as _simkernel
-
     def _block_run(self, grid_point, *args):
         self._cv = threading.Condition()
         self._waiting, self._generation, self._abort = 0, 0, False

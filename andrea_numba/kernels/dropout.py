@@ -28,6 +28,10 @@ import reference.dropout as twin
 
 from .common import SIMULATOR, blocks, cdiv
 
+if not SIMULATOR:      # key_value's compiled form (below); the simulator runs its Python body
+    from numba.core import types as _types
+    from numba.cuda.extending import overload
+
 M32 = np.uint64(twin.M32)
 GOLDEN = np.uint64(twin.GOLDEN)
 MUL1, MUL2 = np.uint64(0x7FEB352D), np.uint64(0x846CA68B)
@@ -54,9 +58,6 @@ def key_value(dropout_key):
 
 
 if not SIMULATOR:
-    from numba.core import types as _types
-    from numba.cuda.extending import overload
-
     @overload(key_value, target="cuda")
     def _key_value(dropout_key):
         if isinstance(dropout_key, _types.Array):

@@ -344,7 +344,7 @@ def embed_bwd_v4(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *,
 # chunk after another: first through chunks 0..p-1 (is the token there? then this block is not its
 # first), then p..n-1 for the sums. At 120M (N = 8192 positions, 8 chunks of 1024) that is some 160
 # loads, each waiting for the one before, in each of the N blocks: 1.15 ms on the H200 for 25 MB of
-# dout (twelfth session's profile). In v5, thread e searches chunk e (all chunks at once: one chain
+# dout (a profile of the training step). In v5, thread e searches chunk e (all chunks at once: one chain
 # of 20 loads), writes the run's bounds [lo, hi) to shared memory and flags a run in a chunk before
 # p; after one barrier the channels sum the runs as v4 does. The same rows in the same order: v2's bits.
 MAX_CHUNKS = 1024                   # chunks a v5 block keeps the bounds of (N up to 1024 x SORT_CHUNK)

@@ -1,4 +1,4 @@
-"""FP8 quantization on the GPU (issue 12): a tensor's absolute maximum by a fixed tree, its scale, and
+"""FP8 quantization on the GPU: a tensor's absolute maximum by a fixed tree, its scale, and
 its values cast to E4M3 or E5M2 bytes, laid out the way the FP8 products read them. NumPy twin:
 reference/fp8.py (quantize_fp32, encode). The products themselves: kernels/fp8_products.py.
 

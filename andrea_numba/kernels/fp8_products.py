@@ -1,4 +1,4 @@
-"""FP8 products on the GPU (issue 12): each operand quantized per tensor by kernels/fp8.py, the
+"""FP8 products on the GPU: each operand quantized per tensor by kernels/fp8.py, the
 product by cuBLASLt's FP8 kernels with the two descales, fp32 sums, an fp32 output:
 
     out (+)= op(a) @ op(b)  ~  (descale_a descale_b) (A_q @ B_q^T)
@@ -36,6 +36,7 @@ from reference.precision import FP8_SCOPES
 from . import cublaslt
 from . import fp8 as Q
 from .common import SIMULATOR, address
+from .mlp import gelu_bwd_v2, gelu_fwd_v2
 
 MIN_CC = (8, 9)                 # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
 FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
@@ -198,7 +199,6 @@ def linear_ops(scope: str, N: int, C: int, V: int, n_layer: int = 1):
     require_fp8()
     bf = cublaslt.linear_ops("bf16", N, C, V)            # the bf16 products: the classifier, fp8-fwd's backward
     FP8.reserve(operand_bytes(N, C), operand_bytes(N, C), slots_for(n_layer))
-    from .mlp import gelu_bwd_v2, gelu_fwd_v2
     g = "e5m2" if scope == "fp8-e5m2" else "e4m3"      # the backward's gradient operands
     W = "e4m3"                                         # weights and activations
 

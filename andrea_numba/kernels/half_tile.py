@@ -84,9 +84,10 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from .common import SIMULATOR, address, nonneg
-from .ptx import bf16x2, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store2
+from .operands import COPIES                        # the 16-bit copies' scratch (k_round_bf16_v2)
+from .ptx import CP_ASYNC_WAIT, bf16x2, cp_async16, cp_async_commit, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store2
 from .split_tile import chunk_fetcher
-from .tile_loop import WARP, add_fragment, make_pipeline
+from .tile_loop import WARP, add_fragment, make_load, make_pipeline
 from .warp_tile import fragment_tile
 
 if SIMULATOR:
@@ -250,7 +251,7 @@ def make_half_tile(tile):
 # registers with the addresses), rounds them (cvt) and stores them (st.shared), and only two
 # shared stages fit beside that. v13 splits the rounding from the product:
 #
-#   1. k_round_bf16_v2 (cublaslt.round_into) rounds each operand once into a bf16 copy in a
+#   1. k_round_bf16_v2 (operands.round_into) rounds each operand once into a bf16 copy in a
 #      scratch buffer (ties to even, the same bits as v12's cvt.rn.bf16x2): rows packed, the
 #      copy keeps the operand's orientation, a [M, K] -> a16 [M, K], a^T [K, M] -> a16 [K, M].
 #   2. The product kernel copies 16-byte chunks (8 bf16) of the copies straight from global to
@@ -294,14 +295,11 @@ def make_half_tile(tile):
 #     keep cp.async, but round_into writes packed rows (a padded copy needs another rounding
 #     kernel): left for a later version.
 # =============================================================================================
-from .cublaslt import COPIES                        # noqa: E402  (the 16-bit copies' scratch, k_round_bf16_v2)
-from .ptx import CP_ASYNC_WAIT, cp_async16, cp_async_commit  # noqa: E402
-from .tile_loop import make_load                    # noqa: E402
 
 STAGES = 3             # shared stages of the ring (a block's sixth number overrides it)
 
 
-# The bf16 copies live in cublaslt.COPIES, the scratch the library route's copies use. Not the
+# The bf16 copies live in operands.COPIES, the scratch the library route's copies use too. Not the
 # launcher's `work` argument: work is the split-K buffer, may be None (no split), is sized for
 # partial tiles (splitk_work), not for two operands, and is used by the same launch for the slices'
 # partial sums; carving both out of it would tie the copies' room to the split.

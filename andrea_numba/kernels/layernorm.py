@@ -31,7 +31,7 @@ Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with t
     dx's bf16 copy too where given a uint16 d16 (what the bf16 products read next).
     residual_layernorm_fwd v2: v1's bits with the row in registers. On the H200 the register rows
     were no faster (forward) and slower (backward) than v1's re-reads, which the L2 serves; v3's
-    stage 2 took half of v1's time (docs/kernels-h200.md, seventh session).
+    stage 2 took half of v1's time (docs/kernels-h200.md).
 """
 import math
 
@@ -643,7 +643,7 @@ def residual_layernorm_bwd_v4(dx, df, dg, db, work, dresid, dout, resid, mean, r
 
 # residual_layernorm v3 (forward): v2's row in registers, read and written four channels at a time
 # (128-bit loads and stores), and the output written as bf16 where the model saves it so. On the
-# H200 at 120M (twelfth session's profile) v1's forward took 0.062 ms a call for 8192 rows of 768:
+# H200 at 120M (a profile of the training step) v1's forward took 0.062 ms a call for 8192 rows of 768:
 # 100 MB moved at 1.6 TB/s, a warp a row with one 4-byte load a lane at a time; with products bf16a
 # the output then went through an fp32 scratch and a copy kernel into its bf16 buffer (0.28 ms a
 # step). Here lane tx of a row holds channels 4 (tx + i TPR) .. + 3, i < NQ = cdiv(C, 4 TPR): x and

@@ -24,8 +24,8 @@ from numba import cuda, float32
 from numba.cuda import libdevice
 
 from .common import MAX_BLOCK, SIMULATOR, address, block_max, block_sum, blocks, wide_rows
-from .cublaslt import COPIES, operand_elements
 from .matmul import WARP_MATMUL, matmul
+from .operands import COPIES, operand_elements
 from .ptx import bf16x2, load4_row, store4
 
 MEAN_THREADS = 4 if SIMULATOR else 1024     # k_loss_mean_v1: one block
@@ -238,7 +238,7 @@ def loss_fwd_v9(loss, losses, probs, x, wte, targets, *, block, stream=0):
     _fwd_warp("tf32x3w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
-# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
 # harness to check them against the twin at that precision (check.py, low_precision_reference).
 # The loss forward's bf16 version is v10 (v9's softmax rows), the backward's v9 (v7's form).
@@ -321,7 +321,7 @@ loss_fwd_v13.precision = loss_bwd_v12.precision = "bf16"
 #
 # k_loss_bwd_v2 writes dlogits = (probs - onehot) dloss / N straight as bf16 (nearest, ties to
 # even: the bits the products' copy kernel would have made of the fp32 values), into the slot of
-# the 16-bit operand scratch (cublaslt.COPIES) where a product's first operand goes; both products
+# the 16-bit operand scratch (operands.COPIES) where a product's first operand goes; both products
 # take that uint16 array as it is (a bf16 operand is not copied again). The fp32 dlogits buffer is
 # not written: probs stays the softmax.
 

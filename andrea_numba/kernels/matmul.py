@@ -40,10 +40,14 @@ from numba import cuda, float32
 
 from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
 from .half_tile import async_resolve, bf16_copies, make_async_tile, make_half_tile
+from .operands import COPIES
 from .simt_tile import make_simt_tile
+from .tma import TMAPS, map_fits
 from .warp_tile import make_epilogue, make_warp_tile, resolve
+from .wgmma_mn import make_mn_tile, mn_resolve
 from .wgmma_ring import make_ring_tile, ring_resolve
 from .wgmma_tile import make_wgmma_tile, wgmma_resolve
+from .wgmma_tma import fixup_counters, tile_bytes, tma_kernel, units_grid
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
 # engine's. On a GPU 64 x 64 tiles of 256 threads (8 KiB of shared memory); in the simulator,
@@ -559,7 +563,7 @@ VERSIONS["matmul"][12] = matmul_v12
 
 
 # v13: v12's tiles fed by cp.async (kernels/half_tile.py, "matmul v13"). Each operand is first
-# rounded once to a bf16 copy (cublaslt.round_into, ties to even: v12's rounding) in a scratch of
+# rounded once to a bf16 copy (operands.round_into, ties to even: v12's rounding) in a scratch of
 # half_tile's; the product kernel copies 16-byte chunks of the copies global -> shared with
 # cp.async (no staging registers, half the bytes of v12's fp32 loads) into a ring of 3 shared
 # stages (4 for the smaller tiles), one barrier a step, then v12's swizzle, ldmatrix and mma.sync.
@@ -576,7 +580,7 @@ ASYNC_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32, 4), (64, 6
 def matmul_v13(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """bf16 tensor-core products from bf16 copies of the operands (rounded once, ties to even) copied
     to shared memory by cp.async through a ring of stages; block = (BM, BN, 32, WM, WN[, STAGES]);
-    work: the split-K buffer (or None). The copies live in cublaslt.COPIES, a scratch that grows to
+    work: the split-K buffer (or None). The copies live in operands.COPIES, a scratch that grows to
     the largest product seen (half_tile.bf16_copies): an allocation at the first product of a new
     largest size, so not for a graph capture without COPIES.reserve first, and one scratch for the
     process (launches on two streams at once would share it)."""
@@ -614,7 +618,7 @@ ASYNC_OP_TILES = ASYNC_TILES
 # memory through descriptors (the 64-byte swizzle of v13's k-inner tiles is wgmma's mode 2): no
 # ldmatrix, no fragment registers. wgmma reads the tiles K-major, so both copies are made K-major,
 # the a @ b^T form: a16 [M, K], b16 [N, K]; an operand stored with k down its columns (b of x @ W,
-# a^T of a weight gradient) is rounded into a transposed copy (cublaslt.k_round_bf16_t_v1, a 32 x 32
+# a^T of a weight gradient) is rounded into a transposed copy (operands.k_round_bf16_t_v1, a 32 x 32
 # tile transpose through shared memory). Same math as v13 (inputs rounded to bf16 ties to even,
 # exact products, fp32 sums), another order of the sums inside the tensor core: other bits than
 # v13, the same at every run. Tiles (BM, BN, 32, 64, BN[, STAGES]): 128 x 128 of 2 warpgroups with
@@ -623,11 +627,9 @@ ASYNC_OP_TILES = ASYNC_TILES
 WGMMA_TILES = dict(gpu=((128, 128, 32, 64, 128), (64, 128, 32, 64, 128, 4)),
                    sim=((64, 16, 32, 64, 16), (64, 8, 32, 64, 8, 4)))
 
-from .cublaslt import COPIES  # noqa: E402
-
 
 def wgmma_copies(a, b, trans_a, trans_b, stream=0):
-    """(a16 [M, K], b16 [N, K]): the K-major bf16 copies of op(a) and op(b)^T in cublaslt.COPIES.
+    """(a16 [M, K], b16 [N, K]): the K-major bf16 copies of op(a) and op(b)^T in operands.COPIES.
     a stored [M, K] (not trans_a) and b stored [N, K] (trans_b) are K-major already: rounded as they
     are (a uint16 one used where it is); a^T stored [K, M] and b stored [K, N] are rounded into
     transposed copies (k_round_bf16_t_v1; a uint16 one has its bits transposed)."""
@@ -642,7 +644,7 @@ def matmul_v14(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     """bf16 products on wgmma (sm_90a) from K-major bf16 copies of the operands (rounded once, ties
     to even; transposed where stored the other way) copied to shared memory by cp.async through a
     ring of stages; block = (BM, BN, 32, 64, BN[, STAGES]); work: the split-K buffer (or None). The
-    copies live in cublaslt.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
+    copies live in operands.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
     _wgmma_matmul(wgmma_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
@@ -695,7 +697,7 @@ VERSIONS["matmul"][14] = matmul_v14          # not in WARP_MATMUL: the linear op
 # stages (144 KiB) compiles, but its 128 accumulators a thread hit ptxas's 255 registers and spill
 # (84 bytes stored, 156 loaded, a 608-byte stack frame with the epilogue's acc array). The 4-stage
 # ring leaves room for one block a multiprocessor (129 KiB of 227); 3 stages (97 KiB) for two, and
-# that is v15's first tile: on the H200 (docs/kernels-h200.md, twelfth session) 128 x 128 x 64 with 3
+# that is v15's first tile: on the H200 (docs/kernels-h200.md) 128 x 128 x 64 with 3
 # stages ran the 120M logits in 2.72 ms against 3.04 with 4 and 3.66 with v14's static ring, and was
 # the fastest on 11 of the 13 products timed (4% and 11% behind 4 stages on the other two: the 120M
 # dx = dh @ W_1^T and the 12M dW_O). Also declared: 64 x 128 x 64 of
@@ -713,7 +715,7 @@ def allow_shared(kernel, args, nbytes):
     device; nothing in the simulator or at 48 KiB or less. Returns the compiled kernel (or None)."""
     if SIMULATOR or nbytes <= 48 * 1024:
         return None
-    from numba.cuda.cudadrv.driver import binding, driver
+    from numba.cuda.cudadrv.driver import binding, driver    # optional: it needs cuda-python (a GPU's)
     compiled = kernel.compile(tuple(numba.typeof(x) for x in args))
     cufunc = compiled._codelibrary.get_cufunc()
     key = (id(compiled), cufunc.device.id, nbytes)
@@ -729,7 +731,7 @@ def matmul_v15(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     """bf16 products on wgmma (sm_90a) with one wgmma group in flight, from K-major bf16 copies (v14's)
     through a ring of cp.async stages in dynamic shared memory; block = (BM, BN, BK, 64, BN[, STAGES]),
     BK = 64 (dynamic ring) or 32 (static, v14's); work: the split-K buffer (or None). The copies live
-    in cublaslt.COPIES, as v13's and v14's."""
+    in operands.COPIES, as v13's and v14's."""
     _wgmma_matmul(ring_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
@@ -762,17 +764,12 @@ VERSIONS["matmul"][16] = matmul_v16
 
 matmul = matmul_v2        # what the engine uses
 
-# v20-v22: not rungs of the ladder but the library beside it: the same products through cuBLASLt in
-# fp32, bf16 and fp16 (kernels/cublaslt.py), present where they can run (a GPU with nvmath-python),
-# so that the harness checks the library as it checks our kernels and bench/gemm.py times it.
-from .cublaslt import matmul_versions  # noqa: E402
-
-VERSIONS["matmul"].update(matmul_versions())
-# v24: the same library's FP8 E4M3 products, each operand quantized per tensor by our kernels first
-# (kernels/fp8_products.py, issue 12), where FP8 runs (Ada or Hopper with nvmath-python)
-from .fp8_products import matmul_versions as fp8_matmul_versions  # noqa: E402
-
-VERSIONS["matmul"].update(fp8_matmul_versions())
+# v20-v22 and v24 are not rungs of the ladder but the library beside it: the same products through
+# cuBLASLt in fp32, bf16 and fp16 (kernels/cublaslt.py), and its FP8 E4M3 products with each operand
+# quantized per tensor by our kernels first (kernels/fp8_products.py). Both modules sit above the
+# ops they wrap, so they are not imported here: kernels/__init__.py adds their versions to VERSIONS
+# where they can run (a GPU with nvmath-python; FP8: Ada or Hopper), so that the harness checks the
+# library as it checks our kernels and bench/gemm.py times it.
 
 
 # =============================================================================================
@@ -792,7 +789,6 @@ VERSIONS["matmul"].update(fp8_matmul_versions())
 # of 64 x 64 x 32 with 3 (static): an MN-major tile needs BM and BN multiples of 64. Its kernel is
 # _k_matmul_warp's on make_mn_tile (make_tile's kind "bf16m"), launched by v14's and v15's
 # _wgmma_matmul on the copies as stored.
-from .wgmma_mn import make_mn_tile, mn_resolve  # noqa: E402
 
 MN_TILES = dict(gpu=RING_TILES["gpu"], sim=((64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)))
 
@@ -804,7 +800,7 @@ def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     through wgmma's transpose bits; v15's ring of cp.async stages in dynamic shared memory, one wgmma
     group in flight; block = (BM, BN, BK, 64, BN[, STAGES]), BK = 64 (dynamic ring) or 32 (static),
     BM and BN multiples of 64; work: the split-K buffer (or None). The copies live in
-    cublaslt.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
+    operands.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
     _wgmma_matmul(mn_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream, as_stored=True)
 
 
@@ -827,8 +823,6 @@ WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the
 # in the simulator one consumer warpgroup of 64 x 128 with 3 stages and 64 x 64 with 2. Operands
 # that a tensor map cannot describe (rows not whole 16-byte chunks, or a start off a 16-byte
 # boundary) go to v17 at its default tile.
-from .tma import TMAPS, map_fits  # noqa: E402
-from .wgmma_tma import fixup_counters, tile_bytes, tma_kernel, units_grid  # noqa: E402
 
 TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
                  sim=((64, 128, 64, 3), (64, 64, 64, 2)))
@@ -838,9 +832,9 @@ TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
 TMA_AUTO = "auto"
 # the work a multiprocessor does on a tile (BM, BN, STAGES) in the time of a 128 x 256 tile's, per
 # unit of area (wgmma m64n256 reads its shared operands a third less per product than m64n128):
-# 0.80-0.92 for 128 x 128 with 4 stages on the H200's products (twelve shapes, docs/mixed-precision.md,
-# fourteenth session); the simulator's tiles: no preference. (128 x 128 with 3 stages, two blocks a
-# multiprocessor, was slower than one block of 4 stages on all thirteen products timed: `s15d`.)
+# 0.80-0.92 for 128 x 128 with 4 stages on the H200's products (twelve shapes, docs/mixed-precision.md);
+# the simulator's tiles: no preference. (128 x 128 with 3 stages, two blocks a multiprocessor, was
+# slower than one block of 4 stages on all thirteen products timed.)
 TMA_SPEED = {(128, 256, 4): 1.0, (128, 128, 4): 0.85, (64, 128, 3): 1.0, (64, 64, 2): 1.0}
 
 
@@ -865,7 +859,7 @@ def matmul_v18(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     """bf16 products on wgmma (sm_90a) from bf16 copies of the operands as stored (v17's), copied
     to shared memory by TMA from a producer warp, over a ring of mbarrier-guarded stages, by
     persistent blocks; block = (BM, BN, 64, STAGES), or "auto" (pick_tile's for the shape); work: the
-    split-K buffer (or None). The copies live in cublaslt.COPIES, the tensor maps in tma.TMAPS
+    split-K buffer (or None). The copies live in operands.COPIES, the tensor maps in tma.TMAPS
     (written at an operand's first product)."""
     _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
@@ -951,8 +945,8 @@ WARP_MATMUL["bf16t"] = matmul_v18            # products "bf16t" (gpu_model): the
 
 # v19: v18 whose kernel adds its split-K slices itself (wgmma_tma.py, point 6): the last warp of the S
 # slices of a tile's cells sums them in k_splitk_sum_v2's order, so v18's bits without the second
-# launch and its pass over memory (the sums took 0.93 ms of the 120M bf16 step, s16c). Measured on the
-# H200 (s16d): v18's bits in whole 120M and 12M steps, but the split products took 173 us against
+# launch and its pass over memory (the sums took 0.93 ms of the 120M bf16 step). Measured on the
+# H200: v18's bits in whole 120M and 12M steps, but the split products took 173 us against
 # 23: the summing warp's scalar loads, one slice after another, wait on L2 S x 128 times a thread.
 # A rung that lost (docs/mixed-precision.md); batching those loads is its next step.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
@@ -963,8 +957,7 @@ def matmul_v19(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 matmul_v19.precision = "bf16"
 VERSIONS["matmul"][19] = matmul_v19
-# (The fifteenth session timed v19 in the engine as products "bf16f": bf16o's ops on v19, since removed;
-# bench/step_time.py --tma-matmul 19 runs the same thing: tma_matmul.)
+# (bench/step_time.py --tma-matmul 19 times v19 inside the whole model: tma_matmul below.)
 
 
 @contextlib.contextmanager
@@ -983,8 +976,8 @@ def tma_matmul(version: int):
 
 # v23 (20-22 are the library route's numbers, cublaslt.py): v19 with the in-kernel sums' loads batched
 # (wgmma_tma.py, point 6: sum_slices_batched, up to 8 slices of 2 accumulator pairs in flight before
-# the adds, in the same order): v18's bits. Not yet run on a GPU (the fifteenth session's device time ran out after v19's measurement); the simulator
-# checks its bits (tests/test_matmul_v19.py), bench/gpu_profile.sh s17a times it.
+# the adds, in the same order): v18's bits. Its time on a GPU is not measured yet; the simulator
+# checks its bits (tests/test_matmul_v19.py), and bench/gpu_profile.sh times it beside v18 and v19.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v23(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """matmul v19 with the split-K slices' loads batched before their adds."""

@@ -25,7 +25,7 @@ from numba import cuda, float32
 
 from .common import address, blocks, elementwise_launch, nonneg
 from .ptx import bf16x2, load4, store4
-from .cublaslt import HELD
+from .operands import HELD
 from .tma import map_fits
 from .matmul import _tma_matmul, tma_fits, ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve
 
@@ -434,7 +434,7 @@ def mlp_bwd_v12(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
 
 
-# bf16 products (issue 11's first rung): the kernels of the tf32x3w version on matmul v10's tiles,
+# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
 # every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
 # harness to check them against the twin at that precision (check.py, low_precision_reference).
 @blocks(**KMAJOR_TILES)
@@ -534,7 +534,7 @@ mlp_fwd_v16.precision = mlp_bwd_v16.precision = "bf16"
 
 # v17: v16 through matmul v16 (h_pre, out, dh and dx on v15's wgmma; dW_1, dW_2 on v13), and the
 # backward's two gradients rounded to bf16 once each, where v16 had each of their two products
-# round them again (cublaslt.HELD): dout, then dh_pre, which k_gelu_bwd_v3 writes rounded: the GELU'
+# round them again (operands.HELD): dout, then dh_pre, which k_gelu_bwd_v3 writes rounded: the GELU'
 # pass reads dh (fp32, in the dh_pre buffer) and writes bf16(dh gelu'(h_pre)) straight into the held
 # copy, the bits the products' copy would have made of v16's fp32 dh_pre. The fp32 dh_pre buffer
 # keeps dh.
@@ -586,7 +586,7 @@ def _bwd_held(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, b
 @blocks(**RING_TILES)
 def mlp_bwd_v17(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v16's backward with its products from matmul v16, dout and dh_pre rounded to bf16 once each
-    (cublaslt.HELD; dh_pre by the GELU' pass itself, k_gelu_bwd_v3, where the views allow it)."""
+    (operands.HELD; dh_pre by the GELU' pass itself, k_gelu_bwd_v3, where the views allow it)."""
     _bwd_held("bf16r", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
@@ -619,7 +619,7 @@ def mlp_bwd_v19(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 
 
 # v20: v19 with the GELU in the products' epilogues (matmul v18's fused stores, kernels/wgmma_tma.py,
-# point 5). On the H200 at 120M (s15c) k_gelu_fwd_v3 took 0.46 ms a step and k_gelu_bwd_v3 0.69:
+# point 5). On the H200 at 120M k_gelu_fwd_v3 took 0.46 ms a step and k_gelu_bwd_v3 0.69:
 # passes that read h_pre (100 MB a layer) and, backward, dh = dout @ W_2^T, which the product had
 # just written in fp32 (another 100 MB) only to be read once. Here
 #     forward:  h_pre = x @ W_1 and h = bf16(gelu(h_pre)) stored from the same registers

@@ -38,16 +38,21 @@ the lower k in the low half (bf16x2 packs them), same g and t:
     D = A @ B + C: sixteen values of k a row in one instruction, every product of two bf16 exact,
     sums in fp32.
 """
+import threading
+
 import numpy as np
+
+from reference.precision import round_bf16
 
 from .common import SIMULATOR
 
-if not SIMULATOR:
+if not SIMULATOR:      # the intrinsics' code generators (the simulator runs the twins below instead)
     from llvmlite import ir
     from numba import types
     from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
+if not SIMULATOR:
     _f32, _i32 = ir.FloatType(), ir.IntType(32)
     _F4 = types.UniTuple(types.float32, 4)
 
@@ -444,7 +449,6 @@ else:
     def bf16x2(lo, hi):
         """Simulator twin of cvt.rn.bf16x2.f32: the two bf16 bit patterns (ties to even), lo in
         the low half of an int32."""
-        from reference.precision import round_bf16
         bits = round_bf16(np.array([lo, hi], np.float32)).view(np.uint32) >> np.uint32(16)
         return np.int32(np.uint32(bits[0] | (bits[1] << np.uint32(16))).view(np.int32))
 
@@ -545,6 +549,29 @@ else:
         # d0 D[g, 2t], d1 D[g, 2t + 1], d2 D[g + 8, 2t], d3 D[g + 8, 2t + 1]
         return np.stack([D[..., _G, 2 * _T], D[..., _G, 2 * _T + 1], D[..., _G + 8, 2 * _T],
                          D[..., _G + 8, 2 * _T + 1]], axis=-1)
+
+    class _WarpSlots:
+        """One warp's meeting point in the simulator: a slot for each lane's values and a barrier
+        of the warp's 32 threads."""
+
+        def __init__(self):
+            self.barrier = threading.Barrier(32, timeout=120)
+            self.slots = [None] * 32
+
+    def warp_gather(x, w, lane):
+        """Simulator only: every lane's x (a number or an array) for warp w of this block, stacked
+        [32, ...]: the twin of an exchange of registers in a warp (shfl.sync, the A operand of an
+        mma.sync from registers). Each lane leaves its x in its slot, waits for the warp's other 31
+        lanes, reads them all, and waits again (so no lane refills its slot before the warp has read
+        it). A real barrier of the warp's 32 threads: warps of a block pass it independently."""
+        block = threading.current_thread()._manager        # the simulator's block, shared by its threads
+        warps = block.__dict__.setdefault("_warp_slots", {})
+        meet = warps.get(w) or warps.setdefault(w, _WarpSlots())
+        meet.slots[lane] = np.array(x, copy=True)
+        meet.barrier.wait()
+        out = np.stack(meet.slots)
+        meet.barrier.wait()
+        return out
 
 
 # cp.async.wait_group N by N (the ring of matmul v13 waits with N = STAGES - 2, then N = 0)

@@ -51,8 +51,16 @@ import threading
 import time
 
 import numpy as np
+from numba import cuda
 
 from .common import SIMULATOR, address
+
+if not SIMULATOR:      # the code generators of the intrinsics below (the simulator runs their twins)
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    from .ptx import _no_operand, _shared_address
 
 BOX_INNER = 64           # values of the contiguous dimension a box row holds: 128 bytes of bf16
 BOX_ROW_BYTES = 128      # ... one row of the 128-byte swizzle
@@ -60,12 +68,6 @@ MAP_BYTES = 128          # a CUtensorMap
 MBAR_TIMEOUT_S = 60.0    # the simulator's longest wait for a phase before it calls the run stuck
 
 if not SIMULATOR:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    from .ptx import _no_operand, _shared_address
-
     _i32, _i64 = ir.IntType(32), ir.IntType(64)
 
     def _bar(sarr, index):
@@ -285,7 +287,6 @@ class TensorMaps:
     def reserve(self, slots: int = SLOTS):
         if SIMULATOR or self.table is not None:
             return
-        from numba import cuda
         self.table = cuda.device_array((slots, MAP_BYTES // 8), np.uint64)
 
     @property
@@ -301,7 +302,6 @@ class TensorMaps:
         key = (ptr, arr.shape, arr.strides, rows)
         slot = self.slots.get(key)
         if slot is None:
-            from numba import cuda
             if not isinstance(stream, (int, cuda.cudadrv.driver.Stream)):
                 raise RuntimeError("a new TMA tensor map while a CUDA graph is being recorded: run the step "
                                    "once eagerly before capturing it")
@@ -322,7 +322,7 @@ def encode_map(ptr: int, shape, pitch: int, rows: int) -> np.ndarray:
     """The 16 words of the tensor map of a bf16 array at device address ptr, shape (outer, inner),
     `pitch` bytes from one row to the next, boxes of `rows` x 64 values, 128-byte swizzle, zeros
     past the edges (cuTensorMapEncodeTiled: dimensions and box listed innermost first)."""
-    from cuda.bindings import driver as drv
+    from cuda.bindings import driver as drv       # optional (cuda-python, with a GPU): imported where a map is made
     outer, inner = shape
     u64, u32 = drv.cuuint64_t, drv.cuuint32_t
     err, tmap = drv.cuTensorMapEncodeTiled(

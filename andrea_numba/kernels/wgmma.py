@@ -151,6 +151,13 @@ import numpy as np
 
 from .common import SIMULATOR
 
+if not SIMULATOR:      # the code generators of the device functions below (the simulator runs twins)
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    from .ptx import _no_operand, _shared_address      # one-instruction and shared-address helpers
+
 SWIZZLE_NONE, SWIZZLE_128B, SWIZZLE_64B, SWIZZLE_32B = 0, 1, 2, 3
 SWIZZLE_BYTES = {SWIZZLE_NONE: 16, SWIZZLE_128B: 128, SWIZZLE_64B: 64, SWIZZLE_32B: 32}   # row width of an atom
 N_VALUES = tuple(range(8, 257, 8))      # the N of m64nNk16 for bf16
@@ -332,12 +339,6 @@ def wgmma_warpgroup(smem, desc_a, desc_b, n, acc=None, scale_d=1, trans_a=0, tra
 # The device functions
 
 if not SIMULATOR:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    from .ptx import _no_operand, _shared_address      # one-instruction and shared-address helpers
-
     _f32, _i32, _i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 
     @intrinsic

@@ -76,16 +76,36 @@ import numpy as np
 from numba import cuda, float32
 
 from .common import SIMULATOR
-from .half_tile import async_resolve
+from .half_tile import BK_HALF, async_resolve
 from .ptx import CP_ASYNC_WAIT, cp_async_commit
-from .wgmma import (SWIZZLE_128B, fence_proxy_async, mnmajor_lbo_sbo, mnmajor_step_offset, shared_address,
-                    smem_desc, wgmma_acc_zeros, wgmma_bf16_trans, wgmma_commit, wgmma_fence, wgmma_keep,
-                    wgmma_wait0, wgmma_wait1, wgmma_warpgroup)
-from .wgmma_ring import ALIGN, LAYOUT, LBO, dynamic_bytes, ring_tile
+from .warp_tile import fragment_tile
+from .wgmma import (SWIZZLE_64B, SWIZZLE_128B, fence_proxy_async, mnmajor_lbo_sbo, mnmajor_step_offset,
+                    shared_address, smem_desc, wgmma_acc_zeros, wgmma_bf16_trans, wgmma_commit, wgmma_fence,
+                    wgmma_keep, wgmma_wait0, wgmma_wait1, wgmma_warpgroup)
 from .wgmma_tile import WARPGROUP, _copier, _fragment_add
 
 MN_BLOCK = 64              # values of m (n) in one 128-byte row of an MN-major tile: a column block
 MN_SWIZZLE = SWIZZLE_128B  # the MN-major tiles' swizzle (point 3)
+
+# The ring of v15 (wgmma_ring.py, points 2 and 3 there), which v17 runs as it is and v18 sizes its
+# stages by: its limits, its K-major layouts, its bytes and the tile's checks (ring_tile).
+STATIC_LIMIT = 48 * 1024          # bytes of static shared memory a kernel may declare
+DYNAMIC_LIMIT = 227 * 1024        # bytes of dynamic shared memory a Hopper block may ask for
+ALIGN = 1024                      # the 128-byte swizzle's atom: 8 rows of 128 bytes
+LBO = 16                          # unused by swizzled K-major operands (CUTLASS's 1, i.e. 16 bytes)
+# BK -> (row bytes, swizzle mode, SBO = 8 rows)
+LAYOUT = {32: (64, SWIZZLE_64B, 512), 64: (128, SWIZZLE_128B, 1024)}
+
+
+def ring_bytes(BM, BN, BK, stages):
+    """Bytes of the ring: stages x (A tile + B tile), rows of 2 BK bytes."""
+    return stages * (BM + BN) * 2 * BK
+
+
+def dynamic_bytes(BM, BN, BK, stages):
+    """The dynamic shared memory a launch of this tile asks for: 0 for BK = 32 (a static ring, v14's),
+    else the ring + 1 KiB to start it on a 1024-byte boundary."""
+    return 0 if BK == BK_HALF else ring_bytes(BM, BN, BK, stages) + ALIGN
 
 
 def _mn_copier(R, BK, THREADS, vec):
@@ -218,6 +238,26 @@ def make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, trans_a, trans_b):
         wait_all()                                              # only empty groups remain
         cuda.syncthreads()                                      # the ring may be refilled by a next call
     return tile_mma
+
+
+def ring_tile(tile, version, pipelines):
+    """The tile of v15 or v17 (tile = (kind, BM, BN, BK, 64, BN, vec, STAGES)) after the checks they
+    share: BK = 32 or 64, warpgroups of 64 rows, 3 to 5 stages, the ring within its shared memory.
+    pipelines(BM, BN, BK, THREADS, stages, vec) gives the {(trans_a, trans_b): tile_mma} products;
+    v14's accumulator layout and epilogue (warp_tile.fragment_tile) around them, and SHARED."""
+    kind, BM, BN, BK, WM, WN, vec, stages = tile
+    assert BK in LAYOUT, f"v{version} tiles take BK = 32 or 64, got {BK}"
+    assert WM == 64 and WN == BN and BM % 64 == 0, f"tile {tile}: warpgroups of 64 rows x all BN columns"
+    assert stages >= 3 and stages - 3 in CP_ASYNC_WAIT, f"{stages} stages: one wgmma group in flight needs 3 .. 5"
+    shared = dynamic_bytes(BM, BN, BK, stages)
+    if shared:
+        assert shared <= DYNAMIC_LIMIT, f"tile {tile}: {shared} bytes of dynamic shared memory"
+    else:
+        assert ring_bytes(BM, BN, BK, stages) <= STATIC_LIMIT, f"tile {tile}: more than 48 KiB of static shared memory"
+    THREADS = WARPGROUP * (BM // 64)
+    t = fragment_tile(pipelines(BM, BN, BK, THREADS, stages, vec), BM, BN, BK, 16, BN, THREADS)
+    t.SHARED = shared
+    return t
 
 
 def mn_resolve(block, a16, b16):

@@ -67,29 +67,11 @@ address 0, so pad = 0 there.
 """
 import functools
 
-from .half_tile import BK_HALF, async_resolve
-from .ptx import CP_ASYNC_WAIT
-from .warp_tile import fragment_tile
-from .wgmma import SWIZZLE_64B, SWIZZLE_128B
-from .wgmma_tile import WARPGROUP
-
-STATIC_LIMIT = 48 * 1024          # bytes of static shared memory a kernel may declare
-DYNAMIC_LIMIT = 227 * 1024        # bytes of dynamic shared memory a Hopper block may ask for
-ALIGN = 1024                      # the 128-byte swizzle's atom: 8 rows of 128 bytes
-LBO = 16                          # unused by swizzled K-major operands (CUTLASS's 1, i.e. 16 bytes)
-# BK -> (row bytes, swizzle mode, SBO = 8 rows)
-LAYOUT = {32: (64, SWIZZLE_64B, 512), 64: (128, SWIZZLE_128B, 1024)}
-
-
-def ring_bytes(BM, BN, BK, stages):
-    """Bytes of the ring: stages x (A tile + B tile), rows of 2 BK bytes."""
-    return stages * (BM + BN) * 2 * BK
-
-
-def dynamic_bytes(BM, BN, BK, stages):
-    """The dynamic shared memory a launch of this tile asks for: 0 for BK = 32 (a static ring, v14's),
-    else the ring + 1 KiB to start it on a 1024-byte boundary."""
-    return 0 if BK == BK_HALF else ring_bytes(BM, BN, BK, stages) + ALIGN
+from .half_tile import async_resolve
+# The ring's sizes and its tile (points 2 and 3) are shared with v17 and v18: they live with the
+# pipeline that v15 and v17 both run (wgmma_mn.make_mn_pipeline), and are named here too.
+from .wgmma_mn import (ALIGN, DYNAMIC_LIMIT, LAYOUT, LBO, STATIC_LIMIT, dynamic_bytes,  # noqa: F401
+                       make_mn_pipeline, ring_bytes, ring_tile)
 
 
 def make_ring_pipeline(BM, BN, BK, THREADS, stages, vec):
@@ -99,7 +81,6 @@ def make_ring_pipeline(BM, BN, BK, THREADS, stages, vec):
     v17's pipeline (wgmma_mn.make_mn_pipeline), which reads each operand K-major or MN-major: here
     both K-major, the a @ b^T form, with the transpose immediates 0 (the same PTX as v15's own loop
     had, but for symbol names)."""
-    from .wgmma_mn import make_mn_pipeline      # here, not at the top: wgmma_mn imports this module
     return make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, False, True)
 
 
@@ -119,24 +100,3 @@ def make_ring_tile(tile):
     assert tile[2] % 8 == 0 and 8 <= tile[2] <= 256, f"tile {tile}: wgmma's N is 8 .. 256, a multiple of 8"
     return ring_tile(tile, 15, lambda BM, BN, BK, THREADS, stages, vec:
                      {(False, True): make_ring_pipeline(BM, BN, BK, THREADS, stages, vec)})
-
-
-def ring_tile(tile, version, pipelines):
-    """The tile of v15 or v17 (tile = (kind, BM, BN, BK, 64, BN, vec, STAGES)) after the checks they
-    share: BK = 32 or 64, warpgroups of 64 rows, 3 to 5 stages, the ring within its shared memory.
-    pipelines(BM, BN, BK, THREADS, stages, vec) gives the {(trans_a, trans_b): tile_mma} products;
-    v14's accumulator layout and epilogue (warp_tile.fragment_tile) around them, and SHARED."""
-    kind, BM, BN, BK, WM, WN, vec, stages = tile
-    assert BK in LAYOUT, f"v{version} tiles take BK = 32 or 64, got {BK}"
-    assert WM == 64 and WN == BN and BM % 64 == 0, f"tile {tile}: warpgroups of 64 rows x all BN columns"
-    assert stages >= 3 and stages - 3 in CP_ASYNC_WAIT, f"{stages} stages: one wgmma group in flight needs 3 .. 5"
-    shared = dynamic_bytes(BM, BN, BK, stages)
-    if shared:
-        assert shared <= DYNAMIC_LIMIT, f"tile {tile}: {shared} bytes of dynamic shared memory"
-    else:
-        assert ring_bytes(BM, BN, BK, stages) <= STATIC_LIMIT, f"tile {tile}: more than 48 KiB of static shared memory"
-    THREADS = WARPGROUP * (BM // 64)
-    t = fragment_tile(pipelines(BM, BN, BK, THREADS, stages, vec), BM, BN, BK, 16, BN, THREADS)
-    t.SHARED = shared
-    return t
-

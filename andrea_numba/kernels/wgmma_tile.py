@@ -103,6 +103,11 @@ from .wgmma import (SWIZZLE_64B, fence_proxy_async, smem_desc, wgmma_acc_zeros, 
                     wgmma_fence, wgmma_keep, wgmma_wait0, wgmma_warpgroup)
 from .warp_tile import fragment_tile
 
+if not SIMULATOR:      # the code generator of _add_fragment_tuple (below)
+    from numba import types
+    from numba.core import cgutils
+    from numba.cuda.extending import intrinsic
+
 WARPGROUP = 128        # threads of a warpgroup: four consecutive warps
 ROW_BYTES = 64         # a tile row: BK = 32 bf16, one 64-byte swizzle row
 LBO, SBO = 16, 512     # the descriptors' byte offsets (point 2): LBO unused, SBO = 8 rows of 64 bytes
@@ -150,10 +155,6 @@ else:
             the commit and the wait."""
             return wgmma_bf16(d, desc_a, desc_b, 1)
         return product
-
-    from numba import types
-    from numba.core import cgutils
-    from numba.cuda.extending import intrinsic
 
     @intrinsic
     def _add_fragment_tuple(typingctx, acc, d):

@@ -89,6 +89,7 @@ wgmma.py's twin. What the simulator cannot show is the speed, nor that the hardw
 mbarriers do what the PTX ISA says (bench/gemm.py and the harness ask the H200).
 """
 import functools
+import threading
 
 import numpy as np
 from numba import cuda, float32, int64
@@ -97,10 +98,17 @@ from .common import SIMULATOR, cdiv
 from .tma import mbar_arrive, mbar_expect_tx, mbar_fence_init, mbar_init, mbar_try_wait, tma_load_2d, fence_tensormap
 from .wgmma import (shared_address, smem_desc, wgmma_acc_zeros, wgmma_commit, wgmma_fence, wgmma_keep, wgmma_wait0,
                     wgmma_wait1)
-from .wgmma_mn import MN_BLOCK, _product, operand_layout
-from .wgmma_ring import ALIGN, DYNAMIC_LIMIT
 from .tile_loop import WARP
+from .wgmma_mn import ALIGN, DYNAMIC_LIMIT, MN_BLOCK, _product, operand_layout
 from .wgmma_tile import WARPGROUP
+
+if SIMULATOR:
+    from .ptx import warp_gather            # a warp's meeting point in the simulator (shfl's twin)
+else:                                       # the code generators of the intrinsics below
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.cuda.extending import intrinsic
 
 FULL = 0xFFFFFFFF                # every lane of a warp (syncwarp, shfl)
 
@@ -113,9 +121,6 @@ def tile_bytes(BM, BN, stages):
 
 
 if SIMULATOR:
-    import threading
-
-    from .attn_flash_v13 import warp_gather             # a warp's meeting point in the simulator
     _COUNT_LOCK = threading.Lock()
 
     def warp_last(counts, slot, S, w, lane):
@@ -157,11 +162,6 @@ if SIMULATOR:
                 aux[row, col] = np.uint16(np.int32(word).view(np.uint32) & np.uint32(0xFFFF))
         return store_fused
 else:
-    from llvmlite import ir
-    from numba import types
-    from numba.core import cgutils
-    from numba.cuda.extending import intrinsic
-
     @cuda.jit(device=True, inline="always")
     def warp_last(counts, slot, S, w, lane):
         """Point 6: whether this warp is the last of the S slices to store its cells of the tile.

@@ -1,0 +1,30 @@
+"""D = dy . y: the row sums that flash attention's backward starts from (attn_flash.py's docstring).
+
+    D[b, h, t] = sum_d dy[b, t, h hs + d] y[b, t, h hs + d]        (= sum_u P[t, u] datt[t, u])
+
+One kernel, k_attn_flash_bwd_rowdot_v1, a thread per (b, h, t), launched before the dq and dk/dv
+kernels by the backward of flash attention v1 (attn_flash.py), v2 (attn_flash_mma.py) and v3 to v8
+(attn_flash_v3.py); from v9 on the dq kernel works D out itself, in the same order (the same bits).
+It sits below those modules, which all import it. NumPy twin: reference/attn.py (attn_flash_bwd).
+"""
+from numba import cuda, float32
+
+from .attn import _split
+
+
+@cuda.jit
+def k_attn_flash_bwd_rowdot_v1(d_rowdot, dy, y):
+    """Thread (b, h, t): d_rowdot[b, h, t] = D[t] = sum_d dy[b, t, c0 + d] y[b, t, c0 + d] over
+    the head's hs channels (c0 = h * hs), in channel order. The softmax backward's row sum
+    sum_u P[t, u] datt[t, u], without a row of P or datt."""
+    B, H, T = d_rowdot.shape
+    hs = dy.shape[2] // H
+    idx = cuda.grid(1)
+    if idx >= B * H * T:
+        return
+    b, h, t = _split(B, H, T, idx)
+    c0 = h * hs
+    acc = float32(0.0)
+    for d in range(hs):
+        acc += dy[b, t, c0 + d] * y[b, t, c0 + d]
+    d_rowdot[b, h, t] = acc
