@@ -42,7 +42,7 @@ from .layout import init_params, param_layout
 from .loss_scale import INIT as LOSS_SCALE_INIT
 
 OP_TOL = (1e-3, 1e-4)       # (rtol, a): one op in float32 against float64
-# The whole model: float32 rounding compounds over the layers. Measured on an H200 (docs/gpu-results.md):
+# The whole model: float32 rounding compounds over the layers. Measured on an H200 (CHANGELOG.md):
 # the worst gradient tensor reaches max|err| / max|ref| = 7.3e-6 at 120M. With a = 1e-4 and rtol 1e-3
 # a tensor off by 1% fails (its largest element is off by 1e-2 max|ref| > (1e-4 + 1e-3) max|ref|).
 MODEL_TOL = (1e-3, 1e-4)

@@ -4,7 +4,7 @@ A step that saves copies the weights, m and v into pinned host buffers (the one 
 checks them, and hands the writing to one background thread: the sha256 and the atomic write of
 each file, the .state.json records around them, in the same order as a synchronous save. The main
 thread trains on. A checkpoint of ANDREA-12M (146 MB) took about 0.4 s to write on the H200
-machine, and the default 12M run writes 20 such files (docs/kernels-h200.md, 2026-12-02).
+machine, and the default 12M run writes 20 such files (docs/kernels.md, 2026-12-02).
 
 Rules that keep it as safe as writing synchronously:
   - one job at a time: start() waits for the last one, and so does every reader of what a job

@@ -76,7 +76,7 @@ C.say(f"""
         forward   ~ {f"2 * {N_BIG:,} * {tokens:,}":<28} = {fwd_flops:.3e} FLOPs
         backward  ~ {"2 * forward":<28} = {bwd_flops:.3e} FLOPs
 """)
-# Measured on an H200 (docs/gpu-results.md): our kernels take 265.1 ms forward and 609.2 ms backward
+# Measured on an H200 (CHANGELOG.md): our kernels take 265.1 ms forward and 609.2 ms backward
 # for ANDREA-120M at 8 x 1024, i.e. about 7.7 TFLOP/s on the forward by the estimate above.
 fwd_s, bwd_s = 0.2651, 0.6092
 rate = fwd_flops / fwd_s
@@ -85,7 +85,7 @@ forward_mode_s = N_BIG * fwd_s          # one (dual-number) forward per paramete
 central_diff_s = 2 * N_BIG * fwd_s      # two forwards per parameter
 reverse_s = fwd_s + bwd_s
 C.say(f"""
-    Our kernels, measured on an NVIDIA H200 (docs/gpu-results.md), run this forward in
+    Our kernels, measured on an NVIDIA H200 (CHANGELOG.md), run this forward in
     {fwd_s * 1e3:.1f} ms and the backward in {bwd_s * 1e3:.1f} ms: {rate / 1e12:.1f} TFLOP/s by this count.
     Turn the pass counts into time:
 """)

@@ -158,7 +158,7 @@ C.say(f"""
     against the large one. The result lands within a few times fp32's own error ({rows[1][2]:.1e}
     against {rows[2][2]:.1e} here), where TF32 alone is a thousand times worse. The tensor cores do
     three times the work, and on an H200 still beat the SIMT multiply-adds: 37 against 20 TFLOP/s
-    at 4096^3 (docs/kernels-h200.md).
+    at 4096^3 (docs/kernels.md).
 """)
 # the tensor core reads a TF32 operand's top 19 bits only: handed x - big unrounded, it truncates it
 trunc = lambda x: (np.asarray(x, f32).view(np.uint32) & np.uint32(0xFFFFE000)).view(f32)   # noqa: E731
@@ -279,7 +279,7 @@ C.say(f"""
     B put the same k in the same slot, so the sum over k is the same sum: the two chained mma
     give A @ B, largest difference {err16:.1e}. matmul v4 read those 12 values with 12 scalar
     reads. On an H200 this (with one fp32 add per 16-deep stage instead of one per 8) took the
-    120M MLP product from 38 to 49 TFLOP/s, cuBLAS SGEMM's speed (docs/kernels-h200.md):
+    120M MLP product from 38 to 49 TFLOP/s, cuBLAS SGEMM's speed (docs/kernels.md):
     shared-memory traffic, not the tensor cores, had set v4's time.
 """)
 out6 = cuda.to_device(np.zeros((M_, N_), f32))
@@ -318,7 +318,7 @@ C.table(rows7, header=("product, K = 8192", "slices", "S", "blocks", "waves", "w
         fmt=("", "", "d", "d", "d", "d", ".0%"))
 C.say("""
     Whole, the 120M dW_1 is 288 blocks: one full wave and a second of 24 blocks, the GPU 55% busy.
-    splitk's 8 slices make 9 full waves. On the H200 (Nsight Compute, docs/kernels-h200.md) this
+    splitk's 8 slices make 9 full waves. On the H200 (Nsight Compute, docs/kernels.md) this
     took dW_1 from 1.68 to 0.97 ms and the 768 x 768 weight gradients from 0.41 to 0.24 ms. The
     slices' partial tiles are then added in a fixed order by a second kernel: no atomics, the same
     bits on every run.
@@ -372,7 +372,7 @@ C.say("""
     swaps rows 4..7 of every 8 in pairs: rows r and r + 4 then differ in parity, and every access
     above needs the fewest passes. The swizzle costs one XOR per thread (a warp's fragment rows
     are a multiple of 16 plus g). On the H200 v8's 4 x 4 blocks and swizzle took the weight
-    gradients at 120M from 80-85% of cuBLAS SGEMM's speed to 100-107% (docs/kernels-h200.md).
+    gradients at 120M from 80-85% of cuBLAS SGEMM's speed to 100-107% (docs/kernels.md).
 """)
 out8 = cuda.to_device(np.zeros((K_, K_), f32))
 MM.matmul_v8(out8, None, cuda.to_device(x), cuda.to_device(x), trans_a=True)

@@ -117,7 +117,7 @@ C.say("""
     120M, and v3, which loads the next tile while it multiplies the current one, is 2.6 to 3.9
     times faster than v2. The engine runs v8's forward and v10's backward: v3 with matmul v7's
     cheaper split, launched so that every head's longest causal tiles start first, which made the
-    backward a quarter faster at 12M on the H200 (docs/kernels-h200.md).
+    backward a quarter faster at 12M on the H200 (docs/kernels.md).
 """)
 
 # %%

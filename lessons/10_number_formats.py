@@ -342,7 +342,7 @@ tile: {np.abs(plain - ref_t).max() / np.abs(ref_t).max():.1e} of the scale off (
     MN-major layouts (A, B or both, with the 128-, 64- and 32-byte swizzles and without), and the
     controls (a bit clear, LBO and SBO swapped) failed as it predicts. matmul v17 reads every operand so:
     the 120M weight gradient dW_1 += x^T @ dh went from 105 TFLOP/s (v15, two transposed copies)
-    to 184 (docs/mixed-precision.md).
+    to 184 (docs/precision.md).
 """)
 
 # %%
@@ -405,7 +405,7 @@ C.say(f"""
     q at q ^ (r & 7)), the layout wgmma's 128-byte swizzle mode reads without bank conflicts. The
     chunks of rows 0-7 as they land (each number is a chunk's place in the plain row-major box):
 {chr(10).join("        " + " ".join(f"{v:2d}" for v in row) for row in swizzled)}
-    On the H200 (docs/mixed-precision.md, 2026-12-03) v18 gives v17's bits and runs the 120M MLP's
+    On the H200 (docs/precision.md, 2026-12-03) v18 gives v17's bits and runs the 120M MLP's
     x @ W_1 at 382 TFLOP/s with its operand copies (v17: 217) and the logits at 505 (v17: 233); the
     120M bf16 forward + backward went from 38.1 ms (v17) to 26.4 (v18, with the other kernels of that date).
 """)

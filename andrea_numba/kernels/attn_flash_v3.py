@@ -759,7 +759,7 @@ def attn_flash_bwd_v6(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
 # number, now known to be >= 0), and the compiler drops those tests: in the dk/dv kernel (PTX for
 # sm_90, hs = 64, block (2, 16)) the loop over the channels' k steps went from 192 to 171
 # instructions for its 12 mma.sync, the loop over a tile's queries from 513 to 429 for 48 (the
-# forward: 169 to 128 and 287 to 220). On the H200 that was 0-4% of the time (docs/kernels-h200.md).
+# forward: 169 to 128 and 287 to 220). On the H200 that was 0-4% of the time (docs/kernels.md).
 # Nothing else changes: the same elements meet the same arithmetic in the same order, so v7 gives
 # v5's bits.
 @blocks(**FLASH_V3_FWD_BLOCKS)

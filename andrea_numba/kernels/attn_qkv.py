@@ -95,7 +95,7 @@ def attn_qkv_bwd_v1(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, *, block
 # float32 buffer): with K = N rows and only C x C outputs, split-K is what fills the GPU.
 
 # the backward's first (the engine's) tile is 128 x 64: at 12M the 64 x 64 tile took 0.86 ms
-# against 0.59 (H200, docs/kernels-h200.md), at 120M 2.06 against 2.23
+# against 0.59 (H200, docs/kernels.md), at 120M 2.06 against 2.23
 BWD_TILES = dict(gpu=WARP_TILES["gpu"][:3], sim=WARP_TILES["sim"])      # (the 128 x 64 tile now leads WARP_TILES too)
 
 

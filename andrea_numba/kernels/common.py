@@ -224,7 +224,7 @@ def blocks(gpu, sim):
 # infinity. So every a[i] whose i comes from a thread index compiles to "if i < 0: i += n" for each
 # dimension, and every i // 32 to a fix-up for negative i, because the compiler cannot tell that
 # a thread index is never negative. Flash attention v7 drops them from v5's inner loops: 10-24%
-# fewer PTX instructions besides the mma.sync (docs/kernels-h200.md). Going through uint32 says so:
+# fewer PTX instructions besides the mma.sync (docs/kernels.md). Going through uint32 says so:
 # int64(uint32(i)) is the same number, known to lie in [0, 2^32), and LLVM drops the wrap-around
 # tests and the fix-ups. The same integers index the same elements: a kernel's bits do not change.
 if SIMULATOR:           # the same numbers, as plain functions: a device function call costs the simulator

@@ -26,7 +26,7 @@ as bytes, the space is 30% of the positions), so v2's block for such a token wal
 thousands of positions, each step a load that waits for the one before (the next link); and v2's
 link kernel scans up to N tokens per position. On the H200, 12M (N = 8192 positions of the default
 corpus), v2 took 2.6 ms a backward, more than the whole forward's attention; v3 0.76 ms
-(docs/kernels-h200.md). v3 finds each token's positions by sorting instead:
+(docs/kernels.md). v3 finds each token's positions by sorting instead:
   1. cut the N positions into chunks of SORT_CHUNK positions; one block sorts a chunk's keys
         key = token * SORT_CHUNK + (position - chunk start)
      in shared memory (a bitonic sort: a fixed network of compare-swaps, so it is deterministic).

@@ -23,7 +23,7 @@ Versions of layernorm_bwd (the forward's v1 and v2 are its dx kernel's shapes, w
         channel in chunk order into dg, db. v2 launches only cdiv(C, 32) blocks (12 at C = 384, 24
         at C = 768): the GPU idles (0.0875 ms a call for 8192 rows on an H200, about 575 GB/s).
         The engine's; it takes the split-K work buffer (free between the products). On the H200
-        a call takes 0.030 + 0.008 ms at C = 768 (docs/kernels-h200.md, 2026-12-01).
+        a call takes 0.030 + 0.008 ms at C = 768 (docs/kernels.md, 2026-12-01).
 Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with the params of v2;
     v2 with the two-stage params of layernorm_bwd v4; v3, v2's bits with the row in registers and
     stage 2's loads ahead of its adds; v4, v2's dx kernel with v3's stage 2; v5 (the engine's), v4's dx
@@ -31,7 +31,7 @@ Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with t
     dx's bf16 copy too where given a uint16 d16 (what the bf16 products read next).
     residual_layernorm_fwd v2: v1's bits with the row in registers. On the H200 the register rows
     were no faster (forward) and slower (backward) than v1's re-reads, which the L2 serves; v3's
-    stage 2 took half of v1's time (docs/kernels-h200.md).
+    stage 2 took half of v1's time (docs/kernels.md).
 """
 import math
 

@@ -697,7 +697,7 @@ VERSIONS["matmul"][14] = matmul_v14          # not in WARP_MATMUL: the linear op
 # stages (144 KiB) compiles, but its 128 accumulators a thread hit ptxas's 255 registers and spill
 # (84 bytes stored, 156 loaded, a 608-byte stack frame with the epilogue's acc array). The 4-stage
 # ring leaves room for one block a multiprocessor (129 KiB of 227); 3 stages (97 KiB) for two, and
-# that is v15's first tile: on the H200 (docs/kernels-h200.md) 128 x 128 x 64 with 3
+# that is v15's first tile: on the H200 (docs/kernels.md) 128 x 128 x 64 with 3
 # stages ran the 120M logits in 2.72 ms against 3.04 with 4 and 3.66 with v14's static ring, and was
 # the fastest on 11 of the 13 products timed (4% and 11% behind 4 stages on the other two: the 120M
 # dx = dh @ W_1^T and the 12M dW_O). Also declared: 64 x 128 x 64 of
@@ -832,7 +832,7 @@ TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
 TMA_AUTO = "auto"
 # the work a multiprocessor does on a tile (BM, BN, STAGES) in the time of a 128 x 256 tile's, per
 # unit of area (wgmma m64n256 reads its shared operands a third less per product than m64n128):
-# 0.80-0.92 for 128 x 128 with 4 stages on the H200's products (twelve shapes, docs/mixed-precision.md);
+# 0.80-0.92 for 128 x 128 with 4 stages on the H200's products (twelve shapes, docs/precision.md);
 # the simulator's tiles: no preference. (128 x 128 with 3 stages, two blocks a multiprocessor, was
 # slower than one block of 4 stages on all thirteen products timed.)
 TMA_SPEED = {(128, 256, 4): 1.0, (128, 128, 4): 0.85, (64, 128, 3): 1.0, (64, 64, 2): 1.0}
@@ -948,7 +948,7 @@ WARP_MATMUL["bf16t"] = matmul_v18            # products "bf16t" (gpu_model): the
 # launch and its pass over memory (the sums took 0.93 ms of the 120M bf16 step). Measured on the
 # H200: v18's bits in whole 120M and 12M steps, but the split products took 173 us against
 # 23: the summing warp's scalar loads, one slice after another, wait on L2 S x 128 times a thread.
-# A rung that lost (docs/mixed-precision.md); batching those loads is its next step.
+# A rung that lost (docs/precision.md); batching those loads is its next step.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v19(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """matmul v18 with the split-K slices added in the product's own kernel (SplitKCounts)."""

@@ -256,7 +256,7 @@ def mlp_bwd_v8(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, blo
 
 # v9: the GELU out of the products. The fused kernels (k_mlp_fwd_v1, k_mlp_bwd_v1) ran at about
 # 41 TFLOP/s on the H200 at 120M where the plain product of the same shape ran at 50-54
-# (docs/kernels-h200.md): their epilogue, a tanh for each of 64 outputs a thread and two [N, 4C]
+# (docs/kernels.md): their epilogue, a tanh for each of 64 outputs a thread and two [N, 4C]
 # tensors written (or one read) from the fragment layout, runs while the block's tensor cores
 # wait. v9 runs the plain products of matmul v8 and applies the GELU, or its derivative, in a
 # pass of its own over [N, 4C], one element a thread: 2 (or 3) x 4 N C floats more through
