@@ -104,11 +104,6 @@ class Recipe:
                     loss_stats=self.keeps_logits and training)
 
 
-def _pair(module, op, version_fwd, version_bwd=None):
-    v = module.VERSIONS
-    return v[op + "_fwd"][version_fwd], v[op + "_bwd"][version_bwd or version_fwd]
-
-
 # the kernels every recipe of ours shares; a recipe names what it changes
 _COMMON = dict(
     embed=(embed.embed_fwd_v1, embed.embed_bwd_v5),
@@ -122,8 +117,8 @@ FP32 = Recipe(
     "fp32", "fp32", dict(
         _COMMON,
         attention=(attn_flash.attn_flash_fwd_v8, attn_flash.attn_flash_bwd_v10),   # fp32, on tensor cores
-        attn_qkv=_pair(attn_qkv, "attn_qkv", 7), attn_out=_pair(attn_out, "attn_out", 7),
-        mlp=_pair(mlp, "mlp", 12), loss=_pair(loss, "loss", 9, 7)),
+        attn_qkv=(attn_qkv.attn_qkv_fwd_v7, attn_qkv.attn_qkv_bwd_v7), attn_out=(attn_out.attn_out_fwd_v7, attn_out.attn_out_bwd_v7),
+        mlp=(mlp.mlp_fwd_v12, mlp.mlp_bwd_v12), loss=(loss.loss_fwd_v9, loss.loss_bwd_v7)),
     what="fp32 (products on tensor cores as 3xTF32, as accurate as fp32)")
 
 BF16_AMPERE = Recipe(
@@ -131,9 +126,9 @@ BF16_AMPERE = Recipe(
         _COMMON,
         # the bf16 LayerNorm output written by the LayerNorm itself (rows of whole 16-byte chunks)
         residual_layernorm=(layernorm.residual_layernorm_fwd_v3, layernorm.residual_layernorm_bwd_v5),
-        attention=_pair(attn_flash, "attn_flash", 13),
-        attn_qkv=_pair(attn_qkv, "attn_qkv", 12), attn_out=_pair(attn_out, "attn_out", 12),
-        mlp=_pair(mlp, "mlp", 16), loss=_pair(loss, "loss", 13, 12)),
+        attention=(attn_flash.attn_flash_fwd_v13, attn_flash.attn_flash_bwd_v13),
+        attn_qkv=(attn_qkv.attn_qkv_fwd_v12, attn_qkv.attn_qkv_bwd_v12), attn_out=(attn_out.attn_out_fwd_v12, attn_out.attn_out_bwd_v12),
+        mlp=(mlp.mlp_fwd_v16, mlp.mlp_bwd_v16), loss=(loss.loss_fwd_v13, loss.loss_bwd_v12)),
     bf16_saved=True, operand_copies=True,
     what="bf16 products (mma.sync on bf16 copies of the operands, fp32 sums), flash attention in bf16")
 
@@ -142,9 +137,9 @@ BF16_HOPPER = Recipe(
         _COMMON,
         # the bf16 LayerNorm output written by the LayerNorm itself; its backward writes d_resid16
         residual_layernorm=(layernorm.residual_layernorm_fwd_v3, layernorm.residual_layernorm_bwd_v6),
-        attention=_pair(attn_flash, "attn_flash", 14),
-        attn_qkv=_pair(attn_qkv, "attn_qkv", 15), attn_out=_pair(attn_out, "attn_out", 15),
-        mlp=_pair(mlp, "mlp", 19), loss=_pair(loss, "loss", 18, 16)),
+        attention=(attn_flash.attn_flash_fwd_v14, attn_flash.attn_flash_bwd_v14),
+        attn_qkv=(attn_qkv.attn_qkv_fwd_v15, attn_qkv.attn_qkv_bwd_v15), attn_out=(attn_out.attn_out_fwd_v15, attn_out.attn_out_bwd_v15),
+        mlp=(mlp.mlp_fwd_v19, mlp.mlp_bwd_v19), loss=(loss.loss_fwd_v18, loss.loss_bwd_v16)),
     bf16_saved=True, bf16_weights=True, bf16_outputs=True, keeps_logits=True,
     operand_copies=True, held_copies=True, tensor_maps=True, needs_hopper=True, elsewhere="bf16-ampere",
     what="bf16 products (Hopper's wgmma, operands copied by TMA, fp32 sums), flash attention in bf16")
@@ -152,9 +147,9 @@ BF16_HOPPER = Recipe(
 FP16 = Recipe(
     "fp16", "fp16", dict(
         _COMMON,
-        attention=_pair(attn_flash, "attn_flash", 12),
-        attn_qkv=_pair(attn_qkv, "attn_qkv", 10), attn_out=_pair(attn_out, "attn_out", 10),
-        mlp=_pair(mlp, "mlp", 14), loss=_pair(loss, "loss", 11, 10)),
+        attention=(attn_flash.attn_flash_fwd_v12, attn_flash.attn_flash_bwd_v12),
+        attn_qkv=(attn_qkv.attn_qkv_fwd_v10, attn_qkv.attn_qkv_bwd_v10), attn_out=(attn_out.attn_out_fwd_v10, attn_out.attn_out_bwd_v10),
+        mlp=(mlp.mlp_fwd_v14, mlp.mlp_bwd_v14), loss=(loss.loss_fwd_v11, loss.loss_bwd_v10)),
     what="fp16 products (mma.sync, fp32 sums) and flash attention in fp16, with dynamic loss scaling")
 
 
