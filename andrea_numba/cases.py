@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable
@@ -119,14 +120,28 @@ class OpCase:
     def versions(self, direction: str = "fwd", numbers=None) -> dict:
         """{version: launcher} of the forward ("fwd") or backward ("bwd") launcher (those in
         `only`, when the case names some: the others are another case's; and of those, the
-        version numbers in `numbers`, when given: --version of the harness and the benchmarks)."""
-        versions = self.module.VERSIONS[self.fwd if direction == "fwd" else self.bwd]
+        version numbers in `numbers`, when given: --version of the harness and the benchmarks).
+        An engine module's are the numbered launchers it holds (the engine's and the simple pair
+        the lessons teach); a lab module's (lab/, the same case with module=lab.<module>) are its
+        VERSIONS, the whole ladder."""
+        name = self.fwd if direction == "fwd" else self.bwd
+        versions = getattr(self.module, "VERSIONS", {}).get(name) or engine_versions(self.module, name)
         return {v: launch for v, launch in versions.items()
                 if (not self.only or v in self.only) and (not numbers or v in numbers)}
 
     def engine(self, direction: str = "fwd") -> Callable:
         """The launcher the engine uses (the module-level name without a version)."""
         return getattr(self.module, self.fwd if direction == "fwd" else self.bwd)
+
+
+def engine_versions(module: ModuleType, name: str) -> dict:
+    """{version: launcher} of the launchers named name_v<N> in an engine module, by N."""
+    found = {}
+    for attr, value in vars(module).items():
+        m = re.fullmatch(re.escape(name) + r"_v(\d+)", attr)
+        if m and callable(value):
+            found[int(m.group(1))] = value
+    return dict(sorted(found.items()))
 
 
 # ---------------------------------------------------------------------------------------------

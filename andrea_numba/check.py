@@ -312,15 +312,16 @@ def _check_launcher(case, direction, launch, dims, rng, block, version, ref, tol
                   kernel=kernel, version=version, block=str(block).replace(" ", ""))
 
 
-def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None, versions=None, vocab=None) -> list[dict]:
+def op_rows(m: ModelConfig, B: int, T: int, rng, ops=None, versions=None, vocab=None, cases=None) -> list[dict]:
     """Every version of every launcher of every case (or of `ops`; only the version numbers in
     `versions`, if given), at every block size it declares, at rows N = B*T with the model's C, H
-    and n_params, and the model's V or `vocab`."""
+    and n_params, and the model's V or `vocab`. cases: the op cases (default the engine's, CASES; the
+    lab's, lab/cases.py, hold the whole ladder)."""
     dims = Dims.of(m, B, T)
     if vocab:
         dims = dataclasses.replace(dims, V=vocab)
     rows = []
-    for case in CASES.values():
+    for case in (cases or CASES).values():
         if ops and case.op not in ops:
             continue
         for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
@@ -387,7 +388,7 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, recipe="fp32",
 
 
 def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=True, progress=None, only=None,
-               versions=None, recipe="fp32", compile_workers=0):
+               versions=None, recipe="fp32", compile_workers=0, cases=None):
     """Rows of the op checks (every case, or the cases named in `only`; every version, or those
     numbered in `versions`) and of the whole model (GPUModel with `recipe`). compile_workers > 0
     (on a GPU): first the same checks with every launch recorded instead of run (their rows thrown
@@ -396,7 +397,7 @@ def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=Tru
     if compile_workers and not SIMULATOR:
         from .precompile import compile_ahead, record_launches
         launches = record_launches(lambda: run_checks(size, seed, batch, seq, ops, model, None, only, versions,
-                                                      recipe))
+                                                      recipe, 0, cases))
         compile_ahead(launches, compile_workers, log=progress)
     cfg = load_config(size)
     m = cfg.model
@@ -407,7 +408,7 @@ def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=Tru
     rows = []
     if ops:
         t0 = time.time()
-        rows += op_rows(m, ob, ot, rng, only, versions, vocab=OP_VOCAB.get(size))
+        rows += op_rows(m, ob, ot, rng, only, versions, vocab=OP_VOCAB.get(size), cases=cases)
         if progress:
             vocab = f" V={OP_VOCAB[size]}" if size in OP_VOCAB else ""
             progress(f"ops checked at B={ob} T={ot}{vocab} in {time.time() - t0:.1f} s")
@@ -446,8 +447,10 @@ def format_table(rows) -> str:
 
 
 @exit_on_config_error
-def main(argv=None, recipes=RECIPES, prog="python -m andrea_numba.check") -> int:
-    """The command line; recipes: the recipes --recipe may name (the lab's entry adds its rungs)."""
+def main(argv=None, recipes=RECIPES, cases=None, prog="python -m andrea_numba.check") -> int:
+    """The command line; recipes: the recipes --recipe may name, cases: the op cases it checks (the
+    lab's entry, lab/check.py, adds its rungs to both)."""
+    cases = cases or CASES
     ap = cli.Parser(prog=prog,
                     description="Check every CUDA kernel and the whole GPU model against the NumPy twin.")
     ap.add_argument("--size", default="tiny", type=cli.config, help="tiny, 12M, 120M or a config file (default tiny)")
@@ -456,8 +459,8 @@ def main(argv=None, recipes=RECIPES, prog="python -m andrea_numba.check") -> int
     ap.add_argument("--seq", type=cli.int_range(1, 65536), help="sequence length T of the checks (default by size)")
     ap.add_argument("--ops-only", action="store_true", help="skip the whole-model check")
     ap.add_argument("--model-only", action="store_true", help="only the whole-model check (the engine's kernels)")
-    ap.add_argument("--op", action="append", metavar="OP", type=cli.one_of(CASES, "op"),
-                    help=f"check only this op (repeatable): {', '.join(CASES)}")
+    ap.add_argument("--op", action="append", metavar="OP", type=cli.one_of(cases, "op"),
+                    help=f"check only this op (repeatable): {', '.join(cases)}")
     ap.add_argument("--version", action="append", metavar="N", type=cli.int_range(1, 99),
                     help="check only this version number of each launcher (repeatable; default every version)")
     ap.add_argument("--recipe", default="fp32", type=cli.one_of(recipes, "recipe"),
@@ -488,7 +491,8 @@ def main(argv=None, recipes=RECIPES, prog="python -m andrea_numba.check") -> int
     say(f"seed {seed}, device: {device_name()}")
     rows = run_checks(args.size, seed, args.batch, args.seq, ops=not args.model_only,
                       model=not (args.ops_only or args.op or args.version), progress=say, only=args.op,
-                      versions=args.version, recipe=recipes[args.recipe], compile_workers=args.compile_workers)
+                      versions=args.version, recipe=recipes[args.recipe], compile_workers=args.compile_workers,
+                      cases=cases)
     ok = all(r["ok"] for r in rows)
     if args.json:
         print(json.dumps({"ok": ok, "device": device_name(), "seed": seed, "size": args.size, "results": rows},

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     from numba import cuda
 
     from andrea_numba.kernels import fp8_products as F
-    from andrea_numba.kernels.matmul import VERSIONS
+    from lab.matmul import VERSIONS
     reason = F.fp8_unavailable()
     if reason:
         cli.fail(reason)

@@ -89,7 +89,7 @@ def _versions(text: str) -> list:
     """"2,3,4": matmul versions, each a key of matmul.VERSIONS."""
     import argparse
 
-    from andrea_numba.kernels.matmul import VERSIONS
+    from lab.matmul import VERSIONS
     known = sorted(VERSIONS["matmul"])
     try:
         vs = [int(v) for v in text.split(",")]
@@ -112,6 +112,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     from numba import cuda
     from andrea_numba.kernels import matmul as MM
+    from lab import matmul as lab_matmul
     from andrea_numba.kernels.common import SIMULATOR
     if SIMULATOR or not cuda.is_available():
         cli.fail("bench/gemm.py times the products on a GPU: run it on a machine with an NVIDIA GPU, "
@@ -122,7 +123,7 @@ def main(argv=None):
         cupy = None
     versions = args.versions
     torch = None
-    if any(getattr(MM.VERSIONS["matmul"][v], "precision", None) == "bf16" for v in versions):
+    if any(getattr(lab_matmul.VERSIONS["matmul"][v], "precision", None) == "bf16" for v in versions):
         try:
             import torch
         except ImportError:
@@ -150,7 +151,7 @@ def main(argv=None):
         cells = []
         best_block = {}
         for v in versions:
-            launch = MM.VERSIONS["matmul"][v]
+            launch = lab_matmul.VERSIONS["matmul"][v]
             per_block = {}
             for blk in (launch.blocks if args.blocks else launch.blocks[:1]):
                 kw = dict(trans_a=ta, trans_b=tb, accumulate=acc, block=blk)
@@ -191,7 +192,7 @@ def main(argv=None):
         print(f"| {label} | {M} | {N} | {K} | " + " | ".join(cells) + " |", flush=True)
         for v in (v for v in versions if v >= 3):        # registers and spills of the warp-tile kernel
             from andrea_numba.kernels.warp_tile import KINDS, resolve
-            kind = next((k for k, launch in MM.WARP_MATMUL.items() if launch is MM.VERSIONS["matmul"][v]), None)
+            kind = next((k for k, launch in MM.WARP_MATMUL.items() if launch is lab_matmul.VERSIONS["matmul"][v]), None)
             if kind not in KINDS:                       # another tile module's kernel, or the library (v20-v22)
                 continue
             kern = MM._k_matmul_warp(resolve(kind, best_block[v], da, db), ta, tb)

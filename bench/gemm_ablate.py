@@ -38,7 +38,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from numba import cuda, float32
 
-    from andrea_numba.kernels.split_tile import split_bytes, tile_mma_split
+    from andrea_numba.kernels.split_tile import tile_mma_split
+    from lab.split_tile import split_bytes
     from andrea_numba.kernels.warp_tile import make_warp_tile
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gemm import timed

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def main(argv=None) -> int:
     from andrea_numba import cli
-    from andrea_numba.cases import CASES
+    from lab.cases import CASES
 
     def ops_list(text: str) -> str:
         bad = [o for o in text.split(",") if o not in CASES] if text != "all" else []

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
-from andrea_numba.cases import CASES, Dims, call  # noqa: E402
+from andrea_numba.cases import Dims, call  # noqa: E402
+from lab.cases import CASES  # noqa: E402   (every rung of the ladder)
 from andrea_numba.config import ConfigError, load_config  # noqa: E402
 
 # NVIDIA H200 SXM datasheet: FP32 (no tensor cores) 67 TFLOP/s, HBM3e 4.8 TB/s.

@@ -31,10 +31,11 @@ def run(m, B, T, recipe, matmul=18):
     """(loss, gradients) of one forward + backward of `recipe` at B x T."""
     from andrea_numba import gpu_model as G
     from andrea_numba.kernels import matmul as MM
+    from lab import matmul as lab_matmul
     from andrea_numba.layout import init_params
     rng = np.random.default_rng(17)
     tokens, targets = (rng.integers(0, m.vocab_size, (B, T)).astype(np.int32) for _ in range(2))
-    with MM.tma_matmul(matmul):
+    with lab_matmul.tma_matmul(matmul):
         model = G.GPUModel(m, B, T, recipe=recipe)
         model.params.copy_to_device(init_params(m, 3))
         model.forward(tokens, targets)

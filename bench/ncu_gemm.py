@@ -25,9 +25,10 @@ def main(argv=None):
     from numba import cuda
     from gemm import SHAPES
     from andrea_numba.kernels import matmul as MM
-    if args.version not in MM.VERSIONS["matmul"]:
-        p.error(f"no matmul version {args.version}: choose from {sorted(MM.VERSIONS['matmul'])}")
-    launch = MM.VERSIONS["matmul"][args.version]
+    from lab import matmul as lab_matmul
+    if args.version not in lab_matmul.VERSIONS["matmul"]:
+        p.error(f"no matmul version {args.version}: choose from {sorted(lab_matmul.VERSIONS['matmul'])}")
+    launch = lab_matmul.VERSIONS["matmul"][args.version]
     rows = [s for s in SHAPES if any(t in s[0] for t in args.shape)]
     if not rows:
         p.error(f"no shape matches {args.shape}: labels are {[s[0] for s in SHAPES]}")

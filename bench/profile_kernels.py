@@ -207,6 +207,7 @@ def table(args):
 
 def main(argv=None):
     from andrea_numba.kernels import mlp
+    from lab import mlp as lab_mlp
     from lab.recipes import NAMES
     ap = cli.Parser(prog="python bench/profile_kernels.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -214,7 +215,7 @@ def main(argv=None):
     r.add_argument("--size", type=cli.config, default="12M")
     r.add_argument("--recipe", choices=NAMES, default="fp32", help="the engine's recipe or a lab rung")
     r.add_argument("--log", type=cli.file_to_write(".json"), required=True, help="the launch log to write")
-    r.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
+    r.add_argument("--mlp-version", type=int, choices=sorted(v for v in lab_mlp.VERSIONS["mlp_fwd"] if v >= 5),
                    help="the MLP's launchers of this version")
     r.add_argument("--train-step", type=cli.dir_to_write, metavar="DIR",
                    help="profile one training step of the trainer instead (its run directory: DIR)")

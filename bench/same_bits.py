@@ -22,7 +22,8 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from andrea_numba import check  # noqa: E402
-from andrea_numba.cases import CASES, Dims, call  # noqa: E402
+from andrea_numba.cases import Dims, call  # noqa: E402
+from lab.cases import CASES  # noqa: E402   (every rung of the ladder)
 from andrea_numba.cli import Parser  # noqa: E402
 from andrea_numba.config import ConfigError, load_config  # noqa: E402
 

@@ -28,7 +28,10 @@ from andrea_numba import cli
 from andrea_numba.config import load_config
 from andrea_numba.gpu_model import GPUModel
 from andrea_numba.kernels import attn_flash, mlp
+from lab import mlp as lab_mlp
+from lab import attn_flash as lab_attn_flash
 from andrea_numba.kernels import matmul as MM
+from lab import matmul as lab_matmul
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import init_params, n_params
 from lab.recipes import NAMES, flash_number, get, variant
@@ -199,10 +202,10 @@ def main(argv=None):
     ap.add_argument("--recipe", nargs="+", choices=NAMES, default=["fp32"],
                     help="the recipes to time: the engine's (andrea_numba/recipes.py) or the lab's rungs "
                          "(lab/recipes.py); default fp32")
-    ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(attn_flash.VERSIONS["attn_flash_bwd"])[1:],
+    ap.add_argument("--flash-version", nargs="+", type=int, choices=sorted(lab_attn_flash.VERSIONS["attn_flash_bwd"])[1:],
                     help="flash attention versions to time (default: the model's own: the engine's in fp32, v11 "
                          "with bf16 products, v12 with fp16)")
-    ap.add_argument("--mlp-version", type=int, choices=sorted(v for v in mlp.VERSIONS["mlp_fwd"] if v >= 5),
+    ap.add_argument("--mlp-version", type=int, choices=sorted(v for v in lab_mlp.VERSIONS["mlp_fwd"] if v >= 5),
                     help="run the MLP's launchers of this version in the model (5 and 6: the k-major tiles)")
     ap.add_argument("--tma-matmul", nargs="+", type=int, choices=(18, 19, 23), default=[18],
                     help="with products on TMA (bf16t, bf16s, bf16-hopper): time each with these matmul versions "
@@ -242,7 +245,7 @@ def main(argv=None):
             runs += [(True, v or flash_number(recipe)) for v in flash_versions] if args.attention != "plain" else []
             tma = args.tma_matmul if recipe.tensor_maps else [18]
             for (flash, fv), mm in ((r, v) for r in runs for v in tma):
-                with MM.tma_matmul(mm):                # (18: the engine's)
+                with lab_matmul.tma_matmul(mm):                # (18: the engine's)
                     fwd, bwd, loss, nbytes, graph = time_ours(
                         m, B, T, args.iters, flash=flash,
                         recipe=variant(recipe, args.mlp_version, fv if flash else None))

@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
 from andrea_numba.kernels import wgmma as W  # noqa: E402
+from lab import wgmma as lab_wgmma
 from reference.precision import round_bf16  # noqa: E402
 
 A_BYTES = 64 * 64 * 2                 # A's region of the image: 64 rows of up to K = 64 bf16
@@ -182,7 +183,7 @@ def build(v, seed=0):
         if mn_major:                                       # whole atoms down the k rows
             offsets[name] = np.array([base + W.mnmajor_step_offset(s, sw) for s in steps], np.int32)
         else:
-            offsets[name] = np.array([base + W.kmajor_step_offset(s, rows, sw, lbo) for s in steps], np.int32)
+            offsets[name] = np.array([base + lab_wgmma.kmajor_step_offset(s, rows, sw, lbo) for s in steps], np.int32)
     return dict(a=a, bt=bt, image=image.view(np.int32), a_offs=offsets["a"], b_offs=offsets["b"],
                 a_lbo=desc["a"][0], a_sbo=desc["a"][1], b_lbo=desc["b"][0], b_sbo=desc["b"][1],
                 swizzle=SWIZZLE[v.layout])

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from andrea_numba.kernels import attn_flash, attn_out, attn_qkv, loss, mlp
+from lab import attn_flash, attn_out, attn_qkv, loss, mlp
 from andrea_numba.recipes import BF16_AMPERE, FP32, RECIPES, Recipe
 
 

@@ -15,7 +15,7 @@ What it teaches
        engine's buffer list.
     5. The kernels (the engine's flash attention, v8's forward and v10's backward in
        andrea_numba/kernels/attn_flash_v3.py: v3 with matmul v7's cheaper split, indices the
-       compiler knows are >= 0 and the longest causal tiles first; v2 in attn_flash_mma.py is the
+       compiler knows are >= 0 and the longest causal tiles first; v2 in lab/attn_flash_mma.py is the
        same tiling without the prefetch) against the twin.
 
 How to run (no GPU needed; a few seconds)

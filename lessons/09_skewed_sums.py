@@ -85,6 +85,7 @@ C.step("v2: a linked list per token, one block walks it")
 from numba import cuda  # noqa: E402
 
 from andrea_numba.kernels import embed  # noqa: E402
+from lab import embed as lab_embed
 
 Bs, Ts, Cs, V = 2, 12, 4, 256                       # a small batch the simulator runs in a moment
 small = data[rng.integers(0, data.size - Ts, Bs)[:, None] + np.arange(Ts)].astype(np.int32)
@@ -136,7 +137,7 @@ dwte0 = rng.standard_normal((V, Cs)).astype(np.float32)
 out = {}
 for version in (2, 3):
     dwte, dwpe = cuda.to_device(dwte0), cuda.to_device(np.zeros((Ts, Cs), np.float32))
-    embed.VERSIONS["embed_bwd"][version](dwte, dwpe, cuda.device_array((2, flat.size), np.int32), cuda.to_device(dout),
+    lab_embed.VERSIONS["embed_bwd"][version](dwte, dwpe, cuda.device_array((2, flat.size), np.int32), cuda.to_device(dout),
                                          cuda.to_device(small), V, Ts)
     out[version] = dwte.copy_to_host()
 ref = R.embed_bwd(dout.astype(np.float64), small, V, Ts)[0]

@@ -9,6 +9,7 @@ from numba import cuda
 
 import reference as R
 from andrea_numba.kernels import optim
+from lab import optim as lab_optim
 
 N = 37
 
@@ -23,7 +24,7 @@ def test_v3_gives_v2s_bits(stats):
     out = {}
     for version in (2, 3):
         dev = [cuda.to_device(a) for a in (p, g, m, v)]
-        optim.VERSIONS["adamw"][version](dev[0], dev[1], dev[2], dev[3], cuda.to_device(decay), cuda.to_device(hyper),
+        lab_optim.VERSIONS["adamw"][version](dev[0], dev[1], dev[2], dev[3], cuda.to_device(decay), cuda.to_device(hyper),
                                          0.9, 0.95, 1e-8, 0.1, cuda.to_device(np.array(stats, np.float32)))
         out[version] = [a.copy_to_host() for a in dev]
     for a, b in zip(out[2], out[3]):

@@ -16,6 +16,8 @@ import reference as R
 from andrea_numba import check
 from andrea_numba.cases import CASES, Dims
 from andrea_numba.kernels import attn, attn_flash, attn_flash_v3
+from lab import attn_flash_v3 as lab_attn_flash_v3
+from lab import attn_flash as lab_attn_flash
 
 pytestmark = [pytest.mark.xdist_group("attn_flash")]   # one worker of `pytest -n` runs the module: its module fixture once
 
@@ -51,7 +53,7 @@ def test_the_case_saves_no_t_by_t_buffer():
 
 def _run(version, block, q, k, v, dy, p, key, n_head=H):
     """Forward, then backward on the forward's y and lse; outputs and work buffer poisoned with NaN."""
-    fwd, bwd = attn_flash.flash_pair(version)
+    fwd, bwd = lab_attn_flash.flash_pair(version)
     B, T, C = q.shape
     nan = lambda *shape: cuda.to_device(np.full(shape, np.nan, np.float32))
     q_d, k_d, v_d, dy_d = (cuda.to_device(a) for a in (q, k, v, dy))
@@ -75,7 +77,7 @@ def runs(request):
     version, p, (b_, t_, c_, h_) = request.param
     rng = np.random.default_rng(1)
     q, k, v, dy = (rng.standard_normal((b_, t_, c_)).astype(np.float32) for _ in range(4))
-    fwd, bwd = (attn_flash.VERSIONS[name][version] for name in ("attn_flash_fwd", "attn_flash_bwd"))
+    fwd, bwd = (lab_attn_flash.VERSIONS[name][version] for name in ("attn_flash_fwd", "attn_flash_bwd"))
     blocks = dict.fromkeys(fwd.blocks + bwd.blocks)          # each block once (in the simulator both declare the same)
     got = {block: [_run(version, block, q, k, v, dy, p, KEY, h_) for _ in range(2)] for block in blocks}
     q64, k64, v64, dy64 = (a.astype(np.float64) for a in (q, k, v, dy))
@@ -127,9 +129,9 @@ def test_v3_blocks_fit_and_a_block_that_does_not_is_refused():
     x = np.zeros((1, 16, 128), np.float32)
     lse = np.zeros((1, 2, 16), np.float32)
     with pytest.raises(ValueError, match="49664 bytes"):
-        attn_flash_v3.attn_flash_fwd_v3(x, lse, x, x, x, 2, block=(2, 48))
+        lab_attn_flash_v3.attn_flash_fwd_v3(x, lse, x, x, x, 2, block=(2, 48))
     with pytest.raises(ValueError, match="bytes of shared memory"):
-        attn_flash_v3.attn_flash_bwd_v3(x, x, x, lse, x, x, x, x, x, lse, 2, block=(4, 16))
+        lab_attn_flash_v3.attn_flash_bwd_v3(x, x, x, lse, x, x, x, x, x, lse, 2, block=(4, 16))
 
 
 def test_v4_blocks_fit_with_one_plane_and_v4_gives_v3s_bits():
@@ -137,11 +139,11 @@ def test_v4_blocks_fit_with_one_plane_and_v4_gives_v3s_bits():
     order as v3's two split planes, so the same bits; its larger declared blocks fit 48 KiB at
     hs = 64 only because of the single plane; its kernels carry _v4 names."""
     fits = {(4, 32): 44032, (4, 16): 31232, (2, 32): 30720}
-    for block in attn_flash_v3.FLASH_V4_FWD_BLOCKS["gpu"]:
+    for block in lab_attn_flash_v3.FLASH_V4_FWD_BLOCKS["gpu"]:
         assert attn_flash_v3.shared_bytes(64, *block, forward_only=True, planes=1) == fits[block]
     assert attn_flash_v3.shared_bytes(64, 4, 32, forward_only=True, planes=2) > attn_flash_v3.SHARED_LIMIT
     fits = {(2, 32): 43264, (4, 8): 43328, (2, 16): 30336}
-    for block in attn_flash_v3.FLASH_V4_BWD_BLOCKS["gpu"]:
+    for block in lab_attn_flash_v3.FLASH_V4_BWD_BLOCKS["gpu"]:
         assert attn_flash_v3.shared_bytes(64, *block, planes=1) == fits[block]
     assert attn_flash_v3.shared_bytes(64, 2, 32, planes=2) > attn_flash_v3.SHARED_LIMIT
     rng = np.random.default_rng(4)
@@ -205,13 +207,13 @@ def test_v6s_swizzled_tiles_give_v5s_bits_and_the_twins_gradients():
     b_, t_, c_, h_ = 1, 19, 64, 2
     q, k, v, dy = (rng.standard_normal((b_, t_, c_)).astype(np.float32) for _ in range(4))
     ref = None
-    for block in attn_flash.VERSIONS["attn_flash_fwd"][6].blocks:
+    for block in lab_attn_flash.VERSIONS["attn_flash_fwd"][6].blocks:
         v5, v6 = (_run(ver, block, q, k, v, dy, 0.25, KEY, h_) for ver in (5, 6))
         for name in v5:
             assert np.isfinite(v5[name]).all() and np.array_equal(v5[name], v6[name]), (block, name)
         ref = ref or v5
     assert (32, 1, 8, False, 2, True, True, False, False, 0) in attn_flash_v3._KERNELS
-    plain = _run(1, attn_flash.VERSIONS["attn_flash_fwd"][1].blocks[0], q, k, v, dy, 0.25, KEY, h_)
+    plain = _run(1, lab_attn_flash.VERSIONS["attn_flash_fwd"][1].blocks[0], q, k, v, dy, 0.25, KEY, h_)
     for name in ref:                              # v1 (SIMT, no tiles in common) as the independent check
         assert np.abs(ref[name] - plain[name]).max() <= 1e-5 * max(1.0, np.abs(plain[name]).max()), name
 
@@ -226,7 +228,7 @@ def test_v8_and_v10_give_v5s_bits():
     rng = np.random.default_rng(9)
     b_, t_, c_, h_ = 1, 37, 24, 2
     q, k, v, dy = (rng.standard_normal((b_, t_, c_)).astype(np.float32) for _ in range(4))
-    for block in attn_flash.VERSIONS["attn_flash_fwd"][8].blocks:
+    for block in lab_attn_flash.VERSIONS["attn_flash_fwd"][8].blocks:
         v5, v8, v10 = (_run(ver, block, q, k, v, dy, 0.25, KEY, h_) for ver in (5, 8, 10))   # v8 holds v7's change
         for name in v5:
             assert np.isfinite(v5[name]).all(), (block, name)

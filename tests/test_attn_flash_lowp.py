@@ -14,6 +14,7 @@ from numba import cuda
 import reference as R
 from andrea_numba import check
 from andrea_numba.kernels import attn_flash
+from lab import attn_flash as lab_attn_flash
 from reference.dropout import dropout_factor
 
 pytestmark = [pytest.mark.xdist_group("attn_flash")]
@@ -72,7 +73,7 @@ def test_low_precision_twin_within_a_bound_of_the_fp32_twin(precision):
 
 def _run(version, block, q, k, v, dy, p, n_head):
     """Forward, then backward on the forward's y and lse; outputs and work buffer poisoned with NaN."""
-    fwd, bwd = attn_flash.flash_pair(version)
+    fwd, bwd = lab_attn_flash.flash_pair(version)
     B, T, C = q.shape
     nan = lambda *shape: cuda.to_device(np.full(shape, np.nan, np.float32))
     q_d, k_d, v_d, dy_d = (cuda.to_device(a) for a in (q, k, v, dy))
@@ -98,7 +99,7 @@ def test_kernels_agree_with_the_twin_at_their_precision(run):
     OP_TOL, and rel_err < 1e-5). Against the fp32 twin: within 8 u, as the twin itself. Reruns
     give the same bits."""
     version, p, block, (B, T, C, H), reruns = run
-    fwd, bwd = attn_flash.flash_pair(version)
+    fwd, bwd = lab_attn_flash.flash_pair(version)
     precision = fwd.precision
     assert bwd.precision == precision
     q, k, v, dy = _inputs(1, B, T, C, np.float32)
@@ -128,7 +129,7 @@ def test_versions_pair_by_precision():
     """flash_pair gives v11 and v12 their own forwards and the fp32 backwards v9 and v10 v8's
     forward; every version of the ladder is checked against the twin at its precision (.precision)."""
     for version, want in {8: (8, 8), 9: (8, 9), 10: (8, 10), 11: (11, 11), 12: (12, 12)}.items():
-        fwd, bwd = attn_flash.flash_pair(version)
+        fwd, bwd = lab_attn_flash.flash_pair(version)
         assert (fwd.__name__, bwd.__name__) == (f"attn_flash_fwd_v{want[0]}", f"attn_flash_bwd_v{want[1]}")
-    assert [getattr(attn_flash.VERSIONS["attn_flash_fwd"][v], "precision", None) for v in (8, 11, 12)] == \
+    assert [getattr(lab_attn_flash.VERSIONS["attn_flash_fwd"][v], "precision", None) for v in (8, 11, 12)] == \
         [None, "bf16", "fp16"]

@@ -13,6 +13,7 @@ import pytest
 import reference as R
 from andrea_numba import check
 from andrea_numba.kernels import attn_flash, attn_flash_v13 as V13
+from lab import attn_flash as lab_attn_flash
 from andrea_numba.kernels.common import BlockDoesNotFit
 from andrea_numba.kernels.half_tile import _frag_index
 from test_attn_flash_lowp import KEY, _run as run_version      # (KEY: the dropout key it passes)
@@ -133,7 +134,7 @@ def test_v13_blocks_fit_48_kib_and_a_block_that_does_not_is_refused():
 
 
 def test_v13_is_registered_as_a_bf16_pair():
-    fwd, bwd = attn_flash.flash_pair(13)
-    assert fwd is attn_flash.VERSIONS["attn_flash_fwd"][13] is V13.attn_flash_fwd_v13
-    assert bwd is attn_flash.VERSIONS["attn_flash_bwd"][13] is V13.attn_flash_bwd_v13
+    fwd, bwd = lab_attn_flash.flash_pair(13)
+    assert fwd is lab_attn_flash.VERSIONS["attn_flash_fwd"][13] is V13.attn_flash_fwd_v13
+    assert bwd is lab_attn_flash.VERSIONS["attn_flash_bwd"][13] is V13.attn_flash_bwd_v13
     assert fwd.precision == bwd.precision == "bf16"

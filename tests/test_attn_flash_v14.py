@@ -11,6 +11,7 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import attn_flash
+from lab import attn_flash as lab_attn_flash
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 from test_attn_flash_lowp import KEY, _run
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.xdist_group("attn_flash")]
 def _launches(version, block, out, dev, p, H):
     """The launches of the version's forward and backward (as test_attn_flash_lowp._run calls them, on
     the buffers given), recorded instead of run (test_kernels.launches_recorded)."""
-    fwd, bwd = attn_flash.flash_pair(version)
+    fwd, bwd = lab_attn_flash.flash_pair(version)
     record = []
     with launches_recorded(record):
         fwd(out["y"], out["lse"], dev["q"], dev["k"], dev["v"], H, p, KEY, block=block)
@@ -44,7 +45,7 @@ def test_v14_writes_v13s_values_rounded_to_bf16(p, shape, block):
     rng = np.random.default_rng(5)
     q, k, v, dy = (rng.standard_normal((B, T, C)).astype(np.float32) for _ in range(4))
     ref = _run(13, block, q, k, v, dy, p, H)                       # v13: fp32 outputs
-    fwd, bwd = attn_flash.flash_pair(14)
+    fwd, bwd = lab_attn_flash.flash_pair(14)
     assert (fwd, bwd) == (attn_flash.attn_flash_fwd_v14, attn_flash.attn_flash_bwd_v14)
     dev = {n: cuda.to_device(a) for n, a in dict(q=q, k=k, v=v, dy=dy).items()}
     nan = lambda *s: cuda.to_device(np.full(s, np.nan, np.float32))

@@ -11,6 +11,8 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import attn_out, cublaslt, loss, mlp
+from lab import mlp as lab_mlp
+from lab import attn_out as lab_attn_out
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
@@ -107,9 +109,9 @@ def test_rounding_a_gradient_once_changes_no_bit():
     for held in (True, False):
         dy, dw_o = cuda.to_device(np.zeros((N, C), np.float32)), cuda.to_device(np.zeros((C, C), np.float32))
         if held:
-            attn_out.attn_out_bwd_v13(dy, dw_o, None, dout, y, w_o)
+            lab_attn_out.attn_out_bwd_v13(dy, dw_o, None, dout, y, w_o)
         else:
-            mm(dy, None, dout, w_o, trans_b=True, block=attn_out.attn_out_bwd_v13.blocks[0])
+            mm(dy, None, dout, w_o, trans_b=True, block=lab_attn_out.attn_out_bwd_v13.blocks[0])
             mm(dw_o, None, y, dout, trans_a=True, accumulate=True)
         runs.append(np.concatenate([dy.copy_to_host().ravel(), dw_o.copy_to_host().ravel()]))
     assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
@@ -122,9 +124,9 @@ def test_rounding_a_gradient_once_changes_no_bit():
         dh_pre = cuda.device_array((N, F), np.float32)
         args = (dx, dw_1, dw_2, dh_pre, None, dout, x, h_pre, h, w_1, w_2)
         if held:
-            mlp.mlp_bwd_v17(*args)
+            lab_mlp.mlp_bwd_v17(*args)
         else:                                   # v16's order of products, each rounding its own copies
-            mlp._bwd_split("bf16r", *args, mlp.mlp_bwd_v17.blocks[0], 0, mlp.gelu_bwd_v2)
+            mlp._bwd_split("bf16r", *args, lab_mlp.mlp_bwd_v17.blocks[0], 0, mlp.gelu_bwd_v2)
         runs.append(np.concatenate([a.copy_to_host().ravel() for a in (dx, dw_1, dw_2)]))
     assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
     assert cublaslt.HELD.buf is not None and cublaslt.HELD.buf.dtype == np.uint16

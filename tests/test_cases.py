@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import reference as R
-from andrea_numba.cases import CASES, KERNEL_MODULES, OPS, VARIANTS, Dims
+from andrea_numba.cases import OPS, VARIANTS, Dims
+from lab.cases import CASES, KERNEL_MODULES      # the whole ladder
 from andrea_numba.kernels import common
 
 LAUNCHERS = [(case, direction, version, launch)

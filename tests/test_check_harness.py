@@ -61,11 +61,12 @@ def test_a_block_that_does_not_fit_the_size_is_skipped_and_said(monkeypatch, cap
     """A GPU block of flash attention v4 at the tiny size's head size 4 (it splits no tile of 8
     rows over 128 threads): the harness checks the other blocks and names the one it skipped."""
     from andrea_numba.config import load_config
-    from andrea_numba.kernels import attn_flash
+    from lab import attn_flash as lab_attn_flash
+    from lab.cases import CASES
     m = load_config("tiny").model
-    fwd = attn_flash.VERSIONS["attn_flash_fwd"][4]
+    fwd = lab_attn_flash.VERSIONS["attn_flash_fwd"][4]
     monkeypatch.setattr(fwd, "blocks", (fwd.blocks[0], (4, 8)))
-    rows = check.op_rows(m, 1, 5, _rng(), ops=["attn_flash"], versions=[4])
+    rows = check.op_rows(m, 1, 5, _rng(), ops=["attn_flash"], versions=[4], cases=CASES)
     assert rows and all(r["ok"] for r in rows)
     assert "(4,8)" not in {r["block"] for r in rows if r["kernel"] == "attn_flash_fwd"}
     assert "not checked at this size: flash attention v4: block (4, 8)" in capsys.readouterr().err

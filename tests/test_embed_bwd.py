@@ -10,6 +10,7 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import embed
+from lab import embed as lab_embed
 from reference import embed as R
 
 S = embed.SORT_CHUNK
@@ -31,7 +32,7 @@ def _run(version, dwte0, dout, tokens, V, T_max):
     B, T, C = dout.shape
     dwte, dwpe = cuda.to_device(dwte0), cuda.to_device(np.zeros((T_max, C), np.float32))
     links = cuda.to_device(np.full((2, B * T), -7, np.int32))          # poisoned, as the harness does
-    embed.VERSIONS["embed_bwd"][version](dwte, dwpe, links, cuda.to_device(dout), cuda.to_device(tokens), V, T_max)
+    lab_embed.VERSIONS["embed_bwd"][version](dwte, dwpe, links, cuda.to_device(dout), cuda.to_device(tokens), V, T_max)
     cuda.synchronize()
     return dwte.copy_to_host(), dwpe.copy_to_host()
 

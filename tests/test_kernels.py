@@ -16,7 +16,8 @@ import pytest
 from numba import cuda
 
 from andrea_numba import check
-from andrea_numba.cases import CASES, Dims, call
+from andrea_numba.cases import Dims, call
+from lab.cases import CASES                 # the whole ladder: every rung of the lab and every engine kernel
 from andrea_numba.config import load_config
 from andrea_numba.kernels.common import SIMULATOR, BlockDoesNotFit
 
@@ -242,6 +243,7 @@ def test_a_dry_run_tells_the_same_launches_from_others():
     launcher that also writes an output from the host differs. mlp v9's two blocks differ in matmul
     v8's tile alone, mlp v1's in its own kernel's tile too."""
     from andrea_numba.kernels import matmul as MM
+    from lab import matmul as lab_matmul
     dims = _tiny_dims()
     rng = np.random.default_rng(0)
     case = CASES["matmul"]
@@ -250,7 +252,7 @@ def test_a_dry_run_tells_the_same_launches_from_others():
     run = lambda launch, block: _dry_run(case, launch, block, dims, ref, buffers)
     auto = run(MM.matmul_v18, MM.TMA_AUTO)
     assert auto == run(MM.matmul_v18, (64, 64, 64, 2)) == run(MM.matmul_v18, MM.TMA_AUTO)
-    assert auto != run(MM.matmul_v18, (64, 128, 64, 3)) and auto != run(MM.matmul_v19, MM.TMA_AUTO)
+    assert auto != run(MM.matmul_v18, (64, 128, 64, 3)) and auto != run(lab_matmul.matmul_v19, MM.TMA_AUTO)
 
     def host_write(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
         MM.matmul_v18(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)

@@ -9,6 +9,7 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import layernorm as L
+from lab import layernorm as lab_layernorm
 from andrea_numba.kernels.common import SIMULATOR
 
 f32 = np.float32
@@ -27,7 +28,7 @@ def _fwd(version, x, f, g, b, block):
     N, C = x.shape
     resid, out = cuda.device_array((N, C), f32), cuda.device_array((N, C), f32)
     mean, rstd = cuda.device_array(N, f32), cuda.device_array(N, f32)
-    L.VERSIONS["residual_layernorm_fwd"][version](resid, out, mean, rstd, cuda.to_device(x), cuda.to_device(f),
+    lab_layernorm.VERSIONS["residual_layernorm_fwd"][version](resid, out, mean, rstd, cuda.to_device(x), cuda.to_device(f),
                                                   cuda.to_device(g), cuda.to_device(b), 1e-5, block=block)
     cuda.synchronize()
     return [a.copy_to_host() for a in (resid, out, mean, rstd)]
@@ -40,7 +41,7 @@ def _bwd(version, dresid, dout, resid, mean, rstd, g, dg0, db0, block, alias):
     df = dx if alias else cuda.device_array((N, C), f32)
     dg, db = cuda.to_device(dg0), cuda.to_device(db0)
     work = cuda.to_device(np.full(4 * N * C, 7.0, f32))                 # poisoned scratch
-    L.VERSIONS["residual_layernorm_bwd"][version](dx, df, dg, db, work, dr, cuda.to_device(dout), cuda.to_device(resid),
+    lab_layernorm.VERSIONS["residual_layernorm_bwd"][version](dx, df, dg, db, work, dr, cuda.to_device(dout), cuda.to_device(resid),
                                                   cuda.to_device(mean), cuda.to_device(rstd), cuda.to_device(g),
                                                   block=block)
     cuda.synchronize()
@@ -83,7 +84,7 @@ def test_residual_layernorm_fwd_v3_writes_bf16_as_its_fp32_output_rounded():
         resid, out = cuda.device_array((N, C), np.float32), cuda.to_device(np.zeros((N, C), dtype))
         mean, rstd = cuda.device_array(N, np.float32), cuda.device_array(N, np.float32)
         assert L.fits_v3(resid, out, cuda.to_device(x), cuda.to_device(f))
-        L.VERSIONS["residual_layernorm_fwd"][version](resid, out, mean, rstd, cuda.to_device(x), cuda.to_device(f),
+        lab_layernorm.VERSIONS["residual_layernorm_fwd"][version](resid, out, mean, rstd, cuda.to_device(x), cuda.to_device(f),
                                                        cuda.to_device(g), cuda.to_device(b), 1e-5)
         outs[name] = [a.copy_to_host() for a in (resid, out, mean, rstd)]
     bits = (round_bf16(outs["fp32"][1]).view(np.uint32) >> 16).astype(np.uint16)

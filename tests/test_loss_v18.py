@@ -19,6 +19,7 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import cublaslt, loss
+from lab import loss as lab_loss
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels.common import SIMULATOR
 
@@ -52,7 +53,7 @@ def _forward(version, x, wte, targets, block, stats=None):
     out = {"loss": cuda.device_array(1, f32), "losses": cuda.device_array(N, f32),
            "probs": cuda.to_device(np.full((N, V), np.nan, f32))}
     extra = {} if stats is None else {"stats": stats}
-    loss.VERSIONS["loss_fwd"][version](out["loss"], out["losses"], out["probs"], cuda.to_device(x), cuda.to_device(wte),
+    lab_loss.VERSIONS["loss_fwd"][version](out["loss"], out["losses"], out["probs"], cuda.to_device(x), cuda.to_device(wte),
                                        cuda.to_device(targets), block=block, **extra)
     return out
 
@@ -63,7 +64,7 @@ def _backward(version, fwd, x, wte, targets, dwte0, block, stats=None, dloss=0.5
     dx, dwte = cuda.to_device(np.full((N, C), np.nan, f32)), cuda.to_device(dwte0)
     work = cuda.to_device(np.full(MM.splitk_work(C, N), np.nan, f32))
     extra = {} if stats is None else {"stats": stats}
-    loss.VERSIONS["loss_bwd"][version](dx, dwte, None, work, dloss, cuda.to_device(x), cuda.to_device(wte), fwd["probs"],
+    lab_loss.VERSIONS["loss_bwd"][version](dx, dwte, None, work, dloss, cuda.to_device(x), cuda.to_device(wte), fwd["probs"],
                                        cuda.to_device(targets), block=block, **extra)
     return dx.copy_to_host(), dwte.copy_to_host(), cublaslt.COPIES.first(N, V).copy_to_host()
 
@@ -214,7 +215,7 @@ def test_stats_of_another_shape_are_refused():
 
 
 def test_registered_bf16_and_the_engine_unchanged():
-    assert loss.VERSIONS["loss_fwd"][18] is loss.loss_fwd_v18 and loss.VERSIONS["loss_bwd"][16] is loss.loss_bwd_v16
+    assert lab_loss.VERSIONS["loss_fwd"][18] is loss.loss_fwd_v18 and lab_loss.VERSIONS["loss_bwd"][16] is loss.loss_bwd_v16
     assert loss.loss_fwd_v18.precision == loss.loss_bwd_v16.precision == "bf16"
-    assert loss.loss_fwd_v18.blocks == loss.loss_fwd_v17.blocks and loss.loss_bwd_v16.blocks == loss.loss_bwd_v15.blocks
+    assert loss.loss_fwd_v18.blocks == loss.loss_fwd_v17.blocks and loss.loss_bwd_v16.blocks == lab_loss.loss_bwd_v15.blocks
     assert (loss.loss_fwd, loss.loss_bwd) == (loss.loss_fwd_v9, loss.loss_bwd_v7)

@@ -10,6 +10,7 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import matmul as MM
+from lab import matmul as lab_matmul
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 
@@ -36,7 +37,7 @@ def _run(a, b, trans_a, trans_b, out0, work=None, accumulate=False, block=None, 
 
 
 def test_v12_is_a_bf16_version_of_the_ladder():
-    assert MM.VERSIONS["matmul"][12] is MM.matmul_v12 and MM.matmul_v12.precision == "bf16"
+    assert lab_matmul.VERSIONS["matmul"][12] is MM.matmul_v12 and MM.matmul_v12.precision == "bf16"
     assert MM.WARP_MATMUL["bf16l"] is MM.matmul_v12 and MM.WARP_KERNELS["bf16l"][0] == 12
 
 

@@ -15,6 +15,7 @@ from numba import cuda
 
 from andrea_numba.kernels import half_tile as H
 from andrea_numba.kernels import matmul as MM
+from lab import matmul as lab_matmul
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 from test_matmul_v12 import _bf16_product, _operands, _run   # v12's helpers: the same operands, twin and call
@@ -24,7 +25,7 @@ _run = functools.partial(_run, launch=MM.matmul_v13)          # noqa: F811
 
 
 def test_v13_is_a_bf16_version_of_the_ladder():
-    assert MM.VERSIONS["matmul"][13] is MM.matmul_v13 and MM.matmul_v13.precision == "bf16"
+    assert lab_matmul.VERSIONS["matmul"][13] is MM.matmul_v13 and MM.matmul_v13.precision == "bf16"
     assert MM.WARP_KERNELS["bf16a"][0] == 13
     assert len(MM.matmul_v13.blocks) >= 2
 

@@ -17,15 +17,17 @@ from numba import cuda
 from andrea_numba.kernels import cublaslt as CL
 from andrea_numba.kernels import half_tile as H
 from andrea_numba.kernels import matmul as MM
+from lab import matmul as lab_matmul
 from andrea_numba.kernels import wgmma as W
 from andrea_numba.kernels import wgmma_tile as WT
+from lab import wgmma_tile as lab_wgmma_tile
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 from test_matmul_v12 import _bf16_product, _operands, _run   # v12's helpers: the same operands, twin and call
 from test_matmul_v13 import check_split_slices
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
-_run = functools.partial(_run, launch=MM.matmul_v14)          # noqa: F811
+_run = functools.partial(_run, launch=lab_matmul.matmul_v14)          # noqa: F811
 
 
 def _bits(x):
@@ -34,10 +36,10 @@ def _bits(x):
 
 
 def test_v14_is_a_bf16_version_of_the_ladder():
-    assert MM.VERSIONS["matmul"][14] is MM.matmul_v14 and MM.matmul_v14.precision == "bf16"
+    assert lab_matmul.VERSIONS["matmul"][14] is lab_matmul.matmul_v14 and lab_matmul.matmul_v14.precision == "bf16"
     assert MM.WARP_KERNELS["bf16g"][0] == 14 and "bf16g" not in MM.WARP_MATMUL
-    assert len(MM.matmul_v14.blocks) >= 2
-    for block in MM.WGMMA_TILES["gpu"] + MM.WGMMA_TILES["sim"]:
+    assert len(lab_matmul.matmul_v14.blocks) >= 2
+    for block in lab_matmul.WGMMA_TILES["gpu"] + lab_matmul.WGMMA_TILES["sim"]:
         t = WT.make_wgmma_tile(("bf16g", *block[:5], True, block[5] if len(block) > 5 else WT.STAGES))
         assert t.THREADS == 128 * (block[0] // 64) and (t.TM, t.TN) == (2, block[1] // 4)
 
@@ -55,7 +57,7 @@ def test_every_transpose_with_edges_agrees_with_the_bf16_twin(trans_a, trans_b, 
     a, b = _operands(rng, M, N, K, trans_a, trans_b)
     a16, b16 = MM.wgmma_copies(a, b, trans_a, trans_b)
     assert a16.shape == (M, K) and b16.shape == (N, K)                # both K-major
-    assert WT.wgmma_resolve(MM.matmul_v14.blocks[0], a16, b16)[6] == (K % 8 == 0)
+    assert lab_wgmma_tile.wgmma_resolve(lab_matmul.matmul_v14.blocks[0], a16, b16)[6] == (K % 8 == 0)
     ref = _bf16_product(a, b, trans_a, trans_b)
     out = _run(a, b, trans_a, trans_b, np.full((M, N), np.nan, np.float32))
     scale = np.abs(ref).max()
@@ -73,7 +75,7 @@ def test_the_four_stage_ring_accumulates_over_many_steps():
     M, N, K = 40, 8, 136
     a, b = _operands(rng, M, N, K, True, False)
     o0 = rng.standard_normal((M, N)).astype(np.float32)
-    block = MM.matmul_v14.blocks[1]
+    block = lab_matmul.matmul_v14.blocks[1]
     assert len(block) == 6 and block[5] == 4 and block[1] == 8
     out = _run(a, b, True, False, o0, accumulate=True, block=block)
     ref = o0 + _bf16_product(a, b, True, False)
@@ -82,7 +84,7 @@ def test_the_four_stage_ring_accumulates_over_many_steps():
 
 def test_a_split_product_adds_its_slices_in_order():
     """v13's check (test_matmul_v13.check_split_slices): the slices' partials in work, added in order."""
-    check_split_slices(MM.matmul_v14, 16, 16)
+    check_split_slices(lab_matmul.matmul_v14, 16, 16)
 
 
 def test_operands_already_in_bf16_give_the_same_bits():
@@ -96,7 +98,7 @@ def test_operands_already_in_bf16_give_the_same_bits():
     a16c, b16c = MM.wgmma_copies(a16, cuda.to_device(_bits(b)), False, False)
     assert np.array_equal(a16c.copy_to_host(), _bits(a)) and np.array_equal(b16c.copy_to_host(), _bits(b).T)
     out = cuda.to_device(np.zeros((M, N), np.float32))
-    MM.matmul_v14(out, None, a16, cuda.to_device(_bits(b)))
+    lab_matmul.matmul_v14(out, None, a16, cuda.to_device(_bits(b)))
     assert np.array_equal(out.copy_to_host(), want)
 
 

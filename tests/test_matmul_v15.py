@@ -18,6 +18,7 @@ from numba import cuda
 
 from andrea_numba.kernels import half_tile as H
 from andrea_numba.kernels import matmul as MM
+from lab import matmul as lab_matmul
 from andrea_numba.kernels import wgmma as W
 from andrea_numba.kernels import wgmma_ring as WR
 from andrea_numba.kernels.common import SIMULATOR
@@ -30,7 +31,7 @@ DYNAMIC, STATIC = MM.matmul_v15.blocks                        # (64, 16, 64, 64,
 
 
 def test_v15_is_a_bf16_version_of_the_ladder():
-    assert MM.VERSIONS["matmul"][15] is MM.matmul_v15 and MM.matmul_v15.precision == "bf16"
+    assert lab_matmul.VERSIONS["matmul"][15] is MM.matmul_v15 and MM.matmul_v15.precision == "bf16"
     assert MM.WARP_KERNELS["bf16h"][0] == 15 and "bf16h" not in MM.WARP_MATMUL
     assert DYNAMIC[2] == 64 and DYNAMIC[5] == 4 and STATIC[2] == 32 and STATIC[5] == 3
     for block in MM.RING_TILES["gpu"] + MM.RING_TILES["sim"]:

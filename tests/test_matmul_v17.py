@@ -17,6 +17,7 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import matmul as MM
+from lab import matmul as lab_matmul
 from andrea_numba.kernels import operands as OP
 from andrea_numba.kernels import wgmma_mn as WM
 from andrea_numba.kernels import wgmma_ring as WR
@@ -35,7 +36,7 @@ def _bits(x):
 
 
 def test_v17_is_a_bf16_version_of_the_ladder_with_v15s_stages():
-    assert MM.VERSIONS["matmul"][17] is MM.matmul_v17 and MM.matmul_v17.precision == "bf16"
+    assert lab_matmul.VERSIONS["matmul"][17] is MM.matmul_v17 and MM.matmul_v17.precision == "bf16"
     assert MM.WARP_KERNELS["bf16m"][0] == 17 and MM.WARP_MATMUL["bf16m"] is MM.matmul_v17   # products "bf16m"
     assert DYNAMIC[2] == 64 and DYNAMIC[5] == 4 and STATIC[2] == 32 and STATIC[5] == 3
     assert MM.MN_TILES["gpu"] == MM.RING_TILES["gpu"]

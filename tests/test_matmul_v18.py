@@ -18,7 +18,12 @@ from numba import cuda
 
 from andrea_numba import gpu_model as GM
 from andrea_numba.kernels import attn_out, attn_qkv, loss, mlp
+from lab import loss as lab_loss
+from lab import attn_qkv as lab_attn_qkv
+from lab import attn_out as lab_attn_out
+from lab import mlp as lab_mlp
 from andrea_numba.kernels import matmul as MM
+from lab import matmul as lab_matmul
 from andrea_numba.kernels import tma
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.recipes import RECIPES
@@ -245,18 +250,19 @@ def test_map_fits_rows_of_whole_16_byte_chunks_of_bf16_only():
 # products "bf16t"
 
 def test_products_bf16t_are_the_linear_ops_on_v18():
-    assert MM.VERSIONS["matmul"][18] is MM.matmul_v18 and MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
+    assert lab_matmul.VERSIONS["matmul"][18] is MM.matmul_v18 and MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
     assert MM.matmul_v18.precision == "bf16"
     bf16t = LAB["bf16t"]
     v = 15                                                 # attn_qkv, attn_out, loss_bwd v15
-    assert bf16t.kernels["attn_qkv"] == (attn_qkv.VERSIONS["attn_qkv_fwd"][v], attn_qkv.VERSIONS["attn_qkv_bwd"][v])
-    assert bf16t.kernels["mlp"][0] is mlp.VERSIONS["mlp_fwd"][19]
+    assert bf16t.kernels["attn_qkv"] == (lab_attn_qkv.VERSIONS["attn_qkv_fwd"][v], lab_attn_qkv.VERSIONS["attn_qkv_bwd"][v])
+    assert bf16t.kernels["mlp"][0] is lab_mlp.VERSIONS["mlp_fwd"][19]
     # loss_fwd v16 is v18's first registration; the recipe runs v17, v16's logits with the softmax
     # reading them once (k_loss_fwd_v3): both are on v18
-    assert bf16t.kernels["loss"] == (loss.VERSIONS["loss_fwd"][17], loss.VERSIONS["loss_bwd"][v])
-    for table, name, n in [(attn_qkv, "attn_qkv_fwd", v), (attn_qkv, "attn_qkv_bwd", v), (attn_out, "attn_out_fwd", v),
-                           (attn_out, "attn_out_bwd", v), (mlp, "mlp_fwd", 19), (mlp, "mlp_bwd", 19),
-                           (loss, "loss_fwd", 16), (loss, "loss_fwd", 17), (loss, "loss_bwd", v)]:
+    assert bf16t.kernels["loss"] == (lab_loss.VERSIONS["loss_fwd"][17], lab_loss.VERSIONS["loss_bwd"][v])
+    for table, name, n in [(lab_attn_qkv, "attn_qkv_fwd", v), (lab_attn_qkv, "attn_qkv_bwd", v),
+                           (lab_attn_out, "attn_out_fwd", v), (lab_attn_out, "attn_out_bwd", v),
+                           (lab_mlp, "mlp_fwd", 19), (lab_mlp, "mlp_bwd", 19),
+                           (lab_loss, "loss_fwd", 16), (lab_loss, "loss_fwd", 17), (lab_loss, "loss_bwd", v)]:
         assert n in table.VERSIONS[name], (name, n)
     assert bf16t.operand_copies and bf16t.bf16_saved and bf16t.held_copies and bf16t.tensor_maps
     assert {n for n, r in {**RECIPES, **LAB}.items() if r.tensor_maps} == {"bf16t", "bf16s", "bf16-hopper"}

@@ -8,6 +8,7 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import matmul as MM
+from lab import matmul as lab_matmul
 from andrea_numba.kernels.common import SIMULATOR
 from test_matmul_v12 import _operands, _run
 from test_matmul_v17 import _bits
@@ -47,7 +48,7 @@ def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_ze
     assert sums == [1]                                    # v18: the second kernel
     counts = MM.COUNTS.reserve()
     for _ in range(2):
-        got = _fixup(MM.matmul_v19, a16, b16, o0, work)
+        got = _fixup(lab_matmul.matmul_v19, a16, b16, o0, work)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
         assert not counts.copy_to_host().any()
     assert sums == [1]                                    # v19: none
@@ -56,15 +57,15 @@ def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_ze
 def test_tma_matmul_points_the_tma_kinds_products_at_a_fixup_version_and_back():
     """Benchmarks time v19 and v23 inside the whole model by pointing the TMA kinds' products
     (WARP_MATMUL["bf16t"], which bf16t, bf16s and bf16o's ops call) at them, then back."""
-    assert MM.VERSIONS["matmul"][19] is MM.matmul_v19 and MM.matmul_v19.precision == "bf16"
+    assert lab_matmul.VERSIONS["matmul"][19] is lab_matmul.matmul_v19 and lab_matmul.matmul_v19.precision == "bf16"
     assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
-    with MM.tma_matmul(23):
-        assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v23
+    with lab_matmul.tma_matmul(23):
+        assert MM.WARP_MATMUL["bf16t"] is lab_matmul.matmul_v23
     assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
-    with pytest.raises(RuntimeError), MM.tma_matmul(19):          # put back when the block raises too
-        assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v19
+    with pytest.raises(RuntimeError), lab_matmul.tma_matmul(19):          # put back when the block raises too
+        assert MM.WARP_MATMUL["bf16t"] is lab_matmul.matmul_v19
         raise RuntimeError
-    with pytest.raises(AssertionError), MM.tma_matmul(17):
+    with pytest.raises(AssertionError), lab_matmul.tma_matmul(17):
         pass
     assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
 
@@ -78,7 +79,7 @@ def test_v23_batches_the_sums_loads_and_keeps_v18s_bits(monkeypatch):
     a16, b16, o0, work, S = _split_product(233, 64, 64, 1280, 16)
     assert S > 8, S
     want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_v18)
-    got = _fixup(MM.matmul_v23, a16, b16, o0, work)
+    got = _fixup(lab_matmul.matmul_v23, a16, b16, o0, work)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert not MM.COUNTS.reserve().copy_to_host().any()
-    assert MM.VERSIONS["matmul"][23] is MM.matmul_v23
+    assert lab_matmul.VERSIONS["matmul"][23] is lab_matmul.matmul_v23

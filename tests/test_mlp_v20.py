@@ -8,6 +8,7 @@ from numba import cuda
 
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels import mlp
+from lab import mlp as lab_mlp
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 
@@ -34,9 +35,9 @@ def test_mlp_v20_gives_v19s_bits_and_runs_the_fused_epilogues(monkeypatch):
     work = np.zeros(MM.splitk_work(C, N), np.float32)
     fused = []
     real = MM._tma_matmul
-    monkeypatch.setattr(mlp, "_tma_matmul", lambda *a: (fused.append(a[9][0]) if len(a) > 9 and a[9] else None, real(*a))[1])
+    monkeypatch.setattr(lab_mlp, "_tma_matmul", lambda *a: (fused.append(a[9][0]) if len(a) > 9 and a[9] else None, real(*a))[1])
     runs = []
-    for fwd, bwd in ((mlp.mlp_fwd_v19, mlp.mlp_bwd_v19), (mlp.mlp_fwd_v20, mlp.mlp_bwd_v20)):
+    for fwd, bwd in ((mlp.mlp_fwd_v19, mlp.mlp_bwd_v19), (lab_mlp.mlp_fwd_v20, lab_mlp.mlp_bwd_v20)):
         d = {k: cuda.to_device(v) for k, v in dict(x=x, w_1=w_1, w_2=w_2, dout=dout, work=work).items()}
         out, h_pre = cuda.to_device(np.zeros((N, C), np.float32)), cuda.to_device(np.zeros((N, F), np.float32))
         h = cuda.to_device(np.zeros((N, F), np.uint16))

@@ -10,6 +10,7 @@ from andrea_numba import check
 from andrea_numba.cases import CASES, Dims
 from andrea_numba.config import load_config
 from andrea_numba.kernels import matmul
+from lab import matmul as lab_matmul
 from andrea_numba.kernels.common import SIMULATOR
 from lab.recipes import get as lab_recipe
 
@@ -92,7 +93,7 @@ def test_the_harness_checks_a_bf16_version_twice():
 
 
 def test_matmul_v10_is_a_bf16_version_of_the_ladder():
-    assert matmul.VERSIONS["matmul"][10] is matmul.matmul_v10 and matmul.matmul_v10.precision == "bf16"
+    assert lab_matmul.VERSIONS["matmul"][10] is matmul.matmul_v10 and matmul.matmul_v10.precision == "bf16"
     assert matmul.WARP_KERNELS["bf16w"][0] == 10
 
 

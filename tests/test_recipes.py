@@ -146,3 +146,20 @@ def test_the_engine_never_imports_the_lab():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "tests",
                          env={"NUMBA_ENABLE_CUDASIM": "1", "PATH": "", "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_the_engine_holds_no_ladder_and_the_lab_holds_every_rung():
+    """No module of andrea_numba/kernels has a VERSIONS table (the ladders are the lab's); every
+    launcher a recipe names is a rung of its op's ladder in the lab, under its own number."""
+    import importlib
+    import pkgutil
+
+    import andrea_numba.kernels as K
+    from lab.cases import CASES as LADDER
+    for info in pkgutil.iter_modules(K.__path__):
+        assert not hasattr(importlib.import_module(f"andrea_numba.kernels.{info.name}"), "VERSIONS"), info.name
+    rungs = {f for case in LADDER.values() for d in ("fwd", "bwd") if d == "fwd" or case.bwd
+             for f in case.versions(d).values()}
+    for r in recipes.RECIPES.values():
+        for op, pair in r.kernels.items():
+            assert set(pair) <= rungs, (r.name, op)

@@ -10,6 +10,7 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import layernorm as L
+from lab import layernorm as lab_layernorm
 from andrea_numba.kernels.common import SIMULATOR, cdiv
 
 f32 = np.float32
@@ -34,7 +35,7 @@ def _bwd(version, a, dg0, db0, block, alias, work_size=4 * N * C):
     df = dx if alias else cuda.device_array((N, C), f32)
     dg, db = cuda.to_device(dg0), cuda.to_device(db0)
     work = cuda.to_device(np.full(work_size, np.nan, f32))             # poisoned scratch
-    L.VERSIONS["residual_layernorm_bwd"][version](dx, df, dg, db, work, dr, *(cuda.to_device(a[k]) for k in
+    lab_layernorm.VERSIONS["residual_layernorm_bwd"][version](dx, df, dg, db, work, dr, *(cuda.to_device(a[k]) for k in
                                                   ("dout", "resid", "mean", "rstd", "g")), block=block)
     cuda.synchronize()
     return [x.copy_to_host() for x in (dx, df, dg, db, work)]

@@ -12,6 +12,7 @@ from numba import cuda
 from test_residual_layernorm_v5 import BLOCKS, C, N, _inputs as _v5_inputs   # v5's sizes and values
 
 from andrea_numba.kernels import layernorm as L
+from lab import layernorm as lab_layernorm
 from andrea_numba.kernels.common import cdiv
 
 f32 = np.float32
@@ -51,7 +52,7 @@ def _bwd(version, a, dg0, db0, block, alias, half=False, work_size=4 * N * C):
     extra = {}
     if half:
         extra["d16"] = d16 = cuda.to_device(np.full((N, C), 0xDEAD, np.uint16))
-    L.VERSIONS["residual_layernorm_bwd"][version](dx, df, dg, db, work, dr, *(cuda.to_device(a[k]) for k in
+    lab_layernorm.VERSIONS["residual_layernorm_bwd"][version](dx, df, dg, db, work, dr, *(cuda.to_device(a[k]) for k in
                                                   ("dout", "resid", "mean", "rstd", "g")), block=block, **extra)
     cuda.synchronize()
     out = [x.copy_to_host() for x in (dx, df, dg, db, work)]

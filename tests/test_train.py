@@ -465,7 +465,7 @@ def test_adamw_skips_the_step_on_a_non_finite_loss_or_norm(bad):
     from numba import cuda
 
     import reference as R
-    from andrea_numba.kernels import optim
+    from lab import optim as lab_optim
     rng = np.random.default_rng(0)
     n = 300
     p, g, m = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
@@ -477,11 +477,11 @@ def test_adamw_skips_the_step_on_a_non_finite_loss_or_norm(bad):
         for version in (1, 2):
             dev = [cuda.to_device(a) for a in (p, m, v, g)]
             if version == 1:
-                optim.adamw_v1(dev[0], dev[3], dev[1], dev[2], cuda.to_device(decay), t, lr, b1, b2, eps, wd,
+                lab_optim.adamw_v1(dev[0], dev[3], dev[1], dev[2], cuda.to_device(decay), t, lr, b1, b2, eps, wd,
                                cuda.to_device(stats))
                 twin = R.adamw(p, g, m, v, decay, t, lr, b1, b2, eps, wd, stats)
             else:
-                optim.adamw_v2(dev[0], dev[3], dev[1], dev[2], cuda.to_device(decay), cuda.to_device(hyper),
+                lab_optim.adamw_v2(dev[0], dev[3], dev[1], dev[2], cuda.to_device(decay), cuda.to_device(hyper),
                                b1, b2, eps, wd, cuda.to_device(stats))
                 twin = R.adamw_zero(p, g, m, v, decay, hyper, b1, b2, eps, wd, stats)
                 twin = (twin[0], *twin[2:])
@@ -500,7 +500,7 @@ def test_adamw_v2_is_v1_then_zero_bit_for_bit():
     from numba import cuda
 
     import reference as R
-    from andrea_numba.kernels import optim
+    from lab import optim as lab_optim
     rng = np.random.default_rng(1)
     n = 1000
     p, g, m = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
@@ -509,9 +509,9 @@ def test_adamw_v2_is_v1_then_zero_bit_for_bit():
     stats = cuda.to_device(np.array([3.0, 0.5], np.float32))
     for t, lr in ((1, 1e-3), (7, 3e-2), (500, 6e-4)):
         one, two = [[cuda.to_device(a) for a in (p, g, m, v)] for _ in range(2)]
-        optim.adamw_v1(one[0], one[1], one[2], one[3], decay, t, lr, 0.9, 0.95, 1e-8, 0.1, stats)
-        optim.zero_v1(one[1])
+        lab_optim.adamw_v1(one[0], one[1], one[2], one[3], decay, t, lr, 0.9, 0.95, 1e-8, 0.1, stats)
+        lab_optim.zero_v1(one[1])
         hyper = cuda.to_device(R.adamw_hyper(t, lr, 0.9, 0.95).astype(np.float32))
-        optim.adamw_v2(two[0], two[1], two[2], two[3], decay, hyper, 0.9, 0.95, 1e-8, 0.1, stats)
+        lab_optim.adamw_v2(two[0], two[1], two[2], two[3], decay, hyper, 0.9, 0.95, 1e-8, 0.1, stats)
         for a, b in zip(one, two):
             assert a.copy_to_host().tobytes() == b.copy_to_host().tobytes()

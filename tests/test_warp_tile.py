@@ -137,7 +137,7 @@ def test_mlp_versions_that_move_the_gelu_keep_the_bits(old, new):
     derivative applied to the values just written) gives v5's bits, and v9 (plain products, the
     GELU in a pass of its own) gives v8's, forward and backward, with dW += on top of random
     values and a shape that crosses the tiles' edges."""
-    from andrea_numba.kernels import mlp
+    from lab import mlp as lab_mlp
     rng = np.random.default_rng(7)
     N, C = 37, 12
     x, dout = rng.standard_normal((N, C)).astype(np.float32), rng.standard_normal((N, C)).astype(np.float32)
@@ -146,7 +146,7 @@ def test_mlp_versions_that_move_the_gelu_keep_the_bits(old, new):
     work = cuda.to_device(np.zeros(MM.splitk_work(C), np.float32))
     outs = {}
     for v in (old, new):
-        fwd, bwd = mlp.VERSIONS["mlp_fwd"][v], mlp.VERSIONS["mlp_bwd"][v]
+        fwd, bwd = lab_mlp.VERSIONS["mlp_fwd"][v], lab_mlp.VERSIONS["mlp_bwd"][v]
         d = {k: cuda.to_device(a) for k, a in dict(x=x, w_1=w_1, w_2=w_2, dout=dout).items()}
         out, dx = cuda.to_device(np.full((N, C), np.nan, np.float32)), cuda.to_device(np.full((N, C), np.nan, np.float32))
         h_pre, h, dh_pre = (cuda.to_device(np.full((N, 4 * C), np.nan, np.float32)) for _ in range(3))
@@ -202,18 +202,18 @@ def test_mlp_v11_splits_the_c_wide_products_and_v12_keeps_v11s_bits():
     splitk cuts them into two slices, so out differs from v9's in its last bits (and agrees with it
     to float32 rounding). v12 (the GELU passes four elements a thread) gives v11's bits, forward
     and backward, with dW += on top of random values."""
-    from andrea_numba.kernels import mlp
+    from lab import mlp as lab_mlp
     rng = np.random.default_rng(8)
     N, C = 37, 24
     x, dout = rng.standard_normal((N, C)).astype(np.float32), rng.standard_normal((N, C)).astype(np.float32)
     w_1, w_2 = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((C, 4 * C), (4 * C, C)))
     dw0 = [rng.standard_normal(w.shape).astype(np.float32) for w in (w_1, w_2)]
     work = cuda.to_device(np.full(MM.splitk_work(C, N), np.nan, np.float32))
-    block = mlp.mlp_fwd_v11.blocks[0]
+    block = lab_mlp.mlp_fwd_v11.blocks[0]
     assert MM.splitk(N, C, 4 * C, 1, block, work) == (2, 2 * C)
     outs = {}
     for v in (9, 11, 12):
-        fwd, bwd = mlp.VERSIONS["mlp_fwd"][v], mlp.VERSIONS["mlp_bwd"][v]
+        fwd, bwd = lab_mlp.VERSIONS["mlp_fwd"][v], lab_mlp.VERSIONS["mlp_bwd"][v]
         d = {k: cuda.to_device(a) for k, a in dict(x=x, w_1=w_1, w_2=w_2, dout=dout).items()}
         out, dx = cuda.to_device(np.full((N, C), np.nan, np.float32)), cuda.to_device(np.full((N, C), np.nan, np.float32))
         h_pre, h, dh_pre = (cuda.to_device(np.full((N, 4 * C), np.nan, np.float32)) for _ in range(3))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from andrea_numba.kernels import wgmma as W
+from lab import wgmma as lab_wgmma
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 
@@ -126,7 +127,7 @@ def _image(a, bt, layout):
         off = W.kmajor_offset(r, k, rows, mode, lbo, sbo)
         assert len(np.unique(off)) == off.size
         image[(base + off) // 2] = W.bf16_bits(x)
-        steps.append([(base + W.kmajor_step_offset(s, rows, mode, lbo), lbo, sbo, mode) for s in range(K // 16)])
+        steps.append([(base + lab_wgmma.kmajor_step_offset(s, rows, mode, lbo), lbo, sbo, mode) for s in range(K // 16)])
     return image, steps
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from andrea_numba.kernels import half_tile as H
 from andrea_numba.kernels import wgmma as W
+from lab import wgmma as lab_wgmma
 from andrea_numba.kernels import wgmma_mn as WM
 from reference.precision import round_bf16
 
@@ -87,7 +88,7 @@ def _image(a, bt, mode, mn_a, mn_b):
         else:
             lbo, sbo = (128, 16 * K) if mode == W.SWIZZLE_NONE else (16, 8 * W.SWIZZLE_BYTES[mode])
             off = W.kmajor_offset(r, k, rows, mode, lbo, sbo)
-            step = (lambda s, rows=rows, lbo=lbo: W.kmajor_step_offset(s, rows, mode, lbo))
+            step = (lambda s, rows=rows, lbo=lbo: lab_wgmma.kmajor_step_offset(s, rows, mode, lbo))
         assert len(np.unique(off)) == off.size
         image[(base + off) // 2] = W.bf16_bits(x)
         steps.append([(base + step(s), lbo, sbo, mode) for s in range(K // 16)])

@@ -58,12 +58,3 @@ The ladder, the same in every module (as llm.c's dev/cuda keeps every version of
 - Every launcher has GPU block sizes and smaller simulator ones, since the CUDA simulator runs each
   thread as a Python thread.
 """
-from . import cublaslt, fp8_products, matmul
-
-# matmul v20-v22 (cuBLASLt in fp32, bf16, fp16) and v24 (FP8) beside the ladder, where they can run
-# (a GPU with nvmath-python; FP8: Ada or Hopper): the harness checks them and bench/gemm.py times
-# them as it does our kernels. Here, because the library route sits above matmul (which cannot
-# import it), and because Python runs this file before any module of the package: whichever kernel
-# module is imported first, matmul.VERSIONS is whole.
-matmul.VERSIONS["matmul"].update(cublaslt.matmul_versions())
-matmul.VERSIONS["matmul"].update(fp8_products.matmul_versions())

@@ -489,5 +489,4 @@ def attn_bwd_v2(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dr
     kern[2][grid, BQ * TPR, stream](dk, dv, dy, q, att, scratch, scale, *drop)
 
 
-VERSIONS = {"attn_fwd": {1: attn_fwd_v1, 2: attn_fwd_v2}, "attn_bwd": {1: attn_bwd_v1, 2: attn_bwd_v2}}
-attn_fwd, attn_bwd = attn_fwd_v2, attn_bwd_v2          # what the engine uses
+attn_fwd, attn_bwd = attn_fwd_v2, attn_bwd_v2   # GPUModel(flash=False): the attention that saves the probabilities

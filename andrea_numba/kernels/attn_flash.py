@@ -1,6 +1,8 @@
 """Flash attention: causal self-attention that saves lse [B, H, T] instead of att [B, H, T, T].
 NumPy twin: reference/attn.py (attn_flash_fwd, attn_flash_bwd). A checked op case beside plain
-attention (attn.py); the engine (gpu_model.py) runs its v2 (attn_flash_mma.py) by default.
+attention (attn.py). This module holds v1, the simple version the lessons teach; the engine's
+versions (andrea_numba/recipes.py: v8/v10 in fp32, v12 in fp16, v13 and v14 in bf16) live in
+attn_flash_v3.py and attn_flash_v13.py and are imported here; the other rungs are in lab/.
 
 The op is attn.py's, with the same layout (q, k, v, y, dy, dq, dk, dv are [B, T, C], head h
 owns channels h*hs .. h*hs + hs - 1) and the same dropout (dropout_factor from the key and the
@@ -41,13 +43,8 @@ import numpy as np
 from numba import cuda, float32
 
 from .attn import NEG_INF, _check, row_max, row_sum, tile_helpers
-from .attn_flash_mma import attn_flash_bwd_v2, attn_flash_fwd_v2
 from .attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
-from .attn_flash_v3 import (attn_flash_bwd_v3, attn_flash_bwd_v4, attn_flash_bwd_v5, attn_flash_bwd_v6,
-                            attn_flash_bwd_v7, attn_flash_bwd_v8, attn_flash_bwd_v9, attn_flash_bwd_v10,
-                            attn_flash_bwd_v11, attn_flash_bwd_v12, attn_flash_fwd_v3, attn_flash_fwd_v4,
-                            attn_flash_fwd_v5, attn_flash_fwd_v6, attn_flash_fwd_v7, attn_flash_fwd_v8,
-                            attn_flash_fwd_v11, attn_flash_fwd_v12)
+from .attn_flash_v3 import attn_flash_bwd_v10, attn_flash_bwd_v12, attn_flash_fwd_v8, attn_flash_fwd_v12
 from .attn_flash_v13 import attn_flash_bwd_v13, attn_flash_bwd_v14, attn_flash_fwd_v13, attn_flash_fwd_v14
 from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv
 from .dropout import dropout_factor, key_value, mask_args
@@ -326,40 +323,6 @@ def attn_flash_bwd_v1(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
 
 
-# The versions (v1 above; the others imported at the top):
-# v2: the same three kernels with their products on tensor cores (kernels/attn_flash_mma.py)
-# v3: v2 with the next tiles loading during the products, the own tile split once (kernels/attn_flash_v3.py)
-# v4: v3 with the own tiles' values in one plane, split as read: larger tiles fit (same file)
-# v5: v3 with matmul v7's split (the small parts truncated by the tensor core) (same file)
-# v6: v5 with swizzled inner tiles: no bank conflicts in either way they are read (same file)
-# v7: v5 with indices the compiler knows are >= 0 (no code for negative indices); v8: v7 with the
-#     longest tiles of every head first (same file)
-# v9: (the backward only; v8's forward) D = dy . y worked out in the dq kernel (no rowdot launch)
-# v10: (the backward only) v9 with dy and y read 128 bits at a time for D (same file)
-# v11: v8's forward and v10's backward with bf16 products (mma.sync m16n8k16, inputs rounded as read,
-#     the forward's softmax in base 2); v12: the same in fp16 (the 16-bit pieces: kernels/attn_flash_lowp.py;
-#     the launchers: attn_flash_v3.py). Forward and backward share the number (there is no forward v9
-#     or v10: those versions changed the backward only)
-# v13: v11's math (bf16 products) with bf16 tiles read by ldmatrix, p~ f and ds kept in registers as the
-#     next product's A operand, 4 warps a block, one barrier a tile (kernels/attn_flash_v13.py)
-# v14: v13 writing y's bf16 copy (y16) and dq, dk, dv in bf16 where given uint16 buffers (same file)
-VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
-                               5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6, 7: attn_flash_fwd_v7,
-                               8: attn_flash_fwd_v8, 11: attn_flash_fwd_v11, 12: attn_flash_fwd_v12,
-                               13: attn_flash_fwd_v13, 14: attn_flash_fwd_v14},
-            "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
-                               5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6, 7: attn_flash_bwd_v7,
-                               8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_v10,
-                               11: attn_flash_bwd_v11, 12: attn_flash_bwd_v12, 13: attn_flash_bwd_v13,
-                               14: attn_flash_bwd_v14}}
-attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v8, attn_flash_bwd_v10         # what the engine uses
+attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v8, attn_flash_bwd_v10   # the fp32 recipe's (andrea_numba/recipes.py names every recipe's)
 
 
-def flash_pair(version: int):
-    """(forward, backward) launchers of flash attention `version`: the backward of that number and
-    the latest forward up to it whose products have the same precision (`.precision`: none is fp32).
-    v9 and v10 change the backward only and run v8's forward; v11 (bf16) and v12 (fp16) are pairs."""
-    precision = getattr(VERSIONS["attn_flash_bwd"][version], "precision", None)
-    fwd = max(v for v, f in VERSIONS["attn_flash_fwd"].items()
-              if v <= version and getattr(f, "precision", None) == precision)
-    return VERSIONS["attn_flash_fwd"][fwd], VERSIONS["attn_flash_bwd"][version]

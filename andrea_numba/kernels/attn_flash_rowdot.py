@@ -3,7 +3,7 @@
     D[b, h, t] = sum_d dy[b, t, h hs + d] y[b, t, h hs + d]        (= sum_u P[t, u] datt[t, u])
 
 One kernel, k_attn_flash_bwd_rowdot_v1, a thread per (b, h, t), launched before the dq and dk/dv
-kernels by the backward of flash attention v1 (attn_flash.py), v2 (attn_flash_mma.py) and v3 to v8
+kernels by the backward of flash attention v1 (attn_flash.py), v2 (lab/attn_flash_mma.py) and v3 to v8
 (attn_flash_v3.py); from v9 on the dq kernel works D out itself, in the same order (the same bits).
 It sits below those modules, which all import it. NumPy twin: reference/attn.py (attn_flash_bwd).
 """

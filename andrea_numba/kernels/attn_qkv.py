@@ -18,7 +18,8 @@ from numba import cuda, float32
 
 from .common import blocks
 from .operands import HELD
-from .matmul import ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, HALF_OP_TILES, KMAJOR_TILES, SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve
+from .matmul import (ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, KMAJOR_TILES, SIMT2_TILES,
+                     SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve)
 
 
 @functools.cache
@@ -94,10 +95,6 @@ def attn_qkv_bwd_v1(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, *, block
 # The weight gradients go through that matmul, one projection at a time, with split-K (work: its
 # float32 buffer): with K = N rows and only C x C outputs, split-K is what fills the GPU.
 
-# the backward's first (the engine's) tile is 128 x 64: at 12M the 64 x 64 tile took 0.86 ms
-# against 0.59 (H200, docs/kernels.md), at 120M 2.06 against 2.23
-BWD_TILES = dict(gpu=WARP_TILES["gpu"][:3], sim=WARP_TILES["sim"])      # (the 128 x 64 tile now leads WARP_TILES too)
-
 
 def _fwd_warp(kind, q, k, v, x, w_q, w_k, w_v, block, stream):
     N, C = q.shape
@@ -115,66 +112,6 @@ def _bwd_warp(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, bl
         WARP_MATMUL[kind](dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
-@blocks(**WARP_TILES)
-def attn_qkv_fwd_v2(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on SIMT warp tiles; block = (BM, BN, BK, WM, WN)."""
-    _fwd_warp("simt", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**BWD_TILES)
-def attn_qkv_bwd_v2(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on SIMT warp tiles, the weight gradients split over K into work."""
-    _bwd_warp("simt", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**WARP_TILES)
-def attn_qkv_fwd_v3(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on 3xTF32 tensor-core warp tiles."""
-    _fwd_warp("tf32x3", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**BWD_TILES)
-def attn_qkv_bwd_v3(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on 3xTF32 tensor-core warp tiles, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**SPLIT_TILES)
-def attn_qkv_fwd_v4(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on the split tiles of matmul v5 (3xTF32, parts made once, BK = 16)."""
-    _fwd_warp("tf32x3s", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**SPLIT_TILES)
-def attn_qkv_bwd_v4(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on the split tiles of matmul v5, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3s", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**KMAJOR_TILES)
-def attn_qkv_fwd_v5(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on the k-major tiles of matmul v6 (3xTF32, split as read, BK = 16)."""
-    _fwd_warp("tf32x3k", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**KMAJOR_TILES)
-def attn_qkv_bwd_v5(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on the k-major tiles of matmul v6, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3k", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**KMAJOR_TILES)
-def attn_qkv_fwd_v6(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v5 on the tiles of matmul v7 (the small parts truncated by the tensor core)."""
-    _fwd_warp("tf32x3t", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**KMAJOR_TILES)
-def attn_qkv_bwd_v6(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v5 on the tiles of matmul v7, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3t", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
 @blocks(**KMAJOR_TILES)
 def attn_qkv_fwd_v7(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8 (v6's bits)."""
@@ -185,36 +122,6 @@ def attn_qkv_fwd_v7(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
 def attn_qkv_bwd_v7(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
     _bwd_warp("tf32x3w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**SIMT2_TILES)
-def attn_qkv_fwd_v8(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on the SIMT tiles of matmul v9 (no tensor cores: fp32 multiply-adds, 128-bit shared reads)."""
-    _fwd_warp("simt2", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**SIMT2_TILES)
-def attn_qkv_bwd_v8(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v1 on the SIMT tiles of matmul v9, the weight gradients split over K into work."""
-    _bwd_warp("simt2", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
-# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
-# every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
-# harness to check them against the twin at that precision (check.py, low_precision_reference).
-@blocks(**KMAJOR_TILES)
-def attn_qkv_fwd_v9(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v7 with bf16 products (matmul v10's tiles)."""
-    _fwd_warp("bf16w", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**KMAJOR_TILES)
-def attn_qkv_bwd_v9(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v7's backward with bf16 products, the weight gradients split over K into work."""
-    _bwd_warp("bf16w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
-attn_qkv_fwd_v9.precision = attn_qkv_bwd_v9.precision = "bf16"
 
 
 # fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
@@ -231,23 +138,6 @@ def attn_qkv_bwd_v10(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *
 
 
 attn_qkv_fwd_v10.precision = attn_qkv_bwd_v10.precision = "fp16"
-
-# bf16 products on matmul v12's tiles (kernels/half_tile.py): each operand rounded to bf16 once, on
-# its way into shared memory, the fragments read with ldmatrix; the same kernels as v9 (same math,
-# other order of the sums).
-@blocks(**HALF_OP_TILES)
-def attn_qkv_fwd_v11(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v9 on matmul v12's tiles (bf16 shared tiles, ldmatrix)."""
-    _fwd_warp("bf16l", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**HALF_OP_TILES)
-def attn_qkv_bwd_v11(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v9's backward on matmul v12's tiles, the weight gradients split over K into work."""
-    _bwd_warp("bf16l", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
-attn_qkv_fwd_v11.precision = attn_qkv_bwd_v11.precision = "bf16"
 
 
 # bf16 products through matmul v13 (kernels/half_tile.py): each operand rounded once into a bf16
@@ -293,31 +183,6 @@ def _bwd_held(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, bl
         mm(dw, work, x, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW += x^T @ d
 
 
-@blocks(**RING_TILES)
-def attn_qkv_fwd_v13(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul v16 (v15's wgmma)."""
-    _fwd_chain("bf16r", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**RING_TILES)
-def attn_qkv_bwd_v13(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v12's six products through matmul v16: dx's three on v15 (wgmma), the weight gradients on v13;
-    dq, dk, dv each rounded to bf16 once (operands.HELD)."""
-    _bwd_held("bf16r", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**MN_TILES)
-def attn_qkv_fwd_v14(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """q, k, v: three products of matmul v17 (wgmma, W read N-major as stored)."""
-    _fwd_chain("bf16m", q, k, v, x, w_q, w_k, w_v, block, stream)
-
-
-@blocks(**MN_TILES)
-def attn_qkv_bwd_v14(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v13's backward with all six products on matmul v17."""
-    _bwd_held("bf16m", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
-
-
 # v15: v14 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
 @blocks(**TMA_OP_TILES)
 def attn_qkv_fwd_v15(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
@@ -331,14 +196,8 @@ def attn_qkv_bwd_v15(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *
     _bwd_held("bf16t", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
-attn_qkv_fwd_v13.precision = attn_qkv_bwd_v13.precision = "bf16"
 attn_qkv_fwd_v15.precision = attn_qkv_bwd_v15.precision = "bf16"
-attn_qkv_fwd_v14.precision = attn_qkv_bwd_v14.precision = "bf16"
 
 k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
 
-VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd_v1, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_v7,
-                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_v10, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_v12, 13: attn_qkv_fwd_v13, 14: attn_qkv_fwd_v14, 15: attn_qkv_fwd_v15},
-            "attn_qkv_bwd": {1: attn_qkv_bwd_v1, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_v7,
-                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_v10, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_v12, 13: attn_qkv_bwd_v13, 14: attn_qkv_bwd_v14, 15: attn_qkv_bwd_v15}}
-attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7          # what the engine uses
+attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7   # the fp32 recipe's (andrea_numba/recipes.py names every recipe's)

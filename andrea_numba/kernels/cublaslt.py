@@ -65,12 +65,6 @@ OPERAND_TYPE = {"fp32": "CUDA_R_32F", "bf16": "CUDA_R_16BF", "fp16": "CUDA_R_16F
 VERSION_OF = {"fp32": 20, "bf16": 21, "fp16": 22}   # matmul's version numbers of the library route
 
 
-def round_grid(R: int, C: int):
-    """operands.round_grid at this module's ROUND_THREADS and ROUND_GRID_THREADS (operands' own, unless
-    set here: the GPU's launch asked in the simulator)."""
-    return operands.round_grid(R, C, ROUND_THREADS, ROUND_GRID_THREADS)
-
-
 class LibraryUnavailable(ConfigError):
     """cuBLASLt cannot run here; str(err) is one line: why, and what to do."""
 
@@ -260,12 +254,6 @@ def _make_matmul(precision):
 
 
 MATMUL = {p: _make_matmul(p) for p in PRECISIONS}
-
-
-def matmul_versions() -> dict:
-    """{version: launcher} of the library route for matmul.VERSIONS: 20 (fp32), 21 (bf16), 22 (fp16),
-    where it can run (on a GPU with nvmath-python); none elsewhere (the simulator, CI)."""
-    return {} if unavailable() else {VERSION_OF[p]: MATMUL[p] for p in PRECISIONS}
 
 
 def linear_ops(precision: str, N: int, C: int, V: int):

@@ -116,5 +116,4 @@ def dropout_bwd_v1(dx, dout, dropout_p, dropout_key, *, block, stream=0):
     k_dropout_bwd_v1[cdiv(dout.shape[0], block), block, stream](dx, dout, *mask_args(dropout_p, dropout_key))
 
 
-VERSIONS = {"dropout_fwd": {1: dropout_fwd_v1}, "dropout_bwd": {1: dropout_bwd_v1}}
-dropout_fwd, dropout_bwd = dropout_fwd_v1, dropout_bwd_v1          # what the engine uses
+dropout_fwd, dropout_bwd = dropout_fwd_v1, dropout_bwd_v1   # the ones the engine runs

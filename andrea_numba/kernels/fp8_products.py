@@ -168,11 +168,6 @@ matmul_v24.blocks = ("cublasLt",)
 matmul_v24.precision = "fp8-all"
 
 
-def matmul_versions() -> dict:
-    """{24: matmul_v24} where FP8 products run (matmul.VERSIONS), none elsewhere."""
-    return {} if fp8_unavailable() else {24: matmul_v24}
-
-
 def operand_bytes(N: int, C: int) -> int:
     """The most bytes one FP8 operand of the linear layers' products takes, for N = B*T rows and
     width C: the largest of [N, 4C] as it lies and its transpose [4C, N], rows padded to 16 bytes."""

@@ -85,7 +85,8 @@ from numba import cuda, float32, int32
 
 from .common import SIMULATOR, address, nonneg
 from .operands import COPIES                        # the 16-bit copies' scratch (k_round_bf16_v2)
-from .ptx import CP_ASYNC_WAIT, bf16x2, cp_async16, cp_async_commit, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store2
+from .ptx import (CP_ASYNC_WAIT, bf16x2, cp_async16, cp_async_commit, ldmatrix_x4, ldmatrix_x4_trans,
+                  mma_bf16, store2)
 from .split_tile import chunk_fetcher
 from .tile_loop import WARP, add_fragment, make_load, make_pipeline
 from .warp_tile import fragment_tile

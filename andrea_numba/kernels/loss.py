@@ -134,88 +134,10 @@ def _bwd_warp(kind, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, bloc
     mm(dwte, work, dlogits, x, trans_a=True, accumulate=True, stream=stream)           # dwte += dlogits^T @ x
 
 
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v2(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v1 with the logits from matmul v3 (SIMT warp tiles); block: threads per row."""
-    _fwd_warp("simt", loss, losses, probs, x, wte, targets, block, stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v2(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v1 with its products from matmul v3, dwte split over K into work."""
-    _bwd_warp("simt", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
-
-
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v3(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v1 with the logits from matmul v4 (3xTF32 tensor cores)."""
-    _fwd_warp("tf32x3", loss, losses, probs, x, wte, targets, block, stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v3(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v1 with its products from matmul v4, dwte split over K into work."""
-    _bwd_warp("tf32x3", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
-
-
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v4(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v1 with the logits from matmul v5 (3xTF32 on split tiles)."""
-    _fwd_warp("tf32x3s", loss, losses, probs, x, wte, targets, block, stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v4(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v1 with its products from matmul v5, dwte split over K into work."""
-    _bwd_warp("tf32x3s", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
-
-
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v5(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v1 with the logits from matmul v6 (3xTF32 on k-major tiles split as read)."""
-    _fwd_warp("tf32x3k", loss, losses, probs, x, wte, targets, block, stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v5(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v1 with its products from matmul v6, dwte split over K into work."""
-    _bwd_warp("tf32x3k", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
-
-
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v6(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v1 with the logits from matmul v7 (v6 with the small parts truncated by the tensor core)."""
-    _fwd_warp("tf32x3t", loss, losses, probs, x, wte, targets, block, stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v6(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v1 with its products from matmul v7, dwte split over K into work."""
-    _bwd_warp("tf32x3t", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
-
-
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v7(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v1 with the logits from matmul v8 (v7 on swizzled tiles)."""
-    _fwd_warp("tf32x3w", loss, losses, probs, x, wte, targets, block, stream)
-
-
 @blocks(gpu=(256, 1024), sim=(4, 2))
 def loss_bwd_v7(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
     """v1 with its products from matmul v8, dwte split over K into work."""
     _bwd_warp("tf32x3w", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
-
-
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v8(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v1 with the logits from matmul v9 (SIMT products on k-major tiles, 128-bit shared reads)."""
-    _fwd_warp("simt2", loss, losses, probs, x, wte, targets, block, stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v8(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v1 with its products from matmul v9, dwte split over K into work."""
-    _bwd_warp("simt2", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 
 # v9: v7 with the softmax's block no wider than its row needs. k_loss_fwd_v1 runs a block per row
@@ -238,25 +160,6 @@ def loss_fwd_v9(loss, losses, probs, x, wte, targets, *, block, stream=0):
     _fwd_warp("tf32x3w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
-# bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
-# every product's inputs rounded to bf16 as its fragments are read, fp32 sums. .precision tells the
-# harness to check them against the twin at that precision (check.py, low_precision_reference).
-# The loss forward's bf16 version is v10 (v9's softmax rows), the backward's v9 (v7's form).
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v10(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v9 with the logits from bf16 products (matmul v10); the softmax and the loss in fp32."""
-    _fwd_warp("bf16w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v9(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v7 with bf16 products (matmul v10), dwte split over K into work."""
-    _bwd_warp("bf16w", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
-
-
-loss_fwd_v10.precision = loss_bwd_v9.precision = "bf16"
-
-
 # fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd_v11(loss, losses, probs, x, wte, targets, *, block, stream=0):
@@ -271,22 +174,6 @@ def loss_bwd_v10(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, bloc
 
 
 loss_fwd_v11.precision = loss_bwd_v10.precision = "fp16"
-
-
-# bf16 products on matmul v12's tiles (bf16 shared tiles read with ldmatrix; kernels/half_tile.py).
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v12(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v10 with the logits from matmul v12; the softmax and the loss in fp32."""
-    _fwd_warp("bf16l", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v11(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v9 with its products from matmul v12, dwte split over K into work."""
-    _bwd_warp("bf16l", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
-
-
-loss_fwd_v12.precision = loss_bwd_v11.precision = "bf16"
 
 
 # bf16 products through matmul v13 (bf16 copies, cp.async ring: kernels/half_tile.py)
@@ -371,20 +258,6 @@ def k_loss_fwd_v2(losses, probs, targets, wide):
         losses[row] = (math.log(se) + M) - picked
 
 
-def _fwd_two_pass(kind, loss, losses, probs, x, wte, targets, block, stream):
-    N, V = probs.shape
-    WARP_MATMUL[kind](probs, None, x, wte, trans_b=True, stream=stream)         # logits = x @ wte^T, into probs
-    k_loss_fwd_v2[N, row_threads(V, block), stream](losses, probs, targets, wide_rows(probs))
-    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
-
-
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v14(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """The logits from matmul v16 (bf16 products); the softmax in two passes over a row
-    (k_loss_fwd_v2, on v9's row_threads), the loss in fp32."""
-    _fwd_two_pass("bf16r", loss, losses, probs, x, wte, targets, block, stream)
-
-
 @cuda.jit(device=True, inline="always")
 def dlogits4(d_words, row, j, target, scale, p0, p1, p2, p3):
     """dlogits[row, j .. j + 3] from the probabilities p0 .. p3 there: 1 taken off at the target,
@@ -440,40 +313,6 @@ def _bwd_bf16(kind, dx, dwte, work, dloss, x, wte, probs, targets, block, stream
     mm = WARP_MATMUL[kind]
     mm(dx, None, d16, wte, stream=stream)                                       # dx = dlogits @ wte
     mm(dwte, work, d16, x, trans_a=True, accumulate=True, stream=stream)        # dwte += dlogits^T @ x
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v13(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """dlogits written as bf16 into the operand scratch (k_loss_bwd_v2; the fp32 dlogits buffer is
-    unused), then dx = dlogits @ wte and dwte += dlogits^T @ x (split over K into work) by matmul v16."""
-    _bwd_bf16("bf16r", dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
-
-
-# v15 forward, v14 backward: v14 and v13 with the products on matmul v17 (wgmma for all three, wte and
-# dlogits read as stored: no transposed copy of either).
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v15(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v14 with the logits from matmul v17."""
-    _fwd_two_pass("bf16m", loss, losses, probs, x, wte, targets, block, stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v14(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v13 with both products on matmul v17."""
-    _bwd_bf16("bf16m", dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
-
-
-# v16 forward, v15 backward: v15 and v14 with the products on matmul v18 (each at its own tile).
-@blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v16(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v15 with the logits from matmul v18."""
-    _fwd_two_pass("bf16t", loss, losses, probs, x, wte, targets, block, stream)
-
-
-@blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v15(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v14 with both products on matmul v18."""
-    _bwd_bf16("bf16t", dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
 
 
 # The sum of a softmax row: k_loss_fwd_v3 adds each e = exp(x - M) with _add, k_loss_fwd_v4 with
@@ -678,15 +517,4 @@ def loss_bwd_v16(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stat
 loss_fwd_v18.precision = loss_bwd_v16.precision = "bf16"
 
 
-
-loss_fwd_v14.precision = loss_bwd_v13.precision = "bf16"
-loss_fwd_v16.precision = loss_bwd_v15.precision = "bf16"
-loss_fwd_v15.precision = loss_bwd_v14.precision = "bf16"
-
-VERSIONS = {"loss_fwd": {1: loss_fwd_v1, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_v9,
-                         10: loss_fwd_v10, 11: loss_fwd_v11, 12: loss_fwd_v12, 13: loss_fwd_v13, 14: loss_fwd_v14, 15: loss_fwd_v15, 16: loss_fwd_v16, 17: loss_fwd_v17,
-                         18: loss_fwd_v18},
-            "loss_bwd": {1: loss_bwd_v1, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_v7, 8: loss_bwd_v8,
-                         9: loss_bwd_v9, 10: loss_bwd_v10, 11: loss_bwd_v11, 12: loss_bwd_v12, 13: loss_bwd_v13, 14: loss_bwd_v14, 15: loss_bwd_v15,
-                         16: loss_bwd_v16}}
-loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7          # what the engine uses
+loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7   # the fp32 recipe's (andrea_numba/recipes.py names every recipe's)

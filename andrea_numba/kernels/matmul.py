@@ -46,7 +46,7 @@ from .tma import TMAPS, map_fits
 from .warp_tile import make_epilogue, make_warp_tile, resolve
 from .wgmma_mn import make_mn_tile, mn_resolve
 from .wgmma_ring import make_ring_tile, ring_resolve
-from .wgmma_tile import make_wgmma_tile, wgmma_resolve
+from .wgmma_tile import make_wgmma_tile
 from .wgmma_tma import fixup_counters, tile_bytes, tma_kernel, units_grid
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
@@ -526,10 +526,6 @@ WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,    
                "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_v8,   # weight-gradient products
                "simt2": matmul_v9, "bf16w": matmul_v10, "f16w": matmul_v11}
 
-VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
-                       7: matmul_v7, 8: matmul_v8, 9: matmul_v9, 10: matmul_v10,
-                       11: matmul_v11}}
-
 
 # v12: bf16 products the way fast half-precision GEMMs do them (kernels/half_tile.py). The operands
 # stay fp32 in global memory; each block loads its next stage (BK = 32) into registers before the
@@ -544,9 +540,6 @@ VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5
 # of 128-byte rows).
 HALF_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32), (64, 64, 32, 32, 32)),
                   sim=((32, 32, 32, 32, 32), (64, 16, 32, 32, 16)))
-# the linear ops on v12's tiles (attn_qkv, attn_out v11, mlp v15): in the simulator two tiles of one
-# warp (matmul v12's rows check the two-warp tile and its swizzle of 128-byte rows)
-HALF_OP_TILES = dict(gpu=HALF_TILES["gpu"], sim=(HALF_TILES["sim"][0], (32, 16, 32, 32, 16)))
 
 
 @blocks(**HALF_TILES)
@@ -559,7 +552,6 @@ def matmul_v12(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 matmul_v12.precision = "bf16"
 WARP_KERNELS["bf16l"] = (12, "bf16 tensor cores on bf16 shared tiles (rounded once) read by ldmatrix")
 WARP_MATMUL["bf16l"] = matmul_v12
-VERSIONS["matmul"][12] = matmul_v12
 
 
 # v13: v12's tiles fed by cp.async (kernels/half_tile.py, "matmul v13"). Each operand is first
@@ -607,25 +599,8 @@ WARP_KERNELS["bf16a"] = (13, "bf16 tensor cores on bf16 copies, copied to a ring
 # the fp32 operands) have no v13 form, since its tile functions take the bf16 copies that only its
 # launcher makes: their v13 versions chain matmul_v13 calls instead.
 WARP_MATMUL["bf16a"] = matmul_v13
-VERSIONS["matmul"][13] = matmul_v13
 # the linear ops on v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12): v13's tiles
 ASYNC_OP_TILES = ASYNC_TILES
-
-
-# v14: bf16 products on Hopper's warpgroup instruction wgmma.mma_async (kernels/wgmma_tile.py). v13's
-# bf16 copies, cp.async ring and swizzled shared tiles, but the stage is two wgmma m64n128k16 a
-# warpgroup (two warpgroups, 256 threads, a 128 x 128 tile), reading A and B straight from shared
-# memory through descriptors (the 64-byte swizzle of v13's k-inner tiles is wgmma's mode 2): no
-# ldmatrix, no fragment registers. wgmma reads the tiles K-major, so both copies are made K-major,
-# the a @ b^T form: a16 [M, K], b16 [N, K]; an operand stored with k down its columns (b of x @ W,
-# a^T of a weight gradient) is rounded into a transposed copy (operands.k_round_bf16_t_v1, a 32 x 32
-# tile transpose through shared memory). Same math as v13 (inputs rounded to bf16 ties to even,
-# exact products, fp32 sums), another order of the sums inside the tensor core: other bits than
-# v13, the same at every run. Tiles (BM, BN, 32, 64, BN[, STAGES]): 128 x 128 of 2 warpgroups with
-# 3 stages (48 KiB) and 64 x 128 of one with 4 (48 KiB); in the simulator one warpgroup of 64 x 16
-# (3 stages) and of 64 x 8 (4 stages: wait_group 2).
-WGMMA_TILES = dict(gpu=((128, 128, 32, 64, 128), (64, 128, 32, 64, 128, 4)),
-                   sim=((64, 16, 32, 64, 16), (64, 8, 32, 64, 8, 4)))
 
 
 def wgmma_copies(a, b, trans_a, trans_b, stream=0):
@@ -637,15 +612,6 @@ def wgmma_copies(a, b, trans_a, trans_b, stream=0):
     M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
     N = b.shape[0] if trans_b else b.shape[1]
     return a16.reshape(M, K), b16.reshape(N, K)
-
-
-@blocks(**WGMMA_TILES)
-def matmul_v14(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """bf16 products on wgmma (sm_90a) from K-major bf16 copies of the operands (rounded once, ties
-    to even; transposed where stored the other way) copied to shared memory by cp.async through a
-    ring of stages; block = (BM, BN, 32, 64, BN[, STAGES]); work: the split-K buffer (or None). The
-    copies live in operands.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
-    _wgmma_matmul(wgmma_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 def _wgmma_matmul(resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream, as_stored=False):
@@ -680,9 +646,7 @@ def _wgmma_matmul(resolve, out, work, a, b, trans_a, trans_b, accumulate, block,
         splitk_sum(out, part, accumulate, stream, version=2)
 
 
-matmul_v14.precision = "bf16"
 WARP_KERNELS["bf16g"] = (14, "bf16 wgmma (Hopper warpgroup products) on K-major bf16 copies, a cp.async ring")
-VERSIONS["matmul"][14] = matmul_v14          # not in WARP_MATMUL: the linear ops stay on v13 for now
 
 # v15: v14 with one wgmma group kept in flight and a deeper ring (kernels/wgmma_ring.py). A warpgroup
 # waits for step s - 1's wgmmas (wait_group 1) instead of step s's, so the tensor cores keep working
@@ -737,7 +701,6 @@ def matmul_v15(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 matmul_v15.precision = "bf16"
 WARP_KERNELS["bf16h"] = (15, "bf16 wgmma with a group in flight, a deeper cp.async ring in dynamic shared memory")
-VERSIONS["matmul"][15] = matmul_v15          # not in WARP_MATMUL, as v14
 
 # v16: v15 where it needs no transposed copy of an activation, v13 where it would. v15 reads both
 # operands K-major, so a weight gradient (dW += x^T @ dy: x and dy stored with M and N along their
@@ -760,9 +723,8 @@ def matmul_v16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 matmul_v16.precision = "bf16"
 WARP_KERNELS["bf16r"] = (16, "v15 (wgmma) for a @ b and a @ b^T, v13 for the weight gradients a^T @ b")
 WARP_MATMUL["bf16r"] = matmul_v16
-VERSIONS["matmul"][16] = matmul_v16
 
-matmul = matmul_v2        # what the engine uses
+matmul = matmul_v2        # a plain tiled product; the engine's products run inside its linear ops (recipes.py)
 
 # v20-v22 and v24 are not rungs of the ladder but the library beside it: the same products through
 # cuBLASLt in fp32, bf16 and fp16 (kernels/cublaslt.py), and its FP8 E4M3 products with each operand
@@ -806,7 +768,6 @@ def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 matmul_v17.precision = "bf16"
 WARP_KERNELS["bf16m"] = (17, "bf16 wgmma on the bf16 copies as stored: MN-major stages read through the transpose bits")
-VERSIONS["matmul"][17] = matmul_v17
 WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the linear ops on v17 alone
 
 
@@ -920,14 +881,6 @@ def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, ep
         splitk_sum(out, part, accumulate, stream, version=2)
 
 
-def tma_fits(a, b) -> bool:
-    """Whether matmul v18 runs a product of a and b itself: each a 2-D array with rows of a multiple
-    of 8 values (a float32 operand is copied into an aligned slot of COPIES with its rows packed), a
-    uint16 one (read where it is) also a tensor map's alignment (tma.map_fits); else v18 hands the
-    product to v17."""
-    return all(x.ndim == 2 and x.shape[1] % 8 == 0 and (x.dtype != "uint16" or map_fits(x)) for x in (a, b))
-
-
 # the linear ops on v18 (attn_qkv, attn_out v15, mlp v19, v20): a tile per product ("auto", what the
 # engine runs), and every product at one fixed tile besides, so the harness checks two
 TMA_OP_TILES = dict(gpu=(TMA_AUTO, TMA_TILES["gpu"][1]), sim=(TMA_AUTO, TMA_TILES["sim"][1]))
@@ -939,50 +892,9 @@ def sm_count() -> int:
 
 
 matmul_v18.precision = "bf16"
-VERSIONS["matmul"][18] = matmul_v18
 WARP_MATMUL["bf16t"] = matmul_v18            # products "bf16t" (gpu_model): the linear ops on v18
 
 
-# v19: v18 whose kernel adds its split-K slices itself (wgmma_tma.py, point 6): the last warp of the S
-# slices of a tile's cells sums them in k_splitk_sum_v2's order, so v18's bits without the second
-# launch and its pass over memory (the sums took 0.93 ms of the 120M bf16 step). Measured on the
-# H200: v18's bits in whole 120M and 12M steps, but the split products took 173 us against
-# 23: the summing warp's scalar loads, one slice after another, wait on L2 S x 128 times a thread.
-# A rung that lost (docs/precision.md); batching those loads is its next step.
-@blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
-def matmul_v19(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """matmul v18 with the split-K slices added in the product's own kernel (SplitKCounts)."""
-    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=1)
-
-
-matmul_v19.precision = "bf16"
-VERSIONS["matmul"][19] = matmul_v19
 # (bench/step_time.py --tma-matmul 19 times v19 inside the whole model: tma_matmul below.)
 
 
-@contextlib.contextmanager
-def tma_matmul(version: int):
-    """Benchmarks only: inside, the products of the kinds on TMA (bf16t, bf16s, bf16o: WARP_MATMUL["bf16t"],
-    which their ops call at each product) run matmul `version` (18, 19, 23), for a rung of the split-K
-    fixup timed and checked inside the whole model without a products kind of its own; after, the
-    engine's again."""
-    assert version in (18, 19, 23), f"matmul v{version} is not a TMA version (18, 19, 23)"
-    old, WARP_MATMUL["bf16t"] = WARP_MATMUL["bf16t"], VERSIONS["matmul"][version]
-    try:
-        yield
-    finally:
-        WARP_MATMUL["bf16t"] = old
-
-
-# v23 (20-22 are the library route's numbers, cublaslt.py): v19 with the in-kernel sums' loads batched
-# (wgmma_tma.py, point 6: sum_slices_batched, up to 8 slices of 2 accumulator pairs in flight before
-# the adds, in the same order): v18's bits. Its time on a GPU is not measured yet; the simulator
-# checks its bits (tests/test_matmul_v19.py), and bench/gpu_profile.sh times it beside v18 and v19.
-@blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
-def matmul_v23(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """matmul v19 with the split-K slices' loads batched before their adds."""
-    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=2)
-
-
-matmul_v23.precision = "bf16"
-VERSIONS["matmul"][23] = matmul_v23

@@ -65,11 +65,6 @@ from .tile_loop import WARP, add_fragment, make_pipeline
 BK_SPLIT = 16          # values of k per stage: two k-steps of 8, a 4-float run per lane and row
 
 
-def split_bytes(BM: int, BN: int) -> int:
-    """Shared memory of a split tile: 2 stages x 2 planes x (BM + BN) rows x 16 floats."""
-    return 4 * 2 * 2 * (BM + BN) * BK_SPLIT
-
-
 @cuda.jit(device=True)
 def split(x):
     """x = big + small (+ about 2^-22 x): big = tf32(x), small = tf32(x - big)."""

@@ -207,16 +207,6 @@ def kmajor_offset(r, k, rows, swizzle, lbo=128, sbo=None):
     return swizzle_address(lin, swizzle)
 
 
-def kmajor_step_offset(step, rows, swizzle, lbo=128):
-    """Byte offset of the k16 step `step` (k = 16 step ..) of a tile laid out by kmajor_offset:
-    the start address of that step's descriptor, relative to the tile's start."""
-    if swizzle == SWIZZLE_NONE:
-        return step * 2 * lbo                            # two core matrices along K a step
-    w = SWIZZLE_BYTES[swizzle]
-    k0 = 16 * step
-    return (k0 // (w // 2)) * (rows * w) + (k0 % (w // 2)) * 2   # unswizzled: the hardware XORs
-
-
 def kmajor_read_addresses(desc, rows):
     """[rows, 16] byte addresses the hardware reads one k16 bf16 operand from, as the PTX ISA
     describes the descriptor (K-major): element (r, k) at

@@ -245,12 +245,6 @@ def make_wgmma_pipeline(BM, BN, THREADS, stages, vec):
     return tile_mma
 
 
-def wgmma_resolve(block, a16, b16):
-    """The full tile of a v14 launch: ("bf16g", BM, BN, BK, WM, WN, vec, STAGES); vec when both
-    K-major copies' rows are whole 16-byte chunks (half_tile.async_resolve's rule)."""
-    return ("bf16g", *async_resolve(block, a16, b16)[1:])
-
-
 @functools.cache
 def make_wgmma_tile(tile):
     """Everything a kernel needs for one v14 tile, the names of make_async_tile, with only the

@@ -95,7 +95,8 @@ import numpy as np
 from numba import cuda, float32, int64
 
 from .common import SIMULATOR, cdiv
-from .tma import mbar_arrive, mbar_expect_tx, mbar_fence_init, mbar_init, mbar_try_wait, tma_load_2d, fence_tensormap
+from .tma import (mbar_arrive, mbar_expect_tx, mbar_fence_init, mbar_init, mbar_try_wait, tma_load_2d,
+                  fence_tensormap)
 from .wgmma import (shared_address, smem_desc, wgmma_acc_zeros, wgmma_commit, wgmma_fence, wgmma_keep, wgmma_wait0,
                     wgmma_wait1)
 from .tile_loop import WARP

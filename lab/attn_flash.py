@@ -1,0 +1,44 @@
+"""The lab's rungs of andrea_numba/kernels/attn_flash.py: every numbered version the engine does not run,
+beside the engine's own (imported from the engine module), and the VERSIONS table of the ladder.
+"""
+from andrea_numba.kernels.attn_flash import *  # noqa: F401,F403  (the engine's rungs and helpers)
+from lab.attn_flash_mma import attn_flash_bwd_v2, attn_flash_fwd_v2
+from lab.attn_flash_v3 import attn_flash_bwd_v11, attn_flash_bwd_v3, attn_flash_bwd_v4, attn_flash_bwd_v5, attn_flash_bwd_v6, attn_flash_bwd_v7, attn_flash_bwd_v8, attn_flash_bwd_v9, attn_flash_fwd_v11, attn_flash_fwd_v3, attn_flash_fwd_v4, attn_flash_fwd_v5, attn_flash_fwd_v6, attn_flash_fwd_v7
+
+
+# The versions (v1 above; the others imported at the top):
+# v2: the same three kernels with their products on tensor cores (lab/attn_flash_mma.py)
+# v3: v2 with the next tiles loading during the products, the own tile split once (kernels/attn_flash_v3.py)
+# v4: v3 with the own tiles' values in one plane, split as read: larger tiles fit (same file)
+# v5: v3 with matmul v7's split (the small parts truncated by the tensor core) (same file)
+# v6: v5 with swizzled inner tiles: no bank conflicts in either way they are read (same file)
+# v7: v5 with indices the compiler knows are >= 0 (no code for negative indices); v8: v7 with the
+#     longest tiles of every head first (same file)
+# v9: (the backward only; v8's forward) D = dy . y worked out in the dq kernel (no rowdot launch)
+# v10: (the backward only) v9 with dy and y read 128 bits at a time for D (same file)
+# v11: v8's forward and v10's backward with bf16 products (mma.sync m16n8k16, inputs rounded as read,
+#     the forward's softmax in base 2); v12: the same in fp16 (the 16-bit pieces: kernels/attn_flash_lowp.py;
+#     the launchers: attn_flash_v3.py). Forward and backward share the number (there is no forward v9
+#     or v10: those versions changed the backward only)
+# v13: v11's math (bf16 products) with bf16 tiles read by ldmatrix, p~ f and ds kept in registers as the
+#     next product's A operand, 4 warps a block, one barrier a tile (kernels/attn_flash_v13.py)
+# v14: v13 writing y's bf16 copy (y16) and dq, dk, dv in bf16 where given uint16 buffers (same file)
+VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
+                               5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6, 7: attn_flash_fwd_v7,
+                               8: attn_flash_fwd_v8, 11: attn_flash_fwd_v11, 12: attn_flash_fwd_v12,
+                               13: attn_flash_fwd_v13, 14: attn_flash_fwd_v14},
+            "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
+                               5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6, 7: attn_flash_bwd_v7,
+                               8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_v10,
+                               11: attn_flash_bwd_v11, 12: attn_flash_bwd_v12, 13: attn_flash_bwd_v13,
+                               14: attn_flash_bwd_v14}}
+
+
+def flash_pair(version: int):
+    """(forward, backward) launchers of flash attention `version`: the backward of that number and
+    the latest forward up to it whose products have the same precision (`.precision`: none is fp32).
+    v9 and v10 change the backward only and run v8's forward; v11 (bf16) and v12 (fp16) are pairs."""
+    precision = getattr(VERSIONS["attn_flash_bwd"][version], "precision", None)
+    fwd = max(v for v, f in VERSIONS["attn_flash_fwd"].items()
+              if v <= version and getattr(f, "precision", None) == precision)
+    return VERSIONS["attn_flash_fwd"][fwd], VERSIONS["attn_flash_bwd"][version]
