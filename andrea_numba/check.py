@@ -60,7 +60,7 @@ MODEL_DROPOUT = 0.1         # the whole-model check is a training forward: dropo
 # landed 3.4% of its scale from the twin (2026-12-02, d h2.attn.w_q at 12M): the underflow that loss
 # scaling exists to prevent (lesson 10), not a wrong kernel. It keeps bf16's allowance.
 MODEL_TOLS = {"fp32": MODEL_TOL, "bf16": (1e-3, 2.0 ** -5), "fp16": (1e-3, 2.0 ** -5)}   # by the products' precision
-# FP8 (issue 12): the same effect with steps 16 times bf16's (E4M3's u = 2^-4): a = 2^-2 catches a
+# FP8: the same effect with steps 16 times bf16's (E4M3's u = 2^-4): a = 2^-2 catches a
 # wrong kernel (errors of the order of the values) and nothing finer; the op checks are the sharp ones.
 MODEL_TOLS.update({scope: (1e-3, 2.0 ** -2) for scope in FP8_SCOPES})
 # Once attention runs its products in bf16 too (flash v11, the engine's bf16), the gradients of W_Q
@@ -221,7 +221,7 @@ def reference_for(case, direction, dims, rng):
 # own sums, and still fails a bf16 kernel that rounds the normalised probabilities instead
 # (1.4e-3 to 4.3e-3).
 LOW_PRECISION_TOL = {"mlp": (1e-3, 2e-3), "loss": (1e-3, 2e-3), "attn_flash": (1e-3, 1e-3)}   # (rtol, a), by case
-# FP8 products (issue 12, kernels/fp8_products.py) against the twin at the same scope: both quantize
+# FP8 products (kernels/fp8_products.py) against the twin at the same scope: both quantize
 # the same fp32 inputs to the same bytes (reference.fp8.quantize_gpu), so a plain product differs by
 # its sums alone. Those are not fp32's: on the H200 (cuBLASLt 13.1, 2026-12-03) the FP8 products
 # landed 1.4e-4 to 3.8e-4 of the output's scale from float64 sums of the same bytes at K = 384 to
