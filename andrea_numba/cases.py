@@ -11,7 +11,7 @@ VERSIONS of every launcher), how to make random inputs at given sizes, the names
 outputs and the backward's outputs, which backward outputs the kernels add into (+=), the upstream
 gradients and which output each belongs to, and the kernels' work buffers. The agreement harness
 (check.py), the gradient checks (gradcheck.py), the exercise grader (exercises.py), lesson 03 and
-bench/kernels.py all read this table; none keeps a list of its own.
+lab/bench/kernels.py all read this table; none keeps a list of its own.
 
 Names are the contract. The twin's forward returns its outputs in the order of `fwd_out`, its
 backward in the order of `bwd_out`; a backward output is named "d" + the input it differentiates.

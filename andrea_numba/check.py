@@ -421,7 +421,7 @@ def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=Tru
 
 
 def launch_every_kernel():
-    """Launch every kernel the harness uses once (bench/ptxcheck.py compiles them this way)."""
+    """Launch every kernel the harness uses once (lab/bench/ptxcheck.py compiles them this way)."""
     run_checks("tiny", seed=0)
 
 

@@ -19,7 +19,7 @@ most of that in Numba's Python, which holds the GIL: threads would not help, pro
    numba's compile does after compiling): the first launch finds it compiled and only loads it.
 
 Same source, same argument types, same compiler: the same PTX as a launch in the run's process
-compiles (bench/compile_ahead_check.py compares them instruction by instruction; only generated
+compiles (lab/bench/compile_ahead_check.py compares them instruction by instruction; only generated
 symbol names and the order of declarations differ), so the same bits. A kernel that cannot be
 compiled ahead (a worker fails, a launch the recording did not see) is compiled on its first
 launch, as before. In the simulator nothing is compiled: this module does nothing there.

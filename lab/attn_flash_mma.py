@@ -46,7 +46,7 @@ FLASH_MMA_BLOCKS = dict(gpu=((2, 32), (1, 32), (2, 16)), sim=((1, 8), (2, 8)))
 
 
 # the forward alone fits 4 warps (64 query rows share each K and V tile) in 48 KiB at hs = 64;
-# declared so that the harness checks it and bench/kernels.py times it (not yet measured)
+# declared so that the harness checks it and lab/bench/kernels.py times it (not yet measured)
 FLASH_MMA_FWD_BLOCKS = dict(gpu=FLASH_MMA_BLOCKS["gpu"] + ((4, 32),), sim=FLASH_MMA_BLOCKS["sim"])
 
 

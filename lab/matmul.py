@@ -111,7 +111,7 @@ def tma_matmul(version: int):
 # v23 (20-22 are the library route's numbers, cublaslt.py): v19 with the in-kernel sums' loads batched
 # (wgmma_tma.py, point 6: sum_slices_batched, up to 8 slices of 2 accumulator pairs in flight before
 # the adds, in the same order): v18's bits. Its time on a GPU is not measured yet; the simulator
-# checks its bits (tests/test_matmul_v19.py), and bench/gpu_profile.sh times it beside v18 and v19.
+# checks its bits (tests/test_matmul_v19.py), and lab/bench/gpu_profile.sh times it beside v18 and v19.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v23(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """matmul v19 with the split-K slices' loads batched before their adds."""
@@ -125,7 +125,7 @@ VERSIONS["matmul"][23] = matmul_v23
 
 
 # matmul v20-v22 (cuBLASLt in fp32, bf16, fp16) and v24 (FP8) beside the ladder, where they can run
-# (a GPU with nvmath-python; FP8: Ada or Hopper): the harness checks them and bench/gemm.py times
+# (a GPU with nvmath-python; FP8: Ada or Hopper): the harness checks them and lab/bench/gemm.py times
 # them as it does our kernels.
 VERSIONS["matmul"].update(library_versions())
 VERSIONS["matmul"].update(fp8_versions())

@@ -304,7 +304,7 @@ C.say(f"""
 within fp32 rounding: {bool(np.abs(Dw - Aw.astype(np.float64) @ Bw).max() <= 1e-6 * np.abs(Aw.astype(np.float64) @ Bw).max())}. Each warp owns 16 rows of D and holds them as an
     mma.sync m16n8 fragment once per 8 columns: thread 37 (warp 1, g = 1, t = 1) holds D{list(zip(rows_w[37].tolist(), cols_w[37].tolist()))}.
     This is NumPy's model of the instruction (wgmma.wgmma_warpgroup); on the H200
-    (bench/wgmma_probe.py, 2026-12-02) the instruction itself gave the same A @ B for this layout and
+    (lab/bench/wgmma_probe.py, 2026-12-02) the instruction itself gave the same A @ B for this layout and
     13 others, swizzled ones included, to 5e-8-1.4e-7 of the scale. matmul v14 runs it from Numba:
     two warpgroups a 128 x 128 tile, the operands copied into shared memory by cp.async in v13's
     64-byte swizzle, which is one of wgmma's layouts (mode 2).
@@ -338,7 +338,7 @@ C.say(f"""
 {bool(np.abs(Dt - ref_t).max() <= 1e-6 * np.abs(ref_t).max())}). With the bit clear the same bytes are read as a K-major \
 tile: {np.abs(plain - ref_t).max() / np.abs(ref_t).max():.1e} of the scale off (right: \
 {bool(np.abs(plain - ref_t).max() <= 1e-6 * np.abs(ref_t).max())}).
-    On the H200 (bench/wgmma_probe.py, 2026-12-02) the instruction agreed with this model on 9
+    On the H200 (lab/bench/wgmma_probe.py, 2026-12-02) the instruction agreed with this model on 9
     MN-major layouts (A, B or both, with the 128-, 64- and 32-byte swizzles and without), and the
     controls (a bit clear, LBO and SBO swapped) failed as it predicts. matmul v17 reads every operand so:
     the 120M weight gradient dW_1 += x^T @ dh went from 105 TFLOP/s (v15, two transposed copies)

@@ -114,10 +114,10 @@ def test_twin_names_are_the_launcher_names():
 
 
 def test_bench_kernels_knows_the_work_of_every_launcher():
-    """bench/kernels.py's FLOP and byte table has a row for every launcher of every case."""
+    """lab/bench/kernels.py's FLOP and byte table has a row for every launcher of every case."""
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "bench" / "kernels.py"
+    path = Path(__file__).resolve().parents[1] / "lab" / "bench" / "kernels.py"
     spec = importlib.util.spec_from_file_location("bench_kernels", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -1,6 +1,6 @@
 """The file writer's rules (order, errors and lines reach the main thread) and compile-ahead's
 plumbing that runs without a GPU (worker count, the simulator's no-op, the recording of launches).
-The compiling itself needs a GPU: bench/compile_ahead_check.py checks it there."""
+The compiling itself needs a GPU: lab/bench/compile_ahead_check.py checks it there."""
 import threading
 import time
 

@@ -1,6 +1,6 @@
 """kernels/wgmma.py without a GPU: the descriptor bits, the swizzle, the accumulator fragment
 layout, and the NumPy twin of one warpgroup product reading A and B out of an image of shared
-memory in each canonical K-major layout (bench/wgmma_probe.py asks the H200 the same questions).
+memory in each canonical K-major layout (lab/bench/wgmma_probe.py asks the H200 the same questions).
 Plain NumPy: no simulated launch.
 """
 import importlib.util
@@ -187,7 +187,7 @@ def test_scale_d_chooses_between_overwrite_and_accumulate():
 
 
 def test_the_probe_variants_are_right_or_wrong_as_the_twin_says():
-    """bench/wgmma_probe.py's host side: every layout variant is A @ B through the twin, every
+    """lab/bench/wgmma_probe.py's host side: every layout variant is A @ B through the twin, every
     control is not, and each operand fits its region of the image."""
     spec = importlib.util.spec_from_file_location("wgmma_probe", ROOT / "bench" / "wgmma_probe.py")
     probe = importlib.util.module_from_spec(spec)

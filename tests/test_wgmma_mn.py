@@ -3,7 +3,7 @@ LBO and SBO for an MN-major operand, and the NumPy twin of wgmma reading M-major
 through the transpose bits, each swizzle and the plain interleave, against a plain product; then
 matmul v17's stage tiles (kernels/wgmma_mn.py): v13's copier places every element where
 mnmajor_offset says, and v17's descriptors read exactly the k16 steps of it. Plain NumPy: no
-simulated launch (bench/wgmma_probe.py's mn_* variants ask the H200 the same questions).
+simulated launch (lab/bench/wgmma_probe.py's mn_* variants ask the H200 the same questions).
 """
 import numpy as np
 import pytest

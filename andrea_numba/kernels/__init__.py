@@ -41,7 +41,7 @@ The conventions of every module (as llm.c's dev/cuda keeps them for every versio
   A launcher is a Python function named after its twin plus the rung (layernorm_bwd_v4) that picks
   grid and block and launches its kernels. The lab's VERSIONS = {"layernorm_bwd": {1: ..., 4: ...}}
   lists every rung; the harness (andrea_numba.check: the engine's; python -m lab.check: the whole
-  ladder), the tests and bench/kernels.py read them through the op cases of andrea_numba/cases.py.
+  ladder), the tests and lab/bench/kernels.py read them through the op cases of andrea_numba/cases.py.
 - Arguments: the outputs, then work buffers, then exactly the twin's arguments in the twin's order
   (llm.c's order: outputs, inputs, weights, sizes), then the keywords `block` and `stream`.
   `block` is what the launcher's docstring says (threads per block, a product's tile shape,
@@ -55,7 +55,7 @@ The conventions of every module (as llm.c's dev/cuda keeps them for every versio
 - Deterministic: no float atomics; every sum has a fixed order (a loop in one thread, or
   common.block_sum's tree). The same inputs and launch give bit-identical outputs.
 - Arithmetic stays in float32: scalars are passed as numpy.float32 and sizes are converted with
-  float32(n) before they meet a float (bench/ptxcheck.py counts float64 instructions).
+  float32(n) before they meet a float (lab/bench/ptxcheck.py counts float64 instructions).
 - Every launcher has GPU block sizes and smaller simulator ones, since the CUDA simulator runs each
   thread as a Python thread.
 """

@@ -200,7 +200,7 @@ class BlockDoesNotFit(ValueError):
 
 
 def blocks(gpu, sim):
-    """Declare the block sizes a launcher is checked (andrea_numba.check) and timed (bench/kernels.py)
+    """Declare the block sizes a launcher is checked (andrea_numba.check) and timed (lab/bench/kernels.py)
     at, on a GPU and in the simulator; the first is the one it uses when called without `block=`.
 
         @blocks(gpu=(256, 64, 1024), sim=(4, 2))
@@ -263,7 +263,7 @@ def device_name() -> str:
 
 def address(arr) -> int:
     """The address of arr's first element: a device array's (its __cuda_array_interface__), or a
-    NumPy array's (the simulator's arrays, bench/ptxcheck.py's host arrays)."""
+    NumPy array's (the simulator's arrays, lab/bench/ptxcheck.py's host arrays)."""
     face = getattr(arr, "__cuda_array_interface__", None) or arr.__array_interface__
     return int(face["data"][0])
 

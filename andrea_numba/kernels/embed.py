@@ -45,7 +45,7 @@ loads in flight. On the H200 v3's sums took 0.72 ms a call at 12M; the block of 
 token was the likely cause: its 256 threads for C = 384 channels walk 2,400 rows twice, 8 loads at
 a time. v4's block has a thread for every channel (C rounded up to a warp, at most `block`), so
 the run is walked once, 16 rows of loads ahead of their adds. The same sums in the same order:
-v2's bits. Measured on the H200 (bench/kernels.py embed, text-like ids, whole backward): 12M
+v2's bits. Measured on the H200 (lab/bench/kernels.py embed, text-like ids, whole backward): 12M
 v3 0.47 -> v4 0.24 ms; 120M (C = 768) 0.77 -> 0.54 ms with 512 threads, 0.65 ms with 768.
 
 v5 (the engine's), k_embed_bwd_sort_v3 + k_embed_bwd_v5: v4 with each block's binary searches done

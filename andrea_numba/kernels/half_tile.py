@@ -69,7 +69,7 @@ One stage (BK = 32 values of k) on its way, for each operand:
    acc (v10 added every 16 values of k; a chain of two inside the tensor core, not of all K:
    warp_tile.py measured a long chain drifting). Default tile 128 x 128 with 8 warps of 64 x 32:
    a warp issues 12 ldmatrix.x4 and 32 mma.sync a stage, each thread 4 + 4 ld.global.v4,
-   16 cvt.rn.bf16x2 and 8 st.shared.v2 (bench/ptxcheck.py --v12 counts them in the PTX).
+   16 cvt.rn.bf16x2 and 8 st.shared.v2 (lab/bench/ptxcheck.py --v12 counts them in the PTX).
 
 In the simulator (no ldmatrix, no mma.sync: warp instructions) the stage is a NumPy twin that
 runs the GPU's instructions for the whole warp from the same shared words: every lane's ldmatrix

@@ -252,7 +252,7 @@ k_matmul_v2 = _k_matmul_v2(matmul_v2.blocks[0], False, False)   # the default ti
 # (BM, BN, BK, WM, WN): 4 warps of 64 x 32 outputs (128 x 64 per block), 4 warps of 32 x 32
 # (64 x 64), 8 warps of 64 x 32 (128 x 128), and 64 x 64 with BK = 32 (half the barriers); in the
 # simulator, which pays per thread, one warp of 32 x 32 or two warps of 16 x 64 (few threads, many
-# outputs each). The engine's, first: on the H200 (bench/gemm.py --blocks, 2026-12-01) v4 was
+# outputs each). The engine's, first: on the H200 (lab/bench/gemm.py --blocks, 2026-12-01) v4 was
 # fastest with it for 8 of the 11 products timed, 5-17% ahead of 64 x 64 (the 120M logits: 14.8
 # against 17.3 ms), and at most 11% behind the best for the other three.
 WARP_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 32),
@@ -439,7 +439,7 @@ def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 # v6: v5's k-major tiles and k permutation with one shared plane of raw values, split into TF32
 # parts as each thread reads its fragments (split_tile.py, presplit=False). v5 halved the
 # arithmetic around the mma but doubled the shared-memory traffic, and shared memory was the
-# limit (bench/gemm_ablate.py on the H200: with no mma at all v5's kernel still took 66% of its
+# limit (lab/bench/gemm_ablate.py on the H200: with no mma at all v5's kernel still took 66% of its
 # time); v6 halves that traffic. Shared memory: 16 KiB for 128 x 64, 32 KiB for 128 x 128.
 KMAJOR_TILES = dict(gpu=((128, 64, 16, 64, 32), (128, 128, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 64)),
                     sim=SPLIT_TILES["sim"])
@@ -454,7 +454,7 @@ def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 # v7: v6 with a split of three instructions a value instead of five. v6 splits x into
 # big = tf32(x) (add half a TF32 unit, clear the low 13 bits) and small = tf32(x - big) (the same
 # two again). An mma.sync reads a TF32 operand from its top 19 bits only: measured on the H200
-# (bench/gemm_ablate.py --splits, 2026-12-01), handing it x - big with the half unit added gives
+# (lab/bench/gemm_ablate.py --splits, 2026-12-01), handing it x - big with the half unit added gives
 # v6's bits exactly. v7 hands it x - big as it is, and the tensor core truncates it: small then
 # keeps its 10 bits rounded toward zero instead of to nearest, an error below 2^-21 |x| where v6's
 # is below 2^-22 |x|, of either sign, next to the 2^-22 of the small * small product that 3xTF32
@@ -731,7 +731,7 @@ matmul = matmul_v2        # a plain tiled product; the engine's products run ins
 # quantized per tensor by our kernels first (kernels/fp8_products.py). Both modules sit above the
 # ops they wrap, so they are not imported here: kernels/__init__.py adds their versions to VERSIONS
 # where they can run (a GPU with nvmath-python; FP8: Ada or Hopper), so that the harness checks the
-# library as it checks our kernels and bench/gemm.py times it.
+# library as it checks our kernels and lab/bench/gemm.py times it.
 
 
 # =============================================================================================
@@ -895,6 +895,6 @@ matmul_v18.precision = "bf16"
 WARP_MATMUL["bf16t"] = matmul_v18            # products "bf16t" (gpu_model): the linear ops on v18
 
 
-# (bench/step_time.py --tma-matmul 19 times v19 inside the whole model: tma_matmul below.)
+# (lab/bench/step_time.py --tma-matmul 19 times v19 inside the whole model: tma_matmul below.)
 
 

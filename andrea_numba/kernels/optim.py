@@ -208,7 +208,7 @@ def _launch_hyper(kernel, grid, block, stream, params, grads, m, v, decay, hyper
 # a thread puts those waits one after the other. v3 reads g, m, v, p and the flag first, then
 # computes and stores, and launches a thread for every element (no cap): one wait an element,
 # all of a block's in flight together. The same float32 operations: v2's bits. Measured on the H200
-# (bench/kernels.py adamw_zero, block 256): 12M 0.68 -> 0.29 ms (0.54 -> 1.29 TB/s); 120M 6.31 -> 2.76 ms.
+# (lab/bench/kernels.py adamw_zero, block 256): 12M 0.68 -> 0.29 ms (0.54 -> 1.29 TB/s); 120M 6.31 -> 2.76 ms.
 @cuda.jit
 def k_adamw_v3(params, grads, m, v, decay, hyper, stats, beta1, beta2, one_m_beta1, one_m_beta2, eps,
                weight_decay):

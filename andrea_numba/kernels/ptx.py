@@ -86,7 +86,7 @@ if not SIMULATOR:
     def tf32_half_up(typingctx, x):
         """x's bit pattern plus half a TF32 unit (0x1000), the low 13 bits left as they are: the
         first half of tf32_round. An mma.sync reads a TF32 operand from its top 19 bits only, so
-        to the tensor core this value is tf32_round(x) (bench/tf32_check.py checks that on the
+        to the tensor core this value is tf32_round(x) (lab/bench/tf32_check.py checks that on the
         GPU, bit for bit), one instruction cheaper. Not a float to compute with.   PTX: add.s32"""
         if x != types.float32:
             return None

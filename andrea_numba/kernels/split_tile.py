@@ -43,7 +43,7 @@ Shared memory: 2 stages x 2 planes x (BM + BN) x 16 floats: 32 KiB for a 64 x 64
 
 v6 (presplit=False) keeps 2, 3 and 4 and undoes 1: shared memory holds one plane of the raw
 values, and each thread splits its fragment values right after its 128-bit read. Measured on the
-H200 (bench/gemm_ablate.py, 2026-12-01), v5 was no faster than v4: with its mma instructions
+H200 (lab/bench/gemm_ablate.py, 2026-12-01), v5 was no faster than v4: with its mma instructions
 removed, v5's kernel still took two thirds of its time, so the limit was the data movement
 (two planes written and read per stage, with 8 of 64 warps per SM), not the arithmetic that v5
 moved out. v6 moves half the bytes through shared memory for some more arithmetic, and ran the
@@ -82,7 +82,7 @@ def split_half(x):
 
 @cuda.jit(device=True)
 def split_trunc(x):
-    """For measuring only (bench/gemm_ablate.py): small = x - big as it is, which the tensor core
+    """For measuring only (lab/bench/gemm_ablate.py): small = x - big as it is, which the tensor core
     truncates to TF32 (round toward zero, not to nearest): three instructions, a little less accurate."""
     big = tf32_round(x)
     return big, x - big
@@ -286,7 +286,7 @@ def _stage_16(BM, BN, MI, NI, swizzle, fmt="bf16"):
 def _stage(BM, BN, MI, NI, products=3, presplit=True, split_mode="round", swizzle=False):
     """stage(acc, sa, sb, wm0, wn0, g, t): acc += this thread's share of the stage's product
     op(a)[tile rows, 16 k] @ op(b)[16 k, tile columns], from the split planes sa (2, BM, 16) and
-    sb (2, BN, 16). products: 3 (3xTF32); 1 and 0 are for measuring only (bench/gemm_ablate.py):
+    sb (2, BN, 16). products: 3 (3xTF32); 1 and 0 are for measuring only (lab/bench/gemm_ablate.py):
     big*big alone (TF32 accuracy), or no mma at all (a multiply-add keeps the reads alive).
     presplit=False: sa and sb hold one plane of raw values, split here as they are read, by
     SPLITS[split_mode]. swizzle: tile row r is at shared row phys(r) (v8)."""

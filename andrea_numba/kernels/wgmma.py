@@ -36,7 +36,7 @@ The instruction (bf16 in, fp32 sums, both operands K-major in shared memory):
 
 numba-cuda 0.30 compiles for "sm_90a" on a compute-capability-9.0 device (the "a": the
 architecture-specific features, wgmma among them; codegen._ensure_cc), and so does
-cuda.compile_ptx(..., cc=(9, 0, "a")) without a GPU (bench/wgmma_probe.py --ptx). With
+cuda.compile_ptx(..., cc=(9, 0, "a")) without a GPU (lab/bench/wgmma_probe.py --ptx). With
 cc=(9, 0) the PTX says ".target sm_90" and ptxas refuses every wgmma instruction in it.
 
 
@@ -145,7 +145,7 @@ nothing (fences, commit, wait) or raise (the product), and the whole-warpgroup p
 twin, wgmma_warpgroup, that reads A and B out of an image of shared memory through the descriptors
 exactly as the hardware is documented to (the addresses above, K-major or MN-major as the transpose
 bits say), so the layout arithmetic is tested without a GPU (tests/test_wgmma.py,
-tests/test_wgmma_mn.py) and bench/wgmma_probe.py checks it against the H200.
+tests/test_wgmma_mn.py) and lab/bench/wgmma_probe.py checks it against the H200.
 """
 import numpy as np
 

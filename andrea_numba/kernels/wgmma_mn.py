@@ -13,7 +13,7 @@ is bf16 already, uint16, is used where it is: half_tile.bf16_copies), fills each
 operand's own orientation, and tells wgmma which is which. Everything else is v15's: the ring of
 cp.async stages in dynamic shared memory, one wgmma group in flight, the accumulators, the
 epilogue, split-K. The sums are v15's, in v15's order: only the shared-memory layout differs, so
-v17 gives v15's bits (the simulator checks it; on the GPU the harness and bench/same_bits.py).
+v17 gives v15's bits (the simulator checks it; on the GPU the harness and lab/bench/same_bits.py).
 
 1. Which operand is read which way. out = op(a) @ op(b); matmul's trans flags say how a and b are
    stored, wgmma's immediates how its A and B lie in shared memory:
@@ -68,7 +68,7 @@ The simulator runs wgmma.py's twin, wgmma_warpgroup, on the shared array's bytes
 descriptors and the transpose bits (it reads an MN-major operand through mnmajor_read_addresses),
 so it checks the copier, the swizzle, the descriptors and the transpose bits against each other;
 what it cannot check is that the hardware reads MN-major tiles as the PTX ISA says, which
-bench/wgmma_probe.py's mn_* variants ask the H200.
+lab/bench/wgmma_probe.py's mn_* variants ask the H200.
 """
 import functools
 

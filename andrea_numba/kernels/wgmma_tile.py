@@ -43,7 +43,7 @@ accumulators live in registers, 64 fp32 a thread.
    SBO = 512: the next 8 rows (the next atom); LBO is unused for a swizzled K-major operand whose
    k16 step lies inside one row (16 bytes by CUTLASS's convention); ks moves the start by 32 bytes
    (16 bf16) inside the 64-byte row, unswizzled: the hardware XORs what it computes from it.
-   bench/wgmma_probe.py confirmed exactly these (mode 2, SBO 512, LBO 16, K = 16 and 64) on the H200.
+   lab/bench/wgmma_probe.py confirmed exactly these (mode 2, SBO 512, LBO 16, K = 16 and 64) on the H200.
 
 3. The accumulators (wgmma.py's docstring). Thread 32 w + 4 g + t of warpgroup wg (w = 0..3 its
    warp within the group, g = lane >> 2, t = lane & 3) holds d[4 j + 2 h + c] = out tile element

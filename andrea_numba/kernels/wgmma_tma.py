@@ -80,13 +80,13 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
    v19 and k_splitk_sum_v2: v18's bits. Not yet timed on a GPU.
 
 Same sums as v17 (inputs rounded to bf16 ties to even, exact products, wgmma's fp32 sums in the
-same k16 order within a stage, stages in order): v17's bits, at BN = 256 too (bench/v18_bits.py:
+same k16 order within a stage, stages in order): v17's bits, at BN = 256 too (lab/bench/v18_bits.py:
 identical in every form and tile on the H200, 2026-12-03).
 
 In the simulator the producer and the consumers are real threads of a real block: the mbarriers'
 twins make them wait on each other (tma.py), the boxes are copied by NumPy, the wgmmas run
 wgmma.py's twin. What the simulator cannot show is the speed, nor that the hardware's TMA and
-mbarriers do what the PTX ISA says (bench/gemm.py and the harness ask the H200).
+mbarriers do what the PTX ISA says (lab/bench/gemm.py and the harness ask the H200).
 """
 import functools
 import threading

@@ -1,4 +1,4 @@
-# Shared by the bench/gpu_*.sh scripts (sourced): the output folder, the scratch folder, the Python
+# Shared by the lab/bench/gpu_*.sh scripts (sourced): the output folder, the scratch folder, the Python
 # to run, the summary of a harness result file, the whole-model check, the harness on one op at both
 # sizes and the side-by-side of versions.
 #   OUT  the results, by default results/DATE-GPU-WHAT (results/2026-12-03-h200-fp8-step: WHAT is set by
@@ -39,15 +39,15 @@ check_op_sizes() {    # check_op_sizes DIR OP SEED [check flags...]: the harness
 }
 
 compare_versions() {  # compare_versions TAG OP SEED SECONDS "VERSIONS" STEP_FLAG "STEP_VALUES": versions of
-  # one op side by side: the harness at 12M and 120M (into $OUT/TAG/), bench/kernels.py's table and
+  # one op side by side: the harness at 12M and 120M (into $OUT/TAG/), lab/bench/kernels.py's table and
   # the step with STEP_FLAG STEP_VALUES (--mlp-version 9, --flash-version 3 5 6); SECONDS bounds
   # the table and the step (every file into $OUT/TAG/)
   local tag=$1 op=$2 seed=$3 t=$4 versions=$5 flag=$6 values=$7 size v vflags=()
   for v in $versions; do vflags+=(--version "$v"); done
   check_op_sizes "$OUT/$tag" "$op" "$seed" "${vflags[@]}"
-  timeout "$t" $py bench/kernels.py "$op" --sizes 12M,120M "${vflags[@]}" --markdown "$OUT/$tag/kernels.md" \
+  timeout "$t" $py lab/bench/kernels.py "$op" --sizes 12M,120M "${vflags[@]}" --markdown "$OUT/$tag/kernels.md" \
       > "$OUT/$tag/kernels.txt" 2>&1; echo "kernels $op exit $?"; grep "^|" "$OUT/$tag/kernels.md"
   # shellcheck disable=SC2086  (the values are words)
-  timeout "$t" $py bench/step_time.py --sizes 12M 120M $flag $values --json "$OUT/$tag/step.json" > "$OUT/$tag/step.txt" 2>&1
+  timeout "$t" $py lab/bench/step_time.py --sizes 12M 120M $flag $values --json "$OUT/$tag/step.json" > "$OUT/$tag/step.txt" 2>&1
   echo "step $flag $values exit $?"; grep -v '^{' "$OUT/$tag/step.txt"
 }

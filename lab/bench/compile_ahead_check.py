@@ -6,7 +6,7 @@ before its first step. Then, for every recorded kernel signature, it compiles th
 this process, as a launch would, and compares the two PTX texts: equal once the names the compiler
 makes up (mangled symbols, shared-memory arrays) and the order of the declarations are set aside.
 
-    python bench/compile_ahead_check.py --size 12M [--workers N] [--json FILE]
+    python lab/bench/compile_ahead_check.py --size 12M [--workers N] [--json FILE]
 
 Prints a table: kernel, seconds compiled in its worker, PTX instructions, same. Exit 0 when every
 signature was compiled ahead and every PTX matches.
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 NAMES = re.compile(r"_ZN[0-9A-Za-z_$]+")             # mangled names carry a per-process unique tag
 ARRAYS = re.compile(r"_cudapy_[sl]mem_[0-9]+")        # shared and local arrays, numbered in compile order
@@ -36,7 +36,7 @@ def canonical(ptx: str):
 
 def main(argv=None) -> int:
     from andrea_numba import cli
-    ap = cli.Parser(prog="python bench/compile_ahead_check.py", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python lab/bench/compile_ahead_check.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=cli.config, default="12M", help="tiny, 12M, 120M or a config file (default 12M)")
     ap.add_argument("--workers", type=cli.positive_int, help="worker processes (default: one per CPU, at most 16)")
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="also write every number to this file")
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     from andrea_numba.kernels.common import SIMULATOR, device_name
     from andrea_numba.precompile import compile_ahead, default_workers
     if SIMULATOR or not cuda.is_available():
-        cli.fail("bench/compile_ahead_check.py needs a CUDA GPU (the simulator compiles nothing)")
+        cli.fail("lab/bench/compile_ahead_check.py needs a CUDA GPU (the simulator compiles nothing)")
     try:
         cfg = load_config(args.size)
     except ConfigError as e:

@@ -5,12 +5,12 @@ simulator never compiles anything. This tool turns every kernel launch into a co
 it types the launch's arguments as a real launch would (numba.typeof) and runs Numba's CUDA
 compiler down to PTX. It needs NVVM (pip install numba-cuda[cu12]) but no driver and no GPU.
 
-    python bench/ptxcheck.py          # compiles every kernel the agreement harness launches
-    python bench/ptxcheck.py --v12    # matmul v12's kernels at each GPU tile: instruction counts,
+    python lab/bench/ptxcheck.py          # compiles every kernel the agreement harness launches
+    python lab/bench/ptxcheck.py --v12    # matmul v12's kernels at each GPU tile: instruction counts,
                                       # registers (with ptxas on the PATH), local memory
-    python bench/ptxcheck.py --v13    # the same for matmul v13 (cp.async ring): cp.async, commit,
+    python lab/bench/ptxcheck.py --v13    # the same for matmul v13 (cp.async ring): cp.async, commit,
                                       # wait_group, ldmatrix, mma, bar.sync in the K loop
-    python bench/ptxcheck.py --model bf16m   # one forward + backward of the 12M model with this
+    python lab/bench/ptxcheck.py --model bf16m   # one forward + backward of the 12M model with this
                                       # recipe (the engine's or a lab rung), every kernel it launches
                                       # compiled for sm_90a: what a GPU run would compile first
 
@@ -24,7 +24,7 @@ import types
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     sys.exit("ptxcheck compiles for a real GPU: run it without NUMBA_ENABLE_CUDASIM=1")
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout, as bench/gemm.py
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # the checkout, as lab/bench/gemm.py
 
 import numba.cuda.dispatcher as _dispatcher  # noqa: E402
 import numpy as np  # noqa: E402
@@ -201,7 +201,7 @@ def model_report(args):
     from lab.recipes import NAMES, get
     ours = [n for n in NAMES if get(n).library is None]
     if len(args) != 1 or args[0] not in ours:
-        sys.exit(f"bench/ptxcheck.py: --model takes one of the recipes of our kernels: {', '.join(ours)}")
+        sys.exit(f"lab/bench/ptxcheck.py: --model takes one of the recipes of our kernels: {', '.join(ours)}")
     global CC
     CC = (9, 0, "a")
     m = load_config("12M").model
@@ -226,7 +226,7 @@ def main():
         return
     unknown = sorted(set(args) - {"--v12", "--v13"})
     if unknown:
-        sys.exit(f"bench/ptxcheck.py: unknown argument {unknown[0]} (it takes --v12, --v13, --model KIND or "
+        sys.exit(f"lab/bench/ptxcheck.py: unknown argument {unknown[0]} (it takes --v12, --v13, --model KIND or "
                  f"nothing; --help)")
     if "--v12" in sys.argv[1:]:
         v12_report()

@@ -1,6 +1,6 @@
 """Does the layout of an operand in shared memory change matmul v18's speed? One product, four ways.
 
-    python bench/v18_layouts.py [--json FILE]
+    python lab/bench/v18_layouts.py [--json FILE]
 
 wgmma reads each operand from shared memory K-major (a row of the tile holds one m or n and its
 k values) or M/N-major (a row holds one k and 64 values of m or n: the transpose bits). v18 keeps
@@ -8,7 +8,7 @@ each operand as it is stored, so the forward products x @ W read W N-major and t
 gradients x^T @ dy read both operands M/N-major, while the logits x @ wte^T read both K-major;
 on the H200 the logits ran at 505 TFLOP/s and the 120M MLP's x @ W_1, the same K, at 382. This
 times the same product (bf16 operands already rounded, so only the kernel runs; CUDA graph
-replays as bench/gemm.py) with each operand in each orientation:
+replays as lab/bench/gemm.py) with each operand in each orientation:
 
     A K-major, B K-major     out = a @ b^T     a [M, K], b [N, K]
     A K-major, B N-major     out = a @ b       a [M, K], b [K, N]
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SHAPES = [("120M mlp x @ W_1", 8192, 3072, 768), ("120M dW_1 (K = tokens)", 768, 3072, 8192),
           ("square 4096", 4096, 4096, 4096)]

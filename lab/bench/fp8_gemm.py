@@ -1,9 +1,9 @@
 """FP8 products against bf16 ones, at the shapes of the linear layers: does E4M3 pay?
 
-    python bench/fp8_gemm.py [--json out.json]         (a GPU with FP8 tensor cores: Ada or Hopper)
+    python lab/bench/fp8_gemm.py [--json out.json]         (a GPU with FP8 tensor cores: Ada or Hopper)
 
 Each row is one product out[M, N] = op(a) @ op(b) as the engine calls it (a "+=" product timed
-without its accumulation), as CUDA graph replays (bench/gemm.py's timed_graph: the GPU's time, medians of 5) in these forms:
+without its accumulation), as CUDA graph replays (lab/bench/gemm.py's timed_graph: the GPU's time, medians of 5) in these forms:
     v18          our bf16 wgmma product (kernels/wgmma_tma.py), operands rounded to bf16 copies first
     v21          cuBLASLt bf16 (kernels/cublaslt.py): the bf16 copies, then the library's product
     v24          cuBLASLt E4M3 (kernels/fp8_products.py): each operand's amax, scale and bytes (three
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
 from bench import gemm  # noqa: E402
-from bench.gemm import timed_graph  # noqa: E402
+from lab.bench.gemm import timed_graph  # noqa: E402
 
-# the linear layers' products of bench/gemm.py (the classifier's stay bf16 at every FP8 scope), one
+# the linear layers' products of lab/bench/gemm.py (the classifier's stay bf16 at every FP8 scope), one
 # projection of 120M and a large square one
 SHAPES = [s for s in gemm.SHAPES if "wte" not in s[0]] + [
     ("120M x @ W_q", 8192, 768, 768, False, False, False),
@@ -70,7 +70,7 @@ def torch_times(M, N, K):
 
 
 def main(argv=None) -> int:
-    p = cli.Parser(prog="python bench/fp8_gemm.py", description=__doc__.splitlines()[0])
+    p = cli.Parser(prog="python lab/bench/fp8_gemm.py", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows as JSON")
     args = p.parse_args(argv)
     from numba import cuda

@@ -41,8 +41,8 @@ answer the JSON also holds sorted_err (small: right values in wrong places, i.e.
 read) and the raw registers. Each variant runs in its own process (a faulting wgmma would end the
 CUDA context for the rest): about 5 s a variant.
 
-    python bench/wgmma_probe.py --json out.json    # on the GPU: every variant, each in its own process
-    python bench/wgmma_probe.py --ptx ptx/         # anywhere: compile each kernel for sm_90a, run ptxas
+    python lab/bench/wgmma_probe.py --json out.json    # on the GPU: every variant, each in its own process
+    python lab/bench/wgmma_probe.py --ptx ptx/         # anywhere: compile each kernel for sm_90a, run ptxas
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
@@ -485,7 +485,7 @@ def ptx_only(out_dir: Path):
 
 
 def main(argv=None):
-    p = cli.Parser(prog="python bench/wgmma_probe.py", description=__doc__.splitlines()[0])
+    p = cli.Parser(prog="python lab/bench/wgmma_probe.py", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=cli.file_to_write(".json"), help="write every variant's results to this file")
     p.add_argument("--variant", choices=sorted(BY_NAME), help="run only this variant, in this process "
                    "(prints one result line; what the default mode runs in a child process)")
@@ -502,18 +502,18 @@ def main(argv=None):
 
     from andrea_numba.kernels.common import SIMULATOR
     if SIMULATOR:
-        cli.fail("bench/wgmma_probe.py compiles for a real GPU: run it without NUMBA_ENABLE_CUDASIM=1")
+        cli.fail("lab/bench/wgmma_probe.py compiles for a real GPU: run it without NUMBA_ENABLE_CUDASIM=1")
     if args.ptx:
         rows, ok = ptx_only(args.ptx)
         if args.json:
             args.json.write_text(json.dumps({"ptx_only": rows}, indent=1))
         sys.exit(0 if ok else 1)
     if not cuda.is_available():
-        cli.fail("bench/wgmma_probe.py needs an NVIDIA GPU of compute capability 9.0 (H100/H200): no CUDA GPU "
-                 "here (python bench/wgmma_probe.py --ptx DIR compiles without one)", code=1)
+        cli.fail("lab/bench/wgmma_probe.py needs an NVIDIA GPU of compute capability 9.0 (H100/H200): no CUDA GPU "
+                 "here (python lab/bench/wgmma_probe.py --ptx DIR compiles without one)", code=1)
     dev = cuda.get_current_device()
     if dev.compute_capability != (9, 0):
-        cli.fail(f"bench/wgmma_probe.py needs compute capability 9.0 (wgmma is sm_90a only); this GPU is "
+        cli.fail(f"lab/bench/wgmma_probe.py needs compute capability 9.0 (wgmma is sm_90a only); this GPU is "
                  f"{dev.name} with {dev.compute_capability}", code=1)
     if args.variant:
         row = run_variant(BY_NAME[args.variant], args.seed)

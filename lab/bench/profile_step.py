@@ -1,6 +1,6 @@
 """Where the time of one forward + backward goes, op by op, on the GPU.
 
-    python bench/profile_step.py --size 120M          # B x T from the config
+    python lab/bench/profile_step.py --size 120M          # B x T from the config
 
 Every launcher of the model's recipe (andrea_numba/recipes.py, or a lab rung: --recipe) and
 dropout's is wrapped with cuda.synchronize() before and after,
@@ -25,7 +25,7 @@ from lab.recipes import NAMES, get
 
 
 def main(argv=None):
-    ap = cli.Parser(prog="python bench/profile_step.py", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python lab/bench/profile_step.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=cli.config, default="120M")
     ap.add_argument("--iters", type=cli.int_range(1, 10_000), default=3)
     ap.add_argument("--recipe", choices=NAMES, default="fp32", help="the engine's recipe or a lab rung (default fp32)")

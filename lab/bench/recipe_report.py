@@ -1,7 +1,7 @@
 """The report of a training recipe: validation loss against steps and wall time, the time from
 launch to given validation losses, and the best one, for one or more run directories.
 
-    python bench/recipe_report.py RUN_DIR [RUN_DIR ...] --targets 1.50 1.47 --png curve.png --md table.md
+    python lab/bench/recipe_report.py RUN_DIR [RUN_DIR ...] --targets 1.50 1.47 --png curve.png --md table.md
 
 Wall time is the run's own clock: `elapsed_s` of each .loss.json record (seconds since launch,
 setup, evaluation and checkpoints included, summed over resumes).
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from andrea_numba.cli import Parser, positive_float  # noqa: E402
 from andrea_numba.runlog import read_loss, read_state  # noqa: E402
@@ -85,7 +85,7 @@ def plot(run_dirs, labels, targets, png):
 
 
 def main(argv=None) -> int:
-    ap = Parser(prog="python bench/recipe_report.py", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python lab/bench/recipe_report.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="run directories")
     ap.add_argument("--labels", nargs="+", help="a label per run (default: the directory names)")
     ap.add_argument("--targets", nargs="+", type=positive_float, default=[1.50, 1.47])

@@ -1,6 +1,6 @@
 """Does matmul v18 give matmul v17's bits on this GPU? A first look before the harness.
 
-    python bench/v18_bits.py [--json FILE]
+    python lab/bench/v18_bits.py [--json FILE]
 
 v18 (TMA, a producer warp, mbarriers, persistent blocks: kernels/wgmma_tma.py) adds the same
 products in the same order as v17 wherever its wgmma has v17's width (BN = 128), so its output
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # (label, M, N, K, trans_a, trans_b, accumulate, split-K work)
 CASES = [

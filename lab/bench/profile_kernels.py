@@ -1,8 +1,8 @@
 """The GPU time of every kernel of one forward + backward, measured by Nsight Compute, by op.
 
     ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \\
-        python bench/profile_kernels.py run --size 12M --log launches.json > ncu.csv
-    python bench/profile_kernels.py table --log launches.json --ncu ncu.csv --markdown profile.md
+        python lab/bench/profile_kernels.py run --size 12M --log launches.json > ncu.csv
+    python lab/bench/profile_kernels.py table --log launches.json --ncu ncu.csv --markdown profile.md
 
 `run` builds the engine's model (GPUModel, the config's B x T), runs one forward + backward to
 compile, then a second one between cuda.profile_start() and cuda.profile_stop(), so Nsight Compute
@@ -13,7 +13,7 @@ of its kernels against a replay of the captured step says how much of the step i
 kernel launch of that step is logged in order, with the launcher of andrea_numba that made it
 (the outermost engine function on the call stack), its grid and its block. `table` joins the log with Nsight Compute's CSV (the i-th profiled kernel is the
 i-th logged launch; their names are checked to match) and prints the GPU time by launcher and by
-kernel. Unlike bench/profile_step.py, which times each launcher from the CPU with a synchronise
+kernel. Unlike lab/bench/profile_step.py, which times each launcher from the CPU with a synchronise
 around it (so the 12M step's launch cost is inside its figures), these are the kernels' own
 durations: their sum is the step's GPU time with no launch gaps, what a CUDA graph replay can reach.
 """
@@ -26,7 +26,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
@@ -94,7 +94,7 @@ def run_train_step(args):
 def run(args):
     from andrea_numba.kernels.common import SIMULATOR
     if SIMULATOR:
-        cli.fail("bench/profile_kernels.py run times kernels on a GPU, with Nsight Compute (the simulator "
+        cli.fail("lab/bench/profile_kernels.py run times kernels on a GPU, with Nsight Compute (the simulator "
                  "logs no launches): run it on a machine with a CUDA GPU")
     if args.train_step:
         return run_train_step(args)
@@ -209,7 +209,7 @@ def main(argv=None):
     from andrea_numba.kernels import mlp
     from lab import mlp as lab_mlp
     from lab.recipes import NAMES
-    ap = cli.Parser(prog="python bench/profile_kernels.py", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python lab/bench/profile_kernels.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="one step between profile_start/stop, with its launches logged")
     r.add_argument("--size", type=cli.config, default="12M")

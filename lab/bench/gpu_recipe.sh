@@ -2,11 +2,11 @@
 # The Shakespeare recipe on a 2-GPU machine, in three steps that each fit a 10-minute command while
 # the trainers run on in their own process sessions (setsid) between them:
 #
-#   bash bench/gpu_recipe.sh start      # data; GPU 0: the recipe at 4,000 steps;
+#   bash lab/bench/gpu_recipe.sh start      # data; GPU 0: the recipe at 4,000 steps;
 #                                       # GPU 1: harness at 12M and 120M, a SIGTERM/resume check with
 #                                       # dropout, then the recipe at 3,000 steps
-#   bash bench/gpu_recipe.sh wait N     # print progress every 60 s for N seconds
-#   bash bench/gpu_recipe.sh collect    # wait for both GPUs, copy logs and plots to $OUT
+#   bash lab/bench/gpu_recipe.sh wait N     # print progress every 60 s for N seconds
+#   bash lab/bench/gpu_recipe.sh collect    # wait for both GPUs, copy logs and plots to $OUT
 #
 # Run with PYTHONPATH set up as the README says (the collect step samples from best.bin).
 # The corpus comes from `data download shakespeare` (or, without network, from .corpus/shakespeare.txt
@@ -88,17 +88,17 @@ collect)
     for run in full short; do
         [ -d $R/$run ] || continue
         mkdir -p "$S/$run"
-        cp $R/$run/.loss.json $R/$run/.state.json $R/$run/.samples.json "$S/$run/"   # bench/recipe_report.py reads these
+        cp $R/$run/.loss.json $R/$run/.state.json $R/$run/.samples.json "$S/$run/"   # lab/bench/recipe_report.py reads these
         cp $R/$run.log "$S/$run/train.log"
         $py -m andrea_numba.plot $R/$run --out "$S/$run/loss.png" > /dev/null 2>&1
         $py -m andrea_numba.sample $R/$run --best --prompt "ROMEO:" --tokens 300 --seed 1 > "$S/$run/sample_best.txt" 2>&1
     done
     cp $R/gpu1.log $R/check_*.json $R/check_*.err $R/resume_*.log $R/resume_check.json "$S/checks/" 2>/dev/null
-    $py bench/recipe_report.py $S/full $S/short --labels "4,000 steps" "3,000 steps" --png $S/recipe.png \
+    $py lab/bench/recipe_report.py $S/full $S/short --labels "4,000 steps" "3,000 steps" --png $S/recipe.png \
         --md $S/recipe.md 2>&1 | tail -4
     tar czf "$OUT/recipe.tgz" -C $S .
     ls -la "$OUT"
     ;;
 *)
-    echo "usage: bash bench/gpu_recipe.sh start | wait [SECONDS] | collect [SECONDS]"; exit 2 ;;
+    echo "usage: bash lab/bench/gpu_recipe.sh start | wait [SECONDS] | collect [SECONDS]"; exit 2 ;;
 esac

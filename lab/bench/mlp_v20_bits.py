@@ -1,8 +1,8 @@
 """mlp v20 (the GELU in matmul v18's epilogues) against v19 (the GELU as passes of its own) on a
 GPU: the same inputs as the engine gives them (x and h saved as bf16), every output compared, and
-each timed as a CUDA graph replay (bench/gemm.py's timed_graph).
+each timed as a CUDA graph replay (lab/bench/gemm.py's timed_graph).
 
-    python bench/mlp_v20_bits.py [--size 120M] [--json FILE]
+    python lab/bench/mlp_v20_bits.py [--size 120M] [--json FILE]
 
 On a GPU the compiler may fuse a multiply and an add differently in the epilogue than in v19's
 GELU kernels, so the bits may differ in the last place; the line says by how much (relative to each
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU jobs: where the step's GPU time goes, kernel by kernel (Nsight Compute), the training step in
 # graph mode against eager, the whole step beside PyTorch, harness runs, each kernel version and
-# products kind checked and timed. Writes to $OUT (bench/gpu_lib.sh: by default
+# products kind checked and timed. Writes to $OUT (lab/bench/gpu_lib.sh: by default
 # results/DATE-GPU-STEPS, the steps joined by +), a job's files in a folder named after it.
-#   bash bench/gpu_profile.sh [steps...]
+#   bash lab/bench/gpu_profile.sh [steps...]
 #   steps: profile (12M and 120M kernels by op), graph (12M, 20 steps, both modes), step (12M and
 #          120M beside PyTorch), check120 (linear ops v5 and matmul v6 at 120M), ln (layernorm and
 #          residual_layernorm, every version, at 12M), checks (the harness on linear ops v5, matmul v6,
@@ -16,14 +16,14 @@
 #          ops on it: the whole model, products beside v3 and cuBLAS, the step, the harness),
 #          trainstep (one whole 12M training step, kernel by kernel, against its graph replay),
 #          embed3 (the harness on every embed version at 12M), embed4 (embed_bwd v4 against v2 and v3:
-#          the harness at 12M and 120M, bench/kernels.py's table on text-like token ids);
-#          adamw3 (AdamW v3 against v2: the harness at 12M and 120M, bench/kernels.py's table),
+#          the harness at 12M and 120M, lab/bench/kernels.py's table on text-like token ids);
+#          adamw3 (AdamW v3 against v2: the harness at 12M and 120M, lab/bench/kernels.py's table),
 #          ln2 (residual_layernorm v2/v3 against v1/v2: the harness at 12M and 120M, the kernel table),
-#          torchstep (bench/step_time.py at 12M and 120M, or TORCH_SIZES, with PyTorch fp32's whole training step);
+#          torchstep (lab/bench/step_time.py at 12M and 120M, or TORCH_SIZES, with PyTorch fp32's whole training step);
 #          flash8 (flash attention v7 and v8 against v5: the harness at 12M and 120M, kernel table, the step);
 #          flash9-mlp12 (flash v9, mlp v11/v12, loss_fwd v9: same bits, harness and kernel tables at 12M, the whole model);
 #          flash10 (flash v10 against v9's bits; the harness on v10 at 12M, and on it and flash9-mlp12's versions at 120M);
-#          ahead (bench/compile_ahead_check.py at AHEAD_SIZE, default 12M); default (the default 12M run,
+#          ahead (lab/bench/compile_ahead_check.py at AHEAD_SIZE, default 12M); default (the default 12M run,
 #          timed, its run files and loss plot); flash10-mlp12-120M (the harness at 120M on mlp v11/v12, loss_fwd
 #          v9, flash v9/v10, and the whole model at 12M, in parallel); bf16 (matmul v10 against v8: the harness at
 #          12M and 120M, the products beside cuBLAS SGEMM and PyTorch's bf16 matmul); bf16b (the linear
@@ -95,7 +95,7 @@ PY
 }
 
 same_bits_then_time() {   # same_bits_then_time TAG BASE NEW CHECK_SIZE SEED ITERS [resume], into $OUT/TAG: products
-  # NEW against BASE bit for bit (bench/model_bits.py, a whole 120M and 12M step; stops at a difference, status
+  # NEW against BASE bit for bit (lab/bench/model_bits.py, a whole 120M and 12M step; stops at a difference, status
   # 1), the whole NEW model against the twin at CHECK_SIZE (meanwhile), the step of both (ITERS iterations),
   # with "resume" bit-exact resume in bf16 (resume_bf16), then the 120M NEW step kernel by kernel
   local tag=$1 base=$2 new=$3 size=$4 seed=$5 iters=$6 d="$OUT/$1" rc=0 at
@@ -103,32 +103,32 @@ same_bits_then_time() {   # same_bits_then_time TAG BASE NEW CHECK_SIZE SEED ITE
   timeout 200 $py -m lab.check --size $size --seed $seed --compile-workers 2 --model-only --recipe $new \
       --json > "$d/model_$size.json" 2> "$d/model_$size.err" &
   for at in 120M 12M; do
-    timeout 150 $py bench/model_bits.py --sizes $at --same $base $new --json "$d/bits_$at.json" \
+    timeout 150 $py lab/bench/model_bits.py --sizes $at --same $base $new --json "$d/bits_$at.json" \
         > "$d/bits_$at.txt" 2>&1; rc=$?; echo "model_bits $at exit $rc: $(tail -1 "$d/bits_$at.txt")"
     if [ $rc -ne 0 ]; then tail -5 "$d/bits_$at.txt"; break; fi
   done
   wait
   echo "model_$size.json: $(tail -1 "$d/model_$size.err")"; disagree "$d/model_$size.json"
   if [ $rc -ne 0 ]; then echo "$tag: $new does not give $base's bits here: stopping"; return 1; fi
-  timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe $new $base --iters $iters \
+  timeout 200 $py lab/bench/step_time.py --sizes 120M 12M --recipe $new $base --iters $iters \
       --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
   if [ "${7:-}" = resume ]; then resume_bf16 "$d"; fi
   OUT=$d profile_kernels kernels_120M_$new 40 --size 120M --recipe $new
 }
 
-profile_kernels() {   # profile_kernels TAG LINES RUN_ARGS...: bench/profile_kernels.py run RUN_ARGS under Nsight
+profile_kernels() {   # profile_kernels TAG LINES RUN_ARGS...: lab/bench/profile_kernels.py run RUN_ARGS under Nsight
   # Compute, then its table into $OUT/TAG.md and .json (the first LINES lines shown)
   local tag=$1 lines=$2; shift 2
   timeout 240 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --clock-control none \
-      $py bench/profile_kernels.py run "$@" --log "$tmp/launches_$tag.json" > "$tmp/ncu_$tag.csv" 2> "$tmp/ncu_$tag.err"
+      $py lab/bench/profile_kernels.py run "$@" --log "$tmp/launches_$tag.json" > "$tmp/ncu_$tag.csv" 2> "$tmp/ncu_$tag.err"
   echo "ncu $tag exit $?"; grep -v "^==PROF==" "$tmp/ncu_$tag.err" | tail -3
-  $py bench/profile_kernels.py table --log "$tmp/launches_$tag.json" --ncu "$tmp/ncu_$tag.csv" \
+  $py lab/bench/profile_kernels.py table --log "$tmp/launches_$tag.json" --ncu "$tmp/ncu_$tag.csv" \
       --markdown "$OUT/$tag.md" --json "$OUT/$tag.json" > /dev/null
   echo "table $tag exit $?"; head -"$lines" "$OUT/$tag.md"
 }
 
 product_version() {   # product_version V GEMM_VERSIONS: matmul vV on the three product cases in the harness at 12M
-  # and 120M at once (--compile-workers 2), then bench/gemm.py's table of GEMM_VERSIONS; into $OUT/mmV/
+  # and 120M at once (--compile-workers 2), then lab/bench/gemm.py's table of GEMM_VERSIONS; into $OUT/mmV/
   local v=$1 versions=$2 size d="$OUT/mm$1"; declare -A pid
   mkdir -p "$d"
   for size in 12M 120M; do
@@ -140,7 +140,7 @@ product_version() {   # product_version V GEMM_VERSIONS: matmul vV on the three 
     wait "${pid[$size]}"; echo "mm$v check $size exit $?: $(tail -1 "$d/check_$size.err")"
     disagree "$d/check_$size.json"
   done
-  timeout 100 $py bench/gemm.py --versions "$versions" --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+  timeout 100 $py lab/bench/gemm.py --versions "$versions" --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
   echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
 }
 
@@ -153,21 +153,21 @@ for s in $steps; do
                 > "$OUT/embed3_check_12M.json" 2> "$OUT/embed3_check_12M.err"
             echo "embed3 check 12M exit $?"; tail -1 "$OUT/embed3_check_12M.err"; disagree "$OUT/embed3_check_12M.json" ;;
     embed4) check_op_sizes "$OUT/embed4" embed 59
-            timeout 150 $py bench/kernels.py embed --sizes 12M,120M --markdown "$OUT/embed4/kernels.md" \
+            timeout 150 $py lab/bench/kernels.py embed --sizes 12M,120M --markdown "$OUT/embed4/kernels.md" \
                 > "$OUT/embed4/kernels.txt" 2>&1; echo "kernels embed exit $?"; grep "^|" "$OUT/embed4/kernels.md" ;;
     adamw3) check_op_sizes "$OUT/adamw3" adamw_zero 61
-            timeout 120 $py bench/kernels.py adamw_zero --sizes 12M,120M --markdown "$OUT/adamw3/kernels.md" \
+            timeout 120 $py lab/bench/kernels.py adamw_zero --sizes 12M,120M --markdown "$OUT/adamw3/kernels.md" \
                 > "$OUT/adamw3/kernels.txt" 2>&1; echo "kernels adamw_zero exit $?"; grep "^|" "$OUT/adamw3/kernels.md" ;;
     trainstep) profile_kernels trainstep_12M 40 --size 12M --train-step $tmp/trainstep ;;
     ln2) check_op_sizes "$OUT/ln2" residual_layernorm 67
-         timeout 150 $py bench/kernels.py residual_layernorm --sizes 12M,120M --markdown "$OUT/ln2/kernels.md" \
+         timeout 150 $py lab/bench/kernels.py residual_layernorm --sizes 12M,120M --markdown "$OUT/ln2/kernels.md" \
              > "$OUT/ln2/kernels.txt" 2>&1; echo "kernels residual_layernorm exit $?"; grep "^|" "$OUT/ln2/kernels.md" ;;
-    torchstep) timeout 200 $py bench/step_time.py --sizes ${TORCH_SIZES:-12M 120M} --torch-train-step --json "$OUT/torchstep.json" \
+    torchstep) timeout 200 $py lab/bench/step_time.py --sizes ${TORCH_SIZES:-12M 120M} --torch-train-step --json "$OUT/torchstep.json" \
                    > "$OUT/torchstep.txt" 2>&1
                echo "step_time exit $?"; grep -v '^{' "$OUT/torchstep.txt" ;;
-    graph) timeout 300 $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps "${GRAPH_STEPS:-20}" --dropout 0 > "$OUT/graph.txt" 2>&1
+    graph) timeout 300 $py lab/bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps "${GRAPH_STEPS:-20}" --dropout 0 > "$OUT/graph.txt" 2>&1
            echo "gpu_graph exit $?"; tail -12 "$OUT/graph.txt" ;;
-    step) timeout 200 $py bench/step_time.py --sizes 12M 120M --flash-version 3 4 --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
+    step) timeout 200 $py lab/bench/step_time.py --sizes 12M 120M --flash-version 3 4 --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
           echo "step exit $?"; grep -v '^{' "$OUT/step.txt" ;;
     check120) timeout 400 $py -m lab.check --size 120M --seed 7 --op attn_qkv --op attn_out --op mlp --op loss \
                   --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 5 --version 6 --ops-only --json \
@@ -187,9 +187,9 @@ for s in $steps; do
             mkdir -p "$OUT/checks"
             for f in linear_12M ln_12M flash_12M flash_120M linear_120M model_12M model_120M; do
               mv "$OUT/$f.json" "$OUT/$f.err" "$OUT/checks/" 2>/dev/null; done ;;
-    gemm) timeout 150 $py bench/gemm.py --versions 6 --json "$OUT/gemm.json" > "$OUT/gemm.md" 2>&1
+    gemm) timeout 150 $py lab/bench/gemm.py --versions 6 --json "$OUT/gemm.json" > "$OUT/gemm.md" 2>&1
           echo "gemm exit $?"; cat "$OUT/gemm.md" ;;
-    flash) timeout 200 $py bench/kernels.py attn_flash --sizes 12M,120M --version 3 --version 4 --markdown "$OUT/flash_kernels.md" \
+    flash) timeout 200 $py lab/bench/kernels.py attn_flash --sizes 12M,120M --version 3 --version 4 --markdown "$OUT/flash_kernels.md" \
                > "$OUT/flash_kernels.txt" 2>&1
            echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash_kernels.md" ;;
     mlp6) compare_versions mlp6 mlp 13 200 "5 6" --mlp-version 6 ;;     # the MLP's v6 (sums kept in registers) against v5
@@ -199,9 +199,9 @@ for s in $steps; do
             --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 7 --version 8 --json > "$OUT/v8_check_12M.json" 2> "$OUT/v8_check_12M.err"
         echo "v8 check 12M exit $?"; tail -1 "$OUT/v8_check_12M.err"; disagree "$OUT/v8_check_12M.json"
         check_model 29
-        timeout 150 $py bench/gemm.py --versions 7,8 --json "$OUT/gemm_v8.json" > "$OUT/gemm_v8.md" 2>&1
+        timeout 150 $py lab/bench/gemm.py --versions 7,8 --json "$OUT/gemm_v8.json" > "$OUT/gemm_v8.md" 2>&1
         echo "gemm exit $?"; grep "^|" "$OUT/gemm_v8.md"
-        timeout 200 $py bench/step_time.py --sizes 12M 120M --recipe fp32 tf32x3t --json "$OUT/v8_step.json" > "$OUT/v8_step.txt" 2>&1
+        timeout 200 $py lab/bench/step_time.py --sizes 12M 120M --recipe fp32 tf32x3t --json "$OUT/v8_step.json" > "$OUT/v8_step.txt" 2>&1
         echo "step exit $?"; grep -v '^{' "$OUT/v8_step.txt"
         mkdir -p "$OUT/v8"; mv "$OUT"/model_* "$OUT"/v8_check_* "$OUT/v8/" ;;
     mlp9) compare_versions mlp9 mlp 37 200 "8 9" --mlp-version 9 ;;     # the MLP's v9 (the GELU a pass of its own) against v8
@@ -209,7 +209,7 @@ for s in $steps; do
     flash10) # flash v10 (D from 128-bit loads) against v9's bits, the harness on it at 12M, and at 120M
          # on it and flash9-mlp12's versions (mlp v11, v12, loss_fwd v9, flash v9)
         mkdir -p "$OUT/flash10"
-        timeout 90 $py bench/same_bits.py --size 12M --op attn_flash --versions 9 10 --json "$OUT/flash10/bits_flash_9_10.json" \
+        timeout 90 $py lab/bench/same_bits.py --size 12M --op attn_flash --versions 9 10 --json "$OUT/flash10/bits_flash_9_10.json" \
             > "$OUT/flash10/bits_flash_9_10.txt" 2>&1; echo "same_bits attn_flash 9 10 exit $?"; tail -1 "$OUT/flash10/bits_flash_9_10.txt"
         timeout 100 $py -m lab.check --size 12M --seed 101 --ops-only --op attn_flash --version 10 --json \
             > "$OUT/flash10/check_12M.json" 2> "$OUT/flash10/check_12M.err"
@@ -218,7 +218,7 @@ for s in $steps; do
             --version 9 --version 10 --version 11 --version 12 --json > "$OUT/flash10/check_120M.json" 2> "$OUT/flash10/check_120M.err"
         echo "flash10 check 120M exit $?"; tail -1 "$OUT/flash10/check_120M.err"; disagree "$OUT/flash10/check_120M.json" ;;
     ahead) # compiling ahead on worker processes against compiling at launch: the same PTX, and how long
-        timeout 240 $py bench/compile_ahead_check.py --size ${AHEAD_SIZE:-12M} --json "$OUT/ahead_${AHEAD_SIZE:-12M}.json" \
+        timeout 240 $py lab/bench/compile_ahead_check.py --size ${AHEAD_SIZE:-12M} --json "$OUT/ahead_${AHEAD_SIZE:-12M}.json" \
             > "$OUT/ahead_${AHEAD_SIZE:-12M}.md" 2> "$OUT/ahead_${AHEAD_SIZE:-12M}.err"
         echo "ahead exit $?"; head -1 "$OUT/ahead_${AHEAD_SIZE:-12M}.md"; tail -3 "$OUT/ahead_${AHEAD_SIZE:-12M}.err"
         # two 30-step 12M runs, each in its own process: kernels compiled at their first launch, and
@@ -273,7 +273,7 @@ PY
         done
         wait
         for size in 12M 120M; do echo "bf16 check $size: $(tail -1 "$OUT/bf16/check_$size.err")"; disagree "$OUT/bf16/check_$size.json"; done
-        timeout 240 $py bench/gemm.py --versions 8,10 --json "$OUT/bf16/gemm.json" > "$OUT/bf16/gemm.md" 2> "$OUT/bf16/gemm.err"
+        timeout 240 $py lab/bench/gemm.py --versions 8,10 --json "$OUT/bf16/gemm.json" > "$OUT/bf16/gemm.md" 2> "$OUT/bf16/gemm.err"
         echo "gemm exit $?"; grep "^|" "$OUT/bf16/gemm.md"; tail -3 "$OUT/bf16/gemm.err" ;;
     bf16b) # the linear ops' bf16 versions (attn_qkv, attn_out v9, mlp v13, loss_fwd v10, loss_bwd v9) at
         # 12M, and the whole model with bf16 products against the twin at bf16, at 12M and 120M: at once
@@ -303,7 +303,7 @@ PY
         done
         wait
         for f in "$OUT"/bf16c/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 300 $py bench/step_time.py --sizes 12M 120M --recipe fp32 bf16w fp16 --json "$OUT/bf16c/step.json" \
+        timeout 300 $py lab/bench/step_time.py --sizes 12M 120M --recipe fp32 bf16w fp16 --json "$OUT/bf16c/step.json" \
             > "$OUT/bf16c/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/bf16c/step.txt" ;;
     bf16d) # started in the background (a later step's wait, or bf16d_report, waits for them): the harness
         # of the 16-bit versions of the linear ops at 120M (four compile workers), and the whole model
@@ -370,11 +370,11 @@ PY
         done
         wait
         for f in "$d"/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 170 $py bench/step_time.py --sizes 12M 120M --recipe bf16l cublas-bf16 --flash-version 10 11 \
+        timeout 170 $py lab/bench/step_time.py --sizes 12M 120M --recipe bf16l cublas-bf16 --flash-version 10 11 \
             --iters 3 --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        timeout 80 $py bench/gemm.py --versions 10,12,21,22 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        timeout 80 $py lab/bench/gemm.py --versions 10,12,21,22 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
-        timeout 55 $py bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
+        timeout 55 $py lab/bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
             --markdown "$d/flash_kernels.md" > "$d/flash_kernels.txt" 2>&1; echo "flash kernels exit $?"; grep "^|" "$d/flash_kernels.md" ;;
     bf16l-f16w) # bf16 (bf16l products, flash v11) and fp16 (fp16, flash v12), all at once: the 12M
         # training quality (QUALITY_STEPS), bit-exact resume in both, the whole model against the twin
@@ -394,7 +394,7 @@ PY
         # products are fast
         for products in bf16l cublas-bf16; do profile_kernels "kernels_120M_$products" 45 --size 120M --recipe $products; done ;;
     bf16-ampere) # matmul v13's linear ops and products bf16-ampere:
-        #  1. at once: the wgmma probe (bench/wgmma_probe.py: can Numba drive Hopper's warpgroup
+        #  1. at once: the wgmma probe (lab/bench/wgmma_probe.py: can Numba drive Hopper's warpgroup
         #     products, and with which shared-memory layout); the harness on the linear ops on matmul
         #     v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12) and on v13 (its copies made
         #     by k_round_bf16_v2) at 12M and 120M; the whole model with bf16-ampere products (bf16 products,
@@ -402,7 +402,7 @@ PY
         #  2. alone on the GPU: the step with bf16l and bf16-ampere beside PyTorch bf16; the 120M bf16-ampere step
         #     kernel by kernel; v12, v13 and v21 beside PyTorch bf16; PyTorch bf16 through torch.compile
         mkdir -p "$OUT/bf16-ampere"; d="$OUT/bf16-ampere"
-        timeout 120 $py bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
+        timeout 120 $py lab/bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
         for size in 12M 120M; do
           timeout 300 $py -m lab.check --size $size --seed 197 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --version 12 --version 13 --version 16 \
@@ -415,18 +415,18 @@ PY
         echo "wgmma probe:"; cat "$d/wgmma.txt" | tail -25
         for f in "$d"/ops_*.json "$d"/flash_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         tail -3 "$d/resume16.log"; cat "$OUT/resume16/check.json"
-        timeout 170 $py bench/step_time.py --sizes 12M 120M --recipe bf16l bf16-ampere --iters 3 --json "$d/step.json" \
+        timeout 170 $py lab/bench/step_time.py --sizes 12M 120M --recipe bf16l bf16-ampere --iters 3 --json "$d/step.json" \
             > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         profile_kernels kernels_120M_bf16a 30 --size 120M --recipe bf16-ampere
-        timeout 90 $py bench/gemm.py --versions 12,13,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        timeout 90 $py lab/bench/gemm.py --versions 12,13,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
-        timeout 150 $py bench/step_time.py --sizes 120M 12M --recipe bf16-ampere --iters 3 --torch-compile --json "$d/compile.json" \
+        timeout 150 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16-ampere --iters 3 --torch-compile --json "$d/compile.json" \
             > "$d/compile.txt" 2>&1; echo "torch.compile step exit $?"; grep -v '^{' "$d/compile.txt" ;;
     cublas-bf16-step) # the step with cuBLASLt's bf16 products, their copies made by k_round_bf16_v2,
         # beside bf16-ampere and PyTorch bf16, at 120M and 12M (first: nothing before it can
         # have left the GPU in a bad state); then mm14 (matmul v14 on wgmma: harness and products)
         mkdir -p "$OUT/cublas-bf16-step"
-        timeout 150 $py bench/step_time.py --sizes 120M 12M --recipe bf16-ampere cublas-bf16 --iters 3 --json "$OUT/cublas-bf16-step/step.json" \
+        timeout 150 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16-ampere cublas-bf16 --iters 3 --json "$OUT/cublas-bf16-step/step.json" \
             > "$OUT/cublas-bf16-step/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/cublas-bf16-step/step.txt"
         bash "$0" mm14 ;;
     mm14) # matmul v14 (kernels/wgmma_tile.py: wgmma m64n128k16 from v13's swizzled cp.async ring, both copies
@@ -452,10 +452,10 @@ PY
         done
         wait
         for f in "$d"/ops_*.json "$d"/flash_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16-ampere bf16r --iters 3 --json "$d/step.json" \
+        timeout 200 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16-ampere bf16r --iters 3 --json "$d/step.json" \
             > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         profile_kernels kernels_120M_bf16r 45 --size 120M --recipe bf16r
-        timeout 150 $py bench/gemm.py --versions 15 --blocks --json "$d/gemm_blocks.json" > "$d/gemm_blocks.md" 2> "$d/gemm_blocks.err"
+        timeout 150 $py lab/bench/gemm.py --versions 15 --blocks --json "$d/gemm_blocks.json" > "$d/gemm_blocks.md" 2> "$d/gemm_blocks.err"
         echo "gemm --blocks exit $?"; grep "^|" "$d/gemm_blocks.md"; tail -3 "$d/gemm_blocks.err" ;;
     bf16m) # matmul v17 (wgmma_mn.py: MN-major stages read through wgmma's
         # transpose bits) and the ops on it (products "bf16m": attn_qkv, attn_out v14, mlp v18, loss v15/v14);
@@ -465,7 +465,7 @@ PY
         #  2. alone: the step with bf16r and bf16m beside PyTorch bf16; the 120M bf16m step kernel by kernel;
         #     matmul v15, v16, v17, v21; embed and residual_layernorm kernels
         mkdir -p "$OUT/bf16m"; d="$OUT/bf16m"
-        timeout 240 $py bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
+        timeout 240 $py lab/bench/wgmma_probe.py --json "$d/wgmma.json" > "$d/wgmma.txt" 2>&1 &
         for size in 12M 120M; do
           timeout 300 $py -m lab.check --size $size --seed 229 --compile-workers 2 --ops-only --op attn_qkv --op attn_out \
               --op mlp --op loss --op matmul --op "matmul a@b^T" --op "matmul a^T@b +=" --op embed --op residual_layernorm \
@@ -479,13 +479,13 @@ PY
         echo "wgmma probe:"; grep -i "mn_\|layouts right" "$d/wgmma.txt" | tail -30
         for f in "$d"/ops_*.json "$d"/flash_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         tail -3 "$d/resume16.log"; cat "$OUT/resume16/check.json"
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16r bf16m --iters 3 --json "$d/step.json" \
+        timeout 200 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16r bf16m --iters 3 --json "$d/step.json" \
             > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         profile_kernels kernels_120M_bf16m 45 --size 120M --recipe bf16m
-        timeout 120 $py bench/gemm.py --versions 15,16,17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        timeout 120 $py lab/bench/gemm.py --versions 15,16,17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         for op in embed residual_layernorm; do
-          timeout 100 $py bench/kernels.py $op --sizes 12M,120M --markdown "$d/kernels_$op.md" > "$d/kernels_$op.txt" 2>&1
+          timeout 100 $py lab/bench/kernels.py $op --sizes 12M,120M --markdown "$d/kernels_$op.md" > "$d/kernels_$op.txt" 2>&1
           echo "kernels $op exit $?"; grep "^|" "$d/kernels_$op.md" | head -30
         done ;;
     bf16m-flash13) # products bf16m (matmul v17) with flash attention v13:
@@ -509,27 +509,27 @@ PY
         wait
         for f in "$d"/ops_*.json "$d"/flash_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         tail -3 "$d/resume16.log"; cat "$OUT/resume16/check.json"
-        timeout 130 $py bench/step_time.py --sizes 120M 12M --recipe bf16m --flash-version 11 13 --iters 3 \
+        timeout 130 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16m --flash-version 11 13 --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        timeout 60 $py bench/kernels.py attn_flash --sizes 120M --version 11 --version 13 --markdown "$d/flash.md" \
+        timeout 60 $py lab/bench/kernels.py attn_flash --sizes 120M --version 11 --version 13 --markdown "$d/flash.md" \
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -30
-        timeout 45 $py bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        timeout 45 $py lab/bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
     mm23) # matmul v23 (v19 with the loads of its in-kernel split-K sums batched,
         # wgmma_tma.py point 6) beside v18 (k_splitk_sum_v2 after the product) and v19 on every product of
-        # bench/gemm.py, the weight gradients' split shapes among them; v23's bits in the whole 120M and 12M
-        # bf16-hopper step (bench/model_bits.py --matmul 23); the step with v18, v23 and v19 (--tma-matmul)
+        # lab/bench/gemm.py, the weight gradients' split shapes among them; v23's bits in the whole 120M and 12M
+        # bf16-hopper step (lab/bench/model_bits.py --matmul 23); the step with v18, v23 and v19 (--tma-matmul)
         mkdir -p "$OUT/mm23"; d="$OUT/mm23"
-        timeout 200 $py bench/gemm.py --versions 18,19,23 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        timeout 200 $py lab/bench/gemm.py --versions 18,19,23 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         for size in 120M 12M; do
-          timeout 150 $py bench/model_bits.py --sizes $size --same bf16-hopper bf16-hopper --matmul 23 --json "$d/bits_$size.json" \
+          timeout 150 $py lab/bench/model_bits.py --sizes $size --same bf16-hopper bf16-hopper --matmul 23 --json "$d/bits_$size.json" \
               > "$d/bits_$size.txt" 2>&1; echo "model_bits $size exit $?: $(tail -1 "$d/bits_$size.txt")"
         done
-        timeout 240 $py bench/step_time.py --sizes 120M 12M --recipe bf16-hopper --tma-matmul 18 23 19 --iters 30 \
+        timeout 240 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16-hopper --tma-matmul 18 23 19 --iters 30 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
-    fp8-probe) # which cuBLASLt FP8 product forms run (bench/fp8_probe.py, cuBLASLt's log kept); before fp8-checks
-        mkdir -p "$OUT/fp8-probe"; CUBLASLT_LOG_LEVEL=5 CUBLASLT_LOG_FILE="$OUT/fp8-probe/lt.log" timeout 100 $py bench/fp8_probe.py \
+    fp8-probe) # which cuBLASLt FP8 product forms run (lab/bench/fp8_probe.py, cuBLASLt's log kept); before fp8-checks
+        mkdir -p "$OUT/fp8-probe"; CUBLASLT_LOG_LEVEL=5 CUBLASLT_LOG_FILE="$OUT/fp8-probe/lt.log" timeout 100 $py lab/bench/fp8_probe.py \
             > "$OUT/fp8-probe/probe.txt" 2>&1; echo "probe exit $?"; grep -v "^\[" "$OUT/fp8-probe/probe.txt" | tail -8
         grep -i "error\|not supported\|fail" "$OUT/fp8-probe/lt.log" | head -8; gzip -f "$OUT/fp8-probe/lt.log" ;;
     fp8-step) # the FP8 kernels against the twin at 120M; the whole model at each scope against the twin at
@@ -542,15 +542,15 @@ PY
         done
         timeout 300 $py -m andrea_numba.fp8 check --size 120M --json "$d/check_120M.json" > "$d/check_120M.txt" 2>&1
         echo "fp8 check 120M exit $?"; grep -v " ok$" "$d/check_120M.txt" | tail -12
-        timeout 300 $py bench/step_time.py --sizes 120M 12M --recipe bf16-hopper cublas-bf16 cublas-fp8-fwd cublas-fp8-e5m2 \
+        timeout 300 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16-hopper cublas-bf16 cublas-fp8-fwd cublas-fp8-e5m2 \
             cublas-fp8-all --iters 20 --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         resume_bf16 "$d" fp8-e5m2
         wait; for f in "$d"/model_12M_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done ;;
     fp8-quality) # 12M trained QUALITY_STEPS (2000) steps in fp32, bf16 and the three FP8 scopes at once
-        # (bench/precision_runs.py --parallel), the validation curves on one plot, the FP8 runs' amax and underflow
+        # (lab/bench/precision_runs.py --parallel), the validation curves on one plot, the FP8 runs' amax and underflow
         # history (python -m andrea_numba.fp8 history)
         d="$OUT/fp8-quality"; mkdir -p "$d"; rm -rf $tmp/q8
-        timeout ${QUALITY_TIMEOUT:-540} $py bench/precision_runs.py --out $tmp/q8 --size 12M --steps "${QUALITY_STEPS:-2000}" \
+        timeout ${QUALITY_TIMEOUT:-540} $py lab/bench/precision_runs.py --out $tmp/q8 --size 12M --steps "${QUALITY_STEPS:-2000}" \
             --precisions fp32,bf16,fp8-fwd,fp8-e5m2,fp8-all --parallel > "$d/quality.txt" 2>&1
         echo "quality exit $?"; grep "^|" "$d/quality.txt" | tail -12; grep -i "error\|diverged" "$d/quality.txt" | head -5
         cp $tmp/q8/precision_runs.* "$d/"; for r in fp8-fwd fp8-e5m2 fp8-all; do cp $tmp/q8/$r/.fp8.json "$d/$r.fp8.json"; done
@@ -559,13 +559,13 @@ PY
             > "$d/history.txt" 2>&1; echo "history exit $?"; grep -v "  0.00%" "$d/history.txt" | head -40 ;;
     fp8-checks) # the FP8 kernels against the twin at 12M (quantize rows, matmul v24, the linear
         # ops at every scope), the whole fp8-e5m2 model against the twin (meanwhile), FP8 products against bf16 ones
-        # (bench/fp8_gemm.py), a 30-step 12M training smoke run at fp8-e5m2 and its .fp8.json record
+        # (lab/bench/fp8_gemm.py), a 30-step 12M training smoke run at fp8-e5m2 and its .fp8.json record
         d="$OUT/fp8-checks"; mkdir -p "$d"
         timeout 300 $py -m lab.check --size 12M --seed 317 --compile-workers 2 --model-only \
             --recipe cublas-fp8-e5m2 --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
         timeout 200 $py -m andrea_numba.fp8 check --size 12M --json "$d/check_12M.json" > "$d/check_12M.txt" 2>&1
         echo "fp8 check 12M exit $?"; grep -v " ok$" "$d/check_12M.txt" | tail -30; tail -2 "$d/check_12M.txt"
-        timeout 150 $py bench/fp8_gemm.py --json "$d/gemm.json" > "$d/gemm.txt" 2>&1; echo "fp8_gemm exit $?"; cat "$d/gemm.txt"
+        timeout 150 $py lab/bench/fp8_gemm.py --json "$d/gemm.json" > "$d/gemm.txt" 2>&1; echo "fp8_gemm exit $?"; cat "$d/gemm.txt"
         rm -rf $tmp/f8; timeout 150 $py -m andrea_numba.train --size 12M --precision fp8-e5m2 --steps 30 --log-every 10 \
             --out $tmp/f8 --compile-workers 4 > "$d/train_smoke.txt" 2>&1; echo "train smoke exit $?"
         grep -v "^step  *[0-9]*/.*ETA" "$d/train_smoke.txt" | tail -8; grep "^step" "$d/train_smoke.txt" | tail -3
@@ -577,7 +577,7 @@ PY
         # 120M step kernel by kernel
         same_bits_then_time bf16-hopper-loss18 bf16s bf16-hopper 120M 313 30 resume || continue ;;
     bf16-hopper) # products bf16-hopper: flash attention v14 and residual_layernorm_bwd v6 write the products'
-        # activation operands in bf16: its bits against bf16s's (bench/model_bits.py) at 120M and 12M, the whole
+        # activation operands in bf16: its bits against bf16s's (lab/bench/model_bits.py) at 120M and 12M, the whole
         # model against the twin at 12M, the step x20 (bf16-hopper, bf16s) and the 120M step kernel by kernel
         same_bits_then_time bf16-hopper bf16s bf16-hopper 12M 311 20 || continue ;;
     bf16s) # products bf16s (bf16t with every weight rounded once a forward into
@@ -590,11 +590,11 @@ PY
         done
         wait
         for f in "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16s bf16t --iters 20 \
+        timeout 200 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16s bf16t --iters 20 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
-        timeout 100 $py bench/mlp_v20_bits.py --size 120M --json "$d/mlp20.json" > "$d/mlp20.txt" 2>&1
+        timeout 100 $py lab/bench/mlp_v20_bits.py --size 120M --json "$d/mlp20.json" > "$d/mlp20.txt" 2>&1
         echo "mlp_v20_bits exit $?"; cat "$d/mlp20.txt"
-        timeout 150 $py bench/step_time.py --sizes 120M 12M --recipe bf16s --mlp-version 20 --iters 20 \
+        timeout 150 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16s --mlp-version 20 --iters 20 \
             --json "$d/step_mlp20.json" > "$d/step_mlp20.txt" 2>&1; echo "step (mlp v20) exit $?"; grep -v '^{' "$d/step_mlp20.txt"
         OUT=$d profile_kernels kernels_120M_bf16s 30 --size 120M --recipe bf16s ;;
     ln5-step) # the engine with residual_layernorm_bwd v5: the whole model at 12M and
@@ -608,26 +608,26 @@ PY
             --json > "$d/model_12M_fp32.json" 2> "$d/model_12M_fp32.err" &
         wait
         for f in "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16t fp32 --iters 20 \
+        timeout 200 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16t fp32 --iters 20 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
     mm18-tiles-ln5) # matmul v18's tiles and the operand layouts: 1. v18's bits against v17 at every tile (128 x 128
         # with 3 stages, two blocks a multiprocessor, among them); 2. the products at every tile; 3. one product
-        # with each operand K- or MN-major (bench/v18_layouts.py); 4. the harness on residual_layernorm v5 at 12M
+        # with each operand K- or MN-major (lab/bench/v18_layouts.py); 4. the harness on residual_layernorm v5 at 12M
         # and 120M
         mkdir -p "$OUT/mm18-tiles-ln5"; d="$OUT/mm18-tiles-ln5"
-        timeout 120 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
+        timeout 120 $py lab/bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
         echo "v18_bits exit $rc"; grep -v identical "$d/bits.txt" | tail -8; grep -c identical "$d/bits.txt"
-        timeout 150 $py bench/gemm.py --versions 18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        timeout 150 $py lab/bench/gemm.py --versions 18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
-        timeout 90 $py bench/v18_layouts.py --json "$d/layouts.json" > "$d/layouts.md" 2>&1; echo "layouts exit $?"; cat "$d/layouts.md" | tail -8
+        timeout 90 $py lab/bench/v18_layouts.py --json "$d/layouts.json" > "$d/layouts.md" 2>&1; echo "layouts exit $?"; cat "$d/layouts.md" | tail -8
         for size in 12M 120M; do
           timeout 150 $py -m lab.check --size $size --seed 283 --compile-workers 2 --ops-only --op residual_layernorm \
               --version 4 --version 5 --json > "$d/ln_$size.json" 2> "$d/ln_$size.err" &
         done
         wait
         for size in 12M 120M; do echo "ln $size: $(tail -1 "$d/ln_$size.err")"; disagree "$d/ln_$size.json"; done
-        timeout 60 $py bench/kernels.py residual_layernorm --sizes 120M --version 4 --version 5 --markdown "$d/ln_kernels.md" \
+        timeout 60 $py lab/bench/kernels.py residual_layernorm --sizes 120M --version 4 --version 5 --markdown "$d/ln_kernels.md" \
             > "$d/ln_kernels.txt" 2>&1; echo "kernels residual_layernorm exit $?"; grep "^|" "$d/ln_kernels.md" | head -12 ;;
     bf16t) # products bf16t: 1. at once: the harness at 12M on loss v17 (k_loss_fwd_v3)
         # and v18's ops, the whole bf16t model at 12M and 120M; 2. the step at 120M and 12M with bf16t, bf16m and
@@ -643,7 +643,7 @@ PY
         done
         wait
         for f in "$d"/ops_12M.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 200 $py bench/step_time.py --sizes 120M 12M --recipe bf16t bf16m cublas-bf16 --iters 20 \
+        timeout 200 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16t bf16m cublas-bf16 --iters 20 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         resume_bf16 "$d"
         OUT=$d profile_kernels kernels_120M_bf16t 30 --size 120M --recipe bf16t ;;
@@ -651,13 +651,13 @@ PY
         # v17; its products at every tile beside PyTorch bf16; the step with bf16t at 120M and 12M; the 120M bf16t
         # step kernel by kernel; one v18 launch (the 120M MLP's x @ W_1) under Nsight Compute's sections
         mkdir -p "$OUT/mm18-stores"; d="$OUT/mm18-stores"
-        timeout 120 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
+        timeout 120 $py lab/bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
         echo "v18_bits exit $rc"; tail -4 "$d/bits.txt"; grep -c identical "$d/bits.txt"
         if [ $rc -ne 0 ]; then cat "$d/bits.txt"; echo "mm18-stores: v18 is not right here: stopping"; continue; fi
-        timeout 120 $py bench/gemm.py --versions 18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        timeout 120 $py lab/bench/gemm.py --versions 18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
-        timeout 120 $py bench/step_time.py --sizes 120M 12M --recipe bf16t --iters 3 \
+        timeout 120 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16t --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt"
         OUT=$d profile_kernels kernels_120M_bf16t 45 --size 120M --recipe bf16t
         cat > $tmp/one_v18.py <<'PY'
@@ -680,12 +680,12 @@ PY
             $py $tmp/one_v18.py > "$d/ncu_v18_mlp.txt" 2>&1; echo "ncu v18 exit $?"
         grep -v "^==PROF==" "$d/ncu_v18_mlp.txt" | grep -E "Duration|Throughput|Busy|Stall|Eligible|Issued|Warp Cycles|Registers|Achieved|Theoretical Occ|L2 Hit|Mem Pipes|DRAM" | head -40 ;;
     mm18) # matmul v18 (TMA, producer warp, mbarriers,
-        # persistent blocks) and products bf16t. 1. bench/v18_bits.py: v18 against v17's bits at every tile
+        # persistent blocks) and products bf16t. 1. lab/bench/v18_bits.py: v18 against v17's bits at every tile
         # (a hang or a wrong product stops the step here); 2. at once: the harness at 12M on matmul v18 and the
         # bf16t linear ops, the whole bf16t model at 12M; 3. the products of v17 and v18 (every tile) beside
         # PyTorch bf16; 4. the step at 120M and 12M, bf16m against bf16t
         mkdir -p "$OUT/mm18"; d="$OUT/mm18"
-        timeout 150 $py bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
+        timeout 150 $py lab/bench/v18_bits.py --json "$d/bits.json" > "$d/bits.txt" 2>&1; rc=$?
         echo "v18_bits exit $rc"; cat "$d/bits.txt" | tail -30
         if [ $rc -ne 0 ]; then echo "mm18: v18 is not right here: stopping"; continue; fi
         timeout 200 $py -m lab.check --size 12M --seed 269 --compile-workers 4 --ops-only --op attn_qkv \
@@ -695,10 +695,10 @@ PY
             --json > "$d/model_12M.json" 2> "$d/model_12M.err" &
         wait
         for f in "$d"/ops_12M.json "$d"/model_12M.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 170 $py bench/gemm.py --versions 17,18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
+        timeout 170 $py lab/bench/gemm.py --versions 17,18 --blocks --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err"
         python3 -c "import json,sys; [print(r['product'], r.get('v18_blocks_ms')) for r in json.load(open(sys.argv[1]))]" "$d/gemm.json"
-        timeout 130 $py bench/step_time.py --sizes 120M 12M --recipe bf16m bf16t --iters 3 \
+        timeout 130 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16m bf16t --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
     bf16m-profile) # products bf16m in the harness and the model, with longer limits than bf16m-flash13's:
         #  1. at once (330 s at most): the harness at 12M and 120M on bf16m's versions (attn_qkv,
@@ -718,16 +718,16 @@ PY
         wait
         for f in "$d"/ops_*.json "$d"/model_*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         profile_kernels kernels_120M_bf16m 60 --size 120M --recipe bf16m
-        timeout 150 $py bench/kernels.py attn_flash --sizes 120M --version 11 --version 13 --markdown "$d/flash.md" \
+        timeout 150 $py lab/bench/kernels.py attn_flash --sizes 120M --version 11 --version 13 --markdown "$d/flash.md" \
             > "$d/flash.txt" 2>&1; echo "kernels attn_flash exit $?"; grep "^|" "$d/flash.md" | head -40
-        timeout 120 $py bench/step_time.py --sizes 120M --recipe bf16m cublas-bf16 --iters 3 \
+        timeout 120 $py lab/bench/step_time.py --sizes 120M --recipe bf16m cublas-bf16 --iters 3 \
             --json "$d/step.json" > "$d/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$d/step.txt" ;;
     quality-floor) # the quality question at the default 2,000 steps with its noise
         # floor (a second fp32 run whose sums differ: fp32/cublas) and both routes of bf16, five runs at
         # once; meanwhile the whole model with the engine's bf16 and fp16 at 120M; then flash attention's
         # kernels v8/v10 against v11/v12 at both sizes, alone on the GPU
         mkdir -p "$OUT/quality-floor"
-        timeout 520 $py bench/precision_runs.py --out $tmp/q11 --size 12M --steps "${QUALITY_STEPS:-2000}" --parallel \
+        timeout 520 $py lab/bench/precision_runs.py --out $tmp/q11 --size 12M --steps "${QUALITY_STEPS:-2000}" --parallel \
             --precisions "${FLOOR_PRECISIONS:-fp32,fp32/cublas,bf16,bf16/cublas,fp16}" > "$OUT/quality-floor/quality.txt" 2>&1 &
         for products in bf16l fp16; do
           timeout 300 $py -m lab.check --size 120M --seed 193 --compile-workers 4 --model-only --recipe $products \
@@ -737,7 +737,7 @@ PY
         cp $tmp/q11/precision_runs.* "$OUT/quality-floor/"; grep "^|" "$OUT/quality-floor/quality.txt"
         for f in "$OUT"/quality-floor/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
         [ "${FLOOR_FLASH:-1}" = 0 ] && continue      # FLOOR_FLASH=0: without the flash kernel table
-        timeout 100 $py bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
+        timeout 100 $py lab/bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
             --markdown "$OUT/quality-floor/flash_kernels.md" > "$OUT/quality-floor/flash_kernels.txt" 2>&1; echo "flash kernels exit $?"
         grep "^|" "$OUT/quality-floor/flash_kernels.md" ;;
     cublas) # the library route (kernels/cublaslt.py, nvmath-python carried as a wheel): matmul v20-v22
@@ -758,9 +758,9 @@ PY
         done
         wait
         for f in "$OUT"/cublas/*.json; do echo "$(basename "$f"): $(tail -1 "${f%.json}.err")"; disagree "$f"; done
-        timeout 150 $py bench/gemm.py --versions 8,10,20,21,22 --json "$OUT/cublas/gemm.json" > "$OUT/cublas/gemm.md" 2>&1
+        timeout 150 $py lab/bench/gemm.py --versions 8,10,20,21,22 --json "$OUT/cublas/gemm.json" > "$OUT/cublas/gemm.md" 2>&1
         echo "gemm exit $?"; grep "^|" "$OUT/cublas/gemm.md"
-        timeout 200 $py bench/step_time.py --sizes 12M 120M --recipe bf16w cublas-bf16 cublas-fp32 --json "$OUT/cublas/step.json" \
+        timeout 200 $py lab/bench/step_time.py --sizes 12M 120M --recipe bf16w cublas-bf16 cublas-fp32 --json "$OUT/cublas/step.json" \
             > "$OUT/cublas/step.txt" 2>&1; echo "step exit $?"; grep -v '^{' "$OUT/cublas/step.txt"
         rm -rf $tmp/lt_graph $tmp/lt_eager
         for mode in graph eager; do
@@ -790,9 +790,9 @@ PY
         done
         wait
         for size in 12M 120M; do echo "mm12 check $size: $(tail -1 "$OUT/mm12/check_$size.err")"; disagree "$OUT/mm12/check_$size.json"; done
-        timeout 240 $py bench/gemm.py --versions 8,10,12 --json "$OUT/mm12/gemm.json" > "$OUT/mm12/gemm.md" 2> "$OUT/mm12/gemm.err"
+        timeout 240 $py lab/bench/gemm.py --versions 8,10,12 --json "$OUT/mm12/gemm.json" > "$OUT/mm12/gemm.md" 2> "$OUT/mm12/gemm.err"
         echo "gemm exit $?"; grep "^|" "$OUT/mm12/gemm.md"; tail -3 "$OUT/mm12/gemm.err"
-        timeout 240 $py bench/gemm.py --versions 12 --blocks --json "$OUT/mm12/gemm_blocks.json" > "$OUT/mm12/gemm_blocks.md" \
+        timeout 240 $py lab/bench/gemm.py --versions 12 --blocks --json "$OUT/mm12/gemm_blocks.json" > "$OUT/mm12/gemm_blocks.md" \
             2> "$OUT/mm12/gemm_blocks.err"
         echo "gemm --blocks exit $?"; grep "^|" "$OUT/mm12/gemm_blocks.md"; tail -3 "$OUT/mm12/gemm_blocks.err" ;;
     mm13) # matmul v13 (kernels/half_tile.py: bf16 copies by k_round_bf16_v1, cp.async into a ring of 3-4
@@ -806,16 +806,16 @@ PY
               2> "$OUT/mm13/check_$size.err"
           echo "mm13 check $size exit $?: $(tail -1 "$OUT/mm13/check_$size.err")"; disagree "$OUT/mm13/check_$size.json"
         done
-        timeout 240 $py bench/gemm.py --versions 12,13 --json "$OUT/mm13/gemm.json" > "$OUT/mm13/gemm.md" 2> "$OUT/mm13/gemm.err"
+        timeout 240 $py lab/bench/gemm.py --versions 12,13 --json "$OUT/mm13/gemm.json" > "$OUT/mm13/gemm.md" 2> "$OUT/mm13/gemm.err"
         echo "gemm exit $?"; grep "^|" "$OUT/mm13/gemm.md"; tail -3 "$OUT/mm13/gemm.err"
-        timeout 240 $py bench/gemm.py --versions 13 --blocks --json "$OUT/mm13/gemm_blocks.json" > "$OUT/mm13/gemm_blocks.md" \
+        timeout 240 $py lab/bench/gemm.py --versions 13 --blocks --json "$OUT/mm13/gemm_blocks.json" > "$OUT/mm13/gemm_blocks.md" \
             2> "$OUT/mm13/gemm_blocks.err"
         echo "gemm --blocks exit $?"; grep "^|" "$OUT/mm13/gemm_blocks.md"; tail -3 "$OUT/mm13/gemm_blocks.err" ;;
     quality) # training quality: 12M for QUALITY_STEPS (2000) steps in fp32, bf16 and fp16,
-        # the validation losses side by side and plotted (bench/precision_runs.py), into $OUT/quality/
+        # the validation losses side by side and plotted (lab/bench/precision_runs.py), into $OUT/quality/
         # the three at once on the GPU (--parallel: the same losses as one after another);
         # QUALITY_PRODUCTS=cublas trains bf16 and fp16 with cuBLASLt's products
-        timeout ${QUALITY_TIMEOUT:-560} $py bench/precision_runs.py --out $tmp/quality --size 12M --steps "${QUALITY_STEPS:-2000}" \
+        timeout ${QUALITY_TIMEOUT:-560} $py lab/bench/precision_runs.py --out $tmp/quality --size 12M --steps "${QUALITY_STEPS:-2000}" \
             --precisions fp32,bf16,fp16 --parallel --products "${QUALITY_PRODUCTS:-numba}" > "$OUT/quality.txt" 2>&1
         echo "quality exit $?"; grep "^|" "$OUT/quality.txt" | tail -4
         mkdir -p "$OUT/quality"; cp $tmp/quality/precision_runs.* "$OUT/quality/"
@@ -826,14 +826,14 @@ PY
         # the harness at 12M, their kernel tables at 12M, the whole model at 12M with the engine's
         mkdir -p "$OUT/flash9-mlp12"
         for pair in "attn_flash 5 9" "attn_flash 8 9" "mlp 11 12"; do set -- $pair
-          timeout 90 $py bench/same_bits.py --size 12M --op $1 --versions $2 $3 --json "$OUT/flash9-mlp12/bits_$1_$2_$3.json" \
+          timeout 90 $py lab/bench/same_bits.py --size 12M --op $1 --versions $2 $3 --json "$OUT/flash9-mlp12/bits_$1_$2_$3.json" \
               > "$OUT/flash9-mlp12/bits_$1_$2_$3.txt" 2>&1; echo "same_bits $pair exit $?"; tail -1 "$OUT/flash9-mlp12/bits_$1_$2_$3.txt"; done
         timeout 200 $py -m lab.check --size 12M --seed 89 --ops-only --op mlp --op loss --op attn_flash \
             --version 9 --version 11 --version 12 --json > "$OUT/flash9-mlp12/check_12M.json" 2> "$OUT/flash9-mlp12/check_12M.err"
         echo "flash9-mlp12 check 12M exit $?"; tail -1 "$OUT/flash9-mlp12/check_12M.err"; disagree "$OUT/flash9-mlp12/check_12M.json"
-        timeout 150 $py bench/kernels.py mlp --sizes 12M --version 9 --version 11 --version 12 --markdown "$OUT/flash9-mlp12/mlp.md" \
+        timeout 150 $py lab/bench/kernels.py mlp --sizes 12M --version 9 --version 11 --version 12 --markdown "$OUT/flash9-mlp12/mlp.md" \
             > "$OUT/flash9-mlp12/mlp.txt" 2>&1; echo "kernels mlp exit $?"; grep "^|" "$OUT/flash9-mlp12/mlp.md"
-        timeout 100 $py bench/kernels.py loss --sizes 12M --version 7 --version 9 --markdown "$OUT/flash9-mlp12/loss.md" \
+        timeout 100 $py lab/bench/kernels.py loss --sizes 12M --version 7 --version 9 --markdown "$OUT/flash9-mlp12/loss.md" \
             > "$OUT/flash9-mlp12/loss.txt" 2>&1; echo "kernels loss exit $?"; grep "^|" "$OUT/flash9-mlp12/loss.md"
         timeout 150 $py -m lab.check --size 12M --seed 97 --model-only --json > "$OUT/flash9-mlp12/model_12M.json" \
             2> "$OUT/flash9-mlp12/model_12M.err"; echo "model 12M exit $?"; tail -1 "$OUT/flash9-mlp12/model_12M.err"; disagree "$OUT/flash9-mlp12/model_12M.json" ;;
@@ -842,9 +842,9 @@ PY
            # on the simt2 linear ops at 12M
         mkdir -p "$OUT/simt2"
         check_model 43; mv "$OUT"/model_* "$OUT/simt2/"
-        timeout 200 $py bench/gemm.py --versions 3,9 --blocks --json "$OUT/simt2/gemm.json" > "$OUT/simt2/gemm.md" 2>&1
+        timeout 200 $py lab/bench/gemm.py --versions 3,9 --blocks --json "$OUT/simt2/gemm.json" > "$OUT/simt2/gemm.md" 2>&1
         echo "gemm exit $?"; grep "^|" "$OUT/simt2/gemm.md"
-        timeout 220 $py bench/step_time.py --sizes 12M 120M --recipe fp32 simt2 simt --json "$OUT/simt2/step.json" \
+        timeout 220 $py lab/bench/step_time.py --sizes 12M 120M --recipe fp32 simt2 simt --json "$OUT/simt2/step.json" \
             > "$OUT/simt2/step.txt" 2>&1
         echo "step exit $?"; grep -v '^{' "$OUT/simt2/step.txt"
         timeout 150 $py -m lab.check --size 12M --seed 47 --ops-only --op attn_qkv --op attn_out --op mlp --op loss \

@@ -1,7 +1,7 @@
 """Training quality by precision: the same run (size, seed, data, steps) trained with fp32, bf16
 and fp16 products, its validation losses side by side and plotted together.
 
-    python bench/precision_runs.py --out DIR [--size 12M] [--steps 2000] [--precisions fp32,bf16]
+    python lab/bench/precision_runs.py --out DIR [--size 12M] [--steps 2000] [--precisions fp32,bf16]
 
 Each precision trains in its own process (`python -m andrea_numba.train --size SIZE --precision P
 --steps N --out DIR/P`), one after another, or all at once on the one GPU with --parallel (the same
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
@@ -42,7 +42,7 @@ def precisions(text: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = cli.Parser(prog="python bench/precision_runs.py", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python lab/bench/precision_runs.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=cli.dir_to_write, required=True, help="folder for the runs and the result files")
     ap.add_argument("--size", type=cli.config, default="12M", help="tiny, 12M, 120M or a config file (default 12M)")
     ap.add_argument("--steps", type=cli.positive_int, default=2000, help="steps of each run (default 2000)")

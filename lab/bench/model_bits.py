@@ -1,9 +1,9 @@
 """The whole model's bits on a GPU: one forward + backward of each recipe on the same parameters and
 tokens, the loss and every gradient.
 
-    python bench/model_bits.py --sizes 12M 120M --json bits.json          # every recipe's fingerprint
-    python bench/model_bits.py --sizes 12M --against bits.json            # ... the same bits as then?
-    python bench/model_bits.py --sizes 120M --same bf16s bf16-hopper      # two recipes, bit for bit
+    python lab/bench/model_bits.py --sizes 12M 120M --json bits.json          # every recipe's fingerprint
+    python lab/bench/model_bits.py --sizes 12M --against bits.json            # ... the same bits as then?
+    python lab/bench/model_bits.py --sizes 120M --same bf16s bf16-hopper      # two recipes, bit for bit
 
 A fingerprint is the sha256 of the loss's and the gradient's bytes: two trees (before and after a
 change that should move no bit, such as code moved between modules) give the same fingerprints or
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SHAPES = {"tiny": (1, 8), "12M": (16, 512), "120M": (8, 1024)}     # the step's shapes
 

@@ -1,9 +1,9 @@
 """The GPU checks and benchmarks in one process, so every kernel compiles once:
 the agreement harness (every version at every block size, ops and whole model) and
-bench/kernels.py's table, at the sizes given. Results go to --out as JSON and Markdown.
+lab/bench/kernels.py's table, at the sizes given. Results go to --out as JSON and Markdown.
 
-    python bench/gpu_checks.py --out results/ --check 12M,120M --kernels 12M
-    python bench/gpu_checks.py --out results/ --kernels 120M --ops loss,attn
+    python lab/bench/gpu_checks.py --out results/ --check 12M,120M --kernels 12M
+    python lab/bench/gpu_checks.py --out results/ --kernels 120M --ops loss,attn
 
 Progress goes to stderr, one line per step, so a long run shows where it is.
 """
@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "lab" / "bench"))
 
 
 def main(argv=None) -> int:
@@ -30,10 +30,10 @@ def main(argv=None) -> int:
             raise argparse.ArgumentTypeError(f"unknown op {bad[0]!r}: give all, or ops of {', '.join(CASES)}")
         return text
 
-    ap = cli.Parser(prog="python bench/gpu_checks.py", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python lab/bench/gpu_checks.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=cli.dir_to_write, required=True, help="folder for the result files")
     ap.add_argument("--check", type=cli.config_list, default=[], help="sizes for the agreement harness, comma-separated")
-    ap.add_argument("--kernels", type=cli.config_list, default=[], help="sizes for bench/kernels.py's table, comma-separated")
+    ap.add_argument("--kernels", type=cli.config_list, default=[], help="sizes for lab/bench/kernels.py's table, comma-separated")
     ap.add_argument("--ops", type=ops_list, default="all", help="ops of the kernel table, comma-separated (default all)")
     ap.add_argument("--seed", type=cli.seed, default=0)
     args = ap.parse_args(argv)

@@ -4,11 +4,11 @@ A kernel is compiled at its first launch (Numba types and lowers it, NVVM turns 
 driver into machine code). Compiled that way, one after another, the default 12M run's first step
 ended 30.6 s after launch on an H200, an eighth of the run; the trainer now compiles them ahead on
 worker processes (andrea_numba.precompile: 11 s there). This tool runs one forward + backward of
-GPUModel at a size under bench/ptxcheck.py's compile-only mode, compiles each kernel once per
+GPUModel at a size under lab/bench/ptxcheck.py's compile-only mode, compiles each kernel once per
 argument signature as a launch would (to PTX for sm_90; the driver's last step is not counted) and
 prints the seconds each took, largest first.
 
-    python bench/compile_time.py [--size 12M] [--batch 16] [--seq 512]
+    python lab/bench/compile_time.py [--size 12M] [--batch 16] [--seq 512]
 """
 import collections
 import sys
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import ptxcheck  # noqa: E402  (it refuses to run in the simulator)
 import numba.cuda.dispatcher as _dispatcher  # noqa: E402

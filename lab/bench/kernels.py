@@ -2,9 +2,9 @@
 with the twin, how long does it take, how close does it come to the GPU's peak. One table, in the
 way llm.c's dev/cuda times each kernel version beside its CPU reference.
 
-    python bench/kernels.py layernorm                 # one op, at the 12M and 120M training shapes
-    python bench/kernels.py all --sizes 12M           # every case of andrea_numba/cases.py
-    python bench/kernels.py attn --shape 8,1024 --json out.json --markdown out.md
+    python lab/bench/kernels.py layernorm                 # one op, at the 12M and 120M training shapes
+    python lab/bench/kernels.py all --sizes 12M           # every case of andrea_numba/cases.py
+    python lab/bench/kernels.py attn --shape 8,1024 --json out.json --markdown out.md
 
 The cases, their inputs and the versions come from andrea_numba/cases.py and each kernel module's
 VERSIONS, so a new version shows up here without an edit. "agrees" is the agreement harness
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
@@ -194,7 +194,7 @@ def _shape(text: str) -> tuple[int, int]:
 
 
 def main(argv=None) -> int:
-    ap = cli.Parser(prog="python bench/kernels.py", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python lab/bench/kernels.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("op", type=cli.one_of(["all", *CASES], "op"), metavar="OP",
                     help=f"an op of andrea_numba/cases.py, or all: {', '.join(CASES)}")
     ap.add_argument("--sizes", type=cli.config_list, default="12M,120M",
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
 
     from andrea_numba.kernels.common import SIMULATOR
     if SIMULATOR or not cuda.is_available():
-        print("error: bench/kernels.py times kernels on a GPU: run it on a machine with an NVIDIA GPU, "
+        print("error: lab/bench/kernels.py times kernels on a GPU: run it on a machine with an NVIDIA GPU, "
               "without NUMBA_ENABLE_CUDASIM=1", file=sys.stderr)
         return 2
     try:

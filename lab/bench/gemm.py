@@ -1,9 +1,9 @@
 """The product kernels against cuBLAS: TFLOP/s of every matmul version at the shapes the models
 run, beside cuBLAS SGEMM (through CuPy, TF32 off) measured in the same process.
 
-    python bench/gemm.py                     # 12M and 120M shapes + 4096^3, markdown table on stdout
-    python bench/gemm.py --json out.json
-    python bench/gemm.py --versions 4,5 --blocks     # every declared tile of each version, the best shown
+    python lab/bench/gemm.py                     # 12M and 120M shapes + 4096^3, markdown table on stdout
+    python lab/bench/gemm.py --json out.json
+    python lab/bench/gemm.py --versions 4,5 --blocks     # every declared tile of each version, the best shown
 
 Each row is one product out[M, N] (+)= op(a) @ op(b) as the engine calls it (which operand is
 transposed, and whether it adds into out). "err" is max |out - ref| / max |ref| against a float64
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
@@ -101,7 +101,7 @@ def _versions(text: str) -> list:
 
 
 def main(argv=None):
-    p = cli.Parser(prog="python bench/gemm.py", description=__doc__.splitlines()[0])
+    p = cli.Parser(prog="python lab/bench/gemm.py", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows as JSON")
     p.add_argument("--versions", default="3,4,6", type=_versions, help="matmul versions to time (default 3,4,6)")
     p.add_argument("--blocks", action="store_true",
@@ -115,7 +115,7 @@ def main(argv=None):
     from lab import matmul as lab_matmul
     from andrea_numba.kernels.common import SIMULATOR
     if SIMULATOR or not cuda.is_available():
-        cli.fail("bench/gemm.py times the products on a GPU: run it on a machine with an NVIDIA GPU, "
+        cli.fail("lab/bench/gemm.py times the products on a GPU: run it on a machine with an NVIDIA GPU, "
                  "without NUMBA_ENABLE_CUDASIM=1")
     try:
         import cupy

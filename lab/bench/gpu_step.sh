@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The training step on the GPU: flash attention v2 checked (12M, 120M) and timed, the CUDA
-# graph against eager (bench/gpu_graph.py), the whole step beside PyTorch, and the default 12M
+# graph against eager (lab/bench/gpu_graph.py), the whole step beside PyTorch, and the default 12M
 # training run with its wall time. Writes to $OUT.
-#   bash bench/gpu_step.sh [steps...]      steps: tf32 flash graph step mem120 train (default all)
+#   bash lab/bench/gpu_step.sh [steps...]      steps: tf32 flash graph step mem120 train (default all)
 #   mem120: ten steps of the 120M config (graph mode), for the memory plan against what setup took
 WHAT=step; source "$(dirname "$0")/gpu_lib.sh"      # OUT, tmp, py
 steps=${*:-tf32 flash graph step mem120 train}
@@ -10,16 +10,16 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/
 for s in $steps; do
   t0=$(date +%s)
   case $s in
-    tf32) $py bench/tf32_check.py 2>&1 | tee "$OUT/tf32_check.txt" ;;
+    tf32) $py lab/bench/tf32_check.py 2>&1 | tee "$OUT/tf32_check.txt" ;;
     flash) for size in 12M 120M; do
              $py -m lab.check --size $size --seed 5 --op attn_flash --json > "$OUT/flash_check_$size.json" \
                  2> "$OUT/flash_check_$size.err"; echo "check $size attn_flash exit $?"; tail -2 "$OUT/flash_check_$size.err"
            done
-           $py bench/kernels.py attn_flash --sizes 12M,120M --markdown "$OUT/flash_kernels.md" > "$OUT/flash_kernels.txt" 2>&1
+           $py lab/bench/kernels.py attn_flash --sizes 12M,120M --markdown "$OUT/flash_kernels.md" > "$OUT/flash_kernels.txt" 2>&1
            echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash_kernels.md" ;;
-    graph) $py bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps 20 > "$OUT/graph.txt" 2>&1
+    graph) $py lab/bench/gpu_graph.py --out "$OUT/graph" --sizes 12M --steps 20 > "$OUT/graph.txt" 2>&1
            echo "gpu_graph exit $?"; tail -25 "$OUT/graph.txt" ;;
-    step) $py bench/step_time.py --sizes 12M 120M --attention both --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
+    step) $py lab/bench/step_time.py --sizes 12M 120M --attention both --json "$OUT/step.json" > "$OUT/step.txt" 2>&1
           echo "step exit $?"; grep -v '^{' "$OUT/step.txt" ;;
     mem120) rm -rf $tmp/run120M
            $py -m andrea_numba.train --size 120M --steps 10 --out $tmp/run120M --log-every 5 > "$OUT/train120M.txt" 2>&1

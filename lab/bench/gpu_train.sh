@@ -2,7 +2,7 @@
 # Training on the GPU: the agreement harness at 12M, a SIGTERM/resume
 # bit-exactness check at 12M, and 50 steps of 120M with its memory plan against the measured
 # peak. Writes what it measured to $OUT (run files stay in $tmp/runs: checkpoints are large).
-#   bash bench/gpu_train.sh [parts...]   # parts: check resume 120M (default all three)
+#   bash lab/bench/gpu_train.sh [parts...]   # parts: check resume 120M (default all three)
 WHAT=train; source "$(dirname "$0")/gpu_lib.sh"      # OUT, tmp, py
 R=$tmp/runs; mkdir -p "$R"
 parts=" ${*:-check resume 120M} "

@@ -2,8 +2,8 @@
 both modes train the same steps from the same initialisation and must end with bit-identical
 weights, Adam m and v; the table gives their step times.
 
-    python bench/gpu_graph.py --out DIR                        # tiny and 12M, 20 steps, dropout 0 and 0.1
-    python bench/gpu_graph.py --out DIR --sizes 12M --steps 50 --dropout 0.1
+    python lab/bench/gpu_graph.py --out DIR                        # tiny and 12M, 20 steps, dropout 0 and 0.1
+    python lab/bench/gpu_graph.py --out DIR --sizes 12M --steps 50 --dropout 0.1
 
 For each size and dropout probability it runs andrea_numba.train.Trainer twice on the size's
 config (the default corpus, prepared once per size under DIR): eager (--no-graph) and graph (the
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -45,7 +45,7 @@ def config_for(size: str, steps: int, dropout: float):
     from andrea_numba.config import config_from_dict, load_config, validate
     raw = load_config(size).to_dict()
     raw["train"].update(steps=steps, dropout=dropout)
-    return validate(config_from_dict(raw, origin="bench/gpu_graph.py"))
+    return validate(config_from_dict(raw, origin="lab/bench/gpu_graph.py"))
 
 
 def train(cfg, graph: bool, run_dir: Path, data_dir: Path, log, probe_at: int) -> dict:
@@ -82,7 +82,7 @@ def compare(eager: dict, graph: dict) -> dict:
 
 def main(argv=None) -> int:
     from andrea_numba import cli
-    ap = cli.Parser(prog="python bench/gpu_graph.py", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python lab/bench/gpu_graph.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=cli.dir_to_write, required=True, help="folder for the result files")
     ap.add_argument("--sizes", type=cli.config_list, default=["tiny", "12M"], help="sizes, comma-separated "
                     "(default tiny,12M)")
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     from andrea_numba import train as tr
     from andrea_numba.kernels.common import SIMULATOR, device_name
     if SIMULATOR or not cuda.is_available():
-        cli.fail("bench/gpu_graph.py needs a CUDA GPU (the simulator has no CUDA graphs)")
+        cli.fail("lab/bench/gpu_graph.py needs a CUDA GPU (the simulator has no CUDA graphs)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     logfile = open(out / "log.txt", "a")

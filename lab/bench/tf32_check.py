@@ -2,7 +2,7 @@
 hardware's own cvt.rna.tf32.f32 (tf32_round_cvt), bit for bit, over random floats of every
 magnitude, the halfway cases and the special values. Prints one line; exit 1 on a difference.
 
-    python bench/tf32_check.py            # 16M random floats + specials
+    python lab/bench/tf32_check.py            # 16M random floats + specials
 """
 import sys
 
@@ -22,7 +22,7 @@ def k_both(a, b, x):
 
 
 def main(argv=None):
-    cli.Parser(prog="python bench/tf32_check.py", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    cli.Parser(prog="python lab/bench/tf32_check.py", description=__doc__.split("\n\n")[0]).parse_args(argv)
     rng = np.random.default_rng(0)
     bits = rng.integers(0, 2 ** 32, 1 << 24, dtype=np.uint64).astype(np.uint32)
     halfway = (rng.integers(0, 2 ** 19, 1 << 16, dtype=np.uint64).astype(np.uint32) << 13) | np.uint32(0x1000)

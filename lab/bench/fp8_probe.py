@@ -3,7 +3,7 @@
 CUBLASLT_LOG_LEVEL=5 for its reasons). Prints one line a form: ok (with the error against float64)
 or the library's status.
 
-    python bench/fp8_probe.py
+    python lab/bench/fp8_probe.py
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,11 +1,11 @@
 """Time one forward + backward of the whole model on the GPU, beside PyTorch for the same shapes.
 
-    python bench/step_time.py                      # 12M at 16 x 512 and 120M at 8 x 1024
-    python bench/step_time.py --sizes 12M --json out.json
-    python bench/step_time.py --attention both     # flash attention (the engine's) and attention v2
-    python bench/step_time.py --flash-version 3 4  # flash attention v3 and v4 in the engine's place
-    python bench/step_time.py --mlp-version 6      # the MLP's v6 in place of the engine's
-    python bench/step_time.py --recipe fp32 tf32x3t simt  # the engine's fp32 recipe and two lab rungs
+    python lab/bench/step_time.py                      # 12M at 16 x 512 and 120M at 8 x 1024
+    python lab/bench/step_time.py --sizes 12M --json out.json
+    python lab/bench/step_time.py --attention both     # flash attention (the engine's) and attention v2
+    python lab/bench/step_time.py --flash-version 3 4  # flash attention v3 and v4 in the engine's place
+    python lab/bench/step_time.py --mlp-version 6      # the MLP's v6 in place of the engine's
+    python lab/bench/step_time.py --recipe fp32 tf32x3t simt  # the engine's fp32 recipe and two lab rungs
 
 Prints a table: size, batch, forward ms, backward ms, tokens/s, and, when PyTorch is installed
 (it is not a dependency of the project), the same GPT written in PyTorch in fp32 (TF32 off, as
@@ -186,7 +186,7 @@ def time_torch_train_step(m, tr, B, T, iters):
 
 
 def main(argv=None):
-    ap = cli.Parser(prog="python bench/step_time.py", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python lab/bench/step_time.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", nargs="+", choices=list(SHAPES), default=["12M", "120M"])
     ap.add_argument("--iters", type=cli.int_range(1, 10_000), default=5)
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="write the results here too")

@@ -4,7 +4,7 @@ bits; the simulator's tests show it for the logic, and this shows it for the com
 GPU, where the compiler may fuse a multiply and an add one way in one kernel and another way in
 the other.
 
-    python bench/same_bits.py --size 12M --op attn_flash --versions 5 9 [--seed 3] [--json FILE]
+    python lab/bench/same_bits.py --size 12M --op attn_flash --versions 5 9 [--seed 3] [--json FILE]
 
 Both versions run on the same inputs (the harness's, check.reference_for), the same += prefill and
 NaN-poisoned outputs, at every block size they both declare (the first one's default when one of
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from numba import cuda
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from andrea_numba import check  # noqa: E402
 from andrea_numba.cases import Dims, call  # noqa: E402

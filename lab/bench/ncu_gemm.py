@@ -1,26 +1,26 @@
-"""One launch of a product kernel per shape of bench/gemm.py, between cuda.profile_start and
+"""One launch of a product kernel per shape of lab/bench/gemm.py, between cuda.profile_start and
 profile_stop, for Nsight Compute to look into (stall reasons, pipes, bank conflicts):
 
-    ncu --profile-from-start off --set full python bench/ncu_gemm.py --version 6 --shape "120M mlp dx" --shape 4096
+    ncu --profile-from-start off --set full python lab/bench/ncu_gemm.py --version 6 --shape "120M mlp dx" --shape 4096
 
---shape picks the rows of bench/gemm.py's SHAPES whose label contains the text.
+--shape picks the rows of lab/bench/gemm.py's SHAPES whose label contains the text.
 """
 import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "lab" / "bench"))
 
 from andrea_numba import cli  # noqa: E402
 
 
 def main(argv=None):
-    p = cli.Parser(prog="python bench/ncu_gemm.py", description=__doc__.splitlines()[0])
+    p = cli.Parser(prog="python lab/bench/ncu_gemm.py", description=__doc__.splitlines()[0])
     p.add_argument("--version", type=int, default=6, help="matmul version (default 6)")
-    p.add_argument("--shape", action="append", required=True, help="text in a SHAPES label of bench/gemm.py")
+    p.add_argument("--shape", action="append", required=True, help="text in a SHAPES label of lab/bench/gemm.py")
     args = p.parse_args(argv)
     from numba import cuda
     from gemm import SHAPES

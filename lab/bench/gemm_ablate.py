@@ -1,7 +1,7 @@
 """Where a 3xTF32 product's time goes: the same split-tile kernel (matmul v5's) with three, one or
 no tensor-core products per fragment, timed on the GPU.
 
-    python bench/gemm_ablate.py
+    python lab/bench/gemm_ablate.py
 
 If the time falls about threefold from three products to one, the tensor cores are the limit; if
 it hardly moves, the limit is elsewhere (copies, shared-memory reads, barriers, latency). "none"
@@ -11,7 +11,7 @@ splits them as the fragments are read (matmul v6: half the shared traffic, more 
 Prints a markdown table (ms and TFLOP/s counted as 2 M N K, whatever the kernel's accuracy; only
 the 3xTF32 columns are fp32-accurate products).
 
-    python bench/gemm_ablate.py --splits
+    python lab/bench/gemm_ablate.py --splits
 
 times the split at read three ways (split_tile.SPLITS) on the 128 x 64 tile: "round" (v6, five
 instructions a value), "half" (four: small's low bits left for the tensor core to drop) and
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SHAPES = [("120M mlp fwd x @ W_1", 8192, 3072, 768), ("square 4096", 4096, 4096, 4096)]
 TILES = [(128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 64), (128, 128, 16, 64, 32)]
@@ -33,7 +33,7 @@ TILES = [(128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 64), (1
 
 def main(argv=None):
     from andrea_numba import cli
-    ap = cli.Parser(prog="python bench/gemm_ablate.py", description=__doc__.splitlines()[0])
+    ap = cli.Parser(prog="python lab/bench/gemm_ablate.py", description=__doc__.splitlines()[0])
     ap.add_argument("--splits", action="store_true", help="time the three ways to split at read instead")
     args = ap.parse_args(argv)
     from numba import cuda, float32

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Flash attention on the GPU: the harness and the kernel times. Writes to $OUT.
-#   bash bench/gpu_flash.sh [steps...]      # PYTHONPATH set up as the README says
+#   bash lab/bench/gpu_flash.sh [steps...]      # PYTHONPATH set up as the README says
 #   steps: flash (the default: the harness at 12M and 120M, flash beside the present attention,
-#          then bench/kernels.py's table of both at 12M); flash16 (flash v11 (bf16 products) and v12
+#          then lab/bench/kernels.py's table of both at 12M); flash16 (flash v11 (bf16 products) and v12
 #          (fp16): the harness at 12M and 120M, each output's largest error against the twin at its
 #          precision and against the fp32 twin, and their kernel times beside v8 and v10 at both sizes)
 WHAT=flash; source "$(dirname "$0")/gpu_lib.sh"      # OUT, py, disagree
@@ -30,7 +30,7 @@ for s in $steps; do
       $py -m lab.check --size 120M --seed 4 --op attn_flash --json > "$OUT/flash_check_120M.json" \
           2> "$OUT/flash_check_120M.err"; echo "check 120M exit $?"; tail -2 "$OUT/flash_check_120M.err"
       for op in attn_flash attn; do
-          $py bench/kernels.py $op --sizes 12M --markdown "$OUT/bench_$op.md" > "$OUT/bench_$op.txt" 2>&1
+          $py lab/bench/kernels.py $op --sizes 12M --markdown "$OUT/bench_$op.md" > "$OUT/bench_$op.txt" 2>&1
           echo "bench $op exit $?"; cat "$OUT/bench_$op.txt"
       done ;;
     flash16)
@@ -49,7 +49,7 @@ for s in $steps; do
         errors "$OUT/flash16/check_$size.json"
       done
       # GPU times of v11 and v12 beside v8 (forward) and v10 (the engine's backward), every block
-      timeout 500 $py bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
+      timeout 500 $py lab/bench/kernels.py attn_flash --sizes 12M,120M --version 8 --version 10 --version 11 --version 12 \
           --json "$OUT/flash16/kernels.json" --markdown "$OUT/flash16/kernels.md" > "$OUT/flash16/kernels.txt" 2>&1
       echo "kernels attn_flash exit $?"; grep "^|" "$OUT/flash16/kernels.md" ;;
   esac
