@@ -189,7 +189,7 @@ def test_scale_d_chooses_between_overwrite_and_accumulate():
 def test_the_probe_variants_are_right_or_wrong_as_the_twin_says():
     """lab/bench/wgmma_probe.py's host side: every layout variant is A @ B through the twin, every
     control is not, and each operand fits its region of the image."""
-    spec = importlib.util.spec_from_file_location("wgmma_probe", ROOT / "bench" / "wgmma_probe.py")
+    spec = importlib.util.spec_from_file_location("wgmma_probe", ROOT / "lab" / "bench" / "wgmma_probe.py")
     probe = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = probe                                 # its dataclass looks itself up there
     try:
