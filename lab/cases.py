@@ -24,3 +24,20 @@ def lab_module(module):
 
 CASES = {op: dataclasses.replace(case, module=lab_module(case.module)) for op, case in ENGINE_CASES.items()}
 KERNEL_MODULES = tuple(dict.fromkeys(case.module for case in CASES.values()))
+
+
+def ladder() -> str:
+    """Every op's ladder, a line per launcher: its rungs, the engine's (its modules hold them) starred."""
+    lines = []
+    for case in CASES.values():
+        engine = ENGINE_CASES[case.op]
+        for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
+            name = case.fwd if direction == "fwd" else case.bwd
+            ours = set(engine.versions(direction))
+            rungs = " ".join(f"v{v}{'*' if v in ours else ''}" for v in case.versions(direction))
+            lines.append(f"{case.op:<20} {name:<24} {rungs}")
+    return "\n".join(lines) + "\n(* in the engine: a recipe's kernel, the simple pair the lessons teach, or one they call)"
+
+
+if __name__ == "__main__":
+    print(ladder())

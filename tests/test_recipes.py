@@ -164,3 +164,24 @@ def test_the_engine_holds_no_ladder_and_the_lab_holds_every_rung():
     for r in recipes.RECIPES.values():
         for op, pair in r.kernels.items():
             assert set(pair) <= rungs, (r.name, op)
+
+
+def test_the_module_level_names_are_the_fp32_recipes():
+    """The names without a version (mlp.mlp_fwd, ...: what case.engine() and lesson 03 call) are the
+    fp32 recipe's launchers, so the two cannot drift apart."""
+    from andrea_numba.kernels import attn_flash, attn_out, attn_qkv, embed, layernorm, loss, mlp
+    fp32 = recipes.get("fp32").kernels
+    assert (embed.embed_fwd, embed.embed_bwd) == fp32["embed"]
+    assert (layernorm.layernorm_fwd, layernorm.layernorm_bwd) == fp32["layernorm"]
+    assert (layernorm.residual_layernorm_fwd, layernorm.residual_layernorm_bwd) == fp32["residual_layernorm"]
+    assert (attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd) == fp32["attention"]
+    for module, op in ((attn_qkv, "attn_qkv"), (attn_out, "attn_out"), (mlp, "mlp"), (loss, "loss")):
+        assert (getattr(module, op + "_fwd"), getattr(module, op + "_bwd")) == fp32[op], op
+
+
+def test_the_lab_prints_every_ladder():
+    """python -m lab.cases: the MLP's 20 rungs, the recipes' and the lessons' starred."""
+    from lab.cases import ladder
+    text = ladder()
+    mlp_line = next(line for line in text.splitlines() if line.split()[1] == "mlp_fwd")
+    assert mlp_line.split()[2:] == [f"v{v}{'*' if v in (1, 12, 14, 16, 19) else ''}" for v in range(1, 21)]
