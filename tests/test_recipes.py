@@ -64,10 +64,6 @@ def test_the_model_runs_the_kernels_its_recipe_names(name):
             return f(*a, **k)
         return launch
     model.kernels = {op: tuple(spy(f) for f in pair) for op, pair in model.kernels.items()}
-    model.qkv_fwd, model.qkv_bwd = model.kernels["attn_qkv"]
-    model.out_fwd, model.out_bwd = model.kernels["attn_out"]
-    model.mlp_fwd, model.mlp_bwd = model.kernels["mlp"]
-    model.loss_fwd, model.loss_bwd = model.kernels["loss"]
     model.params.copy_to_device(init_params(m, 1))
     tokens = np.zeros((1, 8), np.int32)
     model.forward(tokens, tokens)

@@ -54,10 +54,6 @@ def main(argv=None):
     # the launchers of the model's recipe (model.kernels: embed, the LayerNorms, attention, the
     # linear ops) ...
     model.kernels = {op: tuple(timer(f, f.__name__) for f in pair) for op, pair in model.kernels.items()}
-    model.qkv_fwd, model.qkv_bwd = model.kernels["attn_qkv"]
-    model.out_fwd, model.out_bwd = model.kernels["attn_out"]
-    model.mlp_fwd, model.mlp_bwd = model.kernels["mlp"]
-    model.loss_fwd, model.loss_bwd = model.kernels["loss"]
     # ... and dropout's, module-level
     for name in ("dropout_fwd", "dropout_bwd"):
         setattr(dropout, name, timer(getattr(dropout, name), name))
