@@ -34,11 +34,7 @@ def _kernels(recipe, op: str) -> str:
         fns = (dropout.dropout_fwd, dropout.dropout_bwd)
     else:
         fns = [f for name in RUNS_AS[op] for f in recipe.kernels[name]]
-    seen = []
-    for f in fns:
-        if f.__name__ not in seen:
-            seen.append(f.__name__)
-    return ", ".join(f"`{n}`" for n in seen)
+    return ", ".join(f"`{n}`" for n in dict.fromkeys(f.__name__ for f in fns))     # each once, in order
 
 
 def op_table() -> str:
