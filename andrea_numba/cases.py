@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable
@@ -135,12 +134,12 @@ class OpCase:
 
 
 def engine_versions(module: ModuleType, name: str) -> dict:
-    """{version: launcher} of the launchers named name_v<N> in an engine module, by N."""
+    """{rung: launcher} of an engine module's launchers of one op: those named `name` or
+    `name_<what it is>` that declare their rung of the ladder (common.rung), by rung."""
     found = {}
     for attr, value in vars(module).items():
-        m = re.fullmatch(re.escape(name) + r"_v(\d+)", attr)
-        if m and callable(value):
-            found[int(m.group(1))] = value
+        if (attr == name or attr.startswith(name + "_")) and callable(value) and hasattr(value, "rung"):
+            found[value.rung] = value
     return dict(sorted(found.items()))
 
 

@@ -219,6 +219,21 @@ def blocks(gpu, sim):
     return mark
 
 
+def rung(number: int):
+    """Declare which rung of its op's ladder a launcher is: the engine names its launchers by what
+    they are (mlp_fwd_tf32x3), the lab numbers every version of an op (lab/<module>.py's VERSIONS),
+    and the harness's --version, the benchmarks and CHANGELOG.md speak of rungs by number.
+
+        @rung(12)
+        @blocks(gpu=..., sim=...)
+        def mlp_fwd_tf32x3(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0): ...
+    """
+    def mark(launch):
+        launch.rung = number
+        return launch
+    return mark
+
+
 # Numba types cuda.threadIdx.x (and blockIdx, gridDim) as a signed int32, and a signed index keeps
 # Python's meaning: a[i] with i < 0 counts from the end, i // 32 and i % 32 round toward minus
 # infinity. So every a[i] whose i comes from a thread index compiles to "if i < 0: i += n" for each
