@@ -35,6 +35,7 @@ import reference as R
 
 from .kernels import (attn, attn_flash, attn_out, attn_qkv, dropout, embed, layernorm, loss, matmul, mlp, optim,
                       residual)
+from . import recipes
 from .kernels.matmul import splitk_work
 
 
@@ -70,7 +71,7 @@ def call(fn: Callable, values: dict, **extra):
 @dataclass(frozen=True)
 class OpCase:
     op: str                      # name of the op (a row of the kernel table)
-    module: ModuleType           # andrea_numba.kernels.<module>, holding VERSIONS
+    module: ModuleType           # andrea_numba.kernels.<module> (its rungs), or lab.<module> (VERSIONS: every rung)
     fwd: str                     # launcher and twin name of the forward ("layernorm_fwd")
     fwd_out: tuple               # what the twin's forward returns, in order
     make: Callable               # make(dims, rng) -> {name: value} of every input
@@ -129,18 +130,32 @@ class OpCase:
                 if (not self.only or v in self.only) and (not numbers or v in numbers)}
 
     def engine(self, direction: str = "fwd") -> Callable:
-        """The launcher the engine uses (the module-level name without a version)."""
-        return getattr(self.module, self.fwd if direction == "fwd" else self.bwd)
+        """The launcher the engine runs for this op in fp32: the fp32 recipe's (andrea_numba/recipes.py)
+        for the ops of a recipe, the products' (matmul_tf32x3) for matmul, else the op's highest rung
+        in the engine (attn_bwd_tiled for GPUModel(flash=False), adamw, ...)."""
+        name = self.fwd if direction == "fwd" else self.bwd
+        if self.op in _RECIPE_OP:
+            return recipes.get("fp32").kernels[_RECIPE_OP[self.op]][direction == "bwd"]
+        if self.fwd == "matmul":
+            return matmul.matmul_tf32x3
+        return engine_versions(self.module, name)[max(engine_versions(self.module, name))]
 
 
 def engine_versions(module: ModuleType, name: str) -> dict:
     """{rung: launcher} of an engine module's launchers of one op: those named `name` or
-    `name_<what it is>` that declare their rung of the ladder (common.rung), by rung."""
+    `name_<what it is>` (not `name_bwd...`, the backward of a forward named `name`) that declare
+    their rung of the ladder (common.rung), by rung."""
     found = {}
     for attr, value in vars(module).items():
-        if (attr == name or attr.startswith(name + "_")) and callable(value) and hasattr(value, "rung"):
+        what = attr[len(name) + 1:] if attr.startswith(name + "_") else None
+        if (attr == name or (what and not what.startswith("bwd"))) and callable(value) and hasattr(value, "rung"):
             found[value.rung] = value
     return dict(sorted(found.items()))
+
+
+# the op cases whose kernels a recipe names, and the recipe's name for each
+_RECIPE_OP = dict(embed="embed", layernorm="layernorm", attn_qkv="attn_qkv", attn_flash="attention", attn_out="attn_out",
+                  residual_layernorm="residual_layernorm", mlp="mlp", loss="loss")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -174,7 +174,7 @@ def quantize_rows(seed: int = 0) -> list[dict]:
                     codes = cuda.to_device(np.full(rows_ * ld, 0xAB, np.uint8))      # poisoned
                     stats, count = cuda.to_device(np.full(Q.STATS, np.nan, np.float32)), cuda.to_device(np.full(1, -7, np.int32))
                     partial = cuda.device_array(Q.AMAX_BLOCKS, np.float32)
-                    got = Q.quantize_v1(codes, stats, count, partial, cuda.to_device(x), fmt, transpose=t)
+                    got = Q.quantize(codes, stats, count, partial, cuda.to_device(x), fmt, transpose=t)
                     runs.append((got.copy_to_host(), stats.copy_to_host(), int(count.copy_to_host()[0])))
                 got, st, n = runs[0]
                 wrong = int(np.sum(got != expect))
@@ -202,7 +202,7 @@ def product_rows(size: str = "12M", scopes=FP8_SCOPES, seed: int = 0) -> list[di
     rows = []
     for case in CASES.values():
         if case.fwd == "matmul":
-            rows += check.check_launcher(case, "fwd", F.matmul_v24, dims, rng, version=24)
+            rows += check.check_launcher(case, "fwd", F.matmul_fp8, dims, rng, version=24)
     for scope in scopes:
         ops = F.linear_ops(scope, dims.N, m.d_model, m.vocab_size, m.n_layer)
         for op in ("attn_qkv", "attn_out", "mlp"):

@@ -266,8 +266,8 @@ class GPUModel:
             """resid = x_in + f and saved = LN(resid): the recipe's residual_layernorm forward; with
             saved16 (its v3) it writes the bf16 output itself where the rows are whole 16-byte chunks,
             and v1 writes the fp32 ln_out, then rounded, where they are not."""
-            if self.saved16 and not layernorm.fits_v3(resid, saved, x_in, f):
-                layernorm.residual_layernorm_fwd_v1(resid, ln(saved), mean, rstd, x_in, f, g, beta, eps, stream=s)
+            if self.saved16 and not layernorm.fits_vec4(resid, saved, x_in, f):
+                layernorm.residual_layernorm_fwd(resid, ln(saved), mean, rstd, x_in, f, g, beta, eps, stream=s)
                 keep(saved)
             else:
                 fused_ln_fwd(resid, saved, mean, rstd, x_in, f, g, beta, eps, stream=s)
@@ -288,7 +288,7 @@ class GPUModel:
                 self.kernels["attention"][0](b["y"][l].reshape(B, T, C), b["lse"][l], *qkv, H, p_drop, k_att, stream=s,
                                           **y16)
             else:
-                attn.attn_fwd(b["y"][l].reshape(B, T, C), b["att"][l], *qkv, H, p_drop, k_att, stream=s)
+                attn.attn_fwd_tiled(b["y"][l].reshape(B, T, C), b["att"][l], *qkv, H, p_drop, k_att, stream=s)
             self.out_fwd(b["branch"], self.y_operand(l), W[p + "attn.w_o"], stream=s)
             if p_drop:                                              # in place: branch = drop(branch)
                 dropout.dropout_fwd(_flat(b["branch"]), _flat(b["branch"]), p_drop, k_ao, stream=s)
@@ -373,7 +373,7 @@ class GPUModel:
                 self.kernels["attention"][1](bt("d_q"), bt("d_k"), bt("d_v"), b["d_rowdot"], bt("d_y"), *qkv,
                                           b["y"][l].reshape(B, T, C), b["lse"][l], H, p_drop, k_att, stream=s)
             else:
-                attn.attn_bwd(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"), *qkv,
+                attn.attn_bwd_tiled(bt("d_q"), bt("d_k"), bt("d_v"), b["d_scores"], bt("d_y"), *qkv,
                               b["att"][l], H, p_drop, k_att, stream=s)
             self.qkv_bwd(d_ln_out, G[p + "attn.w_q"], G[p + "attn.w_k"], G[p + "attn.w_v"], work,
                          b["d_q"], b["d_k"], b["d_v"], b["ln1"][l],

@@ -106,29 +106,29 @@ class Recipe:
 
 # the kernels every recipe of ours shares; a recipe names what it changes
 _COMMON = dict(
-    embed=(embed.embed_fwd_v1, embed.embed_bwd_v5),
+    embed=(embed.embed_fwd, embed.embed_bwd_sorted),
     # the first LayerNorm (no residual sum before it) and LNf's backward; the 2L others are fused
     # with the residual add that makes their input (residual_layernorm)
-    layernorm=(layernorm.layernorm_fwd_v1, layernorm.layernorm_bwd_v4),
-    residual_layernorm=(layernorm.residual_layernorm_fwd_v1, layernorm.residual_layernorm_bwd_v5),
+    layernorm=(layernorm.layernorm_fwd, layernorm.layernorm_bwd_two_stage),
+    residual_layernorm=(layernorm.residual_layernorm_fwd, layernorm.residual_layernorm_bwd_partials),
 )
 
 FP32 = Recipe(
     "fp32", "fp32", dict(
         _COMMON,
-        attention=(attn_flash.attn_flash_fwd_v8, attn_flash.attn_flash_bwd_v10),   # fp32, on tensor cores
-        attn_qkv=(attn_qkv.attn_qkv_fwd_v7, attn_qkv.attn_qkv_bwd_v7), attn_out=(attn_out.attn_out_fwd_v7, attn_out.attn_out_bwd_v7),
-        mlp=(mlp.mlp_fwd_v12, mlp.mlp_bwd_v12), loss=(loss.loss_fwd_v9, loss.loss_bwd_v7)),
+        attention=(attn_flash.attn_flash_fwd_tf32x3, attn_flash.attn_flash_bwd_tf32x3),   # fp32, on tensor cores
+        attn_qkv=(attn_qkv.attn_qkv_fwd_tf32x3, attn_qkv.attn_qkv_bwd_tf32x3), attn_out=(attn_out.attn_out_fwd_tf32x3, attn_out.attn_out_bwd_tf32x3),
+        mlp=(mlp.mlp_fwd_tf32x3, mlp.mlp_bwd_tf32x3), loss=(loss.loss_fwd_tf32x3, loss.loss_bwd_tf32x3)),
     what="fp32 (products on tensor cores as 3xTF32, as accurate as fp32)")
 
 BF16_AMPERE = Recipe(
     "bf16-ampere", "bf16", dict(
         _COMMON,
         # the bf16 LayerNorm output written by the LayerNorm itself (rows of whole 16-byte chunks)
-        residual_layernorm=(layernorm.residual_layernorm_fwd_v3, layernorm.residual_layernorm_bwd_v5),
-        attention=(attn_flash.attn_flash_fwd_v13, attn_flash.attn_flash_bwd_v13),
-        attn_qkv=(attn_qkv.attn_qkv_fwd_v12, attn_qkv.attn_qkv_bwd_v12), attn_out=(attn_out.attn_out_fwd_v12, attn_out.attn_out_bwd_v12),
-        mlp=(mlp.mlp_fwd_v16, mlp.mlp_bwd_v16), loss=(loss.loss_fwd_v13, loss.loss_bwd_v12)),
+        residual_layernorm=(layernorm.residual_layernorm_fwd_vec4, layernorm.residual_layernorm_bwd_partials),
+        attention=(attn_flash.attn_flash_fwd_bf16, attn_flash.attn_flash_bwd_bf16),
+        attn_qkv=(attn_qkv.attn_qkv_fwd_bf16, attn_qkv.attn_qkv_bwd_bf16), attn_out=(attn_out.attn_out_fwd_bf16, attn_out.attn_out_bwd_bf16),
+        mlp=(mlp.mlp_fwd_bf16, mlp.mlp_bwd_bf16), loss=(loss.loss_fwd_bf16, loss.loss_bwd_bf16)),
     bf16_saved=True, operand_copies=True,
     what="bf16 products (mma.sync on bf16 copies of the operands, fp32 sums), flash attention in bf16")
 
@@ -136,10 +136,10 @@ BF16_HOPPER = Recipe(
     "bf16-hopper", "bf16", dict(
         _COMMON,
         # the bf16 LayerNorm output written by the LayerNorm itself; its backward writes d_resid16
-        residual_layernorm=(layernorm.residual_layernorm_fwd_v3, layernorm.residual_layernorm_bwd_v6),
-        attention=(attn_flash.attn_flash_fwd_v14, attn_flash.attn_flash_bwd_v14),
-        attn_qkv=(attn_qkv.attn_qkv_fwd_v15, attn_qkv.attn_qkv_bwd_v15), attn_out=(attn_out.attn_out_fwd_v15, attn_out.attn_out_bwd_v15),
-        mlp=(mlp.mlp_fwd_v19, mlp.mlp_bwd_v19), loss=(loss.loss_fwd_v18, loss.loss_bwd_v16)),
+        residual_layernorm=(layernorm.residual_layernorm_fwd_vec4, layernorm.residual_layernorm_bwd_bf16),
+        attention=(attn_flash.attn_flash_fwd_bf16_out16, attn_flash.attn_flash_bwd_bf16_out16),
+        attn_qkv=(attn_qkv.attn_qkv_fwd_bf16_wgmma, attn_qkv.attn_qkv_bwd_bf16_wgmma), attn_out=(attn_out.attn_out_fwd_bf16_wgmma, attn_out.attn_out_bwd_bf16_wgmma),
+        mlp=(mlp.mlp_fwd_bf16_wgmma, mlp.mlp_bwd_bf16_wgmma), loss=(loss.loss_fwd_bf16_wgmma, loss.loss_bwd_bf16_wgmma)),
     bf16_saved=True, bf16_weights=True, bf16_outputs=True, keeps_logits=True,
     operand_copies=True, held_copies=True, tensor_maps=True, needs_hopper=True, elsewhere="bf16-ampere",
     what="bf16 products (Hopper's wgmma, operands copied by TMA, fp32 sums), flash attention in bf16")
@@ -147,9 +147,9 @@ BF16_HOPPER = Recipe(
 FP16 = Recipe(
     "fp16", "fp16", dict(
         _COMMON,
-        attention=(attn_flash.attn_flash_fwd_v12, attn_flash.attn_flash_bwd_v12),
-        attn_qkv=(attn_qkv.attn_qkv_fwd_v10, attn_qkv.attn_qkv_bwd_v10), attn_out=(attn_out.attn_out_fwd_v10, attn_out.attn_out_bwd_v10),
-        mlp=(mlp.mlp_fwd_v14, mlp.mlp_bwd_v14), loss=(loss.loss_fwd_v11, loss.loss_bwd_v10)),
+        attention=(attn_flash.attn_flash_fwd_fp16, attn_flash.attn_flash_bwd_fp16),
+        attn_qkv=(attn_qkv.attn_qkv_fwd_fp16, attn_qkv.attn_qkv_bwd_fp16), attn_out=(attn_out.attn_out_fwd_fp16, attn_out.attn_out_bwd_fp16),
+        mlp=(mlp.mlp_fwd_fp16, mlp.mlp_bwd_fp16), loss=(loss.loss_fwd_fp16, loss.loss_bwd_fp16)),
     what="fp16 products (mma.sync, fp32 sums) and flash attention in fp16, with dynamic loss scaling")
 
 

@@ -4,4 +4,4 @@ beside the engine's own (imported from the engine module), and the VERSIONS tabl
 from andrea_numba.kernels.attn import *  # noqa: F401,F403  (the engine's rungs and helpers)
 
 
-VERSIONS = {"attn_fwd": {1: attn_fwd_v1, 2: attn_fwd_v2}, "attn_bwd": {1: attn_bwd_v1, 2: attn_bwd_v2}}
+VERSIONS = {"attn_fwd": {1: attn_fwd, 2: attn_fwd_tiled}, "attn_bwd": {1: attn_bwd, 2: attn_bwd_tiled}}

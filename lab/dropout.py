@@ -4,4 +4,4 @@ beside the engine's own (imported from the engine module), and the VERSIONS tabl
 from andrea_numba.kernels.dropout import *  # noqa: F401,F403  (the engine's rungs and helpers)
 
 
-VERSIONS = {"dropout_fwd": {1: dropout_fwd_v1}, "dropout_bwd": {1: dropout_bwd_v1}}
+VERSIONS = {"dropout_fwd": {1: dropout_fwd}, "dropout_bwd": {1: dropout_bwd}}

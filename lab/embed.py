@@ -62,5 +62,5 @@ def embed_bwd_v4(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *,
     _sorted_sums(k_embed_bwd_v4, threads, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream)
 
 
-VERSIONS = {"embed_fwd": {1: embed_fwd_v1},
-            "embed_bwd": {1: embed_bwd_v1, 2: embed_bwd_v2, 3: embed_bwd_v3, 4: embed_bwd_v4, 5: embed_bwd_v5}}
+VERSIONS = {"embed_fwd": {1: embed_fwd},
+            "embed_bwd": {1: embed_bwd, 2: embed_bwd_v2, 3: embed_bwd_v3, 4: embed_bwd_v4, 5: embed_bwd_sorted}}

@@ -5,5 +5,5 @@ from andrea_numba.kernels.fp8_products import *  # noqa: F401,F403  (the engine'
 
 
 def matmul_versions() -> dict:
-    """{24: matmul_v24} where FP8 products run (matmul.VERSIONS), none elsewhere."""
-    return {} if fp8_unavailable() else {24: matmul_v24}
+    """{24: matmul_fp8} where FP8 products run (matmul.VERSIONS), none elsewhere."""
+    return {} if fp8_unavailable() else {24: matmul_fp8}

@@ -47,7 +47,7 @@ def layernorm_bwd_v3(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
 
 @blocks(**ROW_BLOCKS)
 def residual_layernorm_bwd_v2(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
-    """v1 with dg, db in two stages (layernorm_bwd_params_two_stage, as layernorm_bwd_v4). work:
+    """v1 with dg, db in two stages (layernorm_bwd_params_two_stage, as layernorm_bwd_two_stage). work:
     float32 [n] scratch, at least 2 C floats (the engine passes its split-K buffer)."""
     N = resid.shape[0]
     tpr, rw = block
@@ -163,9 +163,9 @@ def residual_layernorm_bwd_v3(dx, df, dg, db, work, dresid, dout, resid, mean, r
     layernorm_bwd_params_two_stage(dg, db, work, dout, resid, mean, rstd, stream, stage2=k_layernorm_bwd_params_sum_v2)
 
 
-VERSIONS = {"layernorm_fwd": {1: layernorm_fwd_v1, 2: layernorm_fwd_v2},
-            "layernorm_bwd": {1: layernorm_bwd_v1, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3, 4: layernorm_bwd_v4},
-            "residual_layernorm_fwd": {1: residual_layernorm_fwd_v1, 2: residual_layernorm_fwd_v2, 3: residual_layernorm_fwd_v3},
-            "residual_layernorm_bwd": {1: residual_layernorm_bwd_v1, 2: residual_layernorm_bwd_v2,
-                                       3: residual_layernorm_bwd_v3, 4: residual_layernorm_bwd_v4,
-                                       5: residual_layernorm_bwd_v5, 6: residual_layernorm_bwd_v6}}
+VERSIONS = {"layernorm_fwd": {1: layernorm_fwd, 2: layernorm_fwd_v2},
+            "layernorm_bwd": {1: layernorm_bwd, 2: layernorm_bwd_v2, 3: layernorm_bwd_v3, 4: layernorm_bwd_two_stage},
+            "residual_layernorm_fwd": {1: residual_layernorm_fwd, 2: residual_layernorm_fwd_v2, 3: residual_layernorm_fwd_vec4},
+            "residual_layernorm_bwd": {1: residual_layernorm_bwd, 2: residual_layernorm_bwd_v2,
+                                       3: residual_layernorm_bwd_v3, 4: residual_layernorm_bwd_two_stage,
+                                       5: residual_layernorm_bwd_partials, 6: residual_layernorm_bwd_bf16}}

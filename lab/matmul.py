@@ -9,9 +9,9 @@ from andrea_numba.kernels.matmul import _tma_matmul, _wgmma_matmul  # noqa: F401
 from lab.wgmma_tile import wgmma_resolve
 
 
-VERSIONS = {"matmul": {1: matmul_v1, 2: matmul_v2, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
-                       7: matmul_v7, 8: matmul_v8, 9: matmul_v9, 10: matmul_v10,
-                       11: matmul_v11}}
+VERSIONS = {"matmul": {1: matmul_naive, 2: matmul, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
+                       7: matmul_v7, 8: matmul_tf32x3, 9: matmul_v9, 10: matmul_v10,
+                       11: matmul_fp16}}
 
 
 # the linear ops on v12's tiles (attn_qkv, attn_out v11, mlp v15): in the simulator two tiles of one
@@ -22,7 +22,7 @@ HALF_OP_TILES = dict(gpu=HALF_TILES["gpu"], sim=(HALF_TILES["sim"][0], (32, 16, 
 VERSIONS["matmul"][12] = matmul_v12
 
 
-VERSIONS["matmul"][13] = matmul_v13
+VERSIONS["matmul"][13] = matmul_bf16
 
 
 # v14: bf16 products on Hopper's warpgroup instruction wgmma.mma_async (kernels/wgmma_tile.py). v13's
@@ -73,7 +73,7 @@ def tma_fits(a, b) -> bool:
     return all(x.ndim == 2 and x.shape[1] % 8 == 0 and (x.dtype != "uint16" or map_fits(x)) for x in (a, b))
 
 
-VERSIONS["matmul"][18] = matmul_v18
+VERSIONS["matmul"][18] = matmul_bf16_wgmma
 
 
 # v19: v18 whose kernel adds its split-K slices itself (wgmma_tma.py, point 6): the last warp of the S

@@ -151,13 +151,13 @@ def mlp_bwd_v8(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, blo
 
 def _fwd_plain(kind, out, h_pre, h, x, w_1, w_2, block, stream):
     """h_pre = x @ W_1, h = gelu(h_pre) (k_gelu_fwd_v1), out = h @ W_2, the products on kind's matmul."""
-    _fwd_split(kind, out, h_pre, h, None, x, w_1, w_2, block, stream, gelu_fwd_v1)
+    _fwd_split(kind, out, h_pre, h, None, x, w_1, w_2, block, stream, gelu_fwd)
 
 
 def _bwd_plain(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
     """The backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place; only the
     weight gradients split over K."""
-    _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v1,
+    _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd,
                split_dx=False)
 
 
@@ -189,13 +189,13 @@ def mlp_bwd_v10(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v11(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v9 with the products split over K into work where a wave would run part-empty."""
-    _fwd_split("tf32x3w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v1)
+    _fwd_split("tf32x3w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v11(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v9's backward with dh = dout @ W_2^T and dx split over K into work where a wave would run part-empty."""
-    _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v1)
+    _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd)
 
 
 # bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
@@ -204,13 +204,13 @@ def mlp_bwd_v11(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v13(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v12 with bf16 products (matmul v10's tiles)."""
-    _fwd_split("bf16w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v2)
+    _fwd_split("bf16w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v13(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v12's backward with bf16 products."""
-    _bwd_split("bf16w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
+    _bwd_split("bf16w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 mlp_fwd_v13.precision = mlp_bwd_v13.precision = "bf16"
@@ -222,13 +222,13 @@ mlp_fwd_v13.precision = mlp_bwd_v13.precision = "bf16"
 @blocks(**HALF_OP_TILES)
 def mlp_fwd_v15(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v13 on matmul v12's tiles (bf16 shared tiles, ldmatrix)."""
-    _fwd_split("bf16l", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v2)
+    _fwd_split("bf16l", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
 @blocks(**HALF_OP_TILES)
 def mlp_bwd_v15(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v13's backward on matmul v12's tiles."""
-    _bwd_split("bf16l", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
+    _bwd_split("bf16l", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 mlp_fwd_v15.precision = mlp_bwd_v15.precision = "bf16"
@@ -237,7 +237,7 @@ mlp_fwd_v15.precision = mlp_bwd_v15.precision = "bf16"
 @blocks(**RING_TILES)
 def mlp_fwd_v17(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v16 with its products from matmul v16; h fp32, or uint16 (saved as bf16)."""
-    gelu_pass = gelu_fwd_v3 if h.dtype == np.uint16 else gelu_fwd_v2
+    gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
     _fwd_split("bf16r", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
@@ -252,7 +252,7 @@ def mlp_bwd_v17(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 @blocks(**MN_TILES)
 def mlp_fwd_v18(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v17 with its products from matmul v17; h fp32, or uint16 (saved as bf16)."""
-    gelu_pass = gelu_fwd_v3 if h.dtype == np.uint16 else gelu_fwd_v2
+    gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
     _fwd_split("bf16m", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
@@ -290,7 +290,7 @@ def mlp_fwd_v20(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v19 with h = bf16(gelu(x @ W_1)) stored by the product itself, beside h_pre; h uint16 (saved
     as bf16), else (or where v18 would hand the product to v17) v19."""
     if h.dtype != np.uint16 or not (tma_fits(x, w_1) and map_fits(h)):
-        mlp_fwd_v19(out, h_pre, h, work, x, w_1, w_2, block=block, stream=stream)
+        mlp_fwd_bf16_wgmma(out, h_pre, h, work, x, w_1, w_2, block=block, stream=stream)
         return
     _tma_matmul(h_pre, None, x, w_1, False, False, False, block, stream, GELU_EPILOGUE, h)   # h_pre, h
     WARP_MATMUL["bf16t"](out, work, h, w_2, block=block, stream=stream)                      # out = h @ W_2
@@ -304,7 +304,7 @@ def mlp_bwd_v20(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     N, F = h.shape
     dh16 = dh_pre.reshape(N * F).view(np.uint16)[:N * F].reshape(N, F)
     if not (tma_fits(dout, w_2) and tma_fits(x, dh16) and map_fits(dh16)):
-        mlp_bwd_v19(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block=block, stream=stream)
+        mlp_bwd_bf16_wgmma(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block=block, stream=stream)
         return
     mm = WARP_MATMUL["bf16t"]
     d16 = HELD.round(dout, stream)                                                   # dout, rounded once
@@ -323,10 +323,10 @@ mlp_fwd_v17.precision = mlp_bwd_v17.precision = "bf16"
 mlp_fwd_v18.precision = mlp_bwd_v18.precision = "bf16"
 
 
-k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd_v1.blocks[0])
+k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd.blocks[0])
 
 
-VERSIONS = {"mlp_fwd": {1: mlp_fwd_v1, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
-                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_v12, 13: mlp_fwd_v13, 14: mlp_fwd_v14, 15: mlp_fwd_v15, 16: mlp_fwd_v16, 17: mlp_fwd_v17, 18: mlp_fwd_v18, 19: mlp_fwd_v19, 20: mlp_fwd_v20},
-            "mlp_bwd": {1: mlp_bwd_v1, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
-                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_v12, 13: mlp_bwd_v13, 14: mlp_bwd_v14, 15: mlp_bwd_v15, 16: mlp_bwd_v16, 17: mlp_bwd_v17, 18: mlp_bwd_v18, 19: mlp_bwd_v19, 20: mlp_bwd_v20}}
+VERSIONS = {"mlp_fwd": {1: mlp_fwd, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
+                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_tf32x3, 13: mlp_fwd_v13, 14: mlp_fwd_fp16, 15: mlp_fwd_v15, 16: mlp_fwd_bf16, 17: mlp_fwd_v17, 18: mlp_fwd_v18, 19: mlp_fwd_bf16_wgmma, 20: mlp_fwd_v20},
+            "mlp_bwd": {1: mlp_bwd, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
+                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_tf32x3, 13: mlp_bwd_v13, 14: mlp_bwd_fp16, 15: mlp_bwd_v15, 16: mlp_bwd_bf16, 17: mlp_bwd_v17, 18: mlp_bwd_v18, 19: mlp_bwd_bf16_wgmma, 20: mlp_bwd_v20}}

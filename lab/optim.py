@@ -35,5 +35,5 @@ def adamw_v2(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay,
                   hyper, beta1, beta2, eps, weight_decay, stats)
 
 
-VERSIONS = {"grad_norm": {1: grad_norm_v1}, "grad_scale": {1: grad_scale_v1},
-            "adamw": {1: adamw_v1, 2: adamw_v2, 3: adamw_v3}, "zero": {1: zero_v1}}
+VERSIONS = {"grad_norm": {1: grad_norm}, "grad_scale": {1: grad_scale},
+            "adamw": {1: adamw_grid_stride, 2: adamw_v2, 3: adamw}, "zero": {1: zero}}

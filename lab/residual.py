@@ -4,4 +4,4 @@ beside the engine's own (imported from the engine module), and the VERSIONS tabl
 from andrea_numba.kernels.residual import *  # noqa: F401,F403  (the engine's rungs and helpers)
 
 
-VERSIONS = {"residual_add": {1: residual_add_v1}, "residual_add_bwd": {1: residual_add_bwd_v1}}
+VERSIONS = {"residual_add": {1: residual_add}, "residual_add_bwd": {1: residual_add_bwd}}

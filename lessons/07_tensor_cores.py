@@ -375,7 +375,7 @@ C.say("""
     gradients at 120M from 80-85% of cuBLAS SGEMM's speed to 100-107% (docs/kernels.md).
 """)
 out8 = cuda.to_device(np.zeros((K_, K_), f32))
-MM.matmul_v8(out8, None, cuda.to_device(x), cuda.to_device(x), trans_a=True)
+MM.matmul_tf32x3(out8, None, cuda.to_device(x), cuda.to_device(x), trans_a=True)
 ref8 = x.T.astype(np.float64) @ x
 C.table([("v8 (swizzled tiles), x^T @ x", np.abs(out8.copy_to_host() - ref8).max() / np.abs(ref8).max())],
         header=(f"out = x^T @ x, {K_} x {M_} @ {M_} x {K_}", "max |err| / max |ref|"), fmt=("", ".1e"))

@@ -13,10 +13,11 @@ What it teaches
        of reference.attn_bwd, which read the stored probabilities.
     4. What it saves at ANDREA-120M: the probabilities of every layer against lse, from the
        engine's buffer list.
-    5. The kernels (the engine's flash attention, v8's forward and v10's backward in
-       andrea_numba/kernels/attn_flash_v3.py: v3 with matmul v7's cheaper split, indices the
-       compiler knows are >= 0 and the longest causal tiles first; v2 in lab/attn_flash_mma.py is the
-       same tiling without the prefetch) against the twin.
+    5. The kernels (the engine's fp32 flash attention, attn_flash_fwd_tf32x3 and
+       attn_flash_bwd_tf32x3 in andrea_numba/kernels/attn_flash_tf32x3.py: warps of 16 query rows,
+       the next key tile fetched during the products, 3xTF32 products on tensor cores and the
+       longest causal tiles first; lab/attn_flash_mma.py is the same tiling without the prefetch)
+       against the twin.
 
 How to run (no GPU needed; a few seconds)
 
@@ -130,12 +131,12 @@ f32 = np.float32
 dq_, dk_, dv_ = (cuda.device_array((B, T, Cc), f32) for _ in range(3))
 yd, lsed, rowdot = cuda.device_array((B, T, Cc), f32), cuda.device_array((B, H, T), f32), cuda.device_array((B, H, T), f32)
 qd, kd, vd, dyd = (cuda.to_device(a.astype(f32)) for a in (q, k, v, dy))
-attn_flash.attn_flash_fwd(yd, lsed, qd, kd, vd, H)
-attn_flash.attn_flash_bwd(dq_, dk_, dv_, rowdot, dyd, qd, kd, vd, yd, lsed, H)
+attn_flash.attn_flash_fwd_tf32x3(yd, lsed, qd, kd, vd, H)
+attn_flash.attn_flash_bwd_tf32x3(dq_, dk_, dv_, rowdot, dyd, qd, kd, vd, yd, lsed, H)
 out = {"y": (yd, y_flash), "lse": (lsed, lse_flash), "dq": (dq_, g_flash[0]), "dk": (dk_, g_flash[1]),
        "dv": (dv_, g_flash[2])}
 C.table([(name, np.abs(d.copy_to_host() - ref).max() / np.abs(ref).max()) for name, (d, ref) in out.items()],
-        header=(f"{attn_flash.attn_flash_fwd.__name__} / _bwd against the twin", "max |err| / max |ref|"),
+        header=(f"{attn_flash.attn_flash_fwd_tf32x3.__name__} / _bwd against the twin", "max |err| / max |ref|"),
         fmt=("", ".1e"))
 where = "in the CUDA simulator" if C.SIMULATED else "on the GPU"
 C.say(f"""

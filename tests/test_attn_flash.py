@@ -157,11 +157,11 @@ def test_v4_blocks_fit_with_one_plane_and_v4_gives_v3s_bits():
 
 def test_without_dropout_y_equals_attention_v2():
     q, k, v, _ = _qkv(np.random.default_rng(2), np.float32)
-    block = attn_flash.attn_flash_fwd_v1.blocks[0]
+    block = attn_flash.attn_flash_fwd.blocks[0]
     y, lse = cuda.device_array((B, T, C), np.float32), cuda.device_array((B, H, T), np.float32)
-    attn_flash.attn_flash_fwd_v1(y, lse, q, k, v, H, block=block)
+    attn_flash.attn_flash_fwd(y, lse, q, k, v, H, block=block)
     y2, att = cuda.device_array((B, T, C), np.float32), cuda.device_array((B, H, T, T), np.float32)
-    attn.attn_fwd_v2(y2, att, q, k, v, H, block=block)
+    attn.attn_fwd_tiled(y2, att, q, k, v, H, block=block)
     np.testing.assert_allclose(y.copy_to_host(), y2.copy_to_host(), rtol=1e-5, atol=1e-6)
     # and lse rebuilds v2's probabilities
     q64, k64 = (a.astype(np.float64).reshape(B, T, H, -1) for a in (q, k))

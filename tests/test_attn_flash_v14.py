@@ -1,10 +1,10 @@
-"""Flash attention v14 (kernels/attn_flash_v13.py, its end): v13 writing its outputs in bf16 where only
+"""Flash attention v14 (kernels/attn_flash_bf16.py, its end): v13 writing its outputs in bf16 where only
 bf16 products read them. With a uint16 y16 the forward writes y (v13's bits) and y16 = y rounded to
 bf16 (ties to even, the rounding of the products' operand copies); with uint16 dq, dk, dv the
 backward writes v13's values rounded the same way. So the products of the engine's bf16o model see
 the bits they saw when they rounded v13's fp32 outputs themselves. Without y16 and with float32
 outputs (the harness's call) v14 is v13: in the simulator, the same launches on the same buffers
-(recorded, not run: test_kernels.launches_recorded), so v13's bits. Shapes as test_attn_flash_v13's:
+(recorded, not run: test_kernels.launches_recorded), so v13's bits. Shapes as test_attn_flash_bf16's:
 partial tiles, dropout, two warps where one skips tiles."""
 import numpy as np
 import pytest
@@ -46,7 +46,7 @@ def test_v14_writes_v13s_values_rounded_to_bf16(p, shape, block):
     q, k, v, dy = (rng.standard_normal((B, T, C)).astype(np.float32) for _ in range(4))
     ref = _run(13, block, q, k, v, dy, p, H)                       # v13: fp32 outputs
     fwd, bwd = lab_attn_flash.flash_pair(14)
-    assert (fwd, bwd) == (attn_flash.attn_flash_fwd_v14, attn_flash.attn_flash_bwd_v14)
+    assert (fwd, bwd) == (attn_flash.attn_flash_fwd_bf16_out16, attn_flash.attn_flash_bwd_bf16_out16)
     dev = {n: cuda.to_device(a) for n, a in dict(q=q, k=k, v=v, dy=dy).items()}
     nan = lambda *s: cuda.to_device(np.full(s, np.nan, np.float32))
     if SIMULATOR:      # v14 called as the harness calls it launches v13's kernels on the same buffers: v13's bits

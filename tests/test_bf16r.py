@@ -69,9 +69,9 @@ def test_gelu_bwd_v3_writes_the_bits_of_v2s_result_rounded():
     n = 64
     dh, h_pre = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
     ref = cuda.to_device(dh)
-    mlp.gelu_bwd_v2(ref, cuda.to_device(h_pre), 0)
+    mlp.gelu_bwd_vec4(ref, cuda.to_device(h_pre), 0)
     dh16 = cuda.to_device(np.zeros(n, np.uint16))
-    mlp.gelu_bwd_v3(dh16, cuda.to_device(dh), cuda.to_device(h_pre), 0)
+    mlp.gelu_bwd_bf16(dh16, cuda.to_device(dh), cuda.to_device(h_pre), 0)
     assert np.array_equal(dh16.copy_to_host(), _bits(ref.copy_to_host()))
 
 
@@ -85,7 +85,7 @@ def test_matmul_v16_is_v15_for_a_and_v13_for_a_transposed():
         b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
         outs = []
         for launch, kw in ((MM.matmul_v16, {"block": block}),
-                           (MM.matmul_v13 if ta else MM.matmul_v15, {} if ta else {"block": block})):
+                           (MM.matmul_bf16 if ta else MM.matmul_v15, {} if ta else {"block": block})):
             out = cuda.to_device(np.full((M, N), np.nan, np.float32))
             launch(out, None, cuda.to_device(a), cuda.to_device(b), ta, tb, **kw)
             outs.append(out.copy_to_host())
@@ -126,7 +126,7 @@ def test_rounding_a_gradient_once_changes_no_bit():
         if held:
             lab_mlp.mlp_bwd_v17(*args)
         else:                                   # v16's order of products, each rounding its own copies
-            mlp._bwd_split("bf16r", *args, lab_mlp.mlp_bwd_v17.blocks[0], 0, mlp.gelu_bwd_v2)
+            mlp._bwd_split("bf16r", *args, lab_mlp.mlp_bwd_v17.blocks[0], 0, mlp.gelu_bwd_vec4)
         runs.append(np.concatenate([a.copy_to_host().ravel() for a in (dx, dw_1, dw_2)]))
     assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
     assert cublaslt.HELD.buf is not None and cublaslt.HELD.buf.dtype == np.uint16

@@ -76,8 +76,8 @@ def test_a_key_read_from_the_device_draws_the_same_masks():
     assert all(np.array_equal(a, b) for a, b in zip(*outs))
     B, T, C, H = 1, 9, 8, 2
     q, kk, v, dy = (cuda.to_device(rng.standard_normal((B, T, C)).astype(np.float32)) for _ in range(4))
-    for fwd, bwd, saved in ((attn.attn_fwd, attn.attn_bwd, (B, H, T, T)),
-                            (attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd, (B, H, T))):
+    for fwd, bwd, saved in ((attn.attn_fwd_tiled, attn.attn_bwd_tiled, (B, H, T, T)),
+                            (attn_flash.attn_flash_fwd_tf32x3, attn_flash.attn_flash_bwd_tf32x3, (B, H, T))):
         runs = []
         for k in (key, on_device):
             y, s, grads = cuda.device_array((B, T, C), np.float32), cuda.device_array(saved, np.float32), \

@@ -150,7 +150,7 @@ def test_broken_files_give_one_line_with_file_and_line(tmp_path):
 
 
 @pytest.mark.parametrize("borrow, says", [
-    ("from andrea_numba.kernels.layernorm import layernorm_bwd_v4 as layernorm_bwd\n",
+    ("from andrea_numba.kernels.layernorm import layernorm_bwd_two_stage as layernorm_bwd\n",
      "imports the engine's own kernels (andrea_numba.kernels.layernorm)"),
     ("from andrea_numba.kernels import layernorm as L\nlayernorm_bwd = L.layernorm_bwd\n",
      "imports the engine's own kernels (andrea_numba.kernels.layernorm)"),

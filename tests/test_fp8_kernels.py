@@ -21,7 +21,7 @@ def _run(x, fmt, transpose=False):
     stats = cuda.device_array(K.STATS, np.float32)
     count = cuda.to_device(np.full(1, 99, np.int32))                   # k_amax_final_v1 zeroes it
     partial = cuda.device_array(K.AMAX_BLOCKS, np.float32)
-    out = K.quantize_v1(codes, stats, count, partial, cuda.to_device(x), fmt, transpose=transpose)
+    out = K.quantize(codes, stats, count, partial, cuda.to_device(x), fmt, transpose=transpose)
     assert out.shape == (rows, ld)
     return out.copy_to_host(), stats.copy_to_host(), int(count.copy_to_host()[0])
 

@@ -250,19 +250,19 @@ def test_a_dry_run_tells_the_same_launches_from_others():
     ref = check.reference_for(case, "fwd", dims, rng)
     buffers = {}
     run = lambda launch, block: _dry_run(case, launch, block, dims, ref, buffers)
-    auto = run(MM.matmul_v18, MM.TMA_AUTO)
-    assert auto == run(MM.matmul_v18, (64, 64, 64, 2)) == run(MM.matmul_v18, MM.TMA_AUTO)
-    assert auto != run(MM.matmul_v18, (64, 128, 64, 3)) and auto != run(lab_matmul.matmul_v19, MM.TMA_AUTO)
+    auto = run(MM.matmul_bf16_wgmma, MM.TMA_AUTO)
+    assert auto == run(MM.matmul_bf16_wgmma, (64, 64, 64, 2)) == run(MM.matmul_bf16_wgmma, MM.TMA_AUTO)
+    assert auto != run(MM.matmul_bf16_wgmma, (64, 128, 64, 3)) and auto != run(lab_matmul.matmul_v19, MM.TMA_AUTO)
 
     def host_write(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-        MM.matmul_v18(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)
+        MM.matmul_bf16_wgmma(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)
         out[0, 0] = 1.0                                      # recorded as a host write to the output
 
     def host_copy(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-        MM.matmul_v18(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)
+        MM.matmul_bf16_wgmma(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)
         np.copyto(out._ary, 0.0)                             # seen in the output's hash
     for other in (host_write, host_copy):
-        other.blocks = MM.matmul_v18.blocks
+        other.blocks = MM.matmul_bf16_wgmma.blocks
         assert run(other, MM.TMA_AUTO) != auto
     flash = CASES["attn_flash"]
     ref = check.reference_for(flash, "fwd", dims, rng)

@@ -83,7 +83,7 @@ def test_residual_layernorm_fwd_v3_writes_bf16_as_its_fp32_output_rounded():
     for name, dtype, version in (("fp32", np.float32, 3), ("bf16", np.uint16, 3), ("v1", np.float32, 1)):
         resid, out = cuda.device_array((N, C), np.float32), cuda.to_device(np.zeros((N, C), dtype))
         mean, rstd = cuda.device_array(N, np.float32), cuda.device_array(N, np.float32)
-        assert L.fits_v3(resid, out, cuda.to_device(x), cuda.to_device(f))
+        assert L.fits_vec4(resid, out, cuda.to_device(x), cuda.to_device(f))
         lab_layernorm.VERSIONS["residual_layernorm_fwd"][version](resid, out, mean, rstd, cuda.to_device(x), cuda.to_device(f),
                                                        cuda.to_device(g), cuda.to_device(b), 1e-5)
         outs[name] = [a.copy_to_host() for a in (resid, out, mean, rstd)]

@@ -34,7 +34,7 @@ CASES = {
         ["07_tensor_cores.png"], []),
     "08_flash_attention.py": (
         ["lse = m + log(l)", "largest |flash - plain|", "att (probabilities, every layer)", "4,608.0",
-         "attn_flash_fwd_v8 / _bwd against the twin"],      # the engine's version
+         "attn_flash_fwd_tf32x3 / _bwd against the twin"],      # the engine's version
         ["08_flash_attention.png"], []),
     "09_skewed_sums.py": (
         ["positions in reverse", "the default corpus:", "positions of its most common token",

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from andrea_numba import recipes
 from andrea_numba.kernels import cublaslt, loss
 from lab import loss as lab_loss
 from andrea_numba.kernels import matmul as MM
@@ -215,7 +216,7 @@ def test_stats_of_another_shape_are_refused():
 
 
 def test_registered_bf16_and_the_engine_unchanged():
-    assert lab_loss.VERSIONS["loss_fwd"][18] is loss.loss_fwd_v18 and lab_loss.VERSIONS["loss_bwd"][16] is loss.loss_bwd_v16
-    assert loss.loss_fwd_v18.precision == loss.loss_bwd_v16.precision == "bf16"
-    assert loss.loss_fwd_v18.blocks == loss.loss_fwd_v17.blocks and loss.loss_bwd_v16.blocks == lab_loss.loss_bwd_v15.blocks
-    assert (loss.loss_fwd, loss.loss_bwd) == (loss.loss_fwd_v9, loss.loss_bwd_v7)
+    assert lab_loss.VERSIONS["loss_fwd"][18] is loss.loss_fwd_bf16_wgmma and lab_loss.VERSIONS["loss_bwd"][16] is loss.loss_bwd_bf16_wgmma
+    assert loss.loss_fwd_bf16_wgmma.precision == loss.loss_bwd_bf16_wgmma.precision == "bf16"
+    assert loss.loss_fwd_bf16_wgmma.blocks == loss.loss_fwd_bf16_wgmma_probs.blocks and loss.loss_bwd_bf16_wgmma.blocks == lab_loss.loss_bwd_v15.blocks
+    assert recipes.get("fp32").kernels["loss"] == (loss.loss_fwd_tf32x3, loss.loss_bwd_tf32x3)

@@ -21,13 +21,13 @@ from reference.precision import round_bf16
 from test_matmul_v12 import _bf16_product, _operands, _run   # v12's helpers: the same operands, twin and call
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
-_run = functools.partial(_run, launch=MM.matmul_v13)          # noqa: F811
+_run = functools.partial(_run, launch=MM.matmul_bf16)          # noqa: F811
 
 
 def test_v13_is_a_bf16_version_of_the_ladder():
-    assert lab_matmul.VERSIONS["matmul"][13] is MM.matmul_v13 and MM.matmul_v13.precision == "bf16"
+    assert lab_matmul.VERSIONS["matmul"][13] is MM.matmul_bf16 and MM.matmul_bf16.precision == "bf16"
     assert MM.WARP_KERNELS["bf16a"][0] == 13
-    assert len(MM.matmul_v13.blocks) >= 2
+    assert len(MM.matmul_bf16.blocks) >= 2
 
 
 def test_the_copies_are_the_operands_rounded_to_bf16_ties_to_even():
@@ -54,7 +54,7 @@ def test_every_transpose_with_edges_agrees_with_the_bf16_twin(trans_a, trans_b, 
     """out starts as NaN, so an element the kernel does not write fails; the one-warp tile, 3 stages."""
     rng = np.random.default_rng(13)
     a, b = _operands(rng, M, N, K, trans_a, trans_b)
-    assert H.async_resolve(MM.matmul_v13.blocks[0], a, b)[6] == (K % 8 == 0)
+    assert H.async_resolve(MM.matmul_bf16.blocks[0], a, b)[6] == (K % 8 == 0)
     ref = _bf16_product(a, b, trans_a, trans_b)
     out = _run(a, b, trans_a, trans_b, np.full((M, N), np.nan, np.float32))
     scale = np.abs(ref).max()
@@ -72,7 +72,7 @@ def test_the_four_stage_ring_accumulates_over_many_steps():
     M, N, K = 40, 16, 136
     a, b = _operands(rng, M, N, K, True, False)
     o0 = rng.standard_normal((M, N)).astype(np.float32)
-    block = MM.matmul_v13.blocks[1]
+    block = MM.matmul_bf16.blocks[1]
     assert H.async_resolve(block, a, b)[6:] == (True, 4)
     out = _run(a, b, True, False, o0, accumulate=True, block=block)
     ref = o0 + _bf16_product(a, b, True, False)
@@ -105,7 +105,7 @@ def check_split_slices(launch, N, seed):
 
 
 def test_a_split_product_adds_its_slices_in_order():
-    check_split_slices(MM.matmul_v13, 24, 15)
+    check_split_slices(MM.matmul_bf16, 24, 15)
 
 
 @pytest.mark.parametrize("block", [(128, 128, 32, 64, 32), (128, 64, 32, 64, 32), (64, 64, 32, 32, 32)])

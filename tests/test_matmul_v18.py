@@ -32,7 +32,7 @@ from test_matmul_v12 import _bf16_product, _operands, _run
 from test_matmul_v17 import _bits
 
 sim_only = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
-_v18 = functools.partial(_run, launch=MM.matmul_v18)
+_v18 = functools.partial(_run, launch=MM.matmul_bf16_wgmma)
 _v17 = functools.partial(_run, launch=MM.matmul_v17)
 TILE_64 = (64, 64, 64, 2)                                 # the simulator's v18 tile of 2 stages
 V17_DYNAMIC = MM.MN_TILES["sim"][0]                       # (64, 128, 64, 64, 128, 4): other tile width, same sums
@@ -119,7 +119,7 @@ def test_operands_a_tensor_map_cannot_read_go_to_v17(monkeypatch):
         a = cuda.to_device(np.zeros((16, 12), np.uint16))         # a^T: [K, M], M = 12
         b = cuda.to_device(np.zeros((16, 64), np.uint16))
         out = cuda.to_device(np.zeros((12, 64), np.float32))
-        MM.matmul_v18(out, None, a, b, trans_a=True, accumulate=True, block=TILE_64)
+        MM.matmul_bf16_wgmma(out, None, a, b, trans_a=True, accumulate=True, block=TILE_64)
     assert len(calls) == 1
     (args, kwargs), = calls
     assert args[0] is out and args[4:] == (True, False, True)
@@ -135,7 +135,7 @@ def test_pick_tile_picks_a_declared_tile():
     for M, N, K in [(8, 8, 8), (136, 200, 136), (64, 64, 512), (256, 256, 64)]:
         for w in (None, work):
             assert MM.pick_tile(M, N, K, w, MM.sm_count()) in tiles
-    assert MM.matmul_v18.blocks[0] == MM.TMA_AUTO
+    assert MM.matmul_bf16_wgmma.blocks[0] == MM.TMA_AUTO
     assert all(blocks[0] == MM.TMA_AUTO and len(blocks) >= 2 for blocks in MM.TMA_OP_TILES.values())
     assert set(MM.TMA_SPEED) >= {(t[0], t[1], t[3]) for t in MM.TMA_TILES["gpu"] + MM.TMA_TILES["sim"]}
 
@@ -250,8 +250,8 @@ def test_map_fits_rows_of_whole_16_byte_chunks_of_bf16_only():
 # products "bf16t"
 
 def test_products_bf16t_are_the_linear_ops_on_v18():
-    assert lab_matmul.VERSIONS["matmul"][18] is MM.matmul_v18 and MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
-    assert MM.matmul_v18.precision == "bf16"
+    assert lab_matmul.VERSIONS["matmul"][18] is MM.matmul_bf16_wgmma and MM.WARP_MATMUL["bf16t"] is MM.matmul_bf16_wgmma
+    assert MM.matmul_bf16_wgmma.precision == "bf16"
     bf16t = LAB["bf16t"]
     v = 15                                                 # attn_qkv, attn_out, loss_bwd v15
     assert bf16t.kernels["attn_qkv"] == (lab_attn_qkv.VERSIONS["attn_qkv_fwd"][v], lab_attn_qkv.VERSIONS["attn_qkv_bwd"][v])

@@ -44,7 +44,7 @@ def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_ze
     sums = []
     real_sum = MM.splitk_sum
     monkeypatch.setattr(MM, "splitk_sum", lambda *a, **k: (sums.append(1), real_sum(*a, **k))[1])
-    want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_v18)
+    want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_bf16_wgmma)
     assert sums == [1]                                    # v18: the second kernel
     counts = MM.COUNTS.reserve()
     for _ in range(2):
@@ -58,16 +58,16 @@ def test_tma_matmul_points_the_tma_kinds_products_at_a_fixup_version_and_back():
     """Benchmarks time v19 and v23 inside the whole model by pointing the TMA kinds' products
     (WARP_MATMUL["bf16t"], which bf16t, bf16s and bf16o's ops call) at them, then back."""
     assert lab_matmul.VERSIONS["matmul"][19] is lab_matmul.matmul_v19 and lab_matmul.matmul_v19.precision == "bf16"
-    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
+    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_bf16_wgmma
     with lab_matmul.tma_matmul(23):
         assert MM.WARP_MATMUL["bf16t"] is lab_matmul.matmul_v23
-    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
+    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_bf16_wgmma
     with pytest.raises(RuntimeError), lab_matmul.tma_matmul(19):          # put back when the block raises too
         assert MM.WARP_MATMUL["bf16t"] is lab_matmul.matmul_v19
         raise RuntimeError
     with pytest.raises(AssertionError), lab_matmul.tma_matmul(17):
         pass
-    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_v18
+    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_bf16_wgmma
 
 
 @sim_only
@@ -78,7 +78,7 @@ def test_v23_batches_the_sums_loads_and_keeps_v18s_bits(monkeypatch):
     monkeypatch.setattr(MM, "RESIDENT_BLOCKS", 16)
     a16, b16, o0, work, S = _split_product(233, 64, 64, 1280, 16)
     assert S > 8, S
-    want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_v18)
+    want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_bf16_wgmma)
     got = _fixup(lab_matmul.matmul_v23, a16, b16, o0, work)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert not MM.COUNTS.reserve().copy_to_host().any()

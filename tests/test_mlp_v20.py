@@ -37,7 +37,7 @@ def test_mlp_v20_gives_v19s_bits_and_runs_the_fused_epilogues(monkeypatch):
     real = MM._tma_matmul
     monkeypatch.setattr(lab_mlp, "_tma_matmul", lambda *a: (fused.append(a[9][0]) if len(a) > 9 and a[9] else None, real(*a))[1])
     runs = []
-    for fwd, bwd in ((mlp.mlp_fwd_v19, mlp.mlp_bwd_v19), (lab_mlp.mlp_fwd_v20, lab_mlp.mlp_bwd_v20)):
+    for fwd, bwd in ((mlp.mlp_fwd_bf16_wgmma, mlp.mlp_bwd_bf16_wgmma), (lab_mlp.mlp_fwd_v20, lab_mlp.mlp_bwd_v20)):
         d = {k: cuda.to_device(v) for k, v in dict(x=x, w_1=w_1, w_2=w_2, dout=dout, work=work).items()}
         out, h_pre = cuda.to_device(np.zeros((N, C), np.float32)), cuda.to_device(np.zeros((N, F), np.float32))
         h = cuda.to_device(np.zeros((N, F), np.uint16))

@@ -194,7 +194,7 @@ def test_saving_the_bf16_products_inputs_rounded_changes_no_bit(monkeypatch):
     tokens, targets = (rng.integers(0, m.vocab_size, (B, T)).astype(np.int32) for _ in range(2))
     runs = []
     bf16 = R16.get("bf16-ampere")
-    assert bf16.kernels["residual_layernorm"][0] is layernorm.residual_layernorm_fwd_v3
+    assert bf16.kernels["residual_layernorm"][0] is layernorm.residual_layernorm_fwd_vec4
     for saved in (True, False):
         model = G.GPUModel(m, B, T, recipe=dataclasses.replace(bf16, bf16_saved=saved))
         assert model.saved16 is saved

@@ -4,11 +4,13 @@ recipe names; sampling works from a run of every precision; the engine never imp
 import ast
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 
 from andrea_numba import data, gpu_model as G, plan, recipes, sample
@@ -162,17 +164,23 @@ def test_the_engine_holds_no_ladder_and_the_lab_holds_every_rung():
             assert set(pair) <= rungs, (r.name, op)
 
 
-def test_the_module_level_names_are_the_fp32_recipes():
-    """The names without a version (mlp.mlp_fwd, ...: what case.engine() and lesson 03 call) are the
-    fp32 recipe's launchers, so the two cannot drift apart."""
+def test_the_plain_names_are_the_lessons_pair_and_engine_is_the_fp32_recipe():
+    """The names without a suffix (mlp.mlp_fwd, ...) are the simple pair the lessons teach, rung 1 of
+    each ladder; case.engine() (what lesson 03 runs) is the fp32 recipe's launcher, so the two
+    cannot drift apart. Every engine launcher declares its rung."""
+    from andrea_numba.cases import CASES
     from andrea_numba.kernels import attn_flash, attn_out, attn_qkv, embed, layernorm, loss, mlp
     fp32 = recipes.get("fp32").kernels
-    assert (embed.embed_fwd, embed.embed_bwd) == fp32["embed"]
-    assert (layernorm.layernorm_fwd, layernorm.layernorm_bwd) == fp32["layernorm"]
-    assert (layernorm.residual_layernorm_fwd, layernorm.residual_layernorm_bwd) == fp32["residual_layernorm"]
-    assert (attn_flash.attn_flash_fwd, attn_flash.attn_flash_bwd) == fp32["attention"]
-    for module, op in ((attn_qkv, "attn_qkv"), (attn_out, "attn_out"), (mlp, "mlp"), (loss, "loss")):
-        assert (getattr(module, op + "_fwd"), getattr(module, op + "_bwd")) == fp32[op], op
+    for module, op in ((embed, "embed"), (layernorm, "layernorm"), (attn_flash, "attn_flash"), (attn_qkv, "attn_qkv"),
+                       (attn_out, "attn_out"), (mlp, "mlp"), (loss, "loss"), (layernorm, "residual_layernorm")):
+        assert getattr(module, op + "_fwd").rung == getattr(module, op + "_bwd").rung == 1, op
+    for case, op in (("embed", "embed"), ("layernorm", "layernorm"), ("residual_layernorm", "residual_layernorm"),
+                     ("attn_flash", "attention"), ("attn_qkv", "attn_qkv"), ("attn_out", "attn_out"), ("mlp", "mlp"),
+                     ("loss", "loss")):
+        assert (CASES[case].engine("fwd"), CASES[case].engine("bwd")) == fp32[op], case
+    for r in recipes.RECIPES.values():
+        for op, pair in r.kernels.items():
+            assert all(isinstance(f.rung, int) and not re.search(r"_v\d+$", f.__name__) for f in pair), (r.name, op)
 
 
 def test_the_lab_prints_every_ladder():

@@ -153,9 +153,9 @@ def test_the_eager_step_is_the_step_of_before_bit_for_bit(runs):
         optim.grad_scale(model.grads, stats[1:2], 0.0, 1.0 / t.n_microbatches)
         optim.grad_norm(stats[1:2], partial, model.grads)
         optim.grad_scale(model.grads, stats[1:2], t.clip_norm, 1.0)
-        optim.adamw_v1(model.params, model.grads, m, v, decay, step + 1, trainer.lr(step), t.beta1, t.beta2, t.eps,
+        optim.adamw_grid_stride(model.params, model.grads, m, v, decay, step + 1, trainer.lr(step), t.beta1, t.beta2, t.eps,
                        t.weight_decay, stats)
-        optim.zero_v1(model.grads)
+        optim.zero(model.grads)
         loss, norm = stats.copy_to_host()
         assert (float(loss) / t.n_microbatches, float(norm)) == log[step][:2]
     for a, b in zip((model.params, m, v), host(trainer)):

@@ -477,7 +477,7 @@ def test_adamw_skips_the_step_on_a_non_finite_loss_or_norm(bad):
         for version in (1, 2):
             dev = [cuda.to_device(a) for a in (p, m, v, g)]
             if version == 1:
-                lab_optim.adamw_v1(dev[0], dev[3], dev[1], dev[2], cuda.to_device(decay), t, lr, b1, b2, eps, wd,
+                lab_optim.adamw_grid_stride(dev[0], dev[3], dev[1], dev[2], cuda.to_device(decay), t, lr, b1, b2, eps, wd,
                                cuda.to_device(stats))
                 twin = R.adamw(p, g, m, v, decay, t, lr, b1, b2, eps, wd, stats)
             else:
@@ -509,8 +509,8 @@ def test_adamw_v2_is_v1_then_zero_bit_for_bit():
     stats = cuda.to_device(np.array([3.0, 0.5], np.float32))
     for t, lr in ((1, 1e-3), (7, 3e-2), (500, 6e-4)):
         one, two = [[cuda.to_device(a) for a in (p, g, m, v)] for _ in range(2)]
-        lab_optim.adamw_v1(one[0], one[1], one[2], one[3], decay, t, lr, 0.9, 0.95, 1e-8, 0.1, stats)
-        lab_optim.zero_v1(one[1])
+        lab_optim.adamw_grid_stride(one[0], one[1], one[2], one[3], decay, t, lr, 0.9, 0.95, 1e-8, 0.1, stats)
+        lab_optim.zero(one[1])
         hyper = cuda.to_device(R.adamw_hyper(t, lr, 0.9, 0.95).astype(np.float32))
         lab_optim.adamw_v2(two[0], two[1], two[2], two[3], decay, hyper, 0.9, 0.95, 1e-8, 0.1, stats)
         for a, b in zip(one, two):

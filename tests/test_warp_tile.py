@@ -167,9 +167,9 @@ def test_v8s_swizzled_tiles_give_v7s_bits(trans_a, trans_b):
     M, N, K = 45, 70, 37
     a = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
     b = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
-    for block in MM.matmul_v8.blocks:
+    for block in MM.matmul_tf32x3.blocks:
         outs = []
-        for launch in (MM.matmul_v7, MM.matmul_v8):
+        for launch in (MM.matmul_v7, MM.matmul_tf32x3):
             out = cuda.to_device(np.full((M, N), np.nan, np.float32))
             launch(out, None, cuda.to_device(a), cuda.to_device(b), trans_a=trans_a, trans_b=trans_b, block=block)
             outs.append(out.copy_to_host())

@@ -1,27 +1,30 @@
 """The engine's Numba CUDA kernels: one module per op, each beside its NumPy twin. A module holds the
-simple pair the lessons teach (v1) and the launchers the recipes run (andrea_numba/recipes.py names
-them, per precision and GPU class), and what those call; every other rung of the ladder lives in
-the lab (lab/<module>.py, with the module's VERSIONS table), which the engine never imports.
+simple pair the lessons teach (the op's plain name: layernorm_fwd, layernorm_bwd) and the launchers
+the recipes run (andrea_numba/recipes.py names them, per precision and GPU class), each named by what
+it is: _tf32x3 (fp32-accurate products from three TF32 products on tensor cores), _fp16 and _bf16
+(16-bit products on mma.sync, fp32 sums), _bf16_wgmma (Hopper's wgmma, operands by TMA). Each
+declares its rung of the op's ladder (@rung(N)); every other rung lives in the lab (lab/<module>.py,
+with the module's VERSIONS table), which the engine never imports.
 
-    module      the lessons' pair; the engine's launchers (fp32 / bf16 on Hopper)   NumPy twin
-    embed       embed_fwd_v1, embed_bwd_v1; embed_bwd_v5                          reference/embed.py
-    layernorm   layernorm_fwd_v1, layernorm_bwd_v1; layernorm_bwd_v4 (LNf), and the residual add
-                fused in: residual_layernorm_fwd_v1 / _v3, residual_layernorm_bwd_v5 / _v6
-                                                                                  reference/layernorm.py
-    attn_qkv    attn_qkv_fwd_v1, attn_qkv_bwd_v1; v7 / v15                        reference/attn_qkv.py
-    attn        attn_fwd_v1, attn_bwd_v1; v2 (GPUModel(flash=False))              reference/attn.py
-    attn_flash  attn_flash_fwd_v1, attn_flash_bwd_v1; v8 + v10 / v14 (attn_flash_v3.py,
-                attn_flash_v13.py): saves lse [B, H, T], not att                  reference/attn.py
-    attn_out    attn_out_fwd_v1, attn_out_bwd_v1; v7 / v15                        reference/attn_out.py
-    mlp         mlp_fwd_v1, mlp_bwd_v1; v12 / v19                                 reference/mlp.py
-    residual    residual_add_v1, residual_add_bwd_v1 (the engine fuses it)        reference/residual.py
-    dropout     dropout_fwd_v1, dropout_bwd_v1 (and dropout_factor, which the attention kernels
-                call on their probabilities)                                      reference/dropout.py
-    loss        loss_fwd_v1, loss_bwd_v1; v9 + v7 / v18 + v16 (the loss owns the tied output
-                projection logits = x @ wte^T)                                    reference/loss.py
-    matmul      matmul_v1, the products the linear ops run (v8 in fp32, v18 on Hopper)
-                                                                                  reference/matmul.py
-    optim       grad_norm_v1, grad_scale_v1, adamw_v3, zero_v1                    reference/optim.py
+    module      the lessons' pair; the engine's launchers                            NumPy twin
+    embed       embed_fwd, embed_bwd; embed_bwd_sorted (every recipe)                reference/embed.py
+    layernorm   layernorm_fwd, layernorm_bwd; layernorm_bwd_two_stage (LN1 of block 0, LNf), and
+                the residual add fused in: residual_layernorm_fwd / _vec4 (bf16 output),
+                residual_layernorm_bwd_partials / _bf16 (bf16 gradient copy)   reference/layernorm.py
+    attn_qkv    attn_qkv_fwd, attn_qkv_bwd; _tf32x3, _fp16, _bf16, _bf16_wgmma       reference/attn_qkv.py
+    attn        attn_fwd, attn_bwd; attn_fwd_tiled (GPUModel(flash=False))          reference/attn.py
+    attn_flash  attn_flash_fwd, attn_flash_bwd; _tf32x3 and _fp16 (attn_flash_tf32x3.py), _bf16 and
+                _bf16_out16 (attn_flash_bf16.py): saves lse [B, H, T], not att      reference/attn.py
+    attn_out    attn_out_fwd, attn_out_bwd; _tf32x3, _fp16, _bf16, _bf16_wgmma       reference/attn_out.py
+    mlp         mlp_fwd, mlp_bwd; _tf32x3, _fp16, _bf16, _bf16_wgmma                 reference/mlp.py
+    residual    residual_add, residual_add_bwd (the engine fuses it)                 reference/residual.py
+    dropout     dropout_fwd, dropout_bwd (and dropout_factor, which the attention kernels
+                call on their probabilities)                                         reference/dropout.py
+    loss        loss_fwd, loss_bwd; _tf32x3, _fp16, _bf16, _bf16_wgmma (the loss owns the tied
+                output projection logits = x @ wte^T)                                reference/loss.py
+    matmul      matmul_naive and matmul (shared tiles), the products the linear ops run:
+                matmul_tf32x3, matmul_fp16, matmul_bf16, matmul_bf16_wgmma          reference/matmul.py
+    optim       grad_norm, grad_scale, adamw, zero                                   reference/optim.py
     fp8         the FP8 quantize kernels                                          reference/fp8.py
     common      block_sum, block_max, blocks, SIMULATOR
     operands    the 16-bit copies of a product's operands (round_into) and their scratch (COPIES, HELD)
@@ -37,11 +40,12 @@ Imports run downwards, never in a circle (tests/test_imports.py checks it), all 
     library     cublaslt, fp8_products: above the ops whose products they replace
 
 The conventions of every module (as llm.c's dev/cuda keeps them for every version of a kernel):
-- Kernels are module-level names numbered by their rung of the op's ladder: k_layernorm_bwd_params_v1.
-  A launcher is a Python function named after its twin plus the rung (layernorm_bwd_v4) that picks
-  grid and block and launches its kernels. The lab's VERSIONS = {"layernorm_bwd": {1: ..., 4: ...}}
-  lists every rung; the harness (andrea_numba.check: the engine's; python -m lab.check: the whole
-  ladder), the tests and lab/bench/kernels.py read them through the op cases of andrea_numba/cases.py.
+- A launcher is a Python function that picks grid and block and launches its kernels: the lessons'
+  one is named after its twin (layernorm_bwd), an engine one after its twin and what it is
+  (layernorm_bwd_two_stage), with @rung(N) saying which rung of the op's ladder it is. The lab's
+  VERSIONS = {"layernorm_bwd": {1: ..., 4: ...}} lists every rung; the harness (andrea_numba.check:
+  the engine's; python -m lab.check: the whole ladder), the tests and lab/bench/kernels.py read them
+  through the op cases of andrea_numba/cases.py. Kernels (k_...) are module-level names.
 - Arguments: the outputs, then work buffers, then exactly the twin's arguments in the twin's order
   (llm.c's order: outputs, inputs, weights, sizes), then the keywords `block` and `stream`.
   `block` is what the launcher's docstring says (threads per block, a product's tile shape,

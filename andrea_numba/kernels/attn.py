@@ -36,7 +36,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .common import SIMULATOR, blocks, cdiv
+from .common import blocks, cdiv, rung, SIMULATOR
 from .dropout import dropout_factor, key_value, mask_args
 
 NEG_INF = float32(-np.inf)
@@ -151,16 +151,18 @@ def _check(q, n_head):
     return B, T, C, C // n_head
 
 
+@rung(1)
 @blocks(gpu=(128, 64), sim=(32, 8))
-def attn_fwd_v1(y, att, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+def attn_fwd(y, att, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """Launch: one thread per (b, h, t), `block` threads per block."""
     B, T, C, hs = _check(q, n_head)
     k_attn_fwd_v1[cdiv(B * n_head * T, block), block, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)),
                                                               *mask_args(dropout_p, dropout_key))
 
 
+@rung(1)
 @blocks(gpu=(128, 64), sim=(32, 8))
-def attn_bwd_v1(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+def attn_bwd(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """scratch [B, H, T, T] receives ds. Launch: one thread per (b, h, t) or (b, h, u)."""
     B, T, C, hs = _check(q, n_head)
     scale = np.float32(1.0 / math.sqrt(hs))
@@ -460,27 +462,29 @@ def _v2_kernels(hs, block):
     return _V2[key]
 
 
+@rung(2)
 @blocks(**V2_BLOCKS)
-def attn_fwd_v2(y, att, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+def attn_fwd_tiled(y, att, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """Grid (T/BQ query tiles, B*H), BQ*TPR threads; block = (BQ, TPR). Head sizes too big for
     the shared tiles (hs > 367 on a GPU) fall back to v1."""
     B, T, C, hs = _check(q, n_head)
     kern = _v2_kernels(hs, block)
     if kern is None:
-        return attn_fwd_v1(y, att, q, k, v, n_head, dropout_p, dropout_key, stream=stream)
+        return attn_fwd(y, att, q, k, v, n_head, dropout_p, dropout_key, stream=stream)
     BQ, TPR = block
     kern[0][(cdiv(T, BQ), B * n_head), BQ * TPR, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)),
                                                          *mask_args(dropout_p, dropout_key))
 
 
+@rung(2)
 @blocks(**V2_BLOCKS)
-def attn_bwd_v2(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+def attn_bwd_tiled(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """k_attn_bwd_v2 (writes ds into scratch, and dq), then k_attn_bwd_dkdv_v2 (dk, dv); both on
     grid (T/BQ tiles, B*H) with BQ*TPR threads; block = (BQ, TPR)."""
     B, T, C, hs = _check(q, n_head)
     kern = _v2_kernels(hs, block)
     if kern is None:
-        return attn_bwd_v1(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p, dropout_key, stream=stream)
+        return attn_bwd(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p, dropout_key, stream=stream)
     BQ, TPR = block
     scale = np.float32(1.0 / math.sqrt(hs))
     grid = (cdiv(T, BQ), B * n_head)
@@ -489,4 +493,3 @@ def attn_bwd_v2(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dr
     kern[2][grid, BQ * TPR, stream](dk, dv, dy, q, att, scratch, scale, *drop)
 
 
-attn_fwd, attn_bwd = attn_fwd_v2, attn_bwd_v2   # GPUModel(flash=False): the attention that saves the probabilities

@@ -2,7 +2,7 @@
 NumPy twin: reference/attn.py (attn_flash_fwd, attn_flash_bwd). A checked op case beside plain
 attention (attn.py). This module holds v1, the simple version the lessons teach; the engine's
 versions (andrea_numba/recipes.py: v8/v10 in fp32, v12 in fp16, v13 and v14 in bf16) live in
-attn_flash_v3.py and attn_flash_v13.py and are imported here; the other rungs are in lab/.
+attn_flash_v3.py and attn_flash_bf16.py and are imported here; the other rungs are in lab/.
 
 The op is attn.py's, with the same layout (q, k, v, y, dy, dq, dk, dv are [B, T, C], head h
 owns channels h*hs .. h*hs + hs - 1) and the same dropout (dropout_factor from the key and the
@@ -44,9 +44,9 @@ from numba import cuda, float32
 
 from .attn import NEG_INF, _check, row_max, row_sum, tile_helpers
 from .attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
-from .attn_flash_v3 import attn_flash_bwd_v10, attn_flash_bwd_v12, attn_flash_fwd_v8, attn_flash_fwd_v12
-from .attn_flash_v13 import attn_flash_bwd_v13, attn_flash_bwd_v14, attn_flash_fwd_v13, attn_flash_fwd_v14
-from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv
+from .attn_flash_v3 import attn_flash_bwd_tf32x3, attn_flash_bwd_fp16, attn_flash_fwd_tf32x3, attn_flash_fwd_fp16
+from .attn_flash_bf16 import attn_flash_bwd_bf16, attn_flash_bwd_bf16_out16, attn_flash_fwd_bf16, attn_flash_fwd_bf16_out16
+from .common import BlockDoesNotFit, blocks, cdiv, rung, SIMULATOR
 from .dropout import dropout_factor, key_value, mask_args
 
 # Block (BQ, TPR) choices and key tiles BK as attn.py's v2. In the simulator small tiles, so that
@@ -294,8 +294,9 @@ def _kernels(hs, block):
     return _KERNELS[key]
 
 
+@rung(1)
 @blocks(**FLASH_BLOCKS)
-def attn_flash_fwd_v1(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+def attn_flash_fwd(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """y [B, T, C] and lse [B, H, T]. Grid (T/BQ query tiles, B*H), BQ*TPR threads;
     block = (BQ, TPR)."""
     B, T, C, hs = _check(q, n_head)
@@ -305,8 +306,9 @@ def attn_flash_fwd_v1(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, 
                                                      *mask_args(dropout_p, dropout_key))
 
 
+@rung(1)
 @blocks(**FLASH_BLOCKS)
-def attn_flash_bwd_v1(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+def attn_flash_bwd(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
                       block, stream=0):
     """d_rowdot [B, H, T] receives D = dy . y (k_attn_flash_bwd_rowdot_v1, BQ*TPR threads a block),
     then k_attn_flash_bwd_dq_v1 (dq) and k_attn_flash_bwd_dkdv_v1 (dk, dv), both on grid
@@ -323,6 +325,5 @@ def attn_flash_bwd_v1(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
 
 
-attn_flash_fwd, attn_flash_bwd = attn_flash_fwd_v8, attn_flash_bwd_v10   # the fp32 recipe's (andrea_numba/recipes.py names every recipe's)
 
 

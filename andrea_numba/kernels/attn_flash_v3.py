@@ -84,7 +84,7 @@ from numba import cuda, float32, int32
 from .attn import NEG_INF, _check
 from .attn_flash_lowp import HALF_VERSION, kstep_nn16, kstep_own16, own_tile16
 from .attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
-from .common import SIMULATOR, BlockDoesNotFit, address, as_is, blocks, cdiv, jit_as, nonneg
+from .common import address, as_is, BlockDoesNotFit, blocks, cdiv, jit_as, nonneg, rung, SIMULATOR
 from .dropout import dropout_factor, key_value, mask_args
 from .ptx import load4, mma_tf32, tf32_round
 from .warp_tile import WARP, _copier, _kstep, col_swizzle
@@ -683,8 +683,9 @@ def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, d
 # head go first and the short ones fill in at the end (longest first: the classic rule for
 # scheduling jobs of unequal length on parallel machines). Each block computes what it computed
 # before: v8 gives v5's bits.
+@rung(8)
 @blocks(**FLASH_V3_FWD_BLOCKS)
-def attn_flash_fwd_v8(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
+def attn_flash_fwd_tf32x3(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
     """As v7 on the grid (B*H, query tiles): the longest tiles first."""
     _fwd(2, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, trunc=True, nonneg=True, heavy=True)
 
@@ -695,8 +696,9 @@ def attn_flash_fwd_v8(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, 
 # H200), about what the rowdot launch it replaces had cost (0.031). v10 loads 4 channels of dy and
 # of y a step (ptx.load4, when every row starts on a 16-byte boundary: aligned_rows, now with y)
 # and adds them in channel order as before: v9's sum, v9's bits.
+@rung(10)
 @blocks(**FLASH_V3_BWD_BLOCKS)
-def attn_flash_bwd_v10(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
+def attn_flash_bwd_tf32x3(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
                        block, stream=0):
     """As v9 with dy and y read 128 bits at a time for D."""
     _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream,
@@ -735,6 +737,7 @@ def _named(launch, name, doc, precision):
 
 
 _f, _b = _launchers("fp16")
-attn_flash_fwd_v12 = _named(_f, "attn_flash_fwd_v12", """As v11 with fp16 products (cvt.rn.f16x2.f32,
+attn_flash_fwd_fp16 = _named(_f, "attn_flash_fwd_fp16", """As v11 with fp16 products (cvt.rn.f16x2.f32,
     mma.sync ... .f16.f16): 11 significant bits where bf16 keeps 8, nothing above 65504.""", "fp16")
-attn_flash_bwd_v12 = _named(_b, "attn_flash_bwd_v12", """As v11's backward with fp16 products.""", "fp16")
+attn_flash_bwd_fp16 = _named(_b, "attn_flash_bwd_fp16", """As v11's backward with fp16 products.""", "fp16")
+attn_flash_fwd_fp16.rung = attn_flash_bwd_fp16.rung = 12

@@ -12,10 +12,10 @@ import functools
 
 from numba import cuda, float32
 
-from .common import blocks
+from .common import blocks, rung
 from .operands import HELD
 from .matmul import (ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, KMAJOR_TILES, SIMT2_TILES,
-                     SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_v13, resolve)
+                     SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_bf16, resolve)
 
 
 @functools.cache
@@ -42,16 +42,18 @@ def kernels(tile):
     return k_attn_out_fwd_v1, k_attn_out_bwd_v1
 
 
+@rung(1)
 @blocks(**TILES)
-def attn_out_fwd_v1(out, y, w_o, *, block, stream=0):
+def attn_out_fwd(out, y, w_o, *, block, stream=0):
     """out, y [N, C]; w_o [C, C]; block = the tile."""
     N, C = out.shape
     t = make_tile(block)
     kernels(block)[0][t.grid(N, C), t.THREADS, stream](out, y, w_o)
 
 
+@rung(1)
 @blocks(**TILES)
-def attn_out_bwd_v1(dy, dw_o, dout, y, w_o, *, block, stream=0):
+def attn_out_bwd(dy, dw_o, dout, y, w_o, *, block, stream=0):
     """dy (written) [N, C]; dw_o (+=) [C, C]."""
     N, C = dy.shape
     t = make_tile(block)
@@ -77,53 +79,59 @@ def _bwd_warp(kind, dy, dw_o, work, dout, y, w_o, block, stream):
     WARP_MATMUL[kind](dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
+@rung(7)
 @blocks(**KMAJOR_TILES)
-def attn_out_fwd_v7(out, y, w_o, *, block, stream=0):
+def attn_out_fwd_tf32x3(out, y, w_o, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8 (v6's bits)."""
     _fwd_warp("tf32x3w", out, y, w_o, block, stream)
 
 
+@rung(7)
 @blocks(**KMAJOR_TILES)
-def attn_out_bwd_v7(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+def attn_out_bwd_tf32x3(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
     _bwd_warp("tf32x3w", dy, dw_o, work, dout, y, w_o, block, stream)
 
 
-k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd_v1.blocks[0])
+k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd.blocks[0])
 
 
 # fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+@rung(10)
 @blocks(**KMAJOR_TILES)
-def attn_out_fwd_v10(out, y, w_o, *, block, stream=0):
+def attn_out_fwd_fp16(out, y, w_o, *, block, stream=0):
     """v7 with fp16 products (matmul v11's tiles)."""
     _fwd_warp("f16w", out, y, w_o, block, stream)
 
 
+@rung(10)
 @blocks(**KMAJOR_TILES)
-def attn_out_bwd_v10(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+def attn_out_bwd_fp16(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """v7's backward with fp16 products, dW_O split over K into work."""
     _bwd_warp("f16w", dy, dw_o, work, dout, y, w_o, block, stream)
 
 
-attn_out_fwd_v10.precision = attn_out_bwd_v10.precision = "fp16"
+attn_out_fwd_fp16.precision = attn_out_bwd_fp16.precision = "fp16"
 
 
 # bf16 products through matmul v13 (bf16 copies, cp.async ring: kernels/half_tile.py), one launch
 # of it a product (v13's tile functions take the copies its launcher makes).
+@rung(12)
 @blocks(**ASYNC_OP_TILES)
-def attn_out_fwd_v12(out, y, w_o, *, block, stream=0):
+def attn_out_fwd_bf16(out, y, w_o, *, block, stream=0):
     """out = y @ W_O through matmul v13."""
-    matmul_v13(out, None, y, w_o, block=block, stream=stream)
+    matmul_bf16(out, None, y, w_o, block=block, stream=stream)
 
 
+@rung(12)
 @blocks(**ASYNC_OP_TILES)
-def attn_out_bwd_v12(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+def attn_out_bwd_bf16(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """dy = dout @ W_O^T, dW_O += y^T @ dout (split over K into work), through matmul v13."""
-    matmul_v13(dy, work, dout, w_o, trans_b=True, block=block, stream=stream)
-    matmul_v13(dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
+    matmul_bf16(dy, work, dout, w_o, trans_b=True, block=block, stream=stream)
+    matmul_bf16(dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
-attn_out_fwd_v12.precision = attn_out_bwd_v12.precision = "bf16"
+attn_out_fwd_bf16.precision = attn_out_bwd_bf16.precision = "bf16"
 
 
 # v13: v12 through matmul v16 (out and dy on v15's wgmma, dW_O on v13), dout rounded to bf16 once for
@@ -135,18 +143,19 @@ def _bwd_held(kind, dy, dw_o, work, dout, y, w_o, block, stream):
 
 
 # v15: v14 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
+@rung(15)
 @blocks(**TMA_OP_TILES)
-def attn_out_fwd_v15(out, y, w_o, *, block, stream=0):
+def attn_out_fwd_bf16_wgmma(out, y, w_o, *, block, stream=0):
     """out = y @ W_O through matmul v18."""
     WARP_MATMUL["bf16t"](out, None, y, w_o, block=block, stream=stream)
 
 
+@rung(15)
 @blocks(**TMA_OP_TILES)
-def attn_out_bwd_v15(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+def attn_out_bwd_bf16_wgmma(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """v14's backward with both products on matmul v18."""
     _bwd_held("bf16t", dy, dw_o, work, dout, y, w_o, block, stream)
 
 
-attn_out_fwd_v15.precision = attn_out_bwd_v15.precision = "bf16"
+attn_out_fwd_bf16_wgmma.precision = attn_out_bwd_bf16_wgmma.precision = "bf16"
 
-attn_out_fwd, attn_out_bwd = attn_out_fwd_v7, attn_out_bwd_v7   # the fp32 recipe's (andrea_numba/recipes.py names every recipe's)

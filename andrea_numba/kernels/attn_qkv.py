@@ -16,10 +16,10 @@ import functools
 
 from numba import cuda, float32
 
-from .common import blocks
+from .common import blocks, rung
 from .operands import HELD
 from .matmul import (ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, KMAJOR_TILES, SIMT2_TILES,
-                     SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_v13, resolve)
+                     SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_bf16, resolve)
 
 
 @functools.cache
@@ -73,16 +73,18 @@ def kernels(tile):
     return k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1
 
 
+@rung(1)
 @blocks(**TILES)
-def attn_qkv_fwd_v1(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_fwd(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """q, k, v, x [N, C]; w_* [C, C]. Launch: N x C tiles, times 3 along z; block = the tile."""
     N, C = q.shape
     t = make_tile(block)
     kernels(block)[0][t.grid(N, C, 3), t.THREADS, stream](q, k, v, x, w_q, w_k, w_v)
 
 
+@rung(1)
 @blocks(**TILES)
-def attn_qkv_bwd_v1(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_bwd(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """dx (written) [N, C]; dw_q, dw_k, dw_v (+=) [C, C]."""
     N, C = dx.shape
     t = make_tile(block)
@@ -112,58 +114,64 @@ def _bwd_warp(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, bl
         WARP_MATMUL[kind](dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
+@rung(7)
 @blocks(**KMAJOR_TILES)
-def attn_qkv_fwd_v7(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_fwd_tf32x3(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8 (v6's bits)."""
     _fwd_warp("tf32x3w", q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
+@rung(7)
 @blocks(**KMAJOR_TILES)
-def attn_qkv_bwd_v7(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_bwd_tf32x3(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
     _bwd_warp("tf32x3w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
 # fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+@rung(10)
 @blocks(**KMAJOR_TILES)
-def attn_qkv_fwd_v10(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_fwd_fp16(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """v7 with fp16 products (matmul v11's tiles)."""
     _fwd_warp("f16w", q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
+@rung(10)
 @blocks(**KMAJOR_TILES)
-def attn_qkv_bwd_v10(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_bwd_fp16(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v7's backward with fp16 products, the weight gradients split over K into work."""
     _bwd_warp("f16w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
-attn_qkv_fwd_v10.precision = attn_qkv_bwd_v10.precision = "fp16"
+attn_qkv_fwd_fp16.precision = attn_qkv_bwd_fp16.precision = "fp16"
 
 
 # bf16 products through matmul v13 (kernels/half_tile.py): each operand rounded once into a bf16
 # copy, copied to shared memory by cp.async through a ring of stages. v13's tile functions take
 # those copies, which only its launcher makes, so the three projections are three launches of
-# matmul_v13 (v11 ran them as one launch of three z-slices); dx sums its three products in the
+# matmul_bf16 (v11 ran them as one launch of three z-slices); dx sums its three products in the
 # output, in the order q, k, v (accumulate), where v11 summed them in registers: other bits than
 # v11's, the same math.
+@rung(12)
 @blocks(**ASYNC_OP_TILES)
-def attn_qkv_fwd_v12(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_fwd_bf16(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul v13."""
     for out, w in ((q, w_q), (k, w_k), (v, w_v)):
-        matmul_v13(out, None, x, w, block=block, stream=stream)
+        matmul_bf16(out, None, x, w, block=block, stream=stream)
 
 
+@rung(12)
 @blocks(**ASYNC_OP_TILES)
-def attn_qkv_bwd_v12(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_bwd_bf16(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """dx = dq @ W_Q^T + dk @ W_K^T + dv @ W_V^T (the second and third added into dx), dW_* += x^T @ d*
     (split over K into work): six products of matmul v13."""
     for i, (d, w) in enumerate(((dq, w_q), (dk, w_k), (dv, w_v))):
-        matmul_v13(dx, work, d, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)
+        matmul_bf16(dx, work, d, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)
     for dw, d in ((dw_q, dq), (dw_k, dk), (dw_v, dv)):
-        matmul_v13(dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
+        matmul_bf16(dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
-attn_qkv_fwd_v12.precision = attn_qkv_bwd_v12.precision = "bf16"
+attn_qkv_fwd_bf16.precision = attn_qkv_bwd_bf16.precision = "bf16"
 
 
 # v13: v12's products through matmul v16: wgmma (v15) for q, k, v and dx, v13 for the weight gradients;
@@ -184,20 +192,21 @@ def _bwd_held(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, bl
 
 
 # v15: v14 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
+@rung(15)
 @blocks(**TMA_OP_TILES)
-def attn_qkv_fwd_v15(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_fwd_bf16_wgmma(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """q, k, v: three products of matmul v18."""
     _fwd_chain("bf16t", q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
+@rung(15)
 @blocks(**TMA_OP_TILES)
-def attn_qkv_bwd_v15(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+def attn_qkv_bwd_bf16_wgmma(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v14's backward with all six products on matmul v18."""
     _bwd_held("bf16t", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
-attn_qkv_fwd_v15.precision = attn_qkv_bwd_v15.precision = "bf16"
+attn_qkv_fwd_bf16_wgmma.precision = attn_qkv_bwd_bf16_wgmma.precision = "bf16"
 
-k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd_v1.blocks[0])
+k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd.blocks[0])
 
-attn_qkv_fwd, attn_qkv_bwd = attn_qkv_fwd_v7, attn_qkv_bwd_v7   # the fp32 recipe's (andrea_numba/recipes.py names every recipe's)

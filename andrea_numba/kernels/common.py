@@ -204,7 +204,7 @@ def blocks(gpu, sim):
     at, on a GPU and in the simulator; the first is the one it uses when called without `block=`.
 
         @blocks(gpu=(256, 64, 1024), sim=(4, 2))
-        def layernorm_fwd_v1(out, mean, rstd, x, g, b, eps, *, block, stream=0): ...
+        def layernorm_fwd(out, mean, rstd, x, g, b, eps, *, block, stream=0): ...
 
     What a "block" is belongs to the launcher: threads per block for most kernels, a tile shape
     for the products, (rows, threads per row) for attention. Its docstring says which."""

@@ -50,7 +50,7 @@ from ..config import ConfigError
 from . import loss as L
 from . import operands
 from .common import SIMULATOR, address
-from .mlp import gelu_bwd_v2, gelu_fwd_v2
+from .mlp import gelu_bwd_vec4, gelu_fwd_vec4
 # The 16-bit copies of the operands (operands.py, below every product that takes them), also by
 # these names here: the model, the memory plan and the tests reach them through the library route.
 from .operands import (ALIGN, COPIES, HELD, ROUND_GRID_THREADS, ROUND_THREADS, ROUND_VERSIONS,  # noqa: F401
@@ -290,14 +290,14 @@ def linear_ops(precision: str, N: int, C: int, V: int):
     def mlp_fwd(out, h_pre, h, work, x, w_1, w_2, *, stream=0):
         N, F = h.shape
         mm(h_pre, None, x, w_1, stream=stream)                                    # h_pre = x W_1
-        gelu_fwd_v2(h.reshape(N * F), h_pre.reshape(N * F), stream)               # h = gelu(h_pre)
+        gelu_fwd_vec4(h.reshape(N * F), h_pre.reshape(N * F), stream)               # h = gelu(h_pre)
         mm(out, None, h, w_2, stream=stream)                                      # out = h W_2
 
     def mlp_bwd(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, stream=0):
         N, F = h.shape
         mm(dw_2, None, h, dout, trans_a=True, accumulate=True, stream=stream)     # dW_2 += h^T dout
         mm(dh_pre, None, dout, w_2, trans_b=True, stream=stream)                  # dh = dout W_2^T
-        gelu_bwd_v2(dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)          # dh_pre = dh gelu'(h_pre)
+        gelu_bwd_vec4(dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)          # dh_pre = dh gelu'(h_pre)
         mm(dw_1, None, x, dh_pre, trans_a=True, accumulate=True, stream=stream)   # dW_1 += x^T dh_pre
         mm(dx, None, dh_pre, w_1, trans_b=True, stream=stream)                    # dx = dh_pre W_1^T
 

@@ -26,7 +26,7 @@ from numba import cuda, float32, uint64
 
 import reference.dropout as twin
 
-from .common import SIMULATOR, blocks, cdiv
+from .common import blocks, cdiv, rung, SIMULATOR
 
 if not SIMULATOR:      # key_value's compiled form (below); the simulator runs its Python body
     from numba.core import types as _types
@@ -105,15 +105,16 @@ def k_dropout_bwd_v1(dx, dout, dropout_key, threshold, scale):
         dx[i] = dout[i] * dropout_factor(key, i, threshold, scale)
 
 
+@rung(1)
 @blocks(gpu=(256, 128, 512), sim=(32, 8))
-def dropout_fwd_v1(out, x, dropout_p, dropout_key, *, block, stream=0):
+def dropout_fwd(out, x, dropout_p, dropout_key, *, block, stream=0):
     """Launch: one thread per element, `block` threads per block."""
     k_dropout_fwd_v1[cdiv(out.shape[0], block), block, stream](out, x, *mask_args(dropout_p, dropout_key))
 
 
+@rung(1)
 @blocks(gpu=(256, 128, 512), sim=(32, 8))
-def dropout_bwd_v1(dx, dout, dropout_p, dropout_key, *, block, stream=0):
+def dropout_bwd(dx, dout, dropout_p, dropout_key, *, block, stream=0):
     k_dropout_bwd_v1[cdiv(dout.shape[0], block), block, stream](dx, dout, *mask_args(dropout_p, dropout_key))
 
 
-dropout_fwd, dropout_bwd = dropout_fwd_v1, dropout_bwd_v1   # the ones the engine runs

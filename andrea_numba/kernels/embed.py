@@ -56,7 +56,7 @@ Every version gets dwpe from k_embed_bwd_wpe_v1.
 """
 from numba import cuda, float32, int32
 
-from .common import SIMULATOR, blocks, cdiv, jit_as
+from .common import blocks, cdiv, jit_as, rung, SIMULATOR
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,8 +74,9 @@ def k_embed_fwd_v1(out, tokens, wte, wpe):
         out[b, t, c] = wte[tok, c] + wpe[t, c]
 
 
+@rung(1)
 @blocks(gpu=(256, 64), sim=(4, 2))
-def embed_fwd_v1(out, tokens, wte, wpe, *, block, stream=0):
+def embed_fwd(out, tokens, wte, wpe, *, block, stream=0):
     """out [B, T, C]; tokens [B, T] int32; wte [V, C]; wpe [T_max, C].
     Launch: B*T blocks of `block` threads."""
     B, T, C = out.shape
@@ -123,8 +124,9 @@ def k_embed_bwd_v1(dwte, dout, tokens):
             dwte[tokens[b, t], c] += dout[b, t, c]
 
 
+@rung(1)
 @blocks(gpu=(128, 32), sim=(8, 4))
-def embed_bwd_v1(dwte, dwpe, dout, tokens, vocab_size, context_length, *, block, stream=0):
+def embed_bwd(dwte, dwpe, dout, tokens, vocab_size, context_length, *, block, stream=0):
     """dwte [V, C] += ...; dwpe [T_max, C] += ...; dout [B, T, C]; tokens [B, T] int32.
     Launch: one thread per channel, `block` per block; then k_embed_bwd_wpe_v1."""
     _check_sizes(dwte, dwpe, vocab_size, context_length)
@@ -335,8 +337,9 @@ def _make_run_sums_v5(unroll):
 k_embed_bwd_v5 = jit_as(_make_run_sums_v5(UNROLL_V4), 5)
 
 
+@rung(5)
 @blocks(gpu=(512, 1024), sim=(8, 4))
-def embed_bwd_v5(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *, block, stream=0):
+def embed_bwd_sorted(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *, block, stream=0):
     """v4 (v2's bits) with each block's binary searches done once, one thread a chunk
     (k_embed_bwd_v5); past MAX_CHUNKS chunks, v4's kernel."""
     B, T, C = dout.shape
@@ -345,4 +348,3 @@ def embed_bwd_v5(dwte, dwpe, links, dout, tokens, vocab_size, context_length, *,
     _sorted_sums(kernel, threads, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream)
 
 
-embed_fwd, embed_bwd = embed_fwd_v1, embed_bwd_v5   # the fp32 recipe's (andrea_numba/recipes.py names every recipe's)

@@ -34,7 +34,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint8
 
-from .common import MAX_BLOCK, SIMULATOR, block_max, cdiv
+from .common import block_max, cdiv, MAX_BLOCK, rung, SIMULATOR
 
 AMAX_BLOCKS = 2 if SIMULATOR else 264           # k_amax_partial_v1's grid (its partials)
 THREADS = 16 if SIMULATOR else 256              # a block of the 1-D kernels (a power of two)
@@ -206,7 +206,8 @@ def kernels_of(fmt):
     return _QUANTIZE[fmt.name]
 
 
-def quantize_v1(codes, stats, count, partial, x, fmt, transpose=False, ld=None, stream=0):
+@rung(1)
+def quantize(codes, stats, count, partial, x, fmt, transpose=False, ld=None, stream=0):
     """codes (uint8, flat) = x [R, C] quantized per tensor to fmt, as it lies ([R, ld], ld >= C) or
     transposed ([C, ld], ld >= R); ld: padded(C) or padded(R) unless given. stats (float32 [4]) =
     [descale, scale, amax, 0]; count (int32 [1]) = how many nonzero values underflowed; partial

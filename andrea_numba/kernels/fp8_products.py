@@ -35,8 +35,8 @@ from reference.precision import FP8_SCOPES
 
 from . import cublaslt
 from . import fp8 as Q
-from .common import SIMULATOR, address
-from .mlp import gelu_bwd_v2, gelu_fwd_v2
+from .common import address, rung, SIMULATOR
+from .mlp import gelu_bwd_vec4, gelu_fwd_vec4
 
 MIN_CC = (8, 9)                 # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
 FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
@@ -118,7 +118,7 @@ class FP8Workspace:
         self.labels.setdefault(s, label)
         self.sizes.setdefault(s, R * C)
         stats, count = self.stats[s], self.counts[s:s + 1]
-        codes = Q.quantize_v1(self.codes[which], stats, count, self.partial, x, FORMATS[fmt], kmajor_t, stream=stream)
+        codes = Q.quantize(self.codes[which], stats, count, self.partial, x, FORMATS[fmt], kmajor_t, stream=stream)
         return Quant(codes, fmt, k, address(self.stats) + s * Q.STATS * 4, s)     # (16-byte aligned)
 
     def record(self, n_layer: int = 1) -> list[dict]:
@@ -157,15 +157,16 @@ def fp8_matmul(out, a, b, trans_a=False, trans_b=False, accumulate=False, fmt_a=
     mm(out, qa, qb, accumulate, stream)
 
 
-def matmul_v24(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block=None, stream=0):
+@rung(24)
+def matmul_fp8(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block=None, stream=0):
     """out (+)= op(a) @ op(b) in FP8 E4M3 through cuBLASLt: each operand's amax, scale and bytes by
     kernels/fp8.py (k_amax_partial_v1, k_amax_final_v1, k_quantize_v1 or k_quantize_t_v1), then the
     FP8 product with fp32 sums (work and block unused)."""
     fp8_matmul(out, a, b, trans_a, trans_b, accumulate, stream=stream)
 
 
-matmul_v24.blocks = ("cublasLt",)
-matmul_v24.precision = "fp8-all"
+matmul_fp8.blocks = ("cublasLt",)
+matmul_fp8.precision = "fp8-all"
 
 
 def operand_bytes(N: int, C: int) -> int:
@@ -231,7 +232,7 @@ def linear_ops(scope: str, N: int, C: int, V: int, n_layer: int = 1):
         Nr, F = h.shape
         mm(h_pre, quant(x, W, False, 0, "mlp.fwd.x", stream), quant(w_1, W, True, 1, "mlp.fwd.w_1", stream),
            stream=stream)
-        gelu_fwd_v2(h.reshape(Nr * F), h_pre.reshape(Nr * F), stream)
+        gelu_fwd_vec4(h.reshape(Nr * F), h_pre.reshape(Nr * F), stream)
         mm(out, quant(h, W, False, 0, "mlp.fwd.h", stream), quant(w_2, W, True, 1, "mlp.fwd.w_2", stream),
            stream=stream)
 
@@ -242,7 +243,7 @@ def linear_ops(scope: str, N: int, C: int, V: int, n_layer: int = 1):
            accumulate=True, stream=stream)
         mm(dh_pre, quant(dout, g, False, 0, "mlp.bwd.dout", stream), quant(w_2, W, False, 1, "mlp.bwd.w_2", stream),
            stream=stream)
-        gelu_bwd_v2(dh_pre.reshape(Nr * F), h_pre.reshape(Nr * F), stream)
+        gelu_bwd_vec4(dh_pre.reshape(Nr * F), h_pre.reshape(Nr * F), stream)
         mm(dw_1, quant(x, W, True, 0, "mlp.bwd.x", stream), quant(dh_pre, g, True, 1, "mlp.bwd.dh_pre_t", stream),
            accumulate=True, stream=stream)
         mm(dx, quant(dh_pre, g, False, 0, "mlp.bwd.dh_pre", stream), quant(w_1, W, False, 1, "mlp.bwd.w_1", stream),

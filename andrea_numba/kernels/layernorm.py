@@ -39,7 +39,7 @@ import numpy as np
 
 from numba import cuda, float32
 
-from .common import (ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, address, block_sum, blocks, cdiv, jit_as, nonneg,
+from .common import (rung, ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, address, block_sum, blocks, cdiv, jit_as, nonneg,
                      wide_rows)
 from .ptx import bf16x2, load4_row, store4
 
@@ -155,14 +155,16 @@ def k_layernorm_bwd_params_v2(dg, db, dout, x, mean, rstd):
 # ---------------------------------------------------------------------------------------------
 # launchers: `block` is the threads per row block (a power of two, for block_sum)
 
+@rung(1)
 @blocks(gpu=(256, 64, 1024), sim=(4, 2))
-def layernorm_fwd_v1(out, mean, rstd, x, g, b, eps, *, block, stream=0):
+def layernorm_fwd(out, mean, rstd, x, g, b, eps, *, block, stream=0):
     """out, x [N, C]; mean, rstd [N]; g, b [C]. Launch: N blocks of `block` threads."""
     k_layernorm_fwd_v1[x.shape[0], block, stream](out, mean, rstd, x, g, b, float32(eps))
 
 
+@rung(1)
 @blocks(gpu=(256, 64, 1024), sim=(4, 2))
-def layernorm_bwd_v1(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
+def layernorm_bwd(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
     """dx = grad_input (written); dg, db += parameter gradients. Launch: N blocks of `block`
     threads for dx; one thread per channel (128 per block, 8 in the simulator) for dg, db."""
     N, C = x.shape
@@ -345,8 +347,9 @@ def layernorm_bwd_params_two_stage(dg, db, work, dout, x, mean, rstd, stream=0, 
     (stage2 or k_layernorm_bwd_params_sum_v1)[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
 
 
+@rung(4)
 @blocks(**ROW_BLOCKS)
-def layernorm_bwd_v4(dx, dg, db, work, dout, x, mean, rstd, g, *, block, stream=0):
+def layernorm_bwd_two_stage(dx, dg, db, work, dout, x, mean, rstd, g, *, block, stream=0):
     """v3's dx (k_layernorm_bwd_v2, block = (TPR, RW)) with dg, db in two stages
     (layernorm_bwd_params_two_stage). work: float32 [n] scratch, at least 2 C floats (the engine
     passes its split-K buffer); its contents are overwritten."""
@@ -400,16 +403,18 @@ def k_residual_layernorm_bwd_v1(dx, df, dresid, dout, x, mean, rstd, g, write_df
                 df[row, c] = v
 
 
+@rung(1)
 @blocks(**ROW_BLOCKS)
-def residual_layernorm_fwd_v1(resid, out, mean, rstd, x, f, g, b, eps, *, block, stream=0):
+def residual_layernorm_fwd(resid, out, mean, rstd, x, f, g, b, eps, *, block, stream=0):
     """resid, out, x, f [N, C]; mean, rstd [N]; g, b [C]. cdiv(N, RW) blocks of (TPR, RW) threads."""
     tpr, rw = block
     k_residual_layernorm_fwd_v1[cdiv(x.shape[0], rw), (tpr, rw), stream](resid, out, mean, rstd, x, f, g, b,
                                                                          float32(eps))
 
 
+@rung(1)
 @blocks(**ROW_BLOCKS)
-def residual_layernorm_bwd_v1(dx, df, dg, db, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
+def residual_layernorm_bwd(dx, df, dg, db, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
     """dx = dresid + grad_input of the LayerNorm (written; may be dresid itself) and df the same
     (resid = x + f): give df = dx (the same array) to write it once; dg, db +=."""
     N, C = resid.shape
@@ -474,8 +479,9 @@ def k_layernorm_bwd_params_sum_v2(dg, db, part):
 
 # v4: v2's dx kernel (the H200 ran it faster than v3's register rows: 0.030 against 0.041 ms a
 # call in the 12M training step) with v3's stage 2 (0.0067 against 0.0134 ms). v2's bits.
+@rung(4)
 @blocks(**ROW_BLOCKS)
-def residual_layernorm_bwd_v4(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
+def residual_layernorm_bwd_two_stage(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
     """v2's result, bit for bit: k_residual_layernorm_bwd_v1's dx (and df), then dg, db in two
     stages, the second k_layernorm_bwd_params_sum_v2. work: float32 [n] scratch, at least 2 C floats."""
     N = resid.shape[0]
@@ -551,7 +557,7 @@ def _row4_kernel(NQ):
 _ROW4_KERNELS = {}      # NQ -> k_residual_layernorm_fwd_v3
 
 
-def fits_v3(resid, out, x, f) -> bool:
+def fits_vec4(resid, out, x, f) -> bool:
     """Whether k_residual_layernorm_fwd_v3 can take these arrays: rows of whole 16-byte chunks (an fp32
     out too), a uint16 out C-contiguous on an 8-byte boundary."""
     if out.dtype == np.uint16:
@@ -560,17 +566,18 @@ def fits_v3(resid, out, x, f) -> bool:
     return wide_rows(resid, out, x, f)
 
 
+@rung(3)
 @blocks(**ROW_BLOCKS)
-def residual_layernorm_fwd_v3(resid, out, mean, rstd, x, f, g, b, eps, *, block, stream=0):
+def residual_layernorm_fwd_vec4(resid, out, mean, rstd, x, f, g, b, eps, *, block, stream=0):
     """v2 with four channels a load and store (k_residual_layernorm_fwd_v3); out float32, or uint16
     (the bf16 bit patterns, ties to even). cdiv(N, RW) blocks of (TPR, RW) threads. Rows that are not
     whole 16-byte chunks: v1 (fp32 out only)."""
     N, C = x.shape
     tpr, rw = block
     half = out.dtype == np.uint16
-    if not fits_v3(resid, out, x, f):
-        assert not half, "residual_layernorm_fwd_v3 writes a bf16 out only for rows of whole 16-byte chunks"
-        return residual_layernorm_fwd_v1(resid, out, mean, rstd, x, f, g, b, eps, block=block, stream=stream)
+    if not fits_vec4(resid, out, x, f):
+        assert not half, "residual_layernorm_fwd_vec4 writes a bf16 out only for rows of whole 16-byte chunks"
+        return residual_layernorm_fwd(resid, out, mean, rstd, x, f, g, b, eps, block=block, stream=stream)
     nq = cdiv(C, 4 * tpr)
     if nq not in _ROW4_KERNELS:
         _ROW4_KERNELS[nq] = _row4_kernel(nq)
@@ -713,14 +720,15 @@ def k_layernorm_bwd_params_sum_v3(dg, db, part):
             db[c] += s[0, tx]
 
 
+@rung(5)
 @blocks(**ROW_BLOCKS)
-def residual_layernorm_bwd_v5(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
+def residual_layernorm_bwd_partials(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
     """v4's dx and df, bit for bit (k_residual_layernorm_bwd_v5, cdiv(N, RW) blocks of (TPR, RW)
     threads, also writing each block's partial sums), then dg, db += the partials' sums
     (k_layernorm_bwd_params_sum_v3). work: float32 [n] scratch, 2 cdiv(N, RW) C floats (else v4)."""
     part = fused_partials(work, resid.shape, block)
     if part is None:
-        return residual_layernorm_bwd_v4(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, block=block,
+        return residual_layernorm_bwd_two_stage(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, block=block,
                                          stream=stream)
     k_residual_layernorm_bwd_v5[part.shape[1], block, stream](dx, df, part, dresid, dout, resid, mean, rstd, g,
                                                               df is not dx)
@@ -769,21 +777,19 @@ def k_residual_layernorm_bwd_v6(dx, df, part, d16, dresid, dout, x, mean, rstd, 
     residual_layernorm_bwd_rows(dx, df, part, d16, dresid, dout, x, mean, rstd, g, write_df, True)
 
 
+@rung(6)
 @blocks(**ROW_BLOCKS)
-def residual_layernorm_bwd_v6(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, d16=None, block, stream=0):
+def residual_layernorm_bwd_bf16(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, d16=None, block, stream=0):
     """v5 (dx, df, dg, db: its bits); d16: None (then v5 itself runs), or uint16 [N, C] receiving
     bf16(dx) (ties to even) from k_residual_layernorm_bwd_v6. d16 needs v5's room in work: 2 cdiv(N, RW) C."""
     if d16 is None:
-        return residual_layernorm_bwd_v5(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, block=block,
+        return residual_layernorm_bwd_partials(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, block=block,
                                          stream=stream)
     part = fused_partials(work, resid.shape, block)
-    assert part is not None, "residual_layernorm_bwd_v6 writes d16 only with work for its partials (2 cdiv(N, RW) C)"
+    assert part is not None, "residual_layernorm_bwd_bf16 writes d16 only with work for its partials (2 cdiv(N, RW) C)"
     assert d16.dtype == np.uint16 and d16.shape == resid.shape, "d16: uint16 [N, C]"
     k_residual_layernorm_bwd_v6[part.shape[1], block, stream](dx, df, part, d16, dresid, dout, resid, mean, rstd, g,
                                                               df is not dx)
     sum_partials(dg, db, part, stream)
 
 
-# the fp32 recipe's (andrea_numba/recipes.py names every recipe's)
-residual_layernorm_fwd, residual_layernorm_bwd = residual_layernorm_fwd_v1, residual_layernorm_bwd_v5
-layernorm_fwd, layernorm_bwd = layernorm_fwd_v1, layernorm_bwd_v4

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda, float32
 from numba.cuda import libdevice
 
-from .common import MAX_BLOCK, SIMULATOR, address, block_max, block_sum, blocks, wide_rows
+from .common import address, block_max, block_sum, blocks, MAX_BLOCK, rung, SIMULATOR, wide_rows
 from .matmul import WARP_MATMUL, matmul
 from .operands import COPIES, operand_elements
 from .ptx import bf16x2, load4_row, store4
@@ -74,8 +74,9 @@ def k_loss_mean_v1(loss, losses):
         loss[0] = total / float32(N)
 
 
+@rung(1)
 @blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v1(loss, losses, probs, x, wte, targets, *, block, stream=0):
+def loss_fwd(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """loss [1]; losses [N]; probs [N, V] (written); x [N, C]; wte [V, C]; targets [N] int32.
     Launch: the matmul for the logits (its default tile); k_loss_fwd_v1, N blocks of `block`
     threads; k_loss_mean_v1, one block of MEAN_THREADS threads."""
@@ -102,8 +103,9 @@ def k_loss_bwd_v1(dlogits, probs, targets, scale):
         dlogits[row, v] = p * scale
 
 
+@rung(1)
 @blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v1(dx, dwte, dlogits, dloss, x, wte, probs, targets, *, block, stream=0):
+def loss_bwd(dx, dwte, dlogits, dloss, x, wte, probs, targets, *, block, stream=0):
     """dx [N, C] (written); dwte [V, C] (+=); dlogits [N, V] work buffer (may be probs itself);
     dloss a scalar; x [N, C]; wte [V, C]; probs [N, V]; targets [N] int32.
     Launch: k_loss_bwd_v1, N blocks of `block` threads; then two matmuls (default tile)."""
@@ -134,8 +136,9 @@ def _bwd_warp(kind, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, bloc
     mm(dwte, work, dlogits, x, trans_a=True, accumulate=True, stream=stream)           # dwte += dlogits^T @ x
 
 
+@rung(7)
 @blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v7(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+def loss_bwd_tf32x3(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
     """v1 with its products from matmul v8, dwte split over K into work."""
     _bwd_warp("tf32x3w", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
@@ -154,42 +157,47 @@ def row_threads(V: int, block: int) -> int:
     return min(t, block)
 
 
+@rung(9)
 @blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v9(loss, losses, probs, x, wte, targets, *, block, stream=0):
+def loss_fwd_tf32x3(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """v7 with the softmax rows on as few threads as four entries a thread allow (at most block)."""
     _fwd_warp("tf32x3w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
 # fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+@rung(11)
 @blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v11(loss, losses, probs, x, wte, targets, *, block, stream=0):
+def loss_fwd_fp16(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """v9 with the logits from fp16 products (matmul v11); the softmax and the loss in fp32."""
     _fwd_warp("f16w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
+@rung(10)
 @blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v10(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+def loss_bwd_fp16(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
     """v7 with fp16 products (matmul v11), dwte split over K into work."""
     _bwd_warp("f16w", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 
-loss_fwd_v11.precision = loss_bwd_v10.precision = "fp16"
+loss_fwd_fp16.precision = loss_bwd_fp16.precision = "fp16"
 
 
 # bf16 products through matmul v13 (bf16 copies, cp.async ring: kernels/half_tile.py)
+@rung(13)
 @blocks(gpu=(1024, 256), sim=(4, 2))
-def loss_fwd_v13(loss, losses, probs, x, wte, targets, *, block, stream=0):
+def loss_fwd_bf16(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """v12 with the logits from matmul v13; the softmax and the loss in fp32."""
     _fwd_warp("bf16a", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
+@rung(12)
 @blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v12(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+def loss_bwd_bf16(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
     """v11 with its products from matmul v13, dwte split over K into work."""
     _bwd_warp("bf16a", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 
-loss_fwd_v13.precision = loss_bwd_v12.precision = "bf16"
+loss_fwd_bf16.precision = loss_bwd_bf16.precision = "bf16"
 
 
 # v14 forward, v13 backward (bf16): the products of matmul v16 (wgmma where no activation needs a
@@ -409,8 +417,9 @@ def loss_fwd_rows(V: int, T: int):
 
 # v17 forward: v16 (the logits from matmul v18) with the softmax in one read of the logits
 # (k_loss_fwd_v3); v2's two passes where the rows are not whole 16-byte chunks. block = threads a row.
+@rung(17)
 @blocks(gpu=(512, 1024), sim=(4, 8))
-def loss_fwd_v17(loss, losses, probs, x, wte, targets, *, block, stream=0):
+def loss_fwd_bf16_wgmma_probs(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """The logits from matmul v18; the softmax with the row in registers (k_loss_fwd_v3), the loss
     in fp32."""
     N, V = probs.shape
@@ -422,7 +431,7 @@ def loss_fwd_v17(loss, losses, probs, x, wte, targets, *, block, stream=0):
     k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
 
 
-loss_fwd_v17.precision = "bf16"
+loss_fwd_bf16_wgmma_probs.precision = "bf16"
 
 
 # v18 forward, v16 backward (bf16): the fp32 softmax is never written. v17's k_loss_fwd_v3 reads the
@@ -494,27 +503,28 @@ def _stats_for(probs, stats):
     return stats
 
 
+@rung(18)
 @blocks(gpu=(512, 1024), sim=(4, 8))
-def loss_fwd_v18(loss, losses, probs, x, wte, targets, *, stats=None, block, stream=0):
+def loss_fwd_bf16_wgmma(loss, losses, probs, x, wte, targets, *, stats=None, block, stream=0):
     """v17, or with stats (float32 [2, N]): the logits left in probs, each row's maximum M and sum
     se = sum exp(x - M) in stats (k_loss_fwd_v4), for loss_bwd v16; losses and loss as v17's."""
     stats = _stats_for(probs, stats)
     if stats is None:
-        return loss_fwd_v17(loss, losses, probs, x, wte, targets, block=block, stream=stream)
+        return loss_fwd_bf16_wgmma_probs(loss, losses, probs, x, wte, targets, block=block, stream=stream)
     N, V = probs.shape
     WARP_MATMUL["bf16t"](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
     loss_stats_rows(V, block)[N, block, stream](losses, stats, probs, targets)
     k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
 
 
+@rung(16)
 @blocks(gpu=(256, 1024), sim=(4, 2))
-def loss_bwd_v16(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stats=None, block, stream=0):
+def loss_bwd_bf16_wgmma(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stats=None, block, stream=0):
     """v15, or with stats (loss_fwd v18's): the softmax recomputed from the logits in probs as dlogits
     are written (k_loss_bwd_v3); the same two products on matmul v18."""
     _bwd_bf16("bf16t", dx, dwte, work, dloss, x, wte, probs, targets, block, stream, _stats_for(probs, stats))
 
 
-loss_fwd_v18.precision = loss_bwd_v16.precision = "bf16"
+loss_fwd_bf16_wgmma.precision = loss_bwd_bf16_wgmma.precision = "bf16"
 
 
-loss_fwd, loss_bwd = loss_fwd_v9, loss_bwd_v7   # the fp32 recipe's (andrea_numba/recipes.py names every recipe's)

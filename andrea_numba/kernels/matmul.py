@@ -38,7 +38,7 @@ import numba
 import numpy as np
 from numba import cuda, float32
 
-from .common import ELEMENTWISE_THREADS, SIMULATOR, blocks, cdiv, jit_as
+from .common import blocks, cdiv, ELEMENTWISE_THREADS, jit_as, rung, SIMULATOR
 from .half_tile import async_resolve, bf16_copies, make_async_tile, make_half_tile
 from .operands import COPIES
 from .simt_tile import make_simt_tile
@@ -78,8 +78,9 @@ def k_matmul_v1(out, a, b, trans_a, trans_b, accumulate):
         out[i, j] = acc
 
 
+@rung(1)
 @blocks(gpu=(16, 8), sim=(8, 4))
-def matmul_v1(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+def matmul_naive(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """Launch: block x block threads, one per output element."""
     M, N = out.shape
     grid = (cdiv(N, block), cdiv(M, block))
@@ -215,15 +216,16 @@ def _k_matmul_v2(tile, trans_a, trans_b):
     return k_matmul_v2
 
 
+@rung(2)
 @blocks(**TILES)
-def matmul_v2(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+def matmul(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """Launch: one block of (BM/TM)*(BN/TN) threads per BM x BN tile of out; block = the tile."""
     M, N = out.shape
     t = make_tile(block)
     _k_matmul_v2(block, bool(trans_a), bool(trans_b))[t.grid(M, N), t.THREADS, stream](out, a, b, accumulate)
 
 
-k_matmul_v2 = _k_matmul_v2(matmul_v2.blocks[0], False, False)   # the default tile's kernel
+k_matmul_v2 = _k_matmul_v2(matmul.blocks[0], False, False)   # the default tile's kernel
 
 # ---------------------------------------------------------------------------------------------
 # v3 and v4: warp tiles (kernels/warp_tile.py), 128-bit copies, two shared stages, split-K.
@@ -473,8 +475,9 @@ def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 # row's 4 values of k in one 128-bit store, where v6 and v7 wrote 4 scalars two to a bank; a row
 # swizzle makes these stores, v6's scalar stores (kept for B of x @ W) and the fragment reads
 # free of bank conflicts. The same values in the same sums as v7: v8 gives v7's bits.
+@rung(8)
 @blocks(**KMAJOR_TILES)
-def matmul_v8(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+def matmul_tf32x3(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """v7 on swizzled tiles with 128-bit stores of transposed operands."""
     _matmul_warp("tf32x3w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
@@ -514,17 +517,18 @@ matmul_v10.precision = "bf16"     # the harness compares it with the twin on bf1
 # v11: v10 in fp16 (cvt.rn.f16x2.f32, mma.sync ... .f16.f16): 11 significant bits where bf16 keeps
 # 8, but 5 exponent bits: an input past 65504 becomes inf, one below 6.1e-5 loses bits, which is why
 # training in fp16 needs loss scaling (lesson 10).
+@rung(11)
 @blocks(**KMAJOR_TILES)
-def matmul_v11(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+def matmul_fp16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """fp16 tensor-core products (inputs rounded to fp16, fp32 sums) on v8's swizzled tiles."""
     _matmul_warp("f16w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-matmul_v11.precision = "fp16"
+matmul_fp16.precision = "fp16"
 
 WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
-               "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_v8,   # weight-gradient products
-               "simt2": matmul_v9, "bf16w": matmul_v10, "f16w": matmul_v11}
+               "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_tf32x3,   # weight-gradient products
+               "simt2": matmul_v9, "bf16w": matmul_v10, "f16w": matmul_fp16}
 
 
 # v12: bf16 products the way fast half-precision GEMMs do them (kernels/half_tile.py). The operands
@@ -568,8 +572,9 @@ ASYNC_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32, 4), (64, 6
                    sim=((32, 32, 32, 32, 32), (64, 16, 32, 32, 16, 4)))
 
 
+@rung(13)
 @blocks(**ASYNC_TILES)
-def matmul_v13(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+def matmul_bf16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """bf16 tensor-core products from bf16 copies of the operands (rounded once, ties to even) copied
     to shared memory by cp.async through a ring of stages; block = (BM, BN, 32, WM, WN[, STAGES]);
     work: the split-K buffer (or None). The copies live in operands.COPIES, a scratch that grows to
@@ -592,13 +597,13 @@ def matmul_v13(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
         splitk_sum(out, part, accumulate, stream, version=2)
 
 
-matmul_v13.precision = "bf16"
+matmul_bf16.precision = "bf16"
 WARP_KERNELS["bf16a"] = (13, "bf16 tensor cores on bf16 copies, copied to a ring of shared stages by cp.async")
 # In WARP_MATMUL for the linear ops that chain whole products (mlp, loss: WARP_MATMUL[kind]); the
 # kernels that run three products in one launch (attn_qkv's, attn_out's, on make_tile(kind) with
 # the fp32 operands) have no v13 form, since its tile functions take the bf16 copies that only its
-# launcher makes: their v13 versions chain matmul_v13 calls instead.
-WARP_MATMUL["bf16a"] = matmul_v13
+# launcher makes: their v13 versions chain matmul_bf16 calls instead.
+WARP_MATMUL["bf16a"] = matmul_bf16
 # the linear ops on v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12): v13's tiles
 ASYNC_OP_TILES = ASYNC_TILES
 
@@ -715,7 +720,7 @@ def matmul_v16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
     """bf16 products: matmul v15 (wgmma) where op(a) = a, matmul v13 (mma.sync) where op(a) = a^T (a
     weight gradient, whose operands v15 would copy transposed); block is v15's."""
     if trans_a:
-        matmul_v13(out, work, a, b, trans_a, trans_b, accumulate, stream=stream)
+        matmul_bf16(out, work, a, b, trans_a, trans_b, accumulate, stream=stream)
     else:
         matmul_v15(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)
 
@@ -724,7 +729,6 @@ matmul_v16.precision = "bf16"
 WARP_KERNELS["bf16r"] = (16, "v15 (wgmma) for a @ b and a @ b^T, v13 for the weight gradients a^T @ b")
 WARP_MATMUL["bf16r"] = matmul_v16
 
-matmul = matmul_v2        # a plain tiled product; the engine's products run inside its linear ops (recipes.py)
 
 # v20-v22 and v24 are not rungs of the ladder but the library beside it: the same products through
 # cuBLASLt in fp32, bf16 and fp16 (kernels/cublaslt.py), and its FP8 E4M3 products with each operand
@@ -815,8 +819,9 @@ def pick_tile(M, N, K, work, resident):
     return best[1]
 
 
+@rung(18)
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
-def matmul_v18(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+def matmul_bf16_wgmma(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """bf16 products on wgmma (sm_90a) from bf16 copies of the operands as stored (v17's), copied
     to shared memory by TMA from a producer warp, over a ring of mbarrier-guarded stages, by
     persistent blocks; block = (BM, BN, 64, STAGES), or "auto" (pick_tile's for the shape); work: the
@@ -891,8 +896,8 @@ def sm_count() -> int:
     return RESIDENT_BLOCKS if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-matmul_v18.precision = "bf16"
-WARP_MATMUL["bf16t"] = matmul_v18            # products "bf16t" (gpu_model): the linear ops on v18
+matmul_bf16_wgmma.precision = "bf16"
+WARP_MATMUL["bf16t"] = matmul_bf16_wgmma            # products "bf16t" (gpu_model): the linear ops on v18
 
 
 # (lab/bench/step_time.py --tma-matmul 19 times v19 inside the whole model: tma_matmul below.)

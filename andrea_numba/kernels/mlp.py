@@ -23,7 +23,7 @@ import numpy as np
 
 from numba import cuda, float32
 
-from .common import address, blocks, elementwise_launch, nonneg
+from .common import address, blocks, elementwise_launch, nonneg, rung
 from .ptx import bf16x2, load4, store4
 from .operands import HELD
 from .tma import map_fits
@@ -93,8 +93,9 @@ def kernels(tile):
 # float32 values meet the same arithmetic: v2's bits are v1's.
 
 
+@rung(1)
 @blocks(**TILES)
-def mlp_fwd_v1(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
+def mlp_fwd(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """out, x [N, C]; h_pre, h [N, F]: saved for backward. block = the tile."""
     N, F = h.shape
     t = make_tile(block)
@@ -102,8 +103,9 @@ def mlp_fwd_v1(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     matmul(out, h, w_2, block=block, stream=stream)                                    # out = h @ W_2
 
 
+@rung(1)
 @blocks(**TILES)
-def mlp_bwd_v1(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+def mlp_bwd(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """dx (written) [N, C]; dw_1, dw_2 (+=); dh_pre [N, F] is scratch (written, then read)."""
     N, F = h.shape
     t = make_tile(block)
@@ -178,13 +180,13 @@ def _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, 
     mm(dx, wx, dh_pre, w_1, trans_b=True, block=block, stream=stream)                      # dx = dh_pre @ W_1^T
 
 
-def gelu_fwd_v1(h, h_pre, stream):
+def gelu_fwd(h, h_pre, stream):
     """k_gelu_fwd_v1 over the flat views: a thread an element."""
     grid, threads = elementwise_launch(h.shape[0])
     k_gelu_fwd_v1[grid, threads, stream](h, h_pre)
 
 
-def gelu_bwd_v1(dh_pre, h_pre, stream):
+def gelu_bwd(dh_pre, h_pre, stream):
     """k_gelu_bwd_v1 over the flat views: a thread an element."""
     grid, threads = elementwise_launch(dh_pre.shape[0])
     k_gelu_bwd_v1[grid, threads, stream](dh_pre, h_pre)
@@ -220,48 +222,52 @@ def _vec4(*arrays) -> bool:
     return all(a.shape[0] % 4 == 0 and address(a) % 16 == 0 for a in arrays)
 
 
-def gelu_fwd_v2(h, h_pre, stream):
+def gelu_fwd_vec4(h, h_pre, stream):
     """k_gelu_fwd_v2 (four elements a thread) when the views allow it, else v1."""
     if not _vec4(h, h_pre):
-        return gelu_fwd_v1(h, h_pre, stream)
+        return gelu_fwd(h, h_pre, stream)
     grid, threads = elementwise_launch(h.shape[0] // 4)
     k_gelu_fwd_v2[grid, threads, stream](h, h_pre)
 
 
-def gelu_bwd_v2(dh_pre, h_pre, stream):
+def gelu_bwd_vec4(dh_pre, h_pre, stream):
     """k_gelu_bwd_v2 (four elements a thread) when the views allow it, else v1."""
     if not _vec4(dh_pre, h_pre):
-        return gelu_bwd_v1(dh_pre, h_pre, stream)
+        return gelu_bwd(dh_pre, h_pre, stream)
     grid, threads = elementwise_launch(dh_pre.shape[0] // 4)
     k_gelu_bwd_v2[grid, threads, stream](dh_pre, h_pre)
 
 
+@rung(12)
 @blocks(**KMAJOR_TILES)
-def mlp_fwd_v12(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+def mlp_fwd_tf32x3(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v11 with the GELU pass four elements a thread."""
-    _fwd_split("tf32x3w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v2)
+    _fwd_split("tf32x3w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
+@rung(12)
 @blocks(**KMAJOR_TILES)
-def mlp_bwd_v12(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+def mlp_bwd_tf32x3(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v11's backward with the GELU' pass four elements a thread."""
-    _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
+    _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 # fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+@rung(14)
 @blocks(**KMAJOR_TILES)
-def mlp_fwd_v14(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+def mlp_fwd_fp16(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v12 with fp16 products (matmul v11's tiles)."""
-    _fwd_split("f16w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_v2)
+    _fwd_split("f16w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
+@rung(14)
 @blocks(**KMAJOR_TILES)
-def mlp_bwd_v14(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+def mlp_bwd_fp16(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v12's backward with fp16 products."""
-    _bwd_split("f16w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
+    _bwd_split("f16w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
-mlp_fwd_v14.precision = mlp_bwd_v14.precision = "fp16"
+mlp_fwd_fp16.precision = mlp_bwd_fp16.precision = "fp16"
 
 
 # h saved as bf16. Every reader of the GELU output h is a bf16 product (out = h @ W_2 in the
@@ -281,11 +287,11 @@ def k_gelu_fwd_v3(h_words, h_pre):
         h_words[i // 2 + 1] = bf16x2(gelu(z2), gelu(z3))
 
 
-def gelu_fwd_v3(h, h_pre, stream):
+def gelu_fwd_bf16(h, h_pre, stream):
     """k_gelu_fwd_v3: h (uint16, the bf16 bit patterns) = gelu(h_pre) rounded; flat views whose length 4
     divides, h_pre on a 16-byte boundary, h on an 8-byte one."""
     assert h.dtype == np.uint16 and h.shape[0] % 4 == 0 and _vec4(h_pre), \
-        f"gelu_fwd_v3 takes a uint16 h of a length 4 divides and an aligned fp32 h_pre, got {h.dtype} {h.shape}"
+        f"gelu_fwd_bf16 takes a uint16 h of a length 4 divides and an aligned fp32 h_pre, got {h.dtype} {h.shape}"
     grid, threads = elementwise_launch(h.shape[0] // 4)
     k_gelu_fwd_v3[grid, threads, stream](h.view(np.int32), h_pre)
 
@@ -294,20 +300,22 @@ def gelu_fwd_v3(h, h_pre, stream):
 # passes and the split over K as v15. h may be the uint16 bits of a bf16 h (the engine's "bf16a"
 # products save it so, gpu_model.py): the GELU pass then writes it rounded (k_gelu_fwd_v3), and the
 # products take it as it is.
+@rung(16)
 @blocks(**ASYNC_OP_TILES)
-def mlp_fwd_v16(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+def mlp_fwd_bf16(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v15 with its products from matmul v13; h fp32, or uint16 (saved as bf16)."""
-    gelu_pass = gelu_fwd_v3 if h.dtype == np.uint16 else gelu_fwd_v2
+    gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
     _fwd_split("bf16a", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
+@rung(16)
 @blocks(**ASYNC_OP_TILES)
-def mlp_bwd_v16(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+def mlp_bwd_bf16(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v15's backward with its products from matmul v13."""
-    _bwd_split("bf16a", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_v2)
+    _bwd_split("bf16a", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
-mlp_fwd_v16.precision = mlp_bwd_v16.precision = "bf16"
+mlp_fwd_bf16.precision = mlp_bwd_bf16.precision = "bf16"
 
 
 # v17: v16 through matmul v16 (h_pre, out, dh and dx on v15's wgmma; dW_1, dW_2 on v13), and the
@@ -328,11 +336,11 @@ def k_gelu_bwd_v3(dh_words, dh, h_pre):
         dh_words[i // 2 + 1] = bf16x2(d2 * gelu_grad(z2), d3 * gelu_grad(z3))
 
 
-def gelu_bwd_v3(dh16, dh, h_pre, stream):
+def gelu_bwd_bf16(dh16, dh, h_pre, stream):
     """k_gelu_bwd_v3: dh16 (uint16, flat) = bf16(dh gelu'(h_pre)); flat views whose length 4 divides,
     dh and h_pre on 16-byte boundaries, dh16 on an 8-byte one."""
     assert dh16.dtype == np.uint16 and dh16.shape[0] % 4 == 0 and _vec4(dh, h_pre) and address(dh16) % 8 == 0, \
-        f"gelu_bwd_v3 takes a uint16 dh_pre of a length 4 divides and aligned fp32 dh, h_pre, got {dh16.dtype} {dh16.shape}"
+        f"gelu_bwd_bf16 takes a uint16 dh_pre of a length 4 divides and aligned fp32 dh, h_pre, got {dh16.dtype} {dh16.shape}"
     grid, threads = elementwise_launch(dh16.shape[0] // 4)
     k_gelu_bwd_v3[grid, threads, stream](dh16.view(np.int32), dh, h_pre)
 
@@ -346,30 +354,31 @@ def _bwd_held(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, b
     mm(dh_pre, work, d16, w_2, trans_b=True, block=block, stream=stream)                 # dh = dout @ W_2^T
     dh16 = HELD.view(N, F)                                          # (dout's copy is read by no one now)
     if _vec4(dh_pre.reshape(N * F), h_pre.reshape(N * F)) and address(dh16) % 8 == 0:
-        gelu_bwd_v3(dh16.reshape(N * F), dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)
+        gelu_bwd_bf16(dh16.reshape(N * F), dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)
     else:                                                           # dh_pre in fp32, then rounded
-        gelu_bwd_v2(dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)
+        gelu_bwd_vec4(dh_pre.reshape(N * F), h_pre.reshape(N * F), stream)
         dh16 = HELD.round(dh_pre, stream)
     mm(dw_1, work, x, dh16, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
     mm(dx, work, dh16, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
 
 
 # v19: v18 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
+@rung(19)
 @blocks(**TMA_OP_TILES)
-def mlp_fwd_v19(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+def mlp_fwd_bf16_wgmma(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v18 with its products from matmul v18."""
-    gelu_pass = gelu_fwd_v3 if h.dtype == np.uint16 else gelu_fwd_v2
+    gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
     _fwd_split("bf16t", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
+@rung(19)
 @blocks(**TMA_OP_TILES)
-def mlp_bwd_v19(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+def mlp_bwd_bf16_wgmma(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v18's backward with its products from matmul v18."""
     _bwd_held("bf16t", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
-mlp_fwd_v19.precision = mlp_bwd_v19.precision = "bf16"
+mlp_fwd_bf16_wgmma.precision = mlp_bwd_bf16_wgmma.precision = "bf16"
 
-k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd_v1.blocks[0])
+k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd.blocks[0])
 
-mlp_fwd, mlp_bwd = mlp_fwd_v12, mlp_bwd_v12   # the fp32 recipe's (andrea_numba/recipes.py names every recipe's)

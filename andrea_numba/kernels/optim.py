@@ -41,7 +41,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .common import MAX_BLOCK, SIMULATOR, block_sum, blocks, cdiv
+from .common import block_sum, blocks, cdiv, MAX_BLOCK, rung, SIMULATOR
 
 # Norm reduction: a fixed grid, so the summation order depends on n only.
 NORM_BLOCKS = 4 if SIMULATOR else 1024       # blocks of k_grad_norm_partial == len(partial)
@@ -98,8 +98,9 @@ def k_grad_norm_final_v1(norm, partial):
         norm[0] = math.sqrt(total)          # float32 in, float32 out (sqrt.rn.f32)
 
 
+@rung(1)
 @blocks(gpu=(256, 512), sim=(8, 4))
-def grad_norm_v1(norm, partial, grads, *, block, stream=0):
+def grad_norm(norm, partial, grads, *, block, stream=0):
     """norm[0] = sqrt(sum_i grads_i^2). norm: float32 [1]; partial: float32 scratch [NORM_BLOCKS];
     grads: float32 [n]. Two launches: NORM_BLOCKS blocks of `block` threads (a power of two; the
     summation order depends on it and on n only), then one block. The result stays on the device."""
@@ -125,8 +126,9 @@ def k_grad_scale_v1(grads, norm, max_norm, scale):
         grads[i] *= f
 
 
+@rung(1)
 @blocks(**STRIDE_BLOCKS)
-def grad_scale_v1(grads, norm, max_norm, scale, *, block, stream=0):
+def grad_scale(grads, norm, max_norm, scale, *, block, stream=0):
     """grads *= scale * clip(norm[0], max_norm). max_norm = 0: plain scaling by `scale`.
     Launch: grid-stride, min(cdiv(n, block), 4096) blocks of `block` threads (simulator: <= 2 blocks)."""
     k_grad_scale_v1[_stride_grid(grads.shape[0], block), block, stream](grads, norm, float32(max_norm),
@@ -175,8 +177,9 @@ def k_adamw_v1(params, grads, m, v, decay, stats, lr, beta1, beta2, one_m_beta1,
                       eps, weight_decay)
 
 
+@rung(1)
 @blocks(**STRIDE_BLOCKS)
-def adamw_v1(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay, stats, *, block, stream=0):
+def adamw_grid_stride(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weight_decay, stats, *, block, stream=0):
     """AdamW step t (counted from 1) over the flat vectors params, m, v (updated in place) with
     gradient grads and uint8 weight-decay mask decay (layout.decay_mask). stats: float32 [2] on the
     device, [loss, gradient norm]: a NaN or infinite value in it leaves params, m and v untouched.
@@ -233,8 +236,9 @@ def k_adamw_v3(params, grads, m, v, decay, hyper, stats, beta1, beta2, one_m_bet
     params[i] = p - lr * (mi / bc1 / (math.sqrt(vi / bc2) + eps) + weight_decay * float32(dk) * p)
 
 
+@rung(3)
 @blocks(**STRIDE_BLOCKS)
-def adamw_v3(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay, stats, *, block, stream=0):
+def adamw(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay, stats, *, block, stream=0):
     """adamw_v2's step (its arguments, its bits) with k_adamw_v3: cdiv(n, block) blocks of
     `block` threads, one element a thread."""
     _launch_hyper(k_adamw_v3, cdiv(params.shape[0], block), block, stream, params, grads, m, v, decay, hyper,
@@ -252,11 +256,11 @@ def k_zero_v1(arr):
         arr[i] = float32(0.0)
 
 
+@rung(1)
 @blocks(**STRIDE_BLOCKS)
-def zero_v1(arr, *, block, stream=0):
+def zero(arr, *, block, stream=0):
     """arr[:] = 0 for a 1-D float32 device array. Launch: grid-stride, min(cdiv(n, block), 4096)
     blocks of `block` threads (simulator: <= 2 blocks)."""
     k_zero_v1[_stride_grid(arr.shape[0], block), block, stream](arr)
 
 
-grad_norm, grad_scale, adamw, zero = grad_norm_v1, grad_scale_v1, adamw_v3, zero_v1   # the ones the engine runs

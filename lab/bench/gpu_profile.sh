@@ -668,10 +668,10 @@ M, N, K = 8192, 3072, 768
 a = cuda.to_device(np.random.rand(M, K).astype(np.float32))
 b = cuda.to_device(np.random.rand(K, N).astype(np.float32))
 out = cuda.device_array((M, N), np.float32)
-MM.matmul_v18(out, None, a, b)
+MM.matmul_bf16_wgmma(out, None, a, b)
 cuda.synchronize()
 cuda.profile_start()
-MM.matmul_v18(out, None, a, b)
+MM.matmul_bf16_wgmma(out, None, a, b)
 cuda.synchronize()
 cuda.profile_stop()
 PY

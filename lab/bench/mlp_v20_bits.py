@@ -42,7 +42,7 @@ def main():
     d = {k: cuda.to_device(v) for k, v in host.items()}
     work = cuda.device_array(MM.splitk_work(C, N), np.float32)
     rows, outs = [], []
-    for v, fwd, bwd in ((19, mlp.mlp_fwd_v19, mlp.mlp_bwd_v19), (20, lab_mlp.mlp_fwd_v20, lab_mlp.mlp_bwd_v20)):
+    for v, fwd, bwd in ((19, mlp.mlp_fwd_bf16_wgmma, mlp.mlp_bwd_bf16_wgmma), (20, lab_mlp.mlp_fwd_v20, lab_mlp.mlp_bwd_v20)):
         b = dict(out=cuda.device_array((N, C), np.float32), h_pre=cuda.device_array((N, F), np.float32),
                  h=cuda.device_array((N, F), np.uint16), dx=cuda.device_array((N, C), np.float32),
                  dh_pre=cuda.device_array((N, F), np.float32), dw_1=cuda.to_device(np.zeros((C, F), np.float32)),

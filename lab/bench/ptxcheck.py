@@ -175,9 +175,9 @@ def v13_report():
     M = N = K = 256
     print("| tile | op | " + " | ".join(f"{k} (loop / all)" for k in V13_COUNTS) + " | ptxas |")
     print("|---" * (3 + len(V13_COUNTS)) + "|")
-    runs = [(block, ta, tb, K) for block in matmul.matmul_v13.blocks
+    runs = [(block, ta, tb, K) for block in matmul.matmul_bf16.blocks
             for ta, tb in ((False, False), (False, True), (True, False), (True, True))]
-    runs.append((matmul.matmul_v13.blocks[0], False, False, K - 1))      # the guarded copies
+    runs.append((matmul.matmul_bf16.blocks[0], False, False, K - 1))      # the guarded copies
     with compile_only():
         for block, ta, tb, k in runs:
             a = np.zeros((k, M) if ta else (M, k), np.uint16)            # the bf16 copies
@@ -244,7 +244,7 @@ def main():
         from andrea_numba.kernels import matmul
         out, a = np.zeros((64, 64), np.float32), np.zeros((8192, 64), np.float32)
         for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5, matmul.matmul_v6, matmul.matmul_v7,
-                       matmul.matmul_v8, matmul.matmul_v12, matmul.matmul_v13):
+                       matmul.matmul_tf32x3, matmul.matmul_v12, matmul.matmul_bf16):
             launch(out, np.zeros(matmul.splitk_work(64), np.float32), a, a, trans_a=True, accumulate=True)
         # flash attention v2 on at the models' head size (the harness's tiny size has hs = 4),
         # every declared block, with dropout (v11, v12: bf16 and fp16 products)

@@ -54,10 +54,10 @@ def main():
         cuda.synchronize()
         ref = out.copy_to_host()
         scale = float(np.abs(ref).max())
-        for block in MM.matmul_v18.blocks:
+        for block in MM.matmul_bf16_wgmma.blocks:
             out.copy_to_device(o0)
             t0 = time.time()
-            MM.matmul_v18(out, work, da, db, ta, tb, acc, block=block)
+            MM.matmul_bf16_wgmma(out, work, da, db, ta, tb, acc, block=block)
             cuda.synchronize()
             got = out.copy_to_host()
             same = bool(np.array_equal(got, ref))

@@ -54,7 +54,7 @@ def main():
         for ta, tb in ((False, True), (False, False), (True, True), (True, False)):
             da = cuda.to_device(np.ascontiguousarray(a.T) if ta else a)
             db = cuda.to_device(b if not tb else np.ascontiguousarray(b.T))
-            run = (lambda st, da=da, db=db, ta=ta, tb=tb: MM.matmul_v18(out, work, da, db, ta, tb, stream=st))
+            run = (lambda st, da=da, db=db, ta=ta, tb=tb: MM.matmul_bf16_wgmma(out, work, da, db, ta, tb, stream=st))
             run(0)
             cuda.synchronize()
             got = out.copy_to_host()

@@ -1,4 +1,4 @@
-"""Flash attention v13 (kernels/attn_flash_v13.py): bf16 tiles read by ldmatrix, p~ f and ds kept in
+"""Flash attention v13 (kernels/attn_flash_bf16.py): bf16 tiles read by ldmatrix, p~ f and ds kept in
 registers. It agrees with the twin at bf16 through the harness's own comparison (check.compare with
 the tolerance the harness gives a bf16 attention kernel) at shapes of several query and key tiles
 whose last tiles are partial, with and without dropout, at a head size padded to a k step; it reruns
@@ -12,7 +12,7 @@ import pytest
 
 import reference as R
 from andrea_numba import check
-from andrea_numba.kernels import attn_flash, attn_flash_v13 as V13
+from andrea_numba.kernels import attn_flash, attn_flash_bf16 as V13
 from lab import attn_flash as lab_attn_flash
 from andrea_numba.kernels.common import BlockDoesNotFit
 from andrea_numba.kernels.half_tile import _frag_index
@@ -46,8 +46,8 @@ def runs(request):
     kernels' own y and lse for the backward (as the engine runs them)."""
     p, (B, T, C, H) = request.param
     q, k, v, dy = _inputs(1, B, T, C)
-    blocks = V13.attn_flash_fwd_v13.blocks
-    assert blocks == V13.attn_flash_bwd_v13.blocks == ((1, 16), (2, 16))
+    blocks = V13.attn_flash_fwd_bf16.blocks
+    assert blocks == V13.attn_flash_bwd_bf16.blocks == ((1, 16), (2, 16))
     got = {block: _run(block, q, k, v, dy, p, H) for block in blocks}
     again = _run(blocks[0], q, k, v, dy, p, H)
     q64, k64, v64, dy64 = (a.astype(np.float64) for a in (q, k, v, dy))
@@ -101,7 +101,7 @@ def test_a_warp_that_skips_a_tile_gives_the_bits_of_a_block_without_it(runs):
 @pytest.mark.parametrize("W", [8, 16, 32, 64])
 def test_ldmatrix_addresses_are_half_tiles_swizzled_words(W):
     """v13 works out each lane's ldmatrix word as a per-lane offset and one XOR a step
-    (attn_flash_v13.fragment_words); that is the word half_tile's _frag_index gives for the same
+    (attn_flash_bf16.fragment_words); that is the word half_tile's _frag_index gives for the same
     16 x 16 block, for every lane, row block and step, in tiles of W words a row (head sizes 16,
     32, 64, 128): A of an own tile, B of an inner tile read as [n, k] and as [k, n] (.trans)."""
     lane_frag, frag_word = V13.fragment_words(W)
@@ -127,14 +127,14 @@ def test_v13_blocks_fit_48_kib_and_a_block_that_does_not_is_refused():
     assert V13.shared_bytes(64, 4, 64, "fwd") == 8192 + 32768
     q = np.zeros((1, 64, 128), np.float32)
     with pytest.raises(BlockDoesNotFit, match="bytes of shared memory"):
-        V13.attn_flash_bwd_v13(q, q, q, np.zeros((1, 2, 64), np.float32), q, q, q, q, q,
+        V13.attn_flash_bwd_bf16(q, q, q, np.zeros((1, 2, 64), np.float32), q, q, q, q, q,
                                np.zeros((1, 2, 64), np.float32), 2, block=(8, 64))
     with pytest.raises(BlockDoesNotFit, match="multiple of 16"):
-        V13.attn_flash_fwd_v13(q, np.zeros((1, 2, 64), np.float32), q, q, q, 2, block=(1, 8))
+        V13.attn_flash_fwd_bf16(q, np.zeros((1, 2, 64), np.float32), q, q, q, 2, block=(1, 8))
 
 
 def test_v13_is_registered_as_a_bf16_pair():
     fwd, bwd = lab_attn_flash.flash_pair(13)
-    assert fwd is lab_attn_flash.VERSIONS["attn_flash_fwd"][13] is V13.attn_flash_fwd_v13
-    assert bwd is lab_attn_flash.VERSIONS["attn_flash_bwd"][13] is V13.attn_flash_bwd_v13
+    assert fwd is lab_attn_flash.VERSIONS["attn_flash_fwd"][13] is V13.attn_flash_fwd_bf16
+    assert bwd is lab_attn_flash.VERSIONS["attn_flash_bwd"][13] is V13.attn_flash_bwd_bf16
     assert fwd.precision == bwd.precision == "bf16"
