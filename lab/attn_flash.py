@@ -25,12 +25,12 @@ from lab.attn_flash_v3 import attn_flash_bwd_v11, attn_flash_bwd_v3, attn_flash_
 # v14: v13 writing y's bf16 copy (y16) and dq, dk, dv in bf16 where given uint16 buffers (same file)
 VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd_v1, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
                                5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6, 7: attn_flash_fwd_v7,
-                               8: attn_flash_fwd_v8, 11: attn_flash_fwd_v11, 12: attn_flash_fwd_v12,
+                               8: attn_flash_fwd_tf32x3, 11: attn_flash_fwd_v11, 12: attn_flash_fwd_fp16,
                                13: attn_flash_fwd_v13, 14: attn_flash_fwd_v14},
             "attn_flash_bwd": {1: attn_flash_bwd_v1, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
                                5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6, 7: attn_flash_bwd_v7,
-                               8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_v10,
-                               11: attn_flash_bwd_v11, 12: attn_flash_bwd_v12, 13: attn_flash_bwd_v13,
+                               8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_tf32x3,
+                               11: attn_flash_bwd_v11, 12: attn_flash_bwd_fp16, 13: attn_flash_bwd_v13,
                                14: attn_flash_bwd_v14}}
 
 

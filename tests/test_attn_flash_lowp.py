@@ -130,6 +130,7 @@ def test_versions_pair_by_precision():
     forward; every version of the ladder is checked against the twin at its precision (.precision)."""
     for version, want in {8: (8, 8), 9: (8, 9), 10: (8, 10), 11: (11, 11), 12: (12, 12)}.items():
         fwd, bwd = lab_attn_flash.flash_pair(version)
-        assert (fwd.__name__, bwd.__name__) == (f"attn_flash_fwd_v{want[0]}", f"attn_flash_bwd_v{want[1]}")
+        table = lab_attn_flash.VERSIONS
+        assert (fwd, bwd) == (table["attn_flash_fwd"][want[0]], table["attn_flash_bwd"][want[1]])
     assert [getattr(lab_attn_flash.VERSIONS["attn_flash_fwd"][v], "precision", None) for v in (8, 11, 12)] == \
         [None, "bf16", "fp16"]

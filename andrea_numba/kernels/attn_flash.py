@@ -44,7 +44,7 @@ from numba import cuda, float32
 
 from .attn import NEG_INF, _check, row_max, row_sum, tile_helpers
 from .attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
-from .attn_flash_v3 import attn_flash_bwd_v10, attn_flash_bwd_v12, attn_flash_fwd_v8, attn_flash_fwd_v12
+from .attn_flash_tf32x3 import attn_flash_bwd_fp16, attn_flash_bwd_tf32x3, attn_flash_fwd_fp16, attn_flash_fwd_tf32x3
 from .attn_flash_v13 import attn_flash_bwd_v13, attn_flash_bwd_v14, attn_flash_fwd_v13, attn_flash_fwd_v14
 from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv
 from .dropout import dropout_factor, key_value, mask_args
