@@ -15,7 +15,7 @@ from numba import cuda
 import reference as R
 from andrea_numba import check
 from andrea_numba.cases import CASES, Dims
-from andrea_numba.kernels import attn, attn_flash, attn_flash_v3
+from andrea_numba.kernels import attn, attn_flash, attn_flash_tf32x3
 from lab import attn_flash_v3 as lab_attn_flash_v3
 from lab import attn_flash as lab_attn_flash
 
@@ -105,14 +105,17 @@ def test_kernels_rerun_bit_identical(runs):
 def test_v3_128_bit_copies_give_the_same_bits(monkeypatch):
     """The 128-bit copy path (chosen on a GPU when the rows are 16-byte aligned, never in the
     simulator) run in the simulator through ptx.py's twins of load4 / store4: the same tiles in
-    shared memory, so the same bits as the float-by-float copies. Block (1, 16) at hs = 8: a K
-    tile of 16 x 8 floats is 4 floats per thread, one chunk."""
+    shared memory, so the same bits as the float-by-float copies, for the lab's v3 and the
+    engine's v10 (attn_flash_tf32x3: its own aligned_rows). Block (1, 16) at hs = 8: a K tile of
+    16 x 8 floats is 4 floats per thread, one chunk."""
     rng = np.random.default_rng(3)
     q, k, v, dy = (rng.standard_normal((1, T, C)).astype(np.float32) for _ in range(4))
     plain, plain10 = _run(3, (1, 16), q, k, v, dy, 0.25, KEY), _run(10, (1, 16), q, k, v, dy, 0.25, KEY)
-    monkeypatch.setattr(attn_flash_v3, "aligned_rows", lambda hs, *arrays: True)
+    for module in (lab_attn_flash_v3, attn_flash_tf32x3):
+        monkeypatch.setattr(module, "aligned_rows", lambda hs, *arrays: True)
     wide, wide10 = _run(3, (1, 16), q, k, v, dy, 0.25, KEY), _run(10, (1, 16), q, k, v, dy, 0.25, KEY)
-    assert (C // H, 1, 16, True, 2, False, False, False, False, 0) in attn_flash_v3._KERNELS   # (hs, warps, BKV, vec, planes, trunc, swizzle, nonneg, heavy, rowdot)
+    assert (C // H, 1, 16, True, 2, False, False, False, False, 0) in lab_attn_flash_v3._KERNELS   # (hs, warps, BKV, vec, planes, trunc, swizzle, nonneg, heavy, rowdot)
+    assert (C // H, 1, 16, True, "tf32x3") in attn_flash_tf32x3._KERNELS                        # (hs, warps, BKV, vec, format)
     for name in plain:                            # (v10: also D from 128-bit loads of dy and y)
         assert np.array_equal(plain[name], wide[name]) and np.array_equal(plain10[name], wide10[name]), name
 
@@ -121,11 +124,11 @@ def test_v3_blocks_fit_and_a_block_that_does_not_is_refused():
     """The declared GPU blocks fit 48 KiB at hs = 64 (the module docstring's table); a block that
     does not is refused by the launcher with the bytes it would need, before any launch."""
     fits = {(4, 16): 47616, (2, 32): 38912, (2, 16): 28160}
-    for block in attn_flash_v3.FLASH_V3_FWD_BLOCKS["gpu"]:
-        assert attn_flash_v3.shared_bytes(64, *block, forward_only=True) == fits[block]
+    for block in lab_attn_flash_v3.FLASH_V3_FWD_BLOCKS["gpu"]:
+        assert lab_attn_flash_v3.shared_bytes(64, *block, forward_only=True) == fits[block]
     fits = {(2, 16): 46720, (1, 16): 27776, (2, 8): 40256}
-    for block in attn_flash_v3.FLASH_V3_BWD_BLOCKS["gpu"]:
-        assert attn_flash_v3.shared_bytes(64, *block) == fits[block]
+    for block in lab_attn_flash_v3.FLASH_V3_BWD_BLOCKS["gpu"]:
+        assert lab_attn_flash_v3.shared_bytes(64, *block) == fits[block]
     x = np.zeros((1, 16, 128), np.float32)
     lse = np.zeros((1, 2, 16), np.float32)
     with pytest.raises(ValueError, match="49664 bytes"):
@@ -140,18 +143,18 @@ def test_v4_blocks_fit_with_one_plane_and_v4_gives_v3s_bits():
     hs = 64 only because of the single plane; its kernels carry _v4 names."""
     fits = {(4, 32): 44032, (4, 16): 31232, (2, 32): 30720}
     for block in lab_attn_flash_v3.FLASH_V4_FWD_BLOCKS["gpu"]:
-        assert attn_flash_v3.shared_bytes(64, *block, forward_only=True, planes=1) == fits[block]
-    assert attn_flash_v3.shared_bytes(64, 4, 32, forward_only=True, planes=2) > attn_flash_v3.SHARED_LIMIT
+        assert lab_attn_flash_v3.shared_bytes(64, *block, forward_only=True, planes=1) == fits[block]
+    assert lab_attn_flash_v3.shared_bytes(64, 4, 32, forward_only=True, planes=2) > lab_attn_flash_v3.SHARED_LIMIT
     fits = {(2, 32): 43264, (4, 8): 43328, (2, 16): 30336}
     for block in lab_attn_flash_v3.FLASH_V4_BWD_BLOCKS["gpu"]:
-        assert attn_flash_v3.shared_bytes(64, *block, planes=1) == fits[block]
-    assert attn_flash_v3.shared_bytes(64, 2, 32, planes=2) > attn_flash_v3.SHARED_LIMIT
+        assert lab_attn_flash_v3.shared_bytes(64, *block, planes=1) == fits[block]
+    assert lab_attn_flash_v3.shared_bytes(64, 2, 32, planes=2) > lab_attn_flash_v3.SHARED_LIMIT
     rng = np.random.default_rng(4)
     q, k, v, dy = (rng.standard_normal((1, T, C)).astype(np.float32) for _ in range(4))
     v3, v4 = _run(3, (1, 8), q, k, v, dy, 0.25, KEY), _run(4, (1, 8), q, k, v, dy, 0.25, KEY)
     for name in v3:
         assert np.array_equal(v3[name], v4[name]), name
-    assert [f.__name__ for f in attn_flash_v3.kernels(C // H, (1, 8), False, planes=1)] == \
+    assert [f.__name__ for f in lab_attn_flash_v3.kernels(C // H, (1, 8), False, planes=1)] == \
         ["k_attn_flash_fwd_v4", "k_attn_flash_bwd_dq_v4", "k_attn_flash_bwd_dkdv_v4"]
 
 
@@ -202,7 +205,7 @@ def test_v6s_swizzled_tiles_give_v5s_bits_and_the_twins_gradients():
     columns and reads them back through the same map, in the copies, in the s-like products and in
     the products with B stored [key, channel]: v5's bits at both simulator blocks, with dropout,
     and the float64 twin's values. (At hs = 8, the other tests' size, v6 is v5.)"""
-    assert attn_flash_v3.swizzled(32, True) and not attn_flash_v3.swizzled(8, True)
+    assert lab_attn_flash_v3.swizzled(32, True) and not lab_attn_flash_v3.swizzled(8, True)
     rng = np.random.default_rng(5)
     b_, t_, c_, h_ = 1, 19, 64, 2
     q, k, v, dy = (rng.standard_normal((b_, t_, c_)).astype(np.float32) for _ in range(4))
@@ -212,7 +215,7 @@ def test_v6s_swizzled_tiles_give_v5s_bits_and_the_twins_gradients():
         for name in v5:
             assert np.isfinite(v5[name]).all() and np.array_equal(v5[name], v6[name]), (block, name)
         ref = ref or v5
-    assert (32, 1, 8, False, 2, True, True, False, False, 0) in attn_flash_v3._KERNELS
+    assert (32, 1, 8, False, 2, True, True, False, False, 0) in lab_attn_flash_v3._KERNELS
     plain = _run(1, lab_attn_flash.VERSIONS["attn_flash_fwd"][1].blocks[0], q, k, v, dy, 0.25, KEY, h_)
     for name in ref:                              # v1 (SIMT, no tiles in common) as the independent check
         assert np.abs(ref[name] - plain[name]).max() <= 1e-5 * max(1.0, np.abs(plain[name]).max()), name
@@ -224,7 +227,9 @@ def test_v8_and_v10_give_v5s_bits():
     are aligned (test_v3_128_bit_copies_give_the_same_bits): the same elements meet the same
     arithmetic, so v8 and v10 give v5's bits (and v10's d_rowdot is v5's), at both simulator
     blocks, with dropout, at hs = 12 (zero-padded to 16) and T = 37 (two query tiles of 32 rows at
-    block (2, 16), a partial last key tile)."""
+    block (2, 16), a partial last key tile). (v8's forward and v10 are the engine's, written out in
+    kernels/attn_flash_tf32x3.py; tests/test_attn_flash_tf32x3.py checks them against the lab's
+    flag-built copies.)"""
     rng = np.random.default_rng(9)
     b_, t_, c_, h_ = 1, 37, 24, 2
     q, k, v, dy = (rng.standard_normal((b_, t_, c_)).astype(np.float32) for _ in range(4))
@@ -233,4 +238,4 @@ def test_v8_and_v10_give_v5s_bits():
         for name in v5:
             assert np.isfinite(v5[name]).all(), (block, name)
             assert np.array_equal(v5[name], v8[name]) and np.array_equal(v5[name], v10[name]), (block, name)
-    assert attn_flash_v3.make_kernels(12, 1, 8, False, NONNEG=True, HEAVY=True)[0].__name__ == "k_attn_flash_fwd_v8"
+    assert lab_attn_flash_v3.make_kernels(12, 1, 8, False, NONNEG=True, HEAVY=True)[0].__name__ == "k_attn_flash_fwd_v8"

@@ -2,7 +2,7 @@
 NumPy twin: reference/attn.py (attn_flash_fwd, attn_flash_bwd). A checked op case beside plain
 attention (attn.py). This module holds v1, the simple version the lessons teach; the engine's
 versions (andrea_numba/recipes.py: v8/v10 in fp32, v12 in fp16, v13 and v14 in bf16) live in
-attn_flash_v3.py and attn_flash_bf16.py and are imported here; the other rungs are in lab/.
+attn_flash_tf32x3.py and attn_flash_bf16.py and are imported here; the other rungs are in lab/.
 
 The op is attn.py's, with the same layout (q, k, v, y, dy, dq, dk, dv are [B, T, C], head h
 owns channels h*hs .. h*hs + hs - 1) and the same dropout (dropout_factor from the key and the
@@ -44,9 +44,9 @@ from numba import cuda, float32
 
 from .attn import NEG_INF, _check, row_max, row_sum, tile_helpers
 from .attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
-from .attn_flash_v3 import attn_flash_bwd_tf32x3, attn_flash_bwd_fp16, attn_flash_fwd_tf32x3, attn_flash_fwd_fp16
+from .attn_flash_tf32x3 import attn_flash_bwd_fp16, attn_flash_bwd_tf32x3, attn_flash_fwd_fp16, attn_flash_fwd_tf32x3
 from .attn_flash_bf16 import attn_flash_bwd_bf16, attn_flash_bwd_bf16_out16, attn_flash_fwd_bf16, attn_flash_fwd_bf16_out16
-from .common import BlockDoesNotFit, blocks, cdiv, rung, SIMULATOR
+from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv, rung
 from .dropout import dropout_factor, key_value, mask_args
 
 # Block (BQ, TPR) choices and key tiles BK as attn.py's v2. In the simulator small tiles, so that

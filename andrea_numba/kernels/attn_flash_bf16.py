@@ -138,7 +138,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint64
 
 from .attn import NEG_INF, _check
-from .attn_flash_v3 import aligned_rows
+from .attn_flash_tf32x3 import aligned_rows
 from .common import BlockDoesNotFit, blocks, cdiv, nonneg, rung, SIMULATOR
 from .dropout import dropout_factor, key_value, mask_args
 from .half_tile import _word
@@ -252,7 +252,7 @@ else:
 
 def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
     """The three kernels of v13 for head size HS, block (WARPS, BKV) and 128-bit global loads VEC
-    (the caller checked the alignment: attn_flash_v3.aligned_rows); OUT16 (v14, HS even): the
+    (the caller checked the alignment: attn_flash_tf32x3.aligned_rows); OUT16 (v14, HS even): the
     forward writes y's bf16 copy besides y, the backward writes dq, dk, dv in bf16 only (pairs of
     adjacent channels, one 32-bit word a pair: store16)."""
     HSP = padded_head(HS)          # channels of a stored row (zeros past HS)

@@ -1,11 +1,12 @@
 """Flash attention v11 (bf16 products) and v12 (fp16 products): v8's forward and v10's backward
 with every product on mma.sync m16n8k16, its inputs rounded to a 16-bit format.
 
-Read attn_flash.py (the math), then attn_flash_v3.py (the tiles, the prefetch, v8's grid and
-v10's D): v11 and v12 are that kernel text (attn_flash_v3.make_kernels, HALF = "bf16" or "fp16")
-with the pieces below in place of the 3xTF32 ones; their launchers sit in attn_flash_v3.py beside
-v3-v10's, which this module lies below. What stays fp32: the softmax, its statistics
-(the running maximum m, the sum l, lse and D = dy . y), every sum, and the tiles in shared memory.
+Read attn_flash.py (the math), then attn_flash_tf32x3.py (the tiles, the prefetch, the grid and
+D): v12 is that kernel text with the pieces below in place of the 3xTF32 ones (its fp16 build,
+attn_flash_fwd_fp16 / attn_flash_bwd_fp16); the lab's v11 (bf16) is the same text built from
+flags (lab/attn_flash_v3.py's make_kernels, HALF = "bf16"). Both lie above this module. What
+stays fp32: the softmax, its statistics (the running maximum m, the sum l, lse and D = dy . y),
+every sum, and the tiles in shared memory.
 What is rounded: the inputs of the five kinds of product, as fragments are formed,
 
     forward   s = q k^T       q (the own tile) and k         y += (p~ f) @ v       p~ f and v
@@ -62,7 +63,7 @@ never a rounded input, as the twin (reference/attn.py) does. Where v8 ran six mm
    so p~ f (and ds, (P f)^T, ds^T in the backward) could go from registers straight into the next
    product, without the shared tiles sp, sds, spf and their warp syncs (FlashAttention-2's way;
    point 2's naming of keys is already the PTX's for those products). v11 keeps v8's shared tiles,
-   so that one kernel text (make_kernels) serves v3 to v12.
+   so that one kernel text (lab/attn_flash_v3.py's make_kernels) serves v3 to v12.
 
 Order and determinism are v8's: each output element is summed by one thread in a fixed order, no
 atomics, bit-identical reruns. Shared memory and registers are v8's or less; the blocks are v8's
