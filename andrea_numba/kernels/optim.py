@@ -195,8 +195,8 @@ def adamw_grid_stride(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weig
 
 def _launch_hyper(kernel, grid, block, stream, params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay,
                   stats):
-    """Launch an AdamW kernel that reads [lr, bc1, bc2] from the device (k_adamw; the lab's
-    k_adamw_v2), the host's constants as float32."""
+    """Launch an AdamW kernel that reads [lr, bc1, bc2] from the device (k_adamw, and the lab's
+    rung 2), the host's constants as float32."""
     assert hyper.dtype == np.float32 and hyper.shape[0] >= 3, "hyper: float32 [lr, bc1, bc2] on the device"
     f = np.float32
     kernel[grid, block, stream](params, grads, m, v, decay, hyper, stats, f(beta1), f(beta2), f(1.0 - float(beta1)),
