@@ -13,8 +13,8 @@ v2 (k_embed_bwd_links_v2 + k_embed_bwd_v2): first link every position to the nex
     position order and adds the sum into dwte once. Blocks of the other positions return at once.
     All the distinct tokens work in parallel; a token's list is walked by one block, in order:
     still deterministic.
-v3 (the engine's k_embed_bwd_sort + k_embed_bwd_v3): v2's sums, bit for bit, without its two slow
-    parts. On real text a few tokens are very common (in the default corpus, Python's standard
+v3 (the engine's k_embed_bwd_sort + k_embed_bwd_v3, here): v2's sums, bit for bit, without its
+    two slow parts. On real text a few tokens are very common (in the default corpus, Python's standard
     library read as bytes, the space is 30% of the positions), so v2's block for such a token walks
     a list of thousands of positions, each step a load that waits for the one before (the next
     link); and v2's link kernel scans up to N tokens per position. On the H200, 12M (N = 8192
