@@ -149,7 +149,7 @@ def _quant_input(rng, shape):
 
 
 def quantize_rows(seed: int = 0) -> list[dict]:
-    """k_quantize_v1 and k_quantize_t_v1 (kernels/fp8.py) against reference.fp8.quantize_fp32: every
+    """k_quantize and k_quantize_t (kernels/fp8.py) against reference.fp8.quantize_fp32: every
     byte (and every padding byte zero), amax, scale, descale, the underflow count; run twice, the
     same bytes. Rows in the harness's form (check.format_table)."""
     from numba import cuda

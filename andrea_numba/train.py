@@ -13,7 +13,7 @@ One optimiser step:
         forward(microbatch); backward()          # gradients add up (+=)
     grads *= 1 / n_microbatches                  # k_grad_scale
     norm = |grads|; clip to clip_norm            # k_grad_norm_partial, k_grad_norm_final, k_grad_scale
-    AdamW step with the scheduled lr, grads = 0  # k_adamw_v3: skipped on the device if loss or norm is not finite
+    AdamW step with the scheduled lr, grads = 0  # k_adamw: skipped on the device if loss or norm is not finite
 
 Before the first step the trainer prints the memory plan (andrea_numba.plan: every buffer, by kind), checks it
 against the GPU's free memory and allocates everything once, device buffers and the pinned host
@@ -455,7 +455,7 @@ class Trainer:
         optim.grad_norm(self.norm, self.partial, model.grads, stream=stream)
         optim.grad_scale(model.grads, self.norm, t.clip_norm, 1.0, stream=stream)          # clip by global norm
         # the divergence guard is on the device: with a NaN or infinite loss or norm in stats,
-        # k_adamw_v3 leaves the weights, m and v as they were (the host only learns of it at the
+        # k_adamw leaves the weights, m and v as they were (the host only learns of it at the
         # step's sync); either way it clears the gradient for the next step
         optim.adamw(model.params, model.grads, self.adam_m, self.adam_v, self.decay, self.hyper,
                     t.beta1, t.beta2, t.eps, t.weight_decay, self.stats, stream=stream)

@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, float32
 
 from andrea_numba.kernels.attn import NEG_INF, _check
-from andrea_numba.kernels.attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
+from andrea_numba.kernels.attn_flash_rowdot import k_attn_flash_bwd_rowdot
 from andrea_numba.kernels.common import BlockDoesNotFit, blocks, cdiv
 from andrea_numba.kernels.dropout import dropout_factor, key_value, mask_args
 from andrea_numba.kernels.warp_tile import WARP, _kstep
@@ -100,7 +100,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int):
     @cuda.jit
     def k_attn_flash_fwd_v2(y, lse, q, k, v, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows, b*H + h); warp w owns rows 16 w .. 16 w + 15 (module
-        docstring). Online softmax over the key tiles, as k_attn_flash_fwd_v1."""
+        docstring). Online softmax over the key tiles, as k_attn_flash_fwd."""
         key = key_value(dropout_key)
         sq = cuda.shared.array((BQ, P), float32)           # the tile's q rows
         skv = cuda.shared.array((BKV, P), float32)         # a K tile, then the V tile of the same keys
@@ -180,7 +180,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int):
     def k_attn_flash_bwd_dq_v2(dq, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows, b*H + h); per key tile u0 <= the tile's last query:
             s = q k^T, datt' = dy v^T (two products), ds = P (f datt' - D) into a shared tile,
-            dq += ds k (one product); at the end dq *= scale. As k_attn_flash_bwd_dq_v1."""
+            dq += ds k (one product); at the end dq *= scale. As k_attn_flash_bwd_dq."""
         key = key_value(dropout_key)
         sq = cuda.shared.array((BQ, P), float32)
         sdy = cuda.shared.array((BQ, P), float32)
@@ -343,7 +343,7 @@ def attn_flash_fwd_v2(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, 
 @blocks(**FLASH_MMA_BLOCKS)
 def attn_flash_bwd_v2(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
                       block, stream=0):
-    """d_rowdot [B, H, T] receives D = dy . y (v1's k_attn_flash_bwd_rowdot_v1), then the dq and
+    """d_rowdot [B, H, T] receives D = dy . y (k_attn_flash_bwd_rowdot), then the dq and
     the dk/dv kernels on grid (T / (16 WARPS) tiles, B*H), 32 WARPS threads; block = (WARPS, BKV)."""
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
@@ -351,7 +351,7 @@ def attn_flash_bwd_v2(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
     scale = np.float32(1.0 / math.sqrt(hs))
     drop = mask_args(dropout_p, dropout_key)
     NT = WARP * warps
-    k_attn_flash_bwd_rowdot_v1[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
+    k_attn_flash_bwd_rowdot[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
     grid = (cdiv(T, 16 * warps), B * n_head)
     dq_kernel[grid, NT, stream](dq, dy, q, k, v, lse, d_rowdot, scale, *drop)
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)

@@ -91,7 +91,7 @@ from numba import cuda, float32, int32
 
 from andrea_numba.kernels.attn import NEG_INF, _check
 from andrea_numba.kernels.attn_flash_lowp import HALF_VERSION, kstep_nn16, kstep_own16, own_tile16
-from andrea_numba.kernels.attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
+from andrea_numba.kernels.attn_flash_rowdot import k_attn_flash_bwd_rowdot
 from andrea_numba.kernels.attn_flash_tf32x3 import SHARED_LIMIT, aligned_rows, warp_sync
 from andrea_numba.kernels.common import SIMULATOR, BlockDoesNotFit, as_is, blocks, cdiv, jit_as, nonneg
 from andrea_numba.kernels.dropout import dropout_factor, key_value, mask_args
@@ -383,7 +383,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, PLANES: int = 2, TRUN
             s = q k^T, datt' = dy v^T (q and dy from their planes), ds = P (f datt' - D) into
             the warp's rows of a shared tile, dq += ds k; at the end dq *= scale. As
             k_attn_flash_bwd_dq_v2, the next K and V tiles loading during the products. v3 to v8
-            read D from d_rowdot (k_attn_flash_bwd_rowdot_v1, launched before); v9 works it out
+            read D from d_rowdot (k_attn_flash_bwd_rowdot, launched before); v9 works it out
             here for the tile's rows and writes it to d_rowdot for the dk/dv kernel."""
         key = key_value(dropout_key)
         fq = cuda.shared.array(OWN, OWN_T, alignment=16)   # q's planes: big, small (v3), values (v4), bf16 pairs (v11)
@@ -647,7 +647,7 @@ def _bwd(planes, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, d
     drop = mask_args(dropout_p, dropout_key)
     NT = WARP * warps
     if not rowdot:                         # v9's dq kernel works out D itself
-        k_attn_flash_bwd_rowdot_v1[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
+        k_attn_flash_bwd_rowdot[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
     grid = _grid(T, warps, B * n_head, heavy)
     dq_kernel[grid, NT, stream](dq, d_rowdot, dy, q, k, v, y, lse, scale, *drop)
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
@@ -668,7 +668,7 @@ def attn_flash_fwd_v3(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, 
 @blocks(**FLASH_V3_BWD_BLOCKS)
 def attn_flash_bwd_v3(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
                       block, stream=0):
-    """d_rowdot [B, H, T] receives D = dy . y (v1's k_attn_flash_bwd_rowdot_v1), then the dq and
+    """d_rowdot [B, H, T] receives D = dy . y (v1's k_attn_flash_bwd_rowdot), then the dq and
     the dk/dv kernels on grid (T / (16 WARPS) tiles, B*H), 32 WARPS threads; block = (WARPS, BKV)."""
     _bwd(2, dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream)
 
@@ -785,7 +785,7 @@ def attn_flash_bwd_v8(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout
          trunc=True, nonneg=True, heavy=True)
 
 
-# v9: v8 without the launch of k_attn_flash_bwd_rowdot_v1. D[t] = sum_d dy[t, d] y[t, d] (the
+# v9: v8 without the launch of k_attn_flash_bwd_rowdot. D[t] = sum_d dy[t, d] y[t, d] (the
 # softmax backward's row sum, module docstring of attn_flash.py) is needed by the dq kernel for its
 # query rows and by the dk/dv kernel for every query, and the dq kernel runs first. So v9's dq
 # kernel works out D for its own tile's rows, one thread a row summing in channel order as the

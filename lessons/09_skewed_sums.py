@@ -91,7 +91,7 @@ Bs, Ts, Cs, V = 2, 12, 4, 256                       # a small batch the simulato
 small = data[rng.integers(0, data.size - Ts, Bs)[:, None] + np.arange(Ts)].astype(np.int32)
 flat = small.reshape(-1)
 links = cuda.to_device(np.full((2, flat.size), -1, np.int32))
-embed.k_embed_bwd_links_v2[1, flat.size](links, cuda.to_device(flat))
+lab_embed.k_embed_bwd_links_v2[1, flat.size](links, cuda.to_device(flat))
 nxt, head = links.copy_to_host()
 rows = []
 for i in np.flatnonzero(head):
@@ -116,7 +116,7 @@ C.say(f"""
 C.step("v3: sort each chunk by (token, position), then sum the runs")
 S = embed.SORT_CHUNK
 order_d = cuda.to_device(np.zeros(flat.size, np.int32))
-embed.k_embed_bwd_sort_v3[embed.cdiv(flat.size, S), S // 2](order_d, cuda.to_device(flat))
+embed.k_embed_bwd_sort[embed.cdiv(flat.size, S), S // 2](order_d, cuda.to_device(flat))
 keys = order_d.copy_to_host()
 shown = min(S, 8, flat.size)
 chunk = [(p, flat[p], int(flat[p]) * S + p) for p in range(shown)]

@@ -68,7 +68,7 @@ def adamw_hyper(t, lr, beta1, beta2):
 
 
 def adamw_zero(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay, stats=None):
-    """The engine's AdamW step (its kernel, k_adamw_v3, is the optimiser's last launch of a step):
+    """The engine's AdamW step (its kernel, k_adamw, is the optimiser's last launch of a step):
     adamw with the learning rate and the bias corrections read from hyper = [lr, bc1, bc2]
     (adamw_hyper), then the gradient cleared for the next step's accumulation:
         m = beta1 m + (1 - beta1) g                v = beta2 v + (1 - beta2) g^2

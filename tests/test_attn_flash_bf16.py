@@ -119,8 +119,8 @@ def test_ldmatrix_addresses_are_half_tiles_swizzled_words(W):
 def test_v13_blocks_fit_48_kib_and_a_block_that_does_not_is_refused():
     """At hs = 64 every declared GPU block fits 48 KiB of static shared memory in each kernel (the
     module docstring's table); a larger one is refused before any launch, with the bytes."""
-    for blocks, kernels in ((V13.FLASH_V13_FWD_BLOCKS["gpu"], ("fwd",)),
-                            (V13.FLASH_V13_BWD_BLOCKS["gpu"], ("dq", "dkdv"))):
+    for blocks, kernels in ((V13.FLASH_BF16_FWD_BLOCKS["gpu"], ("fwd",)),
+                            (V13.FLASH_BF16_BWD_BLOCKS["gpu"], ("dq", "dkdv"))):
         for warps, bkv in blocks:
             for name in kernels:
                 assert V13.shared_bytes(64, warps, bkv, name) <= V13.SHARED_LIMIT, (warps, bkv, name)

@@ -65,7 +65,7 @@ def test_the_sort_puts_each_chunk_in_token_then_position_order():
     N = 3 * S + 2
     tokens = rng.integers(0, 4, N).astype(np.int32)
     order = cuda.to_device(np.full(N, -7, np.int32))
-    embed.k_embed_bwd_sort_v3[embed.cdiv(N, S), S // 2](order, cuda.to_device(tokens))
+    embed.k_embed_bwd_sort[embed.cdiv(N, S), S // 2](order, cuda.to_device(tokens))
     got = order.copy_to_host()
     for p in range(embed.cdiv(N, S)):
         local = np.arange(min(S, N - p * S))

@@ -19,7 +19,7 @@ def _run(x, fmt, transpose=False):
     rows, ld = (C, K.padded(R)) if transpose else (R, K.padded(C))
     codes = cuda.to_device(np.full(rows * ld, 0xAB, np.uint8))        # poisoned: the padding must be written
     stats = cuda.device_array(K.STATS, np.float32)
-    count = cuda.to_device(np.full(1, 99, np.int32))                   # k_amax_final_v1 zeroes it
+    count = cuda.to_device(np.full(1, 99, np.int32))                   # k_amax_final zeroes it
     partial = cuda.device_array(K.AMAX_BLOCKS, np.float32)
     out = K.quantize(codes, stats, count, partial, cuda.to_device(x), fmt, transpose=transpose)
     assert out.shape == (rows, ld)

@@ -1,6 +1,6 @@
 """The LayerNorm's parameter gradients in two stages (layernorm_bwd v4, residual_layernorm_bwd v2):
-k_layernorm_bwd_params_v3 writes a partial sum per chunk of rows to the work buffer, and
-k_layernorm_bwd_params_sum_v1 adds the chunks in order into dg, db (+=). Checked against NumPy in
+k_layernorm_bwd_params_partial writes a partial sum per chunk of rows to the work buffer, and
+k_layernorm_bwd_params_sum adds the chunks in order into dg, db (+=). Checked against NumPy in
 float64 at a size with several row chunks and a channel count that is not a multiple of the
 block's CX channels (so the bounds tests run), with a last chunk shorter than the others."""
 import numpy as np

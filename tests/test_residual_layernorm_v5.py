@@ -1,5 +1,5 @@
 """residual_layernorm_bwd v5 (kernels/layernorm.py): stage 1 of the parameter sums fused into the dx
-kernel, a partial sum per row block in the work buffer, then k_layernorm_bwd_params_sum_v3. dx and
+kernel, a partial sum per row block in the work buffer, then k_layernorm_bwd_params_sum_tree. dx and
 df must be v4's bits; dg, db v4's sums in another grouping (close, not equal), added (+=) into
 non-zero values. Checked at a row count that leaves the last block part empty, a channel count
 that leaves the last window of channels part empty (more than one window), with df a separate

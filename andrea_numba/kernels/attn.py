@@ -17,18 +17,26 @@ Backward:
     ds[t, u]   = att[t, u] (datt[t, u] - sum_u' datt[t, u'] att[t, u'])
     dq[t]      = scale * sum_u ds[t, u] k[u]         dk[u] = scale * sum_t ds[t, u] q[t]
 
-v1: one thread per (b, h, row); plain loops, everything from global memory. Easy to read, slow.
+The lessons' kernels (attn_fwd, attn_bwd): one thread per (b, h, row); plain loops, everything
+from global memory. Easy to read, slow.
+    forward   k_attn_fwd         thread (b, h, t): scores, softmax, y[t]
+    backward  k_attn_bwd         thread (b, h, t): datt, rowdot -> ds (into scratch), dq[t]
+              k_attn_bwd_dkdv    thread (b, h, u): dv[u], dk[u] (reads ds from scratch)
 
-v2 (used): a block per (b, h, tile of BQ rows), BQ x TPR threads: thread (r, lane) works on row
-r of the tile, and its TPR lanes split that row's key columns (or its hs output channels). The
-block walks the keys in tiles of BK rows, copying each K (or V) tile into shared memory once for
-all BQ query rows. The rows of att go to global memory as they are computed (they are needed for
-backward anyway) and are re-read in later passes by the very thread that wrote them. Row maxima
-and sums over a row's TPR lanes go through shared memory (row_max / row_sum): fixed order.
-    forward   k_attn_fwd_v2        query tiles: scores -> max -> exp, sum -> normalise, y = att @ v
-    backward  k_attn_bwd_v2        query tiles: datt, rowdot -> ds (into scratch), dq = ds @ k
-              k_attn_bwd_dkdv_v2   key tiles:   dv = att^T @ dy, dk = ds^T @ q (reads scratch)
-The v2 kernels are built per head size and block (BQ, TPR): make_attn_kernels, on first use.
+The tiled kernels (attn_fwd_tiled, attn_bwd_tiled: the engine's attention without flash,
+GPUModel(flash=False)): a block per (b, h, tile of BQ rows), BQ x TPR threads: thread (r, lane)
+works on row r of the tile, and its TPR lanes split that row's key columns (or its hs output
+channels). The block walks the keys in tiles of BK rows, copying each K (or V) tile into shared
+memory once for all BQ query rows. The rows of att go to global memory as they are computed (they
+are needed for backward anyway) and are re-read in later passes by the very thread that wrote
+them. Row maxima and sums over a row's TPR lanes go through shared memory (row_max / row_sum):
+fixed order.
+    forward   k_attn_fwd_tiled        query tiles: scores -> max -> exp, sum -> normalise, y = att @ v
+    backward  k_attn_bwd_tiled        query tiles: datt, rowdot -> ds (into scratch), dq = ds @ k
+              k_attn_bwd_dkdv_tiled   key tiles:   dv = att^T @ dy, dk = ds^T @ q (reads scratch)
+The tiled kernels are built per head size and block (BQ, TPR): make_attn_kernels, on first use. A
+head size whose tiles do not fit the block's shared memory (hs > 367 on a GPU) runs the lessons'
+kernels instead.
 No atomics anywhere: each output element is summed by one thread in a fixed order.
 """
 import math
@@ -49,10 +57,10 @@ def _split(B, H, T, idx):
 
 
 # ---------------------------------------------------------------------------------------------
-# v1: one thread per query (or key) row of one head
+# the lessons' kernels: one thread per query (or key) row of one head
 
 @cuda.jit
-def k_attn_fwd_v1(y, att, q, k, v, scale, dropout_key, threshold, dscale):
+def k_attn_fwd(y, att, q, k, v, scale, dropout_key, threshold, dscale):
     """Thread (b, h, t): s[u] = scale q[t].k[u] for u <= t, att[t] = softmax(s),
     y[t] = (att[t] * f[t]) @ v, f = dropout_factor(key, flat index of att[b, h, t, u], ...)."""
     key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
@@ -91,7 +99,7 @@ def k_attn_fwd_v1(y, att, q, k, v, scale, dropout_key, threshold, dscale):
 
 
 @cuda.jit
-def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale, dropout_key, threshold, dscale):
+def k_attn_bwd(dq, scratch, dy, k, v, att, scale, dropout_key, threshold, dscale):
     """Thread (b, h, t): datt[u] = f[t, u] dy[t].v[u], ds = att (datt - rowdot) into
     scratch[b, h, t, u] for u <= t, dq[t] = scale * ds @ k."""
     key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
@@ -122,7 +130,7 @@ def k_attn_bwd_v1(dq, scratch, dy, k, v, att, scale, dropout_key, threshold, dsc
 
 
 @cuda.jit
-def k_attn_bwd_dkdv_v1(dk, dv, dy, q, att, scratch, scale, dropout_key, threshold, dscale):
+def k_attn_bwd_dkdv(dk, dv, dy, q, att, scratch, scale, dropout_key, threshold, dscale):
     """Thread (b, h, u): dv[u] = sum_{t>=u} att[t, u] f[t, u] dy[t],
     dk[u] = scale sum_{t>=u} ds[t, u] q[t]."""
     key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
@@ -154,40 +162,42 @@ def _check(q, n_head):
 @rung(1)
 @blocks(gpu=(128, 64), sim=(32, 8))
 def attn_fwd(y, att, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
-    """Launch: one thread per (b, h, t), `block` threads per block."""
+    """y [B, T, C]; att [B, H, T, T] (saved for the backward). Launch: one thread per (b, h, t),
+    `block` threads per block."""
     B, T, C, hs = _check(q, n_head)
-    k_attn_fwd_v1[cdiv(B * n_head * T, block), block, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)),
-                                                              *mask_args(dropout_p, dropout_key))
+    k_attn_fwd[cdiv(B * n_head * T, block), block, stream](y, att, q, k, v, np.float32(1.0 / math.sqrt(hs)),
+                                                           *mask_args(dropout_p, dropout_key))
 
 
 @rung(1)
 @blocks(gpu=(128, 64), sim=(32, 8))
 def attn_bwd(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
-    """scratch [B, H, T, T] receives ds. Launch: one thread per (b, h, t) or (b, h, u)."""
+    """scratch [B, H, T, T] receives ds. Launch: k_attn_bwd (dq, ds), then k_attn_bwd_dkdv (dk, dv),
+    one thread per (b, h, t) or (b, h, u), `block` threads per block."""
     B, T, C, hs = _check(q, n_head)
     scale = np.float32(1.0 / math.sqrt(hs))
     grid = cdiv(B * n_head * T, block)
     drop = mask_args(dropout_p, dropout_key)
-    k_attn_bwd_v1[grid, block, stream](dq, scratch, dy, k, v, att, scale, *drop)
-    k_attn_bwd_dkdv_v1[grid, block, stream](dk, dv, dy, q, att, scratch, scale, *drop)
+    k_attn_bwd[grid, block, stream](dq, scratch, dy, k, v, att, scale, *drop)
+    k_attn_bwd_dkdv[grid, block, stream](dk, dv, dy, q, att, scratch, scale, *drop)
 
 
 # ---------------------------------------------------------------------------------------------
-# v2: query tiles (and key tiles) in shared memory
+# the tiled kernels: query tiles (and key tiles) in shared memory
 
-# A v2 block is (BQ, TPR): BQ rows per block, TPR threads per row (a power of two); BK rows per
+# A tiled kernel's block is (BQ, TPR): BQ rows per block, TPR threads per row (a power of two); BK rows per
 # key (or query) tile, a multiple of TPR so column c of a tile always belongs to lane c % TPR.
 # The simulator pays for every thread and every syncthreads, so there: small tiles, 2 lanes per
 # row (T = 13 still walks two query tiles and two key tiles).
-V2_BLOCKS = dict(gpu=((16, 16), (8, 32), (32, 8)), sim=((8, 2), (4, 2)))
+TILED_BLOCKS = dict(gpu=((16, 16), (8, 32), (32, 8)), sim=((8, 2), (4, 2)))
 BK_CHOICES = (8,) if SIMULATOR else (64, 32, 16)
 SHARED_LIMIT = 48 * 1024                        # bytes of static shared memory per block
 
 
 def _shared_bytes(hs, bk, BQ, TPR):
-    """Shared memory of the larger of the v2 kernels for head size hs and key tile bk."""
-    rows = BQ * hs + bk * (hs + 1) + BQ * bk + BQ * TPR       # k_attn_fwd_v2, k_attn_bwd_v2
-    cols = 2 * bk * hs + 2 * BQ * (bk + 1)                    # k_attn_bwd_dkdv_v2
+    """Shared memory of the larger of the tiled kernels for head size hs and key tile bk."""
+    rows = BQ * hs + bk * (hs + 1) + BQ * bk + BQ * TPR       # k_attn_fwd_tiled, k_attn_bwd_tiled
+    cols = 2 * bk * hs + 2 * BQ * (bk + 1)                    # k_attn_bwd_dkdv_tiled
     return 4 * max(rows, cols)
 
 
@@ -217,7 +227,7 @@ def row_sum(red, r, lane, val):
 
 
 def tile_helpers(HS: int, BK: int, TPR: int, NT: int):
-    """The tile device functions of the tiled attention kernels (v2 here, and attn_flash.py), for
+    """The tile device functions of the tiled attention kernels (here, and attn_flash.py's), for
     head size HS, key tile BK, TPR lanes per row and NT threads per block (compile-time constants).
     A row's lanes split the columns of a tile (column c belongs to lane c % TPR, CPT = BK / TPR of
     them each) and the HS channels of an output row (channel d to lane d % TPR, DPT of them)."""
@@ -258,7 +268,7 @@ def tile_helpers(HS: int, BK: int, TPR: int, NT: int):
 
 
 def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
-    """Build the three v2 kernels for head size HS, key tile BK and block (BQ, TPR) (compile-time
+    """Build the three tiled kernels for head size HS, key tile BK and block (BQ, TPR) (compile-time
     constants, so shared arrays have exact sizes and the small loops over CPT / DPT unroll)."""
     NT = BQ * TPR                   # threads per block
     CPT = BK // TPR                 # tile columns per thread
@@ -268,7 +278,7 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
     load_rows, row_dots, add_weighted_rows = tile_helpers(HS, BK, TPR, NT)
 
     @cuda.jit
-    def k_attn_fwd_v2(y, att, q, k, v, scale, dropout_key, threshold, dscale):
+    def k_attn_fwd_tiled(y, att, q, k, v, scale, dropout_key, threshold, dscale):
         """Block (query tile, b*H + h). Pass 1: s = scale q k^T into att, row max. Pass 2:
         att = exp(s - max) (masked: 0), row sum. Pass 3: att /= sum, y = (att * f) @ v
         (f: dropout's factor)."""
@@ -339,7 +349,7 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     y[b, t, c0 + d] = yacc[i]
 
     @cuda.jit
-    def k_attn_bwd_v2(dq, scratch, dy, k, v, att, scale, dropout_key, threshold, dscale):
+    def k_attn_bwd_tiled(dq, scratch, dy, k, v, att, scale, dropout_key, threshold, dscale):
         """Block (query tile, b*H + h). Pass 1: datt = f * (dy v^T) into scratch, rowdot = sum_u datt att.
         Pass 2: ds = att (datt - rowdot) into scratch (u <= t only), dq = scale ds @ k."""
         key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
@@ -397,7 +407,7 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     dq[b, t, c0 + d] = dacc[i] * scale
 
     @cuda.jit
-    def k_attn_bwd_dkdv_v2(dk, dv, dy, q, att, scratch, scale, dropout_key, threshold, dscale):
+    def k_attn_bwd_dkdv_tiled(dk, dv, dy, q, att, scratch, scale, dropout_key, threshold, dscale):
         """Block (key tile of BQ rows u, b*H + h); walks the queries t >= u in tiles of BK:
         dv[u] = sum_t att[t, u] f[t, u] dy[t], dk[u] = scale sum_t ds[t, u] q[t] (ds from scratch)."""
         key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
@@ -448,27 +458,29 @@ def make_attn_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     dv[b, u, c0 + d] = vacc[i]
                     dk[b, u, c0 + d] = kacc[i] * scale
 
-    return k_attn_fwd_v2, k_attn_bwd_v2, k_attn_bwd_dkdv_v2
+    return k_attn_fwd_tiled, k_attn_bwd_tiled, k_attn_bwd_dkdv_tiled
 
 
-_V2 = {}        # (hs, BQ, TPR) -> (k_attn_fwd_v2, k_attn_bwd_v2, k_attn_bwd_dkdv_v2), or None: use v1
+_TILED = {}     # (hs, BQ, TPR) -> (k_attn_fwd_tiled, k_attn_bwd_tiled, k_attn_bwd_dkdv_tiled), or None: too large
 
 
-def _v2_kernels(hs, block):
+def _tiled_kernels(hs, block):
+    """The tiled kernels of head size hs and block (BQ, TPR), with the largest key tile BK of
+    BK_CHOICES that the block's lanes split and shared memory holds; None where none fits."""
     key = (hs, *block)
-    if key not in _V2:
+    if key not in _TILED:
         fits = [bk for bk in BK_CHOICES if bk % block[1] == 0 and _shared_bytes(hs, bk, *block) <= SHARED_LIMIT]
-        _V2[key] = make_attn_kernels(hs, fits[0], *block) if fits else None
-    return _V2[key]
+        _TILED[key] = make_attn_kernels(hs, fits[0], *block) if fits else None
+    return _TILED[key]
 
 
 @rung(2)
-@blocks(**V2_BLOCKS)
+@blocks(**TILED_BLOCKS)
 def attn_fwd_tiled(y, att, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
-    """Grid (T/BQ query tiles, B*H), BQ*TPR threads; block = (BQ, TPR). Head sizes too big for
-    the shared tiles (hs > 367 on a GPU) fall back to v1."""
+    """attn_fwd's y and att by k_attn_fwd_tiled: grid (T/BQ query tiles, B*H), BQ*TPR threads;
+    block = (BQ, TPR). Head sizes too big for the shared tiles (hs > 367 on a GPU) run attn_fwd."""
     B, T, C, hs = _check(q, n_head)
-    kern = _v2_kernels(hs, block)
+    kern = _tiled_kernels(hs, block)
     if kern is None:
         return attn_fwd(y, att, q, k, v, n_head, dropout_p, dropout_key, stream=stream)
     BQ, TPR = block
@@ -477,12 +489,13 @@ def attn_fwd_tiled(y, att, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, blo
 
 
 @rung(2)
-@blocks(**V2_BLOCKS)
+@blocks(**TILED_BLOCKS)
 def attn_bwd_tiled(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
-    """k_attn_bwd_v2 (writes ds into scratch, and dq), then k_attn_bwd_dkdv_v2 (dk, dv); both on
-    grid (T/BQ tiles, B*H) with BQ*TPR threads; block = (BQ, TPR)."""
+    """k_attn_bwd_tiled (writes ds into scratch, and dq), then k_attn_bwd_dkdv_tiled (dk, dv); both
+    on grid (T/BQ tiles, B*H) with BQ*TPR threads; block = (BQ, TPR). Head sizes too big for the
+    shared tiles run attn_bwd."""
     B, T, C, hs = _check(q, n_head)
-    kern = _v2_kernels(hs, block)
+    kern = _tiled_kernels(hs, block)
     if kern is None:
         return attn_bwd(dq, dk, dv, scratch, dy, q, k, v, att, n_head, dropout_p, dropout_key, stream=stream)
     BQ, TPR = block

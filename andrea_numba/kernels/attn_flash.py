@@ -1,13 +1,16 @@
 """Flash attention: causal self-attention that saves lse [B, H, T] instead of att [B, H, T, T].
 NumPy twin: reference/attn.py (attn_flash_fwd, attn_flash_bwd). A checked op case beside plain
-attention (attn.py). This module holds v1, the simple version the lessons teach; the engine's
-versions (andrea_numba/recipes.py: v8/v10 in fp32, v12 in fp16, v13 and v14 in bf16) live in
-attn_flash_tf32x3.py and attn_flash_bf16.py and are imported here; the other rungs are in lab/.
+attention (attn.py). This module holds the simple pair the lessons teach (attn_flash_fwd,
+attn_flash_bwd: multiply-adds, a thread a row's share of a tile); the launchers the recipes run
+(andrea_numba/recipes.py) are imported here from the modules that write them out: from
+attn_flash_tf32x3.py attn_flash_fwd_tf32x3 / attn_flash_bwd_tf32x3 (fp32) and attn_flash_fwd_fp16 /
+attn_flash_bwd_fp16 (fp16), from attn_flash_bf16.py attn_flash_fwd_bf16 / attn_flash_bwd_bf16 and
+their _out16 pair (bf16).
 
 The op is attn.py's, with the same layout (q, k, v, y, dy, dq, dk, dv are [B, T, C], head h
 owns channels h*hs .. h*hs + hs - 1) and the same dropout (dropout_factor from the key and the
 flat index of [b, h, t, u] in a [B, H, T, T] array: the same key drops the same probabilities as
-attention v1 / v2). Per (b, h), scale = 1 / sqrt(hs), causal (u <= t):
+attn.py's kernels). Per (b, h), scale = 1 / sqrt(hs), causal (u <= t):
 
     s[t, u] = scale * q[t] . k[u]        lse[t] = log sum_{u<=t} exp(s[t, u])
     P[t, u] = exp(s[t, u] - lse[t])      y[t]   = sum_{u<=t} P[t, u] f[t, u] v[u]
@@ -23,19 +26,20 @@ D[t] = dy[t] . y[t] for the softmax backward's row sum (sum_u P f (dy[t] . v[u])
     dv[u] = sum_{t>=u} P[t, u] f[t, u] dy[t]
     dq[t] = scale sum_u ds[t, u] k[u]        dk[u] = scale sum_t ds[t, u] q[t]
 
-Tiling (as attn.py's v2): a block is (BQ, TPR): BQ rows, TPR threads (lanes) per row; a row's
+Tiling (as attn.py's tiled kernels): a block is (BQ, TPR): BQ rows, TPR threads (lanes) per row; a row's
 lanes split the columns of a tile of BK keys (column c belongs to lane c % TPR) and the hs
 output channels (channel d to lane d % TPR). Tiles of K, V (or Q, dY) rows sit in shared memory,
 copied once for all BQ rows of the block. Row maxima and sums over the lanes go through shared
 memory in lane order (attn.row_max, attn.row_sum).
-    forward   k_attn_flash_fwd_v1          block (query tile, b*H + h): online softmax, y, lse
-    backward  k_attn_flash_bwd_rowdot_v1   one thread per (b, h, t): D = dy . y into d_rowdot
-              k_attn_flash_bwd_dq_v1       block (query tile, b*H + h): walks the key tiles u <= t
-              k_attn_flash_bwd_dkdv_v1     block (key tile, b*H + h): walks the query tiles t >= u
+    forward   k_attn_flash_fwd          block (query tile, b*H + h): online softmax, y, lse
+    backward  k_attn_flash_bwd_rowdot   one thread per (b, h, t): D = dy . y into d_rowdot
+              k_attn_flash_bwd_dq       block (query tile, b*H + h): walks the key tiles u <= t
+              k_attn_flash_bwd_dkdv     block (key tile, b*H + h): walks the query tiles t >= u
 The dq and dk/dv kernels both recompute s, P and datt (the price of not storing them), so that
 each output element is summed by one thread in a fixed order: no atomics, bit-identical reruns.
-The tiled kernels are built per head size and block by make_flash_kernels, on first use. The rowdot
-kernel lives in attn_flash_rowdot.py, since v2 to v8 launch it too.
+The tiled kernels are built per head size and block by make_flash_kernels, on first use; a head
+size whose tiles do not fit the block's shared memory raises BlockDoesNotFit. The rowdot kernel
+lives in attn_flash_rowdot.py, since the lab's tensor-core rungs (2 to 8) launch it too.
 """
 import math
 
@@ -43,13 +47,13 @@ import numpy as np
 from numba import cuda, float32
 
 from .attn import NEG_INF, _check, row_max, row_sum, tile_helpers
-from .attn_flash_rowdot import k_attn_flash_bwd_rowdot_v1
+from .attn_flash_rowdot import k_attn_flash_bwd_rowdot
 from .attn_flash_tf32x3 import attn_flash_bwd_fp16, attn_flash_bwd_tf32x3, attn_flash_fwd_fp16, attn_flash_fwd_tf32x3
 from .attn_flash_bf16 import attn_flash_bwd_bf16, attn_flash_bwd_bf16_out16, attn_flash_fwd_bf16, attn_flash_fwd_bf16_out16
 from .common import SIMULATOR, BlockDoesNotFit, blocks, cdiv, rung
 from .dropout import dropout_factor, key_value, mask_args
 
-# Block (BQ, TPR) choices and key tiles BK as attn.py's v2. In the simulator small tiles, so that
+# Block (BQ, TPR) choices and key tiles BK as attn.py's tiled kernels. In the simulator small tiles, so that
 # the harness's T = 13 walks two key tiles and two or four query tiles (and ends inside a tile),
 # with 2 or 4 lanes per row (at the tiny size's hs = 4: two channels per lane, or one).
 FLASH_BLOCKS = dict(gpu=((16, 16), (8, 32), (32, 8)), sim=((8, 2), (4, 4)))
@@ -73,10 +77,10 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
     DPT = cdiv(HS, TPR)             # output channels per thread: d = lane + i * TPR
     HSP = HS + 1                    # padded tile rows: lanes reading rows c, c + 1, ... hit distinct banks
 
-    load_rows, row_dots, add_weighted_rows = tile_helpers(HS, BK, TPR, NT)   # attn.py's, shared with v2
+    load_rows, row_dots, add_weighted_rows = tile_helpers(HS, BK, TPR, NT)   # attn.py's, shared with its tiled kernels
 
     @cuda.jit
-    def k_attn_flash_fwd_v1(y, lse, q, k, v, scale, dropout_key, threshold, dscale):
+    def k_attn_flash_fwd(y, lse, q, k, v, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows t, b*H + h); thread (r, lane) works on row t = t0 + r.
         The block walks the key tiles u0 = 0, BK, ... up to the tile's last query (later keys
         are all in the future). Per tile, with m the row's running maximum and l its running sum
@@ -151,13 +155,13 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
                 lse[b, h, t] = m + math.log(lsum)
 
     @cuda.jit
-    def k_attn_flash_bwd_dq_v1(dq, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
+    def k_attn_flash_bwd_dq(dq, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
         """Block (query tile of BQ rows t, b*H + h); thread (r, lane) works on row t = t0 + r and
         walks the key tiles u0 = 0, BK, ... up to the tile's last query, with K and V tiles in
         shared memory:
             P[t, u]  = exp(scale q[t] . k[u] - lse[t])      (recomputed; u > t: 0)
             datt     = f[t, u] dy[t] . v[u]
-            ds[t, u] = P (datt - D[t])                      (D from k_attn_flash_bwd_rowdot_v1)
+            ds[t, u] = P (datt - D[t])                      (D from k_attn_flash_bwd_rowdot)
             dq[t]    = scale sum_u ds[t, u] k[u]            (summed by one thread, key order)"""
         key = key_value(dropout_key)             # a number, or read from the device (dropout.py)
         sq = cuda.shared.array((BQ, HS), float32)          # the tile's q rows
@@ -210,7 +214,7 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     dq[b, t, c0 + d] = gacc[i] * scale
 
     @cuda.jit
-    def k_attn_flash_bwd_dkdv_v1(dk, dv, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
+    def k_attn_flash_bwd_dkdv(dk, dv, dy, q, k, v, lse, d_rowdot, scale, dropout_key, threshold, dscale):
         """Block (key tile of BQ rows u, b*H + h); thread (r, lane) works on key u = u0 + r and
         walks the query tiles t0 = u0, u0 + BK, ... (the queries that see these keys), with Q and
         dY tiles (and their lse, D) in shared memory:
@@ -278,13 +282,15 @@ def make_flash_kernels(HS: int, BK: int, BQ: int, TPR: int):
                     dv[b, u, c0 + d] = vacc[i]
                     dk[b, u, c0 + d] = kacc[i] * scale
 
-    return k_attn_flash_fwd_v1, k_attn_flash_bwd_dq_v1, k_attn_flash_bwd_dkdv_v1
+    return k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv
 
 
-_KERNELS = {}       # (hs, BQ, TPR) -> (k_attn_flash_fwd_v1, k_attn_flash_bwd_dq_v1, k_attn_flash_bwd_dkdv_v1)
+_KERNELS = {}       # (hs, BQ, TPR) -> (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv)
 
 
 def _kernels(hs, block):
+    """The tiled kernels of head size hs and block (BQ, TPR), with the largest key tile BK of
+    BK_CHOICES that the block's lanes split and shared memory holds (BlockDoesNotFit if none)."""
     key = (hs, *block)
     if key not in _KERNELS:
         fits = [bk for bk in BK_CHOICES if bk % block[1] == 0 and _shared_bytes(hs, bk, *block) <= SHARED_LIMIT]
@@ -297,8 +303,8 @@ def _kernels(hs, block):
 @rung(1)
 @blocks(**FLASH_BLOCKS)
 def attn_flash_fwd(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
-    """y [B, T, C] and lse [B, H, T]. Grid (T/BQ query tiles, B*H), BQ*TPR threads;
-    block = (BQ, TPR)."""
+    """y [B, T, C] and lse [B, H, T] by k_attn_flash_fwd. Grid (T/BQ query tiles, B*H), BQ*TPR
+    threads; block = (BQ, TPR)."""
     B, T, C, hs = _check(q, n_head)
     BQ, TPR = block
     fwd = _kernels(hs, block)[0]
@@ -310,8 +316,8 @@ def attn_flash_fwd(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, blo
 @blocks(**FLASH_BLOCKS)
 def attn_flash_bwd(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
                       block, stream=0):
-    """d_rowdot [B, H, T] receives D = dy . y (k_attn_flash_bwd_rowdot_v1, BQ*TPR threads a block),
-    then k_attn_flash_bwd_dq_v1 (dq) and k_attn_flash_bwd_dkdv_v1 (dk, dv), both on grid
+    """d_rowdot [B, H, T] receives D = dy . y (k_attn_flash_bwd_rowdot, BQ*TPR threads a block),
+    then k_attn_flash_bwd_dq (dq) and k_attn_flash_bwd_dkdv (dk, dv), both on grid
     (T/BQ tiles, B*H) with BQ*TPR threads; block = (BQ, TPR)."""
     B, T, C, hs = _check(q, n_head)
     BQ, TPR = block
@@ -319,11 +325,7 @@ def attn_flash_bwd(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=
     scale = np.float32(1.0 / math.sqrt(hs))
     drop = mask_args(dropout_p, dropout_key)
     NT = BQ * TPR
-    k_attn_flash_bwd_rowdot_v1[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
+    k_attn_flash_bwd_rowdot[cdiv(B * n_head * T, NT), NT, stream](d_rowdot, dy, y)
     grid = (cdiv(T, BQ), B * n_head)
     dq_kernel[grid, NT, stream](dq, dy, q, k, v, lse, d_rowdot, scale, *drop)
     dkdv_kernel[grid, NT, stream](dk, dv, dy, q, k, v, lse, d_rowdot, scale, *drop)
-
-
-
-

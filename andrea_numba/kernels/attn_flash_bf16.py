@@ -1,12 +1,12 @@
-"""Flash attention v13 (bf16 products): v11's math and rounding in FlashAttention-2's shape, with
-bf16 tiles in shared memory read by ldmatrix, and the probabilities kept in registers.
+"""Flash attention with bf16 products (the bf16 recipes'): FlashAttention-2's shape, with bf16
+tiles in shared memory read by ldmatrix, and the probabilities kept in registers.
 
-Read attn_flash.py (the math), attn_flash_lowp.py (v11: which inputs are rounded, the base-2
-softmax with an integer maximum), then half_tile.py (bf16 tiles, ldmatrix, the swizzle). v11 is
-v8's kernel text with bf16 products: its tiles sit in shared memory as fp32 and every lane
-rounds its fragment values as it reads them, one float at a time; the scores p~ f and ds go
-through shared tiles between the two products of a key tile; the backward runs 2 warps a block.
-v13 keeps the numbers and changes where they live.
+    attn_flash_fwd_bf16, attn_flash_bwd_bf16                y, lse, dq, dk, dv in fp32
+    attn_flash_fwd_bf16_out16, attn_flash_bwd_bf16_out16    the same, writing y's bf16 copy y16
+                                                            and dq, dk, dv in bf16 (for the products)
+
+Read attn_flash.py (the math), attn_flash_lowp.py (which inputs are rounded, the base-2 softmax
+with an integer maximum), then half_tile.py (bf16 tiles, ldmatrix, the swizzle).
 
 THE TILES. A block is (WARPS, BKV): BQ = 16 WARPS "own" rows (query rows in the forward and the
 dq kernel, key rows in the dk/dv kernel), warp w owning rows 16 w .. 16 w + 15, and "inner"
@@ -22,7 +22,7 @@ HSP = 16, 32 or a multiple of 64) with the default blocks:
 Every tile is stored as bf16, two values to a 32-bit word, a row of HSP values = HSP / 2 words,
 its 16-byte chunks swizzled (chunk q of row r at chunk q ^ s(r): half_tile.py, point 3), so that
 ldmatrix's eight row reads and the copies' stores are free of bank conflicts. Each value is
-rounded once (cvt.rn.bf16x2.f32, ties to even), on its way in; v11 rounded it at every read.
+rounded once (cvt.rn.bf16x2.f32, ties to even), on its way in.
 
 A thread's registers hold, for its warp's 16 rows (lane = 4 g + t, rows g and g + 8):
     s, dp  [2, BKV / 4] fp32   scores (and dy . v) of the current inner tile: C fragments
@@ -51,8 +51,8 @@ c0..c3 of 8-column fragment n go to acc[0, 2n], acc[0, 2n+1], acc[1, 2n], acc[1,
    b0, b1 of the two 8-key fragments 2 nj and 2 nj + 1 (matrix i: keys + 8 (i >> 1), channels
    + 8 (i & 1)). The sum over the HSP / 16 k steps runs inside the tensor core: D = A B + C.
 
-2. Register reuse (v11's docstring, point 4). The scores' C fragments of 8-key fragments 2 kc
-   and 2 kc + 1 are exactly the A fragment of keys 16 kc .. 16 kc + 15 of the next product:
+2. Register reuse. The scores' C fragments of 8-key fragments 2 kc and 2 kc + 1 are exactly the
+   A fragment of keys 16 kc .. 16 kc + 15 of the next product:
        a0 = (s[0, 4kc], s[0, 4kc+1])        a1 = (s[1, 4kc], s[1, 4kc+1])
        a2 = (s[0, 4kc+2], s[0, 4kc+3])      a3 = (s[1, 4kc+2], s[1, 4kc+3])
    so p~ f is rounded and packed where it was computed (pack), two values an instruction, and
@@ -88,7 +88,9 @@ first key) skips its products and softmax for that tile (the block still copies 
 warp reaches every barrier). Only tiles that cross the diagonal or the end T test each element
 (and tiles with dropout draw its masks); the others take every score without a test. A skipped
 tile would have added exact zeros (p = 0 to the sums, the integer m unchanged), so skipping moves
-no bit. The grids are v8's: (B H, tiles), the longest tiles of every head first.
+no bit. The grid is (B H, tiles), tile 0 the longest of its head: the GPU hands out blocks along
+x first (in practice; CUDA promises no order, and the results do not depend on one), so every
+head's longest tiles start first and the short ones fill the end.
 
 THE BLOCKS (sm_90, hs = 64, ptxas 13.0 -v: registers a thread, spills, static shared memory):
 
@@ -101,25 +103,21 @@ THE BLOCKS (sm_90, hs = 64, ptxas 13.0 -v: registers a thread, spills, static sh
 
 Blocks of 8 warps are compiled with launch bounds (256 threads, 2 blocks a multiprocessor), which
 caps them at 128 registers: two blocks, 16 warps, share a multiprocessor (without the bounds
-ptxas gave the forward 166 registers: one block, 8 warps). Per key tile and warp, the hot loop
-of the forward at (8, 64) issues about 550 SASS instructions for its 64 mma.sync (32 for s, 32
-for p~ f V; 36 ldmatrix.x4; 600 when the maximum moves), the dq kernel at (4, 32) about 530 for
-48, the dk/dv kernel about 620 for 64: 8 to 11 instructions a tensor-core instruction, where v11
-issued about 37 (forward, (4, 16): 600 for 16 mma.sync) and 48 to 49 (backward, (2, 16)).
+ptxas gave the forward 166 registers: one block, 8 warps).
 
-THE SAME MATH AS v11 (the twin at bf16 and the harness's tolerances hold): the inputs of the five
-kinds of product rounded to bf16 (ties to even) as v11 rounds them, every product exact, sums in
-fp32; the forward's scores in base 2 (scale log2(e) / sqrt(hs) from the launcher), the running
-maximum rounded up to an integer, p~ = 2^(s - m) and alpha = 2^(m_old - m_new), l summed before
-dropout, lse = ln 2 (m + log2 l); the backward's P = exp(scale s - lse), ds = P (f dp - D), dq and
-dk multiplied by scale at the end; D = dy . y by one thread a row in channel order (v10's sum,
-v10's bits). What changes is the order of some fp32 sums:
+THE MATH (the twin at bf16, reference.attn under products_in("bf16"), and the harness's
+tolerances): the inputs of the five kinds of product rounded to bf16 (ties to even), every product
+exact, sums in fp32; the forward's scores in base 2 (scale log2(e) / sqrt(hs) from the launcher),
+the running maximum rounded up to an integer (so that p~ rounds alike in every tiling), p~ =
+2^(s - m) and alpha = 2^(m_old - m_new), l summed before dropout, lse = ln 2 (m + log2 l); the
+backward's P = exp(scale s - lse), ds = P (f dp - D), dq and dk multiplied by scale at the end;
+D = dy . y by one thread a row in channel order. The order of the fp32 sums:
   - the k steps of every product are chained inside the tensor core (D = A B + C), and so are the
-    key (query) tiles of o, dq, dk and dv; v11 started each k16 step from zero and added it in fp32;
-  - l's four lane parts are added (l0 + l1) + (l2 + l3) (a butterfly), v11 ((l0 + l1) + l2) + l3;
-  - a masked score is set to -inf and gives p~ = 2^-inf = 0 (v11 set p = 0 by a branch: the same);
+    key (query) tiles of o, dq, dk and dv;
+  - l's four lane parts are added (l0 + l1) + (l2 + l3) (a butterfly);
+  - a masked score is set to -inf and gives p~ = 2^-inf = 0;
   - a rescale by alpha = 1 is skipped (multiplying by 1 changes no bit).
-Every output element is still summed by one thread (one warp's tensor core) in a fixed order: no
+Every output element is summed by one thread (one warp's tensor core) in a fixed order: no
 atomics, bit-identical reruns.
 
 THE SIMULATOR. ldmatrix, mma.sync and shfl.sync are warp instructions: one lane's result needs
@@ -152,8 +150,8 @@ if SIMULATOR:
 # the default; each fits 48 KiB of static shared memory at hs = 64 and compiles for sm_90 without
 # spills but dk/dv at (8, 16) (module docstring, THE BLOCKS). Simulator: one warp, and two warps
 # (a warp that skips a tile while the other computes it), tiles of 16.
-FLASH_V13_FWD_BLOCKS = dict(gpu=((8, 64), (4, 64), (8, 32), (4, 32)), sim=((1, 16), (2, 16)))
-FLASH_V13_BWD_BLOCKS = dict(gpu=((4, 32), (8, 16), (4, 16), (2, 32)), sim=((1, 16), (2, 16)))
+FLASH_BF16_FWD_BLOCKS = dict(gpu=((8, 64), (4, 64), (8, 32), (4, 32)), sim=((1, 16), (2, 16)))
+FLASH_BF16_BWD_BLOCKS = dict(gpu=((4, 32), (8, 16), (4, 16), (2, 32)), sim=((1, 16), (2, 16)))
 SHARED_LIMIT = 48 * 1024                    # bytes of static shared memory per block
 LN2 = 0.6931471805599453
 FULL = 0xFFFFFFFF                           # every lane of the warp takes part in a shuffle
@@ -251,10 +249,10 @@ else:
 
 
 def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
-    """The three kernels of v13 for head size HS, block (WARPS, BKV) and 128-bit global loads VEC
-    (the caller checked the alignment: attn_flash_tf32x3.aligned_rows); OUT16 (v14, HS even): the
-    forward writes y's bf16 copy besides y, the backward writes dq, dk, dv in bf16 only (pairs of
-    adjacent channels, one 32-bit word a pair: store16)."""
+    """The three kernels (forward, dq, dk/dv) for head size HS, block (WARPS, BKV) and 128-bit
+    global loads VEC (the caller checked the alignment: aligned_rows); OUT16 (HS even): the forward
+    writes y's bf16 copy besides y, the backward writes dq, dk, dv in bf16 only (pairs of adjacent
+    channels, one 32-bit word a pair: store16)."""
     HSP = padded_head(HS)          # channels of a stored row (zeros past HS)
     W = HSP // 2                   # 32-bit words of a stored row
     BQ = 16 * WARPS                # own rows of a block
@@ -284,7 +282,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
         column are worked out once; pass j adds RPI rows."""
         CPR = HSP // 4                        # chunks a row
         if NT % CPR:
-            raise BlockDoesNotFit(f"flash attention v13: {NT} threads do not cover whole rows of {CPR} chunks")
+            raise BlockDoesNotFit(f"flash attention (bf16): {NT} threads do not cover whole rows of {CPR} chunks")
         RPI = NT // CPR                       # rows a pass
         CH = cdiv(R, RPI)                     # passes (chunks a thread)
         ALL = R % RPI == 0                    # every pass whole (else the last one is guarded)
@@ -328,10 +326,10 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
 
     @cuda.jit(device=True)
     def store16(out, b, t, c0, acc, hh, tq, f, divide):
-        """v14's bf16 stores: out [B, T, C / 2] int32 (a uint16 [B, T, C] buffer seen as words) gets
-        acc[hh, :] / f (divide) or * f, the very fp32 values v13 stores, rounded to bf16 (ties to
-        even, as the products' copy kernel rounds them), accumulators jj and jj + 1 (adjacent
-        channels d, d + 1: col) packed in one word."""
+        """The bf16 stores (OUT16): out [B, T, C / 2] int32 (a uint16 [B, T, C] buffer seen as words)
+        gets acc[hh, :] / f (divide) or * f, the very fp32 values the fp32 outputs receive, rounded
+        to bf16 (ties to even, as the products' copy kernel rounds them), accumulators jj and
+        jj + 1 (adjacent channels d, d + 1: col) packed in one word."""
         for jj in range(0, SH, 2):
             d = col(jj, tq)
             if d < HS:
@@ -432,12 +430,12 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
 
     def k_attn_flash_fwd(y, y16, lse, q, k, v, scale, dropout_key, threshold, dscale):
         """Block (b*H + h, query tile of BQ rows, the last tile first); warp w owns rows 16 w ...
-        Online softmax over the key tiles 0 .. the tile's last query, in base 2 (v11's): per tile
+        Online softmax over the key tiles 0 .. the tile's last query, in base 2: per tile
             s = scale q k^T            (mma_ss; u > t: -inf)        m_new = ceil(max(m, max_u s))
             alpha = 2^(m - m_new)      l *= alpha, o *= alpha
             p~ = 2^(s - m_new)         l += p~ (before dropout)     o += (p~ f) @ v   (mma_rs)
-        and at the end y = o / l, lse = ln 2 (m + log2 l); with OUT16 also y16 = bf16(y) (v14; v13
-        passes y as y16 and never writes it)."""
+        and at the end y = o / l, lse = ln 2 (m + log2 l); with OUT16 also y16 = bf16(y) (without
+        OUT16 the launcher passes y as y16, never written)."""
         key = key_value(dropout_key)
         sq = cuda.shared.array(OWN_WORDS, int32, alignment=16)     # the block's q rows, bf16
         sk = cuda.shared.array(INNER_WORDS, int32, alignment=16)   # K tiles, two buffers
@@ -509,7 +507,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
                 mx[0], mx[1] = quad_max2(mx[0], mx[1], w, lane)   # the rows' maxima over their 4 lanes
                 for hh in range(2):
                     mx[hh] = float32(math.ceil(max(m[hh], mx[hh])))  # m_new, an integer: p~ rounds alike
-                    #                                                   in every tiling (v11's point 3)
+                    #                                                   in every tiling (THE MATH)
                 if mx[0] != m[0] or mx[1] != m[1]:         # else alpha = 1 for both rows (most tiles): skip
                     for hh in range(2):
                         alpha = math.exp2(m[hh] - mx[hh])  # a power of two; 0 at the first tile
@@ -542,7 +540,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
                     d = col(jj, tq)
                     if d < HS:
                         y[b, t, c0 + d] = o[hh, jj] / lt
-                if OUT16:                                  # y's bf16 copy (v14), the same quotients
+                if OUT16:                                  # y's bf16 copy, the same quotients
                     store16(y16, b, t, c0, o, hh, tq, lt, True)
                 if tq == 0:                                # lse = ln 2 (m + log2 l), in natural units
                     lse[b, h, t] = (m[hh] + math.log2(lt)) * float32(LN2)
@@ -551,8 +549,8 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
         """Block (b*H + h, query tile of BQ rows); per key tile u0 <= the tile's last query:
             s = q k^T, dp = dy v^T (mma_ss)     P = exp(scale s - lse)     ds = P (f dp - D)
             dq += ds @ k (mma_rs, K read transposed); at the end dq *= scale.
-        D[t] = dy[t] . y[t] is worked out here, a thread a row in channel order (v10), and written
-        to d_rowdot for the dk/dv kernel."""
+        D[t] = dy[t] . y[t] is worked out here, a thread a row in channel order, and written to
+        d_rowdot for the dk/dv kernel."""
         key = key_value(dropout_key)
         sq = cuda.shared.array(OWN_WORDS, int32, alignment=16)     # the block's q rows, bf16
         sdy = cuda.shared.array(OWN_WORDS, int32, alignment=16)    # its dy rows
@@ -659,7 +657,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
         for hh in range(2):
             t = row0 + 8 * hh + g
             if t < T:
-                if OUT16:                                  # v14: dq in bf16 only (dq: its words)
+                if OUT16:                                  # dq in bf16 only (dq: its words)
                     store16(dq, b, t, c0, acc, hh, tq, scale, False)
                 else:
                     for jj in range(SH):
@@ -794,7 +792,7 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
         for hh in range(2):
             u = row0 + 8 * hh + g
             if u < T:
-                if OUT16:                                  # v14: dk, dv in bf16 only (their words)
+                if OUT16:                                  # dk, dv in bf16 only (their words)
                     store16(dv, b, u, c0, vacc, hh, tq, float32(1.0), False)
                     store16(dk, b, u, c0, kacc, hh, tq, scale, False)
                 else:
@@ -810,25 +808,25 @@ def make_kernels(HS: int, WARPS: int, BKV: int, VEC: bool, OUT16: bool = False):
     # (a bound of threads alone moves ptxas's own choice: the dq kernel at (4, 32) then spilled).
     # (The simulator's jit takes no launch bounds.)
     def jit(f):
-        f.__name__ = f.__qualname__ = f"{f.__name__}_v{14 if OUT16 else 13}"
+        f.__name__ = f.__qualname__ = f"{f.__name__}_bf16{'_out16' if OUT16 else ''}"     # k_attn_flash_fwd_bf16, ...
         return cuda.jit(launch_bounds=(NT, 2))(f) if WARPS == 8 and not SIMULATOR else cuda.jit(f)
     return tuple(jit(f) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 
-_KERNELS = {}       # (hs, WARPS, BKV, vec, out16) -> the three kernels of v13 (out16: v14)
+_KERNELS = {}       # (hs, WARPS, BKV, vec, out16) -> the three kernels (out16: with bf16 outputs)
 
 
 def kernels(hs, block, vec, which, out16=False):
     """The kernels of head size hs and block (WARPS, BKV), after checking that `which` ("fwd",
     or "bwd": the dq and dk/dv kernels) fits: BKV a multiple of 16, shared memory within 48 KiB;
-    out16: v14's (bf16 outputs)."""
+    out16: the kernels with bf16 outputs."""
     warps, bkv = block
     if bkv % 16 or warps < 1:
-        raise BlockDoesNotFit(f"flash attention v13: block {block}: inner tiles of a multiple of 16 rows")
+        raise BlockDoesNotFit(f"flash attention (bf16): block {block}: inner tiles of a multiple of 16 rows")
     for name in (("fwd",) if which == "fwd" else ("dq", "dkdv")):
         need = shared_bytes(hs, warps, bkv, name)
         if need > SHARED_LIMIT:
-            raise BlockDoesNotFit(f"flash attention v13: head size {hs} needs {need} bytes of shared memory in "
+            raise BlockDoesNotFit(f"flash attention (bf16): head size {hs} needs {need} bytes of shared memory in "
                                   f"its {name} kernel with block {block}, more than {SHARED_LIMIT}")
     key = (hs, warps, bkv, vec, out16)
     if key not in _KERNELS:
@@ -837,17 +835,19 @@ def kernels(hs, block, vec, which, out16=False):
 
 
 def _launch_fwd(y, y16, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, out16):
-    """The forward's launch: v13's (out16 False, y16 = y, unread) or v14's (y16: y's bf16 words)."""
+    """The forward's launch: grid (B*H, T / (16 WARPS)), 32 WARPS threads; out16 False (y16 = y,
+    unread) or True (y16: y's bf16 words)."""
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
     fwd = kernels(hs, block, aligned_rows(hs, q, k, v), "fwd", out16)[0]
-    scale = 1.0 / math.sqrt(hs) * (1.0 / math.log(2.0))          # v11's: the scores in base 2
+    scale = 1.0 / math.sqrt(hs) * (1.0 / math.log(2.0))          # the scores in base 2
     fwd[(B * n_head, cdiv(T, 16 * warps)), WARP * warps, stream](
         y, y16, lse, q, k, v, np.float32(scale), *mask_args(dropout_p, dropout_key))
 
 
 def _launch_bwd(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream, out16):
-    """The backward's two launches: v13's (fp32 dq, dk, dv) or v14's (out16: their bf16 words)."""
+    """The backward's two launches, both on grid (B*H, T / (16 WARPS)), 32 WARPS threads: fp32 dq,
+    dk, dv, or with out16 their bf16 words."""
     B, T, C, hs = _check(q, n_head)
     warps = block[0]
     _, dq_kernel, dkdv_kernel = kernels(hs, block, aligned_rows(hs, q, k, v, dy, y), "bwd", out16)
@@ -859,21 +859,21 @@ def _launch_bwd(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dr
 
 
 @rung(13)
-@blocks(**FLASH_V13_FWD_BLOCKS)
+@blocks(**FLASH_BF16_FWD_BLOCKS)
 def attn_flash_fwd_bf16(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, block, stream=0):
-    """v11's forward (bf16 products, the base-2 softmax with an integer maximum) with bf16 tiles
-    read by ldmatrix and p~ f kept in registers. Grid (B*H, T / (16 WARPS)), 32 WARPS threads;
-    block = (WARPS, BKV)."""
+    """y [B, T, C] and lse [B, H, T], with bf16 products (the base-2 softmax with an integer
+    maximum), bf16 tiles read by ldmatrix and p~ f kept in registers. Grid (B*H, T / (16 WARPS)),
+    32 WARPS threads; block = (WARPS, BKV)."""
     _launch_fwd(y, y, lse, q, k, v, n_head, dropout_p, dropout_key, block, stream, False)   # (y as y16: unread)
 
 
 @rung(13)
-@blocks(**FLASH_V13_BWD_BLOCKS)
+@blocks(**FLASH_BF16_BWD_BLOCKS)
 def attn_flash_bwd_bf16(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
                        block, stream=0):
-    """v11's backward with bf16 tiles read by ldmatrix and ds, P f kept in registers: the dq kernel
-    (which writes D = dy . y to d_rowdot), then the dk/dv kernel, both on grid (B*H, T / (16 WARPS)),
-    32 WARPS threads; block = (WARPS, BKV)."""
+    """dq, dk, dv [B, T, C] with bf16 products, bf16 tiles read by ldmatrix and ds, P f kept in
+    registers: the dq kernel (which writes D = dy . y to d_rowdot [B, H, T]), then the dk/dv kernel,
+    both on grid (B*H, T / (16 WARPS)), 32 WARPS threads; block = (WARPS, BKV)."""
     _launch_bwd(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream, False)
 
 
@@ -881,14 +881,15 @@ attn_flash_fwd_bf16.precision = "bf16"     # the harness checks it against the t
 attn_flash_bwd_bf16.precision = "bf16"
 
 
-# v14: v13 with its outputs in bf16 where only bf16 products read them. In the engine (products
-# "bf16o") y is read by attn_out's two products (y @ W_O, y^T @ dout) and by the backward's D = dy . y;
-# dq, dk, dv only by attn_qkv's six products. v13 writes them in fp32 and each product's operand copy
-# (cublaslt.round_into) reads them back to round them: five passes of [N, C] a layer. v14's forward
-# writes y and, from the same fp32 quotients, y16 = bf16(y); its backward writes dq, dk, dv straight
-# as bf16, each value the fp32 number v13 would have stored, rounded as the copy would round it
-# (ties to even): the products see the same bits, and the five copies and 3 N C fp32 stores go.
-# Without y16 and with float32 dq, dk, dv (the harness's call) v14 is v13.
+# The _out16 pair: the outputs in bf16 where only bf16 products read them. In the bf16-hopper recipe
+# (bf16_outputs) y is read by attn_out's two products (y @ W_O, y^T @ dout) and by the backward's
+# D = dy . y; dq, dk, dv only by attn_qkv's six products. Stored in fp32, each product's operand
+# copy (cublaslt.round_into) would read them back to round them: five passes of [N, C] a layer. The
+# forward writes y and, from the same fp32 quotients, y16 = bf16(y); the backward writes dq, dk, dv
+# straight as bf16, each value the fp32 number attn_flash_bwd_bf16 would store, rounded as the copy
+# would round it (ties to even): the products see the same bits, and the five copies and 3 N C fp32
+# stores go. Without y16 and with float32 dq, dk, dv (the harness's call) the pair is
+# attn_flash_fwd_bf16 / attn_flash_bwd_bf16.
 def _words(a):
     """A uint16 [B, T, C] array (C even) as int32 [B, T, C / 2]: the words store16 writes."""
     B, T, C = a.shape
@@ -897,24 +898,25 @@ def _words(a):
 
 
 @rung(14)
-@blocks(**FLASH_V13_FWD_BLOCKS)
+@blocks(**FLASH_BF16_FWD_BLOCKS)
 def attn_flash_fwd_bf16_out16(y, lse, q, k, v, n_head, dropout_p=0.0, dropout_key=0, *, y16=None, block, stream=0):
-    """v13's forward; with y16 (uint16 [B, T, C], head size even) also y rounded to bf16 into y16."""
+    """attn_flash_fwd_bf16 (its launch); with y16 (uint16 [B, T, C], head size even) also y rounded
+    to bf16 into y16."""
     if y16 is not None:
-        assert _check(q, n_head)[3] % 2 == 0, "flash attention v14's bf16 y: an even head size"
+        assert _check(q, n_head)[3] % 2 == 0, "flash attention's bf16 y16: an even head size"
     _launch_fwd(y, y if y16 is None else _words(y16), lse, q, k, v, n_head, dropout_p, dropout_key, block, stream,
                 y16 is not None)
 
 
 @rung(14)
-@blocks(**FLASH_V13_BWD_BLOCKS)
+@blocks(**FLASH_BF16_BWD_BLOCKS)
 def attn_flash_bwd_bf16_out16(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p=0.0, dropout_key=0, *,
                        block, stream=0):
-    """v13's backward; with dq, dk, dv uint16 [B, T, C] (head size even) they receive bf16 (v13's
-    values rounded, ties to even) instead of fp32."""
+    """attn_flash_bwd_bf16 (its launch); with dq, dk, dv uint16 [B, T, C] (head size even) they
+    receive bf16 (the fp32 values rounded, ties to even) instead of fp32."""
     out16 = dq.dtype == np.uint16
     if out16:
-        assert _check(q, n_head)[3] % 2 == 0, "flash attention v14's bf16 dq, dk, dv: an even head size"
+        assert _check(q, n_head)[3] % 2 == 0, "flash attention's bf16 dq, dk, dv: an even head size"
         dq, dk, dv = _words(dq), _words(dk), _words(dv)
     _launch_bwd(dq, dk, dv, d_rowdot, dy, q, k, v, y, lse, n_head, dropout_p, dropout_key, block, stream, out16)
 

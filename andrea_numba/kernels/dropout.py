@@ -88,7 +88,7 @@ def mask_args(dropout_p, dropout_key):
 
 
 @cuda.jit
-def k_dropout_fwd_v1(out, x, dropout_key, threshold, scale):
+def k_dropout_fwd(out, x, dropout_key, threshold, scale):
     """out[i] = x[i] * keep_i / (1 - p), one thread per element (out may be x: in place is fine)."""
     key = key_value(dropout_key)
     i = cuda.grid(1)
@@ -97,7 +97,7 @@ def k_dropout_fwd_v1(out, x, dropout_key, threshold, scale):
 
 
 @cuda.jit
-def k_dropout_bwd_v1(dx, dout, dropout_key, threshold, scale):
+def k_dropout_bwd(dx, dout, dropout_key, threshold, scale):
     """dx[i] = dout[i] * keep_i / (1 - p): the forward's mask, drawn again from (key, i)."""
     key = key_value(dropout_key)
     i = cuda.grid(1)
@@ -108,13 +108,14 @@ def k_dropout_bwd_v1(dx, dout, dropout_key, threshold, scale):
 @rung(1)
 @blocks(gpu=(256, 128, 512), sim=(32, 8))
 def dropout_fwd(out, x, dropout_p, dropout_key, *, block, stream=0):
-    """Launch: one thread per element, `block` threads per block."""
-    k_dropout_fwd_v1[cdiv(out.shape[0], block), block, stream](out, x, *mask_args(dropout_p, dropout_key))
+    """out, x: float32 [n] (flat). Launch: one thread per element, `block` threads per block."""
+    k_dropout_fwd[cdiv(out.shape[0], block), block, stream](out, x, *mask_args(dropout_p, dropout_key))
 
 
 @rung(1)
 @blocks(gpu=(256, 128, 512), sim=(32, 8))
 def dropout_bwd(dx, dout, dropout_p, dropout_key, *, block, stream=0):
-    k_dropout_bwd_v1[cdiv(dout.shape[0], block), block, stream](dx, dout, *mask_args(dropout_p, dropout_key))
+    """dx, dout: float32 [n] (flat). Launch: one thread per element, `block` threads per block."""
+    k_dropout_bwd[cdiv(dout.shape[0], block), block, stream](dx, dout, *mask_args(dropout_p, dropout_key))
 
 

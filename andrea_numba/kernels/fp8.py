@@ -2,17 +2,17 @@
 its values cast to E4M3 or E5M2 bytes, laid out the way the FP8 products read them. NumPy twin:
 reference/fp8.py (quantize_fp32, encode). The products themselves: kernels/fp8_products.py.
 
-    k_amax_partial_v1   partial[b] = max |x| over block b's grid-stride share of x [R, C] (a tree in
+    k_amax_partial      partial[b] = max |x| over block b's grid-stride share of x [R, C] (a tree in
                         shared memory; a maximum does not depend on the order, so neither do its bits)
-    k_amax_final_v1     stats = [descale, scale, amax, 0]: amax = max of the partials, scale = max / amax
+    k_amax_final        stats = [descale, scale, amax, 0]: amax = max of the partials, scale = max / amax
                         and descale = amax / max in fp32 (both 1 where amax is 0), max the format's
                         largest value; count[0] = 0 (the quantize kernel's underflow counter). The
                         descale comes first: cuBLASLt reads it from a 16-byte aligned address (a
                         record is 16 bytes; on the H200 a scale pointer 4 bytes past a 16-byte
                         boundary made every FP8 product fail with CUBLAS_STATUS_NOT_SUPPORTED)
-    k_quantize_v1       codes[i * ld + j] = the byte of round_fp8(x[i, j] * scale): x's rows as they
+    k_quantize          codes[i * ld + j] = the byte of round_fp8(x[i, j] * scale): x's rows as they
                         are, each padded with zero bytes to ld (ld >= C)
-    k_quantize_t_v1     codes[j * ld + i] = the same byte: x transposed, through a shared tile
+    k_quantize_t        codes[j * ld + i] = the same byte: x transposed, through a shared tile
                         (ld >= R), each row of the transpose padded with zero bytes to ld
 Both quantize kernels count the values that underflowed (x != 0, the byte +-0) into count[0]: an
 integer sum, whatever its order (no float atomics: the bits stay deterministic).
@@ -36,10 +36,10 @@ from numba import cuda, float32, int32, uint8
 
 from .common import block_max, cdiv, MAX_BLOCK, rung, SIMULATOR
 
-AMAX_BLOCKS = 2 if SIMULATOR else 264           # k_amax_partial_v1's grid (its partials)
+AMAX_BLOCKS = 2 if SIMULATOR else 264           # k_amax_partial's grid (its partials)
 THREADS = 16 if SIMULATOR else 256              # a block of the 1-D kernels (a power of two)
-QUANT_BLOCKS = 2 if SIMULATOR else 132 * 8      # k_quantize_v1's grid (it strides over the tensor)
-T_TILE = 8 if SIMULATOR else 32                 # k_quantize_t_v1's square tile of x
+QUANT_BLOCKS = 2 if SIMULATOR else 132 * 8      # k_quantize's grid (it strides over the tensor)
+T_TILE = 8 if SIMULATOR else 32                 # k_quantize_t's square tile of x
 T_ROWS = 2 if SIMULATOR else 8                  # its threads along y: each T_TILE / T_ROWS rows
 T_PITCH = T_TILE + 1                            # the tile's rows: one word more (the column reads' banks)
 T_THREADS = T_TILE * T_ROWS
@@ -54,7 +54,7 @@ def padded(k: int) -> int:
 
 
 @cuda.jit
-def k_amax_partial_v1(partial, x):
+def k_amax_partial(partial, x):
     """partial[blockIdx.x] = max |x[i, j]| over the flat indices thread, thread + grid threads, ...
     of x [R, C] (rows may be strided)."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
@@ -68,7 +68,7 @@ def k_amax_partial_v1(partial, x):
 
 
 @cuda.jit
-def k_amax_final_v1(stats, count, partial, fmax):
+def k_amax_final(stats, count, partial, fmax):
     """stats = [amax / fmax, fmax / amax, amax, 0] (fp32; 1, 1 for amax = 0), amax the max of the
     partials; count[0] = 0."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
@@ -101,7 +101,7 @@ def block_count(buf, n, tid, nthreads):
 
 
 def make_quantize(M: int, E: int, fmax: float):
-    """k_quantize_v1 and k_quantize_t_v1 for a format of M mantissa bits, smallest normal 2^E,
+    """k_quantize and k_quantize_t for a format of M mantissa bits, smallest normal 2^E,
     largest value fmax."""
     BIAS = 1 - E
     SUB_STEP = float32(2.0 ** (E - M))        # the subnormals' spacing (and the lowest binade's)
@@ -143,7 +143,7 @@ def make_quantize(M: int, E: int, fmax: float):
         return b, 1 if (b & 0x7F) == 0 and v != float32(0.0) else 0
 
     @cuda.jit
-    def k_quantize_v1(codes, count, x, stats, ld):
+    def k_quantize(codes, count, x, stats, ld):
         """codes[i * ld + j] = byte(x[i, j] * scale) for j < C, 0 for C <= j < ld; x [R, C]; the
         underflowed counted into count[0]. A thread a byte, striding over the R * ld bytes."""
         buf = cuda.shared.array(MAX_BLOCK, int32)
@@ -162,7 +162,7 @@ def make_quantize(M: int, E: int, fmax: float):
             cuda.atomic.add(count, 0, total)
 
     @cuda.jit
-    def k_quantize_t_v1(codes, count, x, stats, ld):
+    def k_quantize_t(codes, count, x, stats, ld):
         """codes[j * ld + i] = byte(x[i, j] * scale) for i < R, 0 for R <= i < ld; x [R, C]: the
         transpose [C, ld]. Block (T_TILE, T_ROWS), a T_TILE x T_TILE tile of x a block along x, tiles
         of rows over y (striding past 65,535): read along x's rows (coalesced), the bytes through a
@@ -193,14 +193,14 @@ def make_quantize(M: int, E: int, fmax: float):
         if tx == 0 and ty == 0 and total > 0:
             cuda.atomic.add(count, 0, total)
 
-    return k_quantize_v1, k_quantize_t_v1
+    return k_quantize, k_quantize_t
 
 
 _QUANTIZE = {}
 
 
 def kernels_of(fmt):
-    """(k_quantize_v1, k_quantize_t_v1) of a format (reference.fp8.Format), made once."""
+    """(k_quantize, k_quantize_t) of a format (reference.fp8.Format), made once."""
     if fmt.name not in _QUANTIZE:
         _QUANTIZE[fmt.name] = make_quantize(fmt.mantissa_bits, fmt.min_exponent, fmt.max_value)
     return _QUANTIZE[fmt.name]
@@ -211,12 +211,15 @@ def quantize(codes, stats, count, partial, x, fmt, transpose=False, ld=None, str
     """codes (uint8, flat) = x [R, C] quantized per tensor to fmt, as it lies ([R, ld], ld >= C) or
     transposed ([C, ld], ld >= R); ld: padded(C) or padded(R) unless given. stats (float32 [4]) =
     [descale, scale, amax, 0]; count (int32 [1]) = how many nonzero values underflowed; partial
-    (float32 [AMAX_BLOCKS]) the reduction's scratch. Returns the codes as a uint8 [rows, ld] view."""
+    (float32 [AMAX_BLOCKS]) the reduction's scratch. Returns the codes as a uint8 [rows, ld] view.
+    Launch: k_amax_partial, AMAX_BLOCKS blocks of THREADS; k_amax_final, one block; then k_quantize
+    (grid-stride, at most QUANT_BLOCKS blocks of THREADS) or k_quantize_t (a (T_TILE, T_ROWS) block
+    a T_TILE x T_TILE tile of x)."""
     R, C = x.shape
     rows, ld = (C, padded(R) if ld is None else ld) if transpose else (R, padded(C) if ld is None else ld)
     out = codes[:rows * ld]
-    k_amax_partial_v1[partial.shape[0], THREADS, stream](partial, x)
-    k_amax_final_v1[1, THREADS, stream](stats, count, partial, np.float32(fmt.max_value))
+    k_amax_partial[partial.shape[0], THREADS, stream](partial, x)
+    k_amax_final[1, THREADS, stream](stats, count, partial, np.float32(fmt.max_value))
     k_rows, k_t = kernels_of(fmt)
     if transpose:
         grid = (cdiv(C, T_TILE), min(cdiv(ld, T_TILE), T_GRID_Y))

@@ -160,7 +160,7 @@ def fp8_matmul(out, a, b, trans_a=False, trans_b=False, accumulate=False, fmt_a=
 @rung(24)
 def matmul_fp8(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block=None, stream=0):
     """out (+)= op(a) @ op(b) in FP8 E4M3 through cuBLASLt: each operand's amax, scale and bytes by
-    kernels/fp8.py (k_amax_partial_v1, k_amax_final_v1, k_quantize_v1 or k_quantize_t_v1), then the
+    kernels/fp8.py (k_amax_partial, k_amax_final, k_quantize or k_quantize_t), then the
     FP8 product with fp32 sums (work and block unused)."""
     fp8_matmul(out, a, b, trans_a, trans_b, accumulate, stream=stream)
 

@@ -9,29 +9,36 @@ Backward, xhat = (x - mean) * rstd, dxhat = dout * g:
     dx = rstd * (dxhat - mean_c(dxhat) - xhat * mean_c(dxhat * xhat))     per row
     dg += sum over rows of dout * xhat,  db += sum over rows of dout        per channel
 
-Versions of layernorm_bwd (the forward's v1 and v2 are its dx kernel's shapes, without the dg, db):
-    v1  k_layernorm_bwd_v1 (dx, a block per row) + k_layernorm_bwd_params_v1: one thread per
-        channel sums its whole column. Only C threads work (768 at 120M for 8192 rows: 2.2 ms a
-        call on an H200).
-    v2  the same dx kernel + k_layernorm_bwd_params_v2: RY threads share a column, each summing
-        every RY-th row, and meet in a fixed tree.
-    v3  v2 with k_layernorm_bwd_v2: RW rows a block of RW x TPR threads, one tree's barriers for
-        all of them (layernorm_fwd_v2 likewise).
-    v4  v3's dx kernel + the parameter sums in two stages: k_layernorm_bwd_params_v3 cuts the rows
-        into R chunks as well as the channels into blocks of CX, each block writing its chunk's
-        partial sums to a work buffer, and k_layernorm_bwd_params_sum_v1 adds the R partials of a
-        channel in chunk order into dg, db. v2 launches only cdiv(C, 32) blocks (12 at C = 384, 24
-        at C = 768): the GPU idles (0.0875 ms a call for 8192 rows on an H200, about 575 GB/s).
-        The engine's; it takes the split-K work buffer (free between the products). On the H200
-        a call takes 0.030 + 0.008 ms at C = 768 (docs/kernels.md, 2026-12-01).
-Versions of residual_layernorm_bwd (the residual add fused in, below): v1 with the params of v2;
-    v2 with the two-stage params of layernorm_bwd v4; v3, v2's bits with the row in registers and
-    stage 2's loads ahead of its adds; v4, v2's dx kernel with v3's stage 2; v5 (the engine's), v4's dx
-    with stage 1 of the params fused into its kernel (a partial sum per row block); v6, v5 writing
-    dx's bf16 copy too where given a uint16 d16 (what the bf16 products read next).
-    residual_layernorm_fwd v2: v1's bits with the row in registers. On the H200 the register rows
-    were no faster (forward) and slower (backward) than v1's re-reads, which the L2 serves; v3's
-    stage 2 took half of v1's time (docs/kernels.md).
+Two kinds of work, tiled differently. A row's statistics and dx are sums along the row: a block
+(or part of one) takes a row, its threads striding over the channels and meeting in a tree in
+shared memory. dg and db are sums down the columns, over all N rows: threads take channels, and
+the rows are cut among more threads (and blocks) so that enough of the GPU works on them.
+
+    the lessons' pair (layernorm_fwd, layernorm_bwd)
+        k_layernorm_fwd            a block per row; block_sum for the mean, then for the variance
+        k_layernorm_bwd            dx, a block per row; two block sums (the means of dxhat and dxhat xhat)
+        k_layernorm_bwd_params     dg, db: a thread per channel sums its whole column, in row order
+    the engine's (the recipes of andrea_numba/recipes.py)
+        k_layernorm_bwd_multirow   dx with RW rows a block of RW x TPR threads (rows_sum: one tree's
+                                   barriers for all of them)
+        k_layernorm_bwd_params_partial, k_layernorm_bwd_params_sum
+                                   dg, db in two stages: partial sums of chunks of rows, then the
+                                   chunks added in order (layernorm_bwd_params_two_stage)
+    the residual add fused with the LayerNorm after it (x + f, then its LayerNorm)
+        k_residual_layernorm_fwd        RW rows a block, the sum written as it is made
+        k_residual_layernorm_fwd_vec4   the same with 128-bit loads and stores, out in fp32 or bf16
+        k_residual_layernorm_bwd        dx = dresid + the LayerNorm's grad_input (and df = dx)
+        k_residual_layernorm_bwd_partials
+                                   the same dx, and each block's partial sums of dg, db, added by
+                                   k_layernorm_bwd_params_sum_tree
+        k_residual_layernorm_bwd_bf16   the same, also writing dx's bf16 copy for the bf16 products
+    (k_layernorm_bwd_params_tree, a block of CX x RY threads over all rows, gives the lessons'
+    residual_layernorm_bwd its dg, db; k_layernorm_bwd_params_sum_unroll4 is stage 2 with its loads
+    ahead, for residual_layernorm_bwd_two_stage, the fallback of the fused kernels.)
+
+No atomics: every sum has a fixed order that depends only on the shapes and the launch, so the
+same inputs give bit-identical outputs. The lab (lab/layernorm.py) holds the ladder: the other
+rungs, and what each one measured.
 """
 import math
 
@@ -39,13 +46,13 @@ import numpy as np
 
 from numba import cuda, float32
 
-from .common import (rung, ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, address, block_sum, blocks, cdiv, jit_as, nonneg,
+from .common import (rung, ELEMENTWISE_THREADS, MAX_BLOCK, SIMULATOR, address, block_sum, blocks, cdiv, nonneg,
                      wide_rows)
 from .ptx import bf16x2, load4_row, store4
 
 
 @cuda.jit
-def k_layernorm_fwd_v1(out, mean, rstd, x, g, b, eps):
+def k_layernorm_fwd(out, mean, rstd, x, g, b, eps):
     """One block per row; the block's threads stride over the C channels and meet in block_sum."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     row = cuda.blockIdx.x
@@ -69,7 +76,7 @@ def k_layernorm_fwd_v1(out, mean, rstd, x, g, b, eps):
 
 
 @cuda.jit
-def k_layernorm_bwd_v1(dx, dout, x, mean, rstd, g):
+def k_layernorm_bwd(dx, dout, x, mean, rstd, g):
     """grad_input: one block per row, two block sums (mean of dxhat and of dxhat * xhat)."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     row = cuda.blockIdx.x
@@ -91,7 +98,7 @@ def k_layernorm_bwd_v1(dx, dout, x, mean, rstd, g):
 
 
 @cuda.jit
-def k_layernorm_bwd_params_v1(dg, db, dout, x, mean, rstd):
+def k_layernorm_bwd_params(dg, db, dout, x, mean, rstd):
     """dg[c] += sum_rows dout * xhat, db[c] += sum_rows dout: one thread per channel c sums its
     column over all N rows, in row order. Consecutive threads read consecutive channels."""
     c = cuda.grid(1)
@@ -107,7 +114,7 @@ def k_layernorm_bwd_params_v1(dg, db, dout, x, mean, rstd):
     db[c] += sb
 
 
-# k_layernorm_bwd_params_v2's block: PARAM_CX channels x PARAM_RY row groups (RY a power of two)
+# k_layernorm_bwd_params_tree's block: PARAM_CX channels x PARAM_RY row groups (RY a power of two)
 PARAM_CX, PARAM_RY = (8, 2) if SIMULATOR else (32, 32)
 
 
@@ -143,8 +150,9 @@ def column_sums(dout, x, mean, rstd, start, end):
 
 
 @cuda.jit
-def k_layernorm_bwd_params_v2(dg, db, dout, x, mean, rstd):
-    """The same sums, a block of CX x RY threads over CX channels and all the rows (column_sums)."""
+def k_layernorm_bwd_params_tree(dg, db, dout, x, mean, rstd):
+    """dg[c] += sum over all rows of dout * xhat, db[c] += sum of dout: a block of CX x RY threads
+    over CX channels and all the rows (column_sums: RY threads a channel, meeting in a tree)."""
     g, b = column_sums(dout, x, mean, rstd, 0, x.shape[0])
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if cuda.threadIdx.y == 0 and c < x.shape[1]:
@@ -159,7 +167,7 @@ def k_layernorm_bwd_params_v2(dg, db, dout, x, mean, rstd):
 @blocks(gpu=(256, 64, 1024), sim=(4, 2))
 def layernorm_fwd(out, mean, rstd, x, g, b, eps, *, block, stream=0):
     """out, x [N, C]; mean, rstd [N]; g, b [C]. Launch: N blocks of `block` threads."""
-    k_layernorm_fwd_v1[x.shape[0], block, stream](out, mean, rstd, x, g, b, float32(eps))
+    k_layernorm_fwd[x.shape[0], block, stream](out, mean, rstd, x, g, b, float32(eps))
 
 
 @rung(1)
@@ -168,17 +176,17 @@ def layernorm_bwd(dx, dg, db, dout, x, mean, rstd, g, *, block, stream=0):
     """dx = grad_input (written); dg, db += parameter gradients. Launch: N blocks of `block`
     threads for dx; one thread per channel (128 per block, 8 in the simulator) for dg, db."""
     N, C = x.shape
-    k_layernorm_bwd_v1[N, block, stream](dx, dout, x, mean, rstd, g)
+    k_layernorm_bwd[N, block, stream](dx, dout, x, mean, rstd, g)
     threads = 8 if SIMULATOR else 128
-    k_layernorm_bwd_params_v1[cdiv(C, threads), threads, stream](dg, db, dout, x, mean, rstd)
+    k_layernorm_bwd_params[cdiv(C, threads), threads, stream](dg, db, dout, x, mean, rstd)
 
 
 # ---------------------------------------------------------------------------------------------
-# layernorm_fwd v2, layernorm_bwd v3: several rows a block. A row of C = 384 or 768 channels is
-# little work for a block of 256 threads, and every block_sum costs log2(256) = 8 barriers. Here a
-# block is RW rows x TPR threads (threadIdx.y = the row, threadIdx.x = the lane, TPR a power of
-# two): the rows share the barriers of one tree, each row summing in its own TPR slots of shared
-# memory. The same sums in a fixed order: deterministic.
+# Several rows a block. A row of C = 384 or 768 channels is little work for a block of 256
+# threads, and every block_sum costs log2(256) = 8 barriers. Here a block is RW rows x TPR threads
+# (threadIdx.y = the row, threadIdx.x = the lane, TPR a power of two): the rows share the barriers
+# of one tree, each row summing in its own TPR slots of shared memory. The same sums in a fixed
+# order: deterministic.
 
 @cuda.jit(device=True)
 def rows_sum(buf, val):
@@ -202,7 +210,7 @@ def rows_sum(buf, val):
 
 @cuda.jit(device=True)
 def normalise_row(buf, out, mean, rstd, x, g, b, eps, row, live, mu):
-    """The rest of k_layernorm_fwd_v1 for row `row` of x, given its mean mu: the variance pass
+    """The rest of k_layernorm_fwd for row `row` of x, given its mean mu: the variance pass
     (rows_sum), then out[row], mean[row], rstd[row], by this thread's TPR lanes. Every thread of
     the block calls it; a row past N (live False) adds zeros and writes nothing."""
     tx, nt = cuda.threadIdx.x, cuda.blockDim.x
@@ -242,8 +250,9 @@ def layernorm_row_grad(buf, dout, x, mean, rstd, g, row, live):
 
 
 @cuda.jit
-def k_layernorm_bwd_v2(dx, dout, x, mean, rstd, g):
-    """k_layernorm_bwd_v1 with RW rows a block (as k_layernorm_fwd_v2)."""
+def k_layernorm_bwd_multirow(dx, dout, x, mean, rstd, g):
+    """k_layernorm_bwd's dx with RW rows a block: row = blockIdx.x * RW + threadIdx.y, its TPR lanes
+    striding over the C channels (layernorm_row_grad, then dx)."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
     live = row < x.shape[0]
@@ -259,17 +268,17 @@ ROW_BLOCKS = dict(gpu=((32, 8), (32, 4), (64, 4), (128, 2)), sim=((4, 2), (2, 4)
 
 
 # ---------------------------------------------------------------------------------------------
-# dg, db in two stages (layernorm_bwd v4, residual_layernorm_bwd v2). k_layernorm_bwd_params_v2
-# has only cdiv(C, CX) blocks, one per CX channels: 12 at C = 384, 24 at C = 768. An H200 has 132
-# SMs and runs 264 blocks of 1024 threads at once, so 108 of its SMs (120 at C = 384) have nothing
-# to do while the busy ones each walk all 8192 rows (0.0875 ms a call, about 575 GB/s of 4.8 TB/s).
+# dg, db in two stages (layernorm_bwd_two_stage, residual_layernorm_bwd_two_stage). A block of CX
+# channels over all the rows (k_layernorm_bwd_params_tree) makes only cdiv(C, CX) blocks: 12 at
+# C = 384, 24 at C = 768. An H200 has 132 SMs and runs 264 blocks of 1024 threads at once, so 108
+# of its SMs (120 at C = 384) would have nothing to do while the busy ones each walk all 8192 rows.
 # More blocks need the rows cut too. The N rows are cut into R chunks of `rows` = cdiv(N, R)
 # consecutive rows (the last may be shorter): a grid of cdiv(C, CX) x R blocks.
 #
-#     stage 1, block (bx, chunk), threads (tx, ty) as in v2, c = bx * CX + tx:
+#     stage 1, block (bx, chunk), threads (tx, ty) as in k_layernorm_bwd_params_tree, c = bx * CX + tx:
 #         thread (tx, ty) sums rows chunk*rows + ty, + ty + RY, + ty + 2 RY, ... of its chunk, in
 #         order (a warp still reads CX = 32 consecutive channels of a row: coalesced); the RY sums
-#         of a channel meet in v2's fixed tree over ty, and the block WRITES (no atomics)
+#         of a channel meet in column_sums' fixed tree over ty, and the block WRITES (no atomics)
 #             part[0, chunk, c] = sum over the chunk's rows of dout * xhat
 #             part[1, chunk, c] = sum over the chunk's rows of dout
 #     stage 2, one thread per channel c:
@@ -278,7 +287,7 @@ ROW_BLOCKS = dict(gpu=((32, 8), (32, 4), (64, 4), (128, 2)), sim=((4, 2), (2, 4)
 #
 # part [2, R, C] is the front of the work buffer the launcher is given. Every sum has a fixed
 # order and R depends only on the shapes and the work buffer's size (param_chunks): deterministic.
-# The sums are grouped differently from v2's, so the last bits of dg, db differ from v2's.
+# The sums are grouped differently from k_layernorm_bwd_params_tree's: other last bits of dg, db.
 #
 # R: about PARAM_BLOCKS blocks in all (4 x 132 SMs: two full waves of the 264 resident blocks of
 # 1024 threads; 12 x 44 = 24 x 22 = 528 at C = 384 and 768), but at least PARAM_MIN_ROWS rows a
@@ -290,7 +299,7 @@ PARAM_BLOCKS, PARAM_MIN_ROWS = (4, 4) if SIMULATOR else (528, 128)
 
 
 def param_chunks(N: int, C: int, work_size: int) -> int:
-    """R, the row chunks of k_layernorm_bwd_params_v3 for N rows of C channels and a work buffer of
+    """R, the row chunks of k_layernorm_bwd_params_partial for N rows of C channels and a work buffer of
     work_size floats (see above): R = min(cdiv(PARAM_BLOCKS, cdiv(C, CX)), cdiv(N, PARAM_MIN_ROWS),
     work_size // 2C), at least 1; then the fewest chunks of the same length cdiv(N, R) (no empty
     chunk)."""
@@ -301,10 +310,10 @@ def param_chunks(N: int, C: int, work_size: int) -> int:
 
 
 @cuda.jit
-def k_layernorm_bwd_params_v3(part, dout, x, mean, rstd):
+def k_layernorm_bwd_params_partial(part, dout, x, mean, rstd):
     """Stage 1: part[0, chunk, c] = sum over the chunk's rows of dout * xhat, part[1, chunk, c] =
     sum of dout (written), chunk = blockIdx.y of R = part.shape[1], its rows chunk * rows up to
-    (chunk + 1) * rows, rows = cdiv(N, R). Within a block as k_layernorm_bwd_params_v2: thread
+    (chunk + 1) * rows, rows = cdiv(N, R). Within a block as k_layernorm_bwd_params_tree: thread
     (tx, ty) of channel c = blockIdx.x * CX + tx sums every RY-th row of the chunk from ty, in order,
     then a fixed tree over ty."""
     N, C = x.shape
@@ -319,7 +328,7 @@ def k_layernorm_bwd_params_v3(part, dout, x, mean, rstd):
 
 
 @cuda.jit
-def k_layernorm_bwd_params_sum_v1(dg, db, part):
+def k_layernorm_bwd_params_sum(dg, db, part):
     """Stage 2: dg[c] += part[0, 0, c] + ... + part[0, R-1, c], db[c] += part[1, 0, c] + ... +
     part[1, R-1, c], summed in chunk order 0, 1, ..., R-1 (one thread per channel c)."""
     c = cuda.grid(1)
@@ -338,24 +347,25 @@ def layernorm_bwd_params_two_stage(dg, db, work, dout, x, mean, rstd, stream=0, 
     """dg, db += the parameter gradients, the two stages above: R = param_chunks(N, C, work.size),
     part = work[:2 R C] seen as [2, R, C]; cdiv(C, CX) x R blocks of (CX, RY) threads, then
     cdiv(C, ELEMENTWISE_THREADS) blocks of ELEMENTWISE_THREADS. work: float32 [n], n >= 2 C.
-    stage2: the second stage's kernel (default k_layernorm_bwd_params_sum_v1; residual_layernorm_bwd
-    v3 and v4 pass k_layernorm_bwd_params_sum_v2, the same sums with its loads ahead)."""
+    stage2: the second stage's kernel (default k_layernorm_bwd_params_sum; residual_layernorm_bwd_two_stage
+    passes k_layernorm_bwd_params_sum_unroll4, the same sums with its loads ahead)."""
     N, C = x.shape
     R = param_chunks(N, C, work.shape[0])
     part = work[:2 * R * C].reshape(2, R, C)
-    k_layernorm_bwd_params_v3[(cdiv(C, PARAM_CX), R), (PARAM_CX, PARAM_RY), stream](part, dout, x, mean, rstd)
-    (stage2 or k_layernorm_bwd_params_sum_v1)[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
+    k_layernorm_bwd_params_partial[(cdiv(C, PARAM_CX), R), (PARAM_CX, PARAM_RY), stream](part, dout, x, mean, rstd)
+    (stage2 or k_layernorm_bwd_params_sum)[cdiv(C, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](dg, db, part)
 
 
 @rung(4)
 @blocks(**ROW_BLOCKS)
 def layernorm_bwd_two_stage(dx, dg, db, work, dout, x, mean, rstd, g, *, block, stream=0):
-    """v3's dx (k_layernorm_bwd_v2, block = (TPR, RW)) with dg, db in two stages
+    """dx = grad_input (written); dg, db += parameter gradients. dx by k_layernorm_bwd_multirow,
+    cdiv(N, RW) blocks of (TPR, RW) threads (block = (TPR, RW)); dg, db in two stages
     (layernorm_bwd_params_two_stage). work: float32 [n] scratch, at least 2 C floats (the engine
     passes its split-K buffer); its contents are overwritten."""
     N = x.shape[0]
     tpr, rw = block
-    k_layernorm_bwd_v2[cdiv(N, rw), (tpr, rw), stream](dx, dout, x, mean, rstd, g)
+    k_layernorm_bwd_multirow[cdiv(N, rw), (tpr, rw), stream](dx, dout, x, mean, rstd, g)
     layernorm_bwd_params_two_stage(dg, db, work, dout, x, mean, rstd, stream)
 
 
@@ -368,9 +378,9 @@ def layernorm_bwd_two_stage(dx, dg, db, work, dout, x, mean, rstd, g, *, block, 
 # grad_input, in one pass too.
 
 @cuda.jit
-def k_residual_layernorm_fwd_v1(resid, out, mean, rstd, x, f, g, b, eps):
+def k_residual_layernorm_fwd(resid, out, mean, rstd, x, f, g, b, eps):
     """resid = x + f, summed as it is written; then out = layernorm(resid) (normalise_row, mean
-    and rstd saved), RW rows of TPR lanes a block as k_layernorm_fwd_v2; each lane reads back only
+    and rstd saved), RW rows of TPR lanes a block (row = blockIdx.x * RW + threadIdx.y); each lane reads back only
     the resid elements it wrote itself."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
@@ -386,8 +396,8 @@ def k_residual_layernorm_fwd_v1(resid, out, mean, rstd, x, f, g, b, eps):
 
 
 @cuda.jit
-def k_residual_layernorm_bwd_v1(dx, df, dresid, dout, x, mean, rstd, g, write_df):
-    """dx = dresid + LayerNorm grad_input (as k_layernorm_bwd_v2), and df = dx when write_df
+def k_residual_layernorm_bwd(dx, df, dresid, dout, x, mean, rstd, g, write_df):
+    """dx = dresid + LayerNorm grad_input (as k_layernorm_bwd_multirow), and df = dx when write_df
     (the engine keeps one buffer for both). dx may be dresid itself: each element is read by the
     thread that then writes it."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
@@ -408,48 +418,33 @@ def k_residual_layernorm_bwd_v1(dx, df, dresid, dout, x, mean, rstd, g, write_df
 def residual_layernorm_fwd(resid, out, mean, rstd, x, f, g, b, eps, *, block, stream=0):
     """resid, out, x, f [N, C]; mean, rstd [N]; g, b [C]. cdiv(N, RW) blocks of (TPR, RW) threads."""
     tpr, rw = block
-    k_residual_layernorm_fwd_v1[cdiv(x.shape[0], rw), (tpr, rw), stream](resid, out, mean, rstd, x, f, g, b,
-                                                                         float32(eps))
+    k_residual_layernorm_fwd[cdiv(x.shape[0], rw), (tpr, rw), stream](resid, out, mean, rstd, x, f, g, b,
+                                                                      float32(eps))
 
 
 @rung(1)
 @blocks(**ROW_BLOCKS)
 def residual_layernorm_bwd(dx, df, dg, db, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
     """dx = dresid + grad_input of the LayerNorm (written; may be dresid itself) and df the same
-    (resid = x + f): give df = dx (the same array) to write it once; dg, db +=."""
+    (resid = x + f): give df = dx (the same array) to write it once; dg, db +=. Launch:
+    k_residual_layernorm_bwd, cdiv(N, RW) blocks of (TPR, RW) threads; k_layernorm_bwd_params_tree,
+    cdiv(C, PARAM_CX) blocks of (PARAM_CX, PARAM_RY) threads."""
     N, C = resid.shape
     tpr, rw = block
-    k_residual_layernorm_bwd_v1[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g,
-                                                                df is not dx)
-    k_layernorm_bwd_params_v2[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, resid, mean, rstd)
+    k_residual_layernorm_bwd[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g,
+                                                             df is not dx)
+    k_layernorm_bwd_params_tree[cdiv(C, PARAM_CX), (PARAM_CX, PARAM_RY), stream](dg, db, dout, resid, mean, rstd)
 
 
 # ---------------------------------------------------------------------------------------------
-# residual_layernorm v2 (forward) and v3 (backward): the row in registers.
-#
-# On the H200 (12M training step, 2026-12-01) the fused residual + LayerNorm kernels moved their
-# bytes at about 1.5 TB/s: v1's forward writes resid, then reads it back from memory twice (the
-# variance pass and the output pass), and the backward reads dout and x twice (the row sums, then
-# dx). Here a lane keeps its NPL = cdiv(C, TPR) values of the row in registers (a local array
-# the compiler keeps in registers: its indices are known when the loops are unrolled), loads
-# each input element once and writes each output element once:
-#     forward   read x, f; write resid, out           (v1: + two reads of resid)
-#     backward  read dresid, dout, x; write dx (df)   (v1: + a second read of dout and x)
-# The lanes visit the same channels in the same order (c = tx, tx + TPR, ...) and do the same
-# float32 operations as v1, so the row sums, the means and every output are v1's bits (the
-# harness and tests/test_layernorm_rows.py check it). One kernel is built per NPL (12 at C = 384,
-# 24 at C = 768 with TPR = 32).
-# Measured on the H200 (12M training step, Nsight Compute, a call): the forward 0.0334 ms against
-# v1's 0.0337, the backward's dx 0.0411 ms against v1's 0.0296. The re-reads come from L2 at no
-# visible cost, and the backward's two register arrays a lane cost more than they save: neither
-# is the engine's. They stay as the measured rung.
-
+# dg, db's second stage with its loads ahead: a thread of k_layernorm_bwd_params_sum waits on one
+# load per chunk, one after the other; here the loads of 4 chunks go out before their adds.
 
 @cuda.jit
-def k_layernorm_bwd_params_sum_v2(dg, db, part):
-    """k_layernorm_bwd_params_sum_v1's sums (chunk order 0, 1, ..., R-1: its bits) with the loads
-    of 4 chunks issued before their adds: v1's thread waits on one load per chunk, one after the
-    other (on the H200, 13 us a call for R = 44 at C = 384, longer than stage 1's 22 us)."""
+def k_layernorm_bwd_params_sum_unroll4(dg, db, part):
+    """Stage 2 as k_layernorm_bwd_params_sum: dg[c] += part[0, 0, c] + ... + part[0, R-1, c], db[c]
+    likewise, in chunk order 0, 1, ..., R-1 (its bits), one thread per channel c, with the loads of
+    4 chunks issued before their adds."""
     c = cuda.grid(1)
     if c >= part.shape[2]:
         return
@@ -477,35 +472,35 @@ def k_layernorm_bwd_params_sum_v2(dg, db, part):
     db[c] += sb
 
 
-# v4: v2's dx kernel (the H200 ran it faster than v3's register rows: 0.030 against 0.041 ms a
-# call in the 12M training step) with v3's stage 2 (0.0067 against 0.0134 ms). v2's bits.
 @rung(4)
 @blocks(**ROW_BLOCKS)
 def residual_layernorm_bwd_two_stage(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
-    """v2's result, bit for bit: k_residual_layernorm_bwd_v1's dx (and df), then dg, db in two
-    stages, the second k_layernorm_bwd_params_sum_v2. work: float32 [n] scratch, at least 2 C floats."""
+    """residual_layernorm_bwd's dx and df (k_residual_layernorm_bwd, cdiv(N, RW) blocks of (TPR, RW)
+    threads), then dg, db in two stages (layernorm_bwd_params_two_stage), the second
+    k_layernorm_bwd_params_sum_unroll4. work: float32 [n] scratch, at least 2 C floats. The fallback
+    of residual_layernorm_bwd_partials where work has no room for its partials."""
     N = resid.shape[0]
     tpr, rw = block
-    k_residual_layernorm_bwd_v1[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g,
-                                                                df is not dx)
-    layernorm_bwd_params_two_stage(dg, db, work, dout, resid, mean, rstd, stream, stage2=k_layernorm_bwd_params_sum_v2)
+    k_residual_layernorm_bwd[cdiv(N, rw), (tpr, rw), stream](dx, df, dresid, dout, resid, mean, rstd, g,
+                                                             df is not dx)
+    layernorm_bwd_params_two_stage(dg, db, work, dout, resid, mean, rstd, stream, stage2=k_layernorm_bwd_params_sum_unroll4)
 
 
-# residual_layernorm v3 (forward): v2's row in registers, read and written four channels at a time
-# (128-bit loads and stores), and the output written as bf16 where the model saves it so. On the
-# H200 at 120M (a profile of the training step) v1's forward took 0.062 ms a call for 8192 rows of 768:
-# 100 MB moved at 1.6 TB/s, a warp a row with one 4-byte load a lane at a time; with products bf16a
-# the output then went through an fp32 scratch and a copy kernel into its bf16 buffer (0.28 ms a
-# step). Here lane tx of a row holds channels 4 (tx + i TPR) .. + 3, i < NQ = cdiv(C, 4 TPR): x and
-# f read once as float4, resid written as float4, the mean and variance from the registers, out
-# written as float4 or, for a uint16 out (bf16 bit patterns, ties to even as round_into would
-# give), as two words of bf16 pairs. Other sums than v1's (each lane adds its four channels, then
-# the next four): other bits, the same math. Needs C % 4 == 0 and 16-byte aligned rows; otherwise
-# the launcher runs v1 (fp32 out only).
+# The fused forward four channels at a time (residual_layernorm_fwd_vec4, the bf16 recipes'). Lane
+# tx of a row keeps its channels in registers, 4 (tx + i TPR) .. + 3 for i < NQ = cdiv(C, 4 TPR):
+# x and f are read once as float4 and resid written as float4 (128-bit loads and stores: a warp
+# moves 512 bytes of a row at once), the mean and the variance come from the registers (resid is
+# never read back), and out is written as float4 or, for a uint16 out (bf16 bit patterns, rounded
+# to nearest, ties to even, as the products' operand copy rounds), as two words of bf16 pairs: the
+# bf16 LayerNorm output the products read, with no fp32 scratch and copy in between. Each lane
+# adds its four channels, then the next four: other sums than k_residual_layernorm_fwd's (other
+# last bits, the same math). It needs C % 4 == 0 and rows on 16-byte boundaries; otherwise the
+# launcher runs residual_layernorm_fwd (fp32 out only). One kernel is built per NQ (the size of
+# the register array).
 def _row4_kernel(NQ):
     NV = 4 * NQ                                     # a lane's values (a constant for the local array)
 
-    def k_residual_layernorm_fwd(resid, out, out_words, mean, rstd, x, f, g, b, eps, half):
+    def k_residual_layernorm_fwd_vec4(resid, out, out_words, mean, rstd, x, f, g, b, eps, half):
         """resid = x + f, out = layernorm(resid) (fp32 into out, or when half bf16 into out_words: the
         uint16 out seen as int32 [N, C/2]), mean and rstd saved; lane tx of row threadIdx.y holds
         resid[row, 4 (tx + i TPR) + j] in v[4 i + j]."""
@@ -551,14 +546,14 @@ def _row4_kernel(NQ):
             if tx == 0:
                 mean[row] = mu
                 rstd[row] = r
-    return jit_as(k_residual_layernorm_fwd, 3)
+    return cuda.jit(k_residual_layernorm_fwd_vec4)
 
 
-_ROW4_KERNELS = {}      # NQ -> k_residual_layernorm_fwd_v3
+_ROW4_KERNELS = {}      # NQ -> k_residual_layernorm_fwd_vec4
 
 
 def fits_vec4(resid, out, x, f) -> bool:
-    """Whether k_residual_layernorm_fwd_v3 can take these arrays: rows of whole 16-byte chunks (an fp32
+    """Whether k_residual_layernorm_fwd_vec4 can take these arrays: rows of whole 16-byte chunks (an fp32
     out too), a uint16 out C-contiguous on an 8-byte boundary."""
     if out.dtype == np.uint16:
         return wide_rows(resid, x, f) and out.shape[1] % 4 == 0 and address(out) % 8 == 0 and \
@@ -569,9 +564,10 @@ def fits_vec4(resid, out, x, f) -> bool:
 @rung(3)
 @blocks(**ROW_BLOCKS)
 def residual_layernorm_fwd_vec4(resid, out, mean, rstd, x, f, g, b, eps, *, block, stream=0):
-    """v2 with four channels a load and store (k_residual_layernorm_fwd_v3); out float32, or uint16
-    (the bf16 bit patterns, ties to even). cdiv(N, RW) blocks of (TPR, RW) threads. Rows that are not
-    whole 16-byte chunks: v1 (fp32 out only)."""
+    """resid = x + f, out = layernorm(resid), mean, rstd saved, four channels a load and store
+    (k_residual_layernorm_fwd_vec4); out float32, or uint16 (the bf16 bit patterns, ties to even).
+    cdiv(N, RW) blocks of (TPR, RW) threads. Rows that are not whole 16-byte chunks:
+    residual_layernorm_fwd (fp32 out only)."""
     N, C = x.shape
     tpr, rw = block
     half = out.dtype == np.uint16
@@ -587,46 +583,47 @@ def residual_layernorm_fwd_vec4(resid, out, mean, rstd, x, f, g, b, eps, *, bloc
 
 
 # ---------------------------------------------------------------------------------------------
-# residual_layernorm_bwd v5: stage 1 of the parameter sums fused into the dx kernel.
-#
-# On the H200 at 120M (8192 rows of C = 768, block (32, 8)) v4 takes, a call,
-# k_residual_layernorm_bwd_v1 0.053 ms + k_layernorm_bwd_params_v3 0.029 ms + stage 2 0.005 ms;
-# 24 calls a training step, 2.1 ms in all. Stage 1 reads dout and x again (50 MB) right after the
-# dx kernel read them. Here the dx kernel's block, RW rows of TPR lanes, sums its own rows too:
+# The fused backward with stage 1 of the parameter sums inside the dx kernel
+# (residual_layernorm_bwd_partials, the engine's). The two-stage sums read dout and x again (50 MB
+# at 120M) right after the dx kernel read them; here the dx kernel's block, RW rows of TPR lanes,
+# sums its own rows too:
 #
 #     part[0, blk, c] = sum over the block's rows of dout * xhat    (xhat = (x - mean) rstd)
 #     part[1, blk, c] = sum over the block's rows of dout           blk = blockIdx.x, R = cdiv(N, RW)
 #
 # The channels go in windows of W = TPR * RW (the block's threads; 256 at (32, 8)). In a window the
-# lanes of row ty compute dx as v1 does (the same float32 expression: v1's dx and df, bit for bit)
-# and leave dout * xhat and dout of each of their channels in shared memory, [RW, W] a sum; after
-# a barrier thread t = ty * TPR + tx adds channel c0 + t over the block's live rows in row order
-# and writes part; a second barrier frees the buffers for the next window (3 windows, 6 barriers at
-# C = 768). dout and x are read as often as in v1 (the row sums, then dx); the 50 MB of stage 1 go.
-# Shared memory: 2 x 8 KB for the windows (sized for the largest RW x W of ROW_BLOCKS) besides
-# v1's 4 KB; 32 registers a thread (v1: 40; ptxas for sm_90): 8 blocks of 256 threads an SM.
+# lanes of row ty compute dx as k_residual_layernorm_bwd does (the same float32 expression: its dx
+# and df, bit for bit) and leave dout * xhat and dout of each of their channels in shared memory,
+# [RW, W] a sum; after a barrier thread t = ty * TPR + tx adds channel c0 + t over the block's live
+# rows in row order and writes part; a second barrier frees the buffers for the next window (3
+# windows, 6 barriers at C = 768). dout and x are read as often as in k_residual_layernorm_bwd (the
+# row sums, then dx); stage 1's second reading of them is gone. Shared memory: 2 x 8 KB for the
+# windows (PARTIALS_WINDOW floats each, sized for the largest RW x W of ROW_BLOCKS) besides
+# rows_sum's 4 KB. The indices go through nonneg (common.py): without them the loop of windows
+# around the loop of channels needs more than twice the registers (lab/layernorm.py).
 #
-# Stage 2 then adds R = 1024 partials a channel (8192 / 8), not v4's 22: one thread per channel
-# (k_layernorm_bwd_params_sum_v2) would wait on 256 rounds of 4 loads. k_layernorm_bwd_params_sum_v3
-# gives a channel RY threads: thread (tx, ty) adds chunks ty, ty + RY, ... in order (four loads
-# ahead of their adds), the RY sums meet in column_sums' fixed tree over ty; blockIdx.y picks dg or
-# db (cdiv(C, CX) x 2 blocks of CX x RY = 32 x 32 threads: 48 at C = 768, 32 chunks a thread).
-# (v4's stage 2 took 0.0066 ms for R = 44 at 12M on the H200: 11 rounds.) v5 is not yet timed on a GPU.
+# Stage 2 then adds R = cdiv(N, RW) partials a channel (1024 at 120M: 8192 rows / 8), too many for a
+# thread a channel. k_layernorm_bwd_params_sum_tree gives a channel RY threads: thread (tx, ty) adds
+# chunks ty, ty + RY, ... in order (four loads ahead of their adds), the RY sums meet in
+# column_sums' fixed tree over ty; blockIdx.y picks dg or db (cdiv(C, CX) x 2 blocks of CX x RY =
+# 32 x 32 threads: 48 at C = 768, 32 chunks a thread).
 # Every sum in a fixed order, no atomics: deterministic. dg, db are summed in another grouping
-# than v4's (rows by blocks of RW, then a tree): other last bits, the same sums.
+# than the two-stage sums' (rows by blocks of RW, then a tree): other last bits, the same sums.
 # The partials need 2 R C floats of the work buffer (1.6 M at 120M; the split-K buffer holds
-# 18.9 M); with less, or a block larger than the window buffers, the launcher runs v4.
-V5_WINDOW = max(tpr * rw * rw for tpr, rw in ROW_BLOCKS["sim" if SIMULATOR else "gpu"])   # RW x W floats
+# 18.9 M); with less, or a block larger than the window buffers, the launcher runs
+# residual_layernorm_bwd_two_stage.
+PARTIALS_WINDOW = max(tpr * rw * rw for tpr, rw in ROW_BLOCKS["sim" if SIMULATOR else "gpu"])   # RW x W floats
 
 
 @cuda.jit(device=True)
 def residual_layernorm_bwd_rows(dx, df, part, d16, dresid, dout, x, mean, rstd, g, write_df, write_d16):
-    """The body of k_residual_layernorm_bwd_v5 (its docstring) and _v6: the same statements, and
-    when write_d16 (a constant of each kernel) the bf16 bits of each dx value into d16 as it is
-    written. v5 passes False (and dx for d16): the store compiles away, v5's PTX is what it was."""
+    """The body of k_residual_layernorm_bwd_partials (its docstring) and k_residual_layernorm_bwd_bf16:
+    the same statements, and when write_d16 (a constant of each kernel) the bf16 bits of each dx
+    value into d16 as it is written. k_residual_layernorm_bwd_partials passes False (and dx for
+    d16): the store compiles away."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
-    pg = cuda.shared.array(V5_WINDOW, float32)       # [RW, W]: dout * xhat of the window, a row a line
-    pb = cuda.shared.array(V5_WINDOW, float32)       # [RW, W]: dout
+    pg = cuda.shared.array(PARTIALS_WINDOW, float32)       # [RW, W]: dout * xhat of the window, a row a line
+    pb = cuda.shared.array(PARTIALS_WINDOW, float32)       # [RW, W]: dout
     tx, ty = nonneg(cuda.threadIdx.x), nonneg(cuda.threadIdx.y)
     tpr, rw, blk = nonneg(cuda.blockDim.x), nonneg(cuda.blockDim.y), nonneg(cuda.blockIdx.x)
     N, C = x.shape
@@ -644,7 +641,7 @@ def residual_layernorm_bwd_rows(dx, df, part, d16, dresid, dout, x, mean, rstd, 
         if live and c < C:
             d = dout[row, c]
             xhat = (x[row, c] - mu) * r
-            v = dresid[row, c] + r * (d * g[c] - m1 - xhat * m2)        # v1's dx
+            v = dresid[row, c] + r * (d * g[c] - m1 - xhat * m2)        # k_residual_layernorm_bwd's dx
             dx[row, c] = v
             if write_df:
                 df[row, c] = v
@@ -670,19 +667,18 @@ def residual_layernorm_bwd_rows(dx, df, part, d16, dresid, dout, x, mean, rstd, 
 
 
 @cuda.jit
-def k_residual_layernorm_bwd_v5(dx, df, part, dresid, dout, x, mean, rstd, g, write_df):
-    """k_residual_layernorm_bwd_v1 (dx, and df when write_df; dx may be dresid itself) and the
+def k_residual_layernorm_bwd_partials(dx, df, part, dresid, dout, x, mean, rstd, g, write_df):
+    """k_residual_layernorm_bwd's dx (and df when write_df; dx may be dresid itself) and the
     block's partial parameter sums part[0, blockIdx.x, c] (dout * xhat) and part[1, blockIdx.x, c]
     (dout) over its RW rows, by windows of W = TPR * RW channels (the comment above). Lane tx of
-    row ty takes channel c = tx + j TPR at step j, as v1; a window is RW steps (the last may be
-    shorter), its slot s = j mod RW. The steps are the same for every lane (cdiv(C, TPR)): the
-    barriers meet. Indices through nonneg: a loop of windows around a loop of channels held 72
-    registers a thread (v1: 40), this one 32 (ptxas, sm_90)."""
+    row ty takes channel c = tx + j TPR at step j, as k_residual_layernorm_bwd; a window is RW
+    steps (the last may be shorter), its slot s = j mod RW. The steps are the same for every lane
+    (cdiv(C, TPR)): the barriers meet."""
     residual_layernorm_bwd_rows(dx, df, part, dx, dresid, dout, x, mean, rstd, g, write_df, False)
 
 
 @cuda.jit
-def k_layernorm_bwd_params_sum_v3(dg, db, part):
+def k_layernorm_bwd_params_sum_tree(dg, db, part):
     """Stage 2 for many chunks: dg[c] += sum over k of part[0, k, c] (blockIdx.y = 0), db[c] += sum
     of part[1, k, c] (blockIdx.y = 1). Thread (tx, ty) of channel c = blockIdx.x * CX + tx adds
     chunks ty, ty + RY, ty + 2 RY, ... in order, four loads ahead of their adds; then the RY sums
@@ -723,52 +719,55 @@ def k_layernorm_bwd_params_sum_v3(dg, db, part):
 @rung(5)
 @blocks(**ROW_BLOCKS)
 def residual_layernorm_bwd_partials(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, block, stream=0):
-    """v4's dx and df, bit for bit (k_residual_layernorm_bwd_v5, cdiv(N, RW) blocks of (TPR, RW)
-    threads, also writing each block's partial sums), then dg, db += the partials' sums
-    (k_layernorm_bwd_params_sum_v3). work: float32 [n] scratch, 2 cdiv(N, RW) C floats (else v4)."""
+    """residual_layernorm_bwd's dx and df, bit for bit (k_residual_layernorm_bwd_partials, cdiv(N, RW)
+    blocks of (TPR, RW) threads, also writing each block's partial sums), then dg, db += the
+    partials' sums (sum_partials). work: float32 [n] scratch, 2 cdiv(N, RW) C floats; with less
+    (or a block too large for the window buffers), residual_layernorm_bwd_two_stage."""
     part = fused_partials(work, resid.shape, block)
     if part is None:
         return residual_layernorm_bwd_two_stage(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, block=block,
-                                         stream=stream)
-    k_residual_layernorm_bwd_v5[part.shape[1], block, stream](dx, df, part, dresid, dout, resid, mean, rstd, g,
-                                                              df is not dx)
+                                                stream=stream)
+    k_residual_layernorm_bwd_partials[part.shape[1], block, stream](dx, df, part, dresid, dout, resid, mean, rstd, g,
+                                                                    df is not dx)
     sum_partials(dg, db, part, stream)
 
 
 def fused_partials(work, shape, block):
-    """part [2, R, C] (R = cdiv(N, RW)) at the front of work for the fused kernels (v5, v6), or None
-    where work has no room for a partial sum per row block or the window buffers are too small for
-    this block: then v4's kernels run, whose two-stage params need only 2 C floats of work."""
+    """part [2, R, C] (R = cdiv(N, RW)) at the front of work for the fused kernels
+    (k_residual_layernorm_bwd_partials, _bf16), or None where work has no room for a partial sum per
+    row block or the window buffers are too small for this block: then residual_layernorm_bwd_two_stage
+    runs, whose two-stage params need only 2 C floats of work."""
     (N, C), (tpr, rw) = shape, block
     R = cdiv(N, rw)
-    if work.shape[0] < 2 * R * C or tpr * rw * rw > V5_WINDOW:
+    if work.shape[0] < 2 * R * C or tpr * rw * rw > PARTIALS_WINDOW:
         return None
     return work[:2 * R * C].reshape(2, R, C)
 
 
 def sum_partials(dg, db, part, stream):
-    """Stage 2 of v5 and v6: dg, db += the sums of the R partials (k_layernorm_bwd_params_sum_v3)."""
-    k_layernorm_bwd_params_sum_v3[(cdiv(part.shape[2], PARAM_CX), 2), (PARAM_CX, PARAM_RY), stream](dg, db, part)
+    """Stage 2 of the fused kernels: dg, db += the sums of the R partials (k_layernorm_bwd_params_sum_tree,
+    cdiv(C, PARAM_CX) x 2 blocks of (PARAM_CX, PARAM_RY) threads)."""
+    k_layernorm_bwd_params_sum_tree[(cdiv(part.shape[2], PARAM_CX), 2), (PARAM_CX, PARAM_RY), stream](dg, db, part)
 
 
 # ---------------------------------------------------------------------------------------------
-# residual_layernorm_bwd v6: v5 writing dx's bf16 copy too. In the engine dx is the residual
-# stream's gradient d_resid, which two bf16 products read next (the block below's attn_out or MLP
-# backward: dW = a^T @ d_resid and da = d_resid @ W^T); with bf16 products their operand copy
-# (cublaslt.round_into: k_round_bf16_v2) reads it back and rounds it, a pass of [N, C] fp32 in and
-# bf16 out. v6 takes an optional d16 (uint16 [N, C]) and stores bf16(dx) there as it stores dx: one
+# The fused backward writing dx's bf16 copy too (residual_layernorm_bwd_bf16, the bf16-hopper
+# recipe's). In the engine dx is the residual stream's gradient d_resid, which two bf16 products
+# read next (the block below's attn_out or MLP backward: dW = a^T @ d_resid and da = d_resid @ W^T);
+# their operand copy (cublaslt.round_into) would read it back and round it, a pass of [N, C] fp32
+# in and bf16 out. Given d16 (uint16 [N, C]) the kernel stores bf16(dx) there as it stores dx: one
 # cvt.rn.bf16x2.f32 (ties to even, as the copy rounds; ptx.bf16x2, its low half) and a 16-bit store
 # a value, consecutive lanes on consecutive channels (a warp's 64 bytes of a row: coalesced). The
-# same statements as v5 otherwise (residual_layernorm_bwd_rows): dx, df, dg, db are v5's bits.
-# The store is chosen when the kernel is compiled: k_residual_layernorm_bwd_v6 always writes d16,
-# and without d16 the launcher runs v5, whose kernel is the same statements with the store compiled
-# out. (A kernel argument switching it held 36 registers a thread, this kernel 32 as v5: ptxas,
-# sm_90; at 36, 6 blocks of 256 threads an SM instead of 8.) With no room in work for the partials
-# (v5 then runs v4's kernels) it takes no d16.
+# same statements as k_residual_layernorm_bwd_partials otherwise (residual_layernorm_bwd_rows): dx,
+# df, dg, db are its bits. The store is chosen when the kernel is compiled (a kernel argument
+# switching it would cost registers, and so resident blocks: lab/layernorm.py):
+# k_residual_layernorm_bwd_bf16 always writes d16, and without d16 the launcher runs
+# residual_layernorm_bwd_partials, whose kernel is the same statements with the store compiled out.
+# With no room in work for the partials (the two-stage fallback) it takes no d16.
 
 @cuda.jit
-def k_residual_layernorm_bwd_v6(dx, df, part, d16, dresid, dout, x, mean, rstd, g, write_df):
-    """k_residual_layernorm_bwd_v5 (its math: xhat = (x - mean) rstd, dxhat = dout g,
+def k_residual_layernorm_bwd_bf16(dx, df, part, d16, dresid, dout, x, mean, rstd, g, write_df):
+    """k_residual_layernorm_bwd_partials (its math: xhat = (x - mean) rstd, dxhat = dout g,
         dx = dresid + rstd (dxhat - mean_c(dxhat) - xhat mean_c(dxhat xhat)),
     df = dx when write_df, part[0, blk, c] = sum over the block's rows of dout xhat and part[1, blk, c]
     of dout), and d16[row, c] = the bf16 bit pattern of dx[row, c], rounded to nearest, ties to even
@@ -780,16 +779,17 @@ def k_residual_layernorm_bwd_v6(dx, df, part, d16, dresid, dout, x, mean, rstd, 
 @rung(6)
 @blocks(**ROW_BLOCKS)
 def residual_layernorm_bwd_bf16(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, *, d16=None, block, stream=0):
-    """v5 (dx, df, dg, db: its bits); d16: None (then v5 itself runs), or uint16 [N, C] receiving
-    bf16(dx) (ties to even) from k_residual_layernorm_bwd_v6. d16 needs v5's room in work: 2 cdiv(N, RW) C."""
+    """residual_layernorm_bwd_partials (dx, df, dg, db: its bits, its launch); d16: None (then
+    residual_layernorm_bwd_partials itself runs), or uint16 [N, C] receiving bf16(dx) (ties to even)
+    from k_residual_layernorm_bwd_bf16. d16 needs the partials' room in work: 2 cdiv(N, RW) C."""
     if d16 is None:
         return residual_layernorm_bwd_partials(dx, df, dg, db, work, dresid, dout, resid, mean, rstd, g, block=block,
-                                         stream=stream)
+                                               stream=stream)
     part = fused_partials(work, resid.shape, block)
     assert part is not None, "residual_layernorm_bwd_bf16 writes d16 only with work for its partials (2 cdiv(N, RW) C)"
     assert d16.dtype == np.uint16 and d16.shape == resid.shape, "d16: uint16 [N, C]"
-    k_residual_layernorm_bwd_v6[part.shape[1], block, stream](dx, df, part, d16, dresid, dout, resid, mean, rstd, g,
-                                                              df is not dx)
+    k_residual_layernorm_bwd_bf16[part.shape[1], block, stream](dx, df, part, d16, dresid, dout, resid, mean, rstd, g,
+                                                                df is not dx)
     sum_partials(dg, db, part, stream)
 
 

@@ -1,6 +1,6 @@
 """The optimiser step: k_grad_norm_partial, k_grad_norm_final, k_grad_scale, k_adamw, k_zero.
 NumPy twin: reference/optim.py (grad_norm, grad_scale, adamw, zero: the same names and arguments;
-adamw_zero for AdamW's version 2).
+adamw_zero for the engine's adamw, whose scalars come from the device).
 
 Every vector is the flat parameter layout of andrea_numba.layout: n_params float32 elements
 (params, grads, Adam's m and v), plus a uint8 decay mask (1 on the 2-D tensors).
@@ -17,14 +17,14 @@ Every vector is the flat parameter layout of andrea_numba.layout: n_params float
 AdamW takes the trainer's stats buffer [loss, norm] too and skips the whole update, on the device,
 when either is NaN or infinite (a diverged step is not applied; the trainer then stops).
 
-Three AdamW versions. v1 gets the learning rate and the bias corrections from the host, as
-arguments of its launch. v2 reads them from a device array hyper = [lr, bc1, bc2]
-(twin: reference.adamw_zero, scalars from reference.adamw_hyper) and clears each gradient
-element after its use, so the step needs no k_zero launch of its own. A kernel's host arguments
-are frozen into a CUDA graph when it is captured; values in device memory are read when the
-graph runs, so the trainer writes hyper before each replay and one captured step serves them all.
-v3 (the engine's) is v2's step and bits with every load before a store, one element a thread:
-2.4x faster than v2 on the H200 (below).
+Two AdamW launchers. adamw_grid_stride (k_adamw_grid_stride) gets the learning rate and the bias
+corrections from the host, as arguments of its launch. adamw (k_adamw, the trainer's) reads them
+from a device array hyper = [lr, bc1, bc2] (twin: reference.adamw_zero, scalars from
+reference.adamw_hyper) and clears each gradient element after its use, so the step needs no k_zero
+launch of its own. A kernel's host arguments are frozen into a CUDA graph when it is captured;
+values in device memory are read when the graph runs, so the trainer writes hyper before each
+replay and one captured step serves them all. k_adamw takes one element a thread, all its loads
+before its first store (the comment above it).
 
 Determinism: the norm is a two-stage reduction over a FIXED grid (NORM_BLOCKS blocks of
 `block` threads, whatever n is). Thread (b, t) sums its strided subset i = b*nt + t,
@@ -62,7 +62,7 @@ def _stride_grid(n, threads):
 # Global gradient norm
 
 @cuda.jit
-def k_grad_norm_partial_v1(partial, grads):
+def k_grad_norm_partial(partial, grads):
     """partial[b] = sum over i in block b's subset of grads_i^2.
 
     Launch: NORM_BLOCKS blocks (fixed, independent of n) of a power-of-two number of threads. Thread t of
@@ -83,7 +83,7 @@ def k_grad_norm_partial_v1(partial, grads):
 
 
 @cuda.jit
-def k_grad_norm_final_v1(norm, partial):
+def k_grad_norm_final(norm, partial):
     """norm[0] = sqrt(sum_b partial[b]).
 
     Launch: 1 block x NORM_FINAL_THREADS threads. Thread t sums partial[t], partial[t + nt], ...
@@ -105,15 +105,15 @@ def grad_norm(norm, partial, grads, *, block, stream=0):
     grads: float32 [n]. Two launches: NORM_BLOCKS blocks of `block` threads (a power of two; the
     summation order depends on it and on n only), then one block. The result stays on the device."""
     assert partial.shape[0] == NORM_BLOCKS, f"partial needs {NORM_BLOCKS} elements, has {partial.shape[0]}"
-    k_grad_norm_partial_v1[NORM_BLOCKS, block, stream](partial, grads)
-    k_grad_norm_final_v1[1, NORM_FINAL_THREADS, stream](norm, partial)
+    k_grad_norm_partial[NORM_BLOCKS, block, stream](partial, grads)
+    k_grad_norm_final[1, NORM_FINAL_THREADS, stream](norm, partial)
 
 
 # ---------------------------------------------------------------------------------------------
 # Clip and scale
 
 @cuda.jit
-def k_grad_scale_v1(grads, norm, max_norm, scale):
+def k_grad_scale(grads, norm, max_norm, scale):
     """grads_i *= scale * clip, clip = max_norm / norm[0] if max_norm > 0 and norm[0] > max_norm
     else 1 (reference.grad_scale; a NaN norm does not clip, as in the twin). Every thread
     computes clip itself from norm[0], so no host round trip. Grid-stride, one thread per element."""
@@ -131,8 +131,8 @@ def k_grad_scale_v1(grads, norm, max_norm, scale):
 def grad_scale(grads, norm, max_norm, scale, *, block, stream=0):
     """grads *= scale * clip(norm[0], max_norm). max_norm = 0: plain scaling by `scale`.
     Launch: grid-stride, min(cdiv(n, block), 4096) blocks of `block` threads (simulator: <= 2 blocks)."""
-    k_grad_scale_v1[_stride_grid(grads.shape[0], block), block, stream](grads, norm, float32(max_norm),
-                                                                          float32(scale))
+    k_grad_scale[_stride_grid(grads.shape[0], block), block, stream](grads, norm, float32(max_norm),
+                                                                       float32(scale))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ def finite_step(stats):
 @cuda.jit(device=True)
 def adamw_element(params, m, v, decay, i, g, lr, beta1, beta2, one_m_beta1, one_m_beta2, bc1, bc2, eps,
                   weight_decay):
-    """Element i's AdamW update with gradient g (the formulas of k_adamw_v1's docstring)."""
+    """Element i's AdamW update with gradient g (the formulas of k_adamw_grid_stride's docstring)."""
     mi = beta1 * m[i] + one_m_beta1 * g
     vi = beta2 * v[i] + one_m_beta2 * (g * g)
     m[i] = mi
@@ -160,8 +160,8 @@ def adamw_element(params, m, v, decay, i, g, lr, beta1, beta2, one_m_beta1, one_
 
 
 @cuda.jit
-def k_adamw_v1(params, grads, m, v, decay, stats, lr, beta1, beta2, one_m_beta1, one_m_beta2,
-            bc1, bc2, eps, weight_decay):
+def k_adamw_grid_stride(params, grads, m, v, decay, stats, lr, beta1, beta2, one_m_beta1, one_m_beta2,
+                        bc1, bc2, eps, weight_decay):
     """One AdamW step, in place, one thread per element i (grid-stride):
         m_i = beta1 m_i + (1 - beta1) g_i          v_i = beta2 v_i + (1 - beta2) g_i^2
         m_hat = m_i / bc1, bc1 = 1 - beta1^t       v_hat = v_i / bc2, bc2 = 1 - beta2^t
@@ -188,38 +188,37 @@ def adamw_grid_stride(params, grads, m, v, decay, t, lr, beta1, beta2, eps, weig
     bc1 = 1.0 - float(beta1) ** int(t)       # float64 on the host, then float32
     bc2 = 1.0 - float(beta2) ** int(t)
     f = np.float32
-    k_adamw_v1[_stride_grid(params.shape[0], block), block, stream](params, grads, m, v, decay, stats, f(lr),
+    k_adamw_grid_stride[_stride_grid(params.shape[0], block), block, stream](params, grads, m, v, decay, stats, f(lr),
                                      f(beta1), f(beta2), f(1.0 - float(beta1)), f(1.0 - float(beta2)),
                                      f(bc1), f(bc2), f(eps), f(weight_decay))
 
 
 def _launch_hyper(kernel, grid, block, stream, params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay,
                   stats):
-    """Launch an AdamW kernel that reads [lr, bc1, bc2] from the device (v2, v3), the host's
-    constants as float32."""
+    """Launch an AdamW kernel that reads [lr, bc1, bc2] from the device (k_adamw, and the lab's
+    rung 2), the host's constants as float32."""
     assert hyper.dtype == np.float32 and hyper.shape[0] >= 3, "hyper: float32 [lr, bc1, bc2] on the device"
     f = np.float32
     kernel[grid, block, stream](params, grads, m, v, decay, hyper, stats, f(beta1), f(beta2), f(1.0 - float(beta1)),
                                 f(1.0 - float(beta2)), f(eps), f(weight_decay))
 
 
-# v3: v2's arithmetic with every load of an element before any store, one element a thread. On the
-# H200 (12M, 12.7M parameters) v2 took 0.69 ms, about 0.6 TB/s, where k_grad_scale_v1 moves the
-# same vectors at 3 TB/s. In v2's PTX the loads of p and the decay flag come after the stores of
-# g, m and v (the compiler may not move a load above a store to an array that might be the same
-# memory), so each element waits for memory twice, and a capped grid-stride loop of 12 elements
-# a thread puts those waits one after the other. v3 reads g, m, v, p and the flag first, then
-# computes and stores, and launches a thread for every element (no cap): one wait an element,
-# all of a block's in flight together. The same float32 operations: v2's bits. Measured on the H200
-# (lab/bench/kernels.py adamw_zero, block 256): 12M 0.68 -> 0.29 ms (0.54 -> 1.29 TB/s); 120M 6.31 -> 2.76 ms.
+# k_adamw: one element a thread, every load of the element before any store. The compiler may not
+# move a load above a store to an array that might be the same memory, so an update written in the
+# order of the formulas (store g, m, v, then load p and the decay flag) waits for memory twice an
+# element, and a grid-stride loop of several elements a thread puts those waits one after the other.
+# Here g, m, v, p and the flag are read first, then computed and stored, and a thread is launched
+# for every element (no capped grid): one wait an element, all of a block's in flight together.
 @cuda.jit
-def k_adamw_v3(params, grads, m, v, decay, hyper, stats, beta1, beta2, one_m_beta1, one_m_beta2, eps,
-               weight_decay):
-    """k_adamw_v2's step for element i = the thread's index (one element a thread):
+def k_adamw(params, grads, m, v, decay, hyper, stats, beta1, beta2, one_m_beta1, one_m_beta2, eps,
+            weight_decay):
+    """One AdamW step for element i = the thread's index (one element a thread), with lr = hyper[0],
+    bc1 = hyper[1], bc2 = hyper[2] read from the device, then the gradient cleared:
         m_i = beta1 m_i + (1 - beta1) g_i          v_i = beta2 v_i + (1 - beta2) g_i^2
         p_i = p_i - lr (m_i / bc1 / (sqrt(v_i / bc2) + eps) + weight_decay * decay_i * p_i)
         g_i = 0
-    with every load (stats, hyper, g, m, v, p, decay) before the first store."""
+    with every load (stats, hyper, g, m, v, p, decay) before the first store. Divergence guard as
+    k_adamw_grid_stride's, except that the gradient is cleared on either path."""
     i = cuda.grid(1)
     if i >= params.shape[0]:
         return
@@ -239,9 +238,11 @@ def k_adamw_v3(params, grads, m, v, decay, hyper, stats, beta1, beta2, one_m_bet
 @rung(3)
 @blocks(**STRIDE_BLOCKS)
 def adamw(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay, stats, *, block, stream=0):
-    """adamw_v2's step (its arguments, its bits) with k_adamw_v3: cdiv(n, block) blocks of
-    `block` threads, one element a thread."""
-    _launch_hyper(k_adamw_v3, cdiv(params.shape[0], block), block, stream, params, grads, m, v, decay, hyper,
+    """AdamW step over the flat vectors params, m, v (updated in place), then grads = 0. hyper:
+    float32 [3] on the device, [lr, bc1, bc2] of this step (reference.adamw_hyper); stats: float32
+    [2] on the device, [loss, gradient norm]; beta1, beta2, eps and weight_decay from the host.
+    Launch: k_adamw, cdiv(n, block) blocks of `block` threads, one element a thread."""
+    _launch_hyper(k_adamw, cdiv(params.shape[0], block), block, stream, params, grads, m, v, decay, hyper,
                   beta1, beta2, eps, weight_decay, stats)
 
 
@@ -249,7 +250,7 @@ def adamw(params, grads, m, v, decay, hyper, beta1, beta2, eps, weight_decay, st
 # Zero
 
 @cuda.jit
-def k_zero_v1(arr):
+def k_zero(arr):
     """arr_i = 0 (the twin's zero), grid-stride, one thread per element."""
     n = arr.shape[0]
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
@@ -261,6 +262,6 @@ def k_zero_v1(arr):
 def zero(arr, *, block, stream=0):
     """arr[:] = 0 for a 1-D float32 device array. Launch: grid-stride, min(cdiv(n, block), 4096)
     blocks of `block` threads (simulator: <= 2 blocks)."""
-    k_zero_v1[_stride_grid(arr.shape[0], block), block, stream](arr)
+    k_zero[_stride_grid(arr.shape[0], block), block, stream](arr)
 
 

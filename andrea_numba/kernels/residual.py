@@ -4,8 +4,9 @@ Arrays are flat (any shape, passed as .reshape(-1)).
 
     out = x + f                     dx = dout, df = dout
 
-The engine also uses residual_add where two gradients meet: the residual stream feeds both the
-skip path and a LayerNorm, so its gradient is the sum of the two.
+The lessons' pair: the engine fuses each residual add into the LayerNorm after it
+(layernorm.residual_layernorm_fwd / _bwd), whose backward adds the skip path's gradient to the
+LayerNorm's in the same pass. residual_add also adds two gradients where they meet.
 """
 from numba import cuda
 
@@ -13,7 +14,7 @@ from .common import blocks, cdiv, rung
 
 
 @cuda.jit
-def k_residual_add_v1(out, x, f):
+def k_residual_add(out, x, f):
     """out[i] = x[i] + f[i], one thread per element (out may be x or f: in place is fine)."""
     i = cuda.grid(1)
     if i < out.shape[0]:
@@ -21,7 +22,7 @@ def k_residual_add_v1(out, x, f):
 
 
 @cuda.jit
-def k_residual_add_bwd_v1(dx, df, dout):
+def k_residual_add_bwd(dx, df, dout):
     """dx[i] = dout[i], df[i] = dout[i]: the gradient of a sum reaches both terms unchanged."""
     i = cuda.grid(1)
     if i < dout.shape[0]:
@@ -33,14 +34,12 @@ def k_residual_add_bwd_v1(dx, df, dout):
 @rung(1)
 @blocks(gpu=(256, 128, 512), sim=(32, 8))
 def residual_add(out, x, f, *, block, stream=0):
-    """Launch: one thread per element, `block` threads per block."""
-    k_residual_add_v1[cdiv(out.shape[0], block), block, stream](out, x, f)
+    """out, x, f: float32 [n] (flat). Launch: one thread per element, `block` threads per block."""
+    k_residual_add[cdiv(out.shape[0], block), block, stream](out, x, f)
 
 
 @rung(1)
 @blocks(gpu=(256, 128, 512), sim=(32, 8))
 def residual_add_bwd(dx, df, dout, *, block, stream=0):
-    k_residual_add_bwd_v1[cdiv(dout.shape[0], block), block, stream](dx, df, dout)
-
-
-residual_add, residual_add_bwd = residual_add, residual_add_bwd   # the lessons' (the engine fuses the add into residual_layernorm)
+    """dx, df, dout: float32 [n] (flat). Launch: one thread per element, `block` threads per block."""
+    k_residual_add_bwd[cdiv(dout.shape[0], block), block, stream](dx, df, dout)
