@@ -63,7 +63,7 @@ MODEL_TOLS = {"fp32": MODEL_TOL, "bf16": (1e-3, 2.0 ** -5), "fp16": (1e-3, 2.0 *
 # FP8: the same effect with steps 16 times bf16's (E4M3's u = 2^-4): a = 2^-2 catches a
 # wrong kernel (errors of the order of the values) and nothing finer; the op checks are the sharp ones.
 MODEL_TOLS.update({scope: (1e-3, 2.0 ** -2) for scope in FP8_SCOPES})
-# Once attention runs its products in bf16 too (flash v11, the engine's bf16), the gradients of W_Q
+# Once attention runs its products in bf16 too (attn_flash_fwd_bf16 and its kin), the gradients of W_Q
 # and W_K stand apart: they reach the weights through the softmax's backward, dS = P (dP - D), where
 # dP and D nearly cancel, so one rounding that the kernel and the twin resolve to neighbours (in P,
 # dO or V) moves dS by a unit of dP's rounding, not of dS's. On the H200 at 120M (B = 1, T = 1024,

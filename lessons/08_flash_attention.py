@@ -116,9 +116,10 @@ C.say("""
     The probabilities grow with T squared; lse with T. The price is time: the backward computes
     the scores again. On an H200 flash attention v2 was still faster than attention v2 at 12M and
     120M, and v3, which loads the next tile while it multiplies the current one, is 2.6 to 3.9
-    times faster than v2. The engine runs v8's forward and v10's backward: v3 with matmul v7's
-    cheaper split, launched so that every head's longest causal tiles start first, which made the
-    backward a quarter faster at 12M on the H200 (docs/kernels.md).
+    times faster than v2. The engine's fp32 kernels (attn_flash_fwd_tf32x3, rungs 8 and 10 of
+    the ladder) are v3 with matmul v7's cheaper split, launched so that every head's longest
+    causal tiles start first, which made the backward a quarter faster at 12M on the H200
+    (docs/kernels.md).
 """)
 
 # %%
