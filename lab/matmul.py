@@ -2,6 +2,8 @@
 beside the engine's own (imported from the engine module), and the VERSIONS table of the ladder.
 """
 import contextlib
+import sys
+
 from andrea_numba.kernels.matmul import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from lab.cublaslt import matmul_versions as library_versions
 from lab.fp8_products import matmul_versions as fp8_versions
@@ -51,12 +53,13 @@ def matmul_v14(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 
 matmul_v14.precision = "bf16"
+matmul_v14.family = "v14"
 
 
-VERSIONS["matmul"][14] = matmul_v14          # not in WARP_MATMUL: the linear ops stay on v13 for now
+VERSIONS["matmul"][14] = matmul_v14          # no linear op runs on it: they stay on v13
 
 
-VERSIONS["matmul"][15] = matmul_v15          # not in WARP_MATMUL, as v14
+VERSIONS["matmul"][15] = matmul_v15          # no linear op runs on it, as v14
 
 
 VERSIONS["matmul"][16] = matmul_v16
@@ -94,18 +97,27 @@ matmul_v19.precision = "bf16"
 VERSIONS["matmul"][19] = matmul_v19
 
 
+# the modules whose linear ops name matmul_bf16_wgmma at each product: the engine's and their lab twins
+TMA_OPS = tuple(f"{wing}.{op}" for wing in ("andrea_numba.kernels", "lab") for op in ("attn_qkv", "attn_out", "mlp", "loss"))
+
+
 @contextlib.contextmanager
 def tma_matmul(version: int):
-    """Benchmarks only: inside, the products of the kinds on TMA (bf16t, bf16s, bf16o: WARP_MATMUL["bf16t"],
-    which their ops call at each product) run matmul `version` (18, 19, 23), for a rung of the split-K
-    fixup timed and checked inside the whole model without a products kind of its own; after, the
-    engine's again."""
+    """Benchmarks only: inside, the linear ops whose products run on matmul v18 (matmul_bf16_wgmma:
+    the bf16-hopper recipe's, the lab's recipes bf16t and bf16s) run matmul `version` (18, 19, 23)
+    instead, for a rung of the split-K fixup timed and checked inside the whole model without a
+    recipe of its own: the name matmul_bf16_wgmma, which those ops look up at each product, points at
+    it in their modules (TMA_OPS, those imported); after, at v18 again."""
     assert version in (18, 19, 23), f"matmul v{version} is not a TMA version (18, 19, 23)"
-    old, WARP_MATMUL["bf16t"] = WARP_MATMUL["bf16t"], VERSIONS["matmul"][version]
+    engine, launch = VERSIONS["matmul"][18], VERSIONS["matmul"][version]
+    users = [m for name, m in sys.modules.items() if name in TMA_OPS and getattr(m, "matmul_bf16_wgmma", None) is engine]
+    for m in users:
+        m.matmul_bf16_wgmma = launch
     try:
         yield
     finally:
-        WARP_MATMUL["bf16t"] = old
+        for m in users:
+            m.matmul_bf16_wgmma = engine
 
 
 # v23 (20-22 are the library route's numbers, cublaslt.py): v19 with the in-kernel sums' loads batched

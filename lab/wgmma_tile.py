@@ -5,6 +5,6 @@ from andrea_numba.kernels.wgmma_tile import *  # noqa: F401,F403  (the engine's 
 
 
 def wgmma_resolve(block, a16, b16):
-    """The full tile of a v14 launch: ("bf16g", BM, BN, BK, WM, WN, vec, STAGES); vec when both
+    """The full tile of a v14 launch: ("v14", BM, BN, BK, WM, WN, vec, STAGES); vec when both
     K-major copies' rows are whole 16-byte chunks (half_tile.async_resolve's rule)."""
-    return ("bf16g", *async_resolve(block, a16, b16)[1:])
+    return ("v14", *async_resolve(block, a16, b16)[1:])

@@ -38,7 +38,7 @@ def _run(a, b, trans_a, trans_b, out0, work=None, accumulate=False, block=None, 
 
 def test_v12_is_a_bf16_version_of_the_ladder():
     assert lab_matmul.VERSIONS["matmul"][12] is MM.matmul_v12 and MM.matmul_v12.precision == "bf16"
-    assert MM.WARP_MATMUL["bf16l"] is MM.matmul_v12 and MM.WARP_KERNELS["bf16l"][0] == 12
+    assert MM.matmul_v12.family == "v12" and MM.TILE_FAMILIES["v12"].rung == 12      # its tiles: family "v12"
 
 
 @pytest.mark.parametrize("trans_a, trans_b", [(False, False), (False, True), (True, False), (True, True)])

@@ -37,10 +37,10 @@ def _bits(x):
 
 def test_v14_is_a_bf16_version_of_the_ladder():
     assert lab_matmul.VERSIONS["matmul"][14] is lab_matmul.matmul_v14 and lab_matmul.matmul_v14.precision == "bf16"
-    assert MM.WARP_KERNELS["bf16g"][0] == 14 and "bf16g" not in MM.WARP_MATMUL
+    assert lab_matmul.matmul_v14.family == "v14" and MM.TILE_FAMILIES["v14"].rung == 14
     assert len(lab_matmul.matmul_v14.blocks) >= 2
     for block in lab_matmul.WGMMA_TILES["gpu"] + lab_matmul.WGMMA_TILES["sim"]:
-        t = WT.make_wgmma_tile(("bf16g", *block[:5], True, block[5] if len(block) > 5 else WT.STAGES))
+        t = WT.make_wgmma_tile(("v14", *block[:5], True, block[5] if len(block) > 5 else WT.STAGES))
         assert t.THREADS == 128 * (block[0] // 64) and (t.TM, t.TN) == (2, block[1] // 4)
 
 

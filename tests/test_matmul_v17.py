@@ -37,17 +37,17 @@ def _bits(x):
 
 def test_v17_is_a_bf16_version_of_the_ladder_with_v15s_stages():
     assert lab_matmul.VERSIONS["matmul"][17] is MM.matmul_v17 and MM.matmul_v17.precision == "bf16"
-    assert MM.WARP_KERNELS["bf16m"][0] == 17 and MM.WARP_MATMUL["bf16m"] is MM.matmul_v17   # products "bf16m"
+    assert MM.matmul_v17.family == "bf16_wgmma_cp_async" and MM.TILE_FAMILIES["bf16_wgmma_cp_async"].rung == 17
     assert DYNAMIC[2] == 64 and DYNAMIC[5] == 4 and STATIC[2] == 32 and STATIC[5] == 3
     assert MM.MN_TILES["gpu"] == MM.RING_TILES["gpu"]
     for block in MM.MN_TILES["gpu"] + MM.MN_TILES["sim"]:
-        t = WM.make_mn_tile(("bf16m", *block[:5], True, block[5]))
-        v15 = WR.make_ring_tile(("bf16h", *block[:5], True, block[5]))
+        t = WM.make_mn_tile(("bf16_wgmma_cp_async", *block[:5], True, block[5]))
+        v15 = WR.make_ring_tile(("v15", *block[:5], True, block[5]))
         assert t.THREADS == v15.THREADS == 128 * (block[0] // 64) and (t.TM, t.TN) == (v15.TM, v15.TN)
         assert t.SHARED == v15.SHARED                        # the MN-major tiles take the same bytes
         assert set(t.mma) == {(False, False), (False, True), (True, False), (True, True)}
     with pytest.raises(AssertionError):                       # an MN-major row is 64 values of m or n
-        WM.make_mn_tile(("bf16m", 64, 16, 64, 64, 16, True, 4))
+        WM.make_mn_tile(("bf16_wgmma_cp_async", 64, 16, 64, 64, 16, True, 4))
 
 
 def _v15(a, b, trans_a, trans_b, out0, **kwargs):

@@ -250,7 +250,9 @@ def test_map_fits_rows_of_whole_16_byte_chunks_of_bf16_only():
 # products "bf16t"
 
 def test_products_bf16t_are_the_linear_ops_on_v18():
-    assert lab_matmul.VERSIONS["matmul"][18] is MM.matmul_bf16_wgmma and MM.WARP_MATMUL["bf16t"] is MM.matmul_bf16_wgmma
+    assert lab_matmul.VERSIONS["matmul"][18] is MM.matmul_bf16_wgmma
+    assert attn_qkv.matmul_bf16_wgmma is attn_out.matmul_bf16_wgmma is mlp.matmul_bf16_wgmma is loss.matmul_bf16_wgmma \
+        is MM.matmul_bf16_wgmma                            # the bf16-hopper ops' products
     assert MM.matmul_bf16_wgmma.precision == "bf16"
     bf16t = LAB["bf16t"]
     v = 15                                                 # attn_qkv, attn_out, loss_bwd v15

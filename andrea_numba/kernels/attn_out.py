@@ -14,8 +14,8 @@ from numba import cuda, float32
 
 from .common import blocks, rung
 from .operands import HELD
-from .matmul import (ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, KMAJOR_TILES, SIMT2_TILES,
-                     SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_bf16, resolve)
+from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, TILES, TMA_OP_TILES, make_tile, matmul, matmul_bf16,
+                     matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3, resolve)
 
 
 @functools.cache
@@ -64,33 +64,33 @@ def attn_out_bwd(dy, dw_o, dout, y, w_o, *, block, stream=0):
 # v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores);
 # dW_O through that matmul with split-K (work: its float32 buffer).
 
-def _fwd_warp(kind, out, y, w_o, block, stream):
+def _fwd_warp(mm, out, y, w_o, block, stream):
     N, C = out.shape
-    tile = resolve(kind, block, y, w_o)
+    tile = resolve(mm.family, block, y, w_o)
     t = make_tile(tile)
     kernels(tile)[0][t.grid(N, C), t.THREADS, stream](out, y, w_o)
 
 
-def _bwd_warp(kind, dy, dw_o, work, dout, y, w_o, block, stream):
+def _bwd_warp(mm, dy, dw_o, work, dout, y, w_o, block, stream):
     N, C = dy.shape
-    tile = resolve(kind, block, dout, w_o)
+    tile = resolve(mm.family, block, dout, w_o)
     t = make_tile(tile)
     kernels(tile)[1][t.grid(N, C), t.THREADS, stream](dy, dout, w_o)
-    WARP_MATMUL[kind](dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
+    mm(dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
 @rung(7)
 @blocks(**KMAJOR_TILES)
 def attn_out_fwd_tf32x3(out, y, w_o, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8 (v6's bits)."""
-    _fwd_warp("tf32x3w", out, y, w_o, block, stream)
+    _fwd_warp(matmul_tf32x3, out, y, w_o, block, stream)
 
 
 @rung(7)
 @blocks(**KMAJOR_TILES)
 def attn_out_bwd_tf32x3(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3w", dy, dw_o, work, dout, y, w_o, block, stream)
+    _bwd_warp(matmul_tf32x3, dy, dw_o, work, dout, y, w_o, block, stream)
 
 
 k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd.blocks[0])
@@ -101,14 +101,14 @@ k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd.blocks[0])
 @blocks(**KMAJOR_TILES)
 def attn_out_fwd_fp16(out, y, w_o, *, block, stream=0):
     """v7 with fp16 products (matmul v11's tiles)."""
-    _fwd_warp("f16w", out, y, w_o, block, stream)
+    _fwd_warp(matmul_fp16, out, y, w_o, block, stream)
 
 
 @rung(10)
 @blocks(**KMAJOR_TILES)
 def attn_out_bwd_fp16(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """v7's backward with fp16 products, dW_O split over K into work."""
-    _bwd_warp("f16w", dy, dw_o, work, dout, y, w_o, block, stream)
+    _bwd_warp(matmul_fp16, dy, dw_o, work, dout, y, w_o, block, stream)
 
 
 attn_out_fwd_fp16.precision = attn_out_bwd_fp16.precision = "fp16"
@@ -136,10 +136,10 @@ attn_out_fwd_bf16.precision = attn_out_bwd_bf16.precision = "bf16"
 
 # v13: v12 through matmul v16 (out and dy on v15's wgmma, dW_O on v13), dout rounded to bf16 once for
 # both backward products (operands.HELD), where v12 rounded it for each.
-def _bwd_held(kind, dy, dw_o, work, dout, y, w_o, block, stream):
+def _bwd_held(mm, dy, dw_o, work, dout, y, w_o, block, stream):
     d16 = HELD.round(dout, stream)
-    WARP_MATMUL[kind](dy, work, d16, w_o, trans_b=True, block=block, stream=stream)
-    WARP_MATMUL[kind](dw_o, work, y, d16, trans_a=True, accumulate=True, block=block, stream=stream)
+    mm(dy, work, d16, w_o, trans_b=True, block=block, stream=stream)
+    mm(dw_o, work, y, d16, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
 # v15: v14 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
@@ -147,14 +147,14 @@ def _bwd_held(kind, dy, dw_o, work, dout, y, w_o, block, stream):
 @blocks(**TMA_OP_TILES)
 def attn_out_fwd_bf16_wgmma(out, y, w_o, *, block, stream=0):
     """out = y @ W_O through matmul v18."""
-    WARP_MATMUL["bf16t"](out, None, y, w_o, block=block, stream=stream)
+    matmul_bf16_wgmma(out, None, y, w_o, block=block, stream=stream)
 
 
 @rung(15)
 @blocks(**TMA_OP_TILES)
 def attn_out_bwd_bf16_wgmma(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """v14's backward with both products on matmul v18."""
-    _bwd_held("bf16t", dy, dw_o, work, dout, y, w_o, block, stream)
+    _bwd_held(matmul_bf16_wgmma, dy, dw_o, work, dout, y, w_o, block, stream)
 
 
 attn_out_fwd_bf16_wgmma.precision = attn_out_bwd_bf16_wgmma.precision = "bf16"

@@ -18,8 +18,8 @@ from numba import cuda, float32
 
 from .common import blocks, rung
 from .operands import HELD
-from .matmul import (ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, KMAJOR_TILES, SIMT2_TILES,
-                     SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_bf16, resolve)
+from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, TILES, TMA_OP_TILES, make_tile, matmul_bf16, matmul_bf16_wgmma,
+                     matmul_fp16, matmul_tf32x3, resolve)
 
 
 @functools.cache
@@ -98,34 +98,34 @@ def attn_qkv_bwd(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, *, block, s
 # float32 buffer): with K = N rows and only C x C outputs, split-K is what fills the GPU.
 
 
-def _fwd_warp(kind, q, k, v, x, w_q, w_k, w_v, block, stream):
+def _fwd_warp(mm, q, k, v, x, w_q, w_k, w_v, block, stream):
     N, C = q.shape
-    tile = resolve(kind, block, x, w_q, w_k, w_v)
+    tile = resolve(mm.family, block, x, w_q, w_k, w_v)
     t = make_tile(tile)
     kernels(tile)[0][t.grid(N, C, 3), t.THREADS, stream](q, k, v, x, w_q, w_k, w_v)
 
 
-def _bwd_warp(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
+def _bwd_warp(mm, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
     N, C = dx.shape
-    tile = resolve(kind, block, dq, dk, dv, w_q, w_k, w_v)
+    tile = resolve(mm.family, block, dq, dk, dv, w_q, w_k, w_v)
     t = make_tile(tile)
     kernels(tile)[1][t.grid(N, C), t.THREADS, stream](dx, dq, dk, dv, w_q, w_k, w_v)
     for dw, d in ((dw_q, dq), (dw_k, dk), (dw_v, dv)):                      # dW += x^T @ d
-        WARP_MATMUL[kind](dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
+        mm(dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
 @rung(7)
 @blocks(**KMAJOR_TILES)
 def attn_qkv_fwd_tf32x3(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8 (v6's bits)."""
-    _fwd_warp("tf32x3w", q, k, v, x, w_q, w_k, w_v, block, stream)
+    _fwd_warp(matmul_tf32x3, q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
 @rung(7)
 @blocks(**KMAJOR_TILES)
 def attn_qkv_bwd_tf32x3(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v6 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+    _bwd_warp(matmul_tf32x3, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
 # fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
@@ -133,14 +133,14 @@ def attn_qkv_bwd_tf32x3(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v
 @blocks(**KMAJOR_TILES)
 def attn_qkv_fwd_fp16(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """v7 with fp16 products (matmul v11's tiles)."""
-    _fwd_warp("f16w", q, k, v, x, w_q, w_k, w_v, block, stream)
+    _fwd_warp(matmul_fp16, q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
 @rung(10)
 @blocks(**KMAJOR_TILES)
 def attn_qkv_bwd_fp16(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v7's backward with fp16 products, the weight gradients split over K into work."""
-    _bwd_warp("f16w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+    _bwd_warp(matmul_fp16, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
 attn_qkv_fwd_fp16.precision = attn_qkv_bwd_fp16.precision = "fp16"
@@ -178,13 +178,12 @@ attn_qkv_fwd_bf16.precision = attn_qkv_bwd_bf16.precision = "bf16"
 # each of dq, dk, dv rounded to bf16 once (operands.HELD) for its two products, where v12 rounded it
 # for each. The products run in the order (dx, dW_Q), (dx, dW_K), (dx, dW_V): dx still sums q, k, v.
 # v14: the same on matmul v17 (wgmma for every product, the weight gradients' operands read as stored).
-def _fwd_chain(kind, q, k, v, x, w_q, w_k, w_v, block, stream):
+def _fwd_chain(mm, q, k, v, x, w_q, w_k, w_v, block, stream):
     for out, w in ((q, w_q), (k, w_k), (v, w_v)):
-        WARP_MATMUL[kind](out, None, x, w, block=block, stream=stream)
+        mm(out, None, x, w, block=block, stream=stream)
 
 
-def _bwd_held(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
-    mm = WARP_MATMUL[kind]
+def _bwd_held(mm, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
     for i, (d, w, dw) in enumerate(((dq, w_q, dw_q), (dk, w_k, dw_k), (dv, w_v, dw_v))):
         d16 = HELD.round(d, stream)
         mm(dx, work, d16, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)   # dx (+)= d @ W^T
@@ -196,14 +195,14 @@ def _bwd_held(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, bl
 @blocks(**TMA_OP_TILES)
 def attn_qkv_fwd_bf16_wgmma(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """q, k, v: three products of matmul v18."""
-    _fwd_chain("bf16t", q, k, v, x, w_q, w_k, w_v, block, stream)
+    _fwd_chain(matmul_bf16_wgmma, q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
 @rung(15)
 @blocks(**TMA_OP_TILES)
 def attn_qkv_bwd_bf16_wgmma(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v14's backward with all six products on matmul v18."""
-    _bwd_held("bf16t", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+    _bwd_held(matmul_bf16_wgmma, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
 attn_qkv_fwd_bf16_wgmma.precision = attn_qkv_bwd_bf16_wgmma.precision = "bf16"

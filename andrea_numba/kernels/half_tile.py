@@ -1,4 +1,4 @@
-"""bf16 tiles read by ldmatrix: the product tile of matmul v12 (kind "bf16l").
+"""bf16 tiles read by ldmatrix: the product tile of matmul v12 (family "v12").
 
 matmul v10 (split_tile.py) keeps fp32 values in shared memory and every lane rounds its fragment
 values to bf16 as it reads them: each value crosses shared memory as 4 bytes and is converted
@@ -224,11 +224,11 @@ def _stage(trans_a, trans_b, BM, BN, MI, NI):
 def make_half_tile(tile):
     """Everything a kernel needs for one bf16 ldmatrix tile, the names of warp_tile.make_warp_tile
     (mma, mma_nn .. mma_tt, row, col, zero, store, TM, TN, THREADS, BK, grid).
-    tile = ("bf16l", BM, BN, BK, WM, WN, vec): BK = 32; vec: 128-bit global loads (warp_tile.resolve).
+    tile = ("v12", BM, BN, BK, WM, WN, vec): BK = 32; vec: 128-bit global loads (warp_tile.resolve).
     The shared stages are tile_loop's float32 arrays, each 32-bit element holding a bf16 pair
     (written by store2, read by ldmatrix, never as a float): the K loop is make_pipeline's."""
-    kind, BM, BN, BK, WM, WN, vec = tile
-    assert kind == "bf16l", kind
+    family, BM, BN, BK, WM, WN, vec = tile
+    assert family == "v12", family
     assert BK == BK_HALF, f"bf16 ldmatrix tiles take BK = {BK_HALF}, got {BK}"
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 16 == 0, f"tile {tile}"
     MI, NI = WM // 16, WN // 8
@@ -246,7 +246,7 @@ def make_half_tile(tile):
 
 
 # =============================================================================================
-# matmul v13 (kind "bf16a"): v12's shared tiles, stage and swizzle, fed by cp.async from bf16 copies
+# matmul v13 (family "bf16"): v12's shared tiles, stage and swizzle, fed by cp.async from bf16 copies
 #
 # v12 moves fp32 operands through registers: every thread loads 2 x 16 floats a stage (48 staging
 # registers with the addresses), rounds them (cvt) and stores them (st.shared), and only two
@@ -314,12 +314,12 @@ def bf16_copies(a, b, stream=0):
 
 
 def async_resolve(block, a16, b16):
-    """The full tile of a v13 launch: ("bf16a", BM, BN, BK, WM, WN, vec, STAGES); vec when both
+    """The full tile of a v13 launch: ("bf16", BM, BN, BK, WM, WN, vec, STAGES); vec when both
     copies' rows are whole 16-byte chunks: rows of a multiple of 8 values, starting on a 16-byte
     boundary (bf16_copies' slots do; a saved activation does where its layer's offset allows)."""
     vec = all(x.shape[1] % 8 == 0 and address(x) % 16 == 0 for x in (a16, b16))
     stages = block[5] if len(block) > 5 else STAGES
-    return ("bf16a", *block[:5], vec, stages)
+    return ("bf16", *block[:5], vec, stages)
 
 
 def _async_copier(R, Cc, THREADS, vec):
@@ -404,9 +404,9 @@ def make_async_pipeline(trans_a, trans_b, BM, BN, WM, WN, stages, copy_a, copy_b
 def make_async_tile(tile):
     """Everything a kernel needs for one v13 tile, the names of make_half_tile; its mma functions
     take the bf16 copies (uint16 arrays, bf16_copies), not the fp32 operands.
-    tile = ("bf16a", BM, BN, BK, WM, WN, vec, STAGES): BK = 32; vec: cp.async chunks (async_resolve)."""
-    kind, BM, BN, BK, WM, WN, vec, stages = tile
-    assert kind == "bf16a", kind
+    tile = ("bf16", BM, BN, BK, WM, WN, vec, STAGES): BK = 32; vec: cp.async chunks (async_resolve)."""
+    family, BM, BN, BK, WM, WN, vec, stages = tile
+    assert family == "bf16", family
     assert BK == BK_HALF, f"bf16 ldmatrix tiles take BK = {BK_HALF}, got {BK}"
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 16 == 0, f"tile {tile}"
     assert stages - 2 in CP_ASYNC_WAIT, f"{stages} stages: wait_group {stages - 2} has no intrinsic (ptx.py)"

@@ -30,9 +30,9 @@ so the linear ops' own kernels (k_attn_qkv_fwd_v1, k_mlp_fwd_v1, ...) reuse it a
 what they do with the sums. A "block" of these launchers is a tile shape (BM, BN, BK, TM, TN):
 (BM/TM) * (BN/TN) threads; Numba compiles one kernel per shape, the first time it is asked for.
 """
-import contextlib
 import functools
 from types import SimpleNamespace
+from typing import Callable, NamedTuple
 
 import numba
 import numpy as np
@@ -43,7 +43,7 @@ from .half_tile import async_resolve, bf16_copies, make_async_tile, make_half_ti
 from .operands import COPIES
 from .simt_tile import make_simt_tile
 from .tma import TMAPS, map_fits
-from .warp_tile import make_epilogue, make_warp_tile, resolve
+from .warp_tile import make_epilogue, make_fp16_tile, make_split_tile, make_tf32x3_tile, make_warp_tile, resolve
 from .wgmma_mn import make_mn_tile, mn_resolve
 from .wgmma_ring import make_ring_tile, ring_resolve
 from .wgmma_tile import make_wgmma_tile
@@ -178,24 +178,51 @@ def _make_tile_v2(tile):
         grid=lambda M, N, z=1: (cdiv(N, BN), cdiv(M, BM), z))
 
 
+class TileFamily(NamedTuple):
+    """A family of product tiles. make(tile) builds the tile functions of one tile (family, BM, BN, BK,
+    WM, WN, vec[, STAGES]); rung: the matmul rung whose product kernel runs it (named k_matmul_v<rung>);
+    what: a line for the kernel's docstring."""
+    make: Callable
+    rung: int
+    what: str
+
+
+# The tile families, by name: the engine's four, which its product launchers run (each launcher's
+# .family) and the linear ops' fused kernels are built on; the lab (lab/matmul.py) adds its own,
+# named by the rung that runs them ("v3", "v4", ...).
+TILE_FAMILIES = {
+    "tf32x3": TileFamily(make_tf32x3_tile, 8, "3xTF32 tensor cores on swizzled k-major tiles (the small parts' low "
+                                              "bits left for the tensor core to drop, transposed operands stored 128 bits at a time)"),
+    "fp16": TileFamily(make_fp16_tile, 11, "fp16 tensor cores (inputs rounded as read) on swizzled k-major tiles"),
+    "bf16": TileFamily(make_async_tile, 13, "bf16 tensor cores on bf16 copies, copied to a ring of shared stages by cp.async"),
+    "bf16_wgmma_cp_async": TileFamily(make_mn_tile, 17, "bf16 wgmma on the bf16 copies as stored: MN-major stages read "
+                                                        "through the transpose bits"),
+    # the lab's (to move to lab/matmul.py)
+    "v3": TileFamily(lambda tile: make_warp_tile(tile, tensor_cores=False), 3, "SIMT warp tiles"),
+    "v4": TileFamily(lambda tile: make_warp_tile(tile, tensor_cores=True), 4, "3xTF32 tensor-core warp tiles"),
+    "v5": TileFamily(lambda tile: make_split_tile(tile, presplit=True, split_mode="round", swizzle=False), 5,
+                     "split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads"),
+    "v6": TileFamily(lambda tile: make_split_tile(tile, presplit=False, split_mode="round", swizzle=False), 6,
+                     "k-major tiles of raw values, split as the fragments are read"),
+    "v7": TileFamily(lambda tile: make_split_tile(tile, presplit=False, split_mode="trunc", swizzle=False), 7,
+                     "v6's tiles, the small parts' low bits left for the tensor core to drop"),
+    "v9": TileFamily(make_simt_tile, 9, "SIMT tiles of 4 x 4 blocks a thread on k-major shared tiles read 128 bits at a time"),
+    "v10": TileFamily(lambda tile: make_split_tile(tile, presplit=False, split_mode="round", swizzle=True, half="bf16"),
+                      10, "bf16 tensor cores (inputs rounded as read) on swizzled k-major tiles"),
+    "v12": TileFamily(make_half_tile, 12, "bf16 tensor cores on bf16 shared tiles (rounded once) read by ldmatrix"),
+    "v14": TileFamily(make_wgmma_tile, 14, "bf16 wgmma (Hopper warpgroup products) on K-major bf16 copies, a cp.async ring"),
+    "v15": TileFamily(make_ring_tile, 15, "bf16 wgmma with a group in flight, a deeper cp.async ring in dynamic shared memory"),
+}
+
+
 @functools.cache
 def make_tile(tile):
-    """The tile functions of matmul v2 (tile = (BM, BN, BK, TM, TN)) or of a warp tile
-    (tile = (kind, BM, BN, BK, WM, WN, vec): warp_tile.make_warp_tile, or simt_tile.make_simt_tile
-    for kind "simt2"). The linear ops' kernels are written against these names and run on any."""
+    """The tile functions of matmul's shared tiles (tile = (BM, BN, BK, TM, TN)) or of a tile of a
+    family (tile = (family, BM, BN, BK, WM, WN, vec[, STAGES]): TILE_FAMILIES[family].make). The linear
+    ops' kernels are written against these names and run on any."""
     if len(tile) == 5:
         return _make_tile_v2(tile)
-    if tile[0] == "bf16l":                  # matmul v12 (half_tile.py)
-        return make_half_tile(tile)
-    if tile[0] == "bf16a":                  # matmul v13 (half_tile.py): takes the operands' bf16 copies
-        return make_async_tile(tile)
-    if tile[0] == "bf16g":                  # matmul v14 (wgmma_tile.py): K-major bf16 copies, wgmma
-        return make_wgmma_tile(tile)
-    if tile[0] == "bf16h":                  # matmul v15 (wgmma_ring.py): wgmma in flight, a deeper ring
-        return make_ring_tile(tile)
-    if tile[0] == "bf16m":                  # matmul v17 (wgmma_mn.py, imported at the end of this module):
-        return make_mn_tile(tile)           # the copies as stored, MN-major stages
-    return make_simt_tile(tile) if tile[0] == "simt2" else make_warp_tile(tile)
+    return TILE_FAMILIES[tile[0]].make(tile)
 
 
 @functools.cache
@@ -341,18 +368,6 @@ def splitk_sum(out, work, accumulate, stream, version=1):
     k_splitk_sum_v1[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
 
 
-# The warp-tile kernels, by tile kind: their version (the kernel's name, k_matmul_v<n>) and tiles.
-WARP_KERNELS = {"simt": (3, "SIMT warp tiles"),
-                "tf32x3": (4, "3xTF32 tensor-core warp tiles"),
-                "tf32x3s": (5, "split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads"),
-                "tf32x3k": (6, "k-major tiles of raw values, split as the fragments are read"),
-                "tf32x3t": (7, "v6's tiles, the small parts' low bits left for the tensor core to drop"),
-                "tf32x3w": (8, "v7's sums on swizzled tiles: transposed operands stored 128 bits at a time"),
-                "simt2": (9, "SIMT tiles of 4 x 4 blocks a thread on k-major shared tiles read 128 bits at a time"),
-                "bf16w": (10, "bf16 tensor cores (inputs rounded as read) on swizzled k-major tiles"),
-                "f16w": (11, "fp16 tensor cores (inputs rounded as read) on swizzled k-major tiles")}
-
-
 @functools.cache
 def _k_matmul_warp(tile, trans_a, trans_b):
     t = make_tile(tile)
@@ -374,10 +389,10 @@ def _k_matmul_warp(tile, trans_a, trans_b):
     def k_matmul(out, work, a, b, accumulate, ksplit):
         product(out, work, a, b, accumulate, ksplit)
 
-    version, what = WARP_KERNELS[tile[0]]
-    k_matmul.__doc__ = (f"One BM x BN tile of out (+)= op(a) @ op(b) per block on {what}; with split-K, "
+    family = TILE_FAMILIES[tile[0]]
+    k_matmul.__doc__ = (f"One BM x BN tile of out (+)= op(a) @ op(b) per block on {family.what}; with split-K, "
                         f"block z writes its slice's partial tile to work[z].")
-    return jit_as(k_matmul, version)                   # k_matmul_v3 .. k_matmul_v8
+    return jit_as(k_matmul, family.rung)               # k_matmul_v8, k_matmul_v11, ...
 
 
 @functools.cache
@@ -395,10 +410,12 @@ def resident_blocks(tile, trans_a, trans_b, args) -> int:
     return _resident(tile, trans_a, trans_b, tuple(numba.typeof(x) for x in args))
 
 
-def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+def _matmul_warp(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    """A product on a tile of `family` at the declared block (warp_tile.resolve), split over K into
+    work where splitk says so."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
-    tile = resolve(kind, block, a, b)
+    tile = resolve(family, block, a, b)
     t = make_tile(tile)
     trans_a, trans_b = bool(trans_a), bool(trans_b)
     resident = 0 if work is None else resident_blocks(tile, trans_a, trans_b,
@@ -408,20 +425,20 @@ def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, str
     _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a, b, accumulate, ksplit)
     if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2 if WARP_KERNELS[kind][0] >= 8 else 1)
+        splitk_sum(out, part, accumulate, stream, version=2 if TILE_FAMILIES[family].rung >= 8 else 1)
 
 
 @blocks(**WARP_TILES)
 def matmul_v3(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """SIMT warp tiles. work: float32 [n] split-K buffer (or None: no split). block = (BM, BN, BK,
     WM, WN): (BM/WM)*(BN/WN) warps per BM x BN tile of out."""
-    _matmul_warp("simt", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("v3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 @blocks(**WARP_TILES)
 def matmul_v4(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """3xTF32 tensor-core warp tiles (a NumPy twin of the step in the simulator); otherwise as matmul_v3."""
-    _matmul_warp("tf32x3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("v4", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v5: split tiles (kernels/split_tile.py), BK = 16. Each value of a tile is split into its TF32
@@ -435,7 +452,7 @@ SPLIT_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 64, 1
 @blocks(**SPLIT_TILES)
 def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """3xTF32 on split tiles (BK = 16); otherwise as matmul_v4."""
-    _matmul_warp("tf32x3s", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("v5", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v6: v5's k-major tiles and k permutation with one shared plane of raw values, split into TF32
@@ -450,7 +467,7 @@ KMAJOR_TILES = dict(gpu=((128, 64, 16, 64, 32), (128, 128, 16, 64, 32), (64, 64,
 @blocks(**KMAJOR_TILES)
 def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """3xTF32 on k-major tiles split as read (BK = 16); otherwise as matmul_v4."""
-    _matmul_warp("tf32x3k", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("v6", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v7: v6 with a split of three instructions a value instead of five. v6 splits x into
@@ -467,7 +484,7 @@ def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 @blocks(**KMAJOR_TILES)
 def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """v6 with the small parts truncated by the tensor core (three instructions a split)."""
-    _matmul_warp("tf32x3t", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("v7", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v8: v7 on swizzled k-major tiles (split_tile.py, "v8's shared tiles"). An operand stored with k
@@ -479,12 +496,12 @@ def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 @blocks(**KMAJOR_TILES)
 def matmul_tf32x3(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """v7 on swizzled tiles with 128-bit stores of transposed operands."""
-    _matmul_warp("tf32x3w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("tf32x3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v9: SIMT multiply-adds again, at the recipe of fast SGEMMs (kernels/simt_tile.py): k-major
 # shared tiles, a thread's outputs in 4 x 4 blocks whose operands come in 128-bit shared loads,
-# 4 loads for 64 multiply-adds where v3 made 16 scalar ones. For the SIMT engine (products="simt2"):
+# 4 loads for 64 multiply-adds where v3 made 16 scalar ones. For a SIMT model (lab recipe "simt2"):
 # no tensor cores, every product an fp32 multiply-add. BK = 8: 8 KiB of shared memory for
 # 128 x 128 (two stages); 64 sums a thread at 8 warps of 64 x 32.
 SIMT2_TILES = dict(gpu=((128, 128, 8, 64, 32), (128, 64, 8, 64, 32), (64, 64, 8, 32, 32), (128, 128, 16, 64, 32)),
@@ -495,7 +512,7 @@ SIMT2_TILES = dict(gpu=((128, 128, 8, 64, 32), (128, 64, 8, 64, 32), (64, 64, 8,
 def matmul_v9(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """SIMT products on k-major tiles with 128-bit shared reads; block = (BM, BN, BK, WM, WN)
     (simt_tile.py); work: the split-K buffer (or None)."""
-    _matmul_warp("simt2", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("v9", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v10: bf16 products on v8's tiles (split_tile.py, "bf16"): the operands stay fp32 in memory and in
@@ -508,7 +525,7 @@ def matmul_v9(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 @blocks(**KMAJOR_TILES)
 def matmul_v10(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """bf16 tensor-core products (inputs rounded to bf16, fp32 sums) on v8's swizzled tiles."""
-    _matmul_warp("bf16w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("v10", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 matmul_v10.precision = "bf16"     # the harness compares it with the twin on bf16-rounded inputs
@@ -521,14 +538,14 @@ matmul_v10.precision = "bf16"     # the harness compares it with the twin on bf1
 @blocks(**KMAJOR_TILES)
 def matmul_fp16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """fp16 tensor-core products (inputs rounded to fp16, fp32 sums) on v8's swizzled tiles."""
-    _matmul_warp("f16w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("fp16", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 matmul_fp16.precision = "fp16"
 
-WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
-               "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_tf32x3,   # weight-gradient products
-               "simt2": matmul_v9, "bf16w": matmul_v10, "f16w": matmul_fp16}
+# the tile family each launches (the linear ops' fused kernels run on it: attn_qkv._fwd_warp, ...)
+matmul_v3.family, matmul_v4.family, matmul_v5.family, matmul_v6.family, matmul_v7.family = "v3", "v4", "v5", "v6", "v7"
+matmul_tf32x3.family, matmul_v9.family, matmul_v10.family, matmul_fp16.family = "tf32x3", "v9", "v10", "fp16"
 
 
 # v12: bf16 products the way fast half-precision GEMMs do them (kernels/half_tile.py). The operands
@@ -550,12 +567,11 @@ HALF_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32), (64, 64, 3
 def matmul_v12(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """bf16 tensor-core products (inputs rounded to bf16 once, on their way into shared memory;
     fp32 sums) with ldmatrix fragment reads; block = (BM, BN, 32, WM, WN); work: the split-K buffer."""
-    _matmul_warp("bf16l", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp("v12", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 matmul_v12.precision = "bf16"
-WARP_KERNELS["bf16l"] = (12, "bf16 tensor cores on bf16 shared tiles (rounded once) read by ldmatrix")
-WARP_MATMUL["bf16l"] = matmul_v12
+matmul_v12.family = "v12"
 
 
 # v13: v12's tiles fed by cp.async (kernels/half_tile.py, "matmul v13"). Each operand is first
@@ -598,12 +614,10 @@ def matmul_bf16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False,
 
 
 matmul_bf16.precision = "bf16"
-WARP_KERNELS["bf16a"] = (13, "bf16 tensor cores on bf16 copies, copied to a ring of shared stages by cp.async")
-# In WARP_MATMUL for the linear ops that chain whole products (mlp, loss: WARP_MATMUL[kind]); the
-# kernels that run three products in one launch (attn_qkv's, attn_out's, on make_tile(kind) with
-# the fp32 operands) have no v13 form, since its tile functions take the bf16 copies that only its
-# launcher makes: their v13 versions chain matmul_bf16 calls instead.
-WARP_MATMUL["bf16a"] = matmul_bf16
+matmul_bf16.family = "bf16"
+# The linear ops chain whole products of it (the kernels that run three products in one launch,
+# attn_qkv's and attn_out's on make_tile with the fp32 operands, have no form on its tiles, whose
+# functions take the bf16 copies that only its launcher makes).
 # the linear ops on v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12): v13's tiles
 ASYNC_OP_TILES = ASYNC_TILES
 
@@ -651,7 +665,6 @@ def _wgmma_matmul(resolve, out, work, a, b, trans_a, trans_b, accumulate, block,
         splitk_sum(out, part, accumulate, stream, version=2)
 
 
-WARP_KERNELS["bf16g"] = (14, "bf16 wgmma (Hopper warpgroup products) on K-major bf16 copies, a cp.async ring")
 
 # v15: v14 with one wgmma group kept in flight and a deeper ring (kernels/wgmma_ring.py). A warpgroup
 # waits for step s - 1's wgmmas (wait_group 1) instead of step s's, so the tensor cores keep working
@@ -705,7 +718,7 @@ def matmul_v15(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 
 matmul_v15.precision = "bf16"
-WARP_KERNELS["bf16h"] = (15, "bf16 wgmma with a group in flight, a deeper cp.async ring in dynamic shared memory")
+matmul_v15.family = "v15"
 
 # v16: v15 where it needs no transposed copy of an activation, v13 where it would. v15 reads both
 # operands K-major, so a weight gradient (dW += x^T @ dy: x and dy stored with M and N along their
@@ -726,8 +739,6 @@ def matmul_v16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 
 matmul_v16.precision = "bf16"
-WARP_KERNELS["bf16r"] = (16, "v15 (wgmma) for a @ b and a @ b^T, v13 for the weight gradients a^T @ b")
-WARP_MATMUL["bf16r"] = matmul_v16
 
 
 # v20-v22 and v24 are not rungs of the ladder but the library beside it: the same products through
@@ -753,7 +764,7 @@ WARP_MATMUL["bf16r"] = matmul_v16
 # the GPU (the MN-major tiles use the same bytes); in the simulator one warpgroup of 64 x 128 x 64
 # with 4 stages (dynamic; an N-major B of two column blocks, so its descriptor's LBO is used) and
 # of 64 x 64 x 32 with 3 (static): an MN-major tile needs BM and BN multiples of 64. Its kernel is
-# _k_matmul_warp's on make_mn_tile (make_tile's kind "bf16m"), launched by v14's and v15's
+# _k_matmul_warp's on make_mn_tile (make_tile's family "bf16_wgmma_cp_async"), launched by v14's and v15's
 # _wgmma_matmul on the copies as stored.
 
 MN_TILES = dict(gpu=RING_TILES["gpu"], sim=((64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)))
@@ -771,8 +782,7 @@ def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 
 
 matmul_v17.precision = "bf16"
-WARP_KERNELS["bf16m"] = (17, "bf16 wgmma on the bf16 copies as stored: MN-major stages read through the transpose bits")
-WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the linear ops on v17 alone
+matmul_v17.family = "bf16_wgmma_cp_async"
 
 
 # =============================================================================================
@@ -897,7 +907,6 @@ def sm_count() -> int:
 
 
 matmul_bf16_wgmma.precision = "bf16"
-WARP_MATMUL["bf16t"] = matmul_bf16_wgmma            # products "bf16t" (gpu_model): the linear ops on v18
 
 
 # (lab/bench/step_time.py --tma-matmul 19 times v19 inside the whole model: tma_matmul below.)

@@ -26,9 +26,8 @@ from numba import cuda, float32
 from .common import address, blocks, elementwise_launch, nonneg, rung
 from .ptx import bf16x2, load4, store4
 from .operands import HELD
-from .tma import map_fits
-from .matmul import (_tma_matmul, ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, KMAJOR_TILES,
-                     SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve)
+from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, TILES, TMA_OP_TILES, make_tile, matmul, matmul_bf16,
+                     matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3)
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -156,22 +155,20 @@ def k_gelu_bwd_v1(dh_pre, h_pre):
 # every run. work is the engine's split-K buffer (matmul.splitk_work(C, N): room for two N x C
 # slices); a model without one (the sampler's) passes None and runs v9's products.
 
-def _fwd_split(kind, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass):
+def _fwd_split(mm, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass):
     """h_pre = x @ W_1, h = gelu(h_pre) (gelu_pass), out = h @ W_2, both products offered the work
     buffer (splitk decides; None: no split)."""
     N, F = h.shape
-    mm = WARP_MATMUL[kind]
     mm(h_pre, work, x, w_1, block=block, stream=stream)
     gelu_pass(h.reshape(N * F), h_pre.reshape(N * F), stream)
     mm(out, work, h, w_2, block=block, stream=stream)
 
 
-def _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_grad_pass,
+def _bwd_split(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_grad_pass,
                split_dx=True):
     """The backward, the GELU' pass given: the weight gradients offered the work buffer, and with
     split_dx (v11 on) dh = dout @ W_2^T and dx too (splitk decides)."""
     N, F = h.shape
-    mm = WARP_MATMUL[kind]
     wx = work if split_dx else None
     mm(dw_2, work, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)     # dW_2 += h^T @ dout
     mm(dh_pre, wx, dout, w_2, trans_b=True, block=block, stream=stream)                    # dh = dout @ W_2^T
@@ -242,14 +239,14 @@ def gelu_bwd_vec4(dh_pre, h_pre, stream):
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_tf32x3(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v11 with the GELU pass four elements a thread."""
-    _fwd_split("tf32x3w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
+    _fwd_split(matmul_tf32x3, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
 @rung(12)
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_tf32x3(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v11's backward with the GELU' pass four elements a thread."""
-    _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
+    _bwd_split(matmul_tf32x3, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 # fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
@@ -257,14 +254,14 @@ def mlp_bwd_tf32x3(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *,
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_fp16(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v12 with fp16 products (matmul v11's tiles)."""
-    _fwd_split("f16w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
+    _fwd_split(matmul_fp16, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
 @rung(14)
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_fp16(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v12's backward with fp16 products."""
-    _bwd_split("f16w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
+    _bwd_split(matmul_fp16, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 mlp_fwd_fp16.precision = mlp_bwd_fp16.precision = "fp16"
@@ -305,14 +302,14 @@ def gelu_fwd_bf16(h, h_pre, stream):
 def mlp_fwd_bf16(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v15 with its products from matmul v13; h fp32, or uint16 (saved as bf16)."""
     gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
-    _fwd_split("bf16a", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
+    _fwd_split(matmul_bf16, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
 @rung(16)
 @blocks(**ASYNC_OP_TILES)
 def mlp_bwd_bf16(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v15's backward with its products from matmul v13."""
-    _bwd_split("bf16a", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
+    _bwd_split(matmul_bf16, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 mlp_fwd_bf16.precision = mlp_bwd_bf16.precision = "bf16"
@@ -345,10 +342,9 @@ def gelu_bwd_bf16(dh16, dh, h_pre, stream):
     k_gelu_bwd_v3[grid, threads, stream](dh16.view(np.int32), dh, h_pre)
 
 
-def _bwd_held(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
+def _bwd_held(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
     """The backward with dout and dh_pre rounded to bf16 once each (v17's docstring)."""
     N, F = h.shape
-    mm = WARP_MATMUL[kind]
     d16 = HELD.round(dout, stream)                                                   # dout, rounded once
     mm(dw_2, work, h, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW_2 += h^T @ dout
     mm(dh_pre, work, d16, w_2, trans_b=True, block=block, stream=stream)                 # dh = dout @ W_2^T
@@ -368,14 +364,14 @@ def _bwd_held(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, b
 def mlp_fwd_bf16_wgmma(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v18 with its products from matmul v18."""
     gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
-    _fwd_split("bf16t", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
+    _fwd_split(matmul_bf16_wgmma, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
 @rung(19)
 @blocks(**TMA_OP_TILES)
 def mlp_bwd_bf16_wgmma(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v18's backward with its products from matmul v18."""
-    _bwd_held("bf16t", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_held(matmul_bf16_wgmma, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 mlp_fwd_bf16_wgmma.precision = mlp_bwd_bf16_wgmma.precision = "bf16"

@@ -49,7 +49,6 @@ In the simulator the v4 step is a NumPy twin: mma.sync needs 32 real lanes, so e
 computes its own TM x TN outputs of the 8-deep product with one NumPy product (fp32) and adds
 them to acc, the same outputs in the same tiles as on the GPU.
 """
-import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -59,10 +58,6 @@ from .common import SIMULATOR, address, as_is, cdiv, nonneg
 from .ptx import load4, mma_tf32, store4, tf32_round
 from .split_tile import tile_mma_split
 from .tile_loop import WARP, add_fragment, make_pipeline
-
-KINDS = ("simt", "tf32x3", "tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w", "bf16w", "f16w")   # matmul v3 .. v8, v10, v11
-HALF_KINDS = {"bf16w": "bf16", "f16w": "fp16"}        # the 16-bit kinds and their formats
-
 
 @cuda.jit(device=True)
 def col_swizzle(r):
@@ -269,35 +264,50 @@ def make_epilogue(row, col, TM, TN):
     return zero, store
 
 
-@functools.cache
-def make_warp_tile(tile):
-    """Everything a kernel needs for one warp tile, the same names as matmul.make_tile:
+def make_warp_tile(tile, tensor_cores):
+    """Everything a kernel needs for one warp tile of padded shared tiles, the same names as
+    matmul.make_tile:
         mma_nn, mma_nt, mma_tn, mma_tt     acc += a @ b, a @ b^T, a^T @ b, a^T @ b^T over all of K
         mma[(trans_a, trans_b)]            the same over k in [kb, ke): f(acc, a, b, kb, ke)
         row(i), col(j), zero(acc), store(out, acc, accumulate)
         TM, TN, THREADS, grid(M, N, z)
-    tile = (kind, BM, BN, BK, WM, WN, vec): kind "simt" (v3), "tf32x3" (v4), "tf32x3s" (v5: split
-    planes), "tf32x3k" (v6: k-major tiles split as read) or "tf32x3t" (v7: v6 with the small
-    part's low bits left for the tensor core to truncate) or "tf32x3w" (v8: v7 on swizzled tiles
-    with 128-bit stores of transposed operands) or "bf16w" (v10: v8's tiles, the values rounded to
-    bf16 as read, one mma.sync m16n8k16 a fragment a stage) or "f16w" (v11: the same in fp16), the
-    last six from split_tile.py;
-    vec: 128-bit copies (the caller checked the alignment: resolve())."""
-    kind, BM, BN, BK, WM, WN, vec = tile
-    assert kind in KINDS, kind
+    tile = (family, BM, BN, BK, WM, WN, vec); tensor_cores: the 8-deep step on mma.sync (3xTF32), else
+    SIMT multiply-adds; vec: 128-bit copies (the caller checked the alignment: resolve())."""
+    family, BM, BN, BK, WM, WN, vec = tile
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 8 == 0 and BK % 8 == 0, f"tile {tile}"
     ranged = {}
     for ta in (False, True):
         for tb in (False, True):
-            if kind in ("tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w", *HALF_KINDS):
-                ranged[(ta, tb)], THREADS = tile_mma_split(
-                    ta, tb, BM, BN, BK, WM, WN, vec, presplit=kind == "tf32x3s",
-                    split_mode="trunc" if kind in ("tf32x3t", "tf32x3w") else "round",
-                    swizzle=kind in ("tf32x3w", *HALF_KINDS), half=HALF_KINDS.get(kind))
-            else:
-                ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, kind == "tf32x3", vec)
-
+            ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, tensor_cores, vec)
     return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)
+
+
+def make_split_tile(tile, presplit, split_mode, swizzle, half=None):
+    """make_warp_tile's names for one warp tile of split_tile.py's k-major tiles (BK = 16), built by
+    split_tile.tile_mma_split with these options: presplit (the TF32 parts made once, on the way into
+    shared memory), split_mode (split_tile.SPLITS), swizzle (the swizzled rows of 128-bit stores),
+    half ("bf16" or "fp16": the values rounded to that format as read, one mma.sync m16n8k16 a
+    fragment a stage). tile = (family, BM, BN, BK, WM, WN, vec)."""
+    family, BM, BN, BK, WM, WN, vec = tile
+    assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 8 == 0 and BK % 8 == 0, f"tile {tile}"
+    ranged = {}
+    for ta in (False, True):
+        for tb in (False, True):
+            ranged[(ta, tb)], THREADS = tile_mma_split(ta, tb, BM, BN, BK, WM, WN, vec, presplit=presplit,
+                                                       split_mode=split_mode, swizzle=swizzle, half=half)
+    return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)
+
+
+def make_tf32x3_tile(tile):
+    """The tile of family "tf32x3" (matmul_tf32x3): 3xTF32 on swizzled k-major tiles, each value split
+    as its fragment is read, the small part's low bits left for the tensor core to drop."""
+    return make_split_tile(tile, presplit=False, split_mode="trunc", swizzle=True)
+
+
+def make_fp16_tile(tile):
+    """The tile of family "fp16" (matmul_fp16): the same swizzled k-major tiles, the values rounded to
+    fp16 as read (one mma.sync m16n8k16 a fragment a stage, fp32 sums)."""
+    return make_split_tile(tile, presplit=False, split_mode="round", swizzle=True, half="fp16")
 
 
 def fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS):
@@ -340,7 +350,7 @@ def aligned(*arrays) -> bool:
     return True
 
 
-def resolve(kind, block, *arrays):
-    """The full tile of a launch: the kind, the declared block (BM, BN, BK, WM, WN) and whether the
-    operands allow 128-bit copies."""
-    return (kind, *block, aligned(*arrays))
+def resolve(family, block, *arrays):
+    """The full tile of a launch: the tile family, the declared block (BM, BN, BK, WM, WN) and whether
+    the operands allow 128-bit copies."""
+    return (family, *block, aligned(*arrays))

@@ -1,4 +1,4 @@
-"""wgmma on operands as they are stored: the product tile of matmul v17 (kind "bf16m").
+"""wgmma on operands as they are stored: the product tile of matmul v17 (family "bf16_wgmma_cp_async").
 
 v14 and v15 (wgmma_tile.py, wgmma_ring.py) hand wgmma both operands K-major: a row of the A tile
 holds one m and its k values, a row of the B tile one n and its k values. An operand stored the
@@ -241,11 +241,11 @@ def make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, trans_a, trans_b):
 
 
 def ring_tile(tile, version, pipelines):
-    """The tile of v15 or v17 (tile = (kind, BM, BN, BK, 64, BN, vec, STAGES)) after the checks they
+    """The tile of v15 or v17 (tile = (family, BM, BN, BK, 64, BN, vec, STAGES)) after the checks they
     share: BK = 32 or 64, warpgroups of 64 rows, 3 to 5 stages, the ring within its shared memory.
     pipelines(BM, BN, BK, THREADS, stages, vec) gives the {(trans_a, trans_b): tile_mma} products;
     v14's accumulator layout and epilogue (warp_tile.fragment_tile) around them, and SHARED."""
-    kind, BM, BN, BK, WM, WN, vec, stages = tile
+    family, BM, BN, BK, WM, WN, vec, stages = tile
     assert BK in LAYOUT, f"v{version} tiles take BK = 32 or 64, got {BK}"
     assert WM == 64 and WN == BN and BM % 64 == 0, f"tile {tile}: warpgroups of 64 rows x all BN columns"
     assert stages >= 3 and stages - 3 in CP_ASYNC_WAIT, f"{stages} stages: one wgmma group in flight needs 3 .. 5"
@@ -261,18 +261,18 @@ def ring_tile(tile, version, pipelines):
 
 
 def mn_resolve(block, a16, b16):
-    """The full tile of a v17 launch: ("bf16m", BM, BN, BK, WM, WN, vec, STAGES); vec when both copies'
+    """The full tile of a v17 launch: ("bf16_wgmma_cp_async", BM, BN, BK, WM, WN, vec, STAGES); vec when both copies'
     stored rows are whole 16-byte chunks (half_tile.async_resolve's rule, on the rows as stored);
     STAGES 4 unless the block names it."""
-    return ("bf16m", *block[:5], async_resolve(block, a16, b16)[6], block[5] if len(block) > 5 else 4)
+    return ("bf16_wgmma_cp_async", *block[:5], async_resolve(block, a16, b16)[6], block[5] if len(block) > 5 else 4)
 
 
 @functools.cache
 def make_mn_tile(tile):
     """Everything a kernel needs for one v17 tile (make_ring_tile's names and SHARED), with the four
     products mma[(trans_a, trans_b)] on the bf16 copies as stored (half_tile.bf16_copies).
-    tile = ("bf16m", BM, BN, BK, 64, BN, vec, STAGES), BK = 32 or 64, BM and BN multiples of 64."""
-    assert tile[0] == "bf16m", tile
+    tile = ("bf16_wgmma_cp_async", BM, BN, BK, 64, BN, vec, STAGES), BK = 32 or 64, BM and BN multiples of 64."""
+    assert tile[0] == "bf16_wgmma_cp_async", tile
     assert tile[2] % MN_BLOCK == 0 and tile[2] <= 256, f"tile {tile}: BN a multiple of 64 (an MN-major row), at most 256"
     return ring_tile(tile, 17, lambda BM, BN, BK, THREADS, stages, vec:
                      {(ta, tb): make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, ta, tb)

@@ -1,4 +1,4 @@
-"""wgmma kept in flight over a deeper ring: the product tile of matmul v15 (kind "bf16h").
+"""wgmma kept in flight over a deeper ring: the product tile of matmul v15 (family "v15").
 
 v14 (wgmma_tile.py) issues a stage's wgmmas and then waits for them (wgmma.wait_group 0) before
 the next step's barrier: the tensor cores idle while every thread waits, meets the others at the
@@ -85,18 +85,18 @@ def make_ring_pipeline(BM, BN, BK, THREADS, stages, vec):
 
 
 def ring_resolve(block, a16, b16):
-    """The full tile of a v15 launch: ("bf16h", BM, BN, BK, WM, WN, vec, STAGES); vec when both
+    """The full tile of a v15 launch: ("v15", BM, BN, BK, WM, WN, vec, STAGES); vec when both
     K-major copies' rows are whole 16-byte chunks (half_tile.async_resolve's rule); STAGES 4 unless
     the block names it."""
-    return ("bf16h", *block[:5], async_resolve(block, a16, b16)[6], block[5] if len(block) > 5 else 4)
+    return ("v15", *block[:5], async_resolve(block, a16, b16)[6], block[5] if len(block) > 5 else 4)
 
 
 @functools.cache
 def make_ring_tile(tile):
     """Everything a kernel needs for one v15 tile (make_wgmma_tile's names, only the a @ b^T product
     mma[(False, True)]), plus SHARED: the dynamic shared memory bytes its launch passes (0: a static
-    ring). tile = ("bf16h", BM, BN, BK, 64, BN, vec, STAGES), BK = 32 or 64."""
-    assert tile[0] == "bf16h", tile
+    ring). tile = ("v15", BM, BN, BK, 64, BN, vec, STAGES), BK = 32 or 64."""
+    assert tile[0] == "v15", tile
     assert tile[2] % 8 == 0 and 8 <= tile[2] <= 256, f"tile {tile}: wgmma's N is 8 .. 256, a multiple of 8"
     return ring_tile(tile, 15, lambda BM, BN, BK, THREADS, stages, vec:
                      {(False, True): make_ring_pipeline(BM, BN, BK, THREADS, stages, vec)})

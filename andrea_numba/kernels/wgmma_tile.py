@@ -1,4 +1,4 @@
-"""bf16 products on Hopper's warpgroup instruction: the product tile of matmul v14 (kind "bf16g").
+"""bf16 products on Hopper's warpgroup instruction: the product tile of matmul v14 (family "v14").
 
 matmul v13 (half_tile.py) feeds mma.sync: every warp loads its A and B fragments from shared
 memory into registers with ldmatrix (12 ldmatrix.x4 a warp and stage at 128 x 128) and issues 32
@@ -249,10 +249,10 @@ def make_wgmma_pipeline(BM, BN, THREADS, stages, vec):
 def make_wgmma_tile(tile):
     """Everything a kernel needs for one v14 tile, the names of make_async_tile, with only the
     a @ b^T product (mma[(False, True)], mma_nt): its arguments are K-major bf16 copies, a16 [M, K]
-    and b16 [N, K]. tile = ("bf16g", BM, BN, BK, WM, WN, vec, STAGES): WM = 64 (a warpgroup's
+    and b16 [N, K]. tile = ("v14", BM, BN, BK, WM, WN, vec, STAGES): WM = 64 (a warpgroup's
     rows), WN = BN (one wgmma m64nBNk16 a warpgroup and k16 step), BK = 32."""
-    kind, BM, BN, BK, WM, WN, vec, stages = tile
-    assert kind == "bf16g", kind
+    family, BM, BN, BK, WM, WN, vec, stages = tile
+    assert family == "v14", family
     assert BK == BK_HALF, f"wgmma tiles take BK = {BK_HALF}, got {BK}"
     assert WM == 64 and WN == BN and BM % 64 == 0, f"tile {tile}: warpgroups of 64 rows x all BN columns"
     assert BN % 8 == 0 and 8 <= BN <= 256, f"tile {tile}: wgmma's N is 8 .. 256, a multiple of 8"

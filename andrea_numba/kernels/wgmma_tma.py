@@ -1,4 +1,4 @@
-"""A producer warp, TMA and mbarriers around wgmma: the product kernel of matmul v18 (kind "bf16t").
+"""A producer warp, TMA and mbarriers around wgmma: the product kernel of matmul v18 (matmul_bf16_wgmma).
 
 matmul v17 (wgmma_mn.py) computes a 128 x 128 tile with 256 threads that do everything in turn:
 each stage they all issue cp.async copies (address, swizzle and edge tests per 16-byte chunk),
