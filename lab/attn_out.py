@@ -3,8 +3,9 @@ beside the engine's own (imported from the engine module), and the VERSIONS tabl
 """
 from andrea_numba.kernels.attn_out import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from andrea_numba.kernels.attn_out import _bwd_held, _bwd_warp, _fwd_warp  # noqa: F401
-from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_TILES, WARP_TILES, matmul_v3, matmul_v4,
-                        matmul_v5, matmul_v6, matmul_v7, matmul_v9, matmul_v10, matmul_v12, matmul_v16, matmul_v17)
+from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_TILES, WARP_TILES,
+                        matmul_bf16_wgmma_cp_async, matmul_v3, matmul_v4, matmul_v5, matmul_v6, matmul_v7, matmul_v9,
+                        matmul_v10, matmul_v12, matmul_v16)
 
 
 @blocks(**WARP_TILES)
@@ -132,13 +133,13 @@ def attn_out_bwd_v13(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 @blocks(**MN_TILES)
 def attn_out_fwd_v14(out, y, w_o, *, block, stream=0):
     """out = y @ W_O through matmul v17."""
-    matmul_v17(out, None, y, w_o, block=block, stream=stream)
+    matmul_bf16_wgmma_cp_async(out, None, y, w_o, block=block, stream=stream)
 
 
 @blocks(**MN_TILES)
 def attn_out_bwd_v14(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     """v13's backward with both products on matmul v17."""
-    _bwd_held(matmul_v17, dy, dw_o, work, dout, y, w_o, block, stream)
+    _bwd_held(matmul_bf16_wgmma_cp_async, dy, dw_o, work, dout, y, w_o, block, stream)
 
 
 attn_out_fwd_v13.precision = attn_out_bwd_v13.precision = "bf16"

@@ -3,8 +3,9 @@ beside the engine's own (imported from the engine module), and the VERSIONS tabl
 """
 from andrea_numba.kernels.attn_qkv import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from andrea_numba.kernels.attn_qkv import _bwd_held, _bwd_warp, _fwd_chain, _fwd_warp  # noqa: F401
-from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_TILES, WARP_TILES, matmul_v3, matmul_v4,
-                        matmul_v5, matmul_v6, matmul_v7, matmul_v9, matmul_v10, matmul_v12, matmul_v16, matmul_v17)
+from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_TILES, WARP_TILES,
+                        matmul_bf16_wgmma_cp_async, matmul_v3, matmul_v4, matmul_v5, matmul_v6, matmul_v7, matmul_v9,
+                        matmul_v10, matmul_v12, matmul_v16)
 
 
 # the backward's first (the engine's) tile is 128 x 64: at 12M the 64 x 64 tile took 0.86 ms
@@ -136,13 +137,13 @@ def attn_qkv_bwd_v13(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *
 @blocks(**MN_TILES)
 def attn_qkv_fwd_v14(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """q, k, v: three products of matmul v17 (wgmma, W read N-major as stored)."""
-    _fwd_chain(matmul_v17, q, k, v, x, w_q, w_k, w_v, block, stream)
+    _fwd_chain(matmul_bf16_wgmma_cp_async, q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
 @blocks(**MN_TILES)
 def attn_qkv_bwd_v14(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """v13's backward with all six products on matmul v17."""
-    _bwd_held(matmul_v17, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+    _bwd_held(matmul_bf16_wgmma_cp_async, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
 attn_qkv_fwd_v13.precision = attn_qkv_bwd_v13.precision = "bf16"

@@ -3,8 +3,8 @@ beside the engine's own (imported from the engine module), and the VERSIONS tabl
 """
 from andrea_numba.kernels.loss import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from andrea_numba.kernels.loss import _bwd_bf16, _bwd_warp, _fwd_warp  # noqa: F401
-from lab.matmul import (matmul_v3, matmul_v4, matmul_v5, matmul_v6, matmul_v7, matmul_v9, matmul_v10, matmul_v12,
-                        matmul_v16, matmul_v17)
+from lab.matmul import (matmul_bf16_wgmma_cp_async, matmul_v3, matmul_v4, matmul_v5, matmul_v6, matmul_v7, matmul_v9,
+                        matmul_v10, matmul_v12, matmul_v16)
 
 
 @blocks(gpu=(1024, 256), sim=(4, 2))
@@ -146,13 +146,13 @@ def loss_bwd_v13(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, bloc
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd_v15(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """v14 with the logits from matmul v17."""
-    _fwd_two_pass(matmul_v17, loss, losses, probs, x, wte, targets, block, stream)
+    _fwd_two_pass(matmul_bf16_wgmma_cp_async, loss, losses, probs, x, wte, targets, block, stream)
 
 
 @blocks(gpu=(256, 1024), sim=(4, 2))
 def loss_bwd_v14(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
     """v13 with both products on matmul v17."""
-    _bwd_bf16(matmul_v17, dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
+    _bwd_bf16(matmul_bf16_wgmma_cp_async, dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
 
 
 # v16 forward, v15 backward: v15 and v14 with the products on matmul v18 (each at its own tile).

@@ -7,8 +7,8 @@ import numpy as np
 from andrea_numba.kernels.mlp import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from andrea_numba.kernels.mlp import _bwd_held, _bwd_split, _fwd_split  # noqa: F401
 from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_TILES, WARP_TILES, _tma_matmul, map_fits,
-                        matmul_v3, matmul_v4, matmul_v5, matmul_v6, matmul_v7, matmul_v9, matmul_v10, matmul_v12,
-                        matmul_v16, matmul_v17, resolve, tma_fits)
+                        matmul_bf16_wgmma_cp_async, matmul_v3, matmul_v4, matmul_v5, matmul_v6, matmul_v7, matmul_v9,
+                        matmul_v10, matmul_v12, matmul_v16, resolve, tma_fits)
 
 
 @functools.cache
@@ -254,13 +254,13 @@ def mlp_bwd_v17(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 def mlp_fwd_v18(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v17 with its products from matmul v17; h fp32, or uint16 (saved as bf16)."""
     gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
-    _fwd_split(matmul_v17, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
+    _fwd_split(matmul_bf16_wgmma_cp_async, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
 @blocks(**MN_TILES)
 def mlp_bwd_v18(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v17's backward with its products from matmul v17."""
-    _bwd_held(matmul_v17, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_held(matmul_bf16_wgmma_cp_async, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 # v20: v19 with the GELU in the products' epilogues (matmul v18's fused stores, kernels/wgmma_tma.py,

@@ -1,4 +1,4 @@
-"""matmul v15 (kernels/wgmma_ring.py): v14's wgmma products with one wgmma group in flight and a deeper
+"""matmul v15 (lab/wgmma_ring.py): v14's wgmma products with one wgmma group in flight and a deeper
 ring (BK = 64 stages of 128-byte rows in dynamic shared memory), in the simulator (wgmma a NumPy twin
 there, wgmma.wgmma_warpgroup on the shared array's bytes).
 
@@ -17,10 +17,10 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import half_tile as H
-from andrea_numba.kernels import matmul as MM
+from lab import matmul as MM                        # the whole ladder: the engine's products and the lab's
 from lab import matmul as lab_matmul
 from andrea_numba.kernels import wgmma as W
-from andrea_numba.kernels import wgmma_ring as WR
+from lab import wgmma_ring as WR
 from andrea_numba.kernels.common import SIMULATOR
 from test_matmul_v12 import _bf16_product, _operands, _run   # v12's helpers: the same operands, twin and call
 from test_matmul_v13 import check_split_slices

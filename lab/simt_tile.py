@@ -40,10 +40,10 @@ from types import SimpleNamespace
 
 from numba import cuda, float32
 
-from .common import cdiv
-from .ptx import load4
-from .tile_loop import WARP, make_pipeline
-from .warp_tile import _copier, make_epilogue, whole_k
+from andrea_numba.kernels.common import cdiv
+from andrea_numba.kernels.ptx import load4
+from andrea_numba.kernels.tile_loop import WARP, make_pipeline
+from andrea_numba.kernels.warp_tile import _copier, make_epilogue, whole_k
 
 
 def _transposer(R, Cc, P, THREADS, vec):
