@@ -1,5 +1,13 @@
 """The lab's rungs of andrea_numba/kernels/attn_out.py: every numbered version the engine does not run,
 beside the engine's own (imported from the engine module), and the VERSIONS table of the ladder.
+
+v1 runs the kernels on matmul v2's tiles, v2 on the SIMT warp tiles of matmul v3, v3 on the 3xTF32
+tensor-core warp tiles of matmul v4, v4-v6 on those of matmul v5-v7, the engine's v7 on matmul v8's
+(the kernels' text is the same; the tile functions differ), v8 on matmul v9's, v9 on matmul v10's,
+the engine's v10 on matmul v11's (fp16), v11 on matmul v12's; the engine's v12 runs products of
+matmul v13. v13: v12 through matmul v16 (out and dy on v15's wgmma, dW_O on v13), dout rounded to
+bf16 once for both backward products (operands.HELD), where v12 rounded it for each; v14 the same
+on matmul v17; the engine's v15 (attn_out_fwd_bf16_wgmma) on v18.
 """
 from andrea_numba.kernels.attn_out import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from andrea_numba.kernels.attn_out import _bwd_held, _bwd_warp, _fwd_warp  # noqa: F401

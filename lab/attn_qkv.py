@@ -1,5 +1,13 @@
 """The lab's rungs of andrea_numba/kernels/attn_qkv.py: every numbered version the engine does not run,
 beside the engine's own (imported from the engine module), and the VERSIONS table of the ladder.
+
+v1 runs the kernels on matmul v2's tiles, v2 on the SIMT warp tiles of matmul v3, v3 on the 3xTF32
+tensor-core warp tiles of matmul v4, v4-v6 on those of matmul v5-v7, the engine's v7 on matmul v8's
+(the same kernel text on other tiles), v8 on matmul v9's SIMT tiles, v9 on matmul v10's bf16 tiles,
+the engine's v10 on matmul v11's (fp16), v11 on matmul v12's. The engine's v12 chains products of
+matmul v13 (its tiles take the bf16 copies only its launcher makes: three launches where v11 ran
+one of three z-slices, dx summed in the output, not in registers: other bits than v11's, the same
+math); v13-v15 (the comment above v13).
 """
 from andrea_numba.kernels.attn_qkv import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from andrea_numba.kernels.attn_qkv import _bwd_held, _bwd_warp, _fwd_chain, _fwd_warp  # noqa: F401
@@ -121,6 +129,11 @@ def attn_qkv_bwd_v11(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *
 attn_qkv_fwd_v11.precision = attn_qkv_bwd_v11.precision = "bf16"
 
 
+# v13: v12's products through matmul v16: wgmma (v15) for q, k, v and dx, v13 for the weight gradients;
+# each of dq, dk, dv rounded to bf16 once (operands.HELD) for its two products, where v12 rounded it
+# for each. The products run in the order (dx, dW_Q), (dx, dW_K), (dx, dW_V): dx still sums q, k, v.
+# v14: the same on matmul v17 (wgmma for every product, the weight gradients' operands read as
+# stored); the engine's v15 (attn_qkv_fwd_bf16_wgmma) on v18.
 @blocks(**RING_TILES)
 def attn_qkv_fwd_v13(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
     """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul v16 (v15's wgmma)."""

@@ -1,5 +1,13 @@
 """The lab's rungs of andrea_numba/kernels/loss.py: every numbered version the engine does not run,
 beside the engine's own (imported from the engine module), and the VERSIONS table of the ladder.
+
+v1 takes its products from matmul's shared tiles; v2 from matmul v3 (SIMT warp tiles), v3 from
+matmul v4 (3xTF32), v4-v6 from matmul v5-v7, the backward's engine v7 (and the forward's v7) from
+matmul v8, v8 from matmul v9; the forward's engine v9 puts the softmax rows on as few threads as
+they need. In 16 bits the products of matmul v10 (forward v10, backward v9), the engine's fp16 pair
+on matmul v11 (forward v11, backward v10), matmul v12 (v12, v11), the engine's bf16 pair on matmul
+v13 (v13, v12), then v16's (v14, v13), v17's (v15, v14) and v18's (v16, v15; the engine's v17 and
+v18 forward and v16 backward).
 """
 from andrea_numba.kernels.loss import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from andrea_numba.kernels.loss import _bwd_bf16, _bwd_warp, _fwd_warp  # noqa: F401

@@ -1,5 +1,16 @@
 """The lab's rungs of andrea_numba/kernels/mlp.py: every numbered version the engine does not run,
 beside the engine's own (imported from the engine module), and the VERSIONS table of the ladder.
+
+v1 runs the fused kernels (mlp.kernels) on matmul v2's tiles; v2 and v3 the same kernel text on the
+SIMT and 3xTF32 warp tiles of matmul v3 and v4, v4 and v5 on the split and k-major tiles of matmul
+v5 and v6 (the tile functions differ, the kernels do not); v6 is v5 with k_mlp_fwd_v2 and
+k_mlp_bwd_v2, which keep the sums in registers; v7 and v8 are v5 on the tiles of matmul v7 and v8;
+v9 takes the GELU out of the products (the engine's form since); v10 is v9 on matmul v9's SIMT
+tiles; v11 splits the C-wide products over K too; the engine's v12 (mlp_fwd_tf32x3) takes the GELU
+passes four elements a thread, and its v14 (mlp_fwd_fp16) is v12 in fp16. In bf16, on the products
+of: v13 matmul v10, v15 v12, v16 (the engine's mlp_fwd_bf16) v13, v17 v16 with the gradients
+rounded once (mlp._bwd_held), v18 v17, v19 (the engine's mlp_fwd_bf16_wgmma) v18; v20 has the GELU
+in v18's epilogues.
 """
 from numba import cuda, float32
 import functools
@@ -11,6 +22,15 @@ from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_
                         matmul_v10, matmul_v12, matmul_v16, resolve, tma_fits)
 
 
+# v6: the engine's fused kernels (mlp.kernels: k_mlp_fwd_v1, k_mlp_bwd_v1) apply the GELU (or its
+# derivative) in their own store loop: 64 outputs a thread on the warp tiles, each with a tanh, a loop too long for the compiler to unroll. Then
+# acc[i, j] is read with indices known only at run time, and an array read that way cannot live
+# in registers: the compiler puts the whole of acc in local memory (the PTX of k_mlp_fwd_v1 on the
+# 128 x 64 k-major tile has a 256-byte __local_depot; Nsight Compute on the H200 counted its local
+# loads and stores as the kernel's worst memory traffic). The v2 kernels write acc with the
+# tile's own store (short loops, unrolled: acc stays in registers, as in the matmul kernels),
+# then each thread reads back the elements it wrote itself and applies the GELU there. The same
+# float32 values meet the same arithmetic: v2's bits are v1's.
 @functools.cache
 def kernels_v2(tile):
     t = make_tile(tile)
@@ -47,6 +67,9 @@ def kernels_v2(tile):
     return k_mlp_fwd_v2, k_mlp_bwd_v2
 
 
+# v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores);
+# the plain products through that matmul, the weight gradients with split-K (work: its buffer):
+# mm, a product launcher of the lab's (or the engine's); its tile family (mm.family) runs the kernels.
 def _fwd_warp(mm, out, h_pre, h, x, w_1, w_2, block, stream, built=kernels):
     N, F = h.shape
     tile = resolve(mm.family, block, x, w_1)

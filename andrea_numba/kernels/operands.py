@@ -263,8 +263,9 @@ class OperandCopies:
         each flat, rows packed (round_into: k_round_bf16_v2 / k_round_fp16_v2, ties to even). An operand that
         holds 16-bit values of the precision already (uint16 for bf16: an activation a model saved
         rounded, gpu_model.SAVED16) is not copied: it is returned flat, as it is.
-        transpose (bf16 only; matmul v14): for a and b, whether the copy holds the operand's
-        transpose ([cols, rows], round_into_t); a transposed uint16 operand is copied (its bits moved)."""
+        transpose (bf16 only; the lab's matmul v14, v15): for a and b, whether the copy holds the
+        operand's transpose ([cols, rows], round_into_t); a transposed uint16 operand is copied (its
+        bits moved)."""
         self.reserve(a.size, b.size)
         view = self.buf if precision == "bf16" else self.buf.view(np.float16)
         slots = view[:a.size], view[_slot_b(a.size):_slot_b(a.size) + b.size]
