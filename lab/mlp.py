@@ -1,14 +1,36 @@
 """The lab's rungs of andrea_numba/kernels/mlp.py: every numbered version the engine does not run,
 beside the engine's own (imported from the engine module), and the VERSIONS table of the ladder.
+
+v1 runs the fused kernels (mlp.kernels) on matmul v2's tiles; v2 and v3 the same kernel text on the
+SIMT and 3xTF32 warp tiles of matmul v3 and v4, v4 and v5 on the split and k-major tiles of matmul
+v5 and v6 (the tile functions differ, the kernels do not); v6 is v5 with k_mlp_fwd_v2 and
+k_mlp_bwd_v2, which keep the sums in registers; v7 and v8 are v5 on the tiles of matmul v7 and v8;
+v9 takes the GELU out of the products (the engine's form since); v10 is v9 on matmul v9's SIMT
+tiles; v11 splits the C-wide products over K too; the engine's v12 (mlp_fwd_tf32x3) takes the GELU
+passes four elements a thread, and its v14 (mlp_fwd_fp16) is v12 in fp16. In bf16, on the products
+of: v13 matmul v10, v15 v12, v16 (the engine's mlp_fwd_bf16) v13, v17 v16 with the gradients
+rounded once (mlp._bwd_held), v18 v17, v19 (the engine's mlp_fwd_bf16_wgmma) v18; v20 has the GELU
+in v18's epilogues.
 """
 from numba import cuda, float32
 import functools
 import numpy as np
 from andrea_numba.kernels.mlp import *  # noqa: F401,F403  (the engine's rungs and helpers)
-from andrea_numba.kernels.mlp import _bwd_held, _bwd_split, _fwd_split, _tma_matmul  # noqa: F401
-from lab.matmul import HALF_OP_TILES, tma_fits
+from andrea_numba.kernels.mlp import _bwd_held, _bwd_split, _fwd_split  # noqa: F401
+from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_TILES, WARP_TILES, _tma_matmul, map_fits,
+                        matmul_bf16_wgmma_cp_async, matmul_v3, matmul_v4, matmul_v5, matmul_v6, matmul_v7, matmul_v9,
+                        matmul_v10, matmul_v12, matmul_v16, resolve, tma_fits)
 
 
+# v6: the engine's fused kernels (mlp.kernels: k_mlp_fwd_v1, k_mlp_bwd_v1) apply the GELU (or its
+# derivative) in their own store loop: 64 outputs a thread on the warp tiles, each with a tanh, a loop too long for the compiler to unroll. Then
+# acc[i, j] is read with indices known only at run time, and an array read that way cannot live
+# in registers: the compiler puts the whole of acc in local memory (the PTX of k_mlp_fwd_v1 on the
+# 128 x 64 k-major tile has a 256-byte __local_depot; Nsight Compute on the H200 counted its local
+# loads and stores as the kernel's worst memory traffic). The v2 kernels write acc with the
+# tile's own store (short loops, unrolled: acc stays in registers, as in the matmul kernels),
+# then each thread reads back the elements it wrote itself and applies the GELU there. The same
+# float32 values meet the same arithmetic: v2's bits are v1's.
 @functools.cache
 def kernels_v2(tile):
     t = make_tile(tile)
@@ -45,19 +67,21 @@ def kernels_v2(tile):
     return k_mlp_fwd_v2, k_mlp_bwd_v2
 
 
-def _fwd_warp(kind, out, h_pre, h, x, w_1, w_2, block, stream, built=kernels):
+# v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores);
+# the plain products through that matmul, the weight gradients with split-K (work: its buffer):
+# mm, a product launcher of the lab's (or the engine's); its tile family (mm.family) runs the kernels.
+def _fwd_warp(mm, out, h_pre, h, x, w_1, w_2, block, stream, built=kernels):
     N, F = h.shape
-    tile = resolve(kind, block, x, w_1)
+    tile = resolve(mm.family, block, x, w_1)
     t = make_tile(tile)
     built(tile)[0][t.grid(N, F), t.THREADS, stream](h_pre, h, x, w_1)
-    WARP_MATMUL[kind](out, None, h, w_2, block=block, stream=stream)                     # out = h @ W_2
+    mm(out, None, h, w_2, block=block, stream=stream)                     # out = h @ W_2
 
 
-def _bwd_warp(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, built=kernels):
+def _bwd_warp(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, built=kernels):
     N, F = h.shape
-    tile = resolve(kind, block, dout, w_2)
+    tile = resolve(mm.family, block, dout, w_2)
     t = make_tile(tile)
-    mm = WARP_MATMUL[kind]
     mm(dw_2, work, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)     # dW_2 += h^T @ dout
     built(tile)[1][t.grid(N, F), t.THREADS, stream](dh_pre, dout, h_pre, w_2)
     mm(dw_1, work, x, dh_pre, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
@@ -67,135 +91,135 @@ def _bwd_warp(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, b
 @blocks(**WARP_TILES)
 def mlp_fwd_v2(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """v1 on SIMT warp tiles; block = (BM, BN, BK, WM, WN)."""
-    _fwd_warp("simt", out, h_pre, h, x, w_1, w_2, block, stream)
+    _fwd_warp(matmul_v3, out, h_pre, h, x, w_1, w_2, block, stream)
 
 
 @blocks(**WARP_TILES)
 def mlp_bwd_v2(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v1 on SIMT warp tiles, the weight gradients split over K into work."""
-    _bwd_warp("simt", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_warp(matmul_v3, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 @blocks(**WARP_TILES)
 def mlp_fwd_v3(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """v1 on 3xTF32 tensor-core warp tiles."""
-    _fwd_warp("tf32x3", out, h_pre, h, x, w_1, w_2, block, stream)
+    _fwd_warp(matmul_v4, out, h_pre, h, x, w_1, w_2, block, stream)
 
 
 @blocks(**WARP_TILES)
 def mlp_bwd_v3(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v1 on 3xTF32 tensor-core warp tiles, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_warp(matmul_v4, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 @blocks(**SPLIT_TILES)
 def mlp_fwd_v4(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """v1 on the split tiles of matmul v5 (3xTF32, parts made once, BK = 16)."""
-    _fwd_warp("tf32x3s", out, h_pre, h, x, w_1, w_2, block, stream)
+    _fwd_warp(matmul_v5, out, h_pre, h, x, w_1, w_2, block, stream)
 
 
 @blocks(**SPLIT_TILES)
 def mlp_bwd_v4(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v1 on the split tiles of matmul v5, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3s", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_warp(matmul_v5, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v5(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """v1 on the k-major tiles of matmul v6 (3xTF32, split as read, BK = 16)."""
-    _fwd_warp("tf32x3k", out, h_pre, h, x, w_1, w_2, block, stream)
+    _fwd_warp(matmul_v6, out, h_pre, h, x, w_1, w_2, block, stream)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v5(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v1 on the k-major tiles of matmul v6, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3k", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_warp(matmul_v6, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v6(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """v5 with k_mlp_fwd_v2: acc in registers, the GELU applied from the h_pre just written."""
-    _fwd_warp("tf32x3k", out, h_pre, h, x, w_1, w_2, block, stream, built=kernels_v2)
+    _fwd_warp(matmul_v6, out, h_pre, h, x, w_1, w_2, block, stream, built=kernels_v2)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v6(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v5 with k_mlp_bwd_v2: acc in registers, GELU's derivative applied to the dh_pre just written."""
-    _bwd_warp("tf32x3k", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, built=kernels_v2)
+    _bwd_warp(matmul_v6, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, built=kernels_v2)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v7(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """v5 on the tiles of matmul v7 (the small parts truncated by the tensor core). v6's store loop
     was not faster on the H200 (2026-12-01): v7 keeps v5's kernels."""
-    _fwd_warp("tf32x3t", out, h_pre, h, x, w_1, w_2, block, stream)
+    _fwd_warp(matmul_v7, out, h_pre, h, x, w_1, w_2, block, stream)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v7(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v5 on the tiles of matmul v7, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3t", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_warp(matmul_v7, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v8(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """v7 on the swizzled tiles of matmul v8 (v7's bits)."""
-    _fwd_warp("tf32x3w", out, h_pre, h, x, w_1, w_2, block, stream)
+    _fwd_warp(matmul_tf32x3, out, h_pre, h, x, w_1, w_2, block, stream)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v8(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v7 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_warp(matmul_tf32x3, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
-def _fwd_plain(kind, out, h_pre, h, x, w_1, w_2, block, stream):
+def _fwd_plain(mm, out, h_pre, h, x, w_1, w_2, block, stream):
     """h_pre = x @ W_1, h = gelu(h_pre) (k_gelu_fwd_v1), out = h @ W_2, the products on kind's matmul."""
-    _fwd_split(kind, out, h_pre, h, None, x, w_1, w_2, block, stream, gelu_fwd)
+    _fwd_split(mm, out, h_pre, h, None, x, w_1, w_2, block, stream, gelu_fwd)
 
 
-def _bwd_plain(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
+def _bwd_plain(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
     """The backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place; only the
     weight gradients split over K."""
-    _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd,
+    _bwd_split(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd,
                split_dx=False)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v9(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """h_pre = x @ W_1 (matmul v8), h = gelu(h_pre) (k_gelu_fwd_v1), out = h @ W_2."""
-    _fwd_plain("tf32x3w", out, h_pre, h, x, w_1, w_2, block, stream)
+    _fwd_plain(matmul_tf32x3, out, h_pre, h, x, w_1, w_2, block, stream)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v9(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """As v8's backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place."""
-    _bwd_plain("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_plain(matmul_tf32x3, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 # v10: v9's form on the SIMT tiles of matmul v9 (products="simt2": no tensor cores).
 @blocks(**SIMT2_TILES)
 def mlp_fwd_v10(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
     """v9 with the products of matmul v9 (SIMT multiply-adds)."""
-    _fwd_plain("simt2", out, h_pre, h, x, w_1, w_2, block, stream)
+    _fwd_plain(matmul_v9, out, h_pre, h, x, w_1, w_2, block, stream)
 
 
 @blocks(**SIMT2_TILES)
 def mlp_bwd_v10(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v9's backward with the products of matmul v9."""
-    _bwd_plain("simt2", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_plain(matmul_v9, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v11(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v9 with the products split over K into work where a wave would run part-empty."""
-    _fwd_split("tf32x3w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd)
+    _fwd_split(matmul_tf32x3, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v11(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v9's backward with dh = dout @ W_2^T and dx split over K into work where a wave would run part-empty."""
-    _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd)
+    _bwd_split(matmul_tf32x3, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd)
 
 
 # bf16 products (the first rung in bf16): the kernels of the tf32x3w version on matmul v10's tiles,
@@ -204,13 +228,13 @@ def mlp_bwd_v11(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v13(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v12 with bf16 products (matmul v10's tiles)."""
-    _fwd_split("bf16w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
+    _fwd_split(matmul_v10, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v13(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v12's backward with bf16 products."""
-    _bwd_split("bf16w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
+    _bwd_split(matmul_v10, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 mlp_fwd_v13.precision = mlp_bwd_v13.precision = "bf16"
@@ -222,13 +246,13 @@ mlp_fwd_v13.precision = mlp_bwd_v13.precision = "bf16"
 @blocks(**HALF_OP_TILES)
 def mlp_fwd_v15(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v13 on matmul v12's tiles (bf16 shared tiles, ldmatrix)."""
-    _fwd_split("bf16l", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
+    _fwd_split(matmul_v12, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
 @blocks(**HALF_OP_TILES)
 def mlp_bwd_v15(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v13's backward on matmul v12's tiles."""
-    _bwd_split("bf16l", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
+    _bwd_split(matmul_v12, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 mlp_fwd_v15.precision = mlp_bwd_v15.precision = "bf16"
@@ -238,14 +262,14 @@ mlp_fwd_v15.precision = mlp_bwd_v15.precision = "bf16"
 def mlp_fwd_v17(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v16 with its products from matmul v16; h fp32, or uint16 (saved as bf16)."""
     gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
-    _fwd_split("bf16r", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
+    _fwd_split(matmul_v16, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
 @blocks(**RING_TILES)
 def mlp_bwd_v17(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v16's backward with its products from matmul v16, dout and dh_pre rounded to bf16 once each
     (operands.HELD; dh_pre by the GELU' pass itself, k_gelu_bwd_v3, where the views allow it)."""
-    _bwd_held("bf16r", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_held(matmul_v16, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 # v18: v17 on matmul v17 (wgmma for every product, the weight gradients' operands read as stored).
@@ -253,13 +277,13 @@ def mlp_bwd_v17(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 def mlp_fwd_v18(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     """v17 with its products from matmul v17; h fp32, or uint16 (saved as bf16)."""
     gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
-    _fwd_split("bf16m", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
+    _fwd_split(matmul_bf16_wgmma_cp_async, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
 @blocks(**MN_TILES)
 def mlp_bwd_v18(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v17's backward with its products from matmul v17."""
-    _bwd_held("bf16m", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    _bwd_held(matmul_bf16_wgmma_cp_async, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 # v20: v19 with the GELU in the products' epilogues (matmul v18's fused stores, kernels/wgmma_tma.py,
@@ -293,7 +317,7 @@ def mlp_fwd_v20(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
         mlp_fwd_bf16_wgmma(out, h_pre, h, work, x, w_1, w_2, block=block, stream=stream)
         return
     _tma_matmul(h_pre, None, x, w_1, False, False, False, block, stream, GELU_EPILOGUE, h)   # h_pre, h
-    WARP_MATMUL["bf16t"](out, work, h, w_2, block=block, stream=stream)                      # out = h @ W_2
+    matmul_bf16_wgmma(out, work, h, w_2, block=block, stream=stream)                      # out = h @ W_2
 
 
 @blocks(**TMA_OP_TILES)
@@ -306,7 +330,7 @@ def mlp_bwd_v20(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     if not (tma_fits(dout, w_2) and tma_fits(x, dh16) and map_fits(dh16)):
         mlp_bwd_bf16_wgmma(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block=block, stream=stream)
         return
-    mm = WARP_MATMUL["bf16t"]
+    mm = matmul_bf16_wgmma
     d16 = HELD.round(dout, stream)                                                   # dout, rounded once
     mm(dw_2, work, h, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW_2 += h^T @ dout
     _tma_matmul(h_pre, None, d16, w_2, False, True, False, block, stream, DGELU_EPILOGUE, dh16)   # dh_pre

@@ -212,7 +212,7 @@ C.table([("all of K inside the tensor core (truncating adds)", inside, abs(insid
 C.step("The warp tile of matmul v3 / v4: which lane owns which output")
 from numba import cuda  # noqa: E402
 
-from andrea_numba.kernels import matmul as MM  # noqa: E402
+from lab import matmul as MM  # noqa: E402  (the whole ladder: v3, v4, v6 are the lab's rungs)
 
 BM, BN, BK, WM, WN = MM.matmul_v4.blocks[0]
 C.say(f"""

@@ -13,7 +13,7 @@ from numba import cuda
 from andrea_numba.kernels import attn_out, cublaslt, loss, mlp
 from lab import mlp as lab_mlp
 from lab import attn_out as lab_attn_out
-from andrea_numba.kernels import matmul as MM
+from lab import matmul as MM
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 
@@ -103,7 +103,7 @@ def test_rounding_a_gradient_once_changes_no_bit():
     rng = np.random.default_rng(17)
     N, C = 16, 8
     F = 4 * C
-    mm = MM.WARP_MATMUL["bf16r"]
+    mm = MM.matmul_v16
     dout, y, w_o = _dev(rng, N, C), _dev(rng, N, C), _dev(rng, C, C)
     runs = []
     for held in (True, False):
@@ -126,7 +126,7 @@ def test_rounding_a_gradient_once_changes_no_bit():
         if held:
             lab_mlp.mlp_bwd_v17(*args)
         else:                                   # v16's order of products, each rounding its own copies
-            mlp._bwd_split("bf16r", *args, lab_mlp.mlp_bwd_v17.blocks[0], 0, mlp.gelu_bwd_vec4)
+            mlp._bwd_split(MM.matmul_v16, *args, lab_mlp.mlp_bwd_v17.blocks[0], 0, mlp.gelu_bwd_vec4)
         runs.append(np.concatenate([a.copy_to_host().ravel() for a in (dx, dw_1, dw_2)]))
     assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
     assert cublaslt.HELD.buf is not None and cublaslt.HELD.buf.dtype == np.uint16

@@ -33,7 +33,7 @@ f32 = np.float32
 def _logits(x, wte):
     """The bf16t product alone: logits = x @ wte^T, the values v17 and v18 start their softmax from."""
     out = cuda.device_array((N, wte.shape[0]), f32)
-    MM.WARP_MATMUL["bf16t"](out, None, cuda.to_device(x), cuda.to_device(wte), trans_b=True)
+    MM.matmul_bf16_wgmma(out, None, cuda.to_device(x), cuda.to_device(wte), trans_b=True)
     return out.copy_to_host()
 
 

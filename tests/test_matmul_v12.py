@@ -1,4 +1,4 @@
-"""matmul v12 (kernels/half_tile.py): bf16 shared tiles read by ldmatrix, in the simulator.
+"""matmul v12 (lab/half_tile.py): bf16 shared tiles read by ldmatrix, in the simulator.
 
 The harness (tests/test_kernels.py) checks v12 on the three product cases at both simulator tiles;
 these tests add what it does not reach: a^T @ b^T, edges in M, N and K at once, accumulate, a
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from andrea_numba.kernels import matmul as MM
+from lab import matmul as MM                        # the whole ladder: the engine's products and the lab's
 from lab import matmul as lab_matmul
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
@@ -38,7 +38,7 @@ def _run(a, b, trans_a, trans_b, out0, work=None, accumulate=False, block=None, 
 
 def test_v12_is_a_bf16_version_of_the_ladder():
     assert lab_matmul.VERSIONS["matmul"][12] is MM.matmul_v12 and MM.matmul_v12.precision == "bf16"
-    assert MM.WARP_MATMUL["bf16l"] is MM.matmul_v12 and MM.WARP_KERNELS["bf16l"][0] == 12
+    assert MM.matmul_v12.family == "v12" and MM.TILE_FAMILIES["v12"].rung == 12      # its tiles: family "v12"
 
 
 @pytest.mark.parametrize("trans_a, trans_b", [(False, False), (False, True), (True, False), (True, True)])
@@ -133,6 +133,7 @@ def test_the_gpu_tiles_read_and_store_shared_memory_without_bank_conflicts(block
     lanes, 16 bytes each) hits 8 different 16-byte positions of a 128-byte line, and each half-warp
     of 64-bit stores 16 different 8-byte positions. Without the swizzle the same reads conflict."""
     from andrea_numba.kernels import half_tile as H
+    from lab import half_tile as lab_half_tile
     BM, BN, BK, WM, WN = block
     threads = 32 * (BM // WM) * (BN // WN)
     lane = np.arange(32)
@@ -155,7 +156,7 @@ def test_the_gpu_tiles_read_and_store_shared_memory_without_bank_conflicts(block
         assert conflicts_unswizzled
         # stores: the stored tile is 32 x R (k outer) or R x 32 (k inner), a 4-float chunk a lane
         stored = (BK, R) if k_outer else (R, BK)
-        chunk_word = H._chunk_word(*stored)
+        chunk_word = lab_half_tile._chunk_word(*stored)
         for j in range(stored[0] * stored[1] // 4 // threads):
             for warp in range(threads // 32):
                 for half in range(2):

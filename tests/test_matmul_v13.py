@@ -26,7 +26,7 @@ _run = functools.partial(_run, launch=MM.matmul_bf16)          # noqa: F811
 
 def test_v13_is_a_bf16_version_of_the_ladder():
     assert lab_matmul.VERSIONS["matmul"][13] is MM.matmul_bf16 and MM.matmul_bf16.precision == "bf16"
-    assert MM.WARP_KERNELS["bf16a"][0] == 13
+    assert MM.matmul_bf16.family == "bf16" and MM.TILE_FAMILIES["bf16"].rung == 13
     assert len(MM.matmul_bf16.blocks) >= 2
 
 
@@ -38,7 +38,7 @@ def test_the_copies_are_the_operands_rounded_to_bf16_ties_to_even():
     a16, b16 = H.bf16_copies(cuda.to_device(a), cuda.to_device(b))
     assert np.array_equal(a16.copy_to_host(), (round_bf16(a).view(np.uint32) >> 16).astype(np.uint16))
     assert np.array_equal(b16.copy_to_host(), (round_bf16(b).view(np.uint32) >> 16).astype(np.uint16))
-    assert H.async_resolve((32, 32, 32, 32, 32), a16, b16) == ("bf16a", 32, 32, 32, 32, 32, False, H.STAGES)
+    assert H.async_resolve((32, 32, 32, 32, 32), a16, b16) == ("bf16", 32, 32, 32, 32, 32, False, H.STAGES)
     assert H.async_resolve((64, 16, 32, 32, 16, 4), b16, b16)[6:] == (True, 4)
 
 

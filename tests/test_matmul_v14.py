@@ -1,4 +1,4 @@
-"""matmul v14 (kernels/wgmma_tile.py): wgmma products from K-major bf16 copies in v13's cp.async ring,
+"""matmul v14 (lab/wgmma_tile.py): wgmma products from K-major bf16 copies in v13's cp.async ring,
 in the simulator (wgmma a NumPy twin there, wgmma.wgmma_warpgroup on the shared array's bytes).
 
 The harness (tests/test_kernels.py) checks v14 on the three product cases at both simulator tiles;
@@ -19,7 +19,7 @@ from andrea_numba.kernels import half_tile as H
 from andrea_numba.kernels import matmul as MM
 from lab import matmul as lab_matmul
 from andrea_numba.kernels import wgmma as W
-from andrea_numba.kernels import wgmma_tile as WT
+from lab import wgmma_tile as WT
 from lab import wgmma_tile as lab_wgmma_tile
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
@@ -37,10 +37,10 @@ def _bits(x):
 
 def test_v14_is_a_bf16_version_of_the_ladder():
     assert lab_matmul.VERSIONS["matmul"][14] is lab_matmul.matmul_v14 and lab_matmul.matmul_v14.precision == "bf16"
-    assert MM.WARP_KERNELS["bf16g"][0] == 14 and "bf16g" not in MM.WARP_MATMUL
+    assert lab_matmul.matmul_v14.family == "v14" and MM.TILE_FAMILIES["v14"].rung == 14
     assert len(lab_matmul.matmul_v14.blocks) >= 2
     for block in lab_matmul.WGMMA_TILES["gpu"] + lab_matmul.WGMMA_TILES["sim"]:
-        t = WT.make_wgmma_tile(("bf16g", *block[:5], True, block[5] if len(block) > 5 else WT.STAGES))
+        t = WT.make_wgmma_tile(("v14", *block[:5], True, block[5] if len(block) > 5 else WT.STAGES))
         assert t.THREADS == 128 * (block[0] // 64) and (t.TM, t.TN) == (2, block[1] // 4)
 
 
@@ -55,7 +55,7 @@ def test_every_transpose_with_edges_agrees_with_the_bf16_twin(trans_a, trans_b, 
     """out starts as NaN, so an element the kernel does not write fails; the n16 tile, 3 stages."""
     rng = np.random.default_rng(14)
     a, b = _operands(rng, M, N, K, trans_a, trans_b)
-    a16, b16 = MM.wgmma_copies(a, b, trans_a, trans_b)
+    a16, b16 = lab_matmul.wgmma_copies(a, b, trans_a, trans_b)
     assert a16.shape == (M, K) and b16.shape == (N, K)                # both K-major
     assert lab_wgmma_tile.wgmma_resolve(lab_matmul.matmul_v14.blocks[0], a16, b16)[6] == (K % 8 == 0)
     ref = _bf16_product(a, b, trans_a, trans_b)
@@ -95,7 +95,7 @@ def test_operands_already_in_bf16_give_the_same_bits():
     a, b = _operands(rng, M, N, K, False, False)
     want = _run(a, b, False, False, np.zeros((M, N), np.float32))
     a16 = cuda.to_device(_bits(a))
-    a16c, b16c = MM.wgmma_copies(a16, cuda.to_device(_bits(b)), False, False)
+    a16c, b16c = lab_matmul.wgmma_copies(a16, cuda.to_device(_bits(b)), False, False)
     assert np.array_equal(a16c.copy_to_host(), _bits(a)) and np.array_equal(b16c.copy_to_host(), _bits(b).T)
     out = cuda.to_device(np.zeros((M, N), np.float32))
     lab_matmul.matmul_v14(out, None, a16, cuda.to_device(_bits(b)))

@@ -1,4 +1,4 @@
-"""matmul v15 (kernels/wgmma_ring.py): v14's wgmma products with one wgmma group in flight and a deeper
+"""matmul v15 (lab/wgmma_ring.py): v14's wgmma products with one wgmma group in flight and a deeper
 ring (BK = 64 stages of 128-byte rows in dynamic shared memory), in the simulator (wgmma a NumPy twin
 there, wgmma.wgmma_warpgroup on the shared array's bytes).
 
@@ -17,10 +17,10 @@ import pytest
 from numba import cuda
 
 from andrea_numba.kernels import half_tile as H
-from andrea_numba.kernels import matmul as MM
+from lab import matmul as MM                        # the whole ladder: the engine's products and the lab's
 from lab import matmul as lab_matmul
 from andrea_numba.kernels import wgmma as W
-from andrea_numba.kernels import wgmma_ring as WR
+from lab import wgmma_ring as WR
 from andrea_numba.kernels.common import SIMULATOR
 from test_matmul_v12 import _bf16_product, _operands, _run   # v12's helpers: the same operands, twin and call
 from test_matmul_v13 import check_split_slices
@@ -32,16 +32,16 @@ DYNAMIC, STATIC = MM.matmul_v15.blocks                        # (64, 16, 64, 64,
 
 def test_v15_is_a_bf16_version_of_the_ladder():
     assert lab_matmul.VERSIONS["matmul"][15] is MM.matmul_v15 and MM.matmul_v15.precision == "bf16"
-    assert MM.WARP_KERNELS["bf16h"][0] == 15 and "bf16h" not in MM.WARP_MATMUL
+    assert MM.matmul_v15.family == "v15" and MM.TILE_FAMILIES["v15"].rung == 15
     assert DYNAMIC[2] == 64 and DYNAMIC[5] == 4 and STATIC[2] == 32 and STATIC[5] == 3
     for block in MM.RING_TILES["gpu"] + MM.RING_TILES["sim"]:
-        t = WR.make_ring_tile(("bf16h", *block[:5], True, block[5]))
+        t = WR.make_ring_tile(("v15", *block[:5], True, block[5]))
         assert t.THREADS == 128 * (block[0] // 64) and (t.TM, t.TN) == (2, block[1] // 4)
         ring = block[5] * (block[0] + block[1]) * 2 * block[2]
         assert t.SHARED == (ring + 1024 if block[2] == 64 else 0)
     first, four = MM.RING_TILES["gpu"][:2]                     # 3 stages of 32 KiB (two blocks a multiprocessor)
-    assert WR.make_ring_tile(("bf16h", *first[:5], True, first[5])).SHARED == 97 * 1024     # + 1 KiB to align
-    assert WR.make_ring_tile(("bf16h", *four[:5], True, four[5])).SHARED == 129 * 1024      # 4 stages
+    assert WR.make_ring_tile(("v15", *first[:5], True, first[5])).SHARED == 97 * 1024     # + 1 KiB to align
+    assert WR.make_ring_tile(("v15", *four[:5], True, four[5])).SHARED == 129 * 1024      # 4 stages
 
 
 # (70, 20, 72): two tiles along M (64 rows) and two or three along N (16 or 8), K a full 64 stage and

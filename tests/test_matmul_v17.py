@@ -1,4 +1,4 @@
-"""matmul v17 (kernels/wgmma_mn.py): v15's wgmma ring on the bf16 copies as they are stored, an operand
+"""matmul v17, matmul_bf16_wgmma_cp_async (kernels/wgmma_mn.py): v15's wgmma ring on the bf16 copies as they are stored, an operand
 with k down its columns filling MN-major stage tiles that wgmma reads through its transpose bits,
 in the simulator (wgmma the NumPy twin there, wgmma.wgmma_warpgroup with the same bits).
 
@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from andrea_numba.kernels import matmul as MM
+from lab import matmul as MM                        # the whole ladder: the engine's products and the lab's
 from lab import matmul as lab_matmul
 from andrea_numba.kernels import operands as OP
 from andrea_numba.kernels import wgmma_mn as WM
-from andrea_numba.kernels import wgmma_ring as WR
+from lab import wgmma_ring as WR
 from andrea_numba.kernels.common import SIMULATOR
 from reference.precision import round_bf16
 from test_matmul_v12 import _bf16_product, _operands, _run   # v12's helpers: the same operands, twin and call
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
-_v17 = functools.partial(_run, launch=MM.matmul_v17)
-DYNAMIC, STATIC = MM.matmul_v17.blocks                       # (64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)
+_v17 = functools.partial(_run, launch=MM.matmul_bf16_wgmma_cp_async)
+DYNAMIC, STATIC = MM.matmul_bf16_wgmma_cp_async.blocks                       # (64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)
 
 
 def _bits(x):
@@ -36,18 +36,18 @@ def _bits(x):
 
 
 def test_v17_is_a_bf16_version_of_the_ladder_with_v15s_stages():
-    assert lab_matmul.VERSIONS["matmul"][17] is MM.matmul_v17 and MM.matmul_v17.precision == "bf16"
-    assert MM.WARP_KERNELS["bf16m"][0] == 17 and MM.WARP_MATMUL["bf16m"] is MM.matmul_v17   # products "bf16m"
+    assert lab_matmul.VERSIONS["matmul"][17] is MM.matmul_bf16_wgmma_cp_async and MM.matmul_bf16_wgmma_cp_async.precision == "bf16"
+    assert MM.matmul_bf16_wgmma_cp_async.family == "bf16_wgmma_cp_async" and MM.TILE_FAMILIES["bf16_wgmma_cp_async"].rung == 17
     assert DYNAMIC[2] == 64 and DYNAMIC[5] == 4 and STATIC[2] == 32 and STATIC[5] == 3
     assert MM.MN_TILES["gpu"] == MM.RING_TILES["gpu"]
     for block in MM.MN_TILES["gpu"] + MM.MN_TILES["sim"]:
-        t = WM.make_mn_tile(("bf16m", *block[:5], True, block[5]))
-        v15 = WR.make_ring_tile(("bf16h", *block[:5], True, block[5]))
+        t = WM.make_mn_tile(("bf16_wgmma_cp_async", *block[:5], True, block[5]))
+        v15 = WR.make_ring_tile(("v15", *block[:5], True, block[5]))
         assert t.THREADS == v15.THREADS == 128 * (block[0] // 64) and (t.TM, t.TN) == (v15.TM, v15.TN)
         assert t.SHARED == v15.SHARED                        # the MN-major tiles take the same bytes
         assert set(t.mma) == {(False, False), (False, True), (True, False), (True, True)}
     with pytest.raises(AssertionError):                       # an MN-major row is 64 values of m or n
-        WM.make_mn_tile(("bf16m", 64, 16, 64, 64, 16, True, 4))
+        WM.make_mn_tile(("bf16_wgmma_cp_async", 64, 16, 64, 64, 16, True, 4))
 
 
 def _v15(a, b, trans_a, trans_b, out0, **kwargs):

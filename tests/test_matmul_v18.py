@@ -33,7 +33,7 @@ from test_matmul_v17 import _bits
 
 sim_only = pytest.mark.skipif(not SIMULATOR, reason="the simulator's twins (NUMBA_ENABLE_CUDASIM=1)")
 _v18 = functools.partial(_run, launch=MM.matmul_bf16_wgmma)
-_v17 = functools.partial(_run, launch=MM.matmul_v17)
+_v17 = functools.partial(_run, launch=MM.matmul_bf16_wgmma_cp_async)
 TILE_64 = (64, 64, 64, 2)                                 # the simulator's v18 tile of 2 stages
 V17_DYNAMIC = MM.MN_TILES["sim"][0]                       # (64, 128, 64, 64, 128, 4): other tile width, same sums
 
@@ -45,7 +45,7 @@ def _v17_must_not_run(*args, **kwargs):
 def _v18_only(monkeypatch, a, b, trans_a, trans_b, o0, **kwargs):
     """v18's out, with the fallback to v17 made an error (a map_fits failure would compare v17 with itself)."""
     with monkeypatch.context() as patch:
-        patch.setattr(MM, "matmul_v17", _v17_must_not_run)
+        patch.setattr(MM, "matmul_bf16_wgmma_cp_async", _v17_must_not_run)
         return _v18(a, b, trans_a, trans_b, o0, **kwargs)
 
 
@@ -114,7 +114,7 @@ def test_operands_a_tensor_map_cannot_read_go_to_v17(monkeypatch):
     rounding), and no v18 kernel is built."""
     calls = []
     with monkeypatch.context() as patch:
-        patch.setattr(MM, "matmul_v17", lambda *args, **kwargs: calls.append((args, kwargs)))
+        patch.setattr(MM, "matmul_bf16_wgmma_cp_async", lambda *args, **kwargs: calls.append((args, kwargs)))
         patch.setattr(MM, "tma_kernel", _v17_must_not_run)
         a = cuda.to_device(np.zeros((16, 12), np.uint16))         # a^T: [K, M], M = 12
         b = cuda.to_device(np.zeros((16, 64), np.uint16))
@@ -250,7 +250,9 @@ def test_map_fits_rows_of_whole_16_byte_chunks_of_bf16_only():
 # products "bf16t"
 
 def test_products_bf16t_are_the_linear_ops_on_v18():
-    assert lab_matmul.VERSIONS["matmul"][18] is MM.matmul_bf16_wgmma and MM.WARP_MATMUL["bf16t"] is MM.matmul_bf16_wgmma
+    assert lab_matmul.VERSIONS["matmul"][18] is MM.matmul_bf16_wgmma
+    assert attn_qkv.matmul_bf16_wgmma is attn_out.matmul_bf16_wgmma is mlp.matmul_bf16_wgmma is loss.matmul_bf16_wgmma \
+        is MM.matmul_bf16_wgmma                            # the bf16-hopper ops' products
     assert MM.matmul_bf16_wgmma.precision == "bf16"
     bf16t = LAB["bf16t"]
     v = 15                                                 # attn_qkv, attn_out, loss_bwd v15

@@ -54,20 +54,25 @@ def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_ze
     assert sums == [1]                                    # v19: none
 
 
-def test_tma_matmul_points_the_tma_kinds_products_at_a_fixup_version_and_back():
-    """Benchmarks time v19 and v23 inside the whole model by pointing the TMA kinds' products
-    (WARP_MATMUL["bf16t"], which bf16t, bf16s and bf16o's ops call) at them, then back."""
+def test_tma_matmul_points_the_tma_recipes_products_at_a_fixup_version_and_back():
+    """Benchmarks time v19 and v23 inside the whole model by pointing the products of the ops on v18
+    (matmul_bf16_wgmma, which bf16-hopper's, bf16t's and bf16s's ops name at each product) at them,
+    then back."""
+    from andrea_numba.kernels import loss, mlp
+    from lab import mlp as lab_mlp
     assert lab_matmul.VERSIONS["matmul"][19] is lab_matmul.matmul_v19 and lab_matmul.matmul_v19.precision == "bf16"
-    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_bf16_wgmma
+    users = (mlp, loss, lab_mlp)
+    assert all(m.matmul_bf16_wgmma is MM.matmul_bf16_wgmma for m in users)
     with lab_matmul.tma_matmul(23):
-        assert MM.WARP_MATMUL["bf16t"] is lab_matmul.matmul_v23
-    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_bf16_wgmma
+        assert all(m.matmul_bf16_wgmma is lab_matmul.matmul_v23 for m in users)
+    assert all(m.matmul_bf16_wgmma is MM.matmul_bf16_wgmma for m in users)
     with pytest.raises(RuntimeError), lab_matmul.tma_matmul(19):          # put back when the block raises too
-        assert MM.WARP_MATMUL["bf16t"] is lab_matmul.matmul_v19
+        assert all(m.matmul_bf16_wgmma is lab_matmul.matmul_v19 for m in users)
         raise RuntimeError
     with pytest.raises(AssertionError), lab_matmul.tma_matmul(17):
         pass
-    assert MM.WARP_MATMUL["bf16t"] is MM.matmul_bf16_wgmma
+    assert all(m.matmul_bf16_wgmma is MM.matmul_bf16_wgmma for m in users)
+    assert MM.matmul_bf16_wgmma is lab_matmul.VERSIONS["matmul"][18]
 
 
 @sim_only

@@ -93,8 +93,8 @@ def test_the_harness_checks_a_bf16_version_twice():
 
 
 def test_matmul_v10_is_a_bf16_version_of_the_ladder():
-    assert lab_matmul.VERSIONS["matmul"][10] is matmul.matmul_v10 and matmul.matmul_v10.precision == "bf16"
-    assert matmul.WARP_KERNELS["bf16w"][0] == 10
+    assert lab_matmul.VERSIONS["matmul"][10] is lab_matmul.matmul_v10 and lab_matmul.matmul_v10.precision == "bf16"
+    assert lab_matmul.matmul_v10.family == "v10" and matmul.TILE_FAMILIES["v10"].rung == 10
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The warp-tile products (matmul v3, v4), their split-K and the simulator twins of kernels/ptx.py.
+"""The warp-tile products (matmul v3, v4: lab/matmul.py), their split-K and the simulator twins of kernels/ptx.py.
 
 The harness (tests/test_kernels.py) checks every version at every block against the twin; these
 tests pin down the pieces underneath: the TF32 rounding twin, how split-K slices K, that a split
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from andrea_numba.kernels import matmul as MM
+from lab import matmul as MM                        # the whole ladder: the engine's products and the lab's
 from andrea_numba.kernels.ptx import tf32_round
 from andrea_numba.kernels.warp_tile import aligned
 

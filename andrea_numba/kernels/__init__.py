@@ -23,7 +23,8 @@ with the module's VERSIONS table), which the engine never imports.
     loss        loss_fwd, loss_bwd; _tf32x3, _fp16, _bf16, _bf16_wgmma (the loss owns the tied
                 output projection logits = x @ wte^T)                                reference/loss.py
     matmul      matmul_naive and matmul (shared tiles), the products the linear ops run:
-                matmul_tf32x3, matmul_fp16, matmul_bf16, matmul_bf16_wgmma          reference/matmul.py
+                matmul_tf32x3, matmul_fp16, matmul_bf16, matmul_bf16_wgmma (and its
+                cp.async ring, matmul_bf16_wgmma_cp_async); TILE_FAMILIES     reference/matmul.py
     optim       grad_norm, grad_scale, adamw, zero                                   reference/optim.py
     fp8         the FP8 quantize kernels                                          reference/fp8.py
     common      block_sum, block_max, blocks, SIMULATOR
@@ -33,7 +34,7 @@ with the module's VERSIONS table), which the engine never imports.
 
 Imports run downwards, never in a circle (tests/test_imports.py checks it), all at the top of a module:
     bottom      common, ptx (one-instruction device functions), tile_loop, operands, tma, wgmma
-    tiles       split_tile, warp_tile, simt_tile, half_tile, wgmma_tile, wgmma_mn, wgmma_ring, wgmma_tma
+    tiles       split_tile, warp_tile, half_tile, wgmma_tile, wgmma_mn, wgmma_tma
     products    matmul (make_tile serves the linear ops their tiles)
     ops         embed, layernorm, residual, dropout, attn, attn_flash_* (attn_flash: the index),
                 attn_qkv, attn_out, mlp, loss, optim, fp8 (the quantize kernels)

@@ -4,9 +4,10 @@ Arrays are 2-D: N = B*T rows. y [N, C] is the attention output (heads side by si
 
     out = y @ W_O            dy = dout @ W_O^T            dW_O += y^T @ dout
 
-The kernels are built once per tile shape of matmul.py (`block` of the launchers): v1 on matmul
-v2's tiles, v2 on the SIMT warp tiles of matmul v3, v3 on the 3xTF32 tensor-core warp tiles of
-matmul v4 (kernels/warp_tile.py). The kernels' text is the same; the tile functions differ.
+The kernels are built once per tile of matmul.py (make_tile; `block` of the launchers): the
+lessons' pair runs them on matmul's shared tiles, the tf32x3 and fp16 launchers on the warp tiles
+of matmul_tf32x3 and matmul_fp16 (the same kernel text on other tiles). The bf16 launchers run
+whole products of matmul_bf16 or matmul_bf16_wgmma.
 """
 import functools
 
@@ -14,8 +15,8 @@ from numba import cuda, float32
 
 from .common import blocks, rung
 from .operands import HELD
-from .matmul import (ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, KMAJOR_TILES, SIMT2_TILES,
-                     SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, matmul_bf16, resolve)
+from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, TILES, TMA_OP_TILES, make_tile, matmul, matmul_bf16,
+                     matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3, resolve)
 
 
 @functools.cache
@@ -61,72 +62,73 @@ def attn_out_bwd(dy, dw_o, dout, y, w_o, *, block, stream=0):
     matmul(dw_o, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_O += y^T @ dout
 
 
-# v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores);
-# dW_O through that matmul with split-K (work: its float32 buffer).
+# The same kernels on a product launcher's warp tiles (mm: matmul_tf32x3, matmul_fp16, or a lab
+# rung's; its tile family mm.family); dW_O through mm with split-K (work: its float32 buffer).
 
-def _fwd_warp(kind, out, y, w_o, block, stream):
+def _fwd_warp(mm, out, y, w_o, block, stream):
     N, C = out.shape
-    tile = resolve(kind, block, y, w_o)
+    tile = resolve(mm.family, block, y, w_o)
     t = make_tile(tile)
     kernels(tile)[0][t.grid(N, C), t.THREADS, stream](out, y, w_o)
 
 
-def _bwd_warp(kind, dy, dw_o, work, dout, y, w_o, block, stream):
+def _bwd_warp(mm, dy, dw_o, work, dout, y, w_o, block, stream):
     N, C = dy.shape
-    tile = resolve(kind, block, dout, w_o)
+    tile = resolve(mm.family, block, dout, w_o)
     t = make_tile(tile)
     kernels(tile)[1][t.grid(N, C), t.THREADS, stream](dy, dout, w_o)
-    WARP_MATMUL[kind](dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
+    mm(dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
 @rung(7)
 @blocks(**KMAJOR_TILES)
 def attn_out_fwd_tf32x3(out, y, w_o, *, block, stream=0):
-    """v6 on the swizzled tiles of matmul v8 (v6's bits)."""
-    _fwd_warp("tf32x3w", out, y, w_o, block, stream)
+    """out = y @ W_O on matmul_tf32x3's tiles (3xTF32, as accurate as fp32); block: its tile."""
+    _fwd_warp(matmul_tf32x3, out, y, w_o, block, stream)
 
 
 @rung(7)
 @blocks(**KMAJOR_TILES)
 def attn_out_bwd_tf32x3(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
-    """v6 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3w", dy, dw_o, work, dout, y, w_o, block, stream)
+    """dy = dout @ W_O^T on matmul_tf32x3's tiles, dW_O += y^T @ dout by matmul_tf32x3, split over K
+    into work."""
+    _bwd_warp(matmul_tf32x3, dy, dw_o, work, dout, y, w_o, block, stream)
 
 
 k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd.blocks[0])
 
 
-# fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+# fp16 products: the same on matmul_fp16's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
 @rung(10)
 @blocks(**KMAJOR_TILES)
 def attn_out_fwd_fp16(out, y, w_o, *, block, stream=0):
-    """v7 with fp16 products (matmul v11's tiles)."""
-    _fwd_warp("f16w", out, y, w_o, block, stream)
+    """attn_out_fwd_tf32x3 with fp16 products (matmul_fp16's tiles)."""
+    _fwd_warp(matmul_fp16, out, y, w_o, block, stream)
 
 
 @rung(10)
 @blocks(**KMAJOR_TILES)
 def attn_out_bwd_fp16(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
-    """v7's backward with fp16 products, dW_O split over K into work."""
-    _bwd_warp("f16w", dy, dw_o, work, dout, y, w_o, block, stream)
+    """attn_out_bwd_tf32x3 with fp16 products, dW_O split over K into work."""
+    _bwd_warp(matmul_fp16, dy, dw_o, work, dout, y, w_o, block, stream)
 
 
 attn_out_fwd_fp16.precision = attn_out_bwd_fp16.precision = "fp16"
 
 
-# bf16 products through matmul v13 (bf16 copies, cp.async ring: kernels/half_tile.py), one launch
-# of it a product (v13's tile functions take the copies its launcher makes).
+# bf16 products through matmul_bf16 (bf16 copies, cp.async ring: kernels/half_tile.py), one launch
+# of it a product (its tile functions take the copies its launcher makes).
 @rung(12)
 @blocks(**ASYNC_OP_TILES)
 def attn_out_fwd_bf16(out, y, w_o, *, block, stream=0):
-    """out = y @ W_O through matmul v13."""
+    """out = y @ W_O through matmul_bf16."""
     matmul_bf16(out, None, y, w_o, block=block, stream=stream)
 
 
 @rung(12)
 @blocks(**ASYNC_OP_TILES)
 def attn_out_bwd_bf16(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
-    """dy = dout @ W_O^T, dW_O += y^T @ dout (split over K into work), through matmul v13."""
+    """dy = dout @ W_O^T, dW_O += y^T @ dout (split over K into work), through matmul_bf16."""
     matmul_bf16(dy, work, dout, w_o, trans_b=True, block=block, stream=stream)
     matmul_bf16(dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
 
@@ -134,27 +136,29 @@ def attn_out_bwd_bf16(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 attn_out_fwd_bf16.precision = attn_out_bwd_bf16.precision = "bf16"
 
 
-# v13: v12 through matmul v16 (out and dy on v15's wgmma, dW_O on v13), dout rounded to bf16 once for
-# both backward products (operands.HELD), where v12 rounded it for each.
-def _bwd_held(kind, dy, dw_o, work, dout, y, w_o, block, stream):
+# The backward on mm with dout rounded to bf16 once for both its products (operands.HELD), where
+# attn_out_bwd_bf16's products round it each.
+def _bwd_held(mm, dy, dw_o, work, dout, y, w_o, block, stream):
     d16 = HELD.round(dout, stream)
-    WARP_MATMUL[kind](dy, work, d16, w_o, trans_b=True, block=block, stream=stream)
-    WARP_MATMUL[kind](dw_o, work, y, d16, trans_a=True, accumulate=True, block=block, stream=stream)
+    mm(dy, work, d16, w_o, trans_b=True, block=block, stream=stream)
+    mm(dw_o, work, y, d16, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
-# v15: v14 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
+# bf16 products on Hopper: matmul_bf16_wgmma (TMA, a producer warp, persistent blocks), each product
+# at its own tile.
 @rung(15)
 @blocks(**TMA_OP_TILES)
 def attn_out_fwd_bf16_wgmma(out, y, w_o, *, block, stream=0):
-    """out = y @ W_O through matmul v18."""
-    WARP_MATMUL["bf16t"](out, None, y, w_o, block=block, stream=stream)
+    """out = y @ W_O through matmul_bf16_wgmma."""
+    matmul_bf16_wgmma(out, None, y, w_o, block=block, stream=stream)
 
 
 @rung(15)
 @blocks(**TMA_OP_TILES)
 def attn_out_bwd_bf16_wgmma(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
-    """v14's backward with both products on matmul v18."""
-    _bwd_held("bf16t", dy, dw_o, work, dout, y, w_o, block, stream)
+    """dy = dout @ W_O^T, dW_O += y^T @ dout on matmul_bf16_wgmma, dout rounded to bf16 once for both
+    (_bwd_held)."""
+    _bwd_held(matmul_bf16_wgmma, dy, dw_o, work, dout, y, w_o, block, stream)
 
 
 attn_out_fwd_bf16_wgmma.precision = attn_out_bwd_bf16_wgmma.precision = "bf16"

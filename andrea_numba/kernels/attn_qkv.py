@@ -6,11 +6,12 @@ Arrays are 2-D: N = B*T rows. x [N, C] is LN1's output; w_q, w_k, w_v [C, C] (st
     dx = dq @ W_Q^T + dk @ W_K^T + dv @ W_V^T
     dW_Q += x^T @ dq      dW_K += x^T @ dk      dW_V += x^T @ dv
 
-All products run through the shared-memory tile of matmul.py (make_tile); blockIdx.z picks which
-of the three projections a block works on, so each direction is one launch. The kernels are built
-once per tile shape (`block` of the launchers); the module-level names are the default tile's.
-v1 runs on matmul v2's tiles, v2 on the SIMT warp tiles of matmul v3, v3 on the 3xTF32
-tensor-core warp tiles of matmul v4 (kernels/warp_tile.py): the same kernel text on other tiles.
+The kernels run on a tile of matmul.py (make_tile); blockIdx.z picks which of the three
+projections a block works on, so each direction is one launch. They are built once per tile
+(`block` of the launchers); the module-level names are the default tile's. The lessons' pair runs
+them on matmul's shared tiles, the tf32x3 and fp16 launchers on the warp tiles of matmul_tf32x3
+and matmul_fp16 (the same kernel text on other tiles). The bf16 launchers chain whole products of
+matmul_bf16 or matmul_bf16_wgmma, whose tiles take the bf16 copies only their launchers make.
 """
 import functools
 
@@ -18,8 +19,8 @@ from numba import cuda, float32
 
 from .common import blocks, rung
 from .operands import HELD
-from .matmul import (ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, KMAJOR_TILES, SIMT2_TILES,
-                     SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul_bf16, resolve)
+from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, TILES, TMA_OP_TILES, make_tile, matmul_bf16, matmul_bf16_wgmma,
+                     matmul_fp16, matmul_tf32x3, resolve)
 
 
 @functools.cache
@@ -93,69 +94,71 @@ def attn_qkv_bwd(dx, dw_q, dw_k, dw_v, dq, dk, dv, x, w_q, w_k, w_v, *, block, s
     k_bwd_dw[t.grid(C, C, 3), t.THREADS, stream](dw_q, dw_k, dw_v, x, dq, dk, dv)
 
 
-# v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores).
-# The weight gradients go through that matmul, one projection at a time, with split-K (work: its
-# float32 buffer): with K = N rows and only C x C outputs, split-K is what fills the GPU.
+# The same kernels on a product launcher's warp tiles (mm: matmul_tf32x3, matmul_fp16, or a lab
+# rung's; its tile family mm.family). The weight gradients go through mm, one projection at a time,
+# with split-K (work: its float32 buffer): with K = N rows and only C x C outputs, split-K is what
+# fills the GPU.
 
 
-def _fwd_warp(kind, q, k, v, x, w_q, w_k, w_v, block, stream):
+def _fwd_warp(mm, q, k, v, x, w_q, w_k, w_v, block, stream):
     N, C = q.shape
-    tile = resolve(kind, block, x, w_q, w_k, w_v)
+    tile = resolve(mm.family, block, x, w_q, w_k, w_v)
     t = make_tile(tile)
     kernels(tile)[0][t.grid(N, C, 3), t.THREADS, stream](q, k, v, x, w_q, w_k, w_v)
 
 
-def _bwd_warp(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
+def _bwd_warp(mm, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
     N, C = dx.shape
-    tile = resolve(kind, block, dq, dk, dv, w_q, w_k, w_v)
+    tile = resolve(mm.family, block, dq, dk, dv, w_q, w_k, w_v)
     t = make_tile(tile)
     kernels(tile)[1][t.grid(N, C), t.THREADS, stream](dx, dq, dk, dv, w_q, w_k, w_v)
     for dw, d in ((dw_q, dq), (dw_k, dk), (dw_v, dv)):                      # dW += x^T @ d
-        WARP_MATMUL[kind](dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
+        mm(dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
 
 
 @rung(7)
 @blocks(**KMAJOR_TILES)
 def attn_qkv_fwd_tf32x3(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v6 on the swizzled tiles of matmul v8 (v6's bits)."""
-    _fwd_warp("tf32x3w", q, k, v, x, w_q, w_k, w_v, block, stream)
+    """q = x @ W_Q, k = x @ W_K, v = x @ W_V in one launch (three z-slices) on matmul_tf32x3's tiles
+    (3xTF32, as accurate as fp32); block: its tile."""
+    _fwd_warp(matmul_tf32x3, q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
 @rung(7)
 @blocks(**KMAJOR_TILES)
 def attn_qkv_bwd_tf32x3(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v6 on the swizzled tiles of matmul v8, the weight gradients split over K into work."""
-    _bwd_warp("tf32x3w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+    """dx = dq @ W_Q^T + dk @ W_K^T + dv @ W_V^T summed in registers on matmul_tf32x3's tiles, then
+    dW_* += x^T @ d* by matmul_tf32x3, split over K into work."""
+    _bwd_warp(matmul_tf32x3, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
-# fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+# fp16 products: the same on matmul_fp16's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
 @rung(10)
 @blocks(**KMAJOR_TILES)
 def attn_qkv_fwd_fp16(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """v7 with fp16 products (matmul v11's tiles)."""
-    _fwd_warp("f16w", q, k, v, x, w_q, w_k, w_v, block, stream)
+    """attn_qkv_fwd_tf32x3 with fp16 products (matmul_fp16's tiles)."""
+    _fwd_warp(matmul_fp16, q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
 @rung(10)
 @blocks(**KMAJOR_TILES)
 def attn_qkv_bwd_fp16(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v7's backward with fp16 products, the weight gradients split over K into work."""
-    _bwd_warp("f16w", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+    """attn_qkv_bwd_tf32x3 with fp16 products, the weight gradients split over K into work."""
+    _bwd_warp(matmul_fp16, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
 attn_qkv_fwd_fp16.precision = attn_qkv_bwd_fp16.precision = "fp16"
 
 
-# bf16 products through matmul v13 (kernels/half_tile.py): each operand rounded once into a bf16
-# copy, copied to shared memory by cp.async through a ring of stages. v13's tile functions take
-# those copies, which only its launcher makes, so the three projections are three launches of
-# matmul_bf16 (v11 ran them as one launch of three z-slices); dx sums its three products in the
-# output, in the order q, k, v (accumulate), where v11 summed them in registers: other bits than
-# v11's, the same math.
+# bf16 products through matmul_bf16 (kernels/half_tile.py): each operand rounded once into a bf16
+# copy, copied to shared memory by cp.async through a ring of stages. Its tile functions take those
+# copies, which only its launcher makes, so the three projections are three launches of matmul_bf16
+# (not one of three z-slices); dx sums its three products in the output, in the order q, k, v
+# (accumulate), not in registers.
 @rung(12)
 @blocks(**ASYNC_OP_TILES)
 def attn_qkv_fwd_bf16(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul v13."""
+    """q = x @ W_Q, k = x @ W_K, v = x @ W_V: three products of matmul_bf16."""
     for out, w in ((q, w_q), (k, w_k), (v, w_v)):
         matmul_bf16(out, None, x, w, block=block, stream=stream)
 
@@ -164,7 +167,7 @@ def attn_qkv_fwd_bf16(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
 @blocks(**ASYNC_OP_TILES)
 def attn_qkv_bwd_bf16(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
     """dx = dq @ W_Q^T + dk @ W_K^T + dv @ W_V^T (the second and third added into dx), dW_* += x^T @ d*
-    (split over K into work): six products of matmul v13."""
+    (split over K into work): six products of matmul_bf16."""
     for i, (d, w) in enumerate(((dq, w_q), (dk, w_k), (dv, w_v))):
         matmul_bf16(dx, work, d, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)
     for dw, d in ((dw_q, dq), (dw_k, dk), (dw_v, dv)):
@@ -174,36 +177,36 @@ def attn_qkv_bwd_bf16(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, 
 attn_qkv_fwd_bf16.precision = attn_qkv_bwd_bf16.precision = "bf16"
 
 
-# v13: v12's products through matmul v16: wgmma (v15) for q, k, v and dx, v13 for the weight gradients;
-# each of dq, dk, dv rounded to bf16 once (operands.HELD) for its two products, where v12 rounded it
-# for each. The products run in the order (dx, dW_Q), (dx, dW_K), (dx, dW_V): dx still sums q, k, v.
-# v14: the same on matmul v17 (wgmma for every product, the weight gradients' operands read as stored).
-def _fwd_chain(kind, q, k, v, x, w_q, w_k, w_v, block, stream):
+# The three projections as three products of mm, and the backward with each of dq, dk, dv rounded to
+# bf16 once (operands.HELD) for its two products (attn_qkv_bwd_bf16's products round it each). The
+# products run in the order (dx, dW_Q), (dx, dW_K), (dx, dW_V): dx still sums q, k, v.
+def _fwd_chain(mm, q, k, v, x, w_q, w_k, w_v, block, stream):
     for out, w in ((q, w_q), (k, w_k), (v, w_v)):
-        WARP_MATMUL[kind](out, None, x, w, block=block, stream=stream)
+        mm(out, None, x, w, block=block, stream=stream)
 
 
-def _bwd_held(kind, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
-    mm = WARP_MATMUL[kind]
+def _bwd_held(mm, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream):
     for i, (d, w, dw) in enumerate(((dq, w_q, dw_q), (dk, w_k, dw_k), (dv, w_v, dw_v))):
         d16 = HELD.round(d, stream)
         mm(dx, work, d16, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)   # dx (+)= d @ W^T
         mm(dw, work, x, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW += x^T @ d
 
 
-# v15: v14 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
+# bf16 products on Hopper: matmul_bf16_wgmma (TMA, a producer warp, persistent blocks), each product
+# at its own tile.
 @rung(15)
 @blocks(**TMA_OP_TILES)
 def attn_qkv_fwd_bf16_wgmma(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
-    """q, k, v: three products of matmul v18."""
-    _fwd_chain("bf16t", q, k, v, x, w_q, w_k, w_v, block, stream)
+    """q, k, v: three products of matmul_bf16_wgmma."""
+    _fwd_chain(matmul_bf16_wgmma, q, k, v, x, w_q, w_k, w_v, block, stream)
 
 
 @rung(15)
 @blocks(**TMA_OP_TILES)
 def attn_qkv_bwd_bf16_wgmma(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
-    """v14's backward with all six products on matmul v18."""
-    _bwd_held("bf16t", dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
+    """dx (+)= d* @ W_*^T and dW_* += x^T @ d*, the six products on matmul_bf16_wgmma, each of dq, dk,
+    dv rounded to bf16 once for its two (_bwd_held)."""
+    _bwd_held(matmul_bf16_wgmma, dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, block, stream)
 
 
 attn_qkv_fwd_bf16_wgmma.precision = attn_qkv_bwd_bf16_wgmma.precision = "bf16"

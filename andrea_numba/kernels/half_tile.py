@@ -1,27 +1,22 @@
-"""bf16 tiles read by ldmatrix: the product tile of matmul v12 (kind "bf16l").
+"""bf16 tiles read by ldmatrix: the product tile of matmul_bf16 (family "bf16").
 
-matmul v10 (split_tile.py) keeps fp32 values in shared memory and every lane rounds its fragment
-values to bf16 as it reads them: each value crosses shared memory as 4 bytes and is converted
-once for every warp that reads it (the A tile by each of the BN/WN warps of a row). v12 is built
-the way fast half-precision GEMMs are (cuBLAS, CUTLASS): the values are rounded once, on their way
-into shared memory, and shared memory holds bf16, 2 bytes a value, read by ldmatrix straight
-into the registers of the mma.sync fragments. Same math as v10: the inputs rounded to bf16
-(nearest, ties to even), products exact, sums in fp32; another order of the sums, so other bits
-than v10's, the same bits at every run.
+matmul_bf16 multiplies bf16 copies of its operands (each rounded once, ties to even: bf16_copies)
+the way fast half-precision GEMMs do (cuBLAS, CUTLASS): shared memory holds bf16, 2 bytes a value,
+in swizzled tiles that ldmatrix reads straight into the registers of the mma.sync fragments.
+Inputs rounded to bf16, products exact, sums in fp32; the same bits at every run.
 
 One stage (BK = 32 values of k) on its way, for each operand:
 
-    global fp32  --ld.global.v4-->  registers (4 floats a chunk, issued before the current
-                                    stage's products: in flight while the tensor cores work)
-                 --cvt.rn.bf16x2--> two bf16x2 words a chunk (ties to even, two values an instruction)
-                 --st.shared.v2-->  the other shared stage (8 bytes a chunk, swizzled, below)
-    barrier (one a stage: the two shared stages alternate, tile_loop.make_pipeline)
+    bf16 copy    --cp.async-->      a stage of the ring in shared memory: 16-byte chunks (8 bf16),
+                                    no register holds them, issued STAGES - 1 steps ahead (the
+                                    ring: the comment above STAGES), each at its swizzled place
+    barrier (one a step)
     shared bf16  --ldmatrix.x4-->   a warp's fragments: one instruction gives a 16 x 16 A fragment
                                     (a0..a3) or the B fragments (b0, b1) of two 16 x 8 tiles
                  --mma.sync m16n8k16--> fp32 sums of each 16 x 8 piece of the warp's tile
 
 1. Shared tiles keep the orientation the operand has in global memory, so the copy is straight
-   (stored rows to tile rows, 4 floats a thread at a time, consecutive threads along a row):
+   (stored rows to tile rows, consecutive threads along a row):
        a [M, K]   -> k-inner tile: BM rows (m) of BK = 32 bf16 (16 words, 64 bytes)
        a^T [K, M] -> k-outer tile: BK rows (k) of BM bf16 (BM / 2 words)
        b^T [N, K] -> k-inner tile: BN rows (n) of 32 bf16
@@ -53,11 +48,9 @@ One stage (BK = 32 values of k) on its way, for each operand:
      chunk within it: (r & 1, (r >> 1) & 3) runs through all 8 pairs. No conflict. (Without the
      swizzle a k-outer tile of 128 or 256-byte rows puts all 8 rows in one chunk position:
      8-way conflicts; a k-inner one, two-way.)
-   - The stores: each lane writes 8 bytes (4 values) with st.shared.v2, served 16 lanes (128 bytes)
-     at a time. 16 consecutive lanes cover 64 consecutive values of the stored rows: one whole
-     line of bf16, either two k-inner rows r, r + 1 (r even: both halves of the line, each row's
-     4 chunks permuted among themselves) or 8 aligned chunks of one k-outer row (permuted among
-     themselves by the XOR with r & 7). 16 different 8-byte slots: no conflict.
+   - The copies: a 16-byte chunk is exactly the unit of the swizzle (logical chunk q of tile row r
+     at chunk q ^ s(r)), and 8 consecutive lanes, one 128-byte request, write 8 different chunk
+     positions of a line (_async_copier): no conflict.
    In the simulator's small tiles C can be 2 (16-wide tiles); the same formula serves.
 
 4. The stage. A warp owns WM x WN of the block's tile (the warp layout of warp_tile.py, and the
@@ -66,10 +59,9 @@ One stage (BK = 32 values of k) on its way, for each operand:
    ldmatrix.x4 for two fragments), then for each of the MI = WM / 16 rows of fragments the A
    fragment of both k-steps (one ldmatrix.x4 each) and, for each 16 x 8 piece, one mma.sync over
    k-step 0 from zero, one over k-step 1 chained on it, and one fp32 add of the stage's sum into
-   acc (v10 added every 16 values of k; a chain of two inside the tensor core, not of all K:
-   warp_tile.py measured a long chain drifting). Default tile 128 x 128 with 8 warps of 64 x 32:
-   a warp issues 12 ldmatrix.x4 and 32 mma.sync a stage, each thread 4 + 4 ld.global.v4,
-   16 cvt.rn.bf16x2 and 8 st.shared.v2 (lab/bench/ptxcheck.py --v12 counts them in the PTX).
+   acc (a chain of two inside the tensor core, not of all K: warp_tile.py measured a long chain
+   drifting). Default tile 128 x 128 with 8 warps of 64 x 32: a warp issues 12 ldmatrix.x4 and
+   32 mma.sync a stage (lab/bench/ptxcheck.py --v13 counts them in the PTX).
 
 In the simulator (no ldmatrix, no mma.sync: warp instructions) the stage is a NumPy twin that
 runs the GPU's instructions for the whole warp from the same shared words: every lane's ldmatrix
@@ -85,10 +77,8 @@ from numba import cuda, float32, int32
 
 from .common import SIMULATOR, address, nonneg
 from .operands import COPIES                        # the 16-bit copies' scratch (k_round_bf16_v2)
-from .ptx import (CP_ASYNC_WAIT, bf16x2, cp_async16, cp_async_commit, ldmatrix_x4, ldmatrix_x4_trans,
-                  mma_bf16, store2)
-from .split_tile import chunk_fetcher
-from .tile_loop import WARP, add_fragment, make_load, make_pipeline
+from .ptx import CP_ASYNC_WAIT, cp_async16, cp_async_commit, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store2
+from .tile_loop import WARP, add_fragment, make_load
 from .warp_tile import fragment_tile
 
 if SIMULATOR:
@@ -129,46 +119,6 @@ def _frag_index(k_inner, W, mn_bit, k_bit):
             return word(mn + (lane & 7), k >> 3)
         return word(k + (lane & 7), mn >> 3)          # rows k, chunk m / 8 (n / 8)
     return _dev(index)
-
-
-def _chunk_word(R, Cc):
-    """chunk_word(e): the word of the shared tile (R rows of Cc / 2 words) where the two bf16x2 words
-    of 4-float chunk e of an R x Cc stored tile go: stored row e // (Cc / 4), columns 4 (e % (Cc / 4))..,
-    half of the 16-byte chunk (e % (Cc / 4)) // 2 of that row."""
-    CPR = Cc // 4
-    word = _word(Cc // 2)
-
-    def chunk_word(e):
-        r, c4 = e // CPR, e % CPR
-        return word(r, c4 >> 1) + 2 * (c4 & 1)
-    return _dev(chunk_word)
-
-
-def _copier(R, Cc, THREADS, vec):
-    """fetch(regs, g, r0, c0, rlim, clim): this thread's 4-float chunks of the R x Cc tile of the
-    stored matrix g at (r0, c0) into registers (zero outside rows < rlim, columns < clim; vec:
-    one 128-bit load a chunk, the caller checked the alignment); put(s, regs): each chunk rounded
-    to two bf16x2 words, stored with one 64-bit store at its swizzled place in the tile s (R rows
-    of Cc / 2 words). Chunk e = thread + j THREADS is stored row e // (Cc / 4), columns 4 (e % (Cc / 4)).."""
-    CPR = Cc // 4                                     # chunks a stored row
-    CH = R * CPR // THREADS                           # chunks a thread
-    assert CH * THREADS == R * CPR, f"a {R} x {Cc} tile does not split into 4-float chunks over {THREADS} threads"
-    chunk_word = _chunk_word(R, Cc)
-
-    @cuda.jit(device=True)
-    def chunk(b, j):
-        """(stored row offset, stored column offset) of thread b's chunk j: e = b + j THREADS."""
-        e = nonneg(b) + j * THREADS
-        return e // CPR, (e % CPR) * 4
-
-    fetch = chunk_fetcher(chunk, CH, vec)                 # split_tile's: the 128-bit loads a stage ahead
-
-    @cuda.jit(device=True)
-    def put(s, regs):
-        for j in range(CH):
-            e = nonneg(cuda.threadIdx.x) + j * THREADS
-            store2(s, chunk_word(e), bf16x2(regs[4 * j], regs[4 * j + 1]), bf16x2(regs[4 * j + 2], regs[4 * j + 3]))
-    return fetch, put, 4 * CH
 
 
 def _stage(trans_a, trans_b, BM, BN, MI, NI):
@@ -220,49 +170,19 @@ def _stage(trans_a, trans_b, BM, BN, MI, NI):
     return stage
 
 
-@functools.cache
-def make_half_tile(tile):
-    """Everything a kernel needs for one bf16 ldmatrix tile, the names of warp_tile.make_warp_tile
-    (mma, mma_nn .. mma_tt, row, col, zero, store, TM, TN, THREADS, BK, grid).
-    tile = ("bf16l", BM, BN, BK, WM, WN, vec): BK = 32; vec: 128-bit global loads (warp_tile.resolve).
-    The shared stages are tile_loop's float32 arrays, each 32-bit element holding a bf16 pair
-    (written by store2, read by ldmatrix, never as a float): the K loop is make_pipeline's."""
-    kind, BM, BN, BK, WM, WN, vec = tile
-    assert kind == "bf16l", kind
-    assert BK == BK_HALF, f"bf16 ldmatrix tiles take BK = {BK_HALF}, got {BK}"
-    assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 16 == 0, f"tile {tile}"
-    MI, NI = WM // 16, WN // 8
-    THREADS = WARP * (BM // WM) * (BN // WN)
-    ranged = {}
-    for ta in (False, True):
-        for tb in (False, True):
-            # stored tiles: a [M, K] -> BM x BK, a^T [K, M] -> BK x BM; b^T [N, K] -> BN x BK, b [K, N] -> BK x BN
-            fetch_a, put_a, EA = _copier(*((BK, BM) if ta else (BM, BK)), THREADS, vec)
-            fetch_b, put_b, EB = _copier(*((BN, BK) if tb else (BK, BN)), THREADS, vec)
-            ranged[(ta, tb)] = make_pipeline(ta, tb, BM, BN, BK, WM, WN, (fetch_a, put_a, EA, (BM * BK // 2,)),
-                                             (fetch_b, put_b, EB, (BN * BK // 2,)), _stage(ta, tb, BM, BN, MI, NI))
-
-    return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)      # row, col, the epilogue: warp_tile's
-
-
 # =============================================================================================
-# matmul v13 (kind "bf16a"): v12's shared tiles, stage and swizzle, fed by cp.async from bf16 copies
-#
-# v12 moves fp32 operands through registers: every thread loads 2 x 16 floats a stage (48 staging
-# registers with the addresses), rounds them (cvt) and stores them (st.shared), and only two
-# shared stages fit beside that. v13 splits the rounding from the product:
+# matmul_bf16's ring: the bf16 copies, fed to the shared stages by cp.async
 #
 #   1. k_round_bf16_v2 (operands.round_into) rounds each operand once into a bf16 copy in a
-#      scratch buffer (ties to even, the same bits as v12's cvt.rn.bf16x2): rows packed, the
-#      copy keeps the operand's orientation, a [M, K] -> a16 [M, K], a^T [K, M] -> a16 [K, M].
+#      scratch buffer (ties to even, cvt.rn.bf16x2's bits): rows packed, the copy keeps the
+#      operand's orientation, a [M, K] -> a16 [M, K], a^T [K, M] -> a16 [K, M].
 #   2. The product kernel copies 16-byte chunks (8 bf16) of the copies straight from global to
 #      shared memory with cp.async: no register holds them, no instruction of the thread waits
-#      for them until the stage is needed. The chunk lands at the same swizzled place as v12's
-#      (a 16-byte chunk is exactly the unit of the swizzle: logical chunk q of tile row r at
-#      chunk q ^ s(r), point 3 of the module docstring), so v12's stage (ldmatrix, mma.sync)
-#      reads it unchanged.
+#      for them until the stage is needed. A chunk lands at its swizzled place (logical chunk q of
+#      tile row r at chunk q ^ s(r), point 3 of the module docstring), where the stage (ldmatrix,
+#      mma.sync) reads it.
 #
-# The ring of STAGES shared stages (tile_mma_async below), K step s in stage s % STAGES:
+# The ring of STAGES shared stages (make_async_pipeline below), K step s in stage s % STAGES:
 #
 #     prologue: issue the copies of steps 0 .. STAGES-2, one commit group each
 #     step s:   wait_group STAGES-2       this thread's copies of step s have landed (of the groups
@@ -273,13 +193,12 @@ def make_half_tile(tile):
 #                                         the count of groups stays one a step)
 #               stage(s): ldmatrix + mma.sync from stage s % STAGES
 #
-# One barrier a step, and STAGES-1 steps of copies in flight while the tensor cores work (v12:
-# one, issued a step ahead into registers). Why 3 by default: the copies of a stage take about as
-# long as a global-memory round trip (~600-800 ns on the H200 under load), one stage of 128 x 128
-# products about 1/3-1/2 of that for a block sharing its multiprocessor with another: two stages
-# in flight cover the latency where one does not, and 3 stages of a 128 x 128 tile fill the 48 KiB
-# that a Numba kernel's static shared memory may take (3 x (128 + 128) x 32 x 2 bytes). Smaller
-# tiles take 4 (block's sixth number). 128 x 256 would need 72 KiB: dynamic shared memory past
+# One barrier a step, and STAGES-1 steps of copies in flight while the tensor cores work. Why 3 by
+# default: the copies of a stage take about as long as a global-memory round trip (~600-800 ns on
+# the H200 under load), one stage of 128 x 128 products about 1/3-1/2 of that for a block sharing
+# its multiprocessor with another: two stages in flight cover the latency where one does not, and
+# 3 stages of a 128 x 128 tile fill the 48 KiB that a Numba kernel's static shared memory may take
+# (3 x (128 + 128) x 32 x 2 bytes). Smaller tiles take 4 (block's sixth number). 128 x 256 would need 72 KiB: dynamic shared memory past
 # 48 KiB needs a launch attribute that Numba does not set, so it is not offered.
 #
 # Edges. A chunk is 8 consecutive stored columns of one stored row.
@@ -314,12 +233,12 @@ def bf16_copies(a, b, stream=0):
 
 
 def async_resolve(block, a16, b16):
-    """The full tile of a v13 launch: ("bf16a", BM, BN, BK, WM, WN, vec, STAGES); vec when both
+    """The full tile of a matmul_bf16 launch: ("bf16", BM, BN, BK, WM, WN, vec, STAGES); vec when both
     copies' rows are whole 16-byte chunks: rows of a multiple of 8 values, starting on a 16-byte
     boundary (bf16_copies' slots do; a saved activation does where its layer's offset allows)."""
     vec = all(x.shape[1] % 8 == 0 and address(x) % 16 == 0 for x in (a16, b16))
     stages = block[5] if len(block) > 5 else STAGES
-    return ("bf16a", *block[:5], vec, stages)
+    return ("bf16", *block[:5], vec, stages)
 
 
 def _async_copier(R, Cc, THREADS, vec):
@@ -402,11 +321,12 @@ def make_async_pipeline(trans_a, trans_b, BM, BN, WM, WN, stages, copy_a, copy_b
 
 @functools.cache
 def make_async_tile(tile):
-    """Everything a kernel needs for one v13 tile, the names of make_half_tile; its mma functions
-    take the bf16 copies (uint16 arrays, bf16_copies), not the fp32 operands.
-    tile = ("bf16a", BM, BN, BK, WM, WN, vec, STAGES): BK = 32; vec: cp.async chunks (async_resolve)."""
-    kind, BM, BN, BK, WM, WN, vec, stages = tile
-    assert kind == "bf16a", kind
+    """Everything a kernel needs for one matmul_bf16 tile, the names of matmul.make_tile (mma, mma_nn
+    .. mma_tt, row, col, zero, store, TM, TN, THREADS, BK, grid); its mma functions take the bf16
+    copies (uint16 arrays, bf16_copies), not the fp32 operands.
+    tile = ("bf16", BM, BN, BK, WM, WN, vec, STAGES): BK = 32; vec: cp.async chunks (async_resolve)."""
+    family, BM, BN, BK, WM, WN, vec, stages = tile
+    assert family == "bf16", family
     assert BK == BK_HALF, f"bf16 ldmatrix tiles take BK = {BK_HALF}, got {BK}"
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 16 == 0, f"tile {tile}"
     assert stages - 2 in CP_ASYNC_WAIT, f"{stages} stages: wait_group {stages - 2} has no intrinsic (ptx.py)"

@@ -24,7 +24,7 @@ from numba import cuda, float32
 from numba.cuda import libdevice
 
 from .common import address, block_max, block_sum, blocks, MAX_BLOCK, rung, SIMULATOR, wide_rows
-from .matmul import WARP_MATMUL, matmul
+from .matmul import matmul, matmul_bf16, matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3
 from .operands import COPIES, operand_elements
 from .ptx import bf16x2, load4_row, store4
 
@@ -117,21 +117,21 @@ def loss_bwd(dx, dwte, dlogits, dloss, x, wte, probs, targets, *, block, stream=
 
 
 # ---------------------------------------------------------------------------------------------
-# v2, v3: the same kernels, the products on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32
-# tensor cores); dwte with split-K into work (at 12M, V x C is only 2 x 3 tiles for K = N rows).
+# The same kernels with the products of a product launcher (mm: matmul_tf32x3, matmul_fp16,
+# matmul_bf16, or a lab rung); dwte with split-K into work (at 12M, V x C is only 2 x 3 tiles for
+# K = N rows).
 
-def _fwd_warp(kind, loss, losses, probs, x, wte, targets, block, stream):
+def _fwd_warp(mm, loss, losses, probs, x, wte, targets, block, stream):
     N, V = probs.shape
-    WARP_MATMUL[kind](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
+    mm(probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
     k_loss_fwd_v1[N, block, stream](losses, probs, targets)
     k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
 
 
-def _bwd_warp(kind, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream):
+def _bwd_warp(mm, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream):
     N, V = probs.shape
     scale = np.float32(float(dloss) / N)
     k_loss_bwd_v1[N, block, stream](dlogits, probs, targets, scale)
-    mm = WARP_MATMUL[kind]
     mm(dx, None, dlogits, wte, stream=stream)                                          # dx = dlogits @ wte
     mm(dwte, work, dlogits, x, trans_a=True, accumulate=True, stream=stream)           # dwte += dlogits^T @ x
 
@@ -139,8 +139,9 @@ def _bwd_warp(kind, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, bloc
 @rung(7)
 @blocks(gpu=(256, 1024), sim=(4, 2))
 def loss_bwd_tf32x3(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v1 with its products from matmul v8, dwte split over K into work."""
-    _bwd_warp("tf32x3w", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
+    """loss_bwd with its products from matmul_tf32x3 (3xTF32, as accurate as fp32), dwte split over K
+    into work."""
+    _bwd_warp(matmul_tf32x3, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 
 # v9: v7 with the softmax's block no wider than its row needs. k_loss_fwd_v1 runs a block per row
@@ -161,48 +162,47 @@ def row_threads(V: int, block: int) -> int:
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd_tf32x3(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """v7 with the softmax rows on as few threads as four entries a thread allow (at most block)."""
-    _fwd_warp("tf32x3w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
+    _fwd_warp(matmul_tf32x3, loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
-# fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+# fp16 products: the same on matmul_fp16 (fp16 inputs, fp32 sums); training with them needs loss scaling.
 @rung(11)
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd_fp16(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v9 with the logits from fp16 products (matmul v11); the softmax and the loss in fp32."""
-    _fwd_warp("f16w", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
+    """loss_fwd_tf32x3 with the logits from fp16 products (matmul_fp16); the softmax and the loss in fp32."""
+    _fwd_warp(matmul_fp16, loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
 @rung(10)
 @blocks(gpu=(256, 1024), sim=(4, 2))
 def loss_bwd_fp16(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v7 with fp16 products (matmul v11), dwte split over K into work."""
-    _bwd_warp("f16w", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
+    """loss_bwd_tf32x3 with fp16 products (matmul_fp16), dwte split over K into work."""
+    _bwd_warp(matmul_fp16, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 
 loss_fwd_fp16.precision = loss_bwd_fp16.precision = "fp16"
 
 
-# bf16 products through matmul v13 (bf16 copies, cp.async ring: kernels/half_tile.py)
+# bf16 products through matmul_bf16 (bf16 copies, cp.async ring: kernels/half_tile.py)
 @rung(13)
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd_bf16(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """v12 with the logits from matmul v13; the softmax and the loss in fp32."""
-    _fwd_warp("bf16a", loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
+    """loss_fwd_tf32x3 with the logits from matmul_bf16; the softmax and the loss in fp32."""
+    _fwd_warp(matmul_bf16, loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
 
 
 @rung(12)
 @blocks(gpu=(256, 1024), sim=(4, 2))
 def loss_bwd_bf16(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """v11 with its products from matmul v13, dwte split over K into work."""
-    _bwd_warp("bf16a", dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
+    """loss_bwd_tf32x3 with its products from matmul_bf16, dwte split over K into work."""
+    _bwd_warp(matmul_bf16, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 
 loss_fwd_bf16.precision = loss_bwd_bf16.precision = "bf16"
 
 
-# v14 forward, v13 backward (bf16): the products of matmul v16 (wgmma where no activation needs a
-# transposed copy: kernels/matmul.py), and the two passes over the [N, V] logits that cost most
-# besides them. At 120M (8 x 1024 rows, V = 50,304: 1.65 GB of fp32 logits) on an H200, v13's
+# v14 forward, v13 backward (bf16, the lab's: the products of its matmul v16): the two passes over
+# the [N, V] logits that cost most besides the products. At 120M (8 x 1024 rows, V = 50,304: 1.65 GB of fp32 logits) on an H200, v13's
 # k_loss_fwd_v1 took 2.18 ms, k_loss_bwd_v1 1.16 ms, and the two bf16 copies of dlogits that its
 # products made 1.19 ms.
 #
@@ -304,7 +304,7 @@ def k_loss_bwd_v2(d16, d_words, probs, targets, scale, wide):
             dlogit1(d16, row, v, target, scale, probs[row, v])
 
 
-def _bwd_bf16(kind, dx, dwte, work, dloss, x, wte, probs, targets, block, stream, stats=None):
+def _bwd_bf16(mm, dx, dwte, work, dloss, x, wte, probs, targets, block, stream, stats=None):
     """stats None: dlogits from the softmax in probs (k_loss_bwd_v2); else from the logits in probs
     and each row's (M, se) in stats [2, N] (k_loss_bwd_v3, loss_bwd v16)."""
     N, V = probs.shape
@@ -318,7 +318,6 @@ def _bwd_bf16(kind, dx, dwte, work, dloss, x, wte, probs, targets, block, stream
         k_loss_bwd_v2[N, block, stream](d16, d_words, probs, targets, scale, wide)
     else:
         k_loss_bwd_v3[N, block, stream](d16, d_words, probs, stats, targets, scale, wide)
-    mm = WARP_MATMUL[kind]
     mm(dx, None, d16, wte, stream=stream)                                       # dx = dlogits @ wte
     mm(dwte, work, d16, x, trans_a=True, accumulate=True, stream=stream)        # dwte += dlogits^T @ x
 
@@ -343,8 +342,8 @@ else:
 
 
 # k_loss_fwd_v3: v2's softmax with the row held in registers, so the logits are read once. At 120M
-# (V = 50304) k_loss_fwd_v2 took 1.55 ms of the bf16t step on the H200, more than the logits' own
-# product (1.20 ms): it reads each 201 KB row twice and writes it once, 5 GB, and the 264 rows in
+# (V = 50304) k_loss_fwd_v2 took 1.55 ms of the bf16 step (on matmul v18) on the H200, more than the
+# logits' own product (1.20 ms): it reads each 201 KB row twice and writes it once, 5 GB, and the 264 rows in
 # flight (53 MB) spill out of the 50 MB L2 between the two reads. Here thread tid of the row's T
 # holds its values x[4 (tid + q T) .. + 3], q < NQ = cdiv(V, 4 T) (NQ float4 loads, all in flight at
 # once; 100 registers at T = 512), then:
@@ -415,15 +414,15 @@ def loss_fwd_rows(V: int, T: int):
     return _row_kernel(k_loss_fwd_v3, T)
 
 
-# v17 forward: v16 (the logits from matmul v18) with the softmax in one read of the logits
+# v17 forward: v16 (the logits from matmul_bf16_wgmma) with the softmax in one read of the logits
 # (k_loss_fwd_v3); v2's two passes where the rows are not whole 16-byte chunks. block = threads a row.
 @rung(17)
 @blocks(gpu=(512, 1024), sim=(4, 8))
 def loss_fwd_bf16_wgmma_probs(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """The logits from matmul v18; the softmax with the row in registers (k_loss_fwd_v3), the loss
+    """The logits from matmul_bf16_wgmma; the softmax with the row in registers (k_loss_fwd_v3), the loss
     in fp32."""
     N, V = probs.shape
-    WARP_MATMUL["bf16t"](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
+    matmul_bf16_wgmma(probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
     if wide_rows(probs):
         loss_fwd_rows(V, block)[N, block, stream](losses, probs, targets)
     else:
@@ -512,7 +511,7 @@ def loss_fwd_bf16_wgmma(loss, losses, probs, x, wte, targets, *, stats=None, blo
     if stats is None:
         return loss_fwd_bf16_wgmma_probs(loss, losses, probs, x, wte, targets, block=block, stream=stream)
     N, V = probs.shape
-    WARP_MATMUL["bf16t"](probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
+    matmul_bf16_wgmma(probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
     loss_stats_rows(V, block)[N, block, stream](losses, stats, probs, targets)
     k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
 
@@ -521,8 +520,8 @@ def loss_fwd_bf16_wgmma(loss, losses, probs, x, wte, targets, *, stats=None, blo
 @blocks(gpu=(256, 1024), sim=(4, 2))
 def loss_bwd_bf16_wgmma(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stats=None, block, stream=0):
     """v15, or with stats (loss_fwd v18's): the softmax recomputed from the logits in probs as dlogits
-    are written (k_loss_bwd_v3); the same two products on matmul v18."""
-    _bwd_bf16("bf16t", dx, dwte, work, dloss, x, wte, probs, targets, block, stream, _stats_for(probs, stats))
+    are written (k_loss_bwd_v3); the same two products on matmul_bf16_wgmma."""
+    _bwd_bf16(matmul_bf16_wgmma, dx, dwte, work, dloss, x, wte, probs, targets, block, stream, _stats_for(probs, stats))
 
 
 loss_fwd_bf16_wgmma.precision = loss_bwd_bf16_wgmma.precision = "bf16"

@@ -8,45 +8,49 @@ The three shapes a linear layer y = x @ W needs:
     grad of input   dx = dy @ W^T            matmul(dx, dy, W, trans_b=True)
     grad of weight  dW += x^T @ dy           matmul(dW, x, dy, trans_a=True, accumulate=True)
 
-v1, k_matmul_v1: one thread per output element, a plain loop over K. Every thread reads a whole
-row of a and a whole column of b from global memory: easy to read, slow.
+The lessons' pair:
+    matmul_naive (k_matmul_v1): one thread per output element, a plain loop over K. Every thread
+        reads a whole row of a and a whole column of b from global memory: easy to read, slow.
+    matmul (k_matmul_v2): shared-memory tiling with register blocking. A block computes a BM x BN
+        tile of out. It walks K in steps of BK: its threads copy a BM x BK tile of op(a) and a BK x BN
+        tile of op(b) into shared memory (each element read from global memory once per block, not
+        once per thread), wait (syncthreads), and each thread multiplies them into a TM x TN patch of
+        sums kept in registers. Each output is summed by one thread in fixed k order: deterministic.
 
-v2, k_matmul_v2: shared-memory tiling with register blocking. A block computes a BM x BN
-tile of out. It walks K in steps of BK: its threads copy a BM x BK tile of op(a) and a BK x BN tile
-of op(b) into shared memory (each element read from global memory once per block, not once per
-thread), wait (syncthreads), and each thread multiplies them into a TM x TN patch of sums kept in
-registers. Each output is summed by one thread in fixed k order: deterministic, no atomics.
+The products the recipes' linear ops run (andrea_numba/recipes.py), each on a family of warp tiles
+(warps own pieces of the block's tile in the tensor-core fragment layout, kernels/warp_tile.py),
+with split-K for the products with few output tiles (below):
+    matmul_tf32x3               fp32-accurate: three TF32 products a fragment on tensor cores (3xTF32),
+                                swizzled k-major shared tiles (split_tile.py)            recipe fp32
+    matmul_fp16                 the same tiles, inputs rounded to fp16, fp32 sums      recipe fp16
+    matmul_bf16                 bf16 copies of the operands (rounded once) copied by cp.async into a
+                                ring of shared stages, ldmatrix, mma.sync (half_tile.py)  bf16-ampere
+    matmul_bf16_wgmma           Hopper: the copies as stored, moved by TMA from a producer warp,
+                                wgmma, persistent blocks (wgmma_tma.py)                   bf16-hopper
+    matmul_bf16_wgmma_cp_async  the same layouts and sums on a cp.async ring (wgmma_mn.py), where a
+                                tensor map cannot read an operand
+Every other rung of the ladder is the lab's (lab/matmul.py, with its VERSIONS table).
 
-v3, k_matmul_v3: warp tiles (kernels/warp_tile.py). Warps own 16-row fragments of the block's
-tile, shared tiles keep each operand's orientation with a conflict-free pad, the next K step comes
-in by 128-bit copies while the current one is multiplied (two shared stages), and split-K cuts a
-long K into slices for few-tile products (the weight gradients), added in a fixed order.
-
-v4, k_matmul_v4: v3's tiles with the multiply on tensor cores, mma.sync on TF32 parts of each
-value, three products per fragment (3xTF32): fp32 accuracy at tensor-core speed.
-
-The tile loop and its helpers are device functions built for one tile shape (make_tile, cached),
-so the linear ops' own kernels (k_attn_qkv_fwd_v1, k_mlp_fwd_v1, ...) reuse it and differ only in
-what they do with the sums. A "block" of these launchers is a tile shape (BM, BN, BK, TM, TN):
-(BM/TM) * (BN/TN) threads; Numba compiles one kernel per shape, the first time it is asked for.
+The tile loop and its helpers are device functions built for one tile (make_tile, cached), so the
+linear ops' own kernels (k_attn_qkv_fwd_v1, k_mlp_fwd_v1, ...) reuse them and differ only in what
+they do with the sums. A tile is matmul's shape (BM, BN, BK, TM, TN), or a tile family's name with
+its shape, (family, BM, BN, BK, WM, WN, vec[, STAGES]): TILE_FAMILIES holds the engine's families
+(each product launcher names its own: launcher.family) and the lab adds its own. A "block" of these
+launchers is a tile shape; Numba compiles one kernel per shape, the first time it is asked for.
 """
-import contextlib
 import functools
 from types import SimpleNamespace
+from typing import Callable, NamedTuple
 
 import numba
 import numpy as np
 from numba import cuda, float32
 
 from .common import blocks, cdiv, ELEMENTWISE_THREADS, jit_as, rung, SIMULATOR
-from .half_tile import async_resolve, bf16_copies, make_async_tile, make_half_tile
-from .operands import COPIES
-from .simt_tile import make_simt_tile
+from .half_tile import async_resolve, bf16_copies, make_async_tile
 from .tma import TMAPS, map_fits
-from .warp_tile import make_epilogue, make_warp_tile, resolve
+from .warp_tile import make_epilogue, make_fp16_tile, make_tf32x3_tile, resolve
 from .wgmma_mn import make_mn_tile, mn_resolve
-from .wgmma_ring import make_ring_tile, ring_resolve
-from .wgmma_tile import make_wgmma_tile
 from .wgmma_tma import fixup_counters, tile_bytes, tma_kernel, units_grid
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
@@ -56,8 +60,9 @@ TILES = dict(gpu=((64, 64, 16, 4, 4), (32, 64, 16, 4, 4), (128, 64, 8, 8, 4)),
              sim=((16, 16, 8, 4, 4), (8, 16, 4, 4, 4)))
 
 
+
 # ---------------------------------------------------------------------------------------------
-# v1: one thread per output element (for lessons)
+# one thread per output element (for lessons)
 
 @cuda.jit
 def k_matmul_v1(out, a, b, trans_a, trans_b, accumulate):
@@ -87,8 +92,9 @@ def matmul_naive(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, b
     k_matmul_v1[grid, (block, block), stream](out, a, b, trans_a, trans_b, accumulate)
 
 
+
 # ---------------------------------------------------------------------------------------------
-# v2: shared-memory tiles, TM x TN outputs per thread
+# shared-memory tiles, TM x TN outputs per thread
 
 def make_tile_mma(trans_a, trans_b, BM, BN, BK, TM, TN):
     """Build the device function that adds this thread's TM x TN share of the block's tile of
@@ -178,24 +184,37 @@ def _make_tile_v2(tile):
         grid=lambda M, N, z=1: (cdiv(N, BN), cdiv(M, BM), z))
 
 
+class TileFamily(NamedTuple):
+    """A family of product tiles. make(tile) builds the tile functions of one tile (family, BM, BN, BK,
+    WM, WN, vec[, STAGES]); rung: the matmul rung whose product kernel runs it (named k_matmul_v<rung>);
+    what: a line for the kernel's docstring."""
+    make: Callable
+    rung: int
+    what: str
+
+
+
+# The tile families, by name: the engine's, which its product launchers run (each launcher's
+# .family) and the linear ops' fused kernels are built on. The lab (lab/matmul.py) adds its own,
+# named by the rung that runs them ("v3", "v4", ...).
+TILE_FAMILIES = {
+    "tf32x3": TileFamily(make_tf32x3_tile, 8, "3xTF32 tensor cores on swizzled k-major tiles (the small parts' low "
+                                              "bits left for the tensor core to drop, transposed operands stored 128 bits at a time)"),
+    "fp16": TileFamily(make_fp16_tile, 11, "fp16 tensor cores (inputs rounded as read) on swizzled k-major tiles"),
+    "bf16": TileFamily(make_async_tile, 13, "bf16 tensor cores on bf16 copies, copied to a ring of shared stages by cp.async"),
+    "bf16_wgmma_cp_async": TileFamily(make_mn_tile, 17, "bf16 wgmma on the bf16 copies as stored: MN-major stages read "
+                                                        "through the transpose bits"),
+}
+
+
 @functools.cache
 def make_tile(tile):
-    """The tile functions of matmul v2 (tile = (BM, BN, BK, TM, TN)) or of a warp tile
-    (tile = (kind, BM, BN, BK, WM, WN, vec): warp_tile.make_warp_tile, or simt_tile.make_simt_tile
-    for kind "simt2"). The linear ops' kernels are written against these names and run on any."""
+    """The tile functions of matmul's shared tiles (tile = (BM, BN, BK, TM, TN)) or of a tile of a
+    family (tile = (family, BM, BN, BK, WM, WN, vec[, STAGES]): TILE_FAMILIES[family].make). The linear
+    ops' kernels are written against these names and run on any."""
     if len(tile) == 5:
         return _make_tile_v2(tile)
-    if tile[0] == "bf16l":                  # matmul v12 (half_tile.py)
-        return make_half_tile(tile)
-    if tile[0] == "bf16a":                  # matmul v13 (half_tile.py): takes the operands' bf16 copies
-        return make_async_tile(tile)
-    if tile[0] == "bf16g":                  # matmul v14 (wgmma_tile.py): K-major bf16 copies, wgmma
-        return make_wgmma_tile(tile)
-    if tile[0] == "bf16h":                  # matmul v15 (wgmma_ring.py): wgmma in flight, a deeper ring
-        return make_ring_tile(tile)
-    if tile[0] == "bf16m":                  # matmul v17 (wgmma_mn.py, imported at the end of this module):
-        return make_mn_tile(tile)           # the copies as stored, MN-major stages
-    return make_simt_tile(tile) if tile[0] == "simt2" else make_warp_tile(tile)
+    return TILE_FAMILIES[tile[0]].make(tile)
 
 
 @functools.cache
@@ -227,15 +246,15 @@ def matmul(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, 
 
 k_matmul_v2 = _k_matmul_v2(matmul.blocks[0], False, False)   # the default tile's kernel
 
+
 # ---------------------------------------------------------------------------------------------
-# v3 and v4: warp tiles (kernels/warp_tile.py), 128-bit copies, two shared stages, split-K.
-# v3 multiplies with SIMT multiply-adds, v4 on tensor cores (3xTF32, fp32-accurate).
+# Products on a tile family (warp tiles, kernels/warp_tile.py): 128-bit copies, shared stages, split-K.
 #
 # Split-K: a product with few output tiles and a long K (a weight gradient, K = B*T rows) would
 # leave most of the GPU idle: dW_O at 12M is 3 x 3 tiles of 128 x 128 for 132 multiprocessors.
 # With a work buffer, the launcher cuts K into S slices of ksplit (a multiple of BK). Block z of
 # the grid's third dimension sums its slice into work[z] (a partial tile, no atomics), then
-# k_splitk_sum_v1 adds the slices in the fixed order z = 0, 1, .., S-1:
+# k_splitk_sum_v2 adds the slices in the fixed order z = 0, 1, .., S-1:
 #     out (+)= work[0] + work[1] + ... + work[S-1]
 #
 # How many slices: a GPU runs a launch in waves. With R blocks resident at once (the occupancy of
@@ -245,30 +264,21 @@ k_matmul_v2 = _k_matmul_v2(matmul.blocks[0], False, False)   # the default tile'
 # tiles: one full wave and one of 24 blocks, the GPU 55% busy. Cutting K into S slices makes S
 # times the blocks, each S times shorter, so splitk picks the S of least
 #     waves(S) x stages per slice  +  the cost of the slices' partial tiles
-# (each slice's M x N partial is written, then read by k_splitk_sum_v1: about one wave-stage per
-# half a million partial values, plus the second launch). dW_1 at 120M: S = 1 costs 2 x 512 = 1024
+# (each slice's M x N partial is written, then read by the sum: about one wave-stage per half a
+# million partial values, plus the second launch). dW_1 at 120M: S = 1 costs 2 x 512 = 1024
 # wave-stages, S = 4 (1152 blocks, 5 waves x 128) 640 + 21, S = 8 (9 waves x 64) 576 + 38.
 # S depends only on the shapes, the work buffer's size and the kernel's occupancy on this GPU:
 # the same launch every time, so the same sums in the same order: deterministic.
 
-# (BM, BN, BK, WM, WN): 4 warps of 64 x 32 outputs (128 x 64 per block), 4 warps of 32 x 32
-# (64 x 64), 8 warps of 64 x 32 (128 x 128), and 64 x 64 with BK = 32 (half the barriers); in the
-# simulator, which pays per thread, one warp of 32 x 32 or two warps of 16 x 64 (few threads, many
-# outputs each). The engine's, first: on the H200 (lab/bench/gemm.py --blocks, 2026-12-01) v4 was
-# fastest with it for 8 of the 11 products timed, 5-17% ahead of 64 x 64 (the 120M logits: 14.8
-# against 17.3 ms), and at most 11% behind the best for the other three.
-WARP_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 32),
-                       (64, 64, 32, 32, 32)),
-                  sim=((32, 32, 8, 32, 32), (32, 64, 8, 16, 64)))
 RESIDENT_BLOCKS = 4          # the simulator's stand-in for the GPU's resident blocks (resident_blocks)
-SPLIT_LAUNCH = 2             # k_splitk_sum_v1's launch and its pass, in wave-stages ...
+SPLIT_LAUNCH = 2             # the sum's launch and its pass, in wave-stages ...
 SPLIT_VALUES = 1 << 19       # ... plus one for every half million partial values written and read
 
 
 def splitk_work(C: int, N: int = 0) -> int:
     """Floats of the split-K work buffer for a model of width C at N = B*T rows (the engine's, and
     the op cases'): room for 8 slices of the largest weight gradient, W_1's C x 4C (32 of a C x C
-    one), and for 2 slices of an N x C activation (mlp v11's C-wide products)."""
+    one), and for 2 slices of an N x C activation (the MLP's C-wide products)."""
     return max(32 * C * C, 2 * N * C)
 
 
@@ -313,9 +323,11 @@ def k_splitk_sum_v1(out, work, accumulate):
         out[r, c] = s
 
 
-# v2: the same sums over flat views. v1 finds its element's row and column with an integer
-# division and remainder (64-bit), which kept the H200's integer pipe 75% busy while memory, the
-# real work, ran at 41% (Nsight Compute, 120M dW_1's sum). Flat, a thread's index is the element.
+
+# k_splitk_sum_v2: the same sums over flat views (the engine's). k_splitk_sum_v1 finds its element's
+# row and column with an integer division and remainder (64-bit), which kept the H200's integer pipe
+# 75% busy while memory, the real work, ran at 41% (Nsight Compute, 120M dW_1's sum). Flat, a
+# thread's index is the element. (v1 adds the slices of the lab's rungs before matmul v8.)
 @cuda.jit
 def k_splitk_sum_v2(out, work, accumulate):
     """out[i] (+)= sum_z work[z, i], z = 0, 1, ... in order; out [M*N] and work [S, M*N] flat."""
@@ -331,6 +343,7 @@ def k_splitk_sum_v2(out, work, accumulate):
         out[i] = s
 
 
+
 def splitk_sum(out, work, accumulate, stream, version=1):
     """Launch k_splitk_sum (v1, or v2 on flat views) over out (work [S, M, N])."""
     M, N = out.shape
@@ -340,17 +353,6 @@ def splitk_sum(out, work, accumulate, stream, version=1):
         return
     k_splitk_sum_v1[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
 
-
-# The warp-tile kernels, by tile kind: their version (the kernel's name, k_matmul_v<n>) and tiles.
-WARP_KERNELS = {"simt": (3, "SIMT warp tiles"),
-                "tf32x3": (4, "3xTF32 tensor-core warp tiles"),
-                "tf32x3s": (5, "split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads"),
-                "tf32x3k": (6, "k-major tiles of raw values, split as the fragments are read"),
-                "tf32x3t": (7, "v6's tiles, the small parts' low bits left for the tensor core to drop"),
-                "tf32x3w": (8, "v7's sums on swizzled tiles: transposed operands stored 128 bits at a time"),
-                "simt2": (9, "SIMT tiles of 4 x 4 blocks a thread on k-major shared tiles read 128 bits at a time"),
-                "bf16w": (10, "bf16 tensor cores (inputs rounded as read) on swizzled k-major tiles"),
-                "f16w": (11, "fp16 tensor cores (inputs rounded as read) on swizzled k-major tiles")}
 
 
 @functools.cache
@@ -374,10 +376,11 @@ def _k_matmul_warp(tile, trans_a, trans_b):
     def k_matmul(out, work, a, b, accumulate, ksplit):
         product(out, work, a, b, accumulate, ksplit)
 
-    version, what = WARP_KERNELS[tile[0]]
-    k_matmul.__doc__ = (f"One BM x BN tile of out (+)= op(a) @ op(b) per block on {what}; with split-K, "
+    family = TILE_FAMILIES[tile[0]]
+    k_matmul.__doc__ = (f"One BM x BN tile of out (+)= op(a) @ op(b) per block on {family.what}; with split-K, "
                         f"block z writes its slice's partial tile to work[z].")
-    return jit_as(k_matmul, version)                   # k_matmul_v3 .. k_matmul_v8
+    return jit_as(k_matmul, family.rung)               # k_matmul_v8, k_matmul_v11, ...
+
 
 
 @functools.cache
@@ -395,10 +398,13 @@ def resident_blocks(tile, trans_a, trans_b, args) -> int:
     return _resident(tile, trans_a, trans_b, tuple(numba.typeof(x) for x in args))
 
 
-def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+
+def _matmul_warp(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    """A product on a tile of `family` at the declared block (warp_tile.resolve), split over K into
+    work where splitk says so."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
-    tile = resolve(kind, block, a, b)
+    tile = resolve(family, block, a, b)
     t = make_tile(tile)
     trans_a, trans_b = bool(trans_a), bool(trans_b)
     resident = 0 if work is None else resident_blocks(tile, trans_a, trans_b,
@@ -408,168 +414,75 @@ def _matmul_warp(kind, out, work, a, b, trans_a, trans_b, accumulate, block, str
     _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a, b, accumulate, ksplit)
     if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2 if WARP_KERNELS[kind][0] >= 8 else 1)
+        splitk_sum(out, part, accumulate, stream, version=2 if TILE_FAMILIES[family].rung >= 8 else 1)
 
 
-@blocks(**WARP_TILES)
-def matmul_v3(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """SIMT warp tiles. work: float32 [n] split-K buffer (or None: no split). block = (BM, BN, BK,
-    WM, WN): (BM/WM)*(BN/WN) warps per BM x BN tile of out."""
-    _matmul_warp("simt", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
-
-@blocks(**WARP_TILES)
-def matmul_v4(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """3xTF32 tensor-core warp tiles (a NumPy twin of the step in the simulator); otherwise as matmul_v3."""
-    _matmul_warp("tf32x3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
-
-
-# v5: split tiles (kernels/split_tile.py), BK = 16. Each value of a tile is split into its TF32
-# parts once, as it enters shared memory (two planes), the tiles keep k along their rows, and a
-# permutation of k gives each thread its fragment values side by side (128-bit shared reads).
-# Shared memory: 32 KiB for 64 x 64, 48 KiB (the static limit) for 128 x 64 and 64 x 128.
-SPLIT_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 64, 16, 32, 32), (64, 128, 16, 32, 32)),
-                   sim=((32, 32, 16, 32, 32), (32, 64, 16, 16, 64)))
-
-
-@blocks(**SPLIT_TILES)
-def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """3xTF32 on split tiles (BK = 16); otherwise as matmul_v4."""
-    _matmul_warp("tf32x3s", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
-
-
-# v6: v5's k-major tiles and k permutation with one shared plane of raw values, split into TF32
-# parts as each thread reads its fragments (split_tile.py, presplit=False). v5 halved the
-# arithmetic around the mma but doubled the shared-memory traffic, and shared memory was the
-# limit (lab/bench/gemm_ablate.py on the H200: with no mma at all v5's kernel still took 66% of its
-# time); v6 halves that traffic. Shared memory: 16 KiB for 128 x 64, 32 KiB for 128 x 128.
+# ---------------------------------------------------------------------------------------------
+# matmul_tf32x3: 3xTF32 on swizzled k-major tiles (split_tile.py, "v8's shared tiles").
+#
+# 3xTF32: each value x is split into big = tf32(x) (10 mantissa bits) and small = x - big, and a
+# fragment's product is small*big + big*small + big*big on tensor cores, in that order (the small
+# products first, so they are not lost against the large one); small*small, about 2^-22 of the
+# product, is left out: as accurate as an fp32 product. small goes to the tensor core as x - big,
+# which it reads from its top 19 bits (truncation): small keeps its 10 bits rounded toward zero, an
+# error below 2^-21 |x| (three instructions a split instead of five to round it first).
+#
+# The tiles (split_tile.py): both operands k-major in shared memory, BK = 16 values of k a stage
+# (two mma k-steps), a permutation of k that puts a thread's fragment values side by side (one
+# 128-bit shared read gives it two k-steps of a row), one plane of raw values split as each thread
+# reads its fragments, and one fp32 add into acc a stage. An operand stored with k down its columns
+# (a^T in the weight gradients) reaches shared memory in 4 x 4 blocks, each tile row's 4 values of k
+# in one 128-bit store; a row swizzle makes these stores, the scalar stores of b in x @ W and the
+# fragment reads free of bank conflicts.
+#
+# (BM, BN, BK, WM, WN): 128 x 64 of 4 warps of 64 x 32 (the engine's), 128 x 128 of 8, 64 x 64 of
+# 4 warps of 32 x 32, 128 x 128 of 4 warps of 64 x 64. Shared memory: 16 KiB for 128 x 64, 32 KiB
+# for 128 x 128. In the simulator one warp of 32 x 32 and two warps of 16 x 64.
 KMAJOR_TILES = dict(gpu=((128, 64, 16, 64, 32), (128, 128, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 64)),
-                    sim=SPLIT_TILES["sim"])
+                    sim=((32, 32, 16, 32, 32), (32, 64, 16, 16, 64)))
 
 
-@blocks(**KMAJOR_TILES)
-def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """3xTF32 on k-major tiles split as read (BK = 16); otherwise as matmul_v4."""
-    _matmul_warp("tf32x3k", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
-
-# v7: v6 with a split of three instructions a value instead of five. v6 splits x into
-# big = tf32(x) (add half a TF32 unit, clear the low 13 bits) and small = tf32(x - big) (the same
-# two again). An mma.sync reads a TF32 operand from its top 19 bits only: measured on the H200
-# (lab/bench/gemm_ablate.py --splits, 2026-12-01), handing it x - big with the half unit added gives
-# v6's bits exactly. v7 hands it x - big as it is, and the tensor core truncates it: small then
-# keeps its 10 bits rounded toward zero instead of to nearest, an error below 2^-21 |x| where v6's
-# is below 2^-22 |x|, of either sign, next to the 2^-22 of the small * small product that 3xTF32
-# leaves out. Measured against float64 on the same run: 3.5e-7 (v6 3.9e-7) at 8192 x 3072 x 768,
-# 6.5e-7 (6.8e-7) at 8192 x 768 x 3072, 8.0e-7 (8.1e-7) at 4096^3. The inner loop loses 96 of its
-# ~550 instructions a warp and stage (the kernel issues instructions at about half the rate it
-# could, with 2 warps a scheduler: Nsight Compute), and ran 2-9% faster than v6.
-@blocks(**KMAJOR_TILES)
-def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """v6 with the small parts truncated by the tensor core (three instructions a split)."""
-    _matmul_warp("tf32x3t", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
-
-
-# v8: v7 on swizzled k-major tiles (split_tile.py, "v8's shared tiles"). An operand stored with k
-# down its columns (a^T in the weight gradients) reaches shared memory in 4 x 4 blocks, each tile
-# row's 4 values of k in one 128-bit store, where v6 and v7 wrote 4 scalars two to a bank; a row
-# swizzle makes these stores, v6's scalar stores (kept for B of x @ W) and the fragment reads
-# free of bank conflicts. The same values in the same sums as v7: v8 gives v7's bits.
 @rung(8)
 @blocks(**KMAJOR_TILES)
 def matmul_tf32x3(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """v7 on swizzled tiles with 128-bit stores of transposed operands."""
-    _matmul_warp("tf32x3w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    """fp32-accurate products on tensor cores: 3xTF32 on swizzled k-major tiles (the comment above);
+    block = (BM, BN, 16, WM, WN): (BM/WM) x (BN/WN) warps; work: float32 [n], the split-K buffer (or
+    None: no split)."""
+    _matmul_warp("tf32x3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-# v9: SIMT multiply-adds again, at the recipe of fast SGEMMs (kernels/simt_tile.py): k-major
-# shared tiles, a thread's outputs in 4 x 4 blocks whose operands come in 128-bit shared loads,
-# 4 loads for 64 multiply-adds where v3 made 16 scalar ones. For the SIMT engine (products="simt2"):
-# no tensor cores, every product an fp32 multiply-add. BK = 8: 8 KiB of shared memory for
-# 128 x 128 (two stages); 64 sums a thread at 8 warps of 64 x 32.
-SIMT2_TILES = dict(gpu=((128, 128, 8, 64, 32), (128, 64, 8, 64, 32), (64, 64, 8, 32, 32), (128, 128, 16, 64, 32)),
-                   sim=((32, 16, 8, 32, 16), (32, 32, 8, 32, 16)))
 
-
-@blocks(**SIMT2_TILES)
-def matmul_v9(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """SIMT products on k-major tiles with 128-bit shared reads; block = (BM, BN, BK, WM, WN)
-    (simt_tile.py); work: the split-K buffer (or None)."""
-    _matmul_warp("simt2", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
-
-
-# v10: bf16 products on v8's tiles (split_tile.py, "bf16"): the operands stay fp32 in memory and in
-# shared memory; each thread rounds its fragment values to bf16 as it reads them (cvt.rn.bf16x2.f32,
-# two values an instruction) and one mma.sync m16n8k16 takes a fragment's whole stage of 16 values
-# of k, where v8 issued six m16n8k8 (three TF32 products, two k-steps). Not an fp32 product: each
-# input keeps 8 significant bits (reference/precision.py), every product of two bf16 is exact and
-# the sums are fp32. The harness checks it against the twin on bf16-rounded inputs at the fp32
-# tolerance, and against the fp32 twin within the bound that rounding allows.
-@blocks(**KMAJOR_TILES)
-def matmul_v10(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """bf16 tensor-core products (inputs rounded to bf16, fp32 sums) on v8's swizzled tiles."""
-    _matmul_warp("bf16w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
-
-
-matmul_v10.precision = "bf16"     # the harness compares it with the twin on bf16-rounded inputs
-
-
-# v11: v10 in fp16 (cvt.rn.f16x2.f32, mma.sync ... .f16.f16): 11 significant bits where bf16 keeps
-# 8, but 5 exponent bits: an input past 65504 becomes inf, one below 6.1e-5 loses bits, which is why
-# training in fp16 needs loss scaling (lesson 10).
+# matmul_fp16: the same tiles in fp16 (cvt.rn.f16x2.f32, mma.sync ... .f16.f16, one m16n8k16 a
+# fragment a stage): 11 significant bits where bf16 keeps 8, but 5 exponent bits: an input past
+# 65504 becomes inf, one below 6.1e-5 loses bits, which is why training in fp16 needs loss scaling
+# (lesson 10).
 @rung(11)
 @blocks(**KMAJOR_TILES)
 def matmul_fp16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """fp16 tensor-core products (inputs rounded to fp16, fp32 sums) on v8's swizzled tiles."""
-    _matmul_warp("f16w", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    """fp16 tensor-core products (inputs rounded to fp16, fp32 sums) on matmul_tf32x3's swizzled tiles."""
+    _matmul_warp("fp16", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
 
 
 matmul_fp16.precision = "fp16"
-
-WARP_MATMUL = {"simt": matmul_v3, "tf32x3": matmul_v4, "tf32x3s": matmul_v5,      # the linear ops'
-               "tf32x3k": matmul_v6, "tf32x3t": matmul_v7, "tf32x3w": matmul_tf32x3,   # weight-gradient products
-               "simt2": matmul_v9, "bf16w": matmul_v10, "f16w": matmul_fp16}
+matmul_tf32x3.family, matmul_fp16.family = "tf32x3", "fp16"     # their tiles (the linear ops' kernels run on them)
 
 
-# v12: bf16 products the way fast half-precision GEMMs do them (kernels/half_tile.py). The operands
-# stay fp32 in global memory; each block loads its next stage (BK = 32) into registers before the
-# current stage's products, rounds it to bf16 (cvt.rn.bf16x2.f32, ties to even) and stores the
-# bf16 pairs to the other of two swizzled shared stages, so shared memory holds 2 bytes a value
-# and each value is rounded once per block (v10: 4 bytes, rounded by every warp that reads it);
-# ldmatrix.x4 (.trans for an operand stored with k down its columns) reads the mma.sync fragments
-# 16 x 16 at a time. Same math as v10 (inputs rounded to bf16, exact products, fp32 sums), other
-# order of the sums: other bits than v10. Tiles: 8 warps of 64 x 32 (128 x 128, the default), 4
-# warps of 64 x 32 (128 x 64) and of 32 x 32 (64 x 64); 32 KiB, 24 KiB, 16 KiB of shared memory.
-# In the simulator one warp of 32 x 32 and two warps of 32 x 16 (a 64-row tile: the GPU's swizzle
-# of 128-byte rows).
-HALF_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32), (64, 64, 32, 32, 32)),
-                  sim=((32, 32, 32, 32, 32), (64, 16, 32, 32, 16)))
-
-
-@blocks(**HALF_TILES)
-def matmul_v12(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """bf16 tensor-core products (inputs rounded to bf16 once, on their way into shared memory;
-    fp32 sums) with ldmatrix fragment reads; block = (BM, BN, 32, WM, WN); work: the split-K buffer."""
-    _matmul_warp("bf16l", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
-
-
-matmul_v12.precision = "bf16"
-WARP_KERNELS["bf16l"] = (12, "bf16 tensor cores on bf16 shared tiles (rounded once) read by ldmatrix")
-WARP_MATMUL["bf16l"] = matmul_v12
-
-
-# v13: v12's tiles fed by cp.async (kernels/half_tile.py, "matmul v13"). Each operand is first
-# rounded once to a bf16 copy (operands.round_into, ties to even: v12's rounding) in a scratch of
-# half_tile's; the product kernel copies 16-byte chunks of the copies global -> shared with
-# cp.async (no staging registers, half the bytes of v12's fp32 loads) into a ring of 3 shared
-# stages (4 for the smaller tiles), one barrier a step, then v12's swizzle, ldmatrix and mma.sync.
-# Same math as v12 (inputs rounded to bf16, exact products, fp32 sums, the same stage and order of
-# sums within a block: v12's bits where the split of K is the same). Tiles (BM, BN, 32, WM, WN[,
-# STAGES]): 128 x 128 of 8 warps, 3 stages (48 KiB, the static limit), 128 x 64 and 64 x 64 of
-# 4 warps with 4 stages (48 and 32 KiB); in the simulator one warp of 32 x 32 (3 stages) and two
-# warps of 32 x 16 with 4 stages (a 64-row tile: the swizzle of 128-byte rows, and wait_group 2).
+# ---------------------------------------------------------------------------------------------
+# matmul_bf16: bf16 products from bf16 copies by cp.async (kernels/half_tile.py). Each operand is
+# first rounded once to a bf16 copy (operands.round_into, ties to even) in a scratch of its own; the
+# product kernel copies 16-byte chunks of the copies global -> shared with cp.async (no staging
+# registers) into a ring of 3 shared stages (4 for the smaller tiles), one barrier a step, then
+# ldmatrix reads the swizzled bf16 tiles into mma.sync fragments (m16n8k16, fp32 sums). Inputs
+# rounded to bf16, exact products, fp32 sums. Tiles (BM, BN, 32, WM, WN[, STAGES]): 128 x 128 of 8
+# warps, 3 stages (48 KiB, the static limit), 128 x 64 and 64 x 64 of 4 warps with 4 stages (48
+# and 32 KiB); in the simulator one warp of 32 x 32 (3 stages) and two warps of 32 x 16 with 4
+# stages (a 64-row tile: the swizzle of 128-byte rows, and wait_group 2).
 ASYNC_TILES = dict(gpu=((128, 128, 32, 64, 32), (128, 64, 32, 64, 32, 4), (64, 64, 32, 32, 32, 4)),
                    sim=((32, 32, 32, 32, 32), (64, 16, 32, 32, 16, 4)))
+
 
 
 @rung(13)
@@ -589,7 +502,7 @@ def matmul_bf16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False,
     t = make_tile(tile)
     resident = 0 if work is None else resident_blocks(tile, trans_a, trans_b,
                                                       (out, out.reshape(1, M, N), a16, b16, accumulate, K))
-    S, ksplit = splitk(M, N, K, 1, block, work, resident)       # as v12: slices of K, no atomics
+    S, ksplit = splitk(M, N, K, 1, block, work, resident)       # slices of K, no atomics
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
     _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a16, b16, accumulate, ksplit)
@@ -597,84 +510,37 @@ def matmul_bf16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False,
         splitk_sum(out, part, accumulate, stream, version=2)
 
 
+
 matmul_bf16.precision = "bf16"
-WARP_KERNELS["bf16a"] = (13, "bf16 tensor cores on bf16 copies, copied to a ring of shared stages by cp.async")
-# In WARP_MATMUL for the linear ops that chain whole products (mlp, loss: WARP_MATMUL[kind]); the
-# kernels that run three products in one launch (attn_qkv's, attn_out's, on make_tile(kind) with
-# the fp32 operands) have no v13 form, since its tile functions take the bf16 copies that only its
-# launcher makes: their v13 versions chain matmul_bf16 calls instead.
-WARP_MATMUL["bf16a"] = matmul_bf16
-# the linear ops on v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12): v13's tiles
+matmul_bf16.family = "bf16"
+# The linear ops chain whole products of it (the kernels that run three products in one launch,
+# attn_qkv's and attn_out's on make_tile with the fp32 operands, have no form on its tiles, whose
+# functions take the bf16 copies that only its launcher makes): bf16-ampere's ops, on its tiles.
 ASYNC_OP_TILES = ASYNC_TILES
 
 
-def wgmma_copies(a, b, trans_a, trans_b, stream=0):
-    """(a16 [M, K], b16 [N, K]): the K-major bf16 copies of op(a) and op(b)^T in operands.COPIES.
-    a stored [M, K] (not trans_a) and b stored [N, K] (trans_b) are K-major already: rounded as they
-    are (a uint16 one used where it is); a^T stored [K, M] and b stored [K, N] are rounded into
-    transposed copies (k_round_bf16_t_v1; a uint16 one has its bits transposed)."""
-    a16, b16 = COPIES.round(a, b, "bf16", stream, transpose=(trans_a, not trans_b))
-    M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
-    N = b.shape[0] if trans_b else b.shape[1]
-    return a16.reshape(M, K), b16.reshape(N, K)
-
-
-def _wgmma_matmul(resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream, as_stored=False):
-    """The launch of v14, v15 and v17: the bf16 copies, the full tile resolve() makes of them, the
-    kernel allowed the tile's dynamic shared memory (t.SHARED, allow_shared; v14's static rings have
-    none), slices of K as v13's (no atomics). v14, v15: K-major copies (wgmma_copies), always
-    a16 @ b16^T; as_stored (v17): the copies as the operands are stored (bf16_copies), op(a16) @ op(b16)."""
-    M, N = out.shape
-    K = a.shape[0] if trans_a else a.shape[1]
-    if as_stored:
-        a16, b16 = bf16_copies(a, b, stream)             # [M, K] or [K, M], [K, N] or [N, K]
-        form = (bool(trans_a), bool(trans_b))
-    else:
-        a16, b16 = wgmma_copies(a, b, bool(trans_a), bool(trans_b), stream)
-        form = (False, True)
-    tile = resolve(block, a16, b16)
-    t = make_tile(tile)
-    shared = getattr(t, "SHARED", 0)
-    kernel = _k_matmul_warp(tile, *form)
-    args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
-    compiled = allow_shared(kernel, args, shared)
-    if work is None:
-        resident = 0
-    elif compiled is None:
-        resident = resident_blocks(tile, *form, args)
-    else:                                                       # the occupancy with its shared memory
-        resident = compiled.max_cooperative_grid_blocks(t.THREADS, shared)
-    S, ksplit = splitk(M, N, K, 1, block, work, resident)
-    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
-    kernel[t.grid(M, N, S), t.THREADS, stream, shared](out, part, a16, b16, accumulate, ksplit)
-    if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2)
-
-
-WARP_KERNELS["bf16g"] = (14, "bf16 wgmma (Hopper warpgroup products) on K-major bf16 copies, a cp.async ring")
-
-# v15: v14 with one wgmma group kept in flight and a deeper ring (kernels/wgmma_ring.py). A warpgroup
-# waits for step s - 1's wgmmas (wait_group 1) instead of step s's, so the tensor cores keep working
-# through the barrier and the next copies; a stage stays busy one step longer, so the copies run
-# STAGES - 2 steps ahead. The ring lives in dynamic shared memory (past Numba's static 48 KiB: the
-# kernel is allowed it once, allow_shared), with BK = 64 stages of 128-byte rows (wgmma's 128-byte
-# swizzle, four k16 steps a stage). Same math as v14 (the same sums in the same order within a
-# stage's k16 steps: v14's bits where BK divides the same way). Tiles (BM, BN, BK, 64, BN[, STAGES]):
-# 128 x 128 x 64 with 4 stages (128 KiB + 1 KiB to align; ptxas: 112 registers, no spills) and v14's
-# static 128 x 128 x 32 with 3 (48 KiB; 92 registers); in the simulator one warpgroup of 64 x 16 x 64
-# with 4 stages (dynamic) and of 64 x 8 x 32 with 3 (static). Not declared: 128 x 256 x 64 with 3
-# stages (144 KiB) compiles, but its 128 accumulators a thread hit ptxas's 255 registers and spill
-# (84 bytes stored, 156 loaded, a 608-byte stack frame with the epilogue's acc array). The 4-stage
-# ring leaves room for one block a multiprocessor (129 KiB of 227); 3 stages (97 KiB) for two, and
-# that is v15's first tile: on the H200 (docs/kernels.md) 128 x 128 x 64 with 3
-# stages ran the 120M logits in 2.72 ms against 3.04 with 4 and 3.66 with v14's static ring, and was
-# the fastest on 11 of the 13 products timed (4% and 11% behind 4 stages on the other two: the 120M
-# dx = dh @ W_1^T and the 12M dW_O). Also declared: 64 x 128 x 64 of
-# one warpgroup with 4 stages (two blocks a multiprocessor too; slower on every 120M product).
-RING_TILES = dict(gpu=((128, 128, 64, 64, 128, 3), (128, 128, 64, 64, 128, 4), (128, 128, 32, 64, 128, 3),
-                       (64, 128, 64, 64, 128, 4)),
-                  sim=((64, 16, 64, 64, 16, 4), (64, 8, 32, 64, 8, 3)))
+# ---------------------------------------------------------------------------------------------
+# matmul_bf16_wgmma_cp_async: wgmma on the operands as they are stored (kernels/wgmma_mn.py). Each
+# operand is rounded to a bf16 copy as it is stored (half_tile.bf16_copies; a uint16 operand is used
+# where it is); a stage tile holds an operand stored with k along its rows K-major and one with k
+# down its columns MN-major (128-byte swizzle, column blocks of 64 values of m or n), and wgmma reads
+# the latter through its transpose bits (imm-trans-a = trans_a, imm-trans-b = not trans_b): no
+# transposed copy of any operand. A ring of cp.async stages in dynamic shared memory, one wgmma
+# group in flight, split-K as the others (no atomics). matmul_bf16_wgmma runs the products whose
+# operands a tensor map cannot read here, at the default tile: the same sums, its bits.
+#
+# Tiles (BM, BN, BK, 64, BN[, STAGES]), BM and BN multiples of 64: 128 x 128 x 64 with 3 stages
+# (97 KiB with the 1 KiB to align: two blocks a multiprocessor) and with 4 (129 KiB: one), the
+# static 128 x 128 x 32 with 3 (48 KiB), one warpgroup of 64 x 128 x 64 with 4. Not declared:
+# 128 x 256 x 64 with 3 stages (144 KiB) compiles, but its 128 accumulators a thread hit ptxas's
+# 255 registers and spill. In the simulator one warpgroup of 64 x 128 x 64 with 4 stages (dynamic;
+# an N-major B of two column blocks, so its descriptor's LBO is used) and of 64 x 64 x 32 with 3
+# (static).
+MN_TILES = dict(gpu=((128, 128, 64, 64, 128, 3), (128, 128, 64, 64, 128, 4), (128, 128, 32, 64, 128, 3),
+                     (64, 128, 64, 64, 128, 4)),
+                sim=((64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)))
 _SHARED_ALLOWED = set()
+
 
 
 def allow_shared(kernel, args, nbytes):
@@ -695,91 +561,54 @@ def allow_shared(kernel, args, nbytes):
     return compiled
 
 
-@blocks(**RING_TILES)
-def matmul_v15(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """bf16 products on wgmma (sm_90a) with one wgmma group in flight, from K-major bf16 copies (v14's)
-    through a ring of cp.async stages in dynamic shared memory; block = (BM, BN, BK, 64, BN[, STAGES]),
-    BK = 64 (dynamic ring) or 32 (static, v14's); work: the split-K buffer (or None). The copies live
-    in operands.COPIES, as v13's and v14's."""
-    _wgmma_matmul(ring_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+
+def _wgmma_matmul(resolve, out, work, a16, b16, trans_a, trans_b, accumulate, block, stream):
+    """out (+)= op(a16) @ op(b16) on wgmma tiles, from bf16 copies: the full tile resolve() makes of
+    them, the kernel allowed the tile's dynamic shared memory (t.SHARED, allow_shared; a static ring
+    has none), slices of K as matmul_bf16's (no atomics)."""
+    M, N = out.shape
+    K = a16.shape[0] if trans_a else a16.shape[1]
+    tile = resolve(block, a16, b16)
+    t = make_tile(tile)
+    shared = getattr(t, "SHARED", 0)
+    kernel = _k_matmul_warp(tile, trans_a, trans_b)
+    args = (out, out.reshape(1, M, N), a16, b16, accumulate, K)  # the kernel's argument types
+    compiled = allow_shared(kernel, args, shared)
+    if work is None:
+        resident = 0
+    elif compiled is None:
+        resident = resident_blocks(tile, trans_a, trans_b, args)
+    else:                                                       # the occupancy with its shared memory
+        resident = compiled.max_cooperative_grid_blocks(t.THREADS, shared)
+    S, ksplit = splitk(M, N, K, 1, block, work, resident)
+    part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
+    kernel[t.grid(M, N, S), t.THREADS, stream, shared](out, part, a16, b16, accumulate, ksplit)
+    if S > 1:
+        splitk_sum(out, part, accumulate, stream, version=2)
 
 
-matmul_v15.precision = "bf16"
-WARP_KERNELS["bf16h"] = (15, "bf16 wgmma with a group in flight, a deeper cp.async ring in dynamic shared memory")
-
-# v16: v15 where it needs no transposed copy of an activation, v13 where it would. v15 reads both
-# operands K-major, so a weight gradient (dW += x^T @ dy: x and dy stored with M and N along their
-# rows, K = the tokens down their columns) would first be copied transposed, activation-sized; v13
-# reads an operand of either orientation from a copy made as it is stored. So (out = op(a) @ op(b)):
-#     op(a) = a (trans_a False): v15. A forward x @ W, a dx = dy @ W^T, the logits x @ wte^T, dlogits @ wte
-#         (b: a weight; where stored [K, N] its transposed copy is weight-sized)
-#     op(a) = a^T (trans_a True): v13, at its default tile. The weight gradients, dwte += dlogits^T @ x
-# The bits are v15's or v13's, product by product; the same at every run. block: v15's (RING_TILES).
-@blocks(**RING_TILES)
-def matmul_v16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """bf16 products: matmul v15 (wgmma) where op(a) = a, matmul v13 (mma.sync) where op(a) = a^T (a
-    weight gradient, whose operands v15 would copy transposed); block is v15's."""
-    if trans_a:
-        matmul_bf16(out, work, a, b, trans_a, trans_b, accumulate, stream=stream)
-    else:
-        matmul_v15(out, work, a, b, trans_a, trans_b, accumulate, block=block, stream=stream)
-
-
-matmul_v16.precision = "bf16"
-WARP_KERNELS["bf16r"] = (16, "v15 (wgmma) for a @ b and a @ b^T, v13 for the weight gradients a^T @ b")
-WARP_MATMUL["bf16r"] = matmul_v16
-
-
-# v20-v22 and v24 are not rungs of the ladder but the library beside it: the same products through
-# cuBLASLt in fp32, bf16 and fp16 (kernels/cublaslt.py), and its FP8 E4M3 products with each operand
-# quantized per tensor by our kernels first (kernels/fp8_products.py). Both modules sit above the
-# ops they wrap, so they are not imported here: kernels/__init__.py adds their versions to VERSIONS
-# where they can run (a GPU with nvmath-python; FP8: Ada or Hopper), so that the harness checks the
-# library as it checks our kernels and lab/bench/gemm.py times it.
-
-
-# =============================================================================================
-# v17 (this block, at the end of the file, is v17's whole registration): wgmma on the operands as
-# they are stored (kernels/wgmma_mn.py). v14 and v15 hand wgmma K-major copies only, so an operand
-# stored with k down its columns (both of a weight gradient's, dW += x^T @ dy) is rounded into a
-# transposed copy first (k_round_bf16_t_v1), which made them slower than v13 on the weight
-# gradients (98 against 145 TFLOP/s on the H200). v17 rounds each operand as it is stored
-# (half_tile.bf16_copies: k_round_bf16_v2; a uint16 operand is used where it is), fills an
-# MN-major stage tile for an operand with k down its columns (128-byte swizzle, column blocks of
-# 64 values of m or n, one 128-byte row per k: v13's copier once per block), and has wgmma read it
-# through its transpose bits (imm-trans-a = trans_a, imm-trans-b = not trans_b). The rest is v15's:
-# ring, wait-1 order, tiles, accumulators, split-K (no atomics). Only the shared-memory layout
-# differs, so the same sums in the same order: v15's bits, for every transpose. Tiles: v15's on
-# the GPU (the MN-major tiles use the same bytes); in the simulator one warpgroup of 64 x 128 x 64
-# with 4 stages (dynamic; an N-major B of two column blocks, so its descriptor's LBO is used) and
-# of 64 x 64 x 32 with 3 (static): an MN-major tile needs BM and BN multiples of 64. Its kernel is
-# _k_matmul_warp's on make_mn_tile (make_tile's kind "bf16m"), launched by v14's and v15's
-# _wgmma_matmul on the copies as stored.
-
-MN_TILES = dict(gpu=RING_TILES["gpu"], sim=((64, 128, 64, 64, 128, 4), (64, 64, 32, 64, 64, 3)))
-
-
+@rung(17)
 @blocks(**MN_TILES)
-def matmul_v17(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+def matmul_bf16_wgmma_cp_async(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """bf16 products on wgmma (sm_90a) from bf16 copies of the operands as they are stored (rounded
     once, ties to even; none transposed), an operand with k down its columns read M- or N-major
-    through wgmma's transpose bits; v15's ring of cp.async stages in dynamic shared memory, one wgmma
+    through wgmma's transpose bits; a ring of cp.async stages in dynamic shared memory, one wgmma
     group in flight; block = (BM, BN, BK, 64, BN[, STAGES]), BK = 64 (dynamic ring) or 32 (static),
     BM and BN multiples of 64; work: the split-K buffer (or None). The copies live in
-    operands.COPIES, as v13's (its caveats: one scratch, grown at a new largest size)."""
-    _wgmma_matmul(mn_resolve, out, work, a, b, trans_a, trans_b, accumulate, block, stream, as_stored=True)
+    operands.COPIES, as matmul_bf16's (its caveats: one scratch, grown at a new largest size)."""
+    a16, b16 = bf16_copies(a, b, stream)             # [M, K] or [K, M], [K, N] or [N, K]
+    _wgmma_matmul(mn_resolve, out, work, a16, b16, bool(trans_a), bool(trans_b), accumulate, block, stream)
 
 
-matmul_v17.precision = "bf16"
-WARP_KERNELS["bf16m"] = (17, "bf16 wgmma on the bf16 copies as stored: MN-major stages read through the transpose bits")
-WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the linear ops on v17 alone
+matmul_bf16_wgmma_cp_async.precision = "bf16"
+matmul_bf16_wgmma_cp_async.family = "bf16_wgmma_cp_async"
 
 
-# =============================================================================================
-# v18 (this block is v18's whole registration): v17's shared layouts, descriptors and sums, built
-# as Hopper's fast GEMMs are (kernels/wgmma_tma.py): a producer warp whose one thread copies each
-# stage with TMA (a whole swizzled box an instruction, zeros past the edges, kernels/tma.py),
-# consumer warpgroups that wait for a stage's bytes on an mbarrier and let go of it on another, no
+# ---------------------------------------------------------------------------------------------
+# matmul_bf16_wgmma: matmul_bf16_wgmma_cp_async's shared layouts, descriptors and sums, built as
+# Hopper's fast GEMMs are (kernels/wgmma_tma.py): a producer warp whose one thread copies each stage
+# with TMA (a whole swizzled box an instruction, zeros past the edges, kernels/tma.py), consumer
+# warpgroups that wait for a stage's bytes on an mbarrier and let go of it on another, no
 # block-wide barrier in the loop, and persistent blocks (one a multiprocessor) that walk the tiles,
 # so one tile's stores overlap the next tile's copies. Tiles (BM, BN, 64, STAGES): 128 x 256 with 4
 # stages (192 KiB: 128 accumulators a consumer thread, 288 threads), 128 x 128 with 4 (with 6
@@ -787,14 +616,16 @@ WARP_MATMUL["bf16m"] = matmul_v17            # products "bf16m" (gpu_model): the
 # and two blocks a multiprocessor, 96 registers a thread: neither offered);
 # in the simulator one consumer warpgroup of 64 x 128 with 3 stages and 64 x 64 with 2. Operands
 # that a tensor map cannot describe (rows not whole 16-byte chunks, or a start off a 16-byte
-# boundary) go to v17 at its default tile.
+# boundary) go to matmul_bf16_wgmma_cp_async at its default tile.
 
 TMA_TILES = dict(gpu=((128, 256, 64, 4), (128, 128, 64, 4)),
                  sim=((64, 128, 64, 3), (64, 64, 64, 2)))
-# block "auto": v18 picks the tile per product (pick_tile): the linear ops on v18 run this way, since
-# one tile does not suit every shape (a 768-wide product makes 192 tiles of 128 x 256 on 132
+
+# block "auto": the tile is picked per product (pick_tile): the linear ops run this way, since one
+# tile does not suit every shape (a 768-wide product makes 192 tiles of 128 x 256 on 132
 # multiprocessors: two waves, the second half empty; 384 of 128 x 128 fill three nearly full)
 TMA_AUTO = "auto"
+
 # the work a multiprocessor does on a tile (BM, BN, STAGES) in the time of a 128 x 256 tile's, per
 # unit of area (wgmma m64n256 reads its shared operands a third less per product than m64n128):
 # 0.80-0.92 for 128 x 128 with 4 stages on the H200's products (twelve shapes, docs/precision.md);
@@ -803,8 +634,9 @@ TMA_AUTO = "auto"
 TMA_SPEED = {(128, 256, 4): 1.0, (128, 128, 4): 0.85, (64, 128, 3): 1.0, (64, 64, 2): 1.0}
 
 
+
 def pick_tile(M, N, K, work, resident):
-    """The v18 tile (of TMA_TILES) with the least estimated time for an M x N x K product on
+    """The tile (of TMA_TILES) with the least estimated time for an M x N x K product on
     `resident` multiprocessors (one block each): waves of persistent units (split-K included, as
     splitk weighs it) x stages a unit x the tile's area over its speed (TMA_SPEED). Ties go to the
     first listed."""
@@ -819,22 +651,24 @@ def pick_tile(M, N, K, work, resident):
     return best[1]
 
 
+
 @rung(18)
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_bf16_wgmma(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """bf16 products on wgmma (sm_90a) from bf16 copies of the operands as stored (v17's), copied
-    to shared memory by TMA from a producer warp, over a ring of mbarrier-guarded stages, by
-    persistent blocks; block = (BM, BN, 64, STAGES), or "auto" (pick_tile's for the shape); work: the
+    """bf16 products on wgmma (sm_90a) from bf16 copies of the operands as stored, copied to shared
+    memory by TMA from a producer warp, over a ring of mbarrier-guarded stages, by persistent blocks; block = (BM, BN, 64, STAGES), or "auto" (pick_tile's for the shape); work: the
     split-K buffer (or None). The copies live in operands.COPIES, the tensor maps in tma.TMAPS
     (written at an operand's first product)."""
     _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
+
 class SplitKCounts:
-    """matmul v19's counters (wgmma_tma.py, point 6): an int32 for each (tile, consumer warp) of a
-    split product, all 0 between launches (the last warp of each sets its counter back). One array
+    """The split-K fixup's counters (wgmma_tma.py, point 6): an int32 for each (tile, consumer warp) of
+    a split product, all 0 between launches (the last warp of each sets its counter back). One array
     for every launch (they run in stream order), reserved by a model before its first step (and by
-    the first v18 launch elsewhere: the harness, the benchmarks). v18 passes it too, unread."""
+    the first matmul_bf16_wgmma launch elsewhere: the harness, the benchmarks). Only the lab's fixup
+    rungs (matmul v19, v23) count on it; matmul_bf16_wgmma's kernel takes it unread."""
     SIZE = 1 << 14                  # 16384: 2048 tiles of 8 consumer warps (a split product has few)
 
     def __init__(self):
@@ -846,20 +680,23 @@ class SplitKCounts:
         return self.buf
 
 
+
 COUNTS = SplitKCounts()
+
 
 
 def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, epilogue=None, aux=None,
                 fixup=0):
-    """matmul v18's launch (fixup 1, 2: v19's, v23's, whose kernels add their split-K slices
-    themselves, wgmma_tma.py point 6); with a fused epilogue (point 5: ("gelu" | "dgelu", pair) and its aux array) no
-    split-K, and operands a tensor map cannot read raise (the caller checks tma_fits first)."""
+    """matmul_bf16_wgmma's launch. fixup 1, 2: the kernel adds its split-K slices itself (wgmma_tma.py,
+    point 6: the lab's matmul v19 and v23); a fused epilogue (point 5: ("gelu" | "dgelu", pair) and its
+    aux array: the lab's mlp v20) takes no split-K, and operands a tensor map cannot read raise (the
+    caller checks lab.matmul.tma_fits first)."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     a16, b16 = bf16_copies(a, b, stream)
-    if not (map_fits(a16) and map_fits(b16)):             # v17 on the copies (uint16: used where they are)
+    if not (map_fits(a16) and map_fits(b16)):             # the cp.async ring on the copies (used where they are)
         assert epilogue is None, "a fused epilogue needs operands a tensor map can read"
-        matmul_v17(out, work, a16, b16, trans_a, trans_b, accumulate, stream=stream)
+        matmul_bf16_wgmma_cp_async(out, work, a16, b16, trans_a, trans_b, accumulate, stream=stream)
         return
     if epilogue is not None:
         work = None                                     # no split-K: the GELU needs the whole sum
@@ -886,20 +723,25 @@ def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, ep
         splitk_sum(out, part, accumulate, stream, version=2)
 
 
-# the linear ops on v18 (attn_qkv, attn_out v15, mlp v19, v20): a tile per product ("auto", what the
-# engine runs), and every product at one fixed tile besides, so the harness checks two
+
+# the linear ops on matmul_bf16_wgmma (the bf16-hopper recipe's): a tile per product ("auto", what
+# the engine runs), and every product at one fixed tile besides, so the harness checks two
 TMA_OP_TILES = dict(gpu=(TMA_AUTO, TMA_TILES["gpu"][1]), sim=(TMA_AUTO, TMA_TILES["sim"][1]))
 
 
+
 def sm_count() -> int:
-    """The GPU's multiprocessors (v18's tiles all run one block on each), RESIDENT_BLOCKS in the simulator."""
+    """The GPU's multiprocessors (matmul_bf16_wgmma's tiles all run one block on each), RESIDENT_BLOCKS in the simulator."""
     return RESIDENT_BLOCKS if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
+
 matmul_bf16_wgmma.precision = "bf16"
-WARP_MATMUL["bf16t"] = matmul_bf16_wgmma            # products "bf16t" (gpu_model): the linear ops on v18
 
 
-# (lab/bench/step_time.py --tma-matmul 19 times v19 inside the whole model: tma_matmul below.)
-
-
+# matmul v20-v22 and v24 are not rungs of the ladder but the library beside it: the same products
+# through cuBLASLt in fp32, bf16 and fp16 (kernels/cublaslt.py), and its FP8 E4M3 products with each
+# operand quantized per tensor by our kernels first (kernels/fp8_products.py). Both modules sit above
+# the ops they wrap, so they are not imported here: the lab's VERSIONS table adds them where they can
+# run (a GPU with nvmath-python; FP8: Ada or Hopper), so that the harness checks the library as it
+# checks our kernels and lab/bench/gemm.py times it.

@@ -10,11 +10,11 @@ Backward:
     dh_pre = (dout @ W_2^T) * gelu'(h_pre)       (the GELU derivative is applied as the tile is stored)
     dW_2 += h^T @ dout        dW_1 += x^T @ dh_pre        dx = dh_pre @ W_1^T
 
-The kernels are built once per tile shape of matmul.py (`block` of the launchers): v1 on matmul
-v2's tiles, v2 on the SIMT warp tiles of matmul v3, v3 on the 3xTF32 tensor-core warp tiles of
-matmul v4 (kernels/warp_tile.py), v4 and v5 on the split and k-major tiles of matmul v5 and v6.
-The kernels' text is the same; the tile functions differ. v6 is v5 with the kernels k_mlp_fwd_v2
-and k_mlp_bwd_v2, which keep the sums in registers (the comment above kernels_v2).
+The lessons' pair (mlp_fwd, mlp_bwd) runs fused kernels on matmul's shared tiles: k_mlp_fwd_v1
+writes h_pre and h = gelu(h_pre) from the same registers, k_mlp_bwd_v1 applies gelu' as it stores
+dh_pre (`kernels`, built once per tile shape: `block` of the launchers). The recipes' launchers run
+the plain products of matmul_tf32x3, matmul_fp16, matmul_bf16 or matmul_bf16_wgmma and the GELU in
+a pass of its own (the comment above k_gelu_fwd_v1), every product offered the split-K work buffer.
 """
 import functools
 import math
@@ -26,9 +26,8 @@ from numba import cuda, float32
 from .common import address, blocks, elementwise_launch, nonneg, rung
 from .ptx import bf16x2, load4, store4
 from .operands import HELD
-from .tma import map_fits
-from .matmul import (_tma_matmul, ASYNC_OP_TILES, MN_TILES, TMA_OP_TILES, RING_TILES, KMAJOR_TILES,
-                     SIMT2_TILES, SPLIT_TILES, TILES, WARP_MATMUL, WARP_TILES, make_tile, matmul, resolve)
+from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, TILES, TMA_OP_TILES, make_tile, matmul, matmul_bf16,
+                     matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3)
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -82,17 +81,6 @@ def kernels(tile):
     return k_mlp_fwd_v1, k_mlp_bwd_v1
 
 
-# The kernels above apply the GELU (or its derivative) in their own store loop: 64 outputs a
-# thread on the warp tiles, each with a tanh, a loop too long for the compiler to unroll. Then
-# acc[i, j] is read with indices known only at run time, and an array read that way cannot live
-# in registers: the compiler puts the whole of acc in local memory (the PTX of k_mlp_fwd_v1 on the
-# 128 x 64 k-major tile has a 256-byte __local_depot; Nsight Compute on the H200 counted its local
-# loads and stores as the kernel's worst memory traffic). The v2 kernels write acc with the
-# tile's own store (short loops, unrolled: acc stays in registers, as in the matmul kernels),
-# then each thread reads back the elements it wrote itself and applies the GELU there. The same
-# float32 values meet the same arithmetic: v2's bits are v1's.
-
-
 @rung(1)
 @blocks(**TILES)
 def mlp_fwd(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
@@ -115,18 +103,14 @@ def mlp_bwd(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, *, block, strea
     matmul(dx, dh_pre, w_1, trans_b=True, block=block, stream=stream)                   # dx = dh_pre @ W_1^T
 
 
-# v2, v3: the same kernels on the warp tiles of matmul v3 (SIMT) and v4 (3xTF32 tensor cores);
-# the plain products through that matmul, the weight gradients with split-K (work: its buffer).
-
-
-# v9: the GELU out of the products. The fused kernels (k_mlp_fwd_v1, k_mlp_bwd_v1) ran at about
-# 41 TFLOP/s on the H200 at 120M where the plain product of the same shape ran at 50-54
-# (docs/kernels.md): their epilogue, a tanh for each of 64 outputs a thread and two [N, 4C]
-# tensors written (or one read) from the fragment layout, runs while the block's tensor cores
-# wait. v9 runs the plain products of matmul v8 and applies the GELU, or its derivative, in a
-# pass of its own over [N, 4C], one element a thread: 2 (or 3) x 4 N C floats more through
-# memory, about 0.1 ms at 120M where the fused epilogue cost about 0.2. The same float32 values
-# meet the same operations: v9 gives v8's bits.
+# The GELU out of the products. The fused kernels (k_mlp_fwd_v1, k_mlp_bwd_v1) on matmul_tf32x3's
+# tiles ran at about 41 TFLOP/s on the H200 at 120M where the plain product of the same shape ran
+# at 50-54 (docs/kernels.md): their epilogue, a tanh for each of 64 outputs a thread and two
+# [N, 4C] tensors written (or one read) from the fragment layout, runs while the block's tensor
+# cores wait. The recipes' launchers run the plain products and apply the GELU, or its derivative,
+# in a pass of its own over [N, 4C]: 2 (or 3) x 4 N C floats more through memory, about 0.1 ms at
+# 120M where the fused epilogue cost about 0.2. The same float32 values meet the same operations:
+# the fused kernels' bits.
 
 @cuda.jit
 def k_gelu_fwd_v1(h, h_pre):
@@ -144,7 +128,7 @@ def k_gelu_bwd_v1(dh_pre, h_pre):
         dh_pre[i] = dh_pre[i] * gelu_grad(h_pre[i])
 
 
-# v11: v9 with every product given the split-K work buffer, the C-wide ones split. At 12M the
+# Every product is offered the split-K work buffer, and the C-wide ones split. At 12M the
 # products of width C (out = h @ W_2, dx = dh_pre @ W_1^T: 8192 x 384 outputs, K = 1536) are
 # 64 x 6 = 384 tiles of 128 x 64 on a GPU that runs 264 at once: one full wave and one of 120
 # blocks, the GPU 73% busy, and they took 0.256 and 0.246 ms against 0.221 and 0.213 for the
@@ -152,26 +136,24 @@ def k_gelu_bwd_v1(dh_pre, h_pre):
 # the work buffer matmul.splitk weighs the waves (the comment above splitk in matmul.py): S = 2
 # slices of K = 768 make 768 blocks, three waves of half the length, and k_splitk_sum_v2 adds the
 # two partial tiles in order (no atomics). The 4C-wide products and every 120M product stay
-# whole (S = 1: their waves are already full). Other sums than v9's, so other bits; the same at
-# every run. work is the engine's split-K buffer (matmul.splitk_work(C, N): room for two N x C
-# slices); a model without one (the sampler's) passes None and runs v9's products.
+# whole (S = 1: their waves are already full). Other sums than unsplit products', so other bits;
+# the same at every run. work is the engine's split-K buffer (matmul.splitk_work(C, N): room for
+# two N x C slices); a model without one (the sampler's) passes None and runs the products whole.
 
-def _fwd_split(kind, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass):
+def _fwd_split(mm, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass):
     """h_pre = x @ W_1, h = gelu(h_pre) (gelu_pass), out = h @ W_2, both products offered the work
     buffer (splitk decides; None: no split)."""
     N, F = h.shape
-    mm = WARP_MATMUL[kind]
     mm(h_pre, work, x, w_1, block=block, stream=stream)
     gelu_pass(h.reshape(N * F), h_pre.reshape(N * F), stream)
     mm(out, work, h, w_2, block=block, stream=stream)
 
 
-def _bwd_split(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_grad_pass,
+def _bwd_split(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_grad_pass,
                split_dx=True):
     """The backward, the GELU' pass given: the weight gradients offered the work buffer, and with
-    split_dx (v11 on) dh = dout @ W_2^T and dx too (splitk decides)."""
+    split_dx (the engine's launchers) dh = dout @ W_2^T and dx too (splitk decides)."""
     N, F = h.shape
-    mm = WARP_MATMUL[kind]
     wx = work if split_dx else None
     mm(dw_2, work, h, dout, trans_a=True, accumulate=True, block=block, stream=stream)     # dW_2 += h^T @ dout
     mm(dh_pre, wx, dout, w_2, trans_b=True, block=block, stream=stream)                    # dh = dout @ W_2^T
@@ -192,11 +174,11 @@ def gelu_bwd(dh_pre, h_pre, stream):
     k_gelu_bwd_v1[grid, threads, stream](dh_pre, h_pre)
 
 
-# v12: v11 with the GELU passes four elements a thread, one 128-bit load and store each (ptx.py's
-# load4 and store4). k_gelu_fwd_v1 moved 100 MB (12M: h_pre in, h out) in 0.040 ms, 2.5 TB/s, on
-# an H200 that streams about 4: a thread per float issues four times the memory instructions.
-# The same float32 operations on the same values: v12 gives v11's bits. (A view that does not
-# start on a 16-byte boundary, or a length not a multiple of 4, takes the v1 kernels.)
+# The GELU passes of the recipes' launchers take four elements a thread, one 128-bit load and store
+# each (ptx.py's load4 and store4): k_gelu_fwd_v1, a thread per float, moved 100 MB (12M: h_pre in,
+# h out) in 0.040 ms, 2.5 TB/s, on an H200 that streams about 4, issuing four times the memory
+# instructions. The same float32 operations on the same values: the same bits. (A view that does
+# not start on a 16-byte boundary, or a length not a multiple of 4, takes the v1 kernels.)
 
 @cuda.jit
 def k_gelu_fwd_v2(h, h_pre):
@@ -241,30 +223,34 @@ def gelu_bwd_vec4(dh_pre, h_pre, stream):
 @rung(12)
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_tf32x3(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
-    """v11 with the GELU pass four elements a thread."""
-    _fwd_split("tf32x3w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
+    """h_pre = x @ W_1, h = gelu(h_pre), out = h @ W_2: matmul_tf32x3's products (3xTF32, as accurate
+    as fp32), the GELU a pass of its own (four elements a thread), both products offered the split-K
+    work buffer. out, x [N, C]; h_pre, h [N, F]: saved for backward; block: matmul_tf32x3's tile."""
+    _fwd_split(matmul_tf32x3, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
 @rung(12)
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_tf32x3(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
-    """v11's backward with the GELU' pass four elements a thread."""
-    _bwd_split("tf32x3w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
+    """dW_2 += h^T @ dout, dh = dout @ W_2^T, dh_pre = dh gelu'(h_pre) (a pass of its own),
+    dW_1 += x^T @ dh_pre, dx = dh_pre @ W_1^T: matmul_tf32x3's products, each offered the split-K
+    work buffer. dx (written); dw_1, dw_2 (+=); dh_pre [N, F] is scratch (written, then read)."""
+    _bwd_split(matmul_tf32x3, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
-# fp16 products: the same on matmul v11's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.
+# fp16 products: the same on matmul_fp16 (fp16 inputs, fp32 sums); training with them needs loss scaling.
 @rung(14)
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_fp16(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
-    """v12 with fp16 products (matmul v11's tiles)."""
-    _fwd_split("f16w", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
+    """mlp_fwd_tf32x3 with fp16 products (matmul_fp16)."""
+    _fwd_split(matmul_fp16, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
 
 
 @rung(14)
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_fp16(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
-    """v12's backward with fp16 products."""
-    _bwd_split("f16w", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
+    """mlp_bwd_tf32x3 with fp16 products (matmul_fp16)."""
+    _bwd_split(matmul_fp16, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 mlp_fwd_fp16.precision = mlp_bwd_fp16.precision = "fp16"
@@ -273,9 +259,10 @@ mlp_fwd_fp16.precision = mlp_bwd_fp16.precision = "fp16"
 # h saved as bf16. Every reader of the GELU output h is a bf16 product (out = h @ W_2 in the
 # forward, dW_2 += h^T @ dout in the backward), and each rounds h to bf16 (ties to even) before it
 # multiplies. So h can be kept rounded: the same bits reach the products, in half the memory, and
-# matmul v13 reads the kept copy instead of rounding h again. k_gelu_fwd_v3 computes the GELU as
-# v2 does (the same fp32 values) and writes each pair rounded and packed, as cvt.rn.bf16x2 packs
-# an mma's operands: h_words[j] = bf16(h[2j]) | bf16(h[2j+1]) << 16 (the uint16 buffer's bits).
+# matmul_bf16 reads the kept copy instead of rounding h again. k_gelu_fwd_v3 computes the GELU as
+# k_gelu_fwd_v2 does (the same fp32 values) and writes each pair rounded and packed, as
+# cvt.rn.bf16x2 packs an mma's operands: h_words[j] = bf16(h[2j]) | bf16(h[2j+1]) << 16 (the uint16
+# buffer's bits).
 @cuda.jit
 def k_gelu_fwd_v3(h_words, h_pre):
     """h = gelu(h_pre) saved as bf16 (nearest, ties to even): four elements a thread, one 128-bit load,
@@ -296,34 +283,33 @@ def gelu_fwd_bf16(h, h_pre, stream):
     k_gelu_fwd_v3[grid, threads, stream](h.view(np.int32), h_pre)
 
 
-# bf16 products through matmul v13 (bf16 copies, cp.async ring: kernels/half_tile.py); the GELU
-# passes and the split over K as v15. h may be the uint16 bits of a bf16 h (the engine's "bf16a"
-# products save it so, gpu_model.py): the GELU pass then writes it rounded (k_gelu_fwd_v3), and the
-# products take it as it is.
+# bf16 products through matmul_bf16 (bf16 copies, cp.async ring: kernels/half_tile.py); the GELU
+# passes and the split over K as above. h may be the uint16 bits of a bf16 h (the bf16 recipes save
+# it so, gpu_model.py): the GELU pass then writes it rounded (k_gelu_fwd_v3), and the products take
+# it as it is.
 @rung(16)
 @blocks(**ASYNC_OP_TILES)
 def mlp_fwd_bf16(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
-    """v15 with its products from matmul v13; h fp32, or uint16 (saved as bf16)."""
+    """mlp_fwd_tf32x3 with its products from matmul_bf16; h fp32, or uint16 (saved as bf16)."""
     gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
-    _fwd_split("bf16a", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
+    _fwd_split(matmul_bf16, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
 @rung(16)
 @blocks(**ASYNC_OP_TILES)
 def mlp_bwd_bf16(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
-    """v15's backward with its products from matmul v13."""
-    _bwd_split("bf16a", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
+    """mlp_bwd_tf32x3 with its products from matmul_bf16."""
+    _bwd_split(matmul_bf16, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 
 mlp_fwd_bf16.precision = mlp_bwd_bf16.precision = "bf16"
 
 
-# v17: v16 through matmul v16 (h_pre, out, dh and dx on v15's wgmma; dW_1, dW_2 on v13), and the
-# backward's two gradients rounded to bf16 once each, where v16 had each of their two products
-# round them again (operands.HELD): dout, then dh_pre, which k_gelu_bwd_v3 writes rounded: the GELU'
-# pass reads dh (fp32, in the dh_pre buffer) and writes bf16(dh gelu'(h_pre)) straight into the held
-# copy, the bits the products' copy would have made of v16's fp32 dh_pre. The fp32 dh_pre buffer
-# keeps dh.
+# The backward's two gradients rounded to bf16 once each for their two products (operands.HELD),
+# where _bwd_split's products round them again each: dout, then dh_pre, which k_gelu_bwd_v3 writes
+# rounded: the GELU' pass reads dh (fp32, in the dh_pre buffer) and writes bf16(dh gelu'(h_pre))
+# straight into the held copy, the bits the products' copy would have made of an fp32 dh_pre. The
+# fp32 dh_pre buffer keeps dh.
 @cuda.jit
 def k_gelu_bwd_v3(dh_words, dh, h_pre):
     """dh_pre = dh gelu'(h_pre) written as bf16 (nearest, ties to even), four elements a thread: two
@@ -345,10 +331,9 @@ def gelu_bwd_bf16(dh16, dh, h_pre, stream):
     k_gelu_bwd_v3[grid, threads, stream](dh16.view(np.int32), dh, h_pre)
 
 
-def _bwd_held(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
-    """The backward with dout and dh_pre rounded to bf16 once each (v17's docstring)."""
+def _bwd_held(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
+    """The backward with dout and dh_pre rounded to bf16 once each (the comment above k_gelu_bwd_v3)."""
     N, F = h.shape
-    mm = WARP_MATMUL[kind]
     d16 = HELD.round(dout, stream)                                                   # dout, rounded once
     mm(dw_2, work, h, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW_2 += h^T @ dout
     mm(dh_pre, work, d16, w_2, trans_b=True, block=block, stream=stream)                 # dh = dout @ W_2^T
@@ -362,20 +347,22 @@ def _bwd_held(kind, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, b
     mm(dx, work, dh16, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
 
 
-# v19: v18 on matmul v18 (TMA, a producer warp, persistent blocks), each product at its own tile.
+# bf16 products on Hopper: matmul_bf16_wgmma (TMA, a producer warp, persistent blocks), each product
+# at its own tile; the backward rounds its gradients once (_bwd_held).
 @rung(19)
 @blocks(**TMA_OP_TILES)
 def mlp_fwd_bf16_wgmma(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
-    """v18 with its products from matmul v18."""
+    """mlp_fwd_bf16 with its products from matmul_bf16_wgmma; h fp32, or uint16 (saved as bf16)."""
     gelu_pass = gelu_fwd_bf16 if h.dtype == np.uint16 else gelu_fwd_vec4
-    _fwd_split("bf16t", out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
+    _fwd_split(matmul_bf16_wgmma, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_pass)
 
 
 @rung(19)
 @blocks(**TMA_OP_TILES)
 def mlp_bwd_bf16_wgmma(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
-    """v18's backward with its products from matmul v18."""
-    _bwd_held("bf16t", dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
+    """The backward with its products from matmul_bf16_wgmma, dout and dh_pre rounded to bf16 once
+    each (_bwd_held)."""
+    _bwd_held(matmul_bf16_wgmma, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
 mlp_fwd_bf16_wgmma.precision = mlp_bwd_bf16_wgmma.precision = "bf16"

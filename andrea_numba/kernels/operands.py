@@ -6,9 +6,11 @@ in a scratch buffer (OperandCopies, the process's one COPIES), by the kernels be
     dst (flat, rows one after another) = round(src [R, C])          (round_into: k_round_*_v2)
     dst = round(src)^T, rows packed                                 (round_into_t: k_round_bf16_t_v1)
 
-Who takes them: matmul v13-v18 (half_tile.bf16_copies, matmul.wgmma_copies), the linear ops on
-those products (loss v12/v13's dlogits written straight into COPIES' first slot) and the library
-route (cublaslt.py: its bf16 and fp16 products round into the same scratch). HELD (HeldCopies) keeps
+Who takes them: the bf16 products (matmul_bf16, matmul_bf16_wgmma and its cp.async ring:
+half_tile.bf16_copies; the lab's matmul v14 and v15 take transposed copies, lab/matmul.py's
+wgmma_copies), the linear ops on those products (the bf16 loss backward's dlogits written straight
+into COPIES' first slot) and the library route (cublaslt.py: its bf16 and fp16 products round into
+the same scratch). HELD (HeldCopies) keeps
 a tensor that two products of a linear op read, rounded once (mlp, attn_qkv, attn_out).
 
 This module sits at the bottom of the products: it imports only common.py and ptx.py, so every
@@ -132,9 +134,9 @@ def k_round_fp16_v2(dst, src, wide):
 
 
 
-# The transposed copy (matmul v14, kernels/wgmma_tile.py): wgmma reads both operands K-major, so an
-# operand stored with k down its columns (b [K, N] of x @ W, a^T [K, M] of a weight gradient) is
-# rounded into a copy of its transpose. A plain thread-an-element transpose reads along rows and
+# The transposed copy (the lab's matmul v14 and v15, lab/wgmma_tile.py: their wgmma reads both
+# operands K-major, so an operand stored with k down its columns, b [K, N] of x @ W or a^T [K, M] of
+# a weight gradient, is rounded into a copy of its transpose). A plain thread-an-element transpose reads along rows and
 # writes down columns (one 2-byte write in every row: 32 rows a warp, uncoalesced). So the copy
 # goes through shared memory a 32 x 32 tile at a time (Harris, "An Efficient Matrix Transpose in
 # CUDA C/C++"), block (32, 8):
@@ -261,8 +263,9 @@ class OperandCopies:
         each flat, rows packed (round_into: k_round_bf16_v2 / k_round_fp16_v2, ties to even). An operand that
         holds 16-bit values of the precision already (uint16 for bf16: an activation a model saved
         rounded, gpu_model.SAVED16) is not copied: it is returned flat, as it is.
-        transpose (bf16 only; matmul v14): for a and b, whether the copy holds the operand's
-        transpose ([cols, rows], round_into_t); a transposed uint16 operand is copied (its bits moved)."""
+        transpose (bf16 only; the lab's matmul v14, v15): for a and b, whether the copy holds the
+        operand's transpose ([cols, rows], round_into_t); a transposed uint16 operand is copied (its
+        bits moved)."""
         self.reserve(a.size, b.size)
         view = self.buf if precision == "bf16" else self.buf.view(np.float16)
         slots = view[:a.size], view[_slot_b(a.size):_slot_b(a.size) + b.size]
@@ -285,7 +288,7 @@ COPIES = OperandCopies()        # the process's one scratch of 16-bit operand co
 
 class HeldCopies:
     """The scratch where a linear op keeps the bf16 copy of a tensor that two of its products read
-    (products "bf16r" and "bf16m": the MLP's dout and dh_pre, attn_qkv's dq, dk, dv, attn_out's dout),
+    (the MLP's dout and dh_pre, attn_qkv's dq, dk, dv, attn_out's dout, on matmul_bf16_wgmma),
     rounded once where each product would round it again. The products never write here (their own
     copies go to COPIES), so a held copy stays whole while they run. One tensor at a time, in stream
     order; grown as COPIES is, reserved by a model before its first step (held_elements)."""

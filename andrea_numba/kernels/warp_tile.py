@@ -1,6 +1,7 @@
-"""Warp tiles: the product tile of matmul v3 (SIMT) and v4 (3xTF32 on tensor cores).
+"""Warp tiles: the product tiles of matmul_tf32x3 and matmul_fp16, and what every tile family shares.
 
-Both compute a BM x BN tile of out = op(a) @ op(b) per block, like matmul v2, with four changes:
+A block computes a BM x BN tile of out = op(a) @ op(b), as matmul's shared tiles do, with warps
+owning its pieces:
 
 1. Warps own sub-tiles. The block's 32 * (BM/WM) * (BN/WN) threads form warps laid out
    (BM/WM) x (BN/WN); warp w owns the WM x WN piece at rows wm0 = (w // (BN/WN)) * WM, columns
@@ -11,45 +12,57 @@ Both compute a BM x BN tile of out = op(a) @ op(b) per block, like matmul v2, wi
        columns wn0 + 8 ni + 2 t, wn0 + 8 ni + 2 t + 1        ni = 0 .. WN/8 - 1
 
    so acc is TM x TN = (2 WM/16) x (2 WN/8): acc[2 mi + h, 2 ni + c] is row wm0 + 16 mi + 8 h + g,
-   column wn0 + 8 ni + 2 t + c. v3 and v4 share this layout; only the inner step differs.
+   column wn0 + 8 ni + 2 t + c. fragment_tile gives a family's tile this layout's row(i), col(j)
+   and epilogue (zero, store) around its products; the bf16 tiles (half_tile.py, wgmma_mn.py) use
+   it too.
 
-2. Shared tiles keep the orientation the operand has in global memory, with a pad that removes
-   bank conflicts (32 banks of 4 bytes; a warp's 32 reads are conflict-free when they fall in 32
-   different banks):
-       a [M, K] -> sa[m, k], pitch BK + 4      a^T (a stored [K, M]) -> sa[k, m], pitch BM + 8
-       b [K, N] -> sb[k, n], pitch BN + 8      b^T (b stored [N, K]) -> sb[n, k], pitch BK + 4
-   A fragment read sa[m0 + g, k0 + t] hits bank (g (BK + 4) + t) mod 32 = 4 g + t for BK = 16 or
-   32: 32 lanes, 32 banks. sa[k0 + t, m0 + g] hits (t (BM + 8) + g) mod 32 = 8 t + g: the same.
-   The copy from global memory is then a straight copy: rows of the stored matrix to rows of the
-   shared tile.
+2. The engine's two families (make_split_tile on split_tile.py's k-major tiles, BK = 16):
+       "tf32x3" (matmul_tf32x3)   3xTF32: each value split into its TF32 parts as its fragment is
+                                  read, three mma.sync a fragment, the small part's low bits left
+                                  for the tensor core to drop; swizzled rows, 128-bit stores of
+                                  transposed operands (split_tile.py, "v8's shared tiles")
+       "fp16" (matmul_fp16)       the same tiles, each value rounded to fp16 as it is read, one
+                                  mma.sync m16n8k16 a fragment a stage
+   The lab builds its families on make_split_tile's other options and on the padded tiles below
+   (lab/warp_tile.py).
 
 3. 128-bit copies and double buffering. When every operand row starts on a 16-byte boundary (the
-   launcher checks the pointers and the row lengths), each thread copies its share of the next
-   tiles in 4-float chunks (ld.global.v4 / st.shared.v4 from kernels/ptx.py), and it loads them
-   from global memory into registers *before* multiplying the current tiles, so the loads are in
-   flight during the arithmetic. Two shared buffers (stages) alternate: one barrier per BK step.
-   Otherwise (and in the simulator) the copy is one float at a time, with the same stages.
+   launcher checks the pointers and the row lengths: aligned, resolve), each thread copies its
+   share of the next tiles in 4-float chunks (ld.global.v4 / st.shared.v4 from kernels/ptx.py),
+   and it loads them from global memory into registers *before* multiplying the current tiles, so
+   the loads are in flight during the arithmetic. Two shared buffers (stages) alternate: one
+   barrier per BK step (tile_loop.make_pipeline). Otherwise (and in the simulator) the copy is one
+   float at a time, with the same stages.
 
 4. A K range. The tile function sums only k in [kb, ke): split-K launches give each of S blocks
    one slice of K and add the S partial tiles afterwards in a fixed order (matmul.py).
 
-The inner step over 8 values of k:
-    v3 (SIMT): for each k, read this thread's TM values of op(a) and TN values of op(b) from shared
-       memory into registers and add their outer product into acc (TM * TN multiply-adds).
-    v4 (3xTF32): read the warp's A and B fragments (module docstring of ptx.py), split each value
-       x = big + small, big = tf32(x), small = tf32(x - big), and add three tensor-core products
-       small*big + big*small + big*big per 16 x 8 fragment of acc (small*small, about 2^-22 of
-       the product, is left out). TF32 keeps 10 mantissa bits; big + small carries about 21, so
-       the sum is as accurate as an fp32 product (CUTLASS calls this 3xTF32). The small products
-       come first so they are not lost against the large one. Each 8-deep product starts from
-       zero and is then added to acc with an ordinary fp32 add: a chain of K/8 accumulations
-       inside the tensor core drifted (measured on the H200: 3e-5 relative error at K = 4096, ten
-       times the SIMT kernel's, growing with K, as an adder that does not round to nearest would).
-In the simulator the v4 step is a NumPy twin: mma.sync needs 32 real lanes, so each thread
-computes its own TM x TN outputs of the 8-deep product with one NumPy product (fp32) and adds
-them to acc, the same outputs in the same tiles as on the GPU.
+The padded tiles and their 8-deep step (_copier, _kstep), which flash attention's tf32x3 kernels
+(attn_flash_v3.py) are built from:
+- Shared tiles keep the orientation the operand has in global memory, with a pad that removes
+  bank conflicts (32 banks of 4 bytes; a warp's 32 reads are conflict-free when they fall in 32
+  different banks):
+       a [M, K] -> sa[m, k], pitch BK + 4      a^T (a stored [K, M]) -> sa[k, m], pitch BM + 8
+       b [K, N] -> sb[k, n], pitch BN + 8      b^T (b stored [N, K]) -> sb[n, k], pitch BK + 4
+  A fragment read sa[m0 + g, k0 + t] hits bank (g (BK + 4) + t) mod 32 = 4 g + t for BK = 16 or
+  32: 32 lanes, 32 banks. sa[k0 + t, m0 + g] hits (t (BM + 8) + g) mod 32 = 8 t + g: the same.
+  The copy from global memory is then a straight copy: rows of the stored matrix to rows of the
+  shared tile.
+- The step over 8 values of k, on tensor cores (3xTF32): read the warp's A and B fragments (module
+  docstring of ptx.py), split each value x = big + small, big = tf32(x), small = tf32(x - big), and
+  add three tensor-core products small*big + big*small + big*big per 16 x 8 fragment of acc
+  (small*small, about 2^-22 of the product, is left out). TF32 keeps 10 mantissa bits; big + small
+  carries about 21, so the sum is as accurate as an fp32 product (CUTLASS calls this 3xTF32). The
+  small products come first so they are not lost against the large one. Each 8-deep product
+  starts from zero and is then added to acc with an ordinary fp32 add: a chain of K/8
+  accumulations inside the tensor core drifted (measured on the H200: 3e-5 relative error at
+  K = 4096, ten times a SIMT kernel's, growing with K, as an adder that does not round to nearest
+  would). Without tensor cores (tensor_cores=False, the lab's matmul v3) the step is TM * TN SIMT
+  multiply-adds for each k.
+In the simulator the tensor-core step is a NumPy twin: mma.sync needs 32 real lanes, so each
+thread computes its own TM x TN outputs of the 8-deep product with one NumPy product (fp32) and
+adds them to acc, the same outputs in the same tiles as on the GPU.
 """
-import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -58,11 +71,7 @@ from numba import cuda, float32
 from .common import SIMULATOR, address, as_is, cdiv, nonneg
 from .ptx import load4, mma_tf32, store4, tf32_round
 from .split_tile import tile_mma_split
-from .tile_loop import WARP, add_fragment, make_pipeline
-
-KINDS = ("simt", "tf32x3", "tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w", "bf16w", "f16w")   # matmul v3 .. v8, v10, v11
-HALF_KINDS = {"bf16w": "bf16", "f16w": "fp16"}        # the 16-bit kinds and their formats
-
+from .tile_loop import WARP, add_fragment
 
 @cuda.jit(device=True)
 def col_swizzle(r):
@@ -126,7 +135,7 @@ def _copier(R, Cc, P, THREADS, vec, swizzle=False, nonneg_index=False):
 def _kstep(trans_a, trans_b, MI, NI, tensor_cores, trunc=False, swizzle_b=False):
     """step(acc, sa, sb, kk, wm0, wn0, g, t): acc += this thread's share of
     op(a)[tile rows, kk:kk+8] @ op(b)[kk:kk+8, tile columns], from one stage of shared memory.
-    trunc: the small TF32 parts go to the tensor core as x - big, truncated there (matmul v7's
+    trunc: the small TF32 parts go to the tensor core as x - big, truncated there (matmul_tf32x3's
     split, kernels/matmul.py; flash attention v5). swizzle_b (b stored [k, n] only): op(b)[k, n]
     is at column n ^ col_swizzle(k) of the shared tile (flash attention v6)."""
     assert not (swizzle_b and trans_b), "the swizzle is for b stored [k, n]"
@@ -211,28 +220,6 @@ def _kstep(trans_a, trans_b, MI, NI, tensor_cores, trunc=False, swizzle_b=False)
     return step
 
 
-def _tile_mma(trans_a, trans_b, BM, BN, BK, WM, WN, tensor_cores, vec):
-    """Build tile_mma(acc, a, b, kb, ke): acc += this thread's share of the block's tile of
-    op(a)[:, kb:ke] @ op(b)[kb:ke, :]."""
-    WARPS_N = BN // WN
-    THREADS = WARP * (BM // WM) * WARPS_N
-    # stored tile shapes (rows x columns of the stored matrix) and shared pitches
-    RA, CA, PA = (BK, BM, BM + 8) if trans_a else (BM, BK, BK + 4)
-    RB, CB, PB = (BN, BK, BK + 4) if trans_b else (BK, BN, BN + 8)
-    fetch_a, put_a, EA = _copier(RA, CA, PA, THREADS, vec)
-    fetch_b, put_b, EB = _copier(RB, CB, PB, THREADS, vec)
-    step = _kstep(trans_a, trans_b, WM // 16, WN // 8, tensor_cores)
-
-
-    @cuda.jit(device=True)
-    def stage(acc, sa, sb, wm0, wn0, g, t):
-        for kk in range(0, BK, 8):
-            step(acc, sa, sb, kk, wm0, wn0, g, t)
-
-    return make_pipeline(trans_a, trans_b, BM, BN, BK, WM, WN, (fetch_a, put_a, EA, (RA, PA)),
-                         (fetch_b, put_b, EB, (RB, PB)), stage), THREADS
-
-
 def whole_k(ranged):
     """mma_nn, mma_nt, mma_tn, mma_tt (acc += op(a) @ op(b) over all of K) from the ranged tile
     functions ranged[(trans_a, trans_b)](acc, a, b, kb, ke)."""
@@ -269,42 +256,44 @@ def make_epilogue(row, col, TM, TN):
     return zero, store
 
 
-@functools.cache
-def make_warp_tile(tile):
-    """Everything a kernel needs for one warp tile, the same names as matmul.make_tile:
+def make_split_tile(tile, presplit, split_mode, swizzle, half=None):
+    """Everything a kernel needs for one warp tile of split_tile.py's k-major tiles (BK = 16), the same
+    names as matmul.make_tile:
         mma_nn, mma_nt, mma_tn, mma_tt     acc += a @ b, a @ b^T, a^T @ b, a^T @ b^T over all of K
         mma[(trans_a, trans_b)]            the same over k in [kb, ke): f(acc, a, b, kb, ke)
         row(i), col(j), zero(acc), store(out, acc, accumulate)
-        TM, TN, THREADS, grid(M, N, z)
-    tile = (kind, BM, BN, BK, WM, WN, vec): kind "simt" (v3), "tf32x3" (v4), "tf32x3s" (v5: split
-    planes), "tf32x3k" (v6: k-major tiles split as read) or "tf32x3t" (v7: v6 with the small
-    part's low bits left for the tensor core to truncate) or "tf32x3w" (v8: v7 on swizzled tiles
-    with 128-bit stores of transposed operands) or "bf16w" (v10: v8's tiles, the values rounded to
-    bf16 as read, one mma.sync m16n8k16 a fragment a stage) or "f16w" (v11: the same in fp16), the
-    last six from split_tile.py;
-    vec: 128-bit copies (the caller checked the alignment: resolve())."""
-    kind, BM, BN, BK, WM, WN, vec = tile
-    assert kind in KINDS, kind
+        TM, TN, THREADS, BK, grid(M, N, z)
+    built by split_tile.tile_mma_split with these options: presplit (the TF32 parts made once, on
+    the way into shared memory), split_mode (split_tile.SPLITS), swizzle (the swizzled rows and
+    128-bit stores of transposed operands), half ("bf16" or "fp16": the values rounded to that format
+    as read, one mma.sync m16n8k16 a fragment a stage). tile = (family, BM, BN, BK, WM, WN, vec)."""
+    family, BM, BN, BK, WM, WN, vec = tile
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 8 == 0 and BK % 8 == 0, f"tile {tile}"
     ranged = {}
     for ta in (False, True):
         for tb in (False, True):
-            if kind in ("tf32x3s", "tf32x3k", "tf32x3t", "tf32x3w", *HALF_KINDS):
-                ranged[(ta, tb)], THREADS = tile_mma_split(
-                    ta, tb, BM, BN, BK, WM, WN, vec, presplit=kind == "tf32x3s",
-                    split_mode="trunc" if kind in ("tf32x3t", "tf32x3w") else "round",
-                    swizzle=kind in ("tf32x3w", *HALF_KINDS), half=HALF_KINDS.get(kind))
-            else:
-                ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, kind == "tf32x3", vec)
-
+            ranged[(ta, tb)], THREADS = tile_mma_split(ta, tb, BM, BN, BK, WM, WN, vec, presplit=presplit,
+                                                       split_mode=split_mode, swizzle=swizzle, half=half)
     return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)
 
 
+def make_tf32x3_tile(tile):
+    """The tile of family "tf32x3" (matmul_tf32x3): 3xTF32 on swizzled k-major tiles, each value split
+    as its fragment is read, the small part's low bits left for the tensor core to drop."""
+    return make_split_tile(tile, presplit=False, split_mode="trunc", swizzle=True)
+
+
+def make_fp16_tile(tile):
+    """The tile of family "fp16" (matmul_fp16): the same swizzled k-major tiles, the values rounded to
+    fp16 as read (one mma.sync m16n8k16 a fragment a stage, fp32 sums)."""
+    return make_split_tile(tile, presplit=False, split_mode="round", swizzle=True, half="fp16")
+
+
 def fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS):
-    """A tile's names (make_warp_tile's docstring) from its ranged products `ranged` (trans_a,
+    """A tile's names (make_split_tile's docstring) from its ranged products `ranged` (trans_a,
     trans_b) -> f(acc, a, b, kb, ke), for warps of WM x WN outputs held in the mma.sync
-    accumulator layout: acc[i, j] of a thread is out[row(i), col(j)]. Shared by the 16-bit
-    ldmatrix tiles (half_tile.py)."""
+    accumulator layout: acc[i, j] of a thread is out[row(i), col(j)]. Shared by the bf16 tiles
+    (half_tile.py, wgmma_mn.py)."""
     TM, TN, WARPS_N = 2 * (WM // 16), 2 * (WN // 8), BN // WN
 
     @cuda.jit(device=True)
@@ -340,7 +329,7 @@ def aligned(*arrays) -> bool:
     return True
 
 
-def resolve(kind, block, *arrays):
-    """The full tile of a launch: the kind, the declared block (BM, BN, BK, WM, WN) and whether the
-    operands allow 128-bit copies."""
-    return (kind, *block, aligned(*arrays))
+def resolve(family, block, *arrays):
+    """The full tile of a launch: the tile family, the declared block (BM, BN, BK, WM, WN) and whether
+    the operands allow 128-bit copies."""
+    return (family, *block, aligned(*arrays))

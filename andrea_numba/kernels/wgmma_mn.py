@@ -1,19 +1,15 @@
-"""wgmma on operands as they are stored: the product tile of matmul v17 (kind "bf16m").
+"""wgmma on operands as they are stored: the product tile of matmul_bf16_wgmma_cp_async (family
+"bf16_wgmma_cp_async"), whose layouts, descriptors and stage sizes matmul_bf16_wgmma (wgmma_tma.py)
+copies its stages into with TMA.
 
-v14 and v15 (wgmma_tile.py, wgmma_ring.py) hand wgmma both operands K-major: a row of the A tile
-holds one m and its k values, a row of the B tile one n and its k values. An operand stored the
-other way round, with k down its columns, is first rounded into a TRANSPOSED bf16 copy
-(cublaslt.k_round_bf16_t_v1, a 32 x 32 tile transpose through shared memory). Every weight
-gradient has two such operands (dW += x^T @ dy: x [tokens, d] and dy [tokens, out], K = tokens),
-and on an H200 the transposing copies made v14 and v15 slower than v13 there (98 against 145
-TFLOP/s). wgmma does not need them: its instruction has two immediates, imm-trans-a and
-imm-trans-b, that make it read A M-major and B N-major (kernels/wgmma.py, "MN-major layouts").
-v17 copies each operand to bf16 as it is stored (the plain k_round_bf16_v2 copy; an operand that
-is bf16 already, uint16, is used where it is: half_tile.bf16_copies), fills each stage tile in the
-operand's own orientation, and tells wgmma which is which. Everything else is v15's: the ring of
-cp.async stages in dynamic shared memory, one wgmma group in flight, the accumulators, the
-epilogue, split-K. The sums are v15's, in v15's order: only the shared-memory layout differs, so
-v17 gives v15's bits (the simulator checks it; on the GPU the harness and lab/bench/same_bits.py).
+Each operand is rounded to a bf16 copy as it is stored (the plain k_round_bf16_v2 copy; an operand
+that is bf16 already, uint16, is used where it is: half_tile.bf16_copies). wgmma reads A and B from
+shared memory either K-major or, through the two immediates of its instruction, imm-trans-a and
+imm-trans-b, M- and N-major (kernels/wgmma.py, "MN-major layouts"). So each stage tile is filled in
+its operand's own orientation and wgmma is told which is which: no operand is copied transposed,
+not even both operands of a weight gradient (dW += x^T @ dy: x [tokens, d] and dy [tokens, out],
+K = tokens, both stored with k down their columns). The warpgroups, the accumulators and the
+epilogue are wgmma_tile.py's, split-K is matmul's.
 
 1. Which operand is read which way. out = op(a) @ op(b); matmul's trans flags say how a and b are
    stored, wgmma's immediates how its A and B lie in shared memory:
@@ -25,9 +21,9 @@ v17 gives v15's bits (the simulator checks it; on the GPU the harness and lab/be
        a^T @ b^T         [K, M]          M-major              [N, K]        K-major
 
    so imm-trans-a = trans_a and imm-trans-b = not trans_b: a row of a stored tile (contiguous in
-   global memory) is always a row of the shared tile. a @ b^T is v15's kernel exactly.
+   global memory) is always a row of the shared tile. a @ b^T reads both K-major.
 
-2. The K-major tile (v15's, wgmma.kmajor_offset): R rows (m or n) of BK values of k, 2 BK bytes a
+2. The K-major tile (wgmma.kmajor_offset): R rows (m or n) of BK values of k, 2 BK bytes a
    row, the 16-byte chunk q of row r at chunk q ^ (r & 7) (BK = 64: 128-byte rows, mode 1, SBO 1024;
    BK = 32: 64-byte rows, mode 2, SBO 512; LBO unused, 16). The k16 step ks starts 32 ks bytes
    into the rows.
@@ -49,26 +45,85 @@ v17 gives v15's bits (the simulator checks it; on the GPU the harness and lab/be
    step ks starts 16 ks rows = 2048 ks bytes down: on a 1024-byte boundary, no start inside a row.
    Warpgroup wg's 64 rows of A are column block wg: its descriptor starts at A tile + wg 128 BK,
    which is the same byte offset as its 64 K-major rows (64 x 2 BK): the two layouts use the same
-   bytes a tile, the stage sizes are v15's. B's descriptor spans all BN / 64 blocks (LBO apart).
-   Each block is a BK x 64 tile of the stored copy with 128-byte rows, and v13's cp.async copier
-   (half_tile._async_copier, rows of 8 chunks, chunk q of row r at q ^ (r & 7)) fills exactly this
-   layout: the MN-major copier is that copier once per column block (_mn_copier). A warp's 32
-   lanes copy 4 stored rows of 128 bytes each (whole 128-byte segments of global memory), and 8
-   lanes write the 8 chunk positions of one 128-byte line of shared memory: no bank conflict.
+   bytes a tile, so a stage's size does not depend on the operands' orientation. B's descriptor
+   spans all BN / 64 blocks (LBO apart). Each block is a BK x 64 tile of the stored copy with
+   128-byte rows, and matmul_bf16's cp.async copier (half_tile._async_copier, rows of 8 chunks,
+   chunk q of row r at q ^ (r & 7)) fills exactly this layout: the MN-major copier is that copier
+   once per column block (_mn_copier). A warp's 32 lanes copy 4 stored rows of 128 bytes each
+   (whole 128-byte segments of global memory), and 8 lanes write the 8 chunk positions of one
+   128-byte line of shared memory: no bank conflict.
 
    The tile's widths: BM and BN multiples of 64 (the swizzle's 64 values a row; a narrower MN-major
-   operand would need the 64- or 32-byte swizzle, which v17 does not use).
+   operand would need the 64- or 32-byte swizzle, which these tiles do not use).
 
-4. Edges. Past M, N, K (and past the end of a split-K slice) v13's copier writes zeros; a stored
+4. The ring. One wgmma group stays in flight: after issuing step s's wgmmas a warpgroup waits
+   only for step s - 1's (wgmma.wait_group 1), so step s's products run while the threads go on to
+   the barrier, the copies and the wgmmas of step s + 1. The price: a stage is busy for one more step
+   (step s's stage is read until the wait of step s + 1), so the copies run STAGES - 2 steps
+   ahead instead of STAGES - 1, and the ring needs STAGES >= 3 (4 preferred).
+
+   The ring lives in dynamic shared memory. Static shared arrays stop at 48 KiB; dynamic shared
+   memory goes to 227 KiB on Hopper once the kernel asks for it (matmul.allow_shared: the driver's
+   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, set once per compiled kernel). So the stages
+   take BK = 64 (rows of 128 bytes: wgmma's 128-byte swizzle, four k16 steps a stage):
+
+       tile (BM x BN, BK, STAGES)   a stage                 the ring             + alignment
+       128 x 128, 64, 4             (128 + 128) 128 B = 32 KiB    128 KiB         + 1 KiB
+       128 x 256, 64, 3             (128 + 256) 128 B = 48 KiB    144 KiB         + 1 KiB  (spills: not declared)
+       128 x 128, 32, 3 (static)    (128 + 128)  64 B = 16 KiB     48 KiB         (a static ring)
+
+   The dynamic array is only promised 16-byte alignment, and the 128-byte swizzle is computed on
+   the absolute shared address (the pattern repeats every 1024 bytes): the ring starts at the first
+   1024-byte boundary inside the array (pad = (-address) mod 1024 bytes, so 1 KiB is allocated
+   extra). Every tile in it is a whole number of 1024-byte atoms (BM, BN multiples of 8 rows).
+
+   The layout at BK = 64 (wgmma.py's docstring, mode 1). Row r of a tile is 128 bytes (k 0..63);
+   its 16-byte chunk q (k 8q .. 8q + 7) is stored at chunk q ^ (r & 7): the copier with rows of 8
+   chunks (half_tile._word(32)), which is wgmma.kmajor_offset(r, k, R, swizzle=1). Descriptors of
+   two K-major operands:
+
+       A of warpgroup wg, k16 step ks:  start = A tile + 64 wg * 128 + 32 ks,  SBO = 1024, LBO = 16, mode 1
+       B, k16 step ks:                  start = B tile + 32 ks,                SBO = 1024, LBO = 16, mode 1
+
+   (ks = 0..3: the start moves 32 bytes along the unswizzled row; the hardware XORs the addresses it
+   computes.) At BK = 32: 64-byte rows, mode 2, SBO = 512, ks = 0, 1.
+
+5. One step of the K loop (every thread runs each line; P = STAGES - 2 steps of copies ahead):
+
+       cp.async.wait_group P - 1       my copies of step s are in shared memory (P - 1 newer groups
+                                       may still be in flight: steps s + 1 .. s + P - 1)
+       fence.proxy.async.shared::cta   ... and visible to wgmma's async proxy
+       bar.sync                        (a) everyone's copies of step s are in and fenced;
+                                       (b) every thread has passed its wgmma.wait_group 1 of step
+                                           s - 1, so in every warpgroup the wgmmas of step s - 2
+                                           are complete: stage (s - 2) % STAGES is read by no one
+       copies of step s + P into stage (s + P) % STAGES = (s - 2) % STAGES, commit (maybe empty)
+       wgmma.fence; wgmma x BK/16 on stage s % STAGES; wgmma.commit_group
+       wgmma.wait_group 1              step s - 1's wgmmas are done (step s's may still run)
+
+   Which stage is in use at the barrier of step s: s % STAGES (being waited for), (s - 1) %
+   STAGES (step s - 1's wgmmas may still be reading it), (s + 1) .. (s + P - 1) % STAGES (copies
+   in flight). That is P + 1 = STAGES - 1 stages, so exactly one, (s - 2) % STAGES, is free, and
+   barrier (b) is what proves it: without the barrier a fast warpgroup could overwrite a stage
+   that a slow warpgroup's wgmmas were still reading. After the loop: wgmma.wait_group 0, then the
+   accumulators are read.
+
+   The accumulators d are passed from one wgmma to the next in registers through the loop; only
+   the wgmmas touch them until the final wait (wgmma_keep pins them: before the first fence, after
+   every wait).
+
+6. Edges. Past M, N, K (and past the end of a split-K slice) the copier writes zeros; a stored
    row that is not whole 16-byte chunks (its length not a multiple of 8, or its start off a 16-byte
    boundary) takes the copier's guarded path of 2-byte loads. For an MN-major operand the stored
    row runs along M (N), so M % 8 != 0 (not K % 8) sends it there.
 
 The simulator runs wgmma.py's twin, wgmma_warpgroup, on the shared array's bytes with the same
 descriptors and the transpose bits (it reads an MN-major operand through mnmajor_read_addresses),
-so it checks the copier, the swizzle, the descriptors and the transpose bits against each other;
-what it cannot check is that the hardware reads MN-major tiles as the PTX ISA says, which
-lab/bench/wgmma_probe.py's mn_* variants ask the H200.
+and does every copy at once: it checks the copier, the swizzle, the descriptors, the transpose
+bits and the ring's stage arithmetic against each other, not the asynchrony (the waits and fences
+are no-ops there; its dynamic shared array starts at address 0, so pad = 0). What it cannot check
+is that the hardware reads MN-major tiles as the PTX ISA says, which lab/bench/wgmma_probe.py's
+mn_* variants ask the H200.
 """
 import functools
 
@@ -87,8 +142,8 @@ from .wgmma_tile import WARPGROUP, _copier, _fragment_add
 MN_BLOCK = 64              # values of m (n) in one 128-byte row of an MN-major tile: a column block
 MN_SWIZZLE = SWIZZLE_128B  # the MN-major tiles' swizzle (point 3)
 
-# The ring of v15 (wgmma_ring.py, points 2 and 3 there), which v17 runs as it is and v18 sizes its
-# stages by: its limits, its K-major layouts, its bytes and the tile's checks (ring_tile).
+# The ring (point 4), which matmul_bf16_wgmma sizes its stages by too: its limits, its K-major
+# layouts, its bytes and the tile's checks (ring_tile).
 STATIC_LIMIT = 48 * 1024          # bytes of static shared memory a kernel may declare
 DYNAMIC_LIMIT = 227 * 1024        # bytes of dynamic shared memory a Hopper block may ask for
 ALIGN = 1024                      # the 128-byte swizzle's atom: 8 rows of 128 bytes
@@ -103,7 +158,7 @@ def ring_bytes(BM, BN, BK, stages):
 
 
 def dynamic_bytes(BM, BN, BK, stages):
-    """The dynamic shared memory a launch of this tile asks for: 0 for BK = 32 (a static ring, v14's),
+    """The dynamic shared memory a launch of this tile asks for: 0 for BK = 32 (a static ring),
     else the ring + 1 KiB to start it on a 1024-byte boundary."""
     return 0 if BK == BK_HALF else ring_bytes(BM, BN, BK, stages) + ALIGN
 
@@ -112,7 +167,7 @@ def _mn_copier(R, BK, THREADS, vec):
     """copy(s, g, r0, k0, rlim, klim): start copying the R x BK piece of op(g) at m (n) r0.., k0.. of an
     MN-major bf16 copy g (uint16 [K, rows]: k down the stored rows) into the stage tile s (point 3:
     R / 64 column blocks of BK rows of 128 bytes), zeros past m (n) >= rlim or k >= klim. Block j is
-    v13's copier (wgmma_tile._copier, a BK-row x 64-column tile of g) at stored rows k0.., columns
+    the K-major copier (wgmma_tile._copier, a BK-row x 64-column tile of g) at stored rows k0.., columns
     r0 + 64 j ..; the same argument order as the K-major copier, so the pipeline loads either."""
     BLOCK_WORDS = BK * 128 // 4                       # one column block: BK rows of 128 bytes
     block = _copier(BK, THREADS, vec, MN_BLOCK)       # rows k, 64 columns (m or n) of g
@@ -160,9 +215,9 @@ else:
 def make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, trans_a, trans_b):
     """tile_mma(acc, a16, b16, kb, ke): acc += this thread's share of op(a16) @ op(b16) over k in
     [kb, ke), the bf16 copies as stored (a16 [M, K], or [K, M] when trans_a; b16 [K, N], or [N, K]
-    when trans_b), through v15's ring (wgmma_ring.py, points 1-3 there): `stages` shared stages
-    filled by cp.async, one group of wgmmas in flight. A is read M-major when trans_a, B N-major
-    when not trans_b (point 1); v15 runs it with both K-major (wgmma_ring.make_ring_pipeline)."""
+    when trans_b), through the ring (points 4 and 5): `stages` shared stages filled by cp.async,
+    one group of wgmmas in flight. A is read M-major when trans_a, B N-major when not trans_b
+    (point 1). (The lab's matmul v15 runs it with both K-major: lab/wgmma_ring.py.)"""
     A_MN, B_MN = bool(trans_a), not trans_b                     # wgmma's imm-trans-a, imm-trans-b
     A_STEP, A_LBO, A_SBO, A_SWZ = operand_layout(A_MN, BK)
     B_STEP, B_LBO, B_SBO, B_SWZ = operand_layout(B_MN, BK)
@@ -241,11 +296,12 @@ def make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, trans_a, trans_b):
 
 
 def ring_tile(tile, version, pipelines):
-    """The tile of v15 or v17 (tile = (kind, BM, BN, BK, 64, BN, vec, STAGES)) after the checks they
-    share: BK = 32 or 64, warpgroups of 64 rows, 3 to 5 stages, the ring within its shared memory.
-    pipelines(BM, BN, BK, THREADS, stages, vec) gives the {(trans_a, trans_b): tile_mma} products;
-    v14's accumulator layout and epilogue (warp_tile.fragment_tile) around them, and SHARED."""
-    kind, BM, BN, BK, WM, WN, vec, stages = tile
+    """The tile of a ring of wgmma stages (tile = (family, BM, BN, BK, 64, BN, vec, STAGES); version:
+    the matmul rung, for the messages) after the checks every such tile shares: BK = 32 or 64,
+    warpgroups of 64 rows, 3 to 5 stages, the ring within its shared memory. pipelines(BM, BN, BK,
+    THREADS, stages, vec) gives the {(trans_a, trans_b): tile_mma} products; the accumulators' layout
+    and epilogue (wgmma_tile.py, point 2: warp_tile.fragment_tile) around them, and SHARED."""
+    family, BM, BN, BK, WM, WN, vec, stages = tile
     assert BK in LAYOUT, f"v{version} tiles take BK = 32 or 64, got {BK}"
     assert WM == 64 and WN == BN and BM % 64 == 0, f"tile {tile}: warpgroups of 64 rows x all BN columns"
     assert stages >= 3 and stages - 3 in CP_ASYNC_WAIT, f"{stages} stages: one wgmma group in flight needs 3 .. 5"
@@ -261,18 +317,19 @@ def ring_tile(tile, version, pipelines):
 
 
 def mn_resolve(block, a16, b16):
-    """The full tile of a v17 launch: ("bf16m", BM, BN, BK, WM, WN, vec, STAGES); vec when both copies'
-    stored rows are whole 16-byte chunks (half_tile.async_resolve's rule, on the rows as stored);
-    STAGES 4 unless the block names it."""
-    return ("bf16m", *block[:5], async_resolve(block, a16, b16)[6], block[5] if len(block) > 5 else 4)
+    """The full tile of a matmul_bf16_wgmma_cp_async launch: ("bf16_wgmma_cp_async", BM, BN, BK, WM,
+    WN, vec, STAGES); vec when both copies' stored rows are whole 16-byte chunks (half_tile.async_resolve's
+    rule, on the rows as stored); STAGES 4 unless the block names it."""
+    return ("bf16_wgmma_cp_async", *block[:5], async_resolve(block, a16, b16)[6], block[5] if len(block) > 5 else 4)
 
 
 @functools.cache
 def make_mn_tile(tile):
-    """Everything a kernel needs for one v17 tile (make_ring_tile's names and SHARED), with the four
+    """Everything a kernel needs for one matmul_bf16_wgmma_cp_async tile (matmul.make_tile's names,
+    and SHARED: the dynamic shared memory bytes its launch passes, 0 for a static ring), with the four
     products mma[(trans_a, trans_b)] on the bf16 copies as stored (half_tile.bf16_copies).
-    tile = ("bf16m", BM, BN, BK, 64, BN, vec, STAGES), BK = 32 or 64, BM and BN multiples of 64."""
-    assert tile[0] == "bf16m", tile
+    tile = ("bf16_wgmma_cp_async", BM, BN, BK, 64, BN, vec, STAGES), BK = 32 or 64, BM and BN multiples of 64."""
+    assert tile[0] == "bf16_wgmma_cp_async", tile
     assert tile[2] % MN_BLOCK == 0 and tile[2] <= 256, f"tile {tile}: BN a multiple of 64 (an MN-major row), at most 256"
     return ring_tile(tile, 17, lambda BM, BN, BK, THREADS, stages, vec:
                      {(ta, tb): make_mn_pipeline(BM, BN, BK, THREADS, stages, vec, ta, tb)

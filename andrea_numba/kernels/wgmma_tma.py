@@ -1,11 +1,12 @@
-"""A producer warp, TMA and mbarriers around wgmma: the product kernel of matmul v18 (kind "bf16t").
+"""A producer warp, TMA and mbarriers around wgmma: the product kernel of matmul_bf16_wgmma.
 
-matmul v17 (wgmma_mn.py) computes a 128 x 128 tile with 256 threads that do everything in turn:
-each stage they all issue cp.async copies (address, swizzle and edge tests per 16-byte chunk),
-wait for them, meet at a block-wide barrier, issue the wgmmas, and at the end of the tile store
-it before the block's next stage can start. On the H200 that reached 180-340 TFLOP/s where
-cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GEMMs are (CUTLASS's
-"warp-specialized" kernels), from the same shared layouts, descriptors and accumulators as v17:
+matmul_bf16_wgmma_cp_async (wgmma_mn.py) computes a 128 x 128 tile with 256 threads that do
+everything in turn: each stage they all issue cp.async copies (address, swizzle and edge tests per
+16-byte chunk), wait for them, meet at a block-wide barrier, issue the wgmmas, and at the end of the
+tile store it before the block's next stage can start. On the H200 that reached 180-340 TFLOP/s
+where cuBLAS reaches 400-600 on the same shapes. matmul_bf16_wgmma is built the way Hopper's fast
+GEMMs are (CUTLASS's "warp-specialized" kernels), from the same shared layouts, descriptors and
+accumulators:
 
 1. Roles. A block is BM / 64 consumer warpgroups plus one producer warp:
 
@@ -18,8 +19,9 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
    of 64 k, or one 64-wide column block of an MN-major tile) into shared memory already swizzled,
    zeros past the matrix's edges. So no consumer thread spends an instruction on a copy.
 
-2. The ring. STAGES stages of (BM + BN) x BK bf16 (BK = 64: 128-byte rows, v17's layouts exactly:
-   K-major rows or MN-major column blocks), in dynamic shared memory from a 1024-byte boundary, and
+2. The ring. STAGES stages of (BM + BN) x BK bf16 (BK = 64: 128-byte rows, wgmma_mn.py's layouts
+   exactly: K-major rows or MN-major column blocks), in dynamic shared memory from a 1024-byte
+   boundary, and
    two mbarriers a stage (tma.py, point 3): full[st] completes when the producer has announced the
    stage's bytes and they have landed; empty[st] completes when all 4 C consumer warps have let go
    of it (lane 0 of each arrives; in the simulator, whose threads of a warp do not run in step,
@@ -34,7 +36,7 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
            wgmma.fence; BK/16 wgmma; commit; wgmma.wait_group 1
            one lane a warp: arrive empty[(g - 1) % STAGES]   (use g - 1's wgmmas are complete)
 
-   As in v15, one group of wgmmas stays in flight: a consumer lets go of a stage one use late. No
+   As in wgmma_mn.py's ring, one group of wgmmas stays in flight: a consumer lets go of a stage one use late. No
    block-wide barrier in the loop: the producer runs up to STAGES uses ahead of the slower
    warpgroup, each warpgroup runs as soon as its bytes are in.
 
@@ -50,17 +52,18 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
 
 4. The epilogue. Each consumer thread stores its accumulators straight from registers (store_tile:
    thread 32 w + 4 g + t of warpgroup wg holds d[4 j + 2 h + c] = row 64 wg + 16 w + g + 8 h, column
-   8 j + 2 t + c of the tile, v14's layout; the pair c = 0, 1 as one 64-bit access), out (+)= d, or
+   8 j + 2 t + c of the tile, wgmma_tile.py's layout; the pair c = 0, 1 as one 64-bit access), out (+)= d, or
    its slice's partial tile work[z] = d;
    matmul's k_splitk_sum_v2 adds the slices in order afterwards (no atomics).
 
-5. Fused epilogues (mlp v20). "gelu": out = d (h_pre, fp32) and aux = bf16(gelu(d)) (h, uint16),
-   the GELU's forward pass done from the registers; "dgelu": aux = bf16(d gelu'(out)) with out =
+5. Fused epilogues (the lab's mlp v20; the engine's linear ops do not use them). "gelu": out = d
+   (h_pre, fp32) and aux = bf16(gelu(d)) (h, uint16), the GELU's forward pass done from the registers; "dgelu": aux = bf16(d gelu'(out)) with out =
    h_pre read, so dh = dout @ W_2^T is never written in fp32. Only without split-K (a partial sum
    is no place for the GELU). The kernel takes aux always (the plain epilogue ignores it).
 
-6. The split-K fixup (matmul v19). v18 leaves the S partial tiles of a split product in work and
-   a second kernel (k_splitk_sum_v2) adds them: one more launch and a pass over S M N values from
+6. The split-K fixup (the lab's matmul v19 and v23; the engine runs fixup 0). v18, the engine's
+   matmul_bf16_wgmma, leaves the S partial tiles of a split product in work and a second kernel
+   (k_splitk_sum_v2) adds them: one more launch and a pass over S M N values from
    memory after the product has ended. v19 adds them in the product's own tail, in the same order:
    each consumer warp, after storing its cells of partial z, counts itself on an integer counter of
    its (tile, warp) (counts[t * 4C + warp]: threadfence, then one lane's atomic add; integers, so
@@ -79,9 +82,9 @@ cuBLAS reaches 400-600 on the same shapes. v18 is built the way Hopper's fast GE
    slices the next SMAX continue the same running sums. The same additions in the same order as
    v19 and k_splitk_sum_v2: v18's bits. Not yet timed on a GPU.
 
-Same sums as v17 (inputs rounded to bf16 ties to even, exact products, wgmma's fp32 sums in the
-same k16 order within a stage, stages in order): v17's bits, at BN = 256 too (lab/bench/v18_bits.py:
-identical in every form and tile on the H200, 2026-12-03).
+Same sums as matmul_bf16_wgmma_cp_async (inputs rounded to bf16 ties to even, exact products,
+wgmma's fp32 sums in the same k16 order within a stage, stages in order): its bits, at BN = 256 too
+(lab/bench/v18_bits.py: identical in every form and tile on the H200, 2026-12-03).
 
 In the simulator the producer and the consumers are real threads of a real block: the mbarriers'
 twins make them wait on each other (tma.py), the boxes are copied by NumPy, the wgmmas run

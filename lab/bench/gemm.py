@@ -32,6 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
 
+# the tile families of warp_tile.py, whose tiles warp_tile.resolve makes of a block (their kernels'
+# registers are reported)
+WARP_FAMILIES = ("v3", "v4", "v5", "v6", "v7", "tf32x3", "v10", "fp16")
+
 # (label, M, N, K, trans_a, trans_b, accumulate): at 12M (N = 16*512 rows, C = 384) and 120M
 # (N = 8*1024 rows, C = 768, V = 50304)
 SHAPES = [
@@ -191,11 +195,11 @@ def main(argv=None):
             del ta_, tb_
         print(f"| {label} | {M} | {N} | {K} | " + " | ".join(cells) + " |", flush=True)
         for v in (v for v in versions if v >= 3):        # registers and spills of the warp-tile kernel
-            from andrea_numba.kernels.warp_tile import KINDS, resolve
-            kind = next((k for k, launch in MM.WARP_MATMUL.items() if launch is lab_matmul.VERSIONS["matmul"][v]), None)
-            if kind not in KINDS:                       # another tile module's kernel, or the library (v20-v22)
+            from andrea_numba.kernels.warp_tile import resolve
+            family = getattr(lab_matmul.VERSIONS["matmul"][v], "family", None)
+            if family not in WARP_FAMILIES:             # another tile module's kernel, or the library (v20-v22)
                 continue
-            kern = MM._k_matmul_warp(resolve(kind, best_block[v], da, db), ta, tb)
+            kern = MM._k_matmul_warp(resolve(family, best_block[v], da, db), ta, tb)
             try:
                 row[f"v{v}_regs"] = list(kern.get_regs_per_thread().values())
                 row[f"v{v}_local_bytes"] = list(kern.get_local_mem_per_thread().values())

@@ -40,14 +40,14 @@ def main(argv=None):
 
     from andrea_numba.kernels.split_tile import tile_mma_split
     from lab.split_tile import split_bytes
-    from andrea_numba.kernels.warp_tile import make_warp_tile
+    from lab.matmul import make_tile
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gemm import timed
 
     def kernel(tile, products, presplit=True, split_mode="round", max_registers=None):
         mma, threads = tile_mma_split(False, False, *tile, True, products=products, presplit=presplit,
                                       split_mode=split_mode)
-        t = make_warp_tile(("tf32x3s", *tile, True))
+        t = make_tile(("v5", *tile, True))           # matmul v5's tile: its epilogue
         zero, store, TM, TN = t.zero, t.store, t.TM, t.TN
 
         @cuda.jit(**({"max_registers": max_registers} if max_registers else {}))   # (not in the simulator)

@@ -135,16 +135,17 @@ def v12_report():
     from numba.core import types as nbt
 
     from andrea_numba.kernels import matmul
+    from lab import matmul as lab_matmul
     M = N = K = 256
     print("| tile | op | " + " | ".join(f"{k} (loop / all)" for k in V12_COUNTS) + " | ptxas |")
     print("|---" * (3 + len(V12_COUNTS)) + "|")
     with compile_only():
-        for block in matmul.matmul_v12.blocks:
+        for block in lab_matmul.matmul_v12.blocks:
             for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
                 a = np.zeros((K, M) if ta else (M, K), np.float32)
                 b = np.zeros((N, K) if tb else (K, N), np.float32)
                 out = np.zeros((M, N), np.float32)
-                kernel = matmul._k_matmul_warp(("bf16l", *block, True), ta, tb)
+                kernel = matmul._k_matmul_warp(("v12", *block, True), ta, tb)
                 sig = nbt.void(*(typeof(x) for x in (out, out.reshape(1, M, N), a, b, True, K)))
                 ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=CC)
                 body = "\n".join(_loop_body(ptx))
@@ -241,7 +242,7 @@ def main():
         check.launch_every_kernel()
         # a weight gradient's shape (long K, one output tile) takes the split-K path of the
         # warp-tile products, which the harness's small shapes do not reach on a GPU's settings
-        from andrea_numba.kernels import matmul
+        from lab import matmul
         out, a = np.zeros((64, 64), np.float32), np.zeros((8192, 64), np.float32)
         for launch in (matmul.matmul_v3, matmul.matmul_v4, matmul.matmul_v5, matmul.matmul_v6, matmul.matmul_v7,
                        matmul.matmul_tf32x3, matmul.matmul_v12, matmul.matmul_bf16):

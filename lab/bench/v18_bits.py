@@ -50,7 +50,7 @@ def main():
         da, db = cuda.to_device(a), cuda.to_device(b)
         work = cuda.device_array(max(MM.splitk_work(768, 8192), 8 * M * N), np.float32) if split else None
         out = cuda.to_device(o0)
-        MM.matmul_v17(out, work, da, db, ta, tb, acc)
+        MM.matmul_bf16_wgmma_cp_async(out, work, da, db, ta, tb, acc)
         cuda.synchronize()
         ref = out.copy_to_host()
         scale = float(np.abs(ref).max())

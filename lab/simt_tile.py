@@ -1,4 +1,4 @@
-"""SIMT tiles at the classic SGEMM recipe: matmul v9 (kind "simt2").
+"""SIMT tiles at the classic SGEMM recipe: matmul v9 (family "v9").
 
 matmul v3 multiplies with plain fp32 multiply-adds (SIMT) on the tensor-core fragment layout of
 warp_tile.py, which suits mma.sync and not the multiply-adds: for every k a thread reads each of
@@ -40,10 +40,10 @@ from types import SimpleNamespace
 
 from numba import cuda, float32
 
-from .common import cdiv
-from .ptx import load4
-from .tile_loop import WARP, make_pipeline
-from .warp_tile import _copier, make_epilogue, whole_k
+from andrea_numba.kernels.common import cdiv
+from andrea_numba.kernels.ptx import load4
+from andrea_numba.kernels.tile_loop import WARP, make_pipeline
+from andrea_numba.kernels.warp_tile import _copier, make_epilogue, whole_k
 
 
 def _transposer(R, Cc, P, THREADS, vec):
@@ -104,10 +104,10 @@ def _tile_mma(trans_a, trans_b, BM, BN, BK, WM, WN, vec):
 @functools.cache
 def make_simt_tile(tile):
     """The names make_warp_tile gives (mma, mma_nn .. mma_tt, row, col, zero, store, TM, TN,
-    THREADS, BK, grid) for tile = ("simt2", BM, BN, BK, WM, WN, vec): (BM/WM) x (BN/WN) warps,
+    THREADS, BK, grid) for tile = ("v9", BM, BN, BK, WM, WN, vec): (BM/WM) x (BN/WN) warps,
     each WM x WN outputs (WM a multiple of 32, WN of 16), BK a multiple of 4."""
-    kind, BM, BN, BK, WM, WN, vec = tile
-    assert kind == "simt2" and BM % WM == 0 and BN % WN == 0 and WM % 32 == 0 and WN % 16 == 0 and BK % 4 == 0, \
+    family, BM, BN, BK, WM, WN, vec = tile
+    assert family == "v9" and BM % WM == 0 and BN % WN == 0 and WM % 32 == 0 and WN % 16 == 0 and BK % 4 == 0, \
         f"tile {tile}"
     RM, RN = WM // 32, WN // 16
     TM, TN = 4 * RM, 4 * RN
