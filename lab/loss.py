@@ -131,20 +131,20 @@ loss_fwd_v12.precision = loss_bwd_v11.precision = "bf16"
 def _fwd_two_pass(mm, loss, losses, probs, x, wte, targets, block, stream):
     N, V = probs.shape
     mm(probs, None, x, wte, trans_b=True, stream=stream)         # logits = x @ wte^T, into probs
-    k_loss_fwd_v2[N, row_threads(V, block), stream](losses, probs, targets, wide_rows(probs))
-    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+    k_loss_fwd_online[N, row_threads(V, block), stream](losses, probs, targets, wide_rows(probs))
+    k_loss_mean[1, MEAN_THREADS, stream](loss, losses)
 
 
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd_v14(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """The logits from matmul v16 (bf16 products); the softmax in two passes over a row
-    (k_loss_fwd_v2, on v9's row_threads), the loss in fp32."""
+    (k_loss_fwd_online, on v9's row_threads), the loss in fp32."""
     _fwd_two_pass(matmul_v16, loss, losses, probs, x, wte, targets, block, stream)
 
 
 @blocks(gpu=(256, 1024), sim=(4, 2))
 def loss_bwd_v13(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
-    """dlogits written as bf16 into the operand scratch (k_loss_bwd_v2; the fp32 dlogits buffer is
+    """dlogits written as bf16 into the operand scratch (k_loss_bwd_bf16; the fp32 dlogits buffer is
     unused), then dx = dlogits @ wte and dwte += dlogits^T @ x (split over K into work) by matmul v16."""
     _bwd_bf16(matmul_v16, dx, dwte, work, dloss, x, wte, probs, targets, block, stream)
 

@@ -339,7 +339,7 @@ def tma_fits(a, b) -> bool:
 
 
 # v19: v18 whose kernel adds its split-K slices itself (wgmma_tma.py, point 6): the last warp of the S
-# slices of a tile's cells sums them in k_splitk_sum_v2's order, so v18's bits without the second
+# slices of a tile's cells sums them in k_splitk_sum's order, so v18's bits without the second
 # launch and its pass over memory (the sums took 0.93 ms of the 120M bf16 step). Measured on the
 # H200: v18's bits in whole 120M and 12M steps, but the split products took 173 us against
 # 23: the summing warp's scalar loads, one slice after another, wait on L2 S x 128 times a thread.

@@ -22,10 +22,10 @@ from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_
                         matmul_v10, matmul_v12, matmul_v16, resolve, tma_fits)
 
 
-# v6: the engine's fused kernels (mlp.kernels: k_mlp_fwd_v1, k_mlp_bwd_v1) apply the GELU (or its
+# v6: the engine's fused kernels (mlp.kernels: k_mlp_fwd, k_mlp_bwd) apply the GELU (or its
 # derivative) in their own store loop: 64 outputs a thread on the warp tiles, each with a tanh, a loop too long for the compiler to unroll. Then
 # acc[i, j] is read with indices known only at run time, and an array read that way cannot live
-# in registers: the compiler puts the whole of acc in local memory (the PTX of k_mlp_fwd_v1 on the
+# in registers: the compiler puts the whole of acc in local memory (the PTX of k_mlp_fwd on the
 # 128 x 64 k-major tile has a 256-byte __local_depot; Nsight Compute on the H200 counted its local
 # loads and stores as the kernel's worst memory traffic). The v2 kernels write acc with the
 # tile's own store (short loops, unrolled: acc stays in registers, as in the matmul kernels),
@@ -174,12 +174,12 @@ def mlp_bwd_v8(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, blo
 
 
 def _fwd_plain(mm, out, h_pre, h, x, w_1, w_2, block, stream):
-    """h_pre = x @ W_1, h = gelu(h_pre) (k_gelu_fwd_v1), out = h @ W_2, the products on kind's matmul."""
+    """h_pre = x @ W_1, h = gelu(h_pre) (k_gelu_fwd), out = h @ W_2, the products on kind's matmul."""
     _fwd_split(mm, out, h_pre, h, None, x, w_1, w_2, block, stream, gelu_fwd)
 
 
 def _bwd_plain(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
-    """The backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place; only the
+    """The backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd in place; only the
     weight gradients split over K."""
     _bwd_split(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd,
                split_dx=False)
@@ -187,13 +187,13 @@ def _bwd_plain(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, bl
 
 @blocks(**KMAJOR_TILES)
 def mlp_fwd_v9(out, h_pre, h, x, w_1, w_2, *, block, stream=0):
-    """h_pre = x @ W_1 (matmul v8), h = gelu(h_pre) (k_gelu_fwd_v1), out = h @ W_2."""
+    """h_pre = x @ W_1 (matmul v8), h = gelu(h_pre) (k_gelu_fwd), out = h @ W_2."""
     _fwd_plain(matmul_tf32x3, out, h_pre, h, x, w_1, w_2, block, stream)
 
 
 @blocks(**KMAJOR_TILES)
 def mlp_bwd_v9(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
-    """As v8's backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd_v1 in place."""
+    """As v8's backward with dh_pre = dout @ W_2^T a plain product, then k_gelu_bwd in place."""
     _bwd_plain(matmul_tf32x3, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
@@ -268,7 +268,7 @@ def mlp_fwd_v17(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
 @blocks(**RING_TILES)
 def mlp_bwd_v17(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
     """v16's backward with its products from matmul v16, dout and dh_pre rounded to bf16 once each
-    (operands.HELD; dh_pre by the GELU' pass itself, k_gelu_bwd_v3, where the views allow it)."""
+    (operands.HELD; dh_pre by the GELU' pass itself, k_gelu_bwd_bf16, where the views allow it)."""
     _bwd_held(matmul_v16, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
@@ -287,7 +287,7 @@ def mlp_bwd_v18(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
 
 
 # v20: v19 with the GELU in the products' epilogues (matmul v18's fused stores, kernels/wgmma_tma.py,
-# point 5). On the H200 at 120M k_gelu_fwd_v3 took 0.46 ms a step and k_gelu_bwd_v3 0.69:
+# point 5). On the H200 at 120M k_gelu_fwd_bf16 took 0.46 ms a step and k_gelu_bwd_bf16 0.69:
 # passes that read h_pre (100 MB a layer) and, backward, dh = dout @ W_2^T, which the product had
 # just written in fp32 (another 100 MB) only to be read once. Here
 #     forward:  h_pre = x @ W_1 and h = bf16(gelu(h_pre)) stored from the same registers

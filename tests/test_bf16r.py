@@ -1,6 +1,6 @@
 """Products "bf16r": matmul v16 routes each product to
-v15 (wgmma) or v13 (mma.sync); the loss's two-pass softmax (k_loss_fwd_v2) and its dlogits written
-in bf16 (k_loss_bwd_v2); the MLP's GELU' pass writing bf16 (k_gelu_bwd_v3); gradients rounded once
+v15 (wgmma) or v13 (mma.sync); the loss's two-pass softmax (k_loss_fwd_online) and its dlogits written
+in bf16 (k_loss_bwd_bf16); the MLP's GELU' pass writing bf16 (k_gelu_bwd_bf16); gradients rounded once
 for two products (cublaslt.HELD). The harness (tests/test_kernels.py) checks every new launcher
 against the twin; these tests check the claims that make them the same math as before: the bits
 that reach the products are the ones a per-product copy would have made."""
@@ -35,7 +35,7 @@ def test_loss_fwd_v2_is_v1s_softmax_in_two_passes(V):
     logits[1, 5] = -np.inf
     targets = rng.integers(0, V, N).astype(np.int32)
     out = {}
-    for name, kernel, extra in (("v1", loss.k_loss_fwd_v1, ()), ("v2", loss.k_loss_fwd_v2, (V % 4 == 0,))):
+    for name, kernel, extra in (("v1", loss.k_loss_fwd, ()), ("v2", loss.k_loss_fwd_online, (V % 4 == 0,))):
         probs, losses = cuda.to_device(logits), cuda.device_array(N, np.float32)
         kernel[N, 4](losses, probs, cuda.to_device(targets), *extra)
         out[name] = probs.copy_to_host(), losses.copy_to_host()
@@ -49,7 +49,7 @@ def test_loss_fwd_v2_is_v1s_softmax_in_two_passes(V):
 
 @pytest.mark.parametrize("V", [72, 70])
 def test_loss_bwd_v2_writes_the_bits_a_copy_of_v1s_dlogits_would_hold(V):
-    """k_loss_bwd_v2's bf16 dlogits are bit for bit the ties-to-even rounding of k_loss_bwd_v1's fp32
+    """k_loss_bwd_bf16's bf16 dlogits are bit for bit the ties-to-even rounding of k_loss_bwd's fp32
     ones: the products see the same operand as loss_bwd v12's copy gave them."""
     rng = np.random.default_rng(8)
     N = 3
@@ -57,10 +57,10 @@ def test_loss_bwd_v2_writes_the_bits_a_copy_of_v1s_dlogits_would_hold(V):
     targets = rng.integers(0, V, N).astype(np.int32)
     scale = np.float32(1.0 / 3.0)
     d32 = cuda.device_array((N, V), np.float32)
-    loss.k_loss_bwd_v1[N, 4](d32, cuda.to_device(probs), cuda.to_device(targets), scale)
+    loss.k_loss_bwd[N, 4](d32, cuda.to_device(probs), cuda.to_device(targets), scale)
     d16 = cuda.to_device(np.zeros((N, V), np.uint16))
     words = d16.reshape(N * V).view(np.int32).reshape(N, V // 2)
-    loss.k_loss_bwd_v2[N, 4](d16, words, cuda.to_device(probs), cuda.to_device(targets), scale, V % 4 == 0)
+    loss.k_loss_bwd_bf16[N, 4](d16, words, cuda.to_device(probs), cuda.to_device(targets), scale, V % 4 == 0)
     assert np.array_equal(d16.copy_to_host(), _bits(d32.copy_to_host()))
 
 

@@ -1,6 +1,6 @@
 """loss_fwd v18 and loss_bwd v16 (kernels/loss.py): the softmax is not written. With stats, the forward
 leaves the logits in probs and saves each row's maximum M and sum se = sum exp(x - M) (k_loss_fwd_v4);
-the backward recomputes p = exp(x - M) / se from the logits (k_loss_bwd_v3). The operations are
+the backward recomputes p = exp(x - M) / se from the logits (k_loss_bwd_from_stats). The operations are
 k_loss_fwd_v3's on the same values, so everything is bit for bit loss_fwd v17 + loss_bwd v15's: the
 losses and the loss, the bf16 dlogits the backward leaves in the operand scratch (cublaslt.COPIES),
 dx, and dwte (+=, prefilled), with dloss not 1. Without stats both are v17 / v15 (the harness's
@@ -125,8 +125,8 @@ def test_stats_give_v17_and_v15s_bits_with_the_logits_kept(fwd_block, bwd_block)
 
 
 def test_the_scalar_path_of_the_backward_gives_the_wide_ones_bits():
-    """k_loss_bwd_v3 one value a thread (wide False: an unaligned d16 on a GPU) writes the same bf16
-    dlogits as four a thread, and as k_loss_bwd_v2 from v3's softmax."""
+    """k_loss_bwd_from_stats one value a thread (wide False: an unaligned d16 on a GPU) writes the same bf16
+    dlogits as four a thread, and as k_loss_bwd_bf16 from v3's softmax."""
     V = 64
     x, wte, targets, logits = _inputs(V, seed=5)
     stats = cuda.to_device(np.zeros((2, N), f32))
@@ -134,8 +134,8 @@ def test_the_scalar_path_of_the_backward_gives_the_wide_ones_bits():
     v17 = _forward(17, x, wte, targets, 4)
     scale = f32(0.5 / N)
     got = []
-    for kernel, src, extra, wide in ((loss.k_loss_bwd_v3, v18, (stats,), True), (loss.k_loss_bwd_v3, v18, (stats,), False),
-                                     (loss.k_loss_bwd_v2, v17, (), True)):
+    for kernel, src, extra, wide in ((loss.k_loss_bwd_from_stats, v18, (stats,), True), (loss.k_loss_bwd_from_stats, v18, (stats,), False),
+                                     (loss.k_loss_bwd_bf16, v17, (), True)):
         d16 = cuda.to_device(np.zeros((N, V), np.uint16))
         words = d16.reshape(N * V).view(np.int32).reshape(N, V // 2)
         kernel[N, 4](d16, words, src["probs"], *extra, cuda.to_device(targets), scale, wide)
@@ -172,8 +172,8 @@ def _fp32_dlogits(monkeypatch, kernel, probs, extra, targets, scale, wide):
 
 @pytest.mark.parametrize("wide", [True, False])
 def test_the_backward_recomputes_v3s_fp32_softmax_bit_for_bit(monkeypatch, wide):
-    """bf16 hides all but a value's top 16 bits: here k_loss_bwd_v3's fp32 (p - onehot) * scale, before
-    the rounding, against k_loss_bwd_v2's from v17's probs (and NumPy's from them). scale = 0.75 / 6 =
+    """bf16 hides all but a value's top 16 bits: here k_loss_bwd_from_stats's fp32 (p - onehot) * scale, before
+    the rounding, against k_loss_bwd_bf16's from v17's probs (and NumPy's from them). scale = 0.75 / 6 =
     1/8, a power of two: the products are exact, so p's every bit shows."""
     V = 64
     x, wte, targets, _ = _inputs(V, seed=7)
@@ -181,8 +181,8 @@ def test_the_backward_recomputes_v3s_fp32_softmax_bit_for_bit(monkeypatch, wide)
     v18, v17 = _forward(18, x, wte, targets, 4, stats), _forward(17, x, wte, targets, 4)
     scale = f32(0.75 / N)
     assert scale == f32(0.125)
-    got = _fp32_dlogits(monkeypatch, loss.k_loss_bwd_v3, v18["probs"], (stats,), targets, scale, wide)
-    want = _fp32_dlogits(monkeypatch, loss.k_loss_bwd_v2, v17["probs"], (), targets, scale, wide)
+    got = _fp32_dlogits(monkeypatch, loss.k_loss_bwd_from_stats, v18["probs"], (stats,), targets, scale, wide)
+    want = _fp32_dlogits(monkeypatch, loss.k_loss_bwd_bf16, v17["probs"], (), targets, scale, wide)
     p = v17["probs"].copy_to_host()
     p[np.arange(N), targets] -= f32(1.0)
     assert np.array_equal(want, _bits(p * scale))

@@ -82,7 +82,7 @@ def test_the_four_stage_ring_accumulates_over_many_steps():
 def check_split_slices(launch, N, seed):
     """With a work buffer a weight gradient's long K is cut into slices (S > 1): block z leaves its
     slice's partial product in work[z], and out = o0 + ((work[0] + work[1]) + work[2] ...) in fp32,
-    bit for bit (k_splitk_sum_v2's fixed order, no atomics); each partial is its slice's product.
+    bit for bit (k_splitk_sum's fixed order, no atomics); each partial is its slice's product.
     (v14's tests call it with their launcher.)"""
     rng = np.random.default_rng(seed)
     M, K = 8, 192

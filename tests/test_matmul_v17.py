@@ -109,7 +109,7 @@ def test_the_static_ring_goes_round_with_v15s_bits():
 
 def test_a_split_product_adds_its_slices_in_order_with_v15s_bits():
     """K = 192 on the static tile: 3 slices of 64 (S > 1), block z's partial product in work[z], out =
-    o0 + ((work[0] + work[1]) + work[2]) in fp32 (k_splitk_sum_v2's order, no atomics), each
+    o0 + ((work[0] + work[1]) + work[2]) in fp32 (k_splitk_sum's order, no atomics), each
     partial its slice's product; v15's bits at the same block and split."""
     rng = np.random.default_rng(19)
     M, N, K = 8, 16, 192

@@ -87,7 +87,7 @@ def test_persistent_blocks_give_v17s_bits_with_edges_and_accumulate(trans_a, tra
 def test_a_split_weight_gradient_gives_v17s_bits():
     """out += a^T @ b, M = N = 64, K = 512 with a work buffer, the tile left to v18 ("auto":
     pick_tile's 64 x 64): 4 slices of 128 (one unit a persistent block), partials in work[z], summed
-    in slice order by k_splitk_sum_v2; v17 splits the same way."""
+    in slice order by k_splitk_sum; v17 splits the same way."""
     rng = np.random.default_rng(181)
     M, N, K = 64, 64, 512
     a, b = _operands(rng, M, N, K, True, False)

@@ -1,6 +1,6 @@
 """matmul v19 (kernels/wgmma_tma.py, point 6): v18 whose kernel adds its split-K slices itself. The last
 consumer warp of the S slices of a tile's cells (an integer counter a (tile, warp), counted after a
-threadfence) sums them in k_splitk_sum_v2's order, so the result is v18's bit for bit, and it sets its
+threadfence) sums them in k_splitk_sum's order, so the result is v18's bit for bit, and it sets its
 counter back to 0, so the next launch (a CUDA graph's replay) starts clean. In the simulator the
 warp's meeting (syncwarp, shfl) is a barrier of its 32 threads and the atomic add a locked one."""
 import numpy as np
@@ -37,7 +37,7 @@ def _fixup(launch, a16, b16, o0, work):
 @sim_only
 def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_zero(monkeypatch):
     """out += a^T @ b, 64 x 128 (two 64 x 64 tiles) x K = 512 on the auto tile: two slices a tile, each
-    unit on its own persistent block; v18 then k_splitk_sum_v2 against v19 alone, twice (the
+    unit on its own persistent block; v18 then k_splitk_sum against v19 alone, twice (the
     counters must be back at 0 for the second)."""
     a16, b16, o0, work, S = _split_product(191, 64, 128, 512, 8)
     assert S > 1

@@ -25,7 +25,7 @@ def kernels(tile):
     mma_nn, mma_nt, zero, store, TM, TN = t.mma_nn, t.mma_nt, t.zero, t.store, t.TM, t.TN
 
     @cuda.jit
-    def k_attn_out_fwd_v1(out, y, w_o):
+    def k_attn_out_fwd(out, y, w_o):
         """out = y @ W_O, one BM x BN tile per block."""
         acc = cuda.local.array((TM, TN), float32)
         zero(acc)
@@ -33,14 +33,14 @@ def kernels(tile):
         store(out, acc, False)
 
     @cuda.jit
-    def k_attn_out_bwd_v1(dy, dout, w_o):
+    def k_attn_out_bwd(dy, dout, w_o):
         """grad_input: dy = dout @ W_O^T."""
         acc = cuda.local.array((TM, TN), float32)
         zero(acc)
         mma_nt(acc, dout, w_o)
         store(dy, acc, False)
 
-    return k_attn_out_fwd_v1, k_attn_out_bwd_v1
+    return k_attn_out_fwd, k_attn_out_bwd
 
 
 @rung(1)
@@ -95,7 +95,7 @@ def attn_out_bwd_tf32x3(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
     _bwd_warp(matmul_tf32x3, dy, dw_o, work, dout, y, w_o, block, stream)
 
 
-k_attn_out_fwd_v1, k_attn_out_bwd_v1 = kernels(attn_out_fwd.blocks[0])
+k_attn_out_fwd, k_attn_out_bwd = kernels(attn_out_fwd.blocks[0])
 
 
 # fp16 products: the same on matmul_fp16's tiles (fp16 inputs, fp32 sums); training with them needs loss scaling.

@@ -29,7 +29,7 @@ def kernels(tile):
     mma_nn, mma_nt, mma_tn, zero, store, TM, TN = t.mma_nn, t.mma_nt, t.mma_tn, t.zero, t.store, t.TM, t.TN
 
     @cuda.jit
-    def k_attn_qkv_fwd_v1(q, k, v, x, w_q, w_k, w_v):
+    def k_attn_qkv_fwd(q, k, v, x, w_q, w_k, w_v):
         """blockIdx.z = 0, 1, 2: q = x @ W_Q, k = x @ W_K, v = x @ W_V (one BM x BN tile per block)."""
         acc = cuda.local.array((TM, TN), float32)
         zero(acc)
@@ -45,7 +45,7 @@ def kernels(tile):
             store(v, acc, False)
 
     @cuda.jit
-    def k_attn_qkv_bwd_v1(dx, dq, dk, dv, w_q, w_k, w_v):
+    def k_attn_qkv_bwd(dx, dq, dk, dv, w_q, w_k, w_v):
         """dx = dq @ W_Q^T + dk @ W_K^T + dv @ W_V^T: the three products summed in registers, in
         this order, by the thread that owns each output (no atomics)."""
         acc = cuda.local.array((TM, TN), float32)
@@ -56,7 +56,7 @@ def kernels(tile):
         store(dx, acc, False)
 
     @cuda.jit
-    def k_attn_qkv_bwd_dw_v1(dw_q, dw_k, dw_v, x, dq, dk, dv):
+    def k_attn_qkv_bwd_dw(dw_q, dw_k, dw_v, x, dq, dk, dv):
         """blockIdx.z = 0, 1, 2: dW_Q += x^T @ dq, dW_K += x^T @ dk, dW_V += x^T @ dv (sum over N rows)."""
         acc = cuda.local.array((TM, TN), float32)
         zero(acc)
@@ -71,7 +71,7 @@ def kernels(tile):
             mma_tn(acc, x, dv)
             store(dw_v, acc, True)
 
-    return k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1
+    return k_attn_qkv_fwd, k_attn_qkv_bwd, k_attn_qkv_bwd_dw
 
 
 @rung(1)
@@ -211,5 +211,5 @@ def attn_qkv_bwd_bf16_wgmma(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k,
 
 attn_qkv_fwd_bf16_wgmma.precision = attn_qkv_bwd_bf16_wgmma.precision = "bf16"
 
-k_attn_qkv_fwd_v1, k_attn_qkv_bwd_v1, k_attn_qkv_bwd_dw_v1 = kernels(attn_qkv_fwd.blocks[0])
+k_attn_qkv_fwd, k_attn_qkv_bwd, k_attn_qkv_bwd_dw = kernels(attn_qkv_fwd.blocks[0])
 

@@ -285,7 +285,7 @@ def address(arr) -> int:
 
 def wide_rows(*arrays) -> bool:
     """Whether each C-contiguous 2-D array's rows are whole 16-byte chunks on 16-byte boundaries (the
-    row kernels' 128-bit loads and stores: loss's k_loss_fwd_v2/_bwd_v2, layernorm's v3)."""
+    row kernels' 128-bit loads and stores: loss's k_loss_fwd_online/_bwd_v2, layernorm's v3)."""
     return all(a.shape[1] * a.dtype.itemsize % 16 == 0 and a.strides[1] == a.dtype.itemsize
                and a.strides[0] == a.dtype.itemsize * a.shape[1] and address(a) % 16 == 0 for a in arrays)
 

@@ -304,12 +304,12 @@ def linear_ops(precision: str, N: int, C: int, V: int):
     def loss_fwd(loss, losses, probs, x, wte, targets, *, stream=0):
         N, V = probs.shape
         mm(probs, None, x, wte, trans_b=True, stream=stream)                      # logits = x wte^T, into probs
-        L.k_loss_fwd_v1[N, L.row_threads(V, 1024), stream](losses, probs, targets)
-        L.k_loss_mean_v1[1, L.MEAN_THREADS, stream](loss, losses)
+        L.k_loss_fwd[N, L.row_threads(V, 1024), stream](losses, probs, targets)
+        L.k_loss_mean[1, L.MEAN_THREADS, stream](loss, losses)
 
     def loss_bwd(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stream=0):
         N, V = probs.shape
-        L.k_loss_bwd_v1[N, 256, stream](dlogits, probs, targets, np.float32(float(dloss) / N))
+        L.k_loss_bwd[N, 256, stream](dlogits, probs, targets, np.float32(float(dloss) / N))
         mm(dx, None, dlogits, wte, stream=stream)                                 # dx = dlogits wte
         mm(dwte, None, dlogits, x, trans_a=True, accumulate=True, stream=stream)  # dwte += dlogits^T x
 

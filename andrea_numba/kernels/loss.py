@@ -28,14 +28,14 @@ from .matmul import matmul, matmul_bf16, matmul_bf16_wgmma, matmul_fp16, matmul_
 from .operands import COPIES, operand_elements
 from .ptx import bf16x2, load4_row, store4
 
-MEAN_THREADS = 4 if SIMULATOR else 1024     # k_loss_mean_v1: one block
+MEAN_THREADS = 4 if SIMULATOR else 1024     # k_loss_mean: one block
 
 
 # ---------------------------------------------------------------------------------------------
 # forward
 
 @cuda.jit
-def k_loss_fwd_v1(losses, probs, targets):
+def k_loss_fwd(losses, probs, targets):
     """probs [N, V] holds the logits on entry and the softmax on exit, row by row.
     One block per row; its threads stride over the V entries and meet in block_max / block_sum.
     Three passes over the row: max, sum of exponentials, write probs."""
@@ -60,7 +60,7 @@ def k_loss_fwd_v1(losses, probs, targets):
 
 
 @cuda.jit
-def k_loss_mean_v1(loss, losses):
+def k_loss_mean(loss, losses):
     """loss[0] = (1/N) sum_n losses[n]: a single block; each thread sums a stride of the rows in
     order, then block_sum's tree. Fixed order: deterministic."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
@@ -78,19 +78,19 @@ def k_loss_mean_v1(loss, losses):
 @blocks(gpu=(1024, 256), sim=(4, 2))
 def loss_fwd(loss, losses, probs, x, wte, targets, *, block, stream=0):
     """loss [1]; losses [N]; probs [N, V] (written); x [N, C]; wte [V, C]; targets [N] int32.
-    Launch: the matmul for the logits (its default tile); k_loss_fwd_v1, N blocks of `block`
-    threads; k_loss_mean_v1, one block of MEAN_THREADS threads."""
+    Launch: the matmul for the logits (its default tile); k_loss_fwd, N blocks of `block`
+    threads; k_loss_mean, one block of MEAN_THREADS threads."""
     N, V = probs.shape
     matmul(probs, x, wte, trans_b=True, stream=stream)          # logits = x @ wte^T, into probs
-    k_loss_fwd_v1[N, block, stream](losses, probs, targets)
-    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+    k_loss_fwd[N, block, stream](losses, probs, targets)
+    k_loss_mean[1, MEAN_THREADS, stream](loss, losses)
 
 
 # ---------------------------------------------------------------------------------------------
 # backward
 
 @cuda.jit
-def k_loss_bwd_v1(dlogits, probs, targets, scale):
+def k_loss_bwd(dlogits, probs, targets, scale):
     """dlogits[n, v] = (probs[n, v] - (v == targets[n])) * scale, scale = dloss / N.
     One block per row, threads striding over V. Each thread reads an element before writing the
     same element, so dlogits may be the same array as probs."""
@@ -108,10 +108,10 @@ def k_loss_bwd_v1(dlogits, probs, targets, scale):
 def loss_bwd(dx, dwte, dlogits, dloss, x, wte, probs, targets, *, block, stream=0):
     """dx [N, C] (written); dwte [V, C] (+=); dlogits [N, V] work buffer (may be probs itself);
     dloss a scalar; x [N, C]; wte [V, C]; probs [N, V]; targets [N] int32.
-    Launch: k_loss_bwd_v1, N blocks of `block` threads; then two matmuls (default tile)."""
+    Launch: k_loss_bwd, N blocks of `block` threads; then two matmuls (default tile)."""
     N, V = probs.shape
     scale = np.float32(float(dloss) / N)                    # as the twin: dloss / N, then float32
-    k_loss_bwd_v1[N, block, stream](dlogits, probs, targets, scale)
+    k_loss_bwd[N, block, stream](dlogits, probs, targets, scale)
     matmul(dx, dlogits, wte, stream=stream)                                   # dx = dlogits @ wte
     matmul(dwte, dlogits, x, trans_a=True, accumulate=True, stream=stream)    # dwte += dlogits^T @ x
 
@@ -124,14 +124,14 @@ def loss_bwd(dx, dwte, dlogits, dloss, x, wte, probs, targets, *, block, stream=
 def _fwd_warp(mm, loss, losses, probs, x, wte, targets, block, stream):
     N, V = probs.shape
     mm(probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
-    k_loss_fwd_v1[N, block, stream](losses, probs, targets)
-    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+    k_loss_fwd[N, block, stream](losses, probs, targets)
+    k_loss_mean[1, MEAN_THREADS, stream](loss, losses)
 
 
 def _bwd_warp(mm, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream):
     N, V = probs.shape
     scale = np.float32(float(dloss) / N)
-    k_loss_bwd_v1[N, block, stream](dlogits, probs, targets, scale)
+    k_loss_bwd[N, block, stream](dlogits, probs, targets, scale)
     mm(dx, None, dlogits, wte, stream=stream)                                          # dx = dlogits @ wte
     mm(dwte, work, dlogits, x, trans_a=True, accumulate=True, stream=stream)           # dwte += dlogits^T @ x
 
@@ -144,7 +144,7 @@ def loss_bwd_tf32x3(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, b
     _bwd_warp(matmul_tf32x3, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 
-# v9: v7 with the softmax's block no wider than its row needs. k_loss_fwd_v1 runs a block per row
+# v9: v7 with the softmax's block no wider than its row needs. k_loss_fwd runs a block per row
 # and v7 launches 1024 threads, the width that a 50,304-entry row of the 120M vocabulary needs. At
 # 12M a row has 256 entries: three of every four threads had nothing to load, and every one of
 # them took part in the two 1024-wide block reductions (ten barriers each): 0.174 ms a call on the
@@ -203,10 +203,10 @@ loss_fwd_bf16.precision = loss_bwd_bf16.precision = "bf16"
 
 # v14 forward, v13 backward (bf16, the lab's: the products of its matmul v16): the two passes over
 # the [N, V] logits that cost most besides the products. At 120M (8 x 1024 rows, V = 50,304: 1.65 GB of fp32 logits) on an H200, v13's
-# k_loss_fwd_v1 took 2.18 ms, k_loss_bwd_v1 1.16 ms, and the two bf16 copies of dlogits that its
+# k_loss_fwd took 2.18 ms, k_loss_bwd 1.16 ms, and the two bf16 copies of dlogits that its
 # products made 1.19 ms.
 #
-# k_loss_fwd_v2 reads a row twice where v1 read it three times. Pass 1 keeps, per thread, the
+# k_loss_fwd_online reads a row twice where v1 read it three times. Pass 1 keeps, per thread, the
 # maximum m of the values seen so far and the sum s of exp(x - m) over them ("online softmax"): a
 # new maximum x > m rescales what was summed, s = s exp(m - x) + 1, m = x; otherwise s += exp(x - m).
 # The block then takes the row's maximum M (block_max) and adds the threads' sums brought to it,
@@ -214,7 +214,7 @@ loss_fwd_bf16.precision = loss_bwd_bf16.precision = "bf16"
 # probs = exp(x - M) / se. Each thread reads and writes four values at once (a 128-bit load and
 # store) where a row's length is a multiple of 4 and its rows are 16-byte aligned.
 #
-# k_loss_bwd_v2 writes dlogits = (probs - onehot) dloss / N straight as bf16 (nearest, ties to
+# k_loss_bwd_bf16 writes dlogits = (probs - onehot) dloss / N straight as bf16 (nearest, ties to
 # even: the bits the products' copy kernel would have made of the fp32 values), into the slot of
 # the 16-bit operand scratch (operands.COPIES) where a product's first operand goes; both products
 # take that uint16 array as it is (a bf16 operand is not copied again). The fp32 dlogits buffer is
@@ -232,8 +232,8 @@ def online_add(m, s, x):
 
 
 @cuda.jit
-def k_loss_fwd_v2(losses, probs, targets, wide):
-    """probs [N, V] holds the logits on entry and the softmax on exit, as k_loss_fwd_v1, one block a
+def k_loss_fwd_online(losses, probs, targets, wide):
+    """probs [N, V] holds the logits on entry and the softmax on exit, as k_loss_fwd, one block a
     row. Two passes: an online maximum and sum of exponentials, then probs = exp(x - M) / se.
     wide: V % 4 == 0 and 16-byte aligned rows (four values a thread at a time)."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
@@ -287,10 +287,10 @@ def dlogit1(d16, row, v, target, scale, p):
 
 
 @cuda.jit
-def k_loss_bwd_v2(d16, d_words, probs, targets, scale, wide):
+def k_loss_bwd_bf16(d16, d_words, probs, targets, scale, wide):
     """dlogits[n, v] = (probs[n, v] - (v == targets[n])) * scale written as bf16 bits into d16 [N, V]
     (uint16; d_words: the same memory as int32 [N, V/2], for V even). One block a row. wide: four
-    values a thread (one 128-bit load, two words of bf16 pairs), as k_loss_fwd_v2."""
+    values a thread (one 128-bit load, two words of bf16 pairs), as k_loss_fwd_online."""
     row = cuda.blockIdx.x
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
     target = targets[row]
@@ -305,8 +305,8 @@ def k_loss_bwd_v2(d16, d_words, probs, targets, scale, wide):
 
 
 def _bwd_bf16(mm, dx, dwte, work, dloss, x, wte, probs, targets, block, stream, stats=None):
-    """stats None: dlogits from the softmax in probs (k_loss_bwd_v2); else from the logits in probs
-    and each row's (M, se) in stats [2, N] (k_loss_bwd_v3, loss_bwd v16)."""
+    """stats None: dlogits from the softmax in probs (k_loss_bwd_bf16); else from the logits in probs
+    and each row's (M, se) in stats [2, N] (k_loss_bwd_from_stats, loss_bwd v16)."""
     N, V = probs.shape
     C = x.shape[1]
     scale = np.float32(float(dloss) / N)
@@ -315,9 +315,9 @@ def _bwd_bf16(mm, dx, dwte, work, dloss, x, wte, probs, targets, block, stream, 
     wide = wide_rows(probs) and address(d16) % 8 == 0          # (the scratch starts 256-byte aligned)
     d_words = d16.reshape(N * V).view(np.int32).reshape(N, V // 2) if wide else d16   # (unused when not wide)
     if stats is None:
-        k_loss_bwd_v2[N, block, stream](d16, d_words, probs, targets, scale, wide)
+        k_loss_bwd_bf16[N, block, stream](d16, d_words, probs, targets, scale, wide)
     else:
-        k_loss_bwd_v3[N, block, stream](d16, d_words, probs, stats, targets, scale, wide)
+        k_loss_bwd_from_stats[N, block, stream](d16, d_words, probs, stats, targets, scale, wide)
     mm(dx, None, d16, wte, stream=stream)                                       # dx = dlogits @ wte
     mm(dwte, work, d16, x, trans_a=True, accumulate=True, stream=stream)        # dwte += dlogits^T @ x
 
@@ -342,7 +342,7 @@ else:
 
 
 # k_loss_fwd_v3: v2's softmax with the row held in registers, so the logits are read once. At 120M
-# (V = 50304) k_loss_fwd_v2 took 1.55 ms of the bf16 step (on matmul v18) on the H200, more than the
+# (V = 50304) k_loss_fwd_online took 1.55 ms of the bf16 step (on matmul v18) on the H200, more than the
 # logits' own product (1.20 ms): it reads each 201 KB row twice and writes it once, 5 GB, and the 264 rows in
 # flight (53 MB) spill out of the 50 MB L2 between the two reads. Here thread tid of the row's T
 # holds its values x[4 (tid + q T) .. + 3], q < NQ = cdiv(V, 4 T) (NQ float4 loads, all in flight at
@@ -426,21 +426,21 @@ def loss_fwd_bf16_wgmma_probs(loss, losses, probs, x, wte, targets, *, block, st
     if wide_rows(probs):
         loss_fwd_rows(V, block)[N, block, stream](losses, probs, targets)
     else:
-        k_loss_fwd_v2[N, row_threads(V, block), stream](losses, probs, targets, False)
-    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+        k_loss_fwd_online[N, row_threads(V, block), stream](losses, probs, targets, False)
+    k_loss_mean[1, MEAN_THREADS, stream](loss, losses)
 
 
 loss_fwd_bf16_wgmma_probs.precision = "bf16"
 
 
 # v18 forward, v16 backward (bf16): the fp32 softmax is never written. v17's k_loss_fwd_v3 reads the
-# logits once and writes probs = e / se over them, which v15's k_loss_bwd_v2 reads back for dlogits:
+# logits once and writes probs = e / se over them, which v15's k_loss_bwd_bf16 reads back for dlogits:
 # at 120M (N = 8192 rows, V = 50304) 1.65 GB written and 1.65 GB read again, 0.89 + 0.59 ms on the
 # H200, both at memory bandwidth. Here the forward keeps the logits in probs and saves two numbers a
 # row in stats [2, N] (k_loss_fwd_v4):
 #     M = max_v x[v]            se = sum_v exp(x[v] - M)            losses[row] = log(se) + M - x[target]
-# and the backward (k_loss_bwd_v3) computes, as it reads the logits,
-#     p = exp(x - M) / se       dlogits = (p - onehot(target)) * dloss / N, in bf16 as k_loss_bwd_v2
+# and the backward (k_loss_bwd_from_stats) computes, as it reads the logits,
+#     p = exp(x - M) / se       dlogits = (p - onehot(target)) * dloss / N, in bf16 as k_loss_bwd_bf16
 # M and se are v3's own: the same register-held row and order of the sum (_row_softmax, which v3 is
 # built from too); p takes the fp32 operations v3 stores (math.exp, then a division; no fastmath) on
 # the same values, so it is the value v3 would have written, and losses, loss, the bf16 dlogits, dx
@@ -475,8 +475,8 @@ def loss_stats_rows(V: int, T: int):
 
 
 @cuda.jit
-def k_loss_bwd_v3(d16, d_words, logits, stats, targets, scale, wide):
-    """k_loss_bwd_v2 from the logits: p = exp(x - M) / se with (M, se) = stats[:, row] (k_loss_fwd_v4),
+def k_loss_bwd_from_stats(d16, d_words, logits, stats, targets, scale, wide):
+    """k_loss_bwd_bf16 from the logits: p = exp(x - M) / se with (M, se) = stats[:, row] (k_loss_fwd_v4),
     the value k_loss_fwd_v3 would have stored; then dlogits = (p - onehot) * scale in bf16 as v2."""
     row = cuda.blockIdx.x
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
@@ -513,14 +513,14 @@ def loss_fwd_bf16_wgmma(loss, losses, probs, x, wte, targets, *, stats=None, blo
     N, V = probs.shape
     matmul_bf16_wgmma(probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
     loss_stats_rows(V, block)[N, block, stream](losses, stats, probs, targets)
-    k_loss_mean_v1[1, MEAN_THREADS, stream](loss, losses)
+    k_loss_mean[1, MEAN_THREADS, stream](loss, losses)
 
 
 @rung(16)
 @blocks(gpu=(256, 1024), sim=(4, 2))
 def loss_bwd_bf16_wgmma(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, stats=None, block, stream=0):
     """v15, or with stats (loss_fwd v18's): the softmax recomputed from the logits in probs as dlogits
-    are written (k_loss_bwd_v3); the same two products on matmul_bf16_wgmma."""
+    are written (k_loss_bwd_from_stats); the same two products on matmul_bf16_wgmma."""
     _bwd_bf16(matmul_bf16_wgmma, dx, dwte, work, dloss, x, wte, probs, targets, block, stream, _stats_for(probs, stats))
 
 

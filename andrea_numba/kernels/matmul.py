@@ -9,9 +9,9 @@ The three shapes a linear layer y = x @ W needs:
     grad of weight  dW += x^T @ dy           matmul(dW, x, dy, trans_a=True, accumulate=True)
 
 The lessons' pair:
-    matmul_naive (k_matmul_v1): one thread per output element, a plain loop over K. Every thread
+    matmul_naive (k_matmul_naive): one thread per output element, a plain loop over K. Every thread
         reads a whole row of a and a whole column of b from global memory: easy to read, slow.
-    matmul (k_matmul_v2): shared-memory tiling with register blocking. A block computes a BM x BN
+    matmul (k_matmul): shared-memory tiling with register blocking. A block computes a BM x BN
         tile of out. It walks K in steps of BK: its threads copy a BM x BK tile of op(a) and a BK x BN
         tile of op(b) into shared memory (each element read from global memory once per block, not
         once per thread), wait (syncthreads), and each thread multiplies them into a TM x TN patch of
@@ -32,7 +32,7 @@ with split-K for the products with few output tiles (below):
 Every other rung of the ladder is the lab's (lab/matmul.py, with its VERSIONS table).
 
 The tile loop and its helpers are device functions built for one tile (make_tile, cached), so the
-linear ops' own kernels (k_attn_qkv_fwd_v1, k_mlp_fwd_v1, ...) reuse them and differ only in what
+linear ops' own kernels (k_attn_qkv_fwd, k_mlp_fwd, ...) reuse them and differ only in what
 they do with the sums. A tile is matmul's shape (BM, BN, BK, TM, TN), or a tile family's name with
 its shape, (family, BM, BN, BK, WM, WN, vec[, STAGES]): TILE_FAMILIES holds the engine's families
 (each product launcher names its own: launcher.family) and the lab adds its own. A "block" of these
@@ -65,7 +65,7 @@ TILES = dict(gpu=((64, 64, 16, 4, 4), (32, 64, 16, 4, 4), (128, 64, 8, 8, 4)),
 # one thread per output element (for lessons)
 
 @cuda.jit
-def k_matmul_v1(out, a, b, trans_a, trans_b, accumulate):
+def k_matmul_naive(out, a, b, trans_a, trans_b, accumulate):
     """out[i, j] (+)= sum_k op(a)[i, k] * op(b)[k, j]; thread (i, j) from a 2-D grid."""
     j, i = cuda.grid(2)
     M, N = out.shape
@@ -89,7 +89,7 @@ def matmul_naive(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, b
     """Launch: block x block threads, one per output element."""
     M, N = out.shape
     grid = (cdiv(N, block), cdiv(M, block))
-    k_matmul_v1[grid, (block, block), stream](out, a, b, trans_a, trans_b, accumulate)
+    k_matmul_naive[grid, (block, block), stream](out, a, b, trans_a, trans_b, accumulate)
 
 
 
@@ -225,14 +225,14 @@ def _k_matmul_v2(tile, trans_a, trans_b):
     zero, store, TM, TN = t.zero, t.store, t.TM, t.TN
 
     @cuda.jit
-    def k_matmul_v2(out, a, b, accumulate):
+    def k_matmul(out, a, b, accumulate):
         """out (+)= op(a) @ op(b), one BM x BN tile per block."""
         acc = cuda.local.array((TM, TN), float32)
         zero(acc)
         mma(acc, a, b)
         store(out, acc, accumulate)
 
-    return k_matmul_v2
+    return k_matmul
 
 
 @rung(2)
@@ -244,7 +244,7 @@ def matmul(out, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, 
     _k_matmul_v2(block, bool(trans_a), bool(trans_b))[t.grid(M, N), t.THREADS, stream](out, a, b, accumulate)
 
 
-k_matmul_v2 = _k_matmul_v2(matmul.blocks[0], False, False)   # the default tile's kernel
+k_matmul = _k_matmul_v2(matmul.blocks[0], False, False)   # the default tile's kernel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ k_matmul_v2 = _k_matmul_v2(matmul.blocks[0], False, False)   # the default tile'
 # leave most of the GPU idle: dW_O at 12M is 3 x 3 tiles of 128 x 128 for 132 multiprocessors.
 # With a work buffer, the launcher cuts K into S slices of ksplit (a multiple of BK). Block z of
 # the grid's third dimension sums its slice into work[z] (a partial tile, no atomics), then
-# k_splitk_sum_v2 adds the slices in the fixed order z = 0, 1, .., S-1:
+# k_splitk_sum adds the slices in the fixed order z = 0, 1, .., S-1:
 #     out (+)= work[0] + work[1] + ... + work[S-1]
 #
 # How many slices: a GPU runs a launch in waves. With R blocks resident at once (the occupancy of
@@ -307,7 +307,7 @@ def _splitk(M, N, K, z, BM, BN, BK, work_size, resident):
 
 
 @cuda.jit
-def k_splitk_sum_v1(out, work, accumulate):
+def k_splitk_sum_2d(out, work, accumulate):
     """out[r, c] (+)= sum_z work[z, r, c], z = 0, 1, ... in order (one thread per element)."""
     i = cuda.grid(1)
     M, N = out.shape
@@ -324,12 +324,12 @@ def k_splitk_sum_v1(out, work, accumulate):
 
 
 
-# k_splitk_sum_v2: the same sums over flat views (the engine's). k_splitk_sum_v1 finds its element's
+# k_splitk_sum: the same sums over flat views (the engine's). k_splitk_sum_2d finds its element's
 # row and column with an integer division and remainder (64-bit), which kept the H200's integer pipe
 # 75% busy while memory, the real work, ran at 41% (Nsight Compute, 120M dW_1's sum). Flat, a
 # thread's index is the element. (v1 adds the slices of the lab's rungs before matmul v8.)
 @cuda.jit
-def k_splitk_sum_v2(out, work, accumulate):
+def k_splitk_sum(out, work, accumulate):
     """out[i] (+)= sum_z work[z, i], z = 0, 1, ... in order; out [M*N] and work [S, M*N] flat."""
     i = cuda.grid(1)
     if i >= out.shape[0]:
@@ -348,10 +348,10 @@ def splitk_sum(out, work, accumulate, stream, version=1):
     """Launch k_splitk_sum (v1, or v2 on flat views) over out (work [S, M, N])."""
     M, N = out.shape
     if version == 2:
-        k_splitk_sum_v2[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](
+        k_splitk_sum[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](
             out.reshape(M * N), work.reshape(work.shape[0], M * N), accumulate)
         return
-    k_splitk_sum_v1[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
+    k_splitk_sum_2d[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
 
 
 

@@ -10,11 +10,11 @@ Backward:
     dh_pre = (dout @ W_2^T) * gelu'(h_pre)       (the GELU derivative is applied as the tile is stored)
     dW_2 += h^T @ dout        dW_1 += x^T @ dh_pre        dx = dh_pre @ W_1^T
 
-The lessons' pair (mlp_fwd, mlp_bwd) runs fused kernels on matmul's shared tiles: k_mlp_fwd_v1
-writes h_pre and h = gelu(h_pre) from the same registers, k_mlp_bwd_v1 applies gelu' as it stores
+The lessons' pair (mlp_fwd, mlp_bwd) runs fused kernels on matmul's shared tiles: k_mlp_fwd
+writes h_pre and h = gelu(h_pre) from the same registers, k_mlp_bwd applies gelu' as it stores
 dh_pre (`kernels`, built once per tile shape: `block` of the launchers). The recipes' launchers run
 the plain products of matmul_tf32x3, matmul_fp16, matmul_bf16 or matmul_bf16_wgmma and the GELU in
-a pass of its own (the comment above k_gelu_fwd_v1), every product offered the split-K work buffer.
+a pass of its own (the comment above k_gelu_fwd), every product offered the split-K work buffer.
 """
 import functools
 import math
@@ -52,7 +52,7 @@ def kernels(tile):
     mma_nn, mma_nt, zero, row, col, TM, TN = t.mma_nn, t.mma_nt, t.zero, t.row, t.col, t.TM, t.TN
 
     @cuda.jit
-    def k_mlp_fwd_v1(h_pre, h, x, w_1):
+    def k_mlp_fwd(h_pre, h, x, w_1):
         """h_pre = x @ W_1 and h = gelu(h_pre), written together from the same registers."""
         acc = cuda.local.array((TM, TN), float32)
         zero(acc)
@@ -66,7 +66,7 @@ def kernels(tile):
                     h[r, c] = gelu(acc[i, j])
 
     @cuda.jit
-    def k_mlp_bwd_v1(dh_pre, dout, h_pre, w_2):
+    def k_mlp_bwd(dh_pre, dout, h_pre, w_2):
         """dh_pre = (dout @ W_2^T) * gelu'(h_pre): back through W_2 and the GELU in one pass."""
         acc = cuda.local.array((TM, TN), float32)
         zero(acc)
@@ -78,7 +78,7 @@ def kernels(tile):
                 if r < dh_pre.shape[0] and c < dh_pre.shape[1]:
                     dh_pre[r, c] = acc[i, j] * gelu_grad(h_pre[r, c])
 
-    return k_mlp_fwd_v1, k_mlp_bwd_v1
+    return k_mlp_fwd, k_mlp_bwd
 
 
 @rung(1)
@@ -103,7 +103,7 @@ def mlp_bwd(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, *, block, strea
     matmul(dx, dh_pre, w_1, trans_b=True, block=block, stream=stream)                   # dx = dh_pre @ W_1^T
 
 
-# The GELU out of the products. The fused kernels (k_mlp_fwd_v1, k_mlp_bwd_v1) on matmul_tf32x3's
+# The GELU out of the products. The fused kernels (k_mlp_fwd, k_mlp_bwd) on matmul_tf32x3's
 # tiles ran at about 41 TFLOP/s on the H200 at 120M where the plain product of the same shape ran
 # at 50-54 (docs/kernels.md): their epilogue, a tanh for each of 64 outputs a thread and two
 # [N, 4C] tensors written (or one read) from the fragment layout, runs while the block's tensor
@@ -113,7 +113,7 @@ def mlp_bwd(dx, dw_1, dw_2, dh_pre, dout, x, h_pre, h, w_1, w_2, *, block, strea
 # the fused kernels' bits.
 
 @cuda.jit
-def k_gelu_fwd_v1(h, h_pre):
+def k_gelu_fwd(h, h_pre):
     """h = gelu(h_pre), element by element (flat views)."""
     i = cuda.grid(1)
     if i < h.shape[0]:
@@ -121,7 +121,7 @@ def k_gelu_fwd_v1(h, h_pre):
 
 
 @cuda.jit
-def k_gelu_bwd_v1(dh_pre, h_pre):
+def k_gelu_bwd(dh_pre, h_pre):
     """dh_pre *= gelu'(h_pre) in place: dh_pre holds dout @ W_2^T on entry (flat views)."""
     i = cuda.grid(1)
     if i < dh_pre.shape[0]:
@@ -134,7 +134,7 @@ def k_gelu_bwd_v1(dh_pre, h_pre):
 # blocks, the GPU 73% busy, and they took 0.256 and 0.246 ms against 0.221 and 0.213 for the
 # products of width 4C with the same FLOPs (Nsight Compute, the training step on the H200). With
 # the work buffer matmul.splitk weighs the waves (the comment above splitk in matmul.py): S = 2
-# slices of K = 768 make 768 blocks, three waves of half the length, and k_splitk_sum_v2 adds the
+# slices of K = 768 make 768 blocks, three waves of half the length, and k_splitk_sum adds the
 # two partial tiles in order (no atomics). The 4C-wide products and every 120M product stay
 # whole (S = 1: their waves are already full). Other sums than unsplit products', so other bits;
 # the same at every run. work is the engine's split-K buffer (matmul.splitk_work(C, N): room for
@@ -163,25 +163,25 @@ def _bwd_split(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, bl
 
 
 def gelu_fwd(h, h_pre, stream):
-    """k_gelu_fwd_v1 over the flat views: a thread an element."""
+    """k_gelu_fwd over the flat views: a thread an element."""
     grid, threads = elementwise_launch(h.shape[0])
-    k_gelu_fwd_v1[grid, threads, stream](h, h_pre)
+    k_gelu_fwd[grid, threads, stream](h, h_pre)
 
 
 def gelu_bwd(dh_pre, h_pre, stream):
-    """k_gelu_bwd_v1 over the flat views: a thread an element."""
+    """k_gelu_bwd over the flat views: a thread an element."""
     grid, threads = elementwise_launch(dh_pre.shape[0])
-    k_gelu_bwd_v1[grid, threads, stream](dh_pre, h_pre)
+    k_gelu_bwd[grid, threads, stream](dh_pre, h_pre)
 
 
 # The GELU passes of the recipes' launchers take four elements a thread, one 128-bit load and store
-# each (ptx.py's load4 and store4): k_gelu_fwd_v1, a thread per float, moved 100 MB (12M: h_pre in,
+# each (ptx.py's load4 and store4): k_gelu_fwd, a thread per float, moved 100 MB (12M: h_pre in,
 # h out) in 0.040 ms, 2.5 TB/s, on an H200 that streams about 4, issuing four times the memory
 # instructions. The same float32 operations on the same values: the same bits. (A view that does
 # not start on a 16-byte boundary, or a length not a multiple of 4, takes the v1 kernels.)
 
 @cuda.jit
-def k_gelu_fwd_v2(h, h_pre):
+def k_gelu_fwd_vec4(h, h_pre):
     """h[i .. i+3] = gelu(h_pre[i .. i+3]), i = 4 x (the thread's index): 128-bit loads and stores."""
     i = 4 * nonneg(cuda.grid(1))
     if i < h.shape[0]:
@@ -190,7 +190,7 @@ def k_gelu_fwd_v2(h, h_pre):
 
 
 @cuda.jit
-def k_gelu_bwd_v2(dh_pre, h_pre):
+def k_gelu_bwd_vec4(dh_pre, h_pre):
     """dh_pre[i .. i+3] *= gelu'(h_pre[i .. i+3]) in place, four elements a thread."""
     i = 4 * nonneg(cuda.grid(1))
     if i < dh_pre.shape[0]:
@@ -205,19 +205,19 @@ def _vec4(*arrays) -> bool:
 
 
 def gelu_fwd_vec4(h, h_pre, stream):
-    """k_gelu_fwd_v2 (four elements a thread) when the views allow it, else v1."""
+    """k_gelu_fwd_vec4 (four elements a thread) when the views allow it, else v1."""
     if not _vec4(h, h_pre):
         return gelu_fwd(h, h_pre, stream)
     grid, threads = elementwise_launch(h.shape[0] // 4)
-    k_gelu_fwd_v2[grid, threads, stream](h, h_pre)
+    k_gelu_fwd_vec4[grid, threads, stream](h, h_pre)
 
 
 def gelu_bwd_vec4(dh_pre, h_pre, stream):
-    """k_gelu_bwd_v2 (four elements a thread) when the views allow it, else v1."""
+    """k_gelu_bwd_vec4 (four elements a thread) when the views allow it, else v1."""
     if not _vec4(dh_pre, h_pre):
         return gelu_bwd(dh_pre, h_pre, stream)
     grid, threads = elementwise_launch(dh_pre.shape[0] // 4)
-    k_gelu_bwd_v2[grid, threads, stream](dh_pre, h_pre)
+    k_gelu_bwd_vec4[grid, threads, stream](dh_pre, h_pre)
 
 
 @rung(12)
@@ -259,12 +259,12 @@ mlp_fwd_fp16.precision = mlp_bwd_fp16.precision = "fp16"
 # h saved as bf16. Every reader of the GELU output h is a bf16 product (out = h @ W_2 in the
 # forward, dW_2 += h^T @ dout in the backward), and each rounds h to bf16 (ties to even) before it
 # multiplies. So h can be kept rounded: the same bits reach the products, in half the memory, and
-# matmul_bf16 reads the kept copy instead of rounding h again. k_gelu_fwd_v3 computes the GELU as
-# k_gelu_fwd_v2 does (the same fp32 values) and writes each pair rounded and packed, as
+# matmul_bf16 reads the kept copy instead of rounding h again. k_gelu_fwd_bf16 computes the GELU as
+# k_gelu_fwd_vec4 does (the same fp32 values) and writes each pair rounded and packed, as
 # cvt.rn.bf16x2 packs an mma's operands: h_words[j] = bf16(h[2j]) | bf16(h[2j+1]) << 16 (the uint16
 # buffer's bits).
 @cuda.jit
-def k_gelu_fwd_v3(h_words, h_pre):
+def k_gelu_fwd_bf16(h_words, h_pre):
     """h = gelu(h_pre) saved as bf16 (nearest, ties to even): four elements a thread, one 128-bit load,
     two 32-bit words of bf16 pairs written (h_words: the uint16 h seen as int32)."""
     i = 4 * nonneg(cuda.grid(1))
@@ -275,17 +275,17 @@ def k_gelu_fwd_v3(h_words, h_pre):
 
 
 def gelu_fwd_bf16(h, h_pre, stream):
-    """k_gelu_fwd_v3: h (uint16, the bf16 bit patterns) = gelu(h_pre) rounded; flat views whose length 4
+    """k_gelu_fwd_bf16: h (uint16, the bf16 bit patterns) = gelu(h_pre) rounded; flat views whose length 4
     divides, h_pre on a 16-byte boundary, h on an 8-byte one."""
     assert h.dtype == np.uint16 and h.shape[0] % 4 == 0 and _vec4(h_pre), \
         f"gelu_fwd_bf16 takes a uint16 h of a length 4 divides and an aligned fp32 h_pre, got {h.dtype} {h.shape}"
     grid, threads = elementwise_launch(h.shape[0] // 4)
-    k_gelu_fwd_v3[grid, threads, stream](h.view(np.int32), h_pre)
+    k_gelu_fwd_bf16[grid, threads, stream](h.view(np.int32), h_pre)
 
 
 # bf16 products through matmul_bf16 (bf16 copies, cp.async ring: kernels/half_tile.py); the GELU
 # passes and the split over K as above. h may be the uint16 bits of a bf16 h (the bf16 recipes save
-# it so, gpu_model.py): the GELU pass then writes it rounded (k_gelu_fwd_v3), and the products take
+# it so, gpu_model.py): the GELU pass then writes it rounded (k_gelu_fwd_bf16), and the products take
 # it as it is.
 @rung(16)
 @blocks(**ASYNC_OP_TILES)
@@ -306,12 +306,12 @@ mlp_fwd_bf16.precision = mlp_bwd_bf16.precision = "bf16"
 
 
 # The backward's two gradients rounded to bf16 once each for their two products (operands.HELD),
-# where _bwd_split's products round them again each: dout, then dh_pre, which k_gelu_bwd_v3 writes
+# where _bwd_split's products round them again each: dout, then dh_pre, which k_gelu_bwd_bf16 writes
 # rounded: the GELU' pass reads dh (fp32, in the dh_pre buffer) and writes bf16(dh gelu'(h_pre))
 # straight into the held copy, the bits the products' copy would have made of an fp32 dh_pre. The
 # fp32 dh_pre buffer keeps dh.
 @cuda.jit
-def k_gelu_bwd_v3(dh_words, dh, h_pre):
+def k_gelu_bwd_bf16(dh_words, dh, h_pre):
     """dh_pre = dh gelu'(h_pre) written as bf16 (nearest, ties to even), four elements a thread: two
     128-bit loads, two 32-bit words of bf16 pairs (dh_words: the uint16 dh_pre seen as int32)."""
     i = 4 * nonneg(cuda.grid(1))
@@ -323,16 +323,16 @@ def k_gelu_bwd_v3(dh_words, dh, h_pre):
 
 
 def gelu_bwd_bf16(dh16, dh, h_pre, stream):
-    """k_gelu_bwd_v3: dh16 (uint16, flat) = bf16(dh gelu'(h_pre)); flat views whose length 4 divides,
+    """k_gelu_bwd_bf16: dh16 (uint16, flat) = bf16(dh gelu'(h_pre)); flat views whose length 4 divides,
     dh and h_pre on 16-byte boundaries, dh16 on an 8-byte one."""
     assert dh16.dtype == np.uint16 and dh16.shape[0] % 4 == 0 and _vec4(dh, h_pre) and address(dh16) % 8 == 0, \
         f"gelu_bwd_bf16 takes a uint16 dh_pre of a length 4 divides and aligned fp32 dh, h_pre, got {dh16.dtype} {dh16.shape}"
     grid, threads = elementwise_launch(dh16.shape[0] // 4)
-    k_gelu_bwd_v3[grid, threads, stream](dh16.view(np.int32), dh, h_pre)
+    k_gelu_bwd_bf16[grid, threads, stream](dh16.view(np.int32), dh, h_pre)
 
 
 def _bwd_held(mm, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream):
-    """The backward with dout and dh_pre rounded to bf16 once each (the comment above k_gelu_bwd_v3)."""
+    """The backward with dout and dh_pre rounded to bf16 once each (the comment above k_gelu_bwd_bf16)."""
     N, F = h.shape
     d16 = HELD.round(dout, stream)                                                   # dout, rounded once
     mm(dw_2, work, h, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW_2 += h^T @ dout
@@ -367,5 +367,5 @@ def mlp_bwd_bf16_wgmma(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2
 
 mlp_fwd_bf16_wgmma.precision = mlp_bwd_bf16_wgmma.precision = "bf16"
 
-k_mlp_fwd_v1, k_mlp_bwd_v1 = kernels(mlp_fwd.blocks[0])
+k_mlp_fwd, k_mlp_bwd = kernels(mlp_fwd.blocks[0])
 

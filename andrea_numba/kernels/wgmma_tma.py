@@ -54,7 +54,7 @@ accumulators:
    thread 32 w + 4 g + t of warpgroup wg holds d[4 j + 2 h + c] = row 64 wg + 16 w + g + 8 h, column
    8 j + 2 t + c of the tile, wgmma_tile.py's layout; the pair c = 0, 1 as one 64-bit access), out (+)= d, or
    its slice's partial tile work[z] = d;
-   matmul's k_splitk_sum_v2 adds the slices in order afterwards (no atomics).
+   matmul's k_splitk_sum adds the slices in order afterwards (no atomics).
 
 5. Fused epilogues (the lab's mlp v20; the engine's linear ops do not use them). "gelu": out = d
    (h_pre, fp32) and aux = bf16(gelu(d)) (h, uint16), the GELU's forward pass done from the registers; "dgelu": aux = bf16(d gelu'(out)) with out =
@@ -63,13 +63,13 @@ accumulators:
 
 6. The split-K fixup (the lab's matmul v19 and v23; the engine runs fixup 0). v18, the engine's
    matmul_bf16_wgmma, leaves the S partial tiles of a split product in work and a second kernel
-   (k_splitk_sum_v2) adds them: one more launch and a pass over S M N values from
+   (k_splitk_sum) adds them: one more launch and a pass over S M N values from
    memory after the product has ended. v19 adds them in the product's own tail, in the same order:
    each consumer warp, after storing its cells of partial z, counts itself on an integer counter of
    its (tile, warp) (counts[t * 4C + warp]: threadfence, then one lane's atomic add; integers, so
    nothing about the sums depends on who arrives when); the warp that brings the count to S is the
    last of the S slices of those cells, and it sums them, z = 0, 1, ..., S - 1 in order, into out
-   (+)= sum, exactly k_splitk_sum_v2's expression: v18's bits. The partials it reads were written a
+   (+)= sum, exactly k_splitk_sum's expression: v18's bits. The partials it reads were written a
    moment before, mostly still in L2. It then sets the counter back to 0 for the next launch. Each
    cell's 32-byte sector belongs to one warp (a quad of lanes holds a row's 8 columns), so no SM
    reads another warp's cells before they are final (no stale L1 lines). On the H200 (2026-12-03)
@@ -80,7 +80,7 @@ accumulators:
    (every load in flight at once; constant indices once the loops unroll, so the arrays are
    registers, though ptxas spills 44 bytes at 128 x 256), then adds them in slice order; past SMAX
    slices the next SMAX continue the same running sums. The same additions in the same order as
-   v19 and k_splitk_sum_v2: v18's bits. Not yet timed on a GPU.
+   v19 and k_splitk_sum: v18's bits. Not yet timed on a GPU.
 
 Same sums as matmul_bf16_wgmma_cp_async (inputs rounded to bf16 ties to even, exact products,
 wgmma's fp32 sums in the same k16 order within a stage, stages in order): its bits, at BN = 256 too
@@ -336,7 +336,7 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
     (tma.TMAPS: boxes of BM or BN rows for a K-major operand, BK rows for an MN-major one); part
     [S, M, N]: S = 1 (out itself, viewed [1, M, N]) or the split-K slices; counts: int32, a counter
     for each (tile, consumer warp) of a split product, all 0 (fixup 1 or 2: v19 or v23 adds the
-    slices itself, point 6; 0: v18 leaves them to k_splitk_sum_v2 and never reads counts)."""
+    slices itself, point 6; 0: v18 leaves them to k_splitk_sum and never reads counts)."""
     C = BM // 64                                             # consumer warpgroups
     # who lets go of a stage: one lane a consumer warp on a GPU (after wgmma.wait_group, a
     # .sync.aligned instruction, all 32 lanes have passed the stage's wait); in the simulator, where
@@ -431,7 +431,7 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
     @cuda.jit(device=True)
     def sum_slices(out, part, r0, c0, accumulate):
         """Point 6: out (+)= part[0] + part[1] + ... + part[S - 1] at this thread's cells (its
-        accumulators' rows and columns, point 4), in k_splitk_sum_v2's order."""
+        accumulators' rows and columns, point 4), in k_splitk_sum's order."""
         M, N = out.shape
         for r in range(NREG):
             row, col = cell(r0, c0, r)

@@ -516,7 +516,7 @@ PY
         timeout 45 $py lab/bench/gemm.py --versions 17,21 --json "$d/gemm.json" > "$d/gemm.md" 2> "$d/gemm.err"
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -3 "$d/gemm.err" ;;
     mm23) # matmul v23 (v19 with the loads of its in-kernel split-K sums batched,
-        # wgmma_tma.py point 6) beside v18 (k_splitk_sum_v2 after the product) and v19 on every product of
+        # wgmma_tma.py point 6) beside v18 (k_splitk_sum after the product) and v19 on every product of
         # lab/bench/gemm.py, the weight gradients' split shapes among them; v23's bits in the whole 120M and 12M
         # bf16-hopper step (lab/bench/model_bits.py --matmul 23); the step with v18, v23 and v19 (--tma-matmul)
         mkdir -p "$OUT/mm23"; d="$OUT/mm23"
