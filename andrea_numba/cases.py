@@ -121,8 +121,8 @@ class OpCase:
         """{version: launcher} of the forward ("fwd") or backward ("bwd") launcher (those in
         `only`, when the case names some: the others are another case's; and of those, the
         version numbers in `numbers`, when given: --version of the harness and the benchmarks).
-        An engine module's are the numbered launchers it holds (the engine's and the simple pair
-        the lessons teach); a lab module's (lab/, the same case with module=lab.<module>) are its
+        An engine module's are the launchers that declare their rung (the engine's and the simple
+        pair the lessons teach: engine_versions); a lab module's (lab/, the same case with module=lab.<module>) are its
         VERSIONS, the whole ladder."""
         name = self.fwd if direction == "fwd" else self.bwd
         versions = getattr(self.module, "VERSIONS", {}).get(name) or engine_versions(self.module, name)
@@ -138,7 +138,8 @@ class OpCase:
             return recipes.get("fp32").kernels[_RECIPE_OP[self.op]][direction == "bwd"]
         if self.fwd == "matmul":
             return matmul.matmul_tf32x3
-        return engine_versions(self.module, name)[max(engine_versions(self.module, name))]
+        rungs = engine_versions(self.module, name)
+        return rungs[max(rungs)]
 
 
 def engine_versions(module: ModuleType, name: str) -> dict:
