@@ -26,10 +26,10 @@ import sys
 
 from andrea_numba.kernels.matmul import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from andrea_numba.kernels.matmul import _matmul_warp, _tma_matmul, _wgmma_matmul  # noqa: F401
-from andrea_numba.kernels.operands import COPIES
 from lab.cublaslt import matmul_versions as library_versions
 from lab.fp8_products import matmul_versions as fp8_versions
 from lab.half_tile import make_half_tile
+from lab.operands import round_copies
 from lab.simt_tile import make_simt_tile
 from lab.warp_tile import make_v3_tile, make_v4_tile, make_v5_tile, make_v6_tile, make_v7_tile, make_v10_tile
 from lab.wgmma_ring import make_ring_tile, ring_resolve
@@ -216,7 +216,7 @@ HALF_OP_TILES = dict(gpu=HALF_TILES["gpu"], sim=(HALF_TILES["sim"][0], (32, 16, 
 # memory through descriptors (the 64-byte swizzle of v13's k-inner tiles is wgmma's mode 2): no
 # ldmatrix, no fragment registers. wgmma reads the tiles K-major, so both copies are made K-major,
 # the a @ b^T form: a16 [M, K], b16 [N, K]; an operand stored with k down its columns (b of x @ W,
-# a^T of a weight gradient) is rounded into a transposed copy (operands.k_round_bf16_t_v1, a 32 x 32
+# a^T of a weight gradient) is rounded into a transposed copy (lab/operands.py's k_round_bf16_t_v1, a 32 x 32
 # tile transpose through shared memory). Same math as v13 (inputs rounded to bf16 ties to even,
 # exact products, fp32 sums), another order of the sums inside the tensor core: other bits than
 # v13, the same at every run. Tiles (BM, BN, 32, 64, BN[, STAGES]): 128 x 128 of 2 warpgroups with
@@ -244,8 +244,8 @@ def wgmma_copies(a, b, trans_a, trans_b, stream=0):
     """(a16 [M, K], b16 [N, K]): the K-major bf16 copies of op(a) and op(b)^T in operands.COPIES.
     a stored [M, K] (not trans_a) and b stored [N, K] (trans_b) are K-major already: rounded as they
     are (a uint16 one used where it is); a^T stored [K, M] and b stored [K, N] are rounded into
-    transposed copies (k_round_bf16_t_v1; a uint16 one has its bits transposed)."""
-    a16, b16 = COPIES.round(a, b, "bf16", stream, transpose=(trans_a, not trans_b))
+    transposed copies (lab/operands.py's k_round_bf16_t_v1; a uint16 one has its bits transposed)."""
+    a16, b16 = round_copies(a, b, stream, transpose=(trans_a, not trans_b))
     M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
     N = b.shape[0] if trans_b else b.shape[1]
     return a16.reshape(M, K), b16.reshape(N, K)
@@ -312,7 +312,7 @@ matmul_v16.precision = "bf16"
 # stored with k down its columns (both of a weight gradient's, dW += x^T @ dy) is rounded into a
 # transposed copy first (k_round_bf16_t_v1), which made them slower than v13 on the weight
 # gradients (98 against 145 TFLOP/s on the H200). v17 rounds each operand as it is stored
-# (half_tile.bf16_copies: k_round_bf16_v2; a uint16 operand is used where it is), fills an
+# (half_tile.bf16_copies: k_round_bf16; a uint16 operand is used where it is), fills an
 # MN-major stage tile for an operand with k down its columns (128-byte swizzle, column blocks of
 # 64 values of m or n, one 128-byte row per k: v13's copier once per block), and has wgmma read it
 # through its transpose bits (imm-trans-a = trans_a, imm-trans-b = not trans_b). The rest is v15's:
