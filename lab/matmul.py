@@ -24,8 +24,11 @@ of the ladder:
 import contextlib
 import sys
 
+from numba import cuda
+
+from andrea_numba.kernels.common import ELEMENTWISE_THREADS, cdiv
 from andrea_numba.kernels.matmul import *  # noqa: F401,F403  (the engine's rungs and helpers)
-from andrea_numba.kernels.matmul import _matmul_warp, _tma_matmul, _wgmma_matmul  # noqa: F401
+from andrea_numba.kernels.matmul import _matmul_warp, _split_product, _tma_matmul, _wgmma_matmul  # noqa: F401
 from lab.cublaslt import matmul_versions as library_versions
 from lab.fp8_products import matmul_versions as fp8_versions
 from lab.half_tile import make_half_tile
@@ -50,6 +53,41 @@ TILE_FAMILIES.update(
 )
 
 
+# The split-K sum of the rungs before v8 (v3-v7): k_splitk_sum_v1, one thread an element of the
+# [M, N] views. It finds its element's row and column with an integer division and remainder
+# (64-bit), which kept the H200's integer pipe 75% busy while memory, the real work, ran at 41%
+# (Nsight Compute, 120M dW_1's sum); v8 on sum with the engine's k_splitk_sum over flat views, a
+# thread's index the element. The same additions in the same order: the same bits.
+@cuda.jit
+def k_splitk_sum_v1(out, work, accumulate):
+    """out[r, c] (+)= sum_z work[z, r, c], z = 0, 1, ... in order (one thread per element)."""
+    i = cuda.grid(1)
+    M, N = out.shape
+    if i >= M * N:
+        return
+    r, c = i // N, i % N
+    s = work[0, r, c]
+    for z in range(1, work.shape[0]):
+        s += work[z, r, c]
+    if accumulate:
+        out[r, c] += s
+    else:
+        out[r, c] = s
+
+
+def splitk_sum_v1(out, work, accumulate, stream):
+    """Launch k_splitk_sum_v1 over out [M, N] (work [S, M, N])."""
+    M, N = out.shape
+    k_splitk_sum_v1[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
+
+
+def _matmul_warp_v1(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    """matmul._matmul_warp with the split-K slices added by k_splitk_sum_v1 (v3-v7)."""
+    part = _split_product(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    if part.shape[0] > 1:
+        splitk_sum_v1(out, part, accumulate, stream)
+
+
 # v3 and v4: warp tiles (lab/warp_tile.py), 128-bit copies, two shared stages, split-K (matmul.py).
 # v3 multiplies with SIMT multiply-adds, v4 on tensor cores (3xTF32, fp32-accurate).
 #
@@ -68,13 +106,13 @@ WARP_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 1
 def matmul_v3(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """SIMT warp tiles. work: float32 [n] split-K buffer (or None: no split). block = (BM, BN, BK,
     WM, WN): (BM/WM)*(BN/WN) warps per BM x BN tile of out."""
-    _matmul_warp("v3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 @blocks(**WARP_TILES)
 def matmul_v4(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """3xTF32 tensor-core warp tiles (a NumPy twin of the step in the simulator); otherwise as matmul_v3."""
-    _matmul_warp("v4", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v4", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v5: split tiles (kernels/split_tile.py), BK = 16. Each value of a tile is split into its TF32
@@ -88,7 +126,7 @@ SPLIT_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 64, 1
 @blocks(**SPLIT_TILES)
 def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """3xTF32 on split tiles (BK = 16); otherwise as matmul_v4."""
-    _matmul_warp("v5", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v5", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v6: v5's k-major tiles and k permutation with one shared plane of raw values, split into TF32
@@ -100,7 +138,7 @@ def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 @blocks(**KMAJOR_TILES)
 def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """3xTF32 on k-major tiles split as read (BK = 16); otherwise as matmul_v4."""
-    _matmul_warp("v6", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v6", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v7: v6 with a split of three instructions a value instead of five. v6 splits x into
@@ -117,7 +155,7 @@ def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 @blocks(**KMAJOR_TILES)
 def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """v6 with the small parts truncated by the tensor core (three instructions a split)."""
-    _matmul_warp("v7", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v7", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v8: v7 on swizzled k-major tiles (split_tile.py, "v8's shared tiles"). An operand stored with k

@@ -46,7 +46,7 @@ import numba
 import numpy as np
 from numba import cuda, float32
 
-from .common import blocks, cdiv, ELEMENTWISE_THREADS, jit_as, rung, SIMULATOR
+from .common import blocks, cdiv, ELEMENTWISE_THREADS, rung, SIMULATOR
 from .half_tile import async_resolve, bf16_copies, make_async_tile
 from .tma import TMAPS, map_fits
 from .warp_tile import make_epilogue, make_fp16_tile, make_tf32x3_tile, resolve
@@ -186,8 +186,8 @@ def _make_tile_v2(tile):
 
 class TileFamily(NamedTuple):
     """A family of product tiles. make(tile) builds the tile functions of one tile (family, BM, BN, BK,
-    WM, WN, vec[, STAGES]); rung: the matmul rung whose product kernel runs it (named k_matmul_v<rung>);
-    what: a line for the kernel's docstring."""
+    WM, WN, vec[, STAGES]); rung: the matmul rung whose product kernel runs it; what: a line for the
+    kernel's docstring. The product kernel on a family's tiles is named k_matmul_<family>."""
     make: Callable
     rung: int
     what: str
@@ -306,28 +306,9 @@ def _splitk(M, N, K, z, BM, BN, BK, work_size, resident):
     return best[1], best[2]
 
 
-@cuda.jit
-def k_splitk_sum_2d(out, work, accumulate):
-    """out[r, c] (+)= sum_z work[z, r, c], z = 0, 1, ... in order (one thread per element)."""
-    i = cuda.grid(1)
-    M, N = out.shape
-    if i >= M * N:
-        return
-    r, c = i // N, i % N
-    s = work[0, r, c]
-    for z in range(1, work.shape[0]):
-        s += work[z, r, c]
-    if accumulate:
-        out[r, c] += s
-    else:
-        out[r, c] = s
-
-
-
-# k_splitk_sum: the same sums over flat views (the engine's). k_splitk_sum_2d finds its element's
-# row and column with an integer division and remainder (64-bit), which kept the H200's integer pipe
-# 75% busy while memory, the real work, ran at 41% (Nsight Compute, 120M dW_1's sum). Flat, a
-# thread's index is the element. (v1 adds the slices of the lab's rungs before matmul v8.)
+# k_splitk_sum: one thread an element of out, over flat views (out [M*N], work [S, M*N]): a
+# thread's index is the element, so no row and column are worked out (the lab's k_splitk_sum_v1, on
+# [M, N] views, spent the integer pipe on that division: lab/matmul.py).
 @cuda.jit
 def k_splitk_sum(out, work, accumulate):
     """out[i] (+)= sum_z work[z, i], z = 0, 1, ... in order; out [M*N] and work [S, M*N] flat."""
@@ -344,14 +325,11 @@ def k_splitk_sum(out, work, accumulate):
 
 
 
-def splitk_sum(out, work, accumulate, stream, version=1):
-    """Launch k_splitk_sum (v1, or v2 on flat views) over out (work [S, M, N])."""
+def splitk_sum(out, work, accumulate, stream):
+    """Launch k_splitk_sum over out [M, N] (work [S, M, N]): out (+)= work[0] + ... + work[S-1]."""
     M, N = out.shape
-    if version == 2:
-        k_splitk_sum[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](
-            out.reshape(M * N), work.reshape(work.shape[0], M * N), accumulate)
-        return
-    k_splitk_sum_2d[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
+    k_splitk_sum[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](
+        out.reshape(M * N), work.reshape(work.shape[0], M * N), accumulate)
 
 
 
@@ -379,7 +357,9 @@ def _k_matmul_warp(tile, trans_a, trans_b):
     family = TILE_FAMILIES[tile[0]]
     k_matmul.__doc__ = (f"One BM x BN tile of out (+)= op(a) @ op(b) per block on {family.what}; with split-K, "
                         f"block z writes its slice's partial tile to work[z].")
-    return jit_as(k_matmul, family.rung)               # k_matmul_v8, k_matmul_v11, ...
+    # named by its family: k_matmul_tf32x3, k_matmul_fp16, k_matmul_bf16, ... (the lab's: k_matmul_v3, ...)
+    k_matmul.__name__ = k_matmul.__qualname__ = f"k_matmul_{tile[0]}"
+    return cuda.jit(k_matmul)
 
 
 
@@ -399,9 +379,10 @@ def resident_blocks(tile, trans_a, trans_b, args) -> int:
 
 
 
-def _matmul_warp(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+def _split_product(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
     """A product on a tile of `family` at the declared block (warp_tile.resolve), split over K into
-    work where splitk says so."""
+    work where splitk says so: returns part, out itself viewed [1, M, N] or the S > 1 partial
+    products [S, M, N], which the caller adds into out."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     tile = resolve(family, block, a, b)
@@ -413,8 +394,14 @@ def _matmul_warp(family, out, work, a, b, trans_a, trans_b, accumulate, block, s
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
     _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a, b, accumulate, ksplit)
-    if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2 if TILE_FAMILIES[family].rung >= 8 else 1)
+    return part
+
+
+def _matmul_warp(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    """A product on a tile of `family`, its split-K slices (if any) added by k_splitk_sum."""
+    part = _split_product(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    if part.shape[0] > 1:
+        splitk_sum(out, part, accumulate, stream)
 
 
 
@@ -507,7 +494,7 @@ def matmul_bf16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False,
     _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a16, b16, accumulate, ksplit)
     if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2)
+        splitk_sum(out, part, accumulate, stream)
 
 
 
@@ -584,7 +571,7 @@ def _wgmma_matmul(resolve, out, work, a16, b16, trans_a, trans_b, accumulate, bl
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
     kernel[t.grid(M, N, S), t.THREADS, stream, shared](out, part, a16, b16, accumulate, ksplit)
     if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2)
+        splitk_sum(out, part, accumulate, stream)
 
 
 @rung(17)
@@ -720,7 +707,7 @@ def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, ep
     kernel[units_grid(M, N, S, BM, BN, resident), threads, stream, shared](
         out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit, aux, counts)
     if S > 1 and not fixup:
-        splitk_sum(out, part, accumulate, stream, version=2)
+        splitk_sum(out, part, accumulate, stream)
 
 
 
