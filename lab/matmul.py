@@ -18,7 +18,8 @@ of the ladder:
     v16           v15 where no activation needs a transposed copy, v13 for the weight gradients
     v17           the engine's matmul_bf16_wgmma_cp_async: wgmma on the copies as stored
     v18           the engine's matmul_bf16_wgmma: TMA, a producer warp, persistent blocks (bf16-hopper)
-    v19, v23      v18 with the split-K slices added in its own kernel (v23: their loads batched)
+    v19, v23      v18 with the split-K slices added in its own kernel (v23: their loads batched;
+                  lab/wgmma_tma.py, the flag-built kernel and its launcher tma_product)
     v20-v22, v24  the library beside the ladder: cuBLASLt in fp32, bf16, fp16, and FP8
 """
 import contextlib
@@ -37,6 +38,7 @@ from lab.simt_tile import make_simt_tile
 from lab.warp_tile import make_v3_tile, make_v4_tile, make_v5_tile, make_v6_tile, make_v7_tile, make_v10_tile
 from lab.wgmma_ring import make_ring_tile, ring_resolve
 from lab.wgmma_tile import make_wgmma_tile, wgmma_resolve
+from lab.wgmma_tma import COUNTS, tma_product
 
 # The lab's tile families, named by the rung that runs them (the engine's: matmul.TILE_FAMILIES)
 TILE_FAMILIES.update(
@@ -376,7 +378,7 @@ def tma_fits(a, b) -> bool:
     return all(x.ndim == 2 and x.shape[1] % 8 == 0 and (x.dtype != "uint16" or map_fits(x)) for x in (a, b))
 
 
-# v19: v18 whose kernel adds its split-K slices itself (wgmma_tma.py, point 6): the last warp of the S
+# v19: v18 whose kernel adds its split-K slices itself (lab/wgmma_tma.py, point 6): the last warp of the S
 # slices of a tile's cells sums them in k_splitk_sum's order, so v18's bits without the second
 # launch and its pass over memory (the sums took 0.93 ms of the 120M bf16 step). Measured on the
 # H200: v18's bits in whole 120M and 12M steps, but the split products took 173 us against
@@ -384,8 +386,8 @@ def tma_fits(a, b) -> bool:
 # A rung that lost (docs/precision.md); batching those loads is its next step.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v19(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """matmul v18 with the split-K slices added in the product's own kernel (SplitKCounts)."""
-    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=1)
+    """matmul v18 with the split-K slices added in the product's own kernel (lab/wgmma_tma.py's SplitKCounts)."""
+    tma_product(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=1)
 
 
 matmul_v19.precision = "bf16"
@@ -401,9 +403,12 @@ def tma_matmul(version: int):
     the bf16-hopper recipe's, the lab's recipes bf16t and bf16s) run matmul `version` (18, 19, 23)
     instead, for a rung of the split-K fixup timed and checked inside the whole model without a
     recipe of its own: the name matmul_bf16_wgmma, which those ops look up at each product, points at
-    it in their modules (TMA_OPS, those imported); after, at v18 again."""
+    it in their modules (TMA_OPS, those imported); after, at v18 again. The fixups' counters are
+    reserved on the way in (a model built inside may capture its step as a CUDA graph)."""
     assert version in (18, 19, 23), f"matmul v{version} is not a TMA version (18, 19, 23)"
     engine, launch = VERSIONS["matmul"][18], VERSIONS["matmul"][version]
+    if version != 18:
+        COUNTS.reserve()
     users = [m for name, m in sys.modules.items() if name in TMA_OPS and getattr(m, "matmul_bf16_wgmma", None) is engine]
     for m in users:
         m.matmul_bf16_wgmma = launch
@@ -415,13 +420,13 @@ def tma_matmul(version: int):
 
 
 # v23 (20-22 are the library route's numbers, cublaslt.py): v19 with the in-kernel sums' loads batched
-# (wgmma_tma.py, point 6: sum_slices_batched, up to 8 slices of 2 accumulator pairs in flight before
+# (lab/wgmma_tma.py, point 6: sum_slices_batched, up to 8 slices of 2 accumulator pairs in flight before
 # the adds, in the same order): v18's bits. Its time on a GPU is not measured yet; the simulator
 # checks its bits (tests/test_matmul_v19.py), and lab/bench/gpu_profile.sh times it beside v18 and v19.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v23(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """matmul v19 with the split-K slices' loads batched before their adds."""
-    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=2)
+    tma_product(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=2)
 
 
 matmul_v23.precision = "bf16"

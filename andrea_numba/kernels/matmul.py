@@ -51,7 +51,7 @@ from .half_tile import async_resolve, bf16_copies, make_async_tile
 from .tma import TMAPS, map_fits
 from .warp_tile import make_epilogue, make_fp16_tile, make_tf32x3_tile, resolve
 from .wgmma_mn import make_mn_tile, mn_resolve
-from .wgmma_tma import fixup_counters, tile_bytes, tma_kernel, units_grid
+from .wgmma_tma import tile_bytes, tma_kernel, units_grid
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
 # engine's. On a GPU 64 x 64 tiles of 256 threads (8 KiB of shared memory); in the simulator,
@@ -650,63 +650,34 @@ def matmul_bf16_wgmma(out, work, a, b, trans_a=False, trans_b=False, accumulate=
 
 
 
-class SplitKCounts:
-    """The split-K fixup's counters (wgmma_tma.py, point 6): an int32 for each (tile, consumer warp) of
-    a split product, all 0 between launches (the last warp of each sets its counter back). One array
-    for every launch (they run in stream order), reserved by a model before its first step (and by
-    the first matmul_bf16_wgmma launch elsewhere: the harness, the benchmarks). Only the lab's fixup
-    rungs (matmul v19, v23) count on it; matmul_bf16_wgmma's kernel takes it unread."""
-    SIZE = 1 << 14                  # 16384: 2048 tiles of 8 consumer warps (a split product has few)
-
-    def __init__(self):
-        self.buf = None
-
-    def reserve(self):
-        if self.buf is None:
-            self.buf = cuda.to_device(np.zeros(self.SIZE, np.int32))
-        return self.buf
-
-
-
-COUNTS = SplitKCounts()
-
-
-
-def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, epilogue=None, aux=None,
-                fixup=0):
-    """matmul_bf16_wgmma's launch. fixup 1, 2: the kernel adds its split-K slices itself (wgmma_tma.py,
-    point 6: the lab's matmul v19 and v23); a fused epilogue (point 5: ("gelu" | "dgelu", pair) and its
-    aux array: the lab's mlp v20) takes no split-K, and operands a tensor map cannot read raise (the
-    caller checks lab.matmul.tma_fits first)."""
+def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    """matmul_bf16_wgmma's launch: bf16 copies of the operands (used where they are uint16), their
+    tensor maps, the tile (pick_tile's where block is "auto"), split-K on the occupancy of the
+    kernel with its shared memory, k_matmul_bf16_wgmma (wgmma_tma.py) on one persistent block a
+    resident slot, and k_splitk_sum where K was split. Operands a tensor map cannot read go to
+    matmul_bf16_wgmma_cp_async."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     a16, b16 = bf16_copies(a, b, stream)
     if not (map_fits(a16) and map_fits(b16)):             # the cp.async ring on the copies (used where they are)
-        assert epilogue is None, "a fused epilogue needs operands a tensor map can read"
         matmul_bf16_wgmma_cp_async(out, work, a16, b16, trans_a, trans_b, accumulate, stream=stream)
         return
-    if epilogue is not None:
-        work = None                                     # no split-K: the GELU needs the whole sum
     if block == TMA_AUTO:
         block = pick_tile(M, N, K, work, sm_count())
     BM, BN, BK, stages = block
     trans_a, trans_b = bool(trans_a), bool(trans_b)
-    kernel, threads = tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue, fixup)
-    counts = COUNTS.reserve()
+    kernel, threads = tma_kernel(BM, BN, stages, trans_a, trans_b)
     shared = tile_bytes(BM, BN, stages)
     tmap_a = TMAPS.address(a16, BK if trans_a else BM, stream)     # M-major: boxes of BK rows of k
     tmap_b = TMAPS.address(b16, BN if trans_b else BK, stream)     # K-major: boxes of BN rows of n
-    aux = out if aux is None else aux
-    args = (out, out.reshape(1, M, N), a16, b16, tmap_a, tmap_b, accumulate, K, aux, counts)
+    args = (out, out.reshape(1, M, N), a16, b16, tmap_a, tmap_b, accumulate, K)
     compiled = allow_shared(kernel, args, shared)
     resident = RESIDENT_BLOCKS if compiled is None else compiled.max_cooperative_grid_blocks(threads, shared)
     S, ksplit = splitk(M, N, K, 1, block, work, resident)
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
-    if fixup and S > 1:
-        assert fixup_counters(M, N, BM, BN) <= counts.shape[0], "split-K fixup: more tiles than counters"
     kernel[units_grid(M, N, S, BM, BN, resident), threads, stream, shared](
-        out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit, aux, counts)
-    if S > 1 and not fixup:
+        out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit)
+    if S > 1:
         splitk_sum(out, part, accumulate, stream)
 
 
