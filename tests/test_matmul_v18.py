@@ -259,7 +259,7 @@ def test_products_bf16t_are_the_linear_ops_on_v18():
     assert bf16t.kernels["attn_qkv"] == (lab_attn_qkv.VERSIONS["attn_qkv_fwd"][v], lab_attn_qkv.VERSIONS["attn_qkv_bwd"][v])
     assert bf16t.kernels["mlp"][0] is lab_mlp.VERSIONS["mlp_fwd"][19]
     # loss_fwd v16 is v18's first registration; the recipe runs v17, v16's logits with the softmax
-    # reading them once (k_loss_fwd_v3): both are on v18
+    # reading them once (k_loss_fwd_rows): both are on v18
     assert bf16t.kernels["loss"] == (lab_loss.VERSIONS["loss_fwd"][17], lab_loss.VERSIONS["loss_bwd"][v])
     for table, name, n in [(lab_attn_qkv, "attn_qkv_fwd", v), (lab_attn_qkv, "attn_qkv_bwd", v),
                            (lab_attn_out, "attn_out_fwd", v), (lab_attn_out, "attn_out_bwd", v),

@@ -629,7 +629,7 @@ PY
         for size in 12M 120M; do echo "ln $size: $(tail -1 "$d/ln_$size.err")"; disagree "$d/ln_$size.json"; done
         timeout 60 $py lab/bench/kernels.py residual_layernorm --sizes 120M --version 4 --version 5 --markdown "$d/ln_kernels.md" \
             > "$d/ln_kernels.txt" 2>&1; echo "kernels residual_layernorm exit $?"; grep "^|" "$d/ln_kernels.md" | head -12 ;;
-    bf16t) # products bf16t: 1. at once: the harness at 12M on loss v17 (k_loss_fwd_v3)
+    bf16t) # products bf16t: 1. at once: the harness at 12M on loss v17 (k_loss_fwd_rows)
         # and v18's ops, the whole bf16t model at 12M and 120M; 2. the step at 120M and 12M with bf16t, bf16m and
         # cuBLASLt's products, 20 iterations (PyTorch's eager time varies by a few ms run to run); 3. bit-exact
         # resume in bf16 (12M, 60 steps against 30 + SIGTERM + resume); 4. the 120M bf16t step kernel by kernel
