@@ -29,7 +29,7 @@ from numba import cuda
 
 from andrea_numba.kernels.common import ELEMENTWISE_THREADS, cdiv
 from andrea_numba.kernels.matmul import *  # noqa: F401,F403  (the engine's rungs and helpers)
-from andrea_numba.kernels.matmul import _matmul_warp, _split_product, _tma_matmul, _wgmma_matmul  # noqa: F401
+from andrea_numba.kernels.matmul import _matmul_warp, _split_product, _wgmma_matmul  # noqa: F401
 from lab.cublaslt import matmul_versions as library_versions
 from lab.fp8_products import matmul_versions as fp8_versions
 from lab.half_tile import make_half_tile
