@@ -26,7 +26,7 @@ import reference.dropout as D
 from reference.precision import FP8_SCOPES
 
 from .kernels import attn, cublaslt, dropout, embed, fp8_products, layernorm
-from .kernels.matmul import COUNTS, splitk_work
+from .kernels.matmul import splitk_work
 from .kernels.tma import MAP_BYTES, TMAPS, TensorMaps
 from .kernels.optim import zero
 from .layout import n_params, views
@@ -152,9 +152,8 @@ class GPUModel:
             cublaslt.COPIES.reserve(*cublaslt.operand_elements(B * T, m.d_model, m.vocab_size))
         if recipe.held_copies:              # ... and the copies an op rounds once for two products
             cublaslt.HELD.reserve(cublaslt.held_elements(B * T, m.d_model))
-        if recipe.tensor_maps:              # ... and the table of TMA tensor maps (matmul v18), and v19's
-            TMAPS.reserve()                 # split-K counters (every v18 launch passes them)
-            COUNTS.reserve()
+        if recipe.tensor_maps:              # ... and the table of TMA tensor maps (matmul_bf16_wgmma)
+            TMAPS.reserve()
         self.mlp_fwd_takes_work = "work" in inspect.signature(self.mlp_fwd).parameters   # v11 on
         self.dropout = dropout                      # used by a forward given a dropout_key
         if share is not None:               # a forward on another model's memory (the trainer's sampler)

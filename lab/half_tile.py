@@ -31,7 +31,7 @@ counts them in the PTX).
 matmul v13, the engine's matmul_bf16, splits the rounding from the product. v12 moves fp32 operands
 through registers: every thread loads 2 x 16 floats a stage (48 staging registers with the
 addresses), rounds them (cvt) and stores them (st.shared), and only two shared stages fit beside
-that. v13 rounds each operand once into a bf16 copy (k_round_bf16_v2, v12's bits of rounding) and
+that. v13 rounds each operand once into a bf16 copy (k_round_bf16, v12's bits of rounding) and
 copies the copies' 16-byte chunks to shared memory with cp.async (no staging registers, half the
 bytes of v12's fp32 loads) into a ring of 3 or 4 stages, then v12's swizzle, ldmatrix and
 mma.sync: v12's bits where the split of K is the same.

@@ -18,22 +18,27 @@ of the ladder:
     v16           v15 where no activation needs a transposed copy, v13 for the weight gradients
     v17           the engine's matmul_bf16_wgmma_cp_async: wgmma on the copies as stored
     v18           the engine's matmul_bf16_wgmma: TMA, a producer warp, persistent blocks (bf16-hopper)
-    v19, v23      v18 with the split-K slices added in its own kernel (v23: their loads batched)
+    v19, v23      v18 with the split-K slices added in its own kernel (v23: their loads batched;
+                  lab/wgmma_tma.py, the flag-built kernel and its launcher tma_product)
     v20-v22, v24  the library beside the ladder: cuBLASLt in fp32, bf16, fp16, and FP8
 """
 import contextlib
 import sys
 
+from numba import cuda
+
+from andrea_numba.kernels.common import ELEMENTWISE_THREADS, cdiv
 from andrea_numba.kernels.matmul import *  # noqa: F401,F403  (the engine's rungs and helpers)
-from andrea_numba.kernels.matmul import _matmul_warp, _tma_matmul, _wgmma_matmul  # noqa: F401
-from andrea_numba.kernels.operands import COPIES
+from andrea_numba.kernels.matmul import _matmul_warp, _split_product, _wgmma_matmul  # noqa: F401
 from lab.cublaslt import matmul_versions as library_versions
 from lab.fp8_products import matmul_versions as fp8_versions
 from lab.half_tile import make_half_tile
+from lab.operands import round_copies
 from lab.simt_tile import make_simt_tile
 from lab.warp_tile import make_v3_tile, make_v4_tile, make_v5_tile, make_v6_tile, make_v7_tile, make_v10_tile
 from lab.wgmma_ring import make_ring_tile, ring_resolve
 from lab.wgmma_tile import make_wgmma_tile, wgmma_resolve
+from lab.wgmma_tma import COUNTS, tma_product
 
 # The lab's tile families, named by the rung that runs them (the engine's: matmul.TILE_FAMILIES)
 TILE_FAMILIES.update(
@@ -48,6 +53,41 @@ TILE_FAMILIES.update(
     v14=TileFamily(make_wgmma_tile, 14, "bf16 wgmma (Hopper warpgroup products) on K-major bf16 copies, a cp.async ring"),
     v15=TileFamily(make_ring_tile, 15, "bf16 wgmma with a group in flight, a deeper cp.async ring in dynamic shared memory"),
 )
+
+
+# The split-K sum of the rungs before v8 (v3-v7): k_splitk_sum_v1, one thread an element of the
+# [M, N] views. It finds its element's row and column with an integer division and remainder
+# (64-bit), which kept the H200's integer pipe 75% busy while memory, the real work, ran at 41%
+# (Nsight Compute, 120M dW_1's sum); v8 on sum with the engine's k_splitk_sum over flat views, a
+# thread's index the element. The same additions in the same order: the same bits.
+@cuda.jit
+def k_splitk_sum_v1(out, work, accumulate):
+    """out[r, c] (+)= sum_z work[z, r, c], z = 0, 1, ... in order (one thread per element)."""
+    i = cuda.grid(1)
+    M, N = out.shape
+    if i >= M * N:
+        return
+    r, c = i // N, i % N
+    s = work[0, r, c]
+    for z in range(1, work.shape[0]):
+        s += work[z, r, c]
+    if accumulate:
+        out[r, c] += s
+    else:
+        out[r, c] = s
+
+
+def splitk_sum_v1(out, work, accumulate, stream):
+    """Launch k_splitk_sum_v1 over out [M, N] (work [S, M, N])."""
+    M, N = out.shape
+    k_splitk_sum_v1[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
+
+
+def _matmul_warp_v1(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    """matmul._matmul_warp with the split-K slices added by k_splitk_sum_v1 (v3-v7)."""
+    part = _split_product(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    if part.shape[0] > 1:
+        splitk_sum_v1(out, part, accumulate, stream)
 
 
 # v3 and v4: warp tiles (lab/warp_tile.py), 128-bit copies, two shared stages, split-K (matmul.py).
@@ -68,13 +108,13 @@ WARP_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 1
 def matmul_v3(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """SIMT warp tiles. work: float32 [n] split-K buffer (or None: no split). block = (BM, BN, BK,
     WM, WN): (BM/WM)*(BN/WN) warps per BM x BN tile of out."""
-    _matmul_warp("v3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v3", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 @blocks(**WARP_TILES)
 def matmul_v4(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """3xTF32 tensor-core warp tiles (a NumPy twin of the step in the simulator); otherwise as matmul_v3."""
-    _matmul_warp("v4", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v4", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v5: split tiles (kernels/split_tile.py), BK = 16. Each value of a tile is split into its TF32
@@ -88,7 +128,7 @@ SPLIT_TILES = dict(gpu=((128, 64, 16, 64, 32), (64, 64, 16, 32, 32), (128, 64, 1
 @blocks(**SPLIT_TILES)
 def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """3xTF32 on split tiles (BK = 16); otherwise as matmul_v4."""
-    _matmul_warp("v5", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v5", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v6: v5's k-major tiles and k permutation with one shared plane of raw values, split into TF32
@@ -100,7 +140,7 @@ def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 @blocks(**KMAJOR_TILES)
 def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """3xTF32 on k-major tiles split as read (BK = 16); otherwise as matmul_v4."""
-    _matmul_warp("v6", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v6", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v7: v6 with a split of three instructions a value instead of five. v6 splits x into
@@ -117,7 +157,7 @@ def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 @blocks(**KMAJOR_TILES)
 def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """v6 with the small parts truncated by the tensor core (three instructions a split)."""
-    _matmul_warp("v7", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    _matmul_warp_v1("v7", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
 # v8: v7 on swizzled k-major tiles (split_tile.py, "v8's shared tiles"). An operand stored with k
@@ -216,7 +256,7 @@ HALF_OP_TILES = dict(gpu=HALF_TILES["gpu"], sim=(HALF_TILES["sim"][0], (32, 16, 
 # memory through descriptors (the 64-byte swizzle of v13's k-inner tiles is wgmma's mode 2): no
 # ldmatrix, no fragment registers. wgmma reads the tiles K-major, so both copies are made K-major,
 # the a @ b^T form: a16 [M, K], b16 [N, K]; an operand stored with k down its columns (b of x @ W,
-# a^T of a weight gradient) is rounded into a transposed copy (operands.k_round_bf16_t_v1, a 32 x 32
+# a^T of a weight gradient) is rounded into a transposed copy (lab/operands.py's k_round_bf16_t_v1, a 32 x 32
 # tile transpose through shared memory). Same math as v13 (inputs rounded to bf16 ties to even,
 # exact products, fp32 sums), another order of the sums inside the tensor core: other bits than
 # v13, the same at every run. Tiles (BM, BN, 32, 64, BN[, STAGES]): 128 x 128 of 2 warpgroups with
@@ -244,8 +284,8 @@ def wgmma_copies(a, b, trans_a, trans_b, stream=0):
     """(a16 [M, K], b16 [N, K]): the K-major bf16 copies of op(a) and op(b)^T in operands.COPIES.
     a stored [M, K] (not trans_a) and b stored [N, K] (trans_b) are K-major already: rounded as they
     are (a uint16 one used where it is); a^T stored [K, M] and b stored [K, N] are rounded into
-    transposed copies (k_round_bf16_t_v1; a uint16 one has its bits transposed)."""
-    a16, b16 = COPIES.round(a, b, "bf16", stream, transpose=(trans_a, not trans_b))
+    transposed copies (lab/operands.py's k_round_bf16_t_v1; a uint16 one has its bits transposed)."""
+    a16, b16 = round_copies(a, b, stream, transpose=(trans_a, not trans_b))
     M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
     N = b.shape[0] if trans_b else b.shape[1]
     return a16.reshape(M, K), b16.reshape(N, K)
@@ -312,7 +352,7 @@ matmul_v16.precision = "bf16"
 # stored with k down its columns (both of a weight gradient's, dW += x^T @ dy) is rounded into a
 # transposed copy first (k_round_bf16_t_v1), which made them slower than v13 on the weight
 # gradients (98 against 145 TFLOP/s on the H200). v17 rounds each operand as it is stored
-# (half_tile.bf16_copies: k_round_bf16_v2; a uint16 operand is used where it is), fills an
+# (half_tile.bf16_copies: k_round_bf16; a uint16 operand is used where it is), fills an
 # MN-major stage tile for an operand with k down its columns (128-byte swizzle, column blocks of
 # 64 values of m or n, one 128-byte row per k: v13's copier once per block), and has wgmma read it
 # through its transpose bits (imm-trans-a = trans_a, imm-trans-b = not trans_b). The rest is v15's:
@@ -338,7 +378,7 @@ def tma_fits(a, b) -> bool:
     return all(x.ndim == 2 and x.shape[1] % 8 == 0 and (x.dtype != "uint16" or map_fits(x)) for x in (a, b))
 
 
-# v19: v18 whose kernel adds its split-K slices itself (wgmma_tma.py, point 6): the last warp of the S
+# v19: v18 whose kernel adds its split-K slices itself (lab/wgmma_tma.py, point 6): the last warp of the S
 # slices of a tile's cells sums them in k_splitk_sum's order, so v18's bits without the second
 # launch and its pass over memory (the sums took 0.93 ms of the 120M bf16 step). Measured on the
 # H200: v18's bits in whole 120M and 12M steps, but the split products took 173 us against
@@ -346,8 +386,8 @@ def tma_fits(a, b) -> bool:
 # A rung that lost (docs/precision.md); batching those loads is its next step.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v19(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
-    """matmul v18 with the split-K slices added in the product's own kernel (SplitKCounts)."""
-    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=1)
+    """matmul v18 with the split-K slices added in the product's own kernel (lab/wgmma_tma.py's SplitKCounts)."""
+    tma_product(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=1)
 
 
 matmul_v19.precision = "bf16"
@@ -363,9 +403,12 @@ def tma_matmul(version: int):
     the bf16-hopper recipe's, the lab's recipes bf16t and bf16s) run matmul `version` (18, 19, 23)
     instead, for a rung of the split-K fixup timed and checked inside the whole model without a
     recipe of its own: the name matmul_bf16_wgmma, which those ops look up at each product, points at
-    it in their modules (TMA_OPS, those imported); after, at v18 again."""
+    it in their modules (TMA_OPS, those imported); after, at v18 again. The fixups' counters are
+    reserved on the way in (a model built inside may capture its step as a CUDA graph)."""
     assert version in (18, 19, 23), f"matmul v{version} is not a TMA version (18, 19, 23)"
     engine, launch = VERSIONS["matmul"][18], VERSIONS["matmul"][version]
+    if version != 18:
+        COUNTS.reserve()
     users = [m for name, m in sys.modules.items() if name in TMA_OPS and getattr(m, "matmul_bf16_wgmma", None) is engine]
     for m in users:
         m.matmul_bf16_wgmma = launch
@@ -377,13 +420,13 @@ def tma_matmul(version: int):
 
 
 # v23 (20-22 are the library route's numbers, cublaslt.py): v19 with the in-kernel sums' loads batched
-# (wgmma_tma.py, point 6: sum_slices_batched, up to 8 slices of 2 accumulator pairs in flight before
+# (lab/wgmma_tma.py, point 6: sum_slices_batched, up to 8 slices of 2 accumulator pairs in flight before
 # the adds, in the same order): v18's bits. Its time on a GPU is not measured yet; the simulator
 # checks its bits (tests/test_matmul_v19.py), and lab/bench/gpu_profile.sh times it beside v18 and v19.
 @blocks(gpu=(TMA_AUTO,) + TMA_TILES["gpu"], sim=(TMA_AUTO,) + TMA_TILES["sim"])
 def matmul_v23(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
     """matmul v19 with the split-K slices' loads batched before their adds."""
-    _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=2)
+    tma_product(out, work, a, b, trans_a, trans_b, accumulate, block, stream, fixup=2)
 
 
 matmul_v23.precision = "bf16"

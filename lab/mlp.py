@@ -17,9 +17,10 @@ import functools
 import numpy as np
 from andrea_numba.kernels.mlp import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from andrea_numba.kernels.mlp import _bwd_held, _bwd_split, _fwd_split  # noqa: F401
-from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_TILES, WARP_TILES, _tma_matmul, map_fits,
+from lab.matmul import (HALF_OP_TILES, MN_TILES, RING_TILES, SIMT2_TILES, SPLIT_TILES, WARP_TILES, map_fits,
                         matmul_bf16_wgmma_cp_async, matmul_v3, matmul_v4, matmul_v5, matmul_v6, matmul_v7, matmul_v9,
                         matmul_v10, matmul_v12, matmul_v16, resolve, tma_fits)
+from lab.wgmma_tma import tma_product
 
 
 # v6: the engine's fused kernels (mlp.kernels: k_mlp_fwd, k_mlp_bwd) apply the GELU (or its
@@ -286,7 +287,7 @@ def mlp_bwd_v18(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     _bwd_held(matmul_bf16_wgmma_cp_async, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream)
 
 
-# v20: v19 with the GELU in the products' epilogues (matmul v18's fused stores, kernels/wgmma_tma.py,
+# v20: v19 with the GELU in the products' epilogues (matmul v18's fused stores, lab/wgmma_tma.py,
 # point 5). On the H200 at 120M k_gelu_fwd_bf16 took 0.46 ms a step and k_gelu_bwd_bf16 0.69:
 # passes that read h_pre (100 MB a layer) and, backward, dh = dout @ W_2^T, which the product had
 # just written in fp32 (another 100 MB) only to be read once. Here
@@ -316,7 +317,7 @@ def mlp_fwd_v20(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
     if h.dtype != np.uint16 or not (tma_fits(x, w_1) and map_fits(h)):
         mlp_fwd_bf16_wgmma(out, h_pre, h, work, x, w_1, w_2, block=block, stream=stream)
         return
-    _tma_matmul(h_pre, None, x, w_1, False, False, False, block, stream, GELU_EPILOGUE, h)   # h_pre, h
+    tma_product(h_pre, None, x, w_1, False, False, False, block, stream, GELU_EPILOGUE, h)   # h_pre, h
     matmul_bf16_wgmma(out, work, h, w_2, block=block, stream=stream)                      # out = h @ W_2
 
 
@@ -333,7 +334,7 @@ def mlp_bwd_v20(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, bl
     mm = matmul_bf16_wgmma
     d16 = HELD.round(dout, stream)                                                   # dout, rounded once
     mm(dw_2, work, h, d16, trans_a=True, accumulate=True, block=block, stream=stream)    # dW_2 += h^T @ dout
-    _tma_matmul(h_pre, None, d16, w_2, False, True, False, block, stream, DGELU_EPILOGUE, dh16)   # dh_pre
+    tma_product(h_pre, None, d16, w_2, False, True, False, block, stream, DGELU_EPILOGUE, dh16)   # dh_pre
     mm(dw_1, work, x, dh16, trans_a=True, accumulate=True, block=block, stream=stream)   # dW_1 += x^T @ dh_pre
     mm(dx, work, dh16, w_1, trans_b=True, block=block, stream=stream)                    # dx = dh_pre @ W_1^T
 

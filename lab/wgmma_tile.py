@@ -20,7 +20,7 @@ accumulators live in registers, 64 fp32 a thread.
    order) and b16 [N, K] (b^T: a row n of B^T holds column n of B). wgmma's "transpose" bits could
    read MN-major tiles too, but with another swizzle than v13's; v14 instead makes the copies
    K-major: matmul_v14 rounds an operand stored the other way ([K, M] or [K, N]) into a transposed
-   bf16 copy (cublaslt.k_round_bf16_t_v1), so the product kernel has a single form.
+   bf16 copy (lab/operands.py's k_round_bf16_t_v1), so the product kernel has a single form.
 
 2. The shared stage (one of STAGES = 3 in a ring, the whole ring one shared array aligned to 1024):
 

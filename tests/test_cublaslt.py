@@ -13,6 +13,7 @@ from andrea_numba.config import ConfigError, config_from_dict, load_config, vali
 from andrea_numba.kernels import cublaslt, matmul, operands
 from lab import matmul as lab_matmul
 from lab import cublaslt as lab_cublaslt
+from lab import operands as lab_operands
 from andrea_numba.plan import memory_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +106,7 @@ def test_train_with_cublas_in_the_simulator_says_why_and_writes_nothing(tmp_path
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_the_16_bit_copies_round_as_the_twin(precision, version):
-    """k_round_bf16_v* / k_round_fp16_v* (the library route's operand copies) give the twin's rounding
+    """k_round_bf16(_v1) / k_round_fp16(_v1) (the operand copies: the engine's, the lab's v1) give the twin's rounding
     bit for bit: ties to even, NaN, inf, fp16's overflow and subnormals, rows of a strided view."""
     from numba import cuda
 
@@ -116,7 +117,7 @@ def test_the_16_bit_copies_round_as_the_twin(precision, version):
     src = cuda.to_device(full)[:, 1:8]                    # rows strided: 9 floats apart, 7 long
     dtype = np.uint16 if precision == "bf16" else np.float16
     dst = cuda.to_device(np.zeros(3 * 7, dtype))
-    cublaslt.round_into(dst, src, precision, version=version)
+    lab_operands.round_into(dst, src, precision, version=version)
     got = dst.copy_to_host()
     got = (got.astype(np.uint32) << 16).view(np.float32) if precision == "bf16" else got.astype(np.float32)
     want = ROUND[precision](full[:, 1:8]).ravel()
@@ -139,7 +140,7 @@ def _round_bits(src, dtype, version):
     """The 16-bit patterns that round_into writes for a device array src [R, C] (flat, rows packed)."""
     from numba import cuda
     dst = cuda.to_device(np.zeros(src.shape[0] * src.shape[1], dtype))
-    cublaslt.round_into(dst, src, "bf16" if dtype == np.uint16 else "fp16", version=version)
+    lab_operands.round_into(dst, src, "bf16" if dtype == np.uint16 else "fp16", version=version)
     return dst.copy_to_host().view(np.uint16)
 
 
@@ -155,7 +156,7 @@ ROUND_CASES = {             # name: (shape of the allocation, the view of it rou
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("case", list(ROUND_CASES))
 def test_round_v2_is_v1_and_the_twin_bit_for_bit(precision, case):
-    """k_round_*_v2 writes v1's bits for every input (NaN payloads too) and the twin's (NaN as NaN),
+    """k_round_* (the engine's, v2) writes v1's bits for every input (NaN payloads too) and the twin's (NaN as NaN),
     on the wide path and element by element, with more rows than the grid has (a block strides)."""
     from numba import cuda
 
@@ -196,7 +197,7 @@ def test_round_v2_wide_path_needs_aligned_rows():
     assert not cublaslt.round_wide(dst, src)
     grid, threads = operands.round_grid(2, 40)
     with pytest.raises(AssertionError, match="16-byte"):
-        cublaslt.k_round_fp16_v2[grid, threads](dst, src, True)
+        cublaslt.k_round_fp16[grid, threads](dst, src, True)
 
 
 def test_round_v2_grid_on_the_gpu():

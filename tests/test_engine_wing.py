@@ -12,9 +12,13 @@ import pkgutil
 import re
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 import andrea_numba.kernels as K
 from andrea_numba import recipes
 from andrea_numba.kernels import matmul
+from andrea_numba.kernels.common import SIMULATOR
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,3 +75,56 @@ def test_the_engine_tile_families_are_those_its_products_name():
             assert lab_matmul.VERSIONS["matmul"][record.rung].family == family
     for launch in engine.values():                # the lab's ladder holds the engine's rungs under their numbers
         assert lab_matmul.VERSIONS["matmul"][launch.rung] is launch, launch.__name__
+
+
+# a numbered kernel name: k_matmul_v18, k_round_bf16_v2, k_loss_fwd_v3_..., the lab's way to name a rung
+NUMBERED = re.compile(r"_v\d+(_|$)")
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="records the simulator's launches (NUMBA_ENABLE_CUDASIM=1)")
+def test_every_kernel_the_recipes_launch_is_named_without_a_version_number(monkeypatch):
+    """The kernels that one forward + backward of each engine recipe of ours launches (a one-layer tiny
+    model), and those of the recipes' products where K splits (k_splitk_sum) or a tensor map cannot
+    read an operand (matmul_bf16_wgmma's fallback), are named by what they are: no _v<N>. The
+    launches are recorded, not run (the simulator's kernel call replaced), so this is quick."""
+    import dataclasses
+
+    from numba import cuda
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    from andrea_numba import gpu_model as G
+    from andrea_numba.config import load_config
+    from andrea_numba.layout import init_params
+
+    launched = {}                                         # kernel name -> where it was launched
+    where = [""]
+    monkeypatch.setattr(sim_kernel.FakeCUDAKernel, "__call__",
+                        lambda kernel, *args: launched.setdefault(kernel.fn.__name__, set()).add(where[0]))
+    m = dataclasses.replace(load_config("tiny").model, n_layer=1)
+    ours = [r for r in recipes.RECIPES.values() if r.library is None]
+    assert {r.name for r in ours} == {"fp32", "bf16-hopper", "bf16-ampere", "fp16"}
+    for recipe in ours:
+        where[0] = recipe.name
+        model = G.GPUModel(m, 1, 8, recipe=recipe)
+        model.params.copy_to_device(init_params(m, 1))
+        tokens = np.zeros((1, 8), np.int32)
+        model.forward(tokens, tokens)
+        model.backward()
+    products = (matmul.matmul_tf32x3, matmul.matmul_fp16, matmul.matmul_bf16, matmul.matmul_bf16_wgmma_cp_async,
+                matmul.matmul_bf16_wgmma)
+    M = N = 32
+    K = 1024
+    for launch in products:                               # dW += x^T @ dy with a work buffer: split over K
+        where[0] = launch.__name__
+        x, dy = cuda.to_device(np.zeros((K, M), np.float32)), cuda.to_device(np.zeros((K, N), np.float32))
+        work = cuda.to_device(np.zeros(16 * M * N, np.float32))
+        launch(cuda.to_device(np.zeros((M, N), np.float32)), work, x, dy, trans_a=True, accumulate=True)
+    where[0] = "matmul_bf16_wgmma, rows of 12 values"   # no tensor map: matmul_bf16_wgmma_cp_async
+    matmul.matmul_bf16_wgmma(cuda.to_device(np.zeros((12, 64), np.float32)), None,
+                             cuda.to_device(np.zeros((16, 12), np.uint16)), cuda.to_device(np.zeros((16, 64), np.uint16)),
+                             trans_a=True)
+    assert {"k_matmul_tf32x3", "k_matmul_fp16", "k_matmul_bf16", "k_matmul_bf16_wgmma_cp_async", "k_matmul_bf16_wgmma",
+            "k_splitk_sum", "k_round_bf16", "k_loss_fwd_stats"} <= set(launched)
+    assert "k_matmul_bf16_wgmma_cp_async" in {n for n, w in launched.items() if "matmul_bf16_wgmma, rows of 12 values" in w}
+    numbered = {name: sorted(w) for name, w in launched.items() if NUMBERED.search(name)}
+    assert not numbered, f"numbered kernels launched by the engine's recipes: {numbered}"

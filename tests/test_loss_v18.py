@@ -1,7 +1,7 @@
 """loss_fwd v18 and loss_bwd v16 (kernels/loss.py): the softmax is not written. With stats, the forward
-leaves the logits in probs and saves each row's maximum M and sum se = sum exp(x - M) (k_loss_fwd_v4);
+leaves the logits in probs and saves each row's maximum M and sum se = sum exp(x - M) (k_loss_fwd_stats);
 the backward recomputes p = exp(x - M) / se from the logits (k_loss_bwd_from_stats). The operations are
-k_loss_fwd_v3's on the same values, so everything is bit for bit loss_fwd v17 + loss_bwd v15's: the
+k_loss_fwd_rows's on the same values, so everything is bit for bit loss_fwd v17 + loss_bwd v15's: the
 losses and the loss, the bf16 dlogits the backward leaves in the operand scratch (cublaslt.COPIES),
 dx, and dwte (+=, prefilled), with dloss not 1. Without stats both are v17 / v15 (the harness's
 call); where the rows are not whole 16-byte chunks (V % 4 != 0) both fall back to them with stats.
@@ -71,7 +71,7 @@ def _backward(version, fwd, x, wte, targets, dwte0, block, stats=None, dloss=0.5
 
 
 def _se_in_order(logits, M, T):
-    """k_loss_fwd_v3's sum, replayed: thread t holds x[4 (t + q T) .. + 3] for q < NQ (past the row's
+    """k_loss_fwd_rows's sum, replayed: thread t holds x[4 (t + q T) .. + 3] for q < NQ (past the row's
     end: exp(-inf) = 0), adds its e = exp(x - M) in that order, then block_sum's tree over the T."""
     V = logits.shape[0]
     NQ = math.ceil(V / (4 * T))

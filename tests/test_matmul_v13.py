@@ -126,3 +126,27 @@ def test_the_gpu_tiles_write_chunks_without_bank_conflicts(block, trans_a):
         assert (stored[0] * CPR) % threads == 0
         for q in range(0, len(e), 8):                                  # consecutive lanes: consecutive e
             assert len(set((words[q:q + 8] // 4) % 8)) == 8, (stored, q)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_the_engines_split_k_sum_gives_the_labs_v1_bits(accumulate):
+    """k_splitk_sum (the engine's, over flat views) and the lab's k_splitk_sum_v1 (over [M, N] views,
+    the sum of the rungs before v8): out (+)= ((work[0] + work[1]) + ...) + work[S-1] in fp32, the
+    same additions in the same order, so the same bits; M, N odd (more elements than a block)."""
+    rng = np.random.default_rng(13)
+    S, M, N = 5, 7, 9
+    work = (rng.standard_normal((S, M, N)) * 10.0 ** rng.integers(-4, 4, (S, M, N))).astype(np.float32)
+    o0 = rng.standard_normal((M, N)).astype(np.float32)
+    want = work[0].copy()
+    for z in range(1, S):
+        want += work[z]
+    if accumulate:
+        want = o0 + want
+    outs = []
+    for launch in (MM.splitk_sum, lab_matmul.splitk_sum_v1):
+        out = cuda.to_device(o0.copy())
+        launch(out, cuda.to_device(work), accumulate, 0)
+        outs.append(out.copy_to_host())
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    assert np.array_equal(outs[0].view(np.uint32), want.view(np.uint32))
+    assert MM.k_splitk_sum.fn.__name__ == "k_splitk_sum" and lab_matmul.k_splitk_sum_v1.fn.__name__ == "k_splitk_sum_v1"

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from andrea_numba.kernels import cublaslt as CL
 from andrea_numba.kernels import half_tile as H
 from andrea_numba.kernels import matmul as MM
 from lab import matmul as lab_matmul
+from lab import operands as lab_operands
 from andrea_numba.kernels import wgmma as W
 from lab import wgmma_tile as WT
 from lab import wgmma_tile as lab_wgmma_tile
@@ -113,14 +113,14 @@ def test_the_transposed_copy_is_round_bf16_bit_for_bit(R, C):
     if src.size > 4:
         src.flat[4] = np.nan
     dst = cuda.to_device(np.full(R * C + 5, 7, np.uint16))
-    CL.round_into_t(dst, cuda.to_device(src))
+    lab_operands.round_into_t(dst, cuda.to_device(src))
     got = dst.copy_to_host()
     want = _bits(src).T.reshape(-1)
     nan = np.isnan(src.T.reshape(-1))
     assert np.array_equal(got[:R * C][~nan], want[~nan]) and (got[R * C:] == 7).all()
     assert ((got[:R * C][nan] & 0x7F80) == 0x7F80).all() and (got[:R * C][nan] & 0x7F).any()
     bits = rng.integers(0, 1 << 16, (R, C)).astype(np.uint16)
-    CL.round_into_t(dst, cuda.to_device(bits))
+    lab_operands.round_into_t(dst, cuda.to_device(bits))
     assert np.array_equal(dst.copy_to_host()[:R * C], bits.T.reshape(-1))
 
 

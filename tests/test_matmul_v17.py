@@ -18,7 +18,7 @@ from numba import cuda
 
 from lab import matmul as MM                        # the whole ladder: the engine's products and the lab's
 from lab import matmul as lab_matmul
-from andrea_numba.kernels import operands as OP
+from lab import operands as lab_operands
 from andrea_numba.kernels import wgmma_mn as WM
 from lab import wgmma_ring as WR
 from andrea_numba.kernels.common import SIMULATOR
@@ -80,7 +80,7 @@ def test_every_transpose_gives_v15s_bits_without_a_transposed_copy(trans_a, tran
     o0 = rng.standard_normal((M, N)).astype(np.float32) if accumulate else np.full((M, N), np.nan, np.float32)
     a17 = _bits(a) if (trans_a, trans_b) == (True, True) else a
     with monkeypatch.context() as patch:
-        patch.setattr(OP, "round_into_t", _no_transposed_copy)     # OperandCopies.round's transposing copy
+        patch.setattr(lab_operands, "round_into_t", _no_transposed_copy)     # the lab's transposing copy (v14, v15)
         out = _v17(a17, b, trans_a, trans_b, o0, accumulate=accumulate, block=DYNAMIC)
         if trans_a:                                                # (the patch bites: v15's copies need it)
             with pytest.raises(AssertionError, match="transposed copy"):

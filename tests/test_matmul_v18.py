@@ -24,6 +24,7 @@ from lab import attn_out as lab_attn_out
 from lab import mlp as lab_mlp
 from andrea_numba.kernels import matmul as MM
 from lab import matmul as lab_matmul
+from lab import wgmma_tma as lab_tma
 from andrea_numba.kernels import tma
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.recipes import RECIPES
@@ -105,6 +106,43 @@ def test_a_split_weight_gradient_gives_v17s_bits():
         assert np.abs(parts[z] - ref).max() <= 1e-6 * np.abs(ref).max()
     work17 = cuda.to_device(np.zeros(8 * M * N, np.float32))
     assert np.array_equal(out, _v17(a16, b16, True, False, o0, work=work17, accumulate=True, block=V17_DYNAMIC))
+
+
+def _flag_built(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, block=None):
+    """The lab's flag-built v18 kernel (lab/wgmma_tma.py: make_tma_kernel at the engine's flags, epilogue
+    None and fixup 0) through the launcher it had (tma_product), as matmul_bf16_wgmma is called."""
+    lab_tma.tma_product(out, work, a, b, trans_a, trans_b, accumulate, MM.TMA_AUTO if block is None else block, 0)
+
+
+@sim_only
+@pytest.mark.slow
+def test_the_written_out_kernel_gives_the_flag_built_kernels_bits(monkeypatch):
+    """k_matmul_bf16_wgmma (the engine's, written out) against the lab's flag-built kernel it was
+    written out from: both kernels' names, and the same bits in out (and in the split-K partials)
+    on a K-major form with edges and accumulate (ring wrapped across tiles) and on a split weight
+    gradient (A M-major, B N-major, the "auto" tile)."""
+    kernel, _ = MM.tma_kernel(*TILE_64[:2], TILE_64[3], False, True)
+    flag_kernel, _ = lab_tma.tma_kernel(*TILE_64[:2], TILE_64[3], False, True)
+    assert kernel.fn.__name__ == "k_matmul_bf16_wgmma" and flag_kernel.fn.__name__ == "k_matmul_v18"
+    rng = np.random.default_rng(182)
+    trans_a, trans_b, M, N, K, block = FORMS[1]                 # both K-major, edges in M, N and K
+    a, b = _operands(rng, M, N, K, trans_a, trans_b)
+    a16, b16 = _bits(a), _bits(b)
+    o0 = rng.standard_normal((M, N)).astype(np.float32)
+    engine = _v18_only(monkeypatch, a16, b16, trans_a, trans_b, o0, accumulate=True, block=block)
+    flags = _v18_only(monkeypatch, a16, b16, trans_a, trans_b, o0, accumulate=True, block=block, launch=_flag_built)
+    assert np.array_equal(engine.view(np.uint32), flags.view(np.uint32))
+    M, N, K = 64, 64, 512                                       # out += a^T @ b in 4 slices on 64 x 64
+    a, b = _operands(rng, M, N, K, True, False)
+    a16, b16 = _bits(a), _bits(b)
+    o0 = rng.standard_normal((M, N)).astype(np.float32)
+    works = [cuda.to_device(np.full(8 * M * N, np.nan, np.float32)) for _ in range(2)]
+    outs = [_v18(a16, b16, True, False, o0, work=w, accumulate=True, launch=launch)
+            for w, launch in zip(works, (MM.matmul_bf16_wgmma, _flag_built))]
+    assert MM.splitk(M, N, K, 1, TILE_64, works[0])[0] > 1
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    parts = [w.copy_to_host().view(np.uint32) for w in works]
+    assert np.array_equal(parts[0], parts[1])                   # the partials too (NaN where unwritten, in both)
 
 
 @sim_only
@@ -259,7 +297,7 @@ def test_products_bf16t_are_the_linear_ops_on_v18():
     assert bf16t.kernels["attn_qkv"] == (lab_attn_qkv.VERSIONS["attn_qkv_fwd"][v], lab_attn_qkv.VERSIONS["attn_qkv_bwd"][v])
     assert bf16t.kernels["mlp"][0] is lab_mlp.VERSIONS["mlp_fwd"][19]
     # loss_fwd v16 is v18's first registration; the recipe runs v17, v16's logits with the softmax
-    # reading them once (k_loss_fwd_v3): both are on v18
+    # reading them once (k_loss_fwd_rows): both are on v18
     assert bf16t.kernels["loss"] == (lab_loss.VERSIONS["loss_fwd"][17], lab_loss.VERSIONS["loss_bwd"][v])
     for table, name, n in [(lab_attn_qkv, "attn_qkv_fwd", v), (lab_attn_qkv, "attn_qkv_bwd", v),
                            (lab_attn_out, "attn_out_fwd", v), (lab_attn_out, "attn_out_bwd", v),

@@ -1,4 +1,4 @@
-"""matmul v19 (kernels/wgmma_tma.py, point 6): v18 whose kernel adds its split-K slices itself. The last
+"""matmul v19 (lab/wgmma_tma.py, point 6): v18 whose kernel adds its split-K slices itself. The last
 consumer warp of the S slices of a tile's cells (an integer counter a (tile, warp), counted after a
 threadfence) sums them in k_splitk_sum's order, so the result is v18's bit for bit, and it sets its
 counter back to 0, so the next launch (a CUDA graph's replay) starts clean. In the simulator the
@@ -9,6 +9,7 @@ from numba import cuda
 
 from andrea_numba.kernels import matmul as MM
 from lab import matmul as lab_matmul
+from lab import wgmma_tma as lab_tma
 from andrea_numba.kernels.common import SIMULATOR
 from test_matmul_v12 import _operands, _run
 from test_matmul_v17 import _bits
@@ -46,7 +47,7 @@ def test_v19_adds_its_slices_itself_with_v18s_bits_and_leaves_its_counters_at_ze
     monkeypatch.setattr(MM, "splitk_sum", lambda *a, **k: (sums.append(1), real_sum(*a, **k))[1])
     want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_bf16_wgmma)
     assert sums == [1]                                    # v18: the second kernel
-    counts = MM.COUNTS.reserve()
+    counts = lab_tma.COUNTS.reserve()
     for _ in range(2):
         got = _fixup(lab_matmul.matmul_v19, a16, b16, o0, work)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -86,5 +87,5 @@ def test_v23_batches_the_sums_loads_and_keeps_v18s_bits(monkeypatch):
     want = _run(a16, b16, True, False, o0, work=work, accumulate=True, launch=MM.matmul_bf16_wgmma)
     got = _fixup(lab_matmul.matmul_v23, a16, b16, o0, work)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    assert not MM.COUNTS.reserve().copy_to_host().any()
+    assert not lab_tma.COUNTS.reserve().copy_to_host().any()
     assert lab_matmul.VERSIONS["matmul"][23] is lab_matmul.matmul_v23

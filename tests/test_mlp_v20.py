@@ -1,4 +1,4 @@
-"""mlp v20: v19 with the GELU done in matmul v18's epilogue (kernels/wgmma_tma.py, point 5): the
+"""mlp v20: v19 with the GELU done in matmul v18's epilogue (lab/wgmma_tma.py, point 5): the
 forward stores h = bf16(gelu(h_pre)) beside h_pre from the product's registers, the backward stores
 dh_pre = bf16(dh gelu'(h_pre)) without writing dh in fp32. The same functions on the same fp32
 values as v19's GELU passes, so (in the simulator, where nothing fuses a multiply and an add) the
@@ -34,8 +34,8 @@ def test_mlp_v20_gives_v19s_bits_and_runs_the_fused_epilogues(monkeypatch):
     dout = rng.standard_normal((N, C)).astype(np.float32)
     work = np.zeros(MM.splitk_work(C, N), np.float32)
     fused = []
-    real = MM._tma_matmul
-    monkeypatch.setattr(lab_mlp, "_tma_matmul", lambda *a: (fused.append(a[9][0]) if len(a) > 9 and a[9] else None, real(*a))[1])
+    real = lab_mlp.tma_product
+    monkeypatch.setattr(lab_mlp, "tma_product", lambda *a: (fused.append(a[9][0]) if len(a) > 9 and a[9] else None, real(*a))[1])
     runs = []
     for fwd, bwd in ((mlp.mlp_fwd_bf16_wgmma, mlp.mlp_bwd_bf16_wgmma), (lab_mlp.mlp_fwd_v20, lab_mlp.mlp_bwd_v20)):
         d = {k: cuda.to_device(v) for k, v in dict(x=x, w_1=w_1, w_2=w_2, dout=dout, work=work).items()}

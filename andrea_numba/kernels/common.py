@@ -262,8 +262,9 @@ else:
 
 
 def jit_as(fn, version):
-    """cuda.jit(fn) named fn_v<version> (k_matmul_v8, k_attn_flash_fwd_v3, ...): the name profilers
-    and errors show, for a kernel built once per tile or block shape."""
+    """cuda.jit(fn) named fn_v<version> (the lab's k_attn_flash_fwd_v3, ...): the name profilers and
+    errors show, for a lab rung's kernel built once per tile or block shape. (The engine's kernels are
+    named by what they are, never numbered: tests/test_engine_wing.py.)"""
     fn.__name__ = fn.__qualname__ = f"{fn.__name__}_v{version}"
     return cuda.jit(fn)
 

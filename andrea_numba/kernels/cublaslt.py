@@ -9,10 +9,10 @@ our kernels are measured against, and the route the original engine took for its
 
 Precision:
     fp32   the operands as they are, CUBLAS_COMPUTE_32F: fp32 products and sums (no TF32), an SGEMM
-    bf16   each operand first rounded to bf16 (ties to even) into a scratch copy by k_round_bf16_v2
+    bf16   each operand first rounded to bf16 (ties to even) into a scratch copy by k_round_bf16
            (operands.round_into), then a bf16 x bf16 product with fp32 sums and an fp32 output: the
            products of matmul v10 (the twin at "bf16" rounds the same inputs the same way)
-    fp16   the same with fp16 copies (k_round_fp16_v2; matmul v11)
+    fp16   the same with fp16 copies (k_round_fp16; matmul v11)
 so the harness checks the bf16 and fp16 forms against the twin at that precision, as it checks
 our own bf16 kernels (check.py, low_precision_reference). Why not hand cuBLAS the fp32 operands
 with CUBLAS_COMPUTE_32F_FAST_16BF ("down-convert to bf16 as you go")? On the H200 (cuBLASLt 13.1,
@@ -53,10 +53,9 @@ from .common import SIMULATOR, address
 from .mlp import gelu_bwd_vec4, gelu_fwd_vec4
 # The 16-bit copies of the operands (operands.py, below every product that takes them), also by
 # these names here: the model, the memory plan and the tests reach them through the library route.
-from .operands import (ALIGN, COPIES, HELD, ROUND_GRID_THREADS, ROUND_THREADS, ROUND_VERSIONS,  # noqa: F401
-                       T_GRID_Y, T_PITCH, T_ROWS, T_TILE, HeldCopies, OperandCopies, bf16_bits,
-                       held_elements, k_round_bf16_t_v1, k_round_bf16_v1, k_round_bf16_v2, k_round_fp16_v1,
-                       k_round_fp16_v2, operand_elements, round_into, round_into_t, round_wide, scratch_bytes)
+from .operands import (ALIGN, COPIES, HELD, ROUND_GRID_THREADS, ROUND_THREADS, HeldCopies,  # noqa: F401
+                       OperandCopies, bf16_bits, held_elements, k_round_bf16, k_round_fp16, operand_elements,
+                       round_into, round_wide, scratch_bytes)
 
 WORKSPACE_BYTES = 32 << 20          # cuBLASLt's scratch for every product (NVIDIA suggests 32 MiB on Hopper)
 PRECISIONS = ("fp32", "bf16", "fp16")

@@ -166,7 +166,7 @@ def make_quantize(M: int, E: int, fmax: float):
         """codes[j * ld + i] = byte(x[i, j] * scale) for i < R, 0 for R <= i < ld; x [R, C]: the
         transpose [C, ld]. Block (T_TILE, T_ROWS), a T_TILE x T_TILE tile of x a block along x, tiles
         of rows over y (striding past 65,535): read along x's rows (coalesced), the bytes through a
-        shared tile, written along the transpose's rows (kernels/cublaslt.py's k_round_bf16_t_v1:
+        shared tile, written along the transpose's rows (lab/operands.py's k_round_bf16_t_v1:
         the same walk; the tile's rows one word longer so the column reads hit different banks)."""
         tile = cuda.shared.array((T_TILE, T_PITCH), int32)
         buf = cuda.shared.array(T_THREADS, int32)

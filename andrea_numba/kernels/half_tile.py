@@ -76,7 +76,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from .common import SIMULATOR, address, nonneg
-from .operands import COPIES                        # the 16-bit copies' scratch (k_round_bf16_v2)
+from .operands import COPIES                        # the 16-bit copies' scratch (k_round_bf16)
 from .ptx import CP_ASYNC_WAIT, cp_async16, cp_async_commit, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, store2
 from .tile_loop import WARP, add_fragment, make_load
 from .warp_tile import fragment_tile
@@ -173,7 +173,7 @@ def _stage(trans_a, trans_b, BM, BN, MI, NI):
 # =============================================================================================
 # matmul_bf16's ring: the bf16 copies, fed to the shared stages by cp.async
 #
-#   1. k_round_bf16_v2 (operands.round_into) rounds each operand once into a bf16 copy in a
+#   1. k_round_bf16 (operands.round_into) rounds each operand once into a bf16 copy in a
 #      scratch buffer (ties to even, cvt.rn.bf16x2's bits): rows packed, the copy keeps the
 #      operand's orientation, a [M, K] -> a16 [M, K], a^T [K, M] -> a16 [K, M].
 #   2. The product kernel copies 16-byte chunks (8 bf16) of the copies straight from global to

@@ -771,7 +771,7 @@ def k_residual_layernorm_bwd_bf16(dx, df, part, d16, dresid, dout, x, mean, rstd
         dx = dresid + rstd (dxhat - mean_c(dxhat) - xhat mean_c(dxhat xhat)),
     df = dx when write_df, part[0, blk, c] = sum over the block's rows of dout xhat and part[1, blk, c]
     of dout), and d16[row, c] = the bf16 bit pattern of dx[row, c], rounded to nearest, ties to even
-    (cvt.rn.bf16x2.f32: what the products' copy kernel k_round_bf16_v2 gives for every value but
+    (cvt.rn.bf16x2.f32: what the products' copy kernel k_round_bf16 gives for every value but
     NaN), stored as each dx value is."""
     residual_layernorm_bwd_rows(dx, df, part, d16, dresid, dout, x, mean, rstd, g, write_df, True)
 

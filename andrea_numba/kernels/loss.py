@@ -322,7 +322,7 @@ def _bwd_bf16(mm, dx, dwte, work, dloss, x, wte, probs, targets, block, stream, 
     mm(dwte, work, d16, x, trans_a=True, accumulate=True, stream=stream)        # dwte += dlogits^T @ x
 
 
-# The sum of a softmax row: k_loss_fwd_v3 adds each e = exp(x - M) with _add, k_loss_fwd_v4 with
+# The sum of a softmax row: k_loss_fwd_rows adds each e = exp(x - M) with _add, k_loss_fwd_stats with
 # _add_rn, so that both round e before adding it (loss_stats_rows says why).
 @cuda.jit(device=True, inline="always")
 def _add(a, b):
@@ -341,7 +341,7 @@ else:
         return libdevice.fadd_rn(a, b)
 
 
-# k_loss_fwd_v3: v2's softmax with the row held in registers, so the logits are read once. At 120M
+# k_loss_fwd_rows: v2's softmax with the row held in registers, so the logits are read once. At 120M
 # (V = 50304) k_loss_fwd_online took 1.55 ms of the bf16 step (on matmul v18) on the H200, more than the
 # logits' own product (1.20 ms): it reads each 201 KB row twice and writes it once, 5 GB, and the 264 rows in
 # flight (53 MB) spill out of the 50 MB L2 between the two reads. Here thread tid of the row's T
@@ -354,7 +354,7 @@ else:
 # rescaled to M): other bits, the same at every run.
 @functools.cache
 def _row_softmax(V: int, T: int, add=_add):
-    """The part of k_loss_fwd_v3 that k_loss_fwd_v4 shares, for rows of V logits on T threads: (NX,
+    """The part of k_loss_fwd_rows that k_loss_fwd_stats shares, for rows of V logits on T threads: (NX,
     row_sums), NX the values a thread holds; row_sums(buf, xs, probs, row, tid) -> (M, se) loads
     thread tid's values of the row into xs [NX] (local), takes M (block_max), turns xs into
     e = exp(x - M) and sums them with `add` (each thread's NX in order, then block_sum's tree)."""
@@ -392,11 +392,11 @@ def _row_kernel(kernel, T: int):
 
 @functools.cache
 def loss_fwd_rows(V: int, T: int):
-    """The k_loss_fwd_v3 kernel for rows of V logits on T threads (V % 4 == 0, rows 16-byte aligned)."""
+    """The k_loss_fwd_rows kernel for rows of V logits on T threads (V % 4 == 0, rows 16-byte aligned)."""
     NQ = (V + 4 * T - 1) // (4 * T)
     NX, row_sums = _row_softmax(V, T)
 
-    def k_loss_fwd_v3(losses, probs, targets):
+    def k_loss_fwd_rows(losses, probs, targets):
         """probs [N, V]: the logits on entry, the softmax on exit; losses[row] = log(sum exp) - logit
         of the target. One block of T threads a row, the row in registers (comment above)."""
         buf = cuda.shared.array(MAX_BLOCK, float32)
@@ -411,15 +411,15 @@ def loss_fwd_rows(V: int, T: int):
         if tid == 0:
             losses[row] = (math.log(se) + M) - picked
 
-    return _row_kernel(k_loss_fwd_v3, T)
+    return _row_kernel(k_loss_fwd_rows, T)
 
 
 # v17 forward: v16 (the logits from matmul_bf16_wgmma) with the softmax in one read of the logits
-# (k_loss_fwd_v3); v2's two passes where the rows are not whole 16-byte chunks. block = threads a row.
+# (k_loss_fwd_rows); v2's two passes where the rows are not whole 16-byte chunks. block = threads a row.
 @rung(17)
 @blocks(gpu=(512, 1024), sim=(4, 8))
 def loss_fwd_bf16_wgmma_probs(loss, losses, probs, x, wte, targets, *, block, stream=0):
-    """The logits from matmul_bf16_wgmma; the softmax with the row in registers (k_loss_fwd_v3), the loss
+    """The logits from matmul_bf16_wgmma; the softmax with the row in registers (k_loss_fwd_rows), the loss
     in fp32."""
     N, V = probs.shape
     matmul_bf16_wgmma(probs, None, x, wte, trans_b=True, stream=stream)       # logits = x @ wte^T, into probs
@@ -433,11 +433,11 @@ def loss_fwd_bf16_wgmma_probs(loss, losses, probs, x, wte, targets, *, block, st
 loss_fwd_bf16_wgmma_probs.precision = "bf16"
 
 
-# v18 forward, v16 backward (bf16): the fp32 softmax is never written. v17's k_loss_fwd_v3 reads the
+# v18 forward, v16 backward (bf16): the fp32 softmax is never written. v17's k_loss_fwd_rows reads the
 # logits once and writes probs = e / se over them, which v15's k_loss_bwd_bf16 reads back for dlogits:
 # at 120M (N = 8192 rows, V = 50304) 1.65 GB written and 1.65 GB read again, 0.89 + 0.59 ms on the
 # H200, both at memory bandwidth. Here the forward keeps the logits in probs and saves two numbers a
-# row in stats [2, N] (k_loss_fwd_v4):
+# row in stats [2, N] (k_loss_fwd_stats):
 #     M = max_v x[v]            se = sum_v exp(x[v] - M)            losses[row] = log(se) + M - x[target]
 # and the backward (k_loss_bwd_from_stats) computes, as it reads the logits,
 #     p = exp(x - M) / se       dlogits = (p - onehot(target)) * dloss / N, in bf16 as k_loss_bwd_bf16
@@ -453,14 +453,14 @@ loss_fwd_bf16_wgmma_probs.precision = "bf16"
 # well, stats neither written nor read: each decides from probs alone, so the pair always agrees.
 @functools.cache
 def loss_stats_rows(V: int, T: int):
-    """The k_loss_fwd_v4 kernel for rows of V logits on T threads (V % 4 == 0, rows 16-byte aligned).
+    """The k_loss_fwd_stats kernel for rows of V logits on T threads (V % 4 == 0, rows 16-byte aligned).
     Its sum adds each e with _add_rn: v3 keeps e for its division, so e is rounded before it is
     added (mul.f32, add.f32); here e has no other use and NVVM would fuse the two into an fma, which
     rounds once (other bits where e is subnormal)."""
     NX, row_sums = _row_softmax(V, T, _add_rn)
 
-    def k_loss_fwd_v4(losses, stats, probs, targets):
-        """k_loss_fwd_v3 with probs left as it is (the logits): stats[0, row] = M, the row's maximum,
+    def k_loss_fwd_stats(losses, stats, probs, targets):
+        """k_loss_fwd_rows with probs left as it is (the logits): stats[0, row] = M, the row's maximum,
         stats[1, row] = se = sum exp(x - M), and losses[row] = log(se) + M - the target's logit."""
         buf = cuda.shared.array(MAX_BLOCK, float32)
         row, tid = cuda.blockIdx.x, cuda.threadIdx.x
@@ -471,13 +471,13 @@ def loss_stats_rows(V: int, T: int):
             stats[0, row] = M
             stats[1, row] = se
 
-    return _row_kernel(k_loss_fwd_v4, T)
+    return _row_kernel(k_loss_fwd_stats, T)
 
 
 @cuda.jit
 def k_loss_bwd_from_stats(d16, d_words, logits, stats, targets, scale, wide):
-    """k_loss_bwd_bf16 from the logits: p = exp(x - M) / se with (M, se) = stats[:, row] (k_loss_fwd_v4),
-    the value k_loss_fwd_v3 would have stored; then dlogits = (p - onehot) * scale in bf16 as v2."""
+    """k_loss_bwd_bf16 from the logits: p = exp(x - M) / se with (M, se) = stats[:, row] (k_loss_fwd_stats),
+    the value k_loss_fwd_rows would have stored; then dlogits = (p - onehot) * scale in bf16 as v2."""
     row = cuda.blockIdx.x
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
     target = targets[row]
@@ -506,7 +506,7 @@ def _stats_for(probs, stats):
 @blocks(gpu=(512, 1024), sim=(4, 8))
 def loss_fwd_bf16_wgmma(loss, losses, probs, x, wte, targets, *, stats=None, block, stream=0):
     """v17, or with stats (float32 [2, N]): the logits left in probs, each row's maximum M and sum
-    se = sum exp(x - M) in stats (k_loss_fwd_v4), for loss_bwd v16; losses and loss as v17's."""
+    se = sum exp(x - M) in stats (k_loss_fwd_stats), for loss_bwd v16; losses and loss as v17's."""
     stats = _stats_for(probs, stats)
     if stats is None:
         return loss_fwd_bf16_wgmma_probs(loss, losses, probs, x, wte, targets, block=block, stream=stream)

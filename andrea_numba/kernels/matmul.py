@@ -46,12 +46,12 @@ import numba
 import numpy as np
 from numba import cuda, float32
 
-from .common import blocks, cdiv, ELEMENTWISE_THREADS, jit_as, rung, SIMULATOR
+from .common import blocks, cdiv, ELEMENTWISE_THREADS, rung, SIMULATOR
 from .half_tile import async_resolve, bf16_copies, make_async_tile
 from .tma import TMAPS, map_fits
 from .warp_tile import make_epilogue, make_fp16_tile, make_tf32x3_tile, resolve
 from .wgmma_mn import make_mn_tile, mn_resolve
-from .wgmma_tma import fixup_counters, tile_bytes, tma_kernel, units_grid
+from .wgmma_tma import tile_bytes, tma_kernel, units_grid
 
 # (BM, BN, BK, TM, TN): the tile shapes the launchers are checked and timed at; the first is the
 # engine's. On a GPU 64 x 64 tiles of 256 threads (8 KiB of shared memory); in the simulator,
@@ -186,8 +186,8 @@ def _make_tile_v2(tile):
 
 class TileFamily(NamedTuple):
     """A family of product tiles. make(tile) builds the tile functions of one tile (family, BM, BN, BK,
-    WM, WN, vec[, STAGES]); rung: the matmul rung whose product kernel runs it (named k_matmul_v<rung>);
-    what: a line for the kernel's docstring."""
+    WM, WN, vec[, STAGES]); rung: the matmul rung whose product kernel runs it; what: a line for the
+    kernel's docstring. The product kernel on a family's tiles is named k_matmul_<family>."""
     make: Callable
     rung: int
     what: str
@@ -306,28 +306,9 @@ def _splitk(M, N, K, z, BM, BN, BK, work_size, resident):
     return best[1], best[2]
 
 
-@cuda.jit
-def k_splitk_sum_2d(out, work, accumulate):
-    """out[r, c] (+)= sum_z work[z, r, c], z = 0, 1, ... in order (one thread per element)."""
-    i = cuda.grid(1)
-    M, N = out.shape
-    if i >= M * N:
-        return
-    r, c = i // N, i % N
-    s = work[0, r, c]
-    for z in range(1, work.shape[0]):
-        s += work[z, r, c]
-    if accumulate:
-        out[r, c] += s
-    else:
-        out[r, c] = s
-
-
-
-# k_splitk_sum: the same sums over flat views (the engine's). k_splitk_sum_2d finds its element's
-# row and column with an integer division and remainder (64-bit), which kept the H200's integer pipe
-# 75% busy while memory, the real work, ran at 41% (Nsight Compute, 120M dW_1's sum). Flat, a
-# thread's index is the element. (v1 adds the slices of the lab's rungs before matmul v8.)
+# k_splitk_sum: one thread an element of out, over flat views (out [M*N], work [S, M*N]): a
+# thread's index is the element, so no row and column are worked out (the lab's k_splitk_sum_v1, on
+# [M, N] views, spent the integer pipe on that division: lab/matmul.py).
 @cuda.jit
 def k_splitk_sum(out, work, accumulate):
     """out[i] (+)= sum_z work[z, i], z = 0, 1, ... in order; out [M*N] and work [S, M*N] flat."""
@@ -344,14 +325,11 @@ def k_splitk_sum(out, work, accumulate):
 
 
 
-def splitk_sum(out, work, accumulate, stream, version=1):
-    """Launch k_splitk_sum (v1, or v2 on flat views) over out (work [S, M, N])."""
+def splitk_sum(out, work, accumulate, stream):
+    """Launch k_splitk_sum over out [M, N] (work [S, M, N]): out (+)= work[0] + ... + work[S-1]."""
     M, N = out.shape
-    if version == 2:
-        k_splitk_sum[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](
-            out.reshape(M * N), work.reshape(work.shape[0], M * N), accumulate)
-        return
-    k_splitk_sum_2d[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](out, work, accumulate)
+    k_splitk_sum[cdiv(M * N, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, stream](
+        out.reshape(M * N), work.reshape(work.shape[0], M * N), accumulate)
 
 
 
@@ -379,7 +357,9 @@ def _k_matmul_warp(tile, trans_a, trans_b):
     family = TILE_FAMILIES[tile[0]]
     k_matmul.__doc__ = (f"One BM x BN tile of out (+)= op(a) @ op(b) per block on {family.what}; with split-K, "
                         f"block z writes its slice's partial tile to work[z].")
-    return jit_as(k_matmul, family.rung)               # k_matmul_v8, k_matmul_v11, ...
+    # named by its family: k_matmul_tf32x3, k_matmul_fp16, k_matmul_bf16, ... (the lab's: k_matmul_v3, ...)
+    k_matmul.__name__ = k_matmul.__qualname__ = f"k_matmul_{tile[0]}"
+    return cuda.jit(k_matmul)
 
 
 
@@ -399,9 +379,10 @@ def resident_blocks(tile, trans_a, trans_b, args) -> int:
 
 
 
-def _matmul_warp(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+def _split_product(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
     """A product on a tile of `family` at the declared block (warp_tile.resolve), split over K into
-    work where splitk says so."""
+    work where splitk says so: returns part, out itself viewed [1, M, N] or the S > 1 partial
+    products [S, M, N], which the caller adds into out."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     tile = resolve(family, block, a, b)
@@ -413,8 +394,14 @@ def _matmul_warp(family, out, work, a, b, trans_a, trans_b, accumulate, block, s
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
     _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a, b, accumulate, ksplit)
-    if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2 if TILE_FAMILIES[family].rung >= 8 else 1)
+    return part
+
+
+def _matmul_warp(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    """A product on a tile of `family`, its split-K slices (if any) added by k_splitk_sum."""
+    part = _split_product(family, out, work, a, b, trans_a, trans_b, accumulate, block, stream)
+    if part.shape[0] > 1:
+        splitk_sum(out, part, accumulate, stream)
 
 
 
@@ -507,7 +494,7 @@ def matmul_bf16(out, work, a, b, trans_a=False, trans_b=False, accumulate=False,
     _k_matmul_warp(tile, trans_a, trans_b)[t.grid(M, N, S), t.THREADS, stream](
         out, part, a16, b16, accumulate, ksplit)
     if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2)
+        splitk_sum(out, part, accumulate, stream)
 
 
 
@@ -584,7 +571,7 @@ def _wgmma_matmul(resolve, out, work, a16, b16, trans_a, trans_b, accumulate, bl
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
     kernel[t.grid(M, N, S), t.THREADS, stream, shared](out, part, a16, b16, accumulate, ksplit)
     if S > 1:
-        splitk_sum(out, part, accumulate, stream, version=2)
+        splitk_sum(out, part, accumulate, stream)
 
 
 @rung(17)
@@ -663,64 +650,35 @@ def matmul_bf16_wgmma(out, work, a, b, trans_a=False, trans_b=False, accumulate=
 
 
 
-class SplitKCounts:
-    """The split-K fixup's counters (wgmma_tma.py, point 6): an int32 for each (tile, consumer warp) of
-    a split product, all 0 between launches (the last warp of each sets its counter back). One array
-    for every launch (they run in stream order), reserved by a model before its first step (and by
-    the first matmul_bf16_wgmma launch elsewhere: the harness, the benchmarks). Only the lab's fixup
-    rungs (matmul v19, v23) count on it; matmul_bf16_wgmma's kernel takes it unread."""
-    SIZE = 1 << 14                  # 16384: 2048 tiles of 8 consumer warps (a split product has few)
-
-    def __init__(self):
-        self.buf = None
-
-    def reserve(self):
-        if self.buf is None:
-            self.buf = cuda.to_device(np.zeros(self.SIZE, np.int32))
-        return self.buf
-
-
-
-COUNTS = SplitKCounts()
-
-
-
-def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream, epilogue=None, aux=None,
-                fixup=0):
-    """matmul_bf16_wgmma's launch. fixup 1, 2: the kernel adds its split-K slices itself (wgmma_tma.py,
-    point 6: the lab's matmul v19 and v23); a fused epilogue (point 5: ("gelu" | "dgelu", pair) and its
-    aux array: the lab's mlp v20) takes no split-K, and operands a tensor map cannot read raise (the
-    caller checks lab.matmul.tma_fits first)."""
+def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream):
+    """matmul_bf16_wgmma's launch: bf16 copies of the operands (used where they are uint16), their
+    tensor maps, the tile (pick_tile's where block is "auto"), split-K on the occupancy of the
+    kernel with its shared memory, k_matmul_bf16_wgmma (wgmma_tma.py) on one persistent block a
+    resident slot, and k_splitk_sum where K was split. Operands a tensor map cannot read go to
+    matmul_bf16_wgmma_cp_async."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     a16, b16 = bf16_copies(a, b, stream)
     if not (map_fits(a16) and map_fits(b16)):             # the cp.async ring on the copies (used where they are)
-        assert epilogue is None, "a fused epilogue needs operands a tensor map can read"
         matmul_bf16_wgmma_cp_async(out, work, a16, b16, trans_a, trans_b, accumulate, stream=stream)
         return
-    if epilogue is not None:
-        work = None                                     # no split-K: the GELU needs the whole sum
     if block == TMA_AUTO:
         block = pick_tile(M, N, K, work, sm_count())
     BM, BN, BK, stages = block
     trans_a, trans_b = bool(trans_a), bool(trans_b)
-    kernel, threads = tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue, fixup)
-    counts = COUNTS.reserve()
+    kernel, threads = tma_kernel(BM, BN, stages, trans_a, trans_b)
     shared = tile_bytes(BM, BN, stages)
     tmap_a = TMAPS.address(a16, BK if trans_a else BM, stream)     # M-major: boxes of BK rows of k
     tmap_b = TMAPS.address(b16, BN if trans_b else BK, stream)     # K-major: boxes of BN rows of n
-    aux = out if aux is None else aux
-    args = (out, out.reshape(1, M, N), a16, b16, tmap_a, tmap_b, accumulate, K, aux, counts)
+    args = (out, out.reshape(1, M, N), a16, b16, tmap_a, tmap_b, accumulate, K)
     compiled = allow_shared(kernel, args, shared)
     resident = RESIDENT_BLOCKS if compiled is None else compiled.max_cooperative_grid_blocks(threads, shared)
     S, ksplit = splitk(M, N, K, 1, block, work, resident)
     part = work[:S * M * N].reshape(S, M, N) if S > 1 else out.reshape(1, M, N)
-    if fixup and S > 1:
-        assert fixup_counters(M, N, BM, BN) <= counts.shape[0], "split-K fixup: more tiles than counters"
     kernel[units_grid(M, N, S, BM, BN, resident), threads, stream, shared](
-        out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit, aux, counts)
-    if S > 1 and not fixup:
-        splitk_sum(out, part, accumulate, stream, version=2)
+        out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit)
+    if S > 1:
+        splitk_sum(out, part, accumulate, stream)
 
 
 

@@ -363,7 +363,7 @@ if not SIMULATOR:
         """Wait until at most the newest 2 of this thread's groups are pending.   PTX: cp.async.wait_group 2;"""
         return _no_operand("cp.async.wait_group 2;")(typingctx)
 
-    # The 16-bit operand copies (cublaslt.py, k_round_bf16_v2 / k_round_fp16_v2): four 32-bit values
+    # The 16-bit operand copies (cublaslt.py, k_round_bf16 / k_round_fp16): four 32-bit values
     # from a row of a 2-D array whose rows may be strided (a view), and eight 16-bit values stored
     # at once. One LLVM vector access each, as load4 / store4.
     _WORD = (types.float32, types.int32, types.uint32)

@@ -2,7 +2,7 @@
 "bf16_wgmma_cp_async"), whose layouts, descriptors and stage sizes matmul_bf16_wgmma (wgmma_tma.py)
 copies its stages into with TMA.
 
-Each operand is rounded to a bf16 copy as it is stored (the plain k_round_bf16_v2 copy; an operand
+Each operand is rounded to a bf16 copy as it is stored (the plain k_round_bf16 copy; an operand
 that is bf16 already, uint16, is used where it is: half_tile.bf16_copies). wgmma reads A and B from
 shared memory either K-major or, through the two immediates of its instruction, imm-trans-a and
 imm-trans-b, M- and N-major (kernels/wgmma.py, "MN-major layouts"). So each stage tile is filled in

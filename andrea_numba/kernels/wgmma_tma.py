@@ -1,18 +1,19 @@
-"""A producer warp, TMA and mbarriers around wgmma: the product kernel of matmul_bf16_wgmma.
+"""k_matmul_bf16_wgmma: the product kernel of matmul_bf16_wgmma (the bf16-hopper recipe's products).
 
-matmul_bf16_wgmma_cp_async (wgmma_mn.py) computes a 128 x 128 tile with 256 threads that do
-everything in turn: each stage they all issue cp.async copies (address, swizzle and edge tests per
-16-byte chunk), wait for them, meet at a block-wide barrier, issue the wgmmas, and at the end of the
-tile store it before the block's next stage can start. On the H200 that reached 180-340 TFLOP/s
-where cuBLAS reaches 400-600 on the same shapes. matmul_bf16_wgmma is built the way Hopper's fast
-GEMMs are (CUTLASS's "warp-specialized" kernels), from the same shared layouts, descriptors and
-accumulators:
+    out (+)= op(a16) @ op(b16)       a16, b16: bf16 copies (uint16 bit patterns) as stored, fp32 sums
 
-1. Roles. A block is BM / 64 consumer warpgroups plus one producer warp:
+Built the way Hopper's fast GEMMs are (CUTLASS's "warp-specialized" kernels), from the shared
+layouts, descriptors and accumulators of matmul_bf16_wgmma_cp_async (kernels/wgmma_mn.py): a
+producer warp copies each stage with TMA (kernels/tma.py), consumer warpgroups multiply it with
+wgmma (kernels/wgmma.py), mbarriers pass the stages between them, and persistent blocks walk the
+output tiles. The lab's rungs built on the same kernel with more flags (fused GELU epilogues, split-K
+sums in the kernel) are in lab/wgmma_tma.py.
+
+1. Roles. A block is C = BM / 64 consumer warpgroups plus one producer warp:
 
        threads 0 .. 128 C - 1       C consumer warpgroups: warpgroup wg owns rows 64 wg .. 64 wg + 63
                                     of the BM x BN tile, all BN columns (one m64nBNk16 wgmma a k16)
-       thread 128 C                 the producer: issues every copy (kernels/tma.py), nothing else
+       thread 128 C                 the producer: issues every copy, nothing else
        threads 128 C + 1 .. + 31    the rest of the producer's warp: idle
 
    The producer copies with TMA: one instruction moves a whole box (a K-major tile of BM or BN rows
@@ -21,11 +22,16 @@ accumulators:
 
 2. The ring. STAGES stages of (BM + BN) x BK bf16 (BK = 64: 128-byte rows, wgmma_mn.py's layouts
    exactly: K-major rows or MN-major column blocks), in dynamic shared memory from a 1024-byte
-   boundary, and
-   two mbarriers a stage (tma.py, point 3): full[st] completes when the producer has announced the
-   stage's bytes and they have landed; empty[st] completes when all 4 C consumer warps have let go
-   of it (lane 0 of each arrives; in the simulator, whose threads of a warp do not run in step,
-   every consumer thread arrives for itself). Tile 128 x 256 with 4 stages: 4 x 48 KiB = 192 KiB of the H200's 227.
+   boundary (the swizzle's atom), A's tile first, then B's:
+
+       stage st at word at0 + st STAGE_WORDS:   A [BM x 64]  (warpgroup wg's rows at + wg WG_WORDS)
+                                                 B [BN x 64]  (at + A_WORDS)
+
+   and two mbarriers a stage (tma.py, point 3): full[st] = bars[st] completes when the producer has
+   announced the stage's bytes and they have landed; empty[st] = bars[STAGES + st] completes when
+   all 4 C consumer warps have let go of it (lane 0 of each arrives; in the simulator, whose threads
+   of a warp do not run in step, every consumer thread arrives for itself). Tile 128 x 256 with 4
+   stages: 4 x 48 KiB = 192 KiB of the H200's 227.
 
        producer, use g of the ring (st = g % STAGES, parity (g // STAGES) & 1):
            wait empty[st] on parity ^ 1          (the consumers are done with the stage's last use)
@@ -36,55 +42,34 @@ accumulators:
            wgmma.fence; BK/16 wgmma; commit; wgmma.wait_group 1
            one lane a warp: arrive empty[(g - 1) % STAGES]   (use g - 1's wgmmas are complete)
 
-   As in wgmma_mn.py's ring, one group of wgmmas stays in flight: a consumer lets go of a stage one use late. No
-   block-wide barrier in the loop: the producer runs up to STAGES uses ahead of the slower
-   warpgroup, each warpgroup runs as soon as its bytes are in.
+   As in wgmma_mn.py's ring, one group of wgmmas stays in flight: a consumer lets go of a stage one
+   use late. No block-wide barrier in the loop: the producer runs up to STAGES uses ahead of the
+   slower warpgroup, each warpgroup runs as soon as its bytes are in.
 
 3. Persistent blocks. The grid is one block per multiprocessor the kernel fits on (the occupancy
-   API's count), and block b computes work units b, b + grid, b + 2 grid, ... A unit is one output
-   tile of one slice of K (split-K: unit u is tile t = u % tiles of slice u // tiles), and the tiles
-   run along the shorter side first: with fewer tile rows than columns tile t is row t % tiles_m,
-   column t // tiles_m (the blocks running at once share B's tiles, and A, the smaller, stays in
-   L2: the 120M logits, 64 x 197 tiles, read the 77 MB of wte once instead of once a tile row),
-   else row t // tiles_n, column t % tiles_n. Producer and consumers walk the same units, so the
-   ring's use count g runs on across a block's tiles: while the consumers store tile i the
+   API's count, units_grid), and block b computes work units b, b + grid, b + 2 grid, ... A unit is
+   one output tile of one slice of K (split-K: unit u is tile t = u % tiles of slice u // tiles),
+   and the tiles run along the shorter side first: with fewer tile rows than columns tile t is row
+   t % tiles_m, column t // tiles_m (the blocks running at once share B's tiles, and A, the smaller,
+   stays in L2: the 120M logits, 64 x 197 tiles, read the 77 MB of wte once instead of once a tile
+   row), else row t // tiles_n, column t % tiles_n. Producer and consumers walk the same units, so
+   the ring's use count g runs on across a block's tiles: while the consumers store tile i the
    producer already fills the ring with tile i + 1.
 
-4. The epilogue. Each consumer thread stores its accumulators straight from registers (store_tile:
-   thread 32 w + 4 g + t of warpgroup wg holds d[4 j + 2 h + c] = row 64 wg + 16 w + g + 8 h, column
-   8 j + 2 t + c of the tile, wgmma_tile.py's layout; the pair c = 0, 1 as one 64-bit access), out (+)= d, or
-   its slice's partial tile work[z] = d;
-   matmul's k_splitk_sum adds the slices in order afterwards (no atomics).
+4. The epilogue. Each consumer thread stores its accumulators straight from registers (store_tile).
+   The fragment layout of an m64nBNk16 wgmma (wgmma_tile.py): thread 32 w + 4 g + t of warpgroup wg
+   (warp w, lane 4 g + t) holds BN / 2 accumulators
 
-5. Fused epilogues (the lab's mlp v20; the engine's linear ops do not use them). "gelu": out = d
-   (h_pre, fp32) and aux = bf16(gelu(d)) (h, uint16), the GELU's forward pass done from the registers; "dgelu": aux = bf16(d gelu'(out)) with out =
-   h_pre read, so dh = dout @ W_2^T is never written in fp32. Only without split-K (a partial sum
-   is no place for the GELU). The kernel takes aux always (the plain epilogue ignores it).
+       d[4 j + 2 h + c] = row 64 wg + 16 w + g + 8 h, column 8 j + 2 t + c of the tile
+                          (j = 0 .. BN/8 - 1, h = 0, 1, c = 0, 1)
 
-6. The split-K fixup (the lab's matmul v19 and v23; the engine runs fixup 0). v18, the engine's
-   matmul_bf16_wgmma, leaves the S partial tiles of a split product in work and a second kernel
-   (k_splitk_sum) adds them: one more launch and a pass over S M N values from
-   memory after the product has ended. v19 adds them in the product's own tail, in the same order:
-   each consumer warp, after storing its cells of partial z, counts itself on an integer counter of
-   its (tile, warp) (counts[t * 4C + warp]: threadfence, then one lane's atomic add; integers, so
-   nothing about the sums depends on who arrives when); the warp that brings the count to S is the
-   last of the S slices of those cells, and it sums them, z = 0, 1, ..., S - 1 in order, into out
-   (+)= sum, exactly k_splitk_sum's expression: v18's bits. The partials it reads were written a
-   moment before, mostly still in L2. It then sets the counter back to 0 for the next launch. Each
-   cell's 32-byte sector belongs to one warp (a quad of lanes holds a row's 8 columns), so no SM
-   reads another warp's cells before they are final (no stale L1 lines). On the H200 (2026-12-03)
-   this gave v18's bits and was 7x slower on the split products: sum_slices' loads, one scalar a
-   slice a cell, each waits for the one before; they need to be batched.
-   matmul v23 (fixup = 2) sums the same way with its loads batched (sum_slices_batched): for
-   PAIRS pairs of neighbouring cells at a time it loads up to SMAX slices of each into registers
-   (every load in flight at once; constant indices once the loops unroll, so the arrays are
-   registers, though ptxas spills 44 bytes at 128 x 256), then adds them in slice order; past SMAX
-   slices the next SMAX continue the same running sums. The same additions in the same order as
-   v19 and k_splitk_sum: v18's bits. Not yet timed on a GPU.
+   so the pair c = 0, 1 is two neighbours of a row, stored as one 64-bit access. Without split-K:
+   out (+)= d. With it: the slice's partial tile part[z] = d, and matmul's k_splitk_sum adds the
+   slices in order afterwards (no atomics).
 
 Same sums as matmul_bf16_wgmma_cp_async (inputs rounded to bf16 ties to even, exact products,
 wgmma's fp32 sums in the same k16 order within a stage, stages in order): its bits, at BN = 256 too
-(lab/bench/v18_bits.py: identical in every form and tile on the H200, 2026-12-03).
+(lab/bench/v18_bits.py).
 
 In the simulator the producer and the consumers are real threads of a real block: the mbarriers'
 twins make them wait on each other (tma.py), the boxes are copied by NumPy, the wgmmas run
@@ -92,9 +77,7 @@ wgmma.py's twin. What the simulator cannot show is the speed, nor that the hardw
 mbarriers do what the PTX ISA says (lab/bench/gemm.py and the harness ask the H200).
 """
 import functools
-import threading
 
-import numpy as np
 from numba import cuda, float32, int64
 
 from .common import SIMULATOR, cdiv
@@ -106,15 +89,11 @@ from .tile_loop import WARP
 from .wgmma_mn import ALIGN, DYNAMIC_LIMIT, MN_BLOCK, _product, operand_layout
 from .wgmma_tile import WARPGROUP
 
-if SIMULATOR:
-    from .ptx import warp_gather            # a warp's meeting point in the simulator (shfl's twin)
-else:                                       # the code generators of the intrinsics below
+if not SIMULATOR:                           # the code generators of the intrinsics below
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
-
-FULL = 0xFFFFFFFF                # every lane of a warp (syncwarp, shfl)
 
 BK = 64                 # values of k a stage: one 128-byte row (the 128-byte swizzle) a row of m or n
 
@@ -125,19 +104,6 @@ def tile_bytes(BM, BN, stages):
 
 
 if SIMULATOR:
-    _COUNT_LOCK = threading.Lock()
-
-    def warp_last(counts, slot, S, w, lane):
-        """Twin of warp_last: the warp's 32 lanes meet (syncwarp), lane 0 counts (an atomic add, here
-        under a lock) and resets at S, every lane gets its count (shfl)."""
-        warp_gather(0, w, lane)
-        seen = 0
-        if lane == 0:
-            with _COUNT_LOCK:
-                seen = int(counts[slot])
-                counts[slot] = 0 if seen == S - 1 else seen + 1
-        return int(warp_gather(seen, w, lane)[0]) == S - 1
-
     def _fragment_cells(NREG, r0, c0, shape):
         """Twin of _fragment_pairs, a value at a time: (r, row, col) of each accumulator d[r] =
         d[4 j + 2 h + c] (row r0 + 8 h, column c0 + 8 j + c, point 4) that falls inside shape."""
@@ -152,39 +118,7 @@ if SIMULATOR:
             for r, row, col in _fragment_cells(NREG, r0, c0, out.shape):
                 out[row, col] = (out[row, col] + d[r]) if accumulate else d[r]
         return store_tile
-
-    def _store_fused(NREG, kind, pair):
-        def store_fused(out, aux, d, r0, c0):
-            """Twin of the fused epilogues (point 5), one value at a time: "gelu": out = d and
-            aux = the low half of pair(d, 0); "dgelu": aux = the low half of pair(d, 0, out, 0)."""
-            for r, row, col in _fragment_cells(NREG, r0, c0, out.shape):
-                if kind == "gelu":
-                    out[row, col] = d[r]
-                    word = pair(d[r], np.float32(0))
-                else:
-                    word = pair(d[r], np.float32(0), out[row, col], np.float32(0))
-                aux[row, col] = np.uint16(np.int32(word).view(np.uint32) & np.uint32(0xFFFF))
-        return store_fused
 else:
-    @cuda.jit(device=True, inline="always")
-    def warp_last(counts, slot, S, w, lane):
-        """Point 6: whether this warp is the last of the S slices to store its cells of the tile.
-        Every lane's partial cells visible GPU-wide (threadfence) before any lane counts (syncwarp);
-        lane 0 adds 1 to counts[slot] (an integer atomic: the old value back) and, the last, sets it
-        back to 0; the old value goes to every lane (shfl); the last fences again before it reads.
-        PTX: membar.gl; bar.warp.sync; atom.global.add.u32; shfl.sync.idx.b32"""
-        cuda.threadfence()
-        cuda.syncwarp(FULL)
-        seen = 0
-        if lane == 0:
-            seen = cuda.atomic.add(counts, slot, 1)
-            if seen == S - 1:
-                counts[slot] = 0
-        last = cuda.shfl_sync(FULL, seen, 0) == S - 1
-        if last:
-            cuda.threadfence()
-        return last
-
     def _pairs_ok(builder, intp, ncols, aligned):
         """i1: the pairs of a row may go as whole 64-bit (32-bit) accesses: ncols even and every
         (pointer, mask) of `aligned` on its boundary (pointer & mask == 0)."""
@@ -262,116 +196,46 @@ else:
         return types.void(out, d, r0, c0, accumulate), codegen
 
     def _store_tile(NREG):
+        """store_tile(out, d, r0, c0, accumulate) for BN / 2 = NREG accumulators: _store_d (it reads
+        NREG from d's type)."""
         return _store_d
 
-    @functools.cache
-    def _store_fused(NREG, kind, pair):
-        """The fused epilogue (point 5) as an intrinsic store_fused(out, aux, d, r0, c0): for every
-        accumulator pair (c = 0, 1 of a row, as _store_d's) inside out, "gelu": out = d (fp32) and
-        aux = pair(d0, d1) (an int32 of two bf16: aux is uint16 [M, N]); "dgelu": aux = pair(d0, d1,
-        z0, z1) with z = out (read: h_pre). pair is a Python function compiled into the code here
-        (context.compile_internal). Where the pair is not whole (N odd, the last column) or the
-        rows are not 4-byte aligned, value by value with pair(x, 0[, z, 0])'s low half."""
-        f32, i32 = types.float32, types.int32
-        pair_sig = i32(f32, f32) if kind == "gelu" else i32(f32, f32, f32, f32)
 
-        def typer(typingctx, out, aux, d, r0, c0):
-            ok = (isinstance(out, types.Array) and out.ndim == 2 and out.dtype == types.float32 and out.layout == "C"
-                  and isinstance(aux, types.Array) and aux.ndim == 2 and aux.dtype == types.uint16 and aux.layout == "C"
-                  and isinstance(d, types.UniTuple) and d.dtype == types.float32 and d.count == NREG)
-            if not ok:
-                return None
+@functools.cache
+def tma_kernel(BM, BN, stages, trans_a, trans_b):
+    """(k_matmul_bf16_wgmma for a BM x BN tile with `stages` in the ring and one form, threads a
+    block), compiled on demand and cached. The kernel:
 
-            def codegen(context, builder, sig, args):
-                o = context.make_array(sig.args[0])(context, builder, args[0])
-                a = context.make_array(sig.args[1])(context, builder, args[1])
-                oshape, ostrides = cgutils.unpack_tuple(builder, o.shape, 2), cgutils.unpack_tuple(builder, o.strides, 2)
-                ashape, astrides = cgutils.unpack_tuple(builder, a.shape, 2), cgutils.unpack_tuple(builder, a.strides, 2)
-                row0 = context.cast(builder, args[3], sig.args[3], types.intp)
-                col0 = context.cast(builder, args[4], sig.args[4], types.intp)
-                pairs_ok = _pairs_ok(builder, context.get_value_type(types.intp), oshape[1], [(o.data, 7), (a.data, 3)])
-                fzero, I32 = ir.Constant(ir.FloatType(), 0.0), ir.IntType(32)
+        k_matmul_bf16_wgmma(out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit)
 
-                def word(xs, zs):
-                    return context.compile_internal(builder, pair, pair_sig, list(xs) + list(zs) if zs else list(xs))
-
-                def at(row, col):                    # (out's element, aux's element)
-                    return (cgutils.get_item_pointer2(context, builder, o.data, oshape, ostrides, "C", [row, col]),
-                            cgutils.get_item_pointer2(context, builder, a.data, ashape, astrides, "C", [row, col]))
-
-                for row, col, col1, in_row, both, x0, x1 in _fragment_pairs(context, builder, args[2], NREG,
-                                                                             row0, col0, oshape):
-                    with builder.if_else(builder.and_(both, pairs_ok), likely=True) as (whole, single):
-                        with whole:
-                            op, ap = at(row, col)
-                            vp = builder.bitcast(op, ir.VectorType(ir.FloatType(), 2).as_pointer())
-                            if kind == "gelu":
-                                builder.store(_vector2(x0, x1, builder), vp, align=8)
-                                w = word((x0, x1), None)
-                            else:
-                                z = builder.load(vp, align=8)
-                                w = word((x0, x1), (builder.extract_element(z, ir.Constant(I32, 0)),
-                                                    builder.extract_element(z, ir.Constant(I32, 1))))
-                            builder.store(w, builder.bitcast(ap, I32.as_pointer()), align=4)
-                        with single:
-                            for cc, x in ((col, x0), (col1, x1)):
-                                with builder.if_then(builder.and_(in_row, builder.icmp_signed("<", cc, oshape[1]))):
-                                    op, ap = at(row, cc)
-                                    if kind == "gelu":
-                                        builder.store(x, op)
-                                        w = word((x, fzero), None)
-                                    else:
-                                        w = word((x, fzero), (builder.load(op), fzero))
-                                    builder.store(builder.trunc(w, ir.IntType(16)), ap)
-                return context.get_dummy_value()
-            return types.void(out, aux, d, r0, c0), codegen
-        typer.__name__ = f"store_{kind}"
-        return intrinsic(typer)
-
-
-def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
-    """The v18 kernel for out (+)= op(a16) @ op(b16) (a16 [M, K] or [K, M] when trans_a, b16 [K, N]
-    or [N, K] when trans_b: bf16 copies as stored), BM x BN tiles, `stages` in the ring:
-    k(out, part, a16, b16, tmap_a, tmap_b, accumulate, ksplit), tmap_*: the tensor maps' addresses
-    (tma.TMAPS: boxes of BM or BN rows for a K-major operand, BK rows for an MN-major one); part
-    [S, M, N]: S = 1 (out itself, viewed [1, M, N]) or the split-K slices; counts: int32, a counter
-    for each (tile, consumer warp) of a split product, all 0 (fixup 1 or 2: v19 or v23 adds the
-    slices itself, point 6; 0: v18 leaves them to k_splitk_sum and never reads counts)."""
-    C = BM // 64                                             # consumer warpgroups
+    out (+)= op(a16) @ op(b16) (a16 [M, K] or [K, M] when trans_a, b16 [K, N] or [N, K] when
+    trans_b: bf16 copies as stored); tmap_*: the tensor maps' addresses (tma.TMAPS: boxes of BM or BN
+    rows for a K-major operand, BK rows for an MN-major one); part [S, M, N]: out itself viewed
+    [1, M, N], or the S split-K slices' partial tiles (point 4), each ksplit values of k."""
+    C = BM // 64                                             # consumer warpgroups (point 1)
     # who lets go of a stage: one lane a consumer warp on a GPU (after wgmma.wait_group, a
     # .sync.aligned instruction, all 32 lanes have passed the stage's wait); in the simulator, where
     # a warp's threads do not run in step, every consumer thread for itself
     RELEASERS = C * WARPGROUP if SIMULATOR else 4 * C
-    WARPS_C = 4 * C                                          # consumer warps (a counter each, point 6)
-    NREG = BN // 2                                           # accumulators a consumer thread
+    NREG = BN // 2                                           # accumulators a consumer thread (point 4)
     LANE_MASK = 0 if SIMULATOR else WARP - 1                # lane & LANE_MASK == 0: this thread arrives
     PRODUCER = C * WARPGROUP                                 # the thread that issues the copies
     THREADS = PRODUCER + WARP
     A_MN, B_MN = bool(trans_a), not trans_b                  # wgmma's imm-trans-a, imm-trans-b (wgmma_mn.py, point 1)
-    A_STEP, A_LBO, A_SBO, A_SWZ = operand_layout(A_MN, BK)
+    A_STEP, A_LBO, A_SBO, A_SWZ = operand_layout(A_MN, BK)   # a k16 step's offset and descriptor fields
     B_STEP, B_LBO, B_SBO, B_SWZ = operand_layout(B_MN, BK)
     A_STEP, B_STEP = A_STEP // 4, B_STEP // 4                # in 32-bit words of the ring
-    A_WORDS, B_WORDS = BM * BK // 2, BN * BK // 2
+    A_WORDS, B_WORDS = BM * BK // 2, BN * BK // 2            # a stage's A and B tiles (point 2)
     STAGE_WORDS = A_WORDS + B_WORDS
-    STAGE_BYTES = 4 * STAGE_WORDS
+    STAGE_BYTES = 4 * STAGE_WORDS                            # what full[st] waits for
     WG_WORDS = 64 * BK // 2                                  # a warpgroup's 64 rows (or column block) of A
     BLOCK_WORDS = BK * 128 // 4                              # one 64-wide column block of an MN-major tile
-    KSTEPS = BK // 16
+    KSTEPS = BK // 16                                        # wgmmas a stage
     BARRIERS = 2 * stages                                    # full[0 .. stages - 1], empty[...]
     A_ROWS, B_ROWS = (BK if A_MN else BM), (BK if B_MN else BN)   # each box's rows (its tensor map's)
     A_BOXES, B_BOXES = (BM // MN_BLOCK if A_MN else 1), (BN // MN_BLOCK if B_MN else 1)
-    product = _product(BN, int(A_MN), int(B_MN))
+    product = _product(BN, int(A_MN), int(B_MN))             # d += A_k16 B_k16: one m64nBNk16 wgmma
     store_tile = _store_tile(NREG)
-    if epilogue is None:                                     # out (+)= d: every product
-        def _plain(out, aux, d, r0, c0, accumulate):
-            store_tile(out, d, r0, c0, accumulate)
-        store = _plain if SIMULATOR else cuda.jit(device=True, inline="always")(_plain)
-    else:                                                    # ("gelu" | "dgelu", pair): point 5
-        fused = _store_fused(BN // 2, *epilogue)
-
-        def _fused(out, aux, d, r0, c0, accumulate):
-            fused(out, aux, d, r0, c0)
-        store = _fused if SIMULATOR else cuda.jit(device=True, inline="always")(_fused)
     assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256 and BM <= 256, (BM, BN)
     assert stages >= 2 and tile_bytes(BM, BN, stages) <= DYNAMIC_LIMIT, (BM, BN, stages)
 
@@ -400,6 +264,7 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
 
     @cuda.jit(device=True)
     def produce(ring, at0, bars, a, b, tmap_a, tmap_b, units, tiles, tiles_m, tiles_n, ksplit, K):
+        """The producer thread (point 2): every stage of every unit of this block, into the ring."""
         fence_tensormap(tmap_a)                              # the maps were written from the host
         fence_tensormap(tmap_b)
         g = 0
@@ -415,65 +280,10 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
                 load(ring, base + A_WORDS, b, tmap_b, col0, k0, bars, st, B_MN, B_ROWS, B_BOXES)
                 g += 1
 
-    @cuda.jit(device=True, inline="always")
-    def cell(r0, c0, r):
-        """(row, column) of accumulator d[r] = d[4 j + 2 h + c]: row r0 + 8 h, column c0 + 8 j + c (point 4)."""
-        return r0 + 8 * ((r >> 1) & 1), c0 + 8 * (r >> 2) + (r & 1)
-
-    @cuda.jit(device=True, inline="always")
-    def put(out, row, col, v, accumulate):
-        """out[row, col] (+)= v."""
-        if accumulate:
-            out[row, col] += v
-        else:
-            out[row, col] = v
-
     @cuda.jit(device=True)
-    def sum_slices(out, part, r0, c0, accumulate):
-        """Point 6: out (+)= part[0] + part[1] + ... + part[S - 1] at this thread's cells (its
-        accumulators' rows and columns, point 4), in k_splitk_sum's order."""
-        M, N = out.shape
-        for r in range(NREG):
-            row, col = cell(r0, c0, r)
-            if row < M and col < N:
-                v = part[0, row, col]
-                for z in range(1, part.shape[0]):
-                    v += part[z, row, col]
-                put(out, row, col, v, accumulate)
-
-    SMAX, PAIRS = 8, 2                                       # v23: slices and accumulator pairs a batch
-    XSHAPE, PQ = (SMAX, 2 * PAIRS), 2 * PAIRS                # (constants for cuda.local.array)
-
-    @cuda.jit(device=True)
-    def sum_slices_batched(out, part, r0, c0, accumulate):
-        """Point 6, v23: sum_slices' sums (the same order) with the loads of PAIRS accumulator pairs
-        x up to SMAX slices issued before any add. x[z, 2 p + c]: slice z0 + z, pair p, column c."""
-        M, N = out.shape
-        S = part.shape[0]
-        x = cuda.local.array(XSHAPE, float32)
-        v = cuda.local.array(PQ, float32)
-        for r in range(0, NREG, 2 * PAIRS):              # accumulators r .. r + 2 PAIRS - 1
-            for z0 in range(0, S, SMAX):
-                for z in range(SMAX):                    # the loads: independent, all in flight
-                    for q in range(2 * PAIRS):
-                        row, col = cell(r0, c0, r + q)
-                        if z0 + z < S and row < M and col < N:
-                            x[z, q] = part[z0 + z, row, col]
-                for q in range(2 * PAIRS):               # the adds, in slice order
-                    if z0 == 0:
-                        v[q] = x[0, q]
-                    else:
-                        v[q] += x[0, q]
-                    for z in range(1, SMAX):
-                        if z0 + z < S:
-                            v[q] += x[z, q]
-            for q in range(2 * PAIRS):
-                row, col = cell(r0, c0, r + q)
-                if row < M and col < N:
-                    put(out, row, col, v[q], accumulate)
-
-    @cuda.jit(device=True)
-    def consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K, counts):
+    def consume(ring, at0, bars, out, part, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K):
+        """A consumer thread (points 2 and 4): for each unit, the wgmmas of every stage of its slice
+        of K into d, then d stored to out or to the slice's partial tile."""
         tid = cuda.threadIdx.x
         wg, warp, lane = tid // WARPGROUP, tid // WARP, tid % WARP
         g = 0
@@ -501,18 +311,13 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
             d = wgmma_keep(d)
             if n > 0 and (lane & LANE_MASK) == 0:
                 mbar_arrive(bars, stages + (g - 1) % stages)
-            r0, c0 = row0 + 16 * warp + (lane >> 2), col0 + 2 * (lane & 3)
+            r0, c0 = row0 + 16 * warp + (lane >> 2), col0 + 2 * (lane & 3)     # d[0]'s cell (point 4)
             if part.shape[0] == 1:
-                store(out, aux, d, r0, c0, accumulate)
+                store_tile(out, d, r0, c0, accumulate)
             else:
                 store_tile(part[z], d, r0, c0, False)
-                if fixup and warp_last(counts, (u % tiles) * WARPS_C + warp, part.shape[0], warp, lane):
-                    if fixup == 2:                                  # the last slice's warp: point 6
-                        sum_slices_batched(out, part, r0, c0, accumulate)
-                    else:
-                        sum_slices(out, part, r0, c0, accumulate)
 
-    def k_matmul(out, part, a, b, tmap_a, tmap_b, accumulate, ksplit, aux, counts):
+    def k_matmul_bf16_wgmma(out, part, a, b, tmap_a, tmap_b, accumulate, ksplit):
         ring = cuda.shared.array(0, float32)
         at0 = ((ALIGN - (shared_address(ring, 0) & (ALIGN - 1))) & (ALIGN - 1)) // 4   # the ring's first word
         bars = cuda.shared.array(BARRIERS, int64, alignment=8)     # full[st] = bars[st], empty[st] = bars[stages + st]
@@ -531,32 +336,18 @@ def make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
         if tid == PRODUCER:
             produce(ring, at0, bars, a, b, tmap_a, tmap_b, units, tiles, tiles_m, tiles_n, ksplit, K)
         elif tid < PRODUCER:
-            consume(ring, at0, bars, out, part, aux, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K, counts)
+            consume(ring, at0, bars, out, part, accumulate, units, tiles, tiles_m, tiles_n, ksplit, K)
 
-    k_matmul.__doc__ = (f"Persistent {BM} x {BN} tiles of out (+)= op(a) @ op(b) on wgmma, {C} consumer warpgroups "
-                        f"and a TMA producer warp over a ring of {stages} stages (kernels/wgmma_tma.py).")
-    k_matmul.__name__ = k_matmul.__qualname__ = f"k_matmul_v{(18, 19, 23)[fixup]}"     # fixup 0, 1, 2: v18, v19, v23
-    return k_matmul, THREADS
-
-
-def fixup_counters(M, N, BM, BN) -> int:
-    """The counters a split product's fixup uses (point 6): one a (tile, consumer warp)."""
-    return cdiv(M, BM) * cdiv(N, BN) * 4 * (BM // 64)
-
-
-@functools.cache
-def tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue=None, fixup=0):
-    """(the compiled-on-demand kernel, threads a block) for one v18 tile, form and epilogue (fixup 1,
-    2: v19's, v23's), cached."""
-    k, threads = make_tma_kernel(BM, BN, stages, trans_a, trans_b, epilogue, fixup)
+    k_matmul_bf16_wgmma.__doc__ = (f"Persistent {BM} x {BN} tiles of out (+)= op(a) @ op(b) on wgmma, {C} consumer "
+                                   f"warpgroups and a TMA producer warp over a ring of {stages} stages "
+                                   f"(kernels/wgmma_tma.py).")
     if SIMULATOR:
-        return cuda.jit(k), threads
-    # .maxntid threads, .minnctapersm 1: ptxas keeps to the registers that let one block of
-    # `threads` run (224 a thread at 288 threads: 128 accumulators at BN = 256 and room to spare)
-    return cuda.jit(k, launch_bounds=(threads, 1)), threads
+        return cuda.jit(k_matmul_bf16_wgmma), THREADS
+    # .maxntid THREADS, .minnctapersm 1: ptxas keeps to the registers that let one block of
+    # THREADS run (224 a thread at 288 threads: 128 accumulators at BN = 256 and room to spare)
+    return cuda.jit(k_matmul_bf16_wgmma, launch_bounds=(THREADS, 1)), THREADS
 
 
 def units_grid(M, N, S, BM, BN, resident):
-    """Blocks of a v18 launch: one per resident slot, never more than its work units."""
+    """Blocks of a launch (point 3): one per resident slot, never more than its work units."""
     return max(1, min(cdiv(M, BM) * cdiv(N, BN) * S, resident))
-

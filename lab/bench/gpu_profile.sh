@@ -60,7 +60,7 @@
 #          bf16m-profile (the harness on bf16m's versions, embed v5, LN v3; the bf16m model; flash tables; profile);
 #          profile-bf16l-cublas (the 120M bf16 step kernel by kernel with our products and with cuBLASLt's);
 #          bf16-ampere (the wgmma probe; v13's linear ops and the bf16-ampere model: harness, resume, step, profile, gemm, torch.compile);
-#          cublas-bf16-step (the step with cuBLASLt bf16 products on k_round_bf16_v2's copies, then mm14);
+#          cublas-bf16-step (the step with cuBLASLt bf16 products on k_round_bf16's copies, then mm14);
 #          mm14 (matmul v14, wgmma on K-major bf16 copies: the harness at 12M and 120M at once, v13, v14, v21 timed);
 #          mm15 (matmul v15, wgmma in flight on a dynamic-shared-memory ring: the harness at 12M and 120M, v14, v15, v21 timed);
 #          GRAPH_STEPS=n sets graph's steps (20)
@@ -397,7 +397,7 @@ PY
         #  1. at once: the wgmma probe (lab/bench/wgmma_probe.py: can Numba drive Hopper's warpgroup
         #     products, and with which shared-memory layout); the harness on the linear ops on matmul
         #     v13 (attn_qkv, attn_out v12, mlp v16, loss_fwd v13, loss_bwd v12) and on v13 (its copies made
-        #     by k_round_bf16_v2) at 12M and 120M; the whole model with bf16-ampere products (bf16 products,
+        #     by k_round_bf16) at 12M and 120M; the whole model with bf16-ampere products (bf16 products,
         #     LN and GELU outputs saved as bf16) at 12M and 120M; bit-exact resume in bf16 and fp16;
         #  2. alone on the GPU: the step with bf16l and bf16-ampere beside PyTorch bf16; the 120M bf16-ampere step
         #     kernel by kernel; v12, v13 and v21 beside PyTorch bf16; PyTorch bf16 through torch.compile
@@ -422,7 +422,7 @@ PY
         echo "gemm exit $?"; grep "^|" "$d/gemm.md"; tail -2 "$d/gemm.err"
         timeout 150 $py lab/bench/step_time.py --sizes 120M 12M --recipe bf16-ampere --iters 3 --torch-compile --json "$d/compile.json" \
             > "$d/compile.txt" 2>&1; echo "torch.compile step exit $?"; grep -v '^{' "$d/compile.txt" ;;
-    cublas-bf16-step) # the step with cuBLASLt's bf16 products, their copies made by k_round_bf16_v2,
+    cublas-bf16-step) # the step with cuBLASLt's bf16 products, their copies made by k_round_bf16,
         # beside bf16-ampere and PyTorch bf16, at 120M and 12M (first: nothing before it can
         # have left the GPU in a bad state); then mm14 (matmul v14 on wgmma: harness and products)
         mkdir -p "$OUT/cublas-bf16-step"
@@ -629,7 +629,7 @@ PY
         for size in 12M 120M; do echo "ln $size: $(tail -1 "$d/ln_$size.err")"; disagree "$d/ln_$size.json"; done
         timeout 60 $py lab/bench/kernels.py residual_layernorm --sizes 120M --version 4 --version 5 --markdown "$d/ln_kernels.md" \
             > "$d/ln_kernels.txt" 2>&1; echo "kernels residual_layernorm exit $?"; grep "^|" "$d/ln_kernels.md" | head -12 ;;
-    bf16t) # products bf16t: 1. at once: the harness at 12M on loss v17 (k_loss_fwd_v3)
+    bf16t) # products bf16t: 1. at once: the harness at 12M on loss v17 (k_loss_fwd_rows)
         # and v18's ops, the whole bf16t model at 12M and 120M; 2. the step at 120M and 12M with bf16t, bf16m and
         # cuBLASLt's products, 20 iterations (PyTorch's eager time varies by a few ms run to run); 3. bit-exact
         # resume in bf16 (12M, 60 steps against 30 + SIGTERM + resume); 4. the 120M bf16t step kernel by kernel
@@ -675,7 +675,7 @@ MM.matmul_bf16_wgmma(out, None, a, b)
 cuda.synchronize()
 cuda.profile_stop()
 PY
-        timeout 120 ncu --profile-from-start off -k regex:k_matmul_v18 --section SpeedOfLight --section WarpStateStats \
+        timeout 120 ncu --profile-from-start off -k regex:k_matmul_bf16_wgmma --section SpeedOfLight --section WarpStateStats \
             --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
             $py $tmp/one_v18.py > "$d/ncu_v18_mlp.txt" 2>&1; echo "ncu v18 exit $?"
         grep -v "^==PROF==" "$d/ncu_v18_mlp.txt" | grep -E "Duration|Throughput|Busy|Stall|Eligible|Issued|Warp Cycles|Registers|Achieved|Theoretical Occ|L2 Hit|Mem Pipes|DRAM" | head -40 ;;
