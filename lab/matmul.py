@@ -39,7 +39,7 @@ from lab.wgmma_tile import make_wgmma_tile, wgmma_resolve
 TILE_FAMILIES.update(
     v3=TileFamily(make_v3_tile, 3, "SIMT warp tiles"),
     v4=TileFamily(make_v4_tile, 4, "3xTF32 tensor-core warp tiles"),
-    v5=TileFamily(make_v5_tile, 5, "split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads"),
+    v5=TileFamily(make_v5_tile, 5, "split tiles (lab/split_tile.py): TF32 parts made once, 128-bit fragment reads"),
     v6=TileFamily(make_v6_tile, 6, "k-major tiles of raw values, split as the fragments are read"),
     v7=TileFamily(make_v7_tile, 7, "v6's tiles, the small parts' low bits left for the tensor core to drop"),
     v9=TileFamily(make_simt_tile, 9, "SIMT tiles of 4 x 4 blocks a thread on k-major shared tiles read 128 bits at a time"),

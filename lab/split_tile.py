@@ -1,8 +1,8 @@
 """The lab's k-major tiles (andrea_numba/kernels/split_tile.py holds the engine's, written out): the
-flag factory tile_mma_split that builds the product tiles of matmul v5, v6, v7, v8, v10 and v11 and
-the variants lab/bench/gemm_ablate.py measures, with the history of each option. The engine's
+flag factory tile_mma_split that builds the product tiles of matmul v5, v6, v7 and v10 and the
+variants lab/bench/gemm_ablate.py measures, with the history of each option. The engine's
 matmul_tf32x3 (v8) and matmul_fp16 (v11) run the written-out tiles; at their values
-(presplit=False, swizzle=True, split_mode="trunc", and half="fp16") this factory gives their bits
+(presplit=False, swizzle=True, and split_mode="trunc" or half="fp16") the factory gives their bits
 (tests/test_split_tile.py).
 
 matmul v4 (lab/warp_tile.py) computes the right thing but spends its time around the tensor cores:

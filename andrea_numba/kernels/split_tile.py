@@ -70,8 +70,8 @@ how one stage is multiplied (tf32x3_stage, fp16_stage).
 Shared memory: 2 stages x (BM + BN) rows x 16 floats x 4 bytes = 128 (BM + BN) bytes: 24 KiB for
 128 x 64, 32 KiB for 128 x 128, 16 KiB for 64 x 64. Registers for the copies: E of A plus E of B.
 
-In the simulator a stage is a NumPy twin: each thread's TM x TN outputs from the same shared tiles,
-the same split or rounding, fp32 products (mma.sync needs 32 real lanes: ptx.py).
+In the simulator a stage is a NumPy twin: each thread's TM x TN outputs from the same shared tiles
+with the same split or rounding, summed in fp32 (mma.sync needs 32 real lanes: ptx.py).
 """
 import numpy as np
 from numba import cuda, float32, int32
