@@ -1,7 +1,7 @@
 """The lab's bf16 tiles read by ldmatrix (andrea_numba/kernels/half_tile.py holds the engine's): the
 tile of matmul v12 (family "v12"), which rounds the fp32 operands on their way into shared memory.
 
-matmul v10 (split_tile.py) keeps fp32 values in shared memory and every lane rounds its fragment
+matmul v10 (lab/split_tile.py) keeps fp32 values in shared memory and every lane rounds its fragment
 values to bf16 as it reads them: each value crosses shared memory as 4 bytes and is converted
 once for every warp that reads it (the A tile by each of the BN/WN warps of a row). v12 is built
 the way fast half-precision GEMMs are (cuBLAS, CUTLASS): the values are rounded once, on their way

@@ -5,7 +5,7 @@ of the ladder:
 
     v1, v2        the lessons' pair (the engine's matmul_naive, matmul)
     v3, v4        warp tiles: SIMT multiply-adds, then 3xTF32 on tensor cores (lab/warp_tile.py)
-    v5, v6, v7    split_tile.py's k-major tiles: TF32 parts made once; split as read; the small
+    v5, v6, v7    lab/split_tile.py's k-major tiles: TF32 parts made once; split as read; the small
                   parts truncated by the tensor core
     v8            the engine's matmul_tf32x3: v7 on swizzled tiles (the fp32 recipe's)
     v9            SIMT multiply-adds at the SGEMM recipe (lab/simt_tile.py)
@@ -44,7 +44,7 @@ from lab.wgmma_tma import COUNTS, tma_product
 TILE_FAMILIES.update(
     v3=TileFamily(make_v3_tile, 3, "SIMT warp tiles"),
     v4=TileFamily(make_v4_tile, 4, "3xTF32 tensor-core warp tiles"),
-    v5=TileFamily(make_v5_tile, 5, "split tiles (split_tile.py): TF32 parts made once, 128-bit fragment reads"),
+    v5=TileFamily(make_v5_tile, 5, "split tiles (lab/split_tile.py): TF32 parts made once, 128-bit fragment reads"),
     v6=TileFamily(make_v6_tile, 6, "k-major tiles of raw values, split as the fragments are read"),
     v7=TileFamily(make_v7_tile, 7, "v6's tiles, the small parts' low bits left for the tensor core to drop"),
     v9=TileFamily(make_simt_tile, 9, "SIMT tiles of 4 x 4 blocks a thread on k-major shared tiles read 128 bits at a time"),
@@ -117,7 +117,7 @@ def matmul_v4(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
     _matmul_warp_v1("v4", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-# v5: split tiles (kernels/split_tile.py), BK = 16. Each value of a tile is split into its TF32
+# v5: split tiles (lab/split_tile.py), BK = 16. Each value of a tile is split into its TF32
 # parts once, as it enters shared memory (two planes), the tiles keep k along their rows, and a
 # permutation of k gives each thread its fragment values side by side (128-bit shared reads).
 # Shared memory: 32 KiB for 64 x 64, 48 KiB (the static limit) for 128 x 64 and 64 x 128.
@@ -132,10 +132,10 @@ def matmul_v5(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
 
 
 # v6: v5's k-major tiles and k permutation with one shared plane of raw values, split into TF32
-# parts as each thread reads its fragments (split_tile.py, presplit=False). v5 halved the
+# parts as each thread reads its fragments (lab/split_tile.py, presplit=False). v5 halved the
 # arithmetic around the mma but doubled the shared-memory traffic, and shared memory was the
 # limit (lab/bench/gemm_ablate.py on the H200: with no mma at all v5's kernel still took 66% of its
-# time); v6 halves that traffic. Its tiles are the engine's KMAJOR_TILES (matmul.py): 16 KiB of
+# time); v6 halves that traffic. Its tiles are the engine's KMAJOR_TILES (matmul.py): 24 KiB of
 # shared memory for 128 x 64, 32 KiB for 128 x 128.
 @blocks(**KMAJOR_TILES)
 def matmul_v6(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
@@ -160,12 +160,12 @@ def matmul_v7(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
     _matmul_warp_v1("v7", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-# v8: v7 on swizzled k-major tiles (split_tile.py, "v8's shared tiles"). An operand stored with k
-# down its columns (a^T in the weight gradients) reaches shared memory in 4 x 4 blocks, each tile
-# row's 4 values of k in one 128-bit store, where v6 and v7 wrote 4 scalars two to a bank; a row
-# swizzle makes these stores, v6's scalar stores (kept for B of x @ W) and the fragment reads
-# free of bank conflicts. The same values in the same sums as v7: v8 gives v7's bits.
-# (matmul.matmul_tf32x3, the engine's fp32 recipe's products.)
+# v8: v7 on swizzled k-major tiles (lab/split_tile.py, "v8's shared tiles"; written out in
+# kernels/split_tile.py). An operand stored with k down its columns (a^T in the weight gradients)
+# reaches shared memory in 4 x 4 blocks, each tile row's 4 values of k in one 128-bit store, where
+# v6 and v7 wrote 4 scalars two to a bank; a row swizzle makes these stores, v6's scalar stores
+# (kept for B of x @ W) and the fragment reads free of bank conflicts. The same values in the same
+# sums as v7: v8 gives v7's bits. (matmul.matmul_tf32x3, the engine's fp32 recipe's products.)
 
 
 # v9: SIMT multiply-adds again, at the recipe of fast SGEMMs (lab/simt_tile.py): k-major
@@ -184,7 +184,7 @@ def matmul_v9(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *
     _matmul_warp("v9", out, work, a, b, trans_a, trans_b, accumulate, block, stream)
 
 
-# v10: bf16 products on v8's tiles (split_tile.py, "bf16"): the operands stay fp32 in memory and in
+# v10: bf16 products on v8's tiles (lab/split_tile.py, "bf16"): the operands stay fp32 in memory and in
 # shared memory; each thread rounds its fragment values to bf16 as it reads them (cvt.rn.bf16x2.f32,
 # two values an instruction) and one mma.sync m16n8k16 takes a fragment's whole stage of 16 values
 # of k, where v8 issued six m16n8k8 (three TF32 products, two k-steps). Not an fp32 product: each

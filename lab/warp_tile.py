@@ -1,6 +1,6 @@
 """The lab's warp tiles (andrea_numba/kernels/warp_tile.py holds the engine's and what every family
 shares): the tile families of matmul v3 and v4, the first warp tiles of the ladder, and of v5, v6,
-v7 and v10, the other options of make_split_tile (split_tile.py's k-major tiles). lab/matmul.py
+v7 and v10, the other options of make_split_tile (lab/split_tile.py's k-major tiles). lab/matmul.py
 registers them in matmul.TILE_FAMILIES by the rung that runs them.
 
 matmul v3 and v4 compute a BM x BN tile of out = op(a) @ op(b) per block, like matmul v2, with the
@@ -14,19 +14,22 @@ differs (_kstep):
        three tensor-core products a fragment, each 8-deep product added to acc in fp32 (the step
        flash attention's tf32x3 kernels still take).
 
-v5-v7 and v10 keep v4's warps, fragment layout and split-K on split_tile.py's k-major tiles (its
-docstring tells what each changed): v5 splits each value once, on its way into shared memory
+v5-v7 and v10 keep v4's warps, fragment layout and split-K on lab/split_tile.py's k-major tiles
+(its docstring tells what each changed): v5 splits each value once, on its way into shared memory
 (two planes); v6 keeps one plane of raw values, split as each thread reads its fragments; v7 hands
 the tensor core x - big as it is (the small part's low bits truncated there: three instructions a
 split instead of five); v10 rounds each value to bf16 as it is read, one mma.sync m16n8k16 a
 fragment a stage. The engine's matmul_tf32x3 (v8) is v7 on swizzled tiles, matmul_fp16 (v11) v10
 in fp16.
 """
+import functools
+
 from numba import cuda
 
 from andrea_numba.kernels.tile_loop import WARP, make_pipeline
 from andrea_numba.kernels.warp_tile import *  # noqa: F401,F403  (the engine's tiles and helpers)
-from andrea_numba.kernels.warp_tile import _copier, _kstep, fragment_tile, make_split_tile
+from andrea_numba.kernels.warp_tile import _copier, _kstep, fragment_tile, kmajor_tile
+from lab.split_tile import tile_mma_split
 
 
 def _tile_mma(trans_a, trans_b, BM, BN, BK, WM, WN, tensor_cores, vec):
@@ -68,6 +71,17 @@ def make_warp_tile(tile, tensor_cores):
             ranged[(ta, tb)], THREADS = _tile_mma(ta, tb, BM, BN, BK, WM, WN, tensor_cores, vec)
     return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)
 
+
+def make_split_tile(tile, presplit, split_mode, swizzle, half=None):
+    """A warp tile of lab/split_tile.py's k-major tiles (BK = 16), the names of warp_tile.kmajor_tile,
+    built by tile_mma_split with these options: presplit (the TF32 parts made once, on the way into
+    shared memory), split_mode (lab/split_tile.SPLITS), swizzle (the swizzled rows and 128-bit stores
+    of transposed operands), half ("bf16" or "fp16": the values rounded to that format as read, one
+    mma.sync m16n8k16 a fragment a stage). tile = (family, BM, BN, BK, WM, WN, vec). At
+    presplit=False, swizzle=True it gives the engine's tiles' bits: split_mode="trunc" those of
+    make_tf32x3_tile, half="fp16" those of make_fp16_tile (tests/test_split_tile.py)."""
+    return kmajor_tile(tile, functools.partial(tile_mma_split, presplit=presplit, split_mode=split_mode,
+                                               swizzle=swizzle, half=half))
 
 
 def make_v3_tile(tile):

@@ -16,15 +16,15 @@ owning its pieces:
    and epilogue (zero, store) around its products; the bf16 tiles (half_tile.py, wgmma_mn.py) use
    it too.
 
-2. The engine's two families (make_split_tile on split_tile.py's k-major tiles, BK = 16):
+2. The engine's two families, on split_tile.py's k-major tiles (BK = 16, swizzled rows, 128-bit
+   stores of transposed operands):
        "tf32x3" (matmul_tf32x3)   3xTF32: each value split into its TF32 parts as its fragment is
                                   read, three mma.sync a fragment, the small part's low bits left
-                                  for the tensor core to drop; swizzled rows, 128-bit stores of
-                                  transposed operands (split_tile.py, "v8's shared tiles")
+                                  for the tensor core to drop (split_tile.tf32x3_tile_mma)
        "fp16" (matmul_fp16)       the same tiles, each value rounded to fp16 as it is read, one
-                                  mma.sync m16n8k16 a fragment a stage
-   The lab builds its families on make_split_tile's other options and on the padded tiles below
-   (lab/warp_tile.py).
+                                  mma.sync m16n8k16 a fragment a stage (split_tile.fp16_tile_mma)
+   The lab builds its families on the lab's flag-built k-major tiles (lab/split_tile.py) and on
+   the padded tiles below (lab/warp_tile.py).
 
 3. 128-bit copies and double buffering. When every operand row starts on a 16-byte boundary (the
    launcher checks the pointers and the row lengths: aligned, resolve), each thread copies its
@@ -70,7 +70,7 @@ from numba import cuda, float32
 
 from .common import SIMULATOR, address, as_is, cdiv, nonneg
 from .ptx import load4, mma_tf32, store4, tf32_round
-from .split_tile import tile_mma_split
+from .split_tile import fp16_tile_mma, tf32x3_tile_mma
 from .tile_loop import WARP, add_fragment
 
 @cuda.jit(device=True)
@@ -256,41 +256,38 @@ def make_epilogue(row, col, TM, TN):
     return zero, store
 
 
-def make_split_tile(tile, presplit, split_mode, swizzle, half=None):
+def kmajor_tile(tile, tile_mma):
     """Everything a kernel needs for one warp tile of split_tile.py's k-major tiles (BK = 16), the same
     names as matmul.make_tile:
         mma_nn, mma_nt, mma_tn, mma_tt     acc += a @ b, a @ b^T, a^T @ b, a^T @ b^T over all of K
         mma[(trans_a, trans_b)]            the same over k in [kb, ke): f(acc, a, b, kb, ke)
         row(i), col(j), zero(acc), store(out, acc, accumulate)
         TM, TN, THREADS, BK, grid(M, N, z)
-    built by split_tile.tile_mma_split with these options: presplit (the TF32 parts made once, on
-    the way into shared memory), split_mode (split_tile.SPLITS), swizzle (the swizzled rows and
-    128-bit stores of transposed operands), half ("bf16" or "fp16": the values rounded to that format
-    as read, one mma.sync m16n8k16 a fragment a stage). tile = (family, BM, BN, BK, WM, WN, vec)."""
+    tile = (family, BM, BN, BK, WM, WN, vec); tile_mma(trans_a, trans_b, BM, BN, BK, WM, WN, vec)
+    builds the ranged product and its THREADS (split_tile.tf32x3_tile_mma, fp16_tile_mma)."""
     family, BM, BN, BK, WM, WN, vec = tile
     assert BM % WM == 0 and BN % WN == 0 and WM % 16 == 0 and WN % 8 == 0 and BK % 8 == 0, f"tile {tile}"
     ranged = {}
     for ta in (False, True):
         for tb in (False, True):
-            ranged[(ta, tb)], THREADS = tile_mma_split(ta, tb, BM, BN, BK, WM, WN, vec, presplit=presplit,
-                                                       split_mode=split_mode, swizzle=swizzle, half=half)
+            ranged[(ta, tb)], THREADS = tile_mma(ta, tb, BM, BN, BK, WM, WN, vec)
     return fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS)
 
 
 def make_tf32x3_tile(tile):
     """The tile of family "tf32x3" (matmul_tf32x3): 3xTF32 on swizzled k-major tiles, each value split
     as its fragment is read, the small part's low bits left for the tensor core to drop."""
-    return make_split_tile(tile, presplit=False, split_mode="trunc", swizzle=True)
+    return kmajor_tile(tile, tf32x3_tile_mma)
 
 
 def make_fp16_tile(tile):
     """The tile of family "fp16" (matmul_fp16): the same swizzled k-major tiles, the values rounded to
     fp16 as read (one mma.sync m16n8k16 a fragment a stage, fp32 sums)."""
-    return make_split_tile(tile, presplit=False, split_mode="round", swizzle=True, half="fp16")
+    return kmajor_tile(tile, fp16_tile_mma)
 
 
 def fragment_tile(ranged, BM, BN, BK, WM, WN, THREADS):
-    """A tile's names (make_split_tile's docstring) from its ranged products `ranged` (trans_a,
+    """A tile's names (kmajor_tile's docstring) from its ranged products `ranged` (trans_a,
     trans_b) -> f(acc, a, b, kb, ke), for warps of WM x WN outputs held in the mma.sync
     accumulator layout: acc[i, j] of a thread is out[row(i), col(j)]. Shared by the bf16 tiles
     (half_tile.py, wgmma_mn.py)."""

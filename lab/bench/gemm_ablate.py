@@ -13,7 +13,7 @@ the 3xTF32 columns are fp32-accurate products).
 
     python lab/bench/gemm_ablate.py --splits
 
-times the split at read three ways (split_tile.SPLITS) on the 128 x 64 tile: "round" (v6, five
+times the split at read three ways (lab/split_tile.SPLITS) on the 128 x 64 tile: "round" (v6, five
 instructions a value), "half" (four: small's low bits left for the tensor core to drop) and
 "trunc" (three: small truncated by the tensor core), and says whether each gives v6's bits and
 its error against float64.
@@ -38,8 +38,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from numba import cuda, float32
 
-    from andrea_numba.kernels.split_tile import tile_mma_split
-    from lab.split_tile import split_bytes
+    from lab.split_tile import split_bytes, tile_mma_split
     from lab.matmul import make_tile
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gemm import timed
