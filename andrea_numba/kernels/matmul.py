@@ -424,8 +424,8 @@ def _matmul_warp(family, out, work, a, b, trans_a, trans_b, accumulate, block, s
 # fragment reads free of bank conflicts.
 #
 # (BM, BN, BK, WM, WN): 128 x 64 of 4 warps of 64 x 32 (the engine's), 128 x 128 of 8, 64 x 64 of
-# 4 warps of 32 x 32, 128 x 128 of 4 warps of 64 x 64. Shared memory: 16 KiB for 128 x 64, 32 KiB
-# for 128 x 128. In the simulator one warp of 32 x 32 and two warps of 16 x 64.
+# 4 warps of 32 x 32, 128 x 128 of 4 warps of 64 x 64. Shared memory: 24 KiB for 128 x 64, 32 KiB
+# for 128 x 128 (two stages of (BM + BN) rows of 16 floats). In the simulator one warp of 32 x 32 and two warps of 16 x 64.
 KMAJOR_TILES = dict(gpu=((128, 64, 16, 64, 32), (128, 128, 16, 64, 32), (64, 64, 16, 32, 32), (128, 128, 16, 64, 64)),
                     sim=((32, 32, 16, 32, 32), (32, 64, 16, 16, 64)))
 
