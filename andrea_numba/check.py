@@ -70,15 +70,18 @@ MODEL_TOLS.update({scope: (1e-3, 2.0 ** -2) for scope in FP8_SCOPES})
 # 2026-12-02) they reached 2.4-3.7% of their scale in bf16 where every other tensor stayed within
 # 0.78%; in fp16 (8x finer rounding) 0.29-0.46% against 0.10%: the same factor of about 5 at both
 # precisions, the mark of rounding carried through a cancellation rather than of a wrong kernel. At
-# low precision those two tensors get twice the allowance, 2^-4; the rest keep 2^-5.
+# bf16 and fp16 those two tensors get twice the allowance, 2^-4; the rest keep 2^-5. Not at FP8: its
+# 2^-2 doubled would pass a gradient at half its value (the FP8 model rows' worst tensor, W_Q and W_K
+# among them, was 19% of its scale on the H200, 2026-12-03, inside 2^-2 undoubled).
 SCORE_GRADS = ("attn.w_q", "attn.w_k")          # the weights whose gradients pass through dS
+SCORE_GRADS_DOUBLED = ("bf16", "fp16")          # the precisions whose allowance doubles for them
 
 
 def model_tol(precision: str, tensor: str):
     """The whole-model check's (rtol, a) for one gradient tensor ("d h3.attn.w_q", "loss") at the
-    products' precision: MODEL_TOLS, doubled for W_Q's and W_K's below fp32 (SCORE_GRADS)."""
+    products' precision: MODEL_TOLS, doubled for W_Q's and W_K's at bf16 and fp16 (SCORE_GRADS)."""
     rtol, a = MODEL_TOLS[precision]
-    return (rtol, 2 * a) if precision != "fp32" and tensor.endswith(SCORE_GRADS) else (rtol, a)
+    return (rtol, 2 * a) if precision in SCORE_GRADS_DOUBLED and tensor.endswith(SCORE_GRADS) else (rtol, a)
 MODEL_DLOSS = {"fp16": LOSS_SCALE_INIT}       # the backward's dloss by precision (1 elsewhere): the trainer's first scale
 
 # (B, T) of the op checks and of the whole-model check, by size. The op shapes cross tile edges:

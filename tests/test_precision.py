@@ -177,6 +177,19 @@ def test_the_score_weights_get_twice_the_low_precision_allowance_and_still_fail_
         assert not check.compare("model", "d h3.attn.w_q", (ref * f).astype(np.float32), ref, tol)["ok"]
 
 
+@pytest.mark.parametrize("precision", sorted(check.MODEL_TOLS))
+@pytest.mark.parametrize("tensor", ["d h0.attn.w_q", "d h1.attn.w_k", "d h0.mlp.w_1", "loss"])
+def test_no_model_allowance_passes_a_gradient_at_half_or_twice_its_value(precision, tensor):
+    """At every precision and FP8 scope, for every tensor (the score weights' doubled allowance
+    included), the whole-model check fails a tensor scaled by 1/2 or by 2: its allowance is below
+    a half of the tensor's scale."""
+    ref = np.random.default_rng(3).standard_normal(400)
+    tol = check.model_tol(precision, tensor)
+    assert tol[0] + tol[1] < 0.5, (precision, tensor, tol)
+    for f in (0.5, 2.0):
+        assert not check.compare("model", tensor, (ref * f).astype(np.float32), ref, tol)["ok"], (precision, f)
+
+
 def test_saving_the_bf16_products_inputs_rounded_changes_no_bit(monkeypatch):
     """With recipe bf16-ampere the model saves LN1's, LN2's, LNf's and the GELU's outputs as bf16
     (recipes.SAVED16: uint16 buffers, half the bytes), since only bf16 products read them and
