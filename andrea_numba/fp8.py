@@ -101,6 +101,12 @@ def format_table(rows) -> str:
         errs = " ".join(f"{c['rel_err']:>10.2e}" if c else f"{'-':>10}" for c in cells)
         under = " ".join(f"{c['underflow']:.1%}" if c and c["quantized"] else "bf16" for c in cells)
         lines.append(f"{op:<11} {direction:<4} {tensor:<8} {errs}   {under}")
+    lines += ["",
+              "each scope's column: max |fp8 - exact| / max |exact| of the output against the same twin with",
+              f"exact products (u, the unit roundoff: E4M3 2^-4 = {2.0 ** -4:.4f}, E5M2 2^-3 = {2.0 ** -3:.3f});",
+              "underflow, one value a scope in the columns' order: the largest fraction of the nonzero values of",
+              "any operand that this pass quantized which became 0 in FP8; bf16 where the pass quantized nothing",
+              "(fp8-fwd's backward multiplies in bf16)"]
     return "\n".join(lines)
 
 
@@ -311,7 +317,7 @@ def main(argv=None) -> None:
     s.add_argument("--size", type=cli.one_of(["tiny", "12M", "120M"], "size"), default="12M",
                    help="the model whose shapes the ops take (default 12M)")
     s.add_argument("--batch", type=cli.int_range(1, 64), default=2, help="B (default 2)")
-    s.add_argument("--seq", type=cli.int_range(1, 1024), default=64, help="T (default 64, at most the context)")
+    s.add_argument("--seq", type=cli.int_range(1, 1024), help="T (default 64, or the model's context where shorter)")
     s.add_argument("--seed", type=cli.int_range(0, 2 ** 31 - 1), default=0)
     s.add_argument("--scope", nargs="+", type=cli.one_of(FP8_SCOPES, "scope"), default=list(FP8_SCOPES))
     s.add_argument("--plot", type=cli.file_to_write(".png"), help="also draw the table into this PNG")
@@ -341,6 +347,7 @@ def main(argv=None) -> None:
     if args.command == "check":
         raise SystemExit(run_check(args))
     ctx = load_config(args.size).model.context_length
+    args.seq = min(64, ctx) if args.seq is None else args.seq
     if args.seq > ctx:
         cli.fail(f"--seq {args.seq} is longer than the {args.size} model's context ({ctx}): give at most {ctx}")
     rows = study(args.size, args.batch, args.seq, args.seed, args.scope)

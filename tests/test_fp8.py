@@ -127,6 +127,16 @@ def test_the_study_measures_every_op_output_at_every_scope(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_study_runs_at_its_defaults_on_the_tiny_model_and_says_what_its_columns_are(capsys):
+    """--seq defaults to 64 or the model's context where that is shorter (tiny's 16), and the table
+    ends with what its error and underflow columns measure."""
+    from andrea_numba import fp8
+    fp8.main(["study", "--size", "tiny", "--batch", "1", "--scope", "fp8-fwd"])
+    out = capsys.readouterr().out
+    assert "B = 1, T = 16:" in out
+    assert "max |fp8 - exact| / max |exact|" in out and "underflow" in out.split("\n\n")[-1]
+
+
 @pytest.mark.parametrize("argv, says", [(["study", "--scope", "fp4"], "unknown scope 'fp4'"),
                                         (["study", "--size", "tiny", "--seq", "17"], "longer than the tiny model's context"),
                                         (["study", "--plot", "/nonexistent/x.png"], "does not exist"),
