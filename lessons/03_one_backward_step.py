@@ -78,13 +78,14 @@ def norm(a):
 def kernel(op, outs, **values):
     """Run the engine's backward kernels of `op` (its launcher, as andrea_numba/cases.py names it)
     on float32 copies of the values the twin got. outs: name -> shape of what it returns; written
-    outputs start as NaN, += outputs (case.accumulate) at zero, work buffers as NaN."""
+    outputs start as NaN, += outputs (case.accumulate) at zero, work buffers as NaN (integer ones -7)."""
     case = CASES[op]
     dims = Dims.of(m, B, T)
     d = {k: to_dev(v if v.dtype.kind == "i" else f32(v)) for k, v in values.items() if isinstance(v, np.ndarray)}
     d.update({k: to_dev(np.zeros(s, np.float32) if k in case.accumulate else np.full(s, np.nan, np.float32))
               for k, s in outs.items()})
-    d.update({k: to_dev(np.full(shape(dims), np.nan, dtype)) for k, (shape, dtype) in case.scratch.items()})
+    d.update({k: to_dev(np.full(shape(dims), np.nan if np.dtype(dtype).kind == "f" else -7, dtype))
+              for k, (shape, dtype) in case.scratch.items()})       # integers: -7, a value no index takes
     scalars = {k: v for k, v in values.items() if not isinstance(v, np.ndarray)}
     call(case.engine("bwd"), {**scalars, **d})
     return {k: to_host(d[k]) for k in outs}
@@ -113,7 +114,9 @@ def finite_difference(name, grad, n=3, h=1e-4):
         ana = float(np.ravel(grad)[i])
         rel = abs(ana - num) / max(1e-8, abs(ana) + abs(num))
         idx = [int(j) for j in np.unravel_index(i, s.shape)]
-        say(f"      finite difference {name}{idx}: backward {ana:+.6e}  numeric {num:+.6e}  rel {rel:.1e}")
+        why = f"   (position {idx[0]} >= T = {T}: no token sits there, so it has no gradient)" \
+            if name == "wpe" and idx[0] >= T else ""
+        say(f"      finite difference {name}{idx}: backward {ana:+.6e}  numeric {num:+.6e}  rel {rel:.1e}{why}")
         FD.append(rel)
 
 

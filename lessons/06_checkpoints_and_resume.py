@@ -17,7 +17,7 @@ What it teaches
 How to run (the kernels run in Numba's CUDA simulator without a GPU: about 25 s on a 2-core CPU
 for the 3 + 1 steps; each step is one microbatch of 1 x 8 tokens)
 
-    python lessons/06_checkpoints_and_resume.py                        # run directories in a temp dir
+    python lessons/06_checkpoints_and_resume.py                        # runs in <tmp>/andrea-lessons/06-runs
     python lessons/06_checkpoints_and_resume.py --out runs/lesson06    # keep them (must not exist yet)
     python lessons/06_checkpoints_and_resume.py --microbatches 2       # as tests/test_train.py (slower)
     python lessons/06_checkpoints_and_resume.py --interactive --figures figs/
@@ -29,7 +29,8 @@ import _common as C
 
 
 def options(ap):
-    ap.add_argument("--out", metavar="DIR", help="where the two run directories go (default: a temporary directory)")
+    ap.add_argument("--out", metavar="DIR", help="where the two run directories go (default: andrea-lessons/06-runs in the system's temporary "
+                    "folder, replaced by each run)")
     ap.add_argument("--steps", type=int, default=3, help="optimiser steps of each run (default 3)")
     ap.add_argument("--stop", type=int, default=2, help="run B stops after this many steps (default 2)")
     ap.add_argument("--microbatches", type=int, default=1, help="microbatches per step (default 1: fast)")
@@ -41,7 +42,6 @@ import hashlib  # noqa: E402
 import shutil  # noqa: E402
 import struct  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -56,7 +56,9 @@ from andrea_numba.train import Trainer  # noqa: E402
 
 if not 0 < args.stop < args.steps:
     sys.exit(f"error: --stop ({args.stop}) must lie between 0 and --steps ({args.steps}), exclusive")
-out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="andrea-lesson06-"))
+out = Path(args.out) if args.out else C.default_dir() / "06-runs"
+if not args.out:                        # the lesson's own default folder: the last run's runs go
+    shutil.rmtree(out, ignore_errors=True)
 dir_a, dir_b, data_dir = out / "A-uninterrupted", out / "B-stopped-and-resumed", out / "data"
 for d in (dir_a, dir_b):
     if d.exists():

@@ -75,7 +75,8 @@ def start(doc: str | None = None, add_arguments=None) -> argparse.Namespace:
                                  epilog=textwrap.dedent(__doc__.split("Command line of every lesson:")[1]
                                                         .split("Without a GPU")[0]))
     ap.add_argument("--interactive", action="store_true", help="pause for Enter between steps")
-    ap.add_argument("--figures", metavar="DIR", help="folder for the PNG figures (default: a temporary directory)")
+    ap.add_argument("--figures", metavar="DIR", help="folder for the PNG figures (default: andrea-lessons/ in the "
+                    "system's temporary folder, one folder that every lesson's run reuses)")
     if add_arguments is not None:
         add_arguments(ap)
     args = ap.parse_args([] if _in_notebook() else None)
@@ -90,10 +91,16 @@ def start(doc: str | None = None, add_arguments=None) -> argparse.Namespace:
     return args
 
 
+def default_dir() -> Path:
+    """andrea-lessons/ in the system's temporary folder: one folder for every lesson's figures and
+    lesson 06's runs, reused (a figure of the same name is overwritten), so runs do not pile up."""
+    return Path(tempfile.gettempdir()) / "andrea-lessons"
+
+
 def figures_dir() -> Path:
     """The figures folder, created on first use."""
     if _state["figures"] is None:
-        _state["figures"] = Path(tempfile.mkdtemp(prefix="andrea-lessons-"))
+        _state["figures"] = default_dir()
     _state["figures"].mkdir(parents=True, exist_ok=True)
     return _state["figures"]
 

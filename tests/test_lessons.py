@@ -103,3 +103,22 @@ def test_common_pauses_only_when_interactive(tmp_path):
     p = subprocess.run([sys.executable, str(script), "--interactive"], env=SIM_ENV, capture_output=True,
                        text=True, input="\n", timeout=60)
     assert p.returncode == 0 and p.stdout.count("press Enter") == 1      # between step 1 and step 2
+
+
+def test_lessons_leave_one_folder_in_the_temporary_directory_and_print_no_warning(tmp_path):
+    """Run without --figures, twice, the lessons draw into one reused folder (andrea-lessons/ in
+    the temporary directory), not a new folder a run; lesson 03's trace prints no warning (its
+    integer work buffers start at -7, not a NaN cast to an integer), and it says why a position
+    past T has no gradient."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "NUMBA_ENABLE_CUDASIM": "1"}
+    outs = [subprocess.run([sys.executable, "-W", "error::RuntimeWarning", str(LESSONS / name)], env=env,
+                           capture_output=True, text=True, timeout=120)
+            for name in ("01_chain_rule.py", "01_chain_rule.py", "03_one_backward_step.py")]
+    for p in outs:
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "Warning" not in p.stdout + p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["andrea-lessons"]
+    assert (tmp_path / "andrea-lessons" / "01_chain_tangent.png").is_file()
+    trace = outs[2].stdout
+    past = [line for line in trace.splitlines() if "finite difference wpe[" in line and ">= T = " in line]
+    assert past and all("no token sits there" in line for line in past)
