@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import errno
+import ipaddress
 import json
 import math
 import socket
+import sys
 import webbrowser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -259,7 +261,7 @@ def _bind_error(e: OSError, host: str, port: int) -> str:
                 f"pick another with --port 8000")
     if e.errno == errno.EADDRNOTAVAIL:
         return (f"cannot listen on {host}: it is not an address of this machine; use --host 127.0.0.1 "
-                f"(this machine only) or --host 0.0.0.0 (every interface)")
+                f"(this machine only) or --host 0.0.0.0 --public (every interface)")
     return f"cannot listen on {host} port {port} ({e.strerror or e}): try another --host or --port"
 
 
@@ -271,17 +273,35 @@ def _run_dir(value: str) -> Path:
     return p
 
 
+def loopback_only(host: str) -> bool:
+    """Whether every address `host` resolves to is this machine's loopback (127.0.0.1, ::1)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+        return all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv=None) -> None:
     p = cli.Parser(prog="python -m andrea_numba.dashboard", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=_run_dir, help="the run directory (it may not exist yet)")
     p.add_argument("--port", type=cli.port, default=8000, help="TCP port, 1 to 65535 (default 8000)")
     p.add_argument("--host", type=cli.host, default="127.0.0.1", help="127.0.0.1: this machine only")
+    p.add_argument("--public", action="store_true", help="allow a --host other machines can reach (the page "
+                   "has no password: anyone who can reach the port sees the run)")
     p.add_argument("--open", action="store_true", help="open the page in a web browser")
     args = p.parse_args(argv)
+    if not loopback_only(args.host):
+        if not args.public:
+            cli.fail(f"--host {args.host} would serve the run to other machines, and the page has no password: "
+                     "add --public if that is meant, or use 127.0.0.1 (this machine only)")
     try:
         server = make_server(args.run_dir, args.host, args.port)
     except OSError as e:
         cli.fail(_bind_error(e, args.host, args.port))
+    if args.public and not loopback_only(args.host):
+        print(f"warning: serving {args.run_dir} on {args.host}, where other machines can reach it; the page has "
+              "no authentication", file=sys.stderr, flush=True)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{shown}:{server.server_address[1]}/"
     print(f"dashboard of {args.run_dir} at {url}  (Ctrl-C to stop)", flush=True)

@@ -319,7 +319,9 @@ ROWS = [
     ("dashboard", [S, "--port", "80.5"], "must be an integer"),
     ("dashboard", [S, "--port", "{port}"], "is in use"),
     ("dashboard", [S, "--host", "no-such-host.invalid"], "cannot resolve host"),
-    ("dashboard", [S, "--host", "192.0.2.1"], "not an address of this machine"),
+    ("dashboard", [S, "--host", "192.0.2.1", "--public"], "not an address of this machine"),
+    ("dashboard", [S, "--host", "0.0.0.0"], "add --public if that is meant"),
+    ("dashboard", [S, "--host", "192.0.2.1"], "add --public if that is meant"),
     ("dashboard", ["{W}/files/afile"], "is a file, not a run directory"),
     ("dashboard", [], "the following arguments are required"),
 

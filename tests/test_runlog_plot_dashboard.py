@@ -150,3 +150,30 @@ def test_dashboard_before_the_first_step_and_nan(tmp_path, serve):
     (tmp_path / "not-yet" / ".loss.json").write_text('{"step": 1, "train_loss": NaN, "lr": Infinity}\n')
     rows = json.loads(get("/loss.json")[2])           # strict JSON: NaN and inf become null
     assert rows == [{"step": 1, "train_loss": None, "lr": None}]
+
+
+def test_the_dashboard_serves_other_machines_only_when_told_and_then_warns(tmp_path, monkeypatch, capsys):
+    """The page has no authentication: a --host other machines can reach (0.0.0.0) is refused in one
+    line without --public, and served with a warning with it; loopback needs neither."""
+    from andrea_numba import dashboard as D
+    assert D.loopback_only("127.0.0.1") and D.loopback_only("localhost") and not D.loopback_only("0.0.0.0")
+
+    class Served:
+        server_address = ("0.0.0.0", 8123)
+
+        def serve_forever(self):
+            raise KeyboardInterrupt
+
+        def server_close(self):
+            pass
+    bound = []
+    monkeypatch.setattr(D, "make_server", lambda run_dir, host, port: bound.append(host) or Served())
+    with pytest.raises(SystemExit) as e:
+        D.main([str(tmp_path), "--host", "0.0.0.0"])
+    assert e.value.code != 0 and bound == []
+    assert "add --public" in capsys.readouterr().err
+    D.main([str(tmp_path), "--host", "0.0.0.0", "--public"])
+    out = capsys.readouterr()
+    assert bound == ["0.0.0.0"] and "warning:" in out.err and "no authentication" in out.err
+    D.main([str(tmp_path)])
+    assert bound == ["0.0.0.0", "127.0.0.1"] and "warning" not in capsys.readouterr().err
