@@ -60,6 +60,9 @@ def read_run_state(run_dir) -> dict:
     """The state object of `run_dir` for a tool that needs it (resume, sample): RunDirError with
     one line when there is none, it does not parse or it holds no config."""
     path = Path(run_dir) / STATE_FILE
+    if not Path(run_dir).exists():
+        raise RunDirError(f"{run_dir} does not exist: give the directory of a run (the trainer makes one: "
+                          f"python -m andrea_numba.train --out {run_dir})")
     if not path.is_file():
         raise RunDirError(f"{run_dir} has no {STATE_FILE}: it is not a run directory (the trainer makes "
                           f"one: python -m andrea_numba.train --out {run_dir})")

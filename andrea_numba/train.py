@@ -215,7 +215,7 @@ class Trainer:
             step, params, mm, vv, sha = 0, None, None, None, None
         if step > t.steps:
             raise TrainError(f"the run in {self.run_dir} is at step {step} already, beyond the {t.steps} steps asked "
-                             f"for (--steps): give --steps {step} or more")
+                             f"for (--steps): give --steps {step + 1} or more to train on from there")
         best = self._check_best(state, step, n)
         meta = self._check_data(state)
         scaler = None                        # fp16: the loss scale that goes with the checkpoint
@@ -992,12 +992,16 @@ def main(argv=None) -> int:
             log(f"{cfg.name}: {n_params(cfg.model):,} parameters, {device_name()}, run directory {run_dir}")
         trainer.setup(resume=bool(args.resume))
         trainer.compile_kernels()
-        t0 = time.time()
+        t0, tokens0 = time.time(), trainer.tokens_seen
         trainer.write_state()
         code = trainer.run()
         wall = time.monotonic() - launch_time
-        log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {time.time() - t0:.1f} s of training, "
-            f"total wall time {wall:.1f} s ({wall / 60:.1f} min) from launch to exit")
+        mine = f"{time.time() - t0:.1f} s of training, total wall time {wall:.1f} s ({wall / 60:.1f} min) from launch to exit"
+        if tokens0:                          # resumed: the run's tokens and time, and this process's
+            log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens in the run ({trainer.elapsed():.1f} s "
+                f"of wall time over its processes); this process: {trainer.tokens_seen - tokens0:,} tokens, {mine}")
+        else:
+            log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {mine}")
         return code
     except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError, PlanError, LossScaleError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)

@@ -313,6 +313,8 @@ REFUSALS = {
     "--resume no run": (None, ("--resume", "{run}/data"), "has no .state.json"),
     "a new run into a run": (None, NEW, "already holds a run: continue it with --resume"),
     "--resume --steps below the run's": (None, RESUME + ("--steps", "3"), "at step 4 already"),
+    "--resume --steps below the run's, the way on": (None, RESUME + ("--steps", "3"), "give --steps 5 or more to train on"),
+    "--resume a missing directory": (None, ("--resume", "{run}/gone"), "gone does not exist: give the directory of a run"),
     "--resume --data": (None, RESUME + ("--data", "{cfg}"), "--data cannot be given with --resume"),
     "--resume --batch-size": (None, RESUME + ("--batch-size", "2"), "--batch-size cannot be given with --resume"),
     "--resume --seq-len": (None, RESUME + ("--seq-len", "4"), "--seq-len cannot be given with --resume"),
@@ -419,6 +421,10 @@ def test_a_moved_run_directory_resumes_with_its_own_data(base, tmp_path):
     assert snapshot(b / "data") == snapshot(base.run / "data")
     state = json.loads((b / ".state.json").read_text())
     assert state["data"]["dir"] == "data"
+    per_step = state["tokens_seen"] // (STEPS + 1)          # the done line: the run's tokens, and this process's
+    done = [line for line in out if line.startswith("done:")]
+    assert len(done) == 1 and f"{state['tokens_seen']:,} tokens in the run" in done[0], out
+    assert f"this process: {per_step:,} tokens" in done[0], done
 
 
 def test_a_corpus_inside_the_run_directory_is_recorded_relative_to_it(base, tmp_path):
