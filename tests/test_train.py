@@ -434,7 +434,7 @@ def test_bad_checkpoints_are_refused_with_one_line(tmp_path):
     (["--data", "no/such/file.txt"], "not found"),
     (["--size", "7B"], "unknown size '7B'"),
     (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got '0'"),
-    (["--resume", "no/such/run"], "no .state.json"),
+    (["--resume", "no/such/run"], "no/such/run does not exist: give the directory of a run"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(tmp_path, args, message):
     p = run_train(*args, "--out", tmp_path / "x") if "--resume" not in args else run_train(*args)
