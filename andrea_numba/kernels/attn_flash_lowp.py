@@ -74,10 +74,9 @@ bf16x2 and f16x2, reference/precision.py), fp32 sums.
 import numpy as np
 from numba import cuda, float32, int32
 
-from reference.precision import round_bf16, round_fp16
 
 from .common import SIMULATOR
-from .ptx import bf16x2, f16x2, mma_bf16, mma_f16
+from .ptx import bf16x2, f16x2, mma_bf16, mma_f16, sim_round_bf16, sim_round_fp16
 from .warp_tile import WARP
 
 if not SIMULATOR:      # the code generator of load4_b32 (below)
@@ -85,7 +84,7 @@ if not SIMULATOR:      # the code generator of load4_b32 (below)
     from numba import types
     from numba.cuda.extending import intrinsic
 
-HALF = {"bf16": (bf16x2, mma_bf16, round_bf16), "fp16": (f16x2, mma_f16, round_fp16)}   # pack, mma, twin's rounding
+HALF = {"bf16": (bf16x2, mma_bf16, sim_round_bf16), "fp16": (f16x2, mma_f16, sim_round_fp16)}   # pack, mma, the simulator's rounding
 HALF_VERSION = {"bf16": 11, "fp16": 12}
 
 # The own tile's 16 channels of a k step in the order of a lane's registers: lane t packs channels

@@ -42,8 +42,6 @@ import threading
 
 import numpy as np
 
-from reference.precision import round_bf16
-
 from .common import SIMULATOR
 
 if not SIMULATOR:      # the intrinsics' code generators (the simulator runs the twins below instead)
@@ -51,6 +49,33 @@ if not SIMULATOR:      # the intrinsics' code generators (the simulator runs the
     from numba import types
     from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
+
+# The simulator's stand-ins for the GPU's conversions to bf16 and fp16 (cvt.rn.bf16x2.f32,
+# cvt.rn.f16x2.f32), written apart from the twin's rounding (reference/precision.py adds to the bits,
+# and takes NumPy's float16) so that the two cannot share a bug: each value is put on its binade's grid
+# of 2^M steps in float64, where the division by a power of two is exact and np.rint rounds halfway
+# values to the even step; past the largest finite value, infinity (tests/test_rounding.py checks both
+# against tables of every value of the formats).
+def _round_to_grid(x, mantissa_bits: int, min_exponent: int, max_value: float):
+    v = np.asarray(x, dtype=np.float32).astype(np.float64)
+    finite = np.isfinite(v)
+    a = np.where(finite, np.abs(v), 1.0)
+    _, k = np.frexp(np.where(a > 0, a, 1.0))          # a = m 2^k, 0.5 <= m < 1: the binade 2^(k-1)
+    step = np.ldexp(1.0, np.maximum(k - 1, min_exponent) - mantissa_bits)
+    r = np.rint(a / step) * step
+    r = np.where(r > max_value, np.inf, r)
+    return np.where(finite, np.copysign(r, v), v).astype(np.float32)
+
+
+def sim_round_bf16(x):
+    """x rounded to bf16 (8 significant bits, smallest normal 2^-126), ties to even, as float32."""
+    return _round_to_grid(x, 7, -126, float.fromhex("0x1.fep127"))
+
+
+def sim_round_fp16(x):
+    """x rounded to fp16 (11 significant bits, smallest normal 2^-14, largest 65504), ties to even."""
+    return _round_to_grid(x, 10, -14, 65504.0)
+
 
 if not SIMULATOR:
     _f32, _i32 = ir.FloatType(), ir.IntType(32)
@@ -442,14 +467,14 @@ else:
     def f16x2(lo, hi):
         """Simulator twin of cvt.rn.f16x2.f32: the two fp16 bit patterns (ties to even, inf past
         65504), lo in the low half of an int32."""
-        with np.errstate(over="ignore"):
-            h = np.array([lo, hi], np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+        with np.errstate(over="ignore"):       # (sim_round_fp16's values are fp16's: the cast is exact)
+            h = sim_round_fp16(np.array([lo, hi], np.float32)).astype(np.float16).view(np.uint16).astype(np.uint32)
         return np.int32(np.uint32(h[0] | (h[1] << np.uint32(16))).view(np.int32))
 
     def bf16x2(lo, hi):
         """Simulator twin of cvt.rn.bf16x2.f32: the two bf16 bit patterns (ties to even), lo in
         the low half of an int32."""
-        bits = round_bf16(np.array([lo, hi], np.float32)).view(np.uint32) >> np.uint32(16)
+        bits = sim_round_bf16(np.array([lo, hi], np.float32)).view(np.uint32) >> np.uint32(16)
         return np.int32(np.uint32(bits[0] | (bits[1] << np.uint32(16))).view(np.int32))
 
     def load4(arr, index):

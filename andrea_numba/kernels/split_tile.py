@@ -76,10 +76,9 @@ with the same split or rounding, summed in fp32 (mma.sync needs 32 real lanes: p
 import numpy as np
 from numba import cuda, float32, int32
 
-from reference.precision import round_fp16
 
 from .common import SIMULATOR
-from .ptx import f16x2, load4, mma_f16, mma_tf32, store4, tf32_round
+from .ptx import f16x2, load4, mma_f16, mma_tf32, sim_round_fp16, store4, tf32_round
 from .tile_loop import WARP, add_fragment, make_pipeline
 
 BK_SPLIT = 16          # values of k a stage: a 4-float run of each row per lane (2. above)
@@ -271,7 +270,7 @@ def fp16_stage(MI, NI):
             rows, cols = ROW + (wm0 + g), COL + (wn0 + 2 * t)
             rows, cols = rows ^ ((rows >> 2) & 1), cols ^ ((cols >> 2) & 1)   # phys: their shared rows
             with np.errstate(over="ignore", invalid="ignore"):   # past 65504 is inf, as on the GPU
-                acc += round_fp16(sa[rows]) @ round_fp16(sb[cols].T)     # exact products, fp32 sums
+                acc += sim_round_fp16(sa[rows]) @ sim_round_fp16(sb[cols].T)     # exact products, fp32 sums
         return stage
 
     @cuda.jit(device=True)
