@@ -291,7 +291,8 @@ def main(argv=None) -> None:
                    "has no password: anyone who can reach the port sees the run)")
     p.add_argument("--open", action="store_true", help="open the page in a web browser")
     args = p.parse_args(argv)
-    if not loopback_only(args.host):
+    reachable = not loopback_only(args.host)         # by other machines
+    if reachable:
         if not args.public:
             cli.fail(f"--host {args.host} would serve the run to other machines, and the page has no password: "
                      "add --public if that is meant, or use 127.0.0.1 (this machine only)")
@@ -299,7 +300,7 @@ def main(argv=None) -> None:
         server = make_server(args.run_dir, args.host, args.port)
     except OSError as e:
         cli.fail(_bind_error(e, args.host, args.port))
-    if args.public and not loopback_only(args.host):
+    if reachable:
         print(f"warning: serving {args.run_dir} on {args.host}, where other machines can reach it; the page has "
               "no authentication", file=sys.stderr, flush=True)
     shown = f"[{args.host}]" if ":" in args.host else args.host
