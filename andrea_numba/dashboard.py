@@ -96,9 +96,12 @@ function chart(canvas, series, ylabel) {
   const g = canvas.getContext("2d"); g.scale(dpr, dpr); g.clearRect(0, 0, W, H);
   g.font = "11px system-ui, sans-serif";
   const all = series.flatMap(s => s.pts);
+  canvas.dataset.points = series.map(s => s.pts.length).join(" ");   // what was drawn: tests/test_dashboard_browser.py
+  canvas.dataset.lastStep = "";
   if (!all.length) { g.fillStyle = "#999"; g.fillText("waiting for the first step", W / 2 - 70, H / 2); return; }
   let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
   for (const [x, y] of all) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
+  canvas.dataset.lastStep = x1;
   if (x1 === x0) { x0 -= 1; x1 += 1; }
   if (y1 === y0) { const d = Math.abs(y0) * 0.1 || 1; y0 -= d; y1 += d; }
   const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
