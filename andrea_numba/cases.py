@@ -225,9 +225,9 @@ def _loss(d: Dims, rng):
                 targets=rng.integers(0, d.V, size=d.N).astype(np.int32))
 
 
-def _matmul(trans_a, trans_b):
+def _matmul(trans_a, trans_b, deep=False):
     def make(d: Dims, rng):
-        M, K, N = d.N, d.C, 4 * d.C          # an MLP-like product
+        M, K, N = (d.N, DEEP_K, DEEP_N) if deep else (d.N, d.C, 4 * d.C)      # deep, or an MLP-like product
         a = _normal(rng, K, M) if trans_a else _normal(rng, M, K)
         b = _normal(rng, N, K) if trans_b else _normal(rng, K, N)
         return dict(a=a, b=b)
@@ -319,6 +319,26 @@ _PRODUCTS = [
            scratch={**_WORK}),
     OpCase("matmul a^T@b +=", matmul, "matmul", ("out",), _matmul(True, False),
            accumulate=("out",), fixed=dict(trans_a=True, accumulate=True), scratch={**_WORK}),
+]
+# The tiled products the ops launch, once more at a shape whose K runs more than two k-stages of
+# every tile 32 deep or less (K = 72 > 2 x 32) and whose N needs a second column tile of the widest
+# (N = 136 > 128), with M = B*T rows: at the tiny size the MLP-like shape above (39 x 8 x 32) runs
+# one k-stage and one column tile, so a tile that drops a k term or a column tile passes it. The
+# simulator harness leaves out an op's row at a second tile only when one of these checks that
+# tile at a shape that runs it (tests/test_kernels.py). fp32 (3xTF32), fp16, bf16 (mma.sync) and
+# bf16 wgmma (cp.async): the tiles the ops launch; the TMA tiles run K 64 deep, which would need K
+# above 128 and is left to their own tests and the GPU's harness.
+DEEP_K, DEEP_N = 72, 136
+_DEEP_VERSIONS = (8, 11, 13, 17)
+_DEEP_WORK = {"work": (lambda d: (splitk_work(DEEP_K, max(d.N, DEEP_N)),), F32)}
+_PRODUCTS += [
+    OpCase("matmul deep", matmul, "matmul", ("out",), _matmul(False, False, deep=True), scratch=_DEEP_WORK,
+           only=_DEEP_VERSIONS),
+    OpCase("matmul deep a@b^T", matmul, "matmul", ("out",), _matmul(False, True, deep=True),
+           fixed=dict(trans_b=True), scratch=_DEEP_WORK, only=_DEEP_VERSIONS),
+    OpCase("matmul deep a^T@b +=", matmul, "matmul", ("out",), _matmul(True, False, deep=True),
+           accumulate=("out",), fixed=dict(trans_a=True, accumulate=True), scratch=_DEEP_WORK,
+           only=_DEEP_VERSIONS),
 ]
 _OPTIMISER = [
     OpCase("grad_norm", optim, "grad_norm", ("norm",), _grads,

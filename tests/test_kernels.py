@@ -50,11 +50,12 @@ def expected_rows(case) -> set:
 #    that hands its product on (matmul v16 to v15 or v13; v18, v19 and v23 to v17 where a tensor map
 #    cannot read an operand: all of "matmul a^T@b +=" here); loss_fwd v9 is v7 at these blocks.
 #  - the products' tile: a linear op's version at a block other than its first launches what it
-#    launches at its first, but for its products' launches, whose kernels at that tile the matmul
-#    cases check (product_kernels): the op's own code is checked at the first block, the tile's at
-#    every form by the matmul cases, and on these shapes' multi-step K (weight gradients: K = B*T =
-#    39) by the backward rows this rule keeps (an op kernel or a copy of its own differs there) and
-#    by the versions' own tests (test_matmul_v12 to v17, test_warp_tile).
+#    launches at its first (the same kernels on the same buffers), but for its products' tile:
+#    each product launch that differs is of a kernel, block and shared memory that a "matmul deep"
+#    case checks at a shape that runs the tile past two k-stages and one column tile (K = 72 and
+#    N = 136: product_launches, _runs_tile). The op's own code is checked at its first block, the
+#    tile at every form by those cases. A tile no deep case runs so (the TMA tiles, 64 deep; the
+#    lab's older tiles) leaves no row out.
 # The first row of each kind is checked (against the twin, and bit-identical on a rerun).
 
 class _Same:
@@ -143,11 +144,29 @@ def _tiny_dims():
     return dataclasses.replace(Dims.of(m, B, min(T, m.context_length)), V=check.OP_VOCAB["tiny"])
 
 
+def _tile(block):
+    """(BM, BN, BK) of a product's declared tile, None for one that names no tile ("auto" picks
+    one of the declared tiles, whose row checks it; the naive product's threads)."""
+    return tuple(block[:3]) if isinstance(block, tuple) and len(block) >= 4 else None
+
+
+def _runs_tile(case, values, block) -> bool:
+    """Whether the matmul case's product runs the tile past its first k-stage twice and past its
+    first column tile: K > 2 BK and N > BN."""
+    tile = _tile(block)
+    a, b = values["a"], values["b"]
+    K = a.shape[0] if case.fixed.get("trans_a") else a.shape[1]
+    N = b.shape[0] if case.fixed.get("trans_b") else b.shape[1]
+    return tile is not None and K > 2 * tile[2] and N > tile[1]
+
+
 @functools.cache
-def product_kernels() -> frozenset:
-    """The kernels the three matmul cases launch (dry runs of every version at every block): the
-    products, their operand copies and split-K sums, each checked by those cases at each tile."""
-    dims, rng, kernels = _tiny_dims(), np.random.default_rng(0), set()
+def product_launches() -> tuple:
+    """What the matmul cases launch (dry runs of every version they check at every block): (every
+    kernel they launch: the products, their operand copies and split-K sums; the (kernel, block,
+    shared memory) of each launch of a (version, tile) whose case runs it past two k-stages and one
+    column tile, _runs_tile)."""
+    dims, rng, kernels, run_deep = _tiny_dims(), np.random.default_rng(0), set(), set()
     for case in CASES.values():
         if case.fwd != "matmul":
             continue
@@ -155,22 +174,34 @@ def product_kernels() -> frozenset:
         for launch in case.versions("fwd").values():
             for block in launch.blocks:
                 record, _ = _dry_run(case, launch, block, dims, ref, buffers)
-                kernels |= {r[1] for r in record if r[0] == "launch"}
-    return frozenset(kernels)
+                launches = [r for r in record if r[0] == "launch"]
+                kernels |= {r[1] for r in launches}
+                if _runs_tile(case, ref[0], block):
+                    run_deep |= {(r[1], r[3], r[4]) for r in launches}
+    return frozenset(kernels), frozenset(run_deep)
+
+
+def _same_buffers(a, b) -> bool:
+    """Two launches' arguments are the same arrays (buffer, offset, shape, strides, dtype) in the
+    same places; values (a k-slice's length, which follows the tile) may differ."""
+    return len(a) == len(b) and all(x == y or x[0] == y[0] == "value" for x, y in zip(a, b))
 
 
 def _only_products_differ(first, other) -> bool:
-    """Whether two dry runs of one version at two blocks differ only in launches of product_kernels():
-    the block reaches the products' tiles and nothing else."""
+    """Whether two dry runs of one version at two blocks differ only in the tile of their product
+    launches: every launch that differs is a product kernel's on the same buffers, and the other
+    block's launch is of a (kernel, block, shared memory) that a matmul case checks at a shape that
+    runs the tile past two k-stages and one column tile (product_launches)."""
     (rec_a, after_a), (rec_b, after_b) = first, other
     if after_a != after_b or len(rec_a) != len(rec_b):
         return False
-    products = product_kernels()
-    return all(a == b or (a[0] == b[0] == "launch" and a[1] in products and b[1] in products)
+    kernels, run_deep = product_launches()
+    return all(a == b or (a[0] == b[0] == "launch" and a[1] in kernels and (b[1], b[3], b[4]) in run_deep
+                          and _same_buffers(a[5], b[5]))
                for a, b in zip(rec_a, rec_b))
 
 
-def harness_rows(op, seed=1234):
+def harness_rows(op, seed=1234, versions=None):
     """check.run_checks("tiny", seed, model=False, only=[op])'s rows (op_rows' loop: every version at
     every block, at the tiny size's op shapes), less the rows the dry runs leave out: (rows, {(op,
     kernel, version, block) left out: (the checked row it is, why)}), why "same launches" (the row's
@@ -178,14 +209,14 @@ def harness_rows(op, seed=1234):
     launches at its first, but for its products' kernels at another tile, each checked at that tile
     by the matmul cases). On a GPU every row."""
     if not SIMULATOR:
-        return check.run_checks("tiny", seed=seed, model=False, only=[op]), {}
+        return check.run_checks("tiny", seed=seed, model=False, only=[op], versions=versions, cases=CASES), {}
     dims, rng = _tiny_dims(), np.random.default_rng(seed)
     case, rows, left = CASES[op], [], {}
     for direction in ("fwd", "bwd") if case.bwd else ("fwd",):
         kernel = case.fwd if direction == "fwd" else case.bwd
         ref = check.reference_for(case, direction, dims, rng)
         low, checked, buffers = {}, {}, {}
-        for version, launch in case.versions(direction).items():
+        for version, launch in case.versions(direction, versions).items():
             precision = getattr(launch, "precision", None)
             if precision is not None and precision not in low:
                 low[precision] = check.low_precision_reference(case, direction, ref, precision)
@@ -276,6 +307,34 @@ def test_a_dry_run_tells_the_same_launches_from_others():
         launch = mlp.versions("fwd")[version]
         first, other = (_dry_run(mlp, launch, block, dims, ref, buffers) for block in launch.blocks[:2])
         assert first != other and _only_products_differ(first, other) is tile_alone
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="plants a bug in the simulator's mma.sync twin")
+def test_a_tile_that_drops_a_k_term_fails_the_harness(monkeypatch):
+    """Plant a bug that only a product deeper than 16 sees, on one tile: matmul_bf16's 64 x 16 tile
+    drops the last k term of every m16n8k16 step. The MLP-like matmul cases (K = 8) pass it; the deep
+    ones fail it at that tile and only there; and the op rows that the dry runs leave out at that tile
+    are left out for a tile the deep cases check (_only_products_differ)."""
+    from andrea_numba.kernels import half_tile
+    from andrea_numba.kernels.matmul import matmul_bf16
+    true_mma = half_tile.mma_bf16_warp
+
+    def drops_k15(a, b):                            # NI = 2 fragments of 8 columns: the 64 x 16 tile
+        if b.shape[-3] == 2:
+            a = a.copy()
+            a[..., 3::4, 2:4] &= 0xFFFF            # lanes t = 3: a2, a3's high halves hold k = 15
+        return true_mma(a, b)
+    monkeypatch.setattr(half_tile, "mma_bf16_warp", drops_k15)
+    tile = "(64,16,32,32,16,4)"
+    assert str(matmul_bf16.blocks[1]).replace(" ", "") == tile
+    shallow, _ = harness_rows("matmul a^T@b +=", versions=(13,))
+    assert shallow and all(r["ok"] for r in shallow)          # K = 8: the dropped term is padding
+    deep, _ = harness_rows("matmul deep a^T@b +=", versions=(13,))
+    failed = {r["block"] for r in deep if not r["ok"]}
+    assert failed == {tile}, failed
+    # the op rows left out at that tile point at a checked row, through that tile only
+    _, left = harness_rows("attn_qkv", versions=(12,))
+    assert {why for _, why in left.values()} == {"the products' tile"} and all(k[3] == tile for k in left)
 
 
 @pytest.mark.slow
