@@ -41,7 +41,13 @@ from .recipes import RECIPES, resolve
 from .layout import init_params, param_layout
 from .loss_scale import INIT as LOSS_SCALE_INIT
 
-OP_TOL = (1e-3, 1e-4)       # (rtol, a): one op in float32 against float64
+# (rtol, a): one op in float32 against float64. fp32 keeps 24 significant bits, u = 2^-24 = 6e-8;
+# an op's output passes through a chain of roundings (a sum of K terms, in any order and split,
+# is within K u sum|terms| of exact, and the sum's random walk makes it about sqrt(K) u in
+# practice) and the products of 3xTF32 drop terms near 2^-22 of each product. 1e-5 is about 170 u:
+# room for those at the 12M and 120M shapes, while an output scaled by 1.0001 or with one term of
+# a 1000-term sum dropped fails.
+OP_TOL = (1e-5, 1e-5)
 # The whole model: float32 rounding compounds over the layers. Measured on an H200 (CHANGELOG.md):
 # the worst gradient tensor reaches max|err| / max|ref| = 7.3e-6 at 120M. With a = 1e-4 and rtol 1e-3
 # a tensor off by 1% fails (its largest element is off by 1e-2 max|ref| > (1e-4 + 1e-3) max|ref|).
@@ -82,6 +88,15 @@ def model_tol(precision: str, tensor: str):
     products' precision: MODEL_TOLS, doubled for W_Q's and W_K's at bf16 and fp16 (SCORE_GRADS)."""
     rtol, a = MODEL_TOLS[precision]
     return (rtol, 2 * a) if precision in SCORE_GRADS_DOUBLED and tensor.endswith(SCORE_GRADS) else (rtol, a)
+# A model that rounds its products' inputs, but otherwise than the kernels do (toward zero), or not
+# at all, lands farther from the bf16 (fp16) twin than the neighbour roundings carry the kernels:
+# at the tiny size the kernels' gradients are within 2e-7 of the twin's, the truncating twin's and the
+# unrounded twin's 1.4e-3 to 4e-2 (tensor by tensor). So each tensor's allowance is also at most
+# NEARER times the distance from the twin to the nearer of the two wrong models (the truncating twin,
+# reference.precision.truncating, and the fp32 twin), but never below ROUNDING_FLOOR of its scale
+# (fp32's own errors): a model that does not round, or truncates, fails.
+NEARER = 0.5
+ROUNDING_FLOOR = 1e-4
 MODEL_DLOSS = {"fp16": LOSS_SCALE_INIT}       # the backward's dloss by precision (1 elsewhere): the trainer's first scale
 
 # (B, T) of the op checks and of the whole-model check, by size. The op shapes cross tile edges:
@@ -127,6 +142,14 @@ def compare(op, name, got, ref, tol, prefill=None, repeat=None, bound=None, **la
             "tol": {"atol": atol, "rtol": rtol, **({} if bound is None else {"bound": "input rounding"})},
             "bitwise_repeat": bitwise,
             "ok": within and bitwise}
+
+
+def distance(a, ref) -> float:
+    """max|a - ref| / max|ref| (max|a - ref| where ref is all zero)."""
+    a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    err = float(np.max(np.abs(a - ref))) if ref.size else 0.0
+    return err / scale if scale > 0 else err
 
 
 def poisoned_buffers(outs: dict, scratch: dict | None) -> dict:
@@ -363,10 +386,17 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, recipe="fp32",
     tol = MODEL_TOLS[precision]           # the loss's; a gradient tensor's: model_tol
     if precision != "fp32":      # attention v2 has no bf16 / fp16 version: the flash model only
         attention = tuple(a for a in attention if a)
-    ref_loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets, MODEL_DROPOUT, key, precision)
     dloss = MODEL_DLOSS.get(precision, 1.0)      # the gradients compared as the backward leaves them: scaled
-    ref_grads = R.model_backward(params.astype(np.float64), m, acts, dloss)
-    del acts
+
+    def twin(precision):
+        loss, acts = R.model_forward(params.astype(np.float64), m, tokens, targets, MODEL_DROPOUT, key, precision)
+        return np.concatenate([[float(loss)], R.model_backward(params.astype(np.float64), m, acts, dloss)])
+    ref = twin(precision)
+    wrong = {}                                  # the models the kernels must be nearer to the twin than
+    if precision in R.precision.TRUNCATE:
+        with R.precision.truncating():
+            wrong["truncated"] = twin(precision)
+        wrong["unrounded"] = twin("fp32")
     rows = []
     label = "" if precision == "fp32" else f", {precision} products"
     for op, flash in ((f"model{label}", False), (f"model, flash attention{label}", True)):
@@ -381,11 +411,15 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, recipe="fp32",
             model.backward(dloss)
             cuda.synchronize()
             runs.append((np.array([model.read_loss()]), to_host(model.grads)))
-        rows.append(compare(op, "loss", runs[0][0], np.array([float(ref_loss)]), tol, repeat=runs[1][0]))
-        for s in param_layout(m):
-            sl = slice(s.offset, s.end)
-            rows.append(compare(op, "d " + s.name, runs[0][1][sl], ref_grads[sl], model_tol(precision, s.name),
-                                repeat=runs[1][1][sl]))
+        tensors = [("loss", slice(0, 1), runs[0][0], runs[1][0], tol)]
+        tensors += [("d " + s.name, slice(1 + s.offset, 1 + s.end), runs[0][1][s.offset:s.end],
+                     runs[1][1][s.offset:s.end], model_tol(precision, s.name)) for s in param_layout(m)]
+        for name, sl, got, again, tol_t in tensors:
+            far = {k: distance(w[sl], ref[sl]) for k, w in wrong.items()}
+            if far:
+                tol_t = (0.0, min(tol_t[1], max(ROUNDING_FLOOR, NEARER * min(far.values()))))
+            row = compare(op, name, got, ref[sl], tol_t, repeat=again)
+            rows.append({**row, **({"wrong_models": far} if far else {})})
         del model                             # one model's buffers at a time (120M: several GB each)
     return rows
 

@@ -42,8 +42,40 @@ def round_fp16(x):
         return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
 
 
+def truncate_bf16(x):
+    """x cut to bfloat16 by dropping its low 16 bits: toward zero. Not what the kernels do; the
+    whole-model check's wrong model, that a model rounding as the kernels do must be nearer to
+    than to this (andrea_numba/check.py)."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.where(np.isnan(x), x, (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32))
+
+
+def truncate_fp16(x):
+    """x cut to fp16 toward zero: the nearest fp16, moved one step toward zero where it lies
+    farther from zero than x."""
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = x.astype(np.float16)
+        past = np.abs(h.astype(np.float32)) > np.abs(x)
+        h = np.where(past, np.nextafter(h, np.float16(0)), h)
+    return h.astype(np.float32)
+
+
 ROUND = {"bf16": round_bf16, "fp16": round_fp16}   # precision -> rounding of a product's inputs
+TRUNCATE = {"bf16": truncate_bf16, "fp16": truncate_fp16}
 _PRODUCTS = contextvars.ContextVar("products", default=None)
+_TRUNCATE = contextvars.ContextVar("truncate", default=False)
+
+
+@contextlib.contextmanager
+def truncating():
+    """Inside: the products' inputs are cut toward zero instead of rounded to nearest (the wrong
+    model the whole-model check measures its distance from)."""
+    token = _TRUNCATE.set(True)
+    try:
+        yield
+    finally:
+        _TRUNCATE.reset(token)
 
 
 @contextlib.contextmanager
@@ -72,7 +104,7 @@ def mm(a, b):
         return a @ b
     if precision in FP8_SCOPES:
         return fp8_mm(precision, a, b)
-    rnd = ROUND[precision]
+    rnd = (TRUNCATE if _TRUNCATE.get() else ROUND)[precision]
     return rnd(a).astype(a.dtype) @ rnd(b).astype(b.dtype)
 
 
