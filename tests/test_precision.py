@@ -105,6 +105,39 @@ def test_the_whole_model_with_bf16_products_agrees_with_the_twin_at_bf16():
     assert all(r["ok"] and r["bitwise_repeat"] for r in rows)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", ["truncates", "does not round"])
+def test_a_model_that_truncates_or_does_not_round_fails_the_whole_model_check(monkeypatch, plant):
+    """The simulator's bf16 conversions planted wrong: cut toward zero (the operand copies' bf16_bits
+    and the stand-in of cvt.rn.bf16x2), or no rounding where the kernels convert values they computed
+    (the stand-in alone: the copies are 16-bit and keep rounding). The loss may pass; gradient
+    tensors fail, each being farther from the twin than half its distance to the truncating or the
+    unrounded twin (check.NEARER)."""
+    from numba import cuda, uint16, uint32
+
+    from andrea_numba.kernels import operands, ptx
+    true_round = ptx._round_to_grid
+    if plant == "truncates":
+        def cut(x, mantissa_bits, min_exponent, max_value):
+            x = np.asarray(x, np.float32)
+            return (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32) if mantissa_bits == 7 else \
+                true_round(x, mantissa_bits, min_exponent, max_value)
+
+        @cuda.jit(device=True)
+        def cut_bits(b):
+            return uint16(b >> uint32(16))
+        monkeypatch.setattr(ptx, "_round_to_grid", cut)
+        monkeypatch.setattr(operands, "bf16_bits", cut_bits)
+    else:
+        monkeypatch.setattr(ptx, "_round_to_grid", lambda x, *fmt: np.asarray(x, np.float32))
+    m = load_config("tiny").model
+    rows = check.model_rows(m, 2, 8, np.random.default_rng(5), 5, recipe="bf16-hopper", attention=(True,))
+    grads = [r for r in rows if r["tensor"] != "loss"]
+    failed = [r for r in grads if not r["ok"]]
+    assert len(failed) >= len(grads) // 2, [(r["tensor"], r["rel_err"], r["wrong_models"]) for r in grads]
+    assert all(r["rel_err"] > check.NEARER * min(r["wrong_models"].values()) for r in failed)
+
+
 def test_the_bf16_model_tolerance_fails_a_gradient_tensor_five_percent_off():
     """bf16-grade differences pass (a few units of 2^-8 on some elements); a tensor 5% off fails."""
     rng = np.random.default_rng(0)
