@@ -281,9 +281,13 @@ def main(argv=None) -> int:
     from andrea_numba.kernels.common import SIMULATOR, device_name
     if SIMULATOR or not cuda.is_available() or not torch.cuda.is_available():
         cli.fail(f"{prog} needs a CUDA GPU for PyTorch and for numba (the simulator cannot time)")
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        numba_cuda = version("numba-cuda")
+    except PackageNotFoundError:
+        numba_cuda = "(not a package here)"
     about = {"gpu": device_name(), "torch": torch.__version__, "numba": numba.__version__,
-             "numba-cuda": version("numba-cuda"), "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+             "numba-cuda": numba_cuda, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
     say(" ".join(f"{k} {v};" for k, v in about.items()))
     results = [r for size in args.sizes for p in args.precisions for r in measure(size, p, args)]
     note = ("ms: median [min-max] over the repeats of a call's time (a repeat: N calls between two syncs, "
