@@ -230,7 +230,7 @@ def tools():
             "data": data.main, "check": check.main, "gradcheck": gradcheck.main, "exercises": exercises.main,
             **{f"lab/bench/{b}": _bench(b).main for b in ("kernels", "gpu_checks", "step_time", "profile_step",
                                                          "gpu_graph", "gemm", "tf32_check", "profile_kernels",
-                                                         "gemm_ablate", "ncu_gemm", "precision_runs")}}
+                                                         "gemm_ablate", "ncu_gemm", "precision_runs", "like_for_like")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -405,6 +405,13 @@ ROWS = [
     ("lab/bench/step_time", ["--flash-version", "1"], "invalid choice: 1"),
     ("lab/bench/step_time", ["--mlp-version", "4"], "invalid choice: 4"),
     ("lab/bench/profile_kernels", ["run", "--log", "{W}/l.json", "--mlp-version", "4"], "invalid choice: 4"),
+    ("lab/bench/like_for_like", ["--iters", "0"], "argument --iters"),
+    ("lab/bench/like_for_like", ["--repeats", "1"], "argument --repeats"),
+    ("lab/bench/like_for_like", ["--sizes", "7B"], "invalid choice: '7B'"),
+    ("lab/bench/like_for_like", ["--precisions", "fp16"], "invalid choice: 'fp16'"),
+    ("lab/bench/like_for_like", ["--markdown", "{W}/out.txt"], "ending in .md"),
+    ("lab/bench/like_for_like", ["--json", "{W}/nodir/x.json"], "does not exist"),
+    ("lab/bench/like_for_like", [], "lab/bench/like_for_like.py needs"),     # PyTorch, or a GPU: neither here
     ("lab/bench/gemm", ["--timing", "wall"], "invalid choice: 'wall'"),
     ("lab/bench/profile_kernels", [], "the following arguments are required: cmd"),
     ("lab/bench/profile_kernels", ["run", "--size", "7B", "--log", "{W}/l.json"], "unknown size '7B'"),

@@ -81,9 +81,9 @@ def graph_ms(model, tokens, targets, iters):
     return graph.replay_ms(iters)
 
 
-def torch_gpt(m, B, T):
+def torch_gpt(m, B, T, device="cuda"):
     """The same GPT in PyTorch, fp32 with TF32 off, on the GPU (PyTorch imported here: it is not a
-    dependency of the project)."""
+    dependency of the project); device "cpu" builds it on the host, to try the code without a GPU."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -121,11 +121,12 @@ def torch_gpt(m, B, T):
             logits = self.lnf(x) @ self.wte.weight.T
             return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
 
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()       # this size's peak, not an earlier size's in the same run
-    model = GPT().to("cuda")
-    idx = torch.randint(0, m.vocab_size, (B, T), device="cuda")
-    tgt = torch.randint(0, m.vocab_size, (B, T), device="cuda")
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()   # this size's peak, not an earlier size's in the same run
+    model = GPT().to(device)
+    idx = torch.randint(0, m.vocab_size, (B, T), device=device)
+    tgt = torch.randint(0, m.vocab_size, (B, T), device=device)
     return model, idx, tgt
 
 
