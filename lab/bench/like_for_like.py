@@ -177,8 +177,9 @@ def torch_sides(cfg, batches, bf16: bool, compiled: bool, with_step: bool, devic
 
     def fwd_bwd(model, mark_step=False):
         def run():
-            if mark_step:                       # a new iteration for the CUDA graphs of reduce-overhead
+            if mark_step:                       # a new iteration for the CUDA graphs of reduce-overhead,
                 torch.compiler.cudagraph_mark_step_begin()
+                model.zero_grad(set_to_none=True)   # whose last gradients are its graphs' outputs: not added to
             with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
                 loss = model(xs[0], ys[0])
             loss.backward()
