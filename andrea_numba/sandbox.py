@@ -38,6 +38,7 @@ reads code, not authorship. See docs/teaching.md.
 """
 from __future__ import annotations
 
+import _signal
 import _thread
 import builtins
 import dis
@@ -46,6 +47,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import types
 from pathlib import Path
@@ -64,14 +66,24 @@ else:
 ANSWER = re.compile(r"(_bwd|_backward)$|^gelu_grad$")     # the twin's names that are an exercise's answer
 HIDDEN_ROOTS = ("andrea_numba", "lab", "lessons", "tests")  # packages whose modules are hidden unless kept
 FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
-FRAME_GIVERS = {"inspect", "traceback"}                   # library modules that hand frames to their caller
-ALWAYS = {"sys._current_frames": "reads every thread's frames", "gc.get_objects": "walks the interpreter's objects",
-          "gc.get_referrers": "walks the interpreter's objects", "gc.get_referents": "walks the interpreter's objects",
-          "sys.settrace": "traces the interpreter", "sys.setprofile": "traces the interpreter",
-          "subprocess.Popen": "starts a process", "os.system": "starts a process", "os.exec": "starts a process",
-          "os.spawn": "starts a process", "os.posix_spawn": "starts a process", "os.fork": "starts a process",
-          "os.forkpty": "starts a process", "sys.addaudithook": "adds an audit hook"}
+FRAME_GIVERS = {"inspect", "traceback", "pdb", "bdb"}     # library modules that hand frames to their caller
+_OBJECTS = "walks the interpreter's objects"
+_TRACE = "traces the interpreter"
+_PROCESS = "starts a process"
+_FILES = "changes files"
+# Refused from the student's code (its frame on the stack, or another thread), whoever calls them.
+ALWAYS = {"sys._current_frames": "reads every thread's frames", "gc.get_objects": _OBJECTS,
+          "gc.get_referrers": _OBJECTS, "gc.get_referents": _OBJECTS, "sys.settrace": _TRACE,
+          "sys.setprofile": _TRACE, "sys.addaudithook": "adds an audit hook",
+          "subprocess.Popen": _PROCESS, "os.system": _PROCESS, "os.exec": _PROCESS, "os.spawn": _PROCESS,
+          "os.posix_spawn": _PROCESS, "os.fork": _PROCESS, "os.forkpty": _PROCESS,
+          "os.kill": "sends a signal to a process", "os.killpg": "sends a signal to a process",
+          "os.remove": _FILES, "os.rename": _FILES, "os.rmdir": _FILES, "os.truncate": _FILES,
+          "os.link": _FILES, "os.symlink": _FILES, "os.chmod": _FILES, "os.chown": _FILES,
+          "socket.connect": "opens a network connection", "socket.sendto": "opens a network connection"}
+# Refused when the student's file itself calls them (libraries use them: namedtuple runs exec).
 FROM_FILE = {"exec": "runs code from a string (exec/eval)", "compile": "compiles code from a string"}
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
 class Refused(Exception):
@@ -168,6 +180,10 @@ class Walls:
                     delattr(sys.modules[parent], child)
         for name in ("__main__", "__mp_main__"):            # the grading process's own entry point
             sys.modules[name] = types.ModuleType(name)
+        original = signal.signal                       # a handler is handed the frame it interrupts
+        guarded = {id(f): self._guard(f, "installs a signal handler (it is handed the interrupted frame)")
+                   for f in (original, _signal.signal)}
+        replace_everywhere(guarded)
         sys.meta_path.insert(0, self.imports)
         sys.addaudithook(self._audit)
         self._saved = {ns: dict(vars(ns)) for ns in protect}
@@ -180,6 +196,16 @@ class Walls:
                 if now.get(name, _MISSING) is not value:
                     self.refuse(f"changed {getattr(ns, '__name__', ns)}.{name}: the grader's own tools must "
                                 f"stay as they are", line=0)
+
+    def _guard(self, fn, what):
+        """fn, refused when called from the student's code."""
+        walls = self
+
+        def guarded(*args, **kwargs):
+            if walls._student_context(sys._getframe(1)):
+                walls.refuse(f"{what}: the grader refuses it")
+            return fn(*args, **kwargs)
+        return functools.wraps(fn)(guarded)
 
     # -- the audit hook --
     def _audit(self, event, args):
@@ -206,14 +232,26 @@ class Walls:
         if event in ALWAYS:
             return f"{ALWAYS[event]} ({event}): the grader refuses it"
         if event == "open":
-            path = args[0]
-            if isinstance(path, (str, bytes, os.PathLike)) and self._blocked(path):
-                return (f"reads {os.fsdecode(path)}, which the grader keeps from exercises (the solutions, "
-                        f"the twin's, the engine's and the lab's source)")
-            return None
+            return self._open(*args[:3])
         if caller.f_globals is self.student or caller.f_globals.get("__name__") in FRAME_GIVERS:
             what = "sys._getframe" if event == "sys._getframe" else args[1]
             return f"reads the interpreter's frames ({what}): the grader refuses code that looks at its callers"
+        return None
+
+    def _open(self, path, mode, flags):
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            return None                                         # an open file descriptor
+        shown = os.fsdecode(path)
+        if isinstance(flags, int) and flags & WRITE_FLAGS:
+            return f"writes {shown} ({_FILES}): the grader refuses it"
+        p = Path(os.path.realpath(shown))
+        if p == self.file:
+            return None
+        if any(p == d or d in p.parents for d in self.blocked_dirs):
+            return (f"reads {shown}, which the grader keeps from exercises (the solutions, the twin's, the "
+                    f"engine's and the lab's source)")
+        if any(p in d.parents for d in self.blocked_dirs):
+            return f"opens {shown}, a folder above what the grader keeps from exercises"
         return None
 
     def _student_context(self, frame) -> bool:
@@ -225,10 +263,6 @@ class Walls:
                 return True
             frame = frame.f_back
         return False
-
-    def _blocked(self, path) -> bool:
-        p = Path(os.path.realpath(os.fsdecode(path)))
-        return p != self.file and any(p == d or d in p.parents for d in self.blocked_dirs)
 
 
 _MISSING = object()
