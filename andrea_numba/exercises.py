@@ -60,13 +60,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 import queue  # noqa: E402
 import re  # noqa: E402
-import secrets  # noqa: E402
-import select  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
 import traceback  # noqa: E402
 import warnings  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor, as_completed  # noqa: E402
@@ -79,7 +73,7 @@ from numba import cuda  # noqa: E402
 import reference as R  # noqa: E402
 
 from . import check as H  # noqa: E402
-from . import cli, gradebook, sandbox  # noqa: E402
+from . import cli, gradebook, sandbox, warm  # noqa: E402
 from . import gradcheck as G  # noqa: E402
 from .cases import CASES, Dims  # noqa: E402
 from .kernels.common import SIMULATOR, device_name  # noqa: E402
@@ -570,13 +564,11 @@ def grade_here(name: str, path: Path, seed: int = 0, log_fd: int = 2) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# one process per file: a warm process (the grader imported once) forks one grading process per file
+# one process per file (andrea_numba/warm.py): a warm process imports the grader once, and a fork
+# of it grades each file
 
-FORK = hasattr(os, "fork")      # else each file runs in a fresh interpreter (slower: it imports the grader)
-GRACE = 60.0                    # seconds the caller waits past a file's time limit (a warm process's start)
-MAX_OUTPUT = 1 << 22            # bytes of a grading process's output that are read
-# The warm process. It puts the package's repository first on sys.path, so that it grades with this
-# copy of the grader, whatever the working directory.
+# The warm process's code. It puts the package's repository first on sys.path, so that it grades
+# with this copy of the grader, whatever the working directory.
 SERVE = ("import json, sys\n"
          "sys.path.insert(0, sys.argv[1])\n"
          "try:\n"
@@ -588,52 +580,12 @@ SERVE = ("import json, sys\n"
 
 
 def serve():
-    """The warm process's loop: one JSON request per line on stdin ({name, path, shown, seed, timeout,
-    echo, cwd, fork}), one JSON answer per line on stdout (check()'s dict and "seconds"). Each file
-    is graded in a fork of this process, killed at its time limit; with "fork": false the one file
-    is graded here and the lines it sends (refusals, then the result) go out as they are."""
-    answers = os.dup(1)
-    os.dup2(2, 1)                                   # anything else printed goes to stderr
-    _send(answers, json.dumps({"ready": True}) + "\n")
-    for line in sys.stdin:
-        req = json.loads(line)
-        if not req.get("fork", FORK):
-            _grading_process(req, req["token"], answers)
-            return
-        _send(answers, json.dumps(_fork_and_grade(req, answers)) + "\n")
-
-
-def _send(fd: int, text: str):
-    data = text.encode()
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def _fork_and_grade(req: dict, answers: int) -> dict:
-    token = secrets.token_hex(16)                   # the result line starts with it: nothing else can forge one
-    r, w = os.pipe()
-    start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:                                    # the grading process
-        code = 0
-        try:
-            os.close(r)
-            os.close(answers)                       # the answers to the caller are the warm process's alone
-            _grading_process(req, token, w)
-        except BaseException:  # noqa: BLE001  (whatever happens, leave without running the warm process's code)
-            code = 70
-        finally:
-            os._exit(code)
-    os.close(w)
-    deadline = start + req["timeout"]
-    text, timed_out = _drain(r, deadline)
-    os.close(r)
-    how, killed = _reap(pid, None if timed_out else deadline)
-    return _answer(req, token, text, timed_out or killed, how, time.monotonic() - start)
+    """The warm grading process: each request ({name, path, shown, seed, echo, cwd}) is one file."""
+    warm.serve(_grading_process)
 
 
 def _grading_process(req: dict, token: str, out: int):
-    """Grade req's file here and send the result line (after any refusal lines) to `out`."""
+    """In the file's own process: grade it and send the result line (after any refusal lines)."""
     os.chdir(req["cwd"])
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -642,154 +594,55 @@ def _grading_process(req: dict, token: str, out: int):
     os.dup2(2, 1)                                   # the student's prints: the caller's stderr, or nowhere
     warnings.simplefilter("ignore")                 # a warning's source line is read from files the walls close
     res = grade_here(req["name"], Path(req["path"]), req["seed"], out)
-    _send(out, f"{token} {json.dumps(res)}\n")
+    warm.send(out, f"{token} {json.dumps(res)}\n")
 
 
-def _drain(fd: int, deadline: float):
-    """Everything read from fd until its end or the deadline: (bytes, whether the deadline came first)."""
-    chunks, size = [], 0
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return b"".join(chunks), True
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(chunks), False
-        size += len(chunk)
-        if size <= MAX_OUTPUT:
-            chunks.append(chunk)
-
-
-def _reap(pid: int, deadline):
-    """Wait for a grading process to end, killing it at the deadline (None: now). (How it ended, in
-    words; whether it was killed.)"""
-    killed = False
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if deadline is None or time.monotonic() >= deadline:
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-            killed = True
-            break
-        time.sleep(0.005)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        return f"killed by signal {sig} ({signal.Signals(sig).name})", killed
-    return f"exit code {os.WEXITSTATUS(status)}", killed
-
-
-def _answer(req: dict, token: str, text: bytes, timed_out: bool, how: str, seconds: float) -> dict:
-    """check()'s dict from what a grading process sent: a refusal line wins over the result line; no
+def _answer(ex: Exercise, shown: str, timeout: float, ran: warm.Ran) -> dict:
+    """check()'s dict from what a file's process sent: a refusal line wins over the result line; no
     result line is a timeout (the time limit came first) or a crash."""
-    ex = BY_NAME[req["name"]]
-    lines = text.decode("utf-8", "replace").splitlines()
+    lines = ran.text.splitlines()
     refusals = [s[len("refused "):] for s in lines if s.startswith("refused ")]
-    found = [s[len(token) + 1:] for s in lines if s.startswith(token + " ")]
-    res = _result(ex, req["shown"])
+    found = [s[len(ran.token) + 1:] for s in lines if s.startswith(ran.token + " ")]
+    res = _result(ex, shown)
     if found:
         try:
             res = json.loads(found[-1])
         except ValueError:
-            res["message"] = f"{ex.name}: the grading process of {req['shown']} sent a result that cannot be read"
-    elif timed_out:
+            res["message"] = f"{ex.name}: the grading process of {shown} sent a result that cannot be read"
+    elif ran.timed_out:
         res["status"] = "timeout"
-        res["message"] = (f"{ex.name}: {req['shown']} took longer than {req['timeout']:g} s, the time limit "
-                          f"(an endless loop?)")
+        res["message"] = f"{ex.name}: {shown} took longer than {timeout:g} s, the time limit (an endless loop?)"
     else:
-        res["status"], res["message"] = "crash", f"{ex.name}: {req['shown']} ended its grading process ({how})"
+        res["status"], res["message"] = "crash", f"{ex.name}: {shown} ended its grading process ({ran.how})"
     if refusals and res["status"] != "refused":
         res.update(status="refused", ok=False, message=refusals[0], rows=[])
-    res["seconds"] = round(seconds, 3)
+    res["seconds"] = round(ran.seconds, 3)
     return res
 
 
-class Worker:
-    """The caller's side of one warm process: grade() sends a file and waits for its answer,
-    starting the process first (again, if it died). echo: the student's prints reach this process's
-    stderr (check) or nowhere (grade). One file at a time per worker."""
+class Grader:
+    """Grades files one at a time, each in a process of its own forked from this grader's warm
+    process. echo: the students' prints reach this process's stderr (check) or nowhere (grade)."""
 
     def __init__(self, echo: bool = True):
-        self.echo, self.proc, self._buf = echo, None, b""
-        self._lock = threading.Lock()
+        self.warm = warm.Warm([sys.executable, "-c", SERVE, str(REPO)], echo)
 
     def grade(self, name: str, path, seed: int = 0, timeout: float = TIMEOUT) -> dict:
-        path = Path(path)
+        ex, path = BY_NAME[name], Path(path)
         req = {"name": name, "path": str(path.resolve()), "shown": show(path), "seed": seed,
-               "timeout": timeout, "echo": self.echo, "cwd": os.getcwd(), "fork": FORK}
-        if not FORK:
-            return _grade_once(req)
-        with self._lock:
-            try:
-                self._start()
-                _send(self.proc.stdin.fileno(), json.dumps(req) + "\n")
-                res = json.loads(self._line(time.monotonic() + timeout + GRACE))
-                if not isinstance(res, dict) or res.get("status") not in STATUSES:
-                    raise ValueError("an answer that is not a result")
-                return res
-            except (OSError, EOFError, TimeoutError, ValueError) as e:
-                self.close()
-                res = _result(BY_NAME[name], req["shown"])
-                timed_out = isinstance(e, TimeoutError)
-                res["status"] = "timeout" if timed_out else "crash"
-                res["message"] = f"{name}: the grading process of {req['shown']} stopped answering ({e})"
-                return res
-
-    def _start(self):
-        if self.proc is not None and self.proc.poll() is None:
-            return
-        self._buf = b""
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVE, str(REPO)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None if self.echo else subprocess.DEVNULL,
-                                     start_new_session=True, bufsize=0)
-        hello = json.loads(self._line(time.monotonic() + GRACE))
-        if "fatal" in hello:
-            raise EOFError(f"it could not import the grader: {hello['fatal']}")
-
-    def _line(self, deadline: float) -> str:
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError("no answer in time")
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise EOFError("it ended")
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line.decode()
+               "echo": self.warm.echo, "cwd": os.getcwd()}
+        try:
+            return _answer(ex, req["shown"], timeout, self.warm.run(req, timeout))
+        except warm.Lost as e:
+            res = _result(ex, req["shown"])
+            res["status"], res["message"] = "crash", f"{name}: the grading process of {req['shown']} was lost ({e})"
+            return res
 
     def close(self):
-        """Stop the warm process and a file it may be grading (its whole process group)."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            pipe.close()
+        self.warm.close()
 
 
-def _grade_once(req: dict) -> dict:
-    """Where there is no fork: one fresh interpreter for the file, killed at its time limit (plus
-    the interpreter's start)."""
-    token = secrets.token_hex(16)
-    start = time.monotonic()
-    try:
-        p = subprocess.run([sys.executable, "-c", SERVE, str(REPO)], input=(json.dumps({**req, "token": token}) + "\n").encode(),
-                           stdout=subprocess.PIPE, stderr=None if req["echo"] else subprocess.DEVNULL,
-                           timeout=req["timeout"] + GRACE)
-        text, timed_out, how = p.stdout, False, f"exit code {p.returncode}"
-    except subprocess.TimeoutExpired as e:
-        text, timed_out, how = e.stdout or b"", True, "killed at the time limit"
-    return _answer(req, token, text, timed_out, how, time.monotonic() - start)
-
-
-_CHECKER = []                   # check()'s warm process, started on the first check
+_CHECKER = []                   # check()'s grader, started on the first check
 
 
 def check(name: str, path=None, seed: int = 0, timeout: float = TIMEOUT) -> dict:
@@ -800,7 +653,7 @@ def check(name: str, path=None, seed: int = 0, timeout: float = TIMEOUT) -> dict
     if name not in BY_NAME:
         raise ValueError(f"unknown exercise {name!r}: python -m andrea_numba.exercises list")
     if not _CHECKER:
-        _CHECKER.append(Worker(echo=True))
+        _CHECKER.append(Grader(echo=True))
         atexit.register(_CHECKER[0].close)
     return _CHECKER[0].grade(name, Path(path) if path is not None else default_path(name), seed, timeout)
 
@@ -818,7 +671,7 @@ def grade_class(folder: Path, seed: int = 0, timeout: float = TIMEOUT, jobs: int
     names = [e.name for e in EXERCISES if any((folder / s / f"{e.name}.py").is_file() for s in students)]
     pairs = [(s, n) for s in students for n in names]
     todo = [(s, n) for s, n in pairs if (folder / s / f"{n}.py").is_file()]
-    workers = [Worker(echo=False) for _ in range(max(1, min(jobs, len(todo))))]
+    workers = [Grader(echo=False) for _ in range(max(1, min(jobs, len(todo))))]
     free = queue.SimpleQueue()
     for w in workers:
         free.put(w)
