@@ -82,7 +82,7 @@ ALWAYS = {"sys._current_frames": "reads every thread's frames", "gc.get_objects"
           "os.link": _FILES, "os.symlink": _FILES, "os.chmod": _FILES, "os.chown": _FILES,
           "socket.connect": "opens a network connection", "socket.sendto": "opens a network connection"}
 # Refused when the student's file itself calls them (libraries use them: namedtuple runs exec).
-FROM_FILE = {"exec": "runs code from a string (exec/eval)", "compile": "compiles code from a string"}
+FROM_FILE = {"exec": "runs code from a string (exec, eval)", "compile": "runs code from a string (compile)"}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
