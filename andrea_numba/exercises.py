@@ -519,7 +519,7 @@ def _walls(ex: Exercise, path: Path, mod, log_fd: int):
     return walls, record
 
 
-def grade_here(name: str, path: Path, seed: int = 0, log_fd: int = 2) -> dict:
+def _grade_here(name: str, path: Path, seed: int = 0, log_fd: int = 2) -> dict:
     """Grade one file in this process: work out the twin's answers, put the walls up (for good:
     this is for a process that grades this one file, check() starts one), run the file, check it.
     Refusals are also written, at once, as lines to log_fd. Returns check()'s dict."""
@@ -593,7 +593,7 @@ def _grading_process(req: dict, token: str, out: int):
         os.dup2(null, 2)
     os.dup2(2, 1)                                   # the student's prints: the caller's stderr, or nowhere
     warnings.simplefilter("ignore")                 # a warning's source line is read from files the walls close
-    res = grade_here(req["name"], Path(req["path"]), req["seed"], out)
+    res = _grade_here(req["name"], Path(req["path"]), req["seed"], out)
     warm.send(out, f"{token} {json.dumps(res)}\n")
 
 

@@ -321,8 +321,8 @@ KERNEL_BUILTINS = {"range", "len", "min", "max", "abs", "float", "int", "bool", 
 
 def _kernel_value(value) -> bool:
     """Whether a global that a kernel names is something a GPU kernel can use."""
-    if value is None or isinstance(value, (int, float, complex, bool, np.generic)):
-        return True
+    if value is None or isinstance(value, (int, float, complex, bool, str, np.generic, np.ndarray)):
+        return True                                        # numba freezes a global array as a constant
     if isinstance(value, tuple):
         return all(_kernel_value(v) for v in value)
     if isinstance(value, types.ModuleType):

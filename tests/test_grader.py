@@ -319,7 +319,7 @@ def test_a_timeout_or_a_crash_is_a_result_with_its_reason(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     res = E.check("residual_bwd", _file(tmp_path, "residual_bwd", body), timeout=1)
     assert res["status"] == status and words in res["message"] and not res["ok"], res
-    assert res["seconds"] < 1.5 if status == "crash" else 1 <= res["seconds"] < 3
+    assert status == "crash" or 1 <= res["seconds"] < 10                 # killed at the limit, not before
 
 
 def test_without_fork_each_file_gets_a_fresh_interpreter(tmp_path, monkeypatch):
