@@ -291,6 +291,37 @@ def test_what_the_exercises_allow_still_passes(tmp_path):
     assert res["status"] == "pass" and all(r["verdict"] == "right" for r in res["rows"]), res
 
 
+def test_a_kernel_with_what_kernels_use_still_passes(tmp_path):
+    """math, NumPy's scalar types, a global array and tuple (numba freezes them as constants), a
+    device function of the file's own: nothing a GPU kernel cannot run, so nothing is refused."""
+    res = E.check("k_residual_add_bwd", _file(tmp_path, "k_residual_add_bwd", HEAD + """
+    import math
+
+    import numpy as np
+    from numba import float32
+
+    ONES = np.ones(4, np.float32)
+    SCALE = (1.0, 1.0)
+
+
+    @cuda.jit(device=True)
+    def same(v):
+        return v * ONES[0] * SCALE[1]
+
+
+    @cuda.jit
+    def k_residual_add_bwd(dx, df, dout):
+        i = cuda.grid(1)
+        if i < dout.shape[0]:
+            g = same(dout[i]) * np.float32(1.0) + float32(math.sqrt(0.0))
+            dx[i] = g
+            df[i] = g
+    """ + LAUNCH + """
+        k_residual_add_bwd[blocks, threads, stream](dx, df, dout)
+    """))
+    assert res["status"] == "pass" and all(r["bitwise_repeat"] for r in res["rows"]), res
+
+
 def test_a_file_cannot_forge_its_result(tmp_path):
     """Lines that look like a passing result, printed and written to every low descriptor, then an
     exit without a result: a crash, never a pass (the result line carries a token the file never sees)."""
