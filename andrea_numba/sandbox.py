@@ -10,11 +10,14 @@ expected answers with the twin, and only then puts the walls up and runs the stu
   answers   in every module of the twin (reference, reference.*) each backward (*_bwd, *_backward,
             gelu_grad) becomes a tripwire: reached by any attribute path it exists, called it refuses.
             The forwards, the dropout mask and the helpers stay.
-  files     an audit hook (sys.addaudithook) refuses, from the student's code, opening
-            lessons/solutions/, the twin's and the lab's source and the hidden modules' files;
-            running a string (exec, eval, compile) called from the student's file; reading frames
+  files     an audit hook (sys.addaudithook) refuses, from the student's code, reading
+            lessons/solutions/, reference/, lab/ and andrea_numba/ (the student's own file aside),
+            opening a folder above them, and writing, moving or deleting any file; reading frames
             (sys._getframe, a traceback's or a generator's frame, inspect.stack, traceback.walk_*);
-            walking the object graph (gc.get_objects, gc.get_referrers); tracing; starting a process.
+            walking the object graph (gc.get_objects, gc.get_referrers); tracing; another audit
+            hook; a process, a signal to one, a network connection; and running a string (exec,
+            eval, compile) called from the student's file itself. A signal handler (handed the
+            frame it interrupts) is refused by a guard on signal.signal.
             "From the student's code": a frame of the student's file on the thread's stack, or any
             thread but the main one (the simulator's, or one the student started).
   tools     the namespaces the grader computes with (builtins, math, json, os, numpy, numpy.random,
@@ -32,9 +35,9 @@ catches the exception is still refused.
 
 What the walls cannot stop: they are Python in the same process as the student's code. Code that
 rewrites the interpreter's memory (ctypes), patches a library's internals below the names compared
-(numpy's private modules), takes the grader's functions apart through their closures, or forges
-the result pipe, is not seen. A file that copies a solution's text is not seen either: the grader
-reads code, not authorship. See docs/teaching.md.
+(numpy's private modules), or takes the grader's objects apart (the launch patches keep numba's
+originals in their closures; the import hook lies on sys.meta_path) is not seen. A file that copies
+a solution's text is not seen either: the grader reads code, not authorship. See docs/teaching.md.
 """
 from __future__ import annotations
 
