@@ -678,8 +678,13 @@ def grade_class(folder: Path, seed: int = 0, timeout: float = TIMEOUT, jobs: int
 
     def one(student, name):
         w = free.get()
+        path = folder / student / f"{name}.py"
         try:
-            return w.grade(name, folder / student / f"{name}.py", seed, timeout)
+            return w.grade(name, path, seed, timeout)
+        except Exception as e:  # noqa: BLE001  (a grader's failure is this file's row, not the class's end)
+            res = _result(BY_NAME[name], show(path))
+            res["status"], res["message"] = "crash", f"{name}: the grader failed on {show(path)}: {_first_line(e)}"
+            return res
         finally:
             free.put(w)
 
