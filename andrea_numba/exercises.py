@@ -772,7 +772,10 @@ def _timeout(text: str) -> float:
 
 def _grade(args) -> int:
     """The grade command: every student folder of args.dir, the gradebook CSV, a summary."""
-    students = gradebook.student_folders(args.dir)
+    try:
+        students = gradebook.student_folders(args.dir)
+    except OSError as e:
+        cli.fail(f"cannot read the class folder {show(args.dir)} ({e.strerror or e})")
     if not students:
         cli.fail(f"no student folders in {show(args.dir)}: give a folder that holds one folder per student "
                  f"(class/alice/layernorm_bwd.py, class/bob/...)")
