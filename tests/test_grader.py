@@ -229,7 +229,7 @@ KERNEL_BORROWINGS = {
 
 
 @pytest.mark.parametrize("route", KERNEL_BORROWINGS)
-def test_a_kernel_file_that_borrows_the_answer_is_refused(tmp_path, route):
+def test_a_launch_function_that_borrows_the_answer_is_refused(tmp_path, route):
     kernel, body, words = KERNEL_BORROWINGS[route]
     text = textwrap.dedent(HEAD) + textwrap.dedent(kernel) + textwrap.dedent(LAUNCH) + textwrap.indent(
         textwrap.dedent(body), "    ")
