@@ -73,14 +73,19 @@ def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = H, orde
 DIMS = Dims(B=2, T=5, C=8, H=2, V=7, T_max=7)
 
 
+def op_values(case: OpCase, seed: int = 0, dims: Dims = DIMS):
+    """(values, outs, upstream) of check_op: the float64 inputs, the forward's outputs and one random
+    upstream gradient G per output. The backward is called with all three."""
+    values = case.make(dims, np.random.default_rng(seed))
+    outs = case.forward(values)
+    return values, outs, case.upstream_for(outs, np.random.default_rng(seed + 1))
+
+
 def check_op(case: OpCase, seed: int = 0, dims: Dims = DIMS, backward=None) -> list[dict]:
     """Rows {"op", "tensor", "rel_err", "ok"} for every differentiable tensor of one op (a case
     of andrea_numba.cases). backward: a function with the twin's signature to check in its place
     (the exercise grader passes the student's)."""
-    rng = np.random.default_rng(seed)
-    values = case.make(dims, rng)                                    # float64 inputs, read by f below
-    outs = case.forward(values)
-    upstream = case.upstream_for(outs, np.random.default_rng(seed + 1))   # one G per output
+    values, outs, upstream = op_values(case, seed, dims)             # values: read by f below
 
     def f():
         now = case.forward(values)

@@ -159,11 +159,11 @@ def test_broken_files_give_one_line_with_file_and_line(tmp_path):
 ])
 def test_a_kernel_file_that_borrows_the_answer_is_refused(tmp_path, borrow, says):
     """The grader reads what the student's module imports and holds: the engine's own kernels of
-    the op, or its twin's backward, are the answer, not a way to it (one line, status error)."""
+    the op, or its twin's backward, are the answer, not a way to it (one line, status refused)."""
     path = tmp_path / "k_layernorm_bwd.py"
     path.write_text((SOLUTIONS / "k_layernorm_bwd.py").read_text() + "\n" + borrow)
     res = E.check("k_layernorm_bwd", path)
-    assert res["status"] == "error" and says in res["message"] and "\n" not in res["message"], res["message"]
+    assert res["status"] == "refused" and says in res["message"] and "\n" not in res["message"], res["message"]
 
 
 def test_a_kernel_that_indexes_out_of_bounds_names_its_line(tmp_path):
