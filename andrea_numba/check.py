@@ -94,15 +94,18 @@ def model_tol(precision: str, tensor: str):
     products' precision: MODEL_TOLS, doubled for W_Q's and W_K's at bf16 and fp16 (SCORE_GRADS)."""
     rtol, a = MODEL_TOLS[precision]
     return (rtol, 2 * a) if precision in SCORE_GRADS_DOUBLED and tensor.endswith(SCORE_GRADS) else (rtol, a)
-# A model that rounds its products' inputs, but otherwise than the kernels do (toward zero), or not
-# at all, lands farther from the bf16 (fp16) twin than the neighbour roundings carry the kernels:
-# at the tiny size the kernels' gradients are within 2e-7 of the twin's, the truncating twin's and the
-# unrounded twin's 1.4e-3 to 4e-2 (tensor by tensor). So each tensor's allowance is also at most
-# NEARER times the distance from the twin to the nearer of the two wrong models (the truncating twin,
-# reference.precision.truncating, and the fp32 twin), but never below ROUNDING_FLOOR of its scale
-# (fp32's own errors): a model that does not round, or truncates, fails.
-NEARER = 0.5
-ROUNDING_FLOOR = 1e-4
+# A model that rounds its products' inputs otherwise than the kernels do (toward zero), or not at
+# all, is told apart from theirs by which twin it lands nearest. The kernels and the twin at their
+# precision round a few values near a halfway point to different neighbours, and over the layers
+# these carry the kernels' gradients as far from the twin as 2e-2 of a tensor's scale at 12M (on
+# the H100, 2026-12-07), no nearer than a model that does not round at all: no allowance can tell
+# the two apart. But every tensor of the kernels' model is nearer the twin than the truncating twin
+# (reference.precision.truncating; at 12M at most 0.49 of that twin's distance from the twin), and
+# most tensors are nearer the twin than the unrounded (fp32) twin. So at bf16 and fp16 a gradient
+# row also fails when the tensor is nearer the truncating twin, and each model gets a row "nearer
+# the twin than the unrounded twin" over its gradient tensors, which fails below NEARER_SHARE of
+# them (the kernels' model; a model that does not round is nearer the unrounded twin in nearly all).
+NEARER_SHARE = 0.75
 MODEL_DLOSS = {"fp16": LOSS_SCALE_INIT}       # the backward's dloss by precision (1 elsewhere): the trainer's first scale
 
 # (B, T) of the op checks and of the whole-model check, by size. The op shapes cross tile edges:
@@ -421,12 +424,20 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, recipe="fp32",
         tensors = [("loss", slice(0, 1), runs[0][0], runs[1][0], tol)]
         tensors += [("d " + s.name, slice(1 + s.offset, 1 + s.end), runs[0][1][s.offset:s.end],
                      runs[1][1][s.offset:s.end], model_tol(precision, s.name)) for s in param_layout(m)]
+        nearer = []                          # per gradient tensor: nearer the twin than the unrounded twin
         for name, sl, got, again, tol_t in tensors:
-            far = {k: distance(w[sl], ref[sl]) for k, w in wrong.items()}
-            if far:
-                tol_t = (0.0, min(tol_t[1], max(ROUNDING_FLOOR, NEARER * min(far.values()))))
             row = compare(op, name, got, ref[sl], tol_t, repeat=again)
-            rows.append({**row, **({"wrong_models": far} if far else {})})
+            if wrong:                        # the kernels' distance from each wrong model
+                far = {k: distance(got, w[sl]) for k, w in wrong.items()}
+                row = {**row, "wrong_models": far, "ok": row["ok"] and row["rel_err"] < far["truncated"]}
+                if name != "loss":
+                    nearer.append(row["rel_err"] < far["unrounded"])
+            rows.append(row)
+        if wrong:
+            share = sum(nearer) / len(nearer)
+            rows.append({"op": op, "tensor": "share nearer the twin than the unrounded twin",
+                         "max_abs_err": 1 - share, "rel_err": 1 - share, "tol": {"atol": 1 - NEARER_SHARE, "rtol": 0.0},
+                         "bitwise_repeat": True, "ok": share >= NEARER_SHARE, "share": share})
         del model                             # one model's buffers at a time (120M: several GB each)
     return rows
 

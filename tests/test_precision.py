@@ -103,6 +103,7 @@ def test_the_whole_model_with_bf16_products_agrees_with_the_twin_at_bf16():
     rows = check.model_rows(m, 2, 8, np.random.default_rng(1234), 1234, recipe=lab_recipe("bf16w"), attention=(True,))
     assert {r["op"] for r in rows} == {"model, flash attention, bf16 products"}     # the engine's attention
     assert all(r["ok"] and r["bitwise_repeat"] for r in rows)
+    assert [r["share"] for r in rows if "share" in r] == [1.0]       # every tensor nearest the twin
 
 
 @pytest.mark.slow
@@ -110,9 +111,10 @@ def test_the_whole_model_with_bf16_products_agrees_with_the_twin_at_bf16():
 def test_a_model_that_truncates_or_does_not_round_fails_the_whole_model_check(monkeypatch, plant):
     """The simulator's bf16 conversions planted wrong: cut toward zero (the operand copies' bf16_bits
     and the stand-in of cvt.rn.bf16x2), or no rounding where the kernels convert values they computed
-    (the stand-in alone: the copies are 16-bit and keep rounding). The loss may pass; gradient
-    tensors fail, each being farther from the twin than half its distance to the truncating or the
-    unrounded twin (check.NEARER)."""
+    (the stand-in alone: the copies are 16-bit and keep rounding). The model that truncates lands
+    nearer the truncating twin than the twin in most gradient tensors, each such row failing; the
+    one that does not round lands nearer the unrounded twin, and its share row fails. The correct
+    model passes both (test_the_whole_model_with_bf16_products_agrees_with_the_twin_at_bf16)."""
     from numba import cuda, uint16, uint32
 
     from andrea_numba.kernels import operands, ptx
@@ -132,10 +134,14 @@ def test_a_model_that_truncates_or_does_not_round_fails_the_whole_model_check(mo
         monkeypatch.setattr(ptx, "_round_to_grid", lambda x, *fmt: np.asarray(x, np.float32))
     m = load_config("tiny").model
     rows = check.model_rows(m, 2, 8, np.random.default_rng(5), 5, recipe="bf16-hopper", attention=(True,))
-    grads = [r for r in rows if r["tensor"] != "loss"]
-    failed = [r for r in grads if not r["ok"]]
-    assert len(failed) >= len(grads) // 2, [(r["tensor"], r["rel_err"], r["wrong_models"]) for r in grads]
-    assert all(r["rel_err"] > check.NEARER * min(r["wrong_models"].values()) for r in failed)
+    grads = [r for r in rows if r["tensor"].startswith("d ")]
+    share = next(r for r in rows if r["tensor"].startswith("share nearer"))
+    if plant == "truncates":
+        nearer_cut = [r for r in grads if r["wrong_models"]["truncated"] < r["rel_err"]]
+        assert len(nearer_cut) >= len(grads) // 2 and not any(r["ok"] for r in nearer_cut), \
+            [(r["tensor"], r["rel_err"], r["wrong_models"]) for r in grads]
+    else:
+        assert not share["ok"] and share["share"] < 0.5, [(r["tensor"], r["rel_err"], r["wrong_models"]) for r in grads]
 
 
 def test_the_bf16_model_tolerance_fails_a_gradient_tensor_five_percent_off():
