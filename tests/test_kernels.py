@@ -359,6 +359,21 @@ def test_the_model_tolerance_fails_a_gradient_tensor_one_percent_off():
         assert not check.compare("model", "d w", (ref * f).astype(np.float32), ref, check.MODEL_TOL)["ok"]
 
 
+def test_the_op_tolerance_passes_fp32_rounding_and_fails_an_output_scaled_by_1_0001():
+    """check.OP_TOL: an output with fp32-grade errors (a float32 sum of 1,000 terms against float64)
+    passes; the same output scaled by 1.0001 (or 0.9999) fails, as does one with a term of its sums
+    dropped."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((40, 1000)), rng.standard_normal((1000, 30))
+    ref = a @ b
+    f32 = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float32)
+    assert check.compare("matmul", "out", f32, ref, check.OP_TOL)["ok"]
+    for f in (1.0001, 0.9999):
+        assert not check.compare("matmul", "out", (f32 * np.float32(f)).astype(np.float32), ref, check.OP_TOL)["ok"]
+    dropped = (a[:, :-1].astype(np.float32) @ b[:-1].astype(np.float32)).astype(np.float32)
+    assert not check.compare("matmul", "out", dropped, ref, check.OP_TOL)["ok"]
+
+
 def test_command_line_json(tmp_path):
     p = subprocess.run([sys.executable, "-m", "andrea_numba.check", "--json", "--seed", "7", "--op", "residual",
                         "--op", "zero"], capture_output=True, text=True)
