@@ -21,7 +21,7 @@ kernel  write the body of a Numba @cuda.jit kernel; the launch function is given
         agreement harness (check.check_launcher on the op's case of andrea_numba/cases.py):
         small float32 inputs, output buffers poisoned with NaN, += buffers pre-filled, two runs
         that must agree bit for bit, every tensor against the float64 twin with the harness
-        tolerance |err| <= atol + rtol |ref| (rtol 1e-3, atol 1e-4 max|ref|): float32 cannot
+        tolerance |err| <= atol + rtol |ref| (check.OP_TOL: rtol 1e-5, atol 1e-5 max|ref|): float32 cannot
         reach 1e-7. Every launch is recorded: the answer must come from your file's kernel.
 
 Each file is graded in a process of its own, with a time limit (a fork of a warm process that
