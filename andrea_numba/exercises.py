@@ -46,8 +46,14 @@ written, 1 it could not be, 2 usage.
 from __future__ import annotations
 
 import os
+import sys
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")    # before anything imports numba
+# The simulator unless the environment says, set before anything imports numba. A process that has
+# imported numba already (the trainer, grading a --kernel file) has chosen; its environment is left
+# as it is, so that the processes it starts (the trainer's compile workers) run as it does. The
+# grading process it starts imports this module first, and chooses here.
+if "numba" not in sys.modules:
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 import argparse  # noqa: E402
 import atexit  # noqa: E402
@@ -60,7 +66,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import queue  # noqa: E402
 import re  # noqa: E402
-import sys  # noqa: E402
 import traceback  # noqa: E402
 import warnings  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor, as_completed  # noqa: E402

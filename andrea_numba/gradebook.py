@@ -37,7 +37,9 @@ def _worst(res: dict) -> float | None:
     return max(errs) if errs else None
 
 
-def _reason(res: dict) -> str:
+def reason(res: dict) -> str:
+    """Why check()'s result is not a pass, in one line: the first failing row and its hint, or the
+    message of a file with no rows ("" for a pass)."""
     if res["status"] == "pass":
         return ""
     bad = [r for r in res["rows"] if not r["ok"]]
@@ -58,7 +60,7 @@ def row(student: str, exercise: str, res: dict | None) -> dict:
                 passed=sum(r["ok"] for r in res["rows"]) if res["rows"] else "",
                 total=len(res["rows"]) if res["rows"] else "",
                 worst_error="" if worst is None else f"{worst:.2e}",
-                seconds=f"{res.get('seconds', 0.0):.2f}", reason=" ".join(_reason(res).split()))
+                seconds=f"{res.get('seconds', 0.0):.2f}", reason=" ".join(reason(res).split()))
 
 
 def to_csv(rows) -> str:

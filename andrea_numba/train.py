@@ -5,6 +5,8 @@
     python -m andrea_numba.train --config my.json --data book.txt
     python -m andrea_numba.train --resume runs/tiny          # continue bit-exactly
     python -m andrea_numba.train --resume runs/tiny --steps 40   # train a finished run further
+    python -m andrea_numba.train --size tiny --kernel k_layernorm_bwd=lessons/exercises/k_layernorm_bwd.py
+                                                             # your kernel, graded, in the model (your_kernels.py)
 
 One optimiser step:
 
@@ -88,6 +90,8 @@ from .runlog import (
     read_run_state,
 )
 from .sample import generate as generate_text
+from .your_kernels import KernelError, YourKernel
+from . import your_kernels
 
 
 class TrainError(RuntimeError):
@@ -164,8 +168,9 @@ def divergence_hints(t) -> str:
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir, data_dir=None, log=print, log_every=10, launch_time=None, graph=True,
-                 compile_workers=0):
+                 compile_workers=0, kernels: list[YourKernel] | None = None):
         self.cfg, self.run_dir, self.log, self.log_every = cfg, Path(run_dir), log, log_every
+        self.kernels = kernels or []         # a student's kernels in the model's place (andrea_numba/your_kernels.py)
         self.compile_workers = compile_workers   # processes that compile the kernels before step 1 (0: at launch)
         # how the steps launch: "graph" (captured after the first step, then replayed) or "eager"
         self.launches = "graph" if graph and GRAPHS else "eager"
@@ -297,6 +302,8 @@ class Trainer:
                  + (f"; each quantized tensor's amax and underflow in {FP8_FILE}" if self.model.fp8 is not None else ""))
         if t.products == "cublas":
             self.log(f"products: cuBLASLt {cublaslt.version()} (kernels/cublaslt.py; every other op our kernels)")
+        for k in self.kernels:
+            self.log(k.describe())
         self.timings = {"setup_s": 0.0, "train_s": 0.0}
         tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
         if found is not None and found["params"] is not None:
@@ -358,6 +365,7 @@ class Trainer:
         # legacy default stream (which would wait for, and hold up, all other work on the GPU)
         s = self.stream = cuda.stream()
         self.model = GPUModel(m, B, T, stream=s, dropout=t.dropout, recipe=recipe_for(t.precision, t.products))
+        your_kernels.install(self.model, self.kernels)
         # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
         # are free between steps), with the training sequence length as its window
         self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, recipe=self.model.recipe)
@@ -651,6 +659,8 @@ class Trainer:
                  "previous_checkpoint_sha256": self.previous_checkpoint_sha256, "best": self.best,
                  "memory": self.memory, "device": self.device, "loss_scale": self.checkpoint_loss_scale,
                  **({"cublaslt_version": cublaslt.version()} if t.products == "cublas" else {}),
+                 **({"kernels": {k.name: k.record(path_record(self.run_dir, k.path)) for k in self.kernels}}
+                    if self.kernels else {}),
                  "launches": self.launches + (f" ({self.launches_why})" if self.launches_why else ""),
                  "time": time.time()}
         atomic_write_json(self.run_dir / STATE_FILE, state)
@@ -820,7 +830,7 @@ def format_eta(seconds: float) -> str:
 # flags that would make a resumed run another run: --resume refuses them
 RESUME_FIXED = (("data", "--data"), ("batch_size", "--batch-size"), ("seq_len", "--seq-len"), ("seed", "--seed"),
                 ("microbatches", "--microbatches"), ("precision", "--precision"), ("products", "--products"),
-                ("out", "--out"))
+                ("out", "--out"), ("kernel", "--kernel"))
 
 
 def build_config(args) -> Config:
@@ -892,6 +902,9 @@ def parser() -> Parser:
     ap.add_argument("--compile-workers", type=nonneg_int, default=None, metavar="N",
                     help="processes that compile the kernels before the first step (default: one per CPU, "
                     f"at most {MAX_WORKERS}; 0: each kernel is compiled at its first launch, in this process)")
+    ap.add_argument("--kernel", type=your_kernels.flag, action="append", metavar="EXERCISE=FILE",
+                    help="train with your kernel: a kernel exercise's file, graded first, in the engine's place "
+                    f"(fp32 only; once per exercise: {', '.join(your_kernels.SLOTS)}); a resumed run keeps its own")
     return ap
 
 
@@ -928,6 +941,11 @@ def start_resume(args, log, launch_time) -> tuple[Trainer | None, RunLock]:
         log(f"{run_dir} is finished: it trained all {found['step']:,} of its steps; to train it further, give "
             f"more steps: --resume {run_dir} --steps {2 * found['step']} (nothing was changed)")
         return None, lock
+    try:
+        trainer.kernels = resumed_kernels(run_dir, state, cfg)     # the run's own, graded again
+    except BaseException:
+        lock.release()
+        raise
     return trainer, lock
 
 
@@ -949,11 +967,24 @@ def start_new(args, log, launch_time) -> tuple[Trainer, RunLock]:
             raise RunDirError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
                               f"choose another --out, or delete the directory")
         check_device(cfg)
+        kernels = your_kernels.prepare(args.kernel, cfg)        # graded, loaded and checked, or refused
     except BaseException:
         lock.release()
         raise
     return Trainer(cfg, run_dir, None, log, args.log_every, launch_time, graph=not args.no_graph,
-                   compile_workers=compile_workers(args)), lock
+                   compile_workers=compile_workers(args), kernels=kernels), lock
+
+
+def resumed_kernels(run_dir: Path, state: dict, cfg: Config) -> list[YourKernel]:
+    """The --kernel files a run started with (its state's record), graded and checked again; each must
+    still hold the bytes the run trained with."""
+    found = your_kernels.recorded(state, str(run_dir / STATE_FILE))
+    for name, r in found.items():
+        if not path_of(run_dir, r["file"]).is_file():
+            raise KernelError(f"the run trained with your {name} from {path_of(run_dir, r['file'])}, which is gone: "
+                              f"restore it to resume, or start a new run with --out")
+    wanted = [(name, path_of(run_dir, r["file"])) for name, r in found.items()]
+    return your_kernels.prepare(wanted, cfg, expect={name: r["sha256"] for name, r in found.items()})
 
 
 def compile_workers(args) -> int:
@@ -1003,7 +1034,8 @@ def main(argv=None) -> int:
         else:
             log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {mine}")
         return code
-    except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError, PlanError, LossScaleError) as e:
+    except (ConfigError, CheckpointError, D.DataError, RunDirError, TrainError, PlanError, LossScaleError,
+            KernelError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return 2
     except OSError as e:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea_numba import check, config, dashboard, data, exercises, gradcheck, plot, sample
+from andrea_numba import check, config, dashboard, data, exercises, gradcheck, plot, sample, train
 from andrea_numba.checkpoint import HEADER, save_checkpoint
 from andrea_numba.config import load_config
 from andrea_numba.layout import n_params
@@ -228,6 +228,7 @@ def busy_port():
 def tools():
     return {"config": config.main, "sample": sample.main, "plot": plot.main, "dashboard": dashboard.main,
             "data": data.main, "check": check.main, "gradcheck": gradcheck.main, "exercises": exercises.main,
+            "train": train.main,
             **{f"lab/bench/{b}": _bench(b).main for b in ("kernels", "gpu_checks", "step_time", "profile_step",
                                                          "gpu_graph", "gemm", "tf32_check", "profile_kernels",
                                                          "gemm_ablate", "ncu_gemm", "precision_runs", "like_for_like")}}
@@ -237,6 +238,7 @@ def tools():
 # the rows: (tool, argv, words the error line must hold); {W} is the world, {port} the busy port
 
 S = "{W}/run"
+K = ("--size", "tiny", "--out", "{W}/new")
 ROWS = [
     # config
     ("config", ["--size", "7B"], "unknown size '7B'"),
@@ -391,6 +393,21 @@ ROWS = [
     ("exercises", ["check", "attn_bwd", "--file", "{W}/files/adir"], "is a directory"),
     ("exercises", ["check", "all", "--file", "{W}/files/text.txt"], "--file grades one exercise"),
     ("exercises", ["list", "--dir", "{W}/missing"], "does not exist"),
+
+    # train --kernel EXERCISE=FILE: refused before a run directory is made (K: a new run's arguments)
+    *[("train", [*K, "--kernel", flag], words) for flag, words in (
+        ("k_loss_bwd", "argument --kernel: must be EXERCISE=FILE"),
+        ("={W}/files/text.txt", "argument --kernel: must be EXERCISE=FILE"),
+        ("k_nope={W}/files/text.txt", "unknown exercise 'k_nope': choose from k_layernorm_bwd, k_loss_bwd"),
+        ("loss_bwd={W}/files/text.txt", "loss_bwd is a NumPy exercise"),
+        ("k_residual_add_bwd={W}/files/text.txt", "k_residual_add_bwd cannot train"),
+        ("k_loss_bwd={W}/files/missing.py", "does not exist"),
+        ("k_loss_bwd={W}/files/adir", "is a directory, not a file"),
+        ("k_loss_bwd={W}/files/text.txt", "does not pass the grader (error)"))],      # not Python: graded, refused
+    ("train", [*K, "--precision", "bf16", "--kernel", "k_loss_bwd={W}/files/text.txt"], "the fp32 recipe only"),
+    ("train", [*K, "--kernel", "k_loss_bwd={W}/files/text.txt", "--kernel", "k_loss_bwd={W}/files/text.txt"],
+     "--kernel k_loss_bwd is given twice"),
+    ("train", ["--resume", S, "--kernel", "k_loss_bwd={W}/files/text.txt"], "--kernel cannot be given with --resume"),
 
     # bench
     ("lab/bench/kernels", ["nope"], "unknown op 'nope': choose from all, embed"),

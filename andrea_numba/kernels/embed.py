@@ -295,16 +295,22 @@ k_embed_bwd_sorted = _make_sorted_sums(UNROLL)
 k_embed_bwd_sorted_thread_search = _make_run_sums(UNROLL, "k_embed_bwd_sorted_thread_search")
 
 
-def _sorted_sums(kernel, threads, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream):
-    """The sorted backward's launches: k_embed_bwd_sort, one block of SORT_CHUNK / 2 threads per
-    chunk, into links[0]; `kernel`, one block of `threads` per position; k_embed_bwd_wpe."""
-    _check_sizes(dwte, dwpe, vocab_size, context_length)
+def _sorted_dwte(kernel, threads, dwte, links, dout, tokens, vocab_size, stream):
+    """The sorted backward's dwte: k_embed_bwd_sort, one block of SORT_CHUNK / 2 threads per chunk,
+    into links[0]; then `kernel`, one block of `threads` per position."""
     assert vocab_size * SORT_CHUNK < KEY_PAD, f"vocab_size {vocab_size} is too large for 32-bit sort keys"
     B, T, C = dout.shape
     N = B * T
     order = links[0]
     k_embed_bwd_sort[cdiv(N, SORT_CHUNK), SORT_CHUNK // 2, stream](order, tokens.reshape(N))
     kernel[N, threads, stream](dwte, dout.reshape(N, C), order)
+
+
+def _sorted_sums(kernel, threads, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream):
+    """The sorted backward's launches: dwte's (_sorted_dwte), then k_embed_bwd_wpe."""
+    _check_sizes(dwte, dwpe, vocab_size, context_length)
+    _sorted_dwte(kernel, threads, dwte, links, dout, tokens, vocab_size, stream)
+    B, T, C = dout.shape
     k_embed_bwd_wpe[cdiv(T * C, WPE_THREADS), WPE_THREADS, stream](dwpe, dout)
 
 
@@ -316,7 +322,17 @@ def embed_bwd_sorted(dwte, dwpe, links, dout, tokens, vocab_size, context_length
     block of SORT_CHUNK / 2 threads per chunk; k_embed_bwd_sorted, one block per position of
     min(block, C rounded up to a warp) threads (a thread a channel), or past MAX_CHUNKS chunks
     k_embed_bwd_sorted_thread_search (the same sums); then k_embed_bwd_wpe."""
+    _check_sizes(dwte, dwpe, vocab_size, context_length)
+    embed_bwd_sorted_dwte(dwte, links, dout, tokens, vocab_size, block=block, stream=stream)
+    B, T, C = dout.shape
+    k_embed_bwd_wpe[cdiv(T * C, WPE_THREADS), WPE_THREADS, stream](dwpe, dout)
+
+
+@blocks(gpu=(512, 1024), sim=(8, 4))
+def embed_bwd_sorted_dwte(dwte, links, dout, tokens, vocab_size, *, block, stream=0):
+    """embed_bwd_sorted's dwte alone, with its launches and its bits; dwpe is left to another
+    kernel (a student's k_embed_bwd_wpe, when the trainer is given one: andrea_numba/your_kernels.py)."""
     B, T, C = dout.shape
     threads = min(block, cdiv(C, WARP) * WARP)
     kernel = k_embed_bwd_sorted if cdiv(B * T, SORT_CHUNK) <= MAX_CHUNKS else k_embed_bwd_sorted_thread_search
-    _sorted_sums(kernel, threads, dwte, dwpe, links, dout, tokens, vocab_size, context_length, stream)
+    _sorted_dwte(kernel, threads, dwte, links, dout, tokens, vocab_size, stream)
