@@ -393,7 +393,6 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, recipe="fp32",
     key = int(rng.integers(0, 2 ** 32))
     recipe = resolve(recipe)
     precision = recipe.precision
-    tol = MODEL_TOLS[precision]           # the loss's; a gradient tensor's: model_tol
     if precision != "fp32":      # attention v2 has no bf16 / fp16 version: the flash model only
         attention = tuple(a for a in attention if a)
     dloss = MODEL_DLOSS.get(precision, 1.0)      # the gradients compared as the backward leaves them: scaled
@@ -421,24 +420,34 @@ def model_rows(m: ModelConfig, B: int, T: int, rng, seed: int, recipe="fp32",
             model.backward(dloss)
             cuda.synchronize()
             runs.append((np.array([model.read_loss()]), to_host(model.grads)))
-        tensors = [("loss", slice(0, 1), runs[0][0], runs[1][0], tol)]
-        tensors += [("d " + s.name, slice(1 + s.offset, 1 + s.end), runs[0][1][s.offset:s.end],
-                     runs[1][1][s.offset:s.end], model_tol(precision, s.name)) for s in param_layout(m)]
-        nearer = []                          # per gradient tensor: nearer the twin than the unrounded twin
-        for name, sl, got, again, tol_t in tensors:
-            row = compare(op, name, got, ref[sl], tol_t, repeat=again)
-            if wrong:                        # the kernels' distance from each wrong model
-                far = {k: distance(got, w[sl]) for k, w in wrong.items()}
-                row = {**row, "wrong_models": far, "ok": row["ok"] and row["rel_err"] < far["truncated"]}
-                if name != "loss":
-                    nearer.append(row["rel_err"] < far["unrounded"])
-            rows.append(row)
-        if wrong:
-            share = sum(nearer) / len(nearer)
-            rows.append({"op": op, "tensor": "share nearer the twin than the unrounded twin",
-                         "max_abs_err": 1 - share, "rel_err": 1 - share, "tol": {"atol": 1 - NEARER_SHARE, "rtol": 0.0},
-                         "bitwise_repeat": True, "ok": share >= NEARER_SHARE, "share": share})
+        rows += model_compare(op, m, precision, runs, ref, wrong)
         del model                             # one model's buffers at a time (120M: several GB each)
+    return rows
+
+
+def model_compare(op, m, precision, runs, ref, wrong) -> list[dict]:
+    """The whole model's rows: runs, two runs' (loss [1], flat gradient) of the kernels; ref, the
+    twin's [loss, gradient...] at the precision; wrong, {"truncated", "unrounded": the same of the
+    wrong models} below fp32 (else empty): each gradient row also fails nearer the truncating twin
+    than the twin, and a last row gives the share of gradient tensors nearer the twin than the
+    unrounded twin (NEARER_SHARE's comment)."""
+    tensors = [("loss", slice(0, 1), runs[0][0], runs[1][0], MODEL_TOLS[precision])]
+    tensors += [("d " + s.name, slice(1 + s.offset, 1 + s.end), runs[0][1][s.offset:s.end],
+                 runs[1][1][s.offset:s.end], model_tol(precision, s.name)) for s in param_layout(m)]
+    rows, nearer = [], []                # nearer: per gradient tensor, nearer the twin than the unrounded twin
+    for name, sl, got, again, tol_t in tensors:
+        row = compare(op, name, got, ref[sl], tol_t, repeat=again)
+        if wrong:                        # the kernels' distance from each wrong model
+            far = {k: distance(got, w[sl]) for k, w in wrong.items()}
+            row = {**row, "wrong_models": far, "ok": row["ok"] and row["rel_err"] < far["truncated"]}
+            if name != "loss":
+                nearer.append(row["rel_err"] < far["unrounded"])
+        rows.append(row)
+    if wrong:
+        share = sum(nearer) / len(nearer)
+        rows.append({"op": op, "tensor": "share nearer the twin than the unrounded twin",
+                     "max_abs_err": 1 - share, "rel_err": 1 - share, "tol": {"atol": 1 - NEARER_SHARE, "rtol": 0.0},
+                     "bitwise_repeat": True, "ok": share >= NEARER_SHARE, "share": share})
     return rows
 
 
