@@ -32,10 +32,6 @@ from typing import Callable
 
 import numpy as np
 
-from . import check as H
-from . import exercises as E
-from . import gradebook
-from .cases import CASES, Dims
 from .cli import existing_file, one_line
 from .kernels import embed
 
@@ -107,6 +103,7 @@ NO_SLOT = {
 
 def flag(text: str) -> tuple[str, Path]:
     """argparse type of --kernel EXERCISE=FILE: (exercise, path), or one line saying what is wrong."""
+    from . import exercises as E    # the grader and the harness: loaded for --kernel only
     names = ", ".join(SLOTS)
     name, eq, file = text.partition("=")
     name = name.strip()
@@ -144,6 +141,7 @@ class YourKernel:
 
     def describe(self) -> str:
         """The log's line."""
+        from . import exercises as E    # the grader and the harness: loaded for --kernel only
         return (f"{self.slot.what}: your kernel from {E.show(self.path)} (graded: {self.graded} rows agree; "
                 f"at this run's widths: {self.checked})")
 
@@ -171,6 +169,8 @@ def prepare(wanted, cfg, expect=None) -> list[YourKernel]:
     """wanted: [(exercise, path)] from --kernel. Each file graded in a process of its own, loaded
     here, its adapter checked at the run's widths; KernelError with one line for anything but a
     pass. expect: {exercise: sha256} a resumed run's files must still have."""
+    from . import exercises as E    # the grader and the harness: loaded for --kernel only
+    from . import gradebook
     if not wanted:
         return []
     _check_fp32(cfg)
@@ -209,6 +209,9 @@ def prepare(wanted, cfg, expect=None) -> list[YourKernel]:
 
 def _load(name: str, path: Path, sha: str, graded: str, cfg) -> YourKernel:
     """The graded file loaded into this process (the same bytes), its adapter checked at the run's widths."""
+    from . import check as H    # the grader and the harness: loaded for --kernel only
+    from . import exercises as E
+    from .cases import CASES, Dims
     ex = E.BY_NAME[name]
     try:
         mod = E.load(ex, path)
