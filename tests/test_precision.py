@@ -161,7 +161,7 @@ def test_a_model_that_truncates_fails_the_whole_model_check(monkeypatch):
     monkeypatch.setattr(ptx, "_round_to_grid", cut)
     monkeypatch.setattr(operands, "bf16_bits", cut_bits)
     m = load_config("tiny").model
-    rows = check.model_rows(m, 2, 8, np.random.default_rng(5), 5, recipe="bf16-hopper", attention=(True,))
+    rows = check.model_rows(m, 2, 8, np.random.default_rng(5), 5, recipe="bf16-ampere", attention=(True,))
     grads = [r for r in rows if r["tensor"].startswith("d ")]
     nearer_cut = [r for r in grads if r["wrong_models"]["truncated"] < r["rel_err"]]
     assert len(nearer_cut) >= len(grads) // 2 and not any(r["ok"] for r in nearer_cut), \
