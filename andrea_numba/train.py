@@ -66,6 +66,7 @@ from .cli import seed as seed_type
 from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
+from .mfu import flops_per_token, format_mfu, mfu, peak_flops
 from .gpu_model import GPUModel
 from .recipes import recipe_for
 from .kernels import cublaslt, optim, residual
@@ -294,6 +295,8 @@ class Trainer:
             check_fits(cfg, free)
             self.free_before = free
         self.device = device_name()
+        self.flops_token = flops_per_token(m, t.seq_len)          # model FLOPs of a training token (mfu.py)
+        self.peak = peak_flops(self.device, t.precision)          # this GPU's dense peak, or None
         self.allocate()
         self.log(f"launches: {self.describe_launches()}")
         recipe = self.model.recipe
@@ -735,7 +738,8 @@ class Trainer:
                     eta = (time.time() - t_start) / done_here * (last - self.step)
                     val = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
                     self.log(f"step {self.step:>6}/{last} | loss {loss:.4f}{val} | lr {lr:.2e} | norm {norm:.3f} | "
-                             f"{rec['tokens_per_s']:,.0f} tok/s | ETA {format_eta(eta)}")
+                             f"{rec['tokens_per_s']:,.0f} tok/s | "
+                             f"{format_mfu(mfu(rec['tokens_per_s'], self.flops_token, self.peak))} | ETA {format_eta(eta)}")
                 new_best = None
                 if "val_loss" in rec:
                     self.files.wait()            # best.bin's record, as the writer left it
@@ -1023,11 +1027,14 @@ def main(argv=None) -> int:
             log(f"{cfg.name}: {n_params(cfg.model):,} parameters, {device_name()}, run directory {run_dir}")
         trainer.setup(resume=bool(args.resume))
         trainer.compile_kernels()
-        t0, tokens0 = time.time(), trainer.tokens_seen
+        t0, tokens0, train_s0 = time.time(), trainer.tokens_seen, trainer.timings["train_s"]
         trainer.write_state()
         code = trainer.run()
+        steps_s = trainer.timings["train_s"] - train_s0          # this process's training steps, in seconds
+        average = mfu((trainer.tokens_seen - tokens0) / steps_s, trainer.flops_token, trainer.peak) if steps_s else None
         wall = time.monotonic() - launch_time
-        mine = f"{time.time() - t0:.1f} s of training, total wall time {wall:.1f} s ({wall / 60:.1f} min) from launch to exit"
+        mine = (f"{time.time() - t0:.1f} s of training ({format_mfu(average)} over its steps), total wall time "
+                f"{wall:.1f} s ({wall / 60:.1f} min) from launch to exit")
         if tokens0:                          # resumed: the run's tokens and time, and this process's
             log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens in the run ({trainer.elapsed():.1f} s "
                 f"of wall time over its processes); this process: {trainer.tokens_seen - tokens0:,} tokens, {mine}")

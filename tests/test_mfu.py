@@ -1,0 +1,35 @@
+"""Model FLOPs utilisation: the FLOPs of a token counted from the model's shapes, the peak by GPU
+name, and the trainer's lines."""
+import pytest
+
+from andrea_numba.config import load_config
+from andrea_numba.mfu import flops_per_token, format_mfu, mfu, peak_flops
+
+
+@pytest.mark.parametrize("size", ["tiny", "12M", "120M"])
+def test_a_tokens_flops_are_six_per_product_weight_plus_attention(size):
+    """Against a count from the shapes: Q, K, V, W_O, W_1, W_2 of every block, the classifier (the
+    tied token embedding) and the LayerNorms' gains and biases (counted as nanoGPT counts them), 6
+    FLOPs a weight; attention's scores and weighted sum, 12 L C T; no position embedding."""
+    m = load_config(size).model
+    C, L, V, T = m.d_model, m.n_layer, m.vocab_size, m.context_length
+    weights = L * (3 * C * C + C * C + 4 * C * C + 4 * C * C) + V * C + (2 * L + 1) * 2 * C
+    assert flops_per_token(m, T) == 6 * weights + 12 * L * C * T
+    assert flops_per_token(m, T // 2) < flops_per_token(m, T)
+
+
+def test_the_peak_is_looked_up_by_the_gpu_and_the_precision():
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(989.4e12)
+    assert peak_flops("NVIDIA H100 80GB HBM3", "fp32") == pytest.approx(66.9e12)
+    assert peak_flops("NVIDIA H100 PCIe", "bf16") == pytest.approx(756e12)   # not the SXM part's
+    assert peak_flops("NVIDIA H200", "fp8-fwd") == peak_flops("NVIDIA H200", "bf16")
+    assert peak_flops("CUDA simulator", "fp32") is None and peak_flops("Tesla T4", "fp16") is None
+
+
+def test_mfu_is_model_flops_a_second_over_the_peak():
+    m = load_config("120M").model
+    f = flops_per_token(m, 1024)
+    assert mfu(8 * 1024 / 0.0264, f, 989.4e12) == pytest.approx(8 * 1024 / 0.0264 * f / 989.4e12)
+    assert 0.2 < mfu(8 * 1024 / 0.0264, f, 989.4e12) < 0.35          # the 120M bf16 graph step on an H100
+    assert mfu(1e6, f, None) is None
+    assert format_mfu(None) == "MFU unknown" and format_mfu(0.3812) == "MFU 38.1%"
