@@ -30,8 +30,9 @@ launches, a graph's launch, torch.compile's guards) counts wherever the GPU does
 both sides alike. (StepGraph.replay_ms times each replay between two CUDA events on our stream,
 the GPU's time only; a compiled PyTorch call does host work between its kernels that such events
 would not charge the same way. For our replays, one launch each, the two agree while the host
-keeps ahead.) Forward + backward: the gradients add up over the iterations on both sides (ours
-+=, PyTorch's .grad), never zeroed. Our kernels are compiled ahead on several processes and run
+keeps ahead.) Forward + backward: the gradients add up over the iterations (ours +=, PyTorch's
+.grad), never zeroed, but for reduce-overhead's, set to None before each call: its last gradients
+are its graphs' outputs, which its next replay overwrites (so it skips the one add a call). Our kernels are compiled ahead on several processes and run
 once eagerly before any capture; then each side is called 3 times untimed (torch.compile compiles,
 and reduce-overhead records its graphs, in these calls). Then
 R repeats, each timing every side once in turn; per repeat, ratio = PyTorch's ms / ours (above 1:
