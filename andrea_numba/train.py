@@ -1035,9 +1035,12 @@ def main(argv=None) -> int:
         wall = time.monotonic() - launch_time
         mine = (f"{time.time() - t0:.1f} s of training ({format_mfu(average)} over its steps), total wall time "
                 f"{wall:.1f} s ({wall / 60:.1f} min) from launch to exit")
-        if tokens0:                          # resumed: the run's tokens and time, and this process's
+        if tokens0:                          # resumed: the run's tokens, time and MFU, and this process's
+            run_s = trainer.timings["train_s"]                   # the run's training steps, over its processes
+            run_mfu = mfu(trainer.tokens_seen / run_s, trainer.flops_token, trainer.peak) if run_s else None
             log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens in the run ({trainer.elapsed():.1f} s "
-                f"of wall time over its processes); this process: {trainer.tokens_seen - tokens0:,} tokens, {mine}")
+                f"of wall time over its processes, {format_mfu(run_mfu)} over its steps); this process: "
+                f"{trainer.tokens_seen - tokens0:,} tokens, {mine}")
         else:
             log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {mine}")
         return code
