@@ -69,11 +69,18 @@ const $ = id => document.getElementById(id);
 const fin = v => typeof v === "number" && isFinite(v);
 let last = {loss: [], samples: [], state: null};
 
-function fmt(v) {                 // short tick / stat label
+function fmt(v, digits = 1) {     // short tick / stat label; more digits tell close ticks apart
   if (!fin(v)) return "-";
   const a = Math.abs(v);
-  if (a !== 0 && (a < 1e-2 || a >= 1e6)) return v.toExponential(1);
-  return a >= 100 ? v.toFixed(0) : +v.toPrecision(3) + "";
+  if (a !== 0 && (a < 1e-2 || a >= 1e6)) return v.toExponential(digits);
+  return a >= 100 ? v.toFixed(0) : +v.toPrecision(digits + 2) + "";
+}
+function tickLabels(ts) {         // the fewest digits that give every tick a label of its own
+  for (let d = 1; d < 6; d++) {
+    const labels = ts.map(t => fmt(t, d));
+    if (new Set(labels).size === labels.length) return labels;
+  }
+  return ts.map(t => String(t));
 }
 function niceTicks(lo, hi, n) {    // about n round numbers (1, 2, 5 x 10^k) covering [lo, hi]
   const raw = (hi - lo) / n, p = Math.pow(10, Math.floor(Math.log10(raw)));
@@ -109,9 +116,11 @@ function chart(canvas, series, ylabel) {
   const X = x => L + (x - x0) / (x1 - x0) * pw, Y = y => T + (1 - (y - y0) / (y1 - y0)) * ph;
   g.strokeStyle = "#e5e5e5"; g.fillStyle = "#555"; g.lineWidth = 1;
   g.textAlign = "right"; g.textBaseline = "middle";
-  for (const t of niceTicks(y0, y1, 5)) {
-    g.beginPath(); g.moveTo(L, Y(t)); g.lineTo(L + pw, Y(t)); g.stroke(); g.fillText(fmt(t), L - 6, Y(t));
-  }
+  const yt = niceTicks(y0, y1, 5), yl = tickLabels(yt);
+  canvas.dataset.yTicks = yl.join(" ");
+  yt.forEach((t, i) => {
+    g.beginPath(); g.moveTo(L, Y(t)); g.lineTo(L + pw, Y(t)); g.stroke(); g.fillText(yl[i], L - 6, Y(t));
+  });
   g.textAlign = "center"; g.textBaseline = "top";
   for (const t of niceTicks(x0, x1, 6)) {
     if (t !== Math.round(t)) continue;

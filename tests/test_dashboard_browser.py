@@ -1,6 +1,7 @@
 """The live dashboard in a real browser: headless Chromium loads the page from a server on 127.0.0.1,
 runs its fetches and draws; the tests read what it drew from the DOM (each canvas records the points
-of its series in data-points and its last step in data-last-step) and from a screenshot.
+of its series in data-points, its last step in data-last-step and its y-axis labels in data-y-ticks)
+and from a screenshot.
 
 Without a Chromium the tests are skipped, except in CI (CI=true), where that is a failure: .ci/run
 installs one (Debian's chromium package).
@@ -57,7 +58,7 @@ def write_run(run_dir, now: float):
     rows = []
     for s in range(1, STEPS + 1):
         row = {"step": s, "train_loss": 2.1 + 8.8 * math.exp(-s / 12) + 0.03 * math.sin(s),
-               "lr": 6e-4 * min(1.0, s / 10), "grad_norm": None if s == SKIPPED else 0.4 + 3.0 / s,
+               "lr": 1e-3, "grad_norm": None if s == SKIPPED else 0.4 + 3.0 / s,
                "tokens_per_s": 31000.0 + 900.0 * math.sin(s / 5) + 0.37,
                "time": now - 1.0 - (STEPS - s) * SECONDS_PER_STEP}
         if s % EVAL_EVERY == 0:
@@ -182,6 +183,8 @@ def test_each_chart_drew_every_point(page):
     for canvas, points in drawn.items():
         assert attrs[canvas].get("data-points") == points, canvas
         assert attrs[canvas].get("data-last-step") == str(STEPS), canvas
+        ticks = attrs[canvas].get("data-y-ticks", "").split()      # a flat learning rate's too: 1e-3 at every step
+        assert len(ticks) >= 3 and len(set(ticks)) == len(ticks), (canvas, ticks)
 
 
 def pixels_of(image: np.ndarray, colour: str, tol: float = 0.05) -> np.ndarray:
