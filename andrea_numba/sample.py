@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import reference as R
+from reference.decode import KVCache
 
 from . import cli
 from . import data as D
@@ -66,13 +67,24 @@ def generate(model, tokenizer, prompt: str, n_tokens: int, seed: int, temperatur
 def generate_cpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40, precision="fp32",
                  products="numba") -> str:
     """The same sampling loop as generate, with the NumPy twin computing the logits (its products
-    at the run's precision)."""
+    at the run's precision). With exact products (fp32) while the sequence fits the context, one
+    position a token on a KV cache (reference/decode.py); past the context (the window slides, and
+    every position moves) and at other precisions, the whole forward of the last context_length
+    tokens each time."""
     ids = list(tokenizer.encode(prompt)) or [0]
     rng = np.random.default_rng(seed)
     out = []
+    cache = KVCache(params, m) if precision == "fp32" and len(ids) <= m.context_length else None
+    fed = 0                                  # tokens of ids the cache has read
     for _ in range(n_tokens):
-        ctx = np.array([ids[-m.context_length:]])
-        logits = R.model_logits(params, m, ctx, precision)[0, -1].astype(np.float64)
+        if cache is not None and len(ids) <= m.context_length:
+            for token in ids[fed:]:
+                logits = cache.step(token)
+            fed = len(ids)
+            logits = logits.astype(np.float64)
+        else:
+            ctx = np.array([ids[-m.context_length:]])
+            logits = R.model_logits(params, m, ctx, precision)[0, -1].astype(np.float64)
         p = np.exp(logits - logits.max())
         nxt = sample_from(p / p.sum(), rng, temperature, top_k)
         ids.append(nxt)

@@ -1,0 +1,67 @@
+"""Sampling with a KV cache: one position per token instead of the whole context again.
+
+Attention is causal: position t's output reads positions 0..t only, and a block's k and v of a
+position, once computed, never change while the sequence grows. So a decoder keeps every block's
+k and v of the positions seen so far (the cache, [L, context, C] each) and computes one row for
+each new token at position t:
+
+    x = wte[token] + wpe[t]                                    # [1, 1, C]
+    per block l:
+        q, k, v = qkv(LN1(x));  K[l, t], V[l, t] = k, v        # the cache grows by one row
+        y = softmax(q K[l, :t+1]^T / sqrt(hs)) V[l, :t+1]      # per head: one query against t+1 keys
+        x = x + W_O(y);  x = x + mlp(LN2(x))
+    logits = LNf(x) @ wte^T                                    # [V]
+
+The same logits as model_logits(params, m, tokens[:t+1])[0, t], in float64 to 1e-12: the same
+sums in another order. A step costs the products of one row and attention over t+1 keys, where
+the whole forward costs t+1 rows and (t+1)^2 scores. Past the context (t = context_length) the
+positions no longer fit wpe: a sampler starts a new cache on the last tokens (sample.py).
+Exact products only (fp32 twin, no dropout): the sampler of a bf16 run recomputes in full.
+"""
+import math
+
+import numpy as np
+
+from andrea_numba.config import ModelConfig
+from andrea_numba.layout import views
+
+from .attn_out import attn_out_fwd
+from .attn_qkv import attn_qkv_fwd
+from .embed import embed_fwd
+from .layernorm import layernorm_fwd
+from .mlp import mlp_fwd
+from .residual import residual_add
+
+
+class KVCache:
+    """The decoder of one sequence: step(token) -> the logits [V] at the next position."""
+
+    def __init__(self, params, m: ModelConfig):
+        self.P, self.m = views(params, m), m
+        shape = (m.n_layer, m.context_length, m.d_model)        # K[l, t]: block l's k of position t
+        self.K, self.V = np.zeros(shape, params.dtype), np.zeros(shape, params.dtype)
+        self.t = 0                                                # positions in the cache
+
+    def step(self, token: int) -> np.ndarray:
+        P, m, t = self.P, self.m, self.t
+        if t >= m.context_length:
+            raise ValueError(f"the cache holds {m.context_length} positions (the context length): start a new one")
+        H, hs = m.n_head, m.d_model // m.n_head
+        x = embed_fwd(np.array([[token]]), P["wte"], P["wpe"][t:t + 1])            # [1, 1, C] at position t
+        for l in range(m.n_layer):
+            p = f"h{l}."
+            ln1 = layernorm_fwd(x, P[p + "ln1.g"], P[p + "ln1.b"], m.ln_eps)[0]
+            q, self.K[l, t], self.V[l, t] = (a[0, 0] for a in attn_qkv_fwd(
+                ln1, P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"]))
+            qh = q.reshape(H, hs)                                                  # [H, hs]
+            Kh = self.K[l, :t + 1].reshape(t + 1, H, hs).transpose(1, 0, 2)        # [H, t+1, hs]
+            Vh = self.V[l, :t + 1].reshape(t + 1, H, hs).transpose(1, 0, 2)
+            s = np.einsum("hd,hud->hu", qh, Kh) / math.sqrt(hs)                    # [H, t+1]: no mask needed
+            e = np.exp(s - s.max(axis=1, keepdims=True))
+            y = np.einsum("hu,hud->hd", e / e.sum(axis=1, keepdims=True), Vh)      # [H, hs]
+            x = residual_add(x, attn_out_fwd(y.reshape(1, 1, -1), P[p + "attn.w_o"]))
+            ln2 = layernorm_fwd(x, P[p + "ln2.g"], P[p + "ln2.b"], m.ln_eps)[0]
+            x = residual_add(x, mlp_fwd(ln2, P[p + "mlp.w_1"], P[p + "mlp.w_2"])[0])
+        self.t += 1
+        lnf = layernorm_fwd(x, P["lnf.g"], P["lnf.b"], m.ln_eps)[0]
+        return (lnf @ P["wte"].T)[0, 0]
