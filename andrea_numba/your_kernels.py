@@ -25,13 +25,13 @@ and the run trains on eagerly, launch by launch, as the log and the state then s
 from __future__ import annotations
 
 import argparse
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from .atomic import file_sha256
 from .cli import existing_file, one_line
 from .kernels import embed
 
@@ -150,10 +150,6 @@ class YourKernel:
         return {"file": file, "sha256": self.sha256, "op": self.slot.op, "graded": self.graded}
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _rows(rows) -> str:
     return f"{sum(r['ok'] for r in rows)}/{len(rows)}"
 
@@ -182,7 +178,7 @@ def prepare(wanted, cfg, expect=None) -> list[YourKernel]:
     shas = {}
     for name, path in wanted:
         try:
-            shas[name] = _sha256(path)
+            shas[name] = file_sha256(path)
         except OSError as e:
             raise KernelError(f"--kernel {name}: cannot read {E.show(path)} ({e.strerror or e})") from None
         if expect and shas[name] != expect[name]:
@@ -217,7 +213,7 @@ def _load(name: str, path: Path, sha: str, graded: str, cfg) -> YourKernel:
         mod = E.load(ex, path)
     except E.Stop as s:
         raise KernelError(f"--kernel {name}: {s.message.removeprefix(f'{name}: ')}") from None
-    if _sha256(path) != sha:
+    if file_sha256(path) != sha:
         raise KernelError(f"--kernel {name}: {E.show(path)} changed while it was graded: run again")
     launch = SLOTS[name].adapt(getattr(mod, ex.launch))
     m, t = cfg.model, cfg.train
