@@ -153,14 +153,6 @@ def compare(op, name, got, ref, tol, prefill=None, repeat=None, bound=None, **la
             "ok": within and bitwise}
 
 
-def distance(a, ref) -> float:
-    """max|a - ref| / max|ref| (max|a - ref| where ref is all zero)."""
-    a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    err = float(np.max(np.abs(a - ref))) if ref.size else 0.0
-    return err / scale if scale > 0 else err
-
-
 def poisoned_buffers(outs: dict, scratch: dict | None) -> dict:
     """Host arrays for a launch's outputs (name -> shape: float32 NaN) and work buffers
     (name -> (shape, dtype): NaN, or -7 for integers), so that a value it does not write shows."""
@@ -437,8 +429,8 @@ def model_compare(op, m, precision, runs, ref, wrong) -> list[dict]:
     rows, nearer = [], []                # nearer: per gradient tensor, nearer the twin than the unrounded twin
     for name, sl, got, again, tol_t in tensors:
         row = compare(op, name, got, ref[sl], tol_t, repeat=again)
-        if wrong:                        # the kernels' distance from each wrong model
-            far = {k: distance(got, w[sl]) for k, w in wrong.items()}
+        if wrong:                        # the kernels' distance from each wrong model, as rel_err measures it
+            far = {k: compare(op, name, got, w[sl], tol_t)["rel_err"] for k, w in wrong.items()}
             row = {**row, "wrong_models": far, "ok": row["ok"] and row["rel_err"] < far["truncated"]}
             if name != "loss":
                 nearer.append(row["rel_err"] < far["unrounded"])

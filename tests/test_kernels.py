@@ -206,8 +206,8 @@ def harness_rows(op, seed=1234, versions=None):
     every block, at the tiny size's op shapes), less the rows the dry runs leave out: (rows, {(op,
     kernel, version, block) left out: (the checked row it is, why)}), why "same launches" (the row's
     launches are a checked row's) or "the products' tile" (at this block the version launches what it
-    launches at its first, but for its products' kernels at another tile, each checked at that tile
-    by the matmul cases). On a GPU every row."""
+    launches at its first, but for its products' tile, which a deep matmul case checks:
+    _only_products_differ). On a GPU every row."""
     if not SIMULATOR:
         return check.run_checks("tiny", seed=seed, model=False, only=[op], versions=versions, cases=CASES), {}
     dims, rng = _tiny_dims(), np.random.default_rng(seed)
