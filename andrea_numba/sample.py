@@ -74,7 +74,7 @@ def generate_cpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, 
     ids = list(tokenizer.encode(prompt)) or [0]
     rng = np.random.default_rng(seed)
     out = []
-    cache = KVCache(params, m) if precision == "fp32" and len(ids) <= m.context_length else None
+    cache = KVCache(params, m) if precision == "fp32" else None
     fed = 0                                  # tokens of ids the cache has read
     for _ in range(n_tokens):
         if cache is not None and len(ids) <= m.context_length:
