@@ -448,13 +448,15 @@ def run_checks(size="tiny", seed=None, batch=None, seq=None, ops=True, model=Tru
     """Rows of the op checks (every case, or the cases named in `only`; every version, or those
     numbered in `versions`) and of the whole model (GPUModel with `recipe`). compile_workers > 0
     (on a GPU): first the same checks with every launch recorded instead of run (their rows thrown
-    away), every kernel they launch compiled on that many processes (andrea_numba.precompile), then
+    away), every kernel they launch compiled on that many processes (andrea_numba.precompile) or loaded from
+    the kernel cache (andrea_numba.kernel_cache), then
     the checks themselves, whose launches find their kernels compiled."""
     if compile_workers and not SIMULATOR:
+        from .kernel_cache import KernelCache
         from .precompile import compile_ahead, record_launches
         launches = record_launches(lambda: run_checks(size, seed, batch, seq, ops, model, None, only, versions,
                                                       recipe, 0, cases))
-        compile_ahead(launches, compile_workers, log=progress)
+        compile_ahead(launches, compile_workers, log=progress, cache=KernelCache.open(log=progress))
     cfg = load_config(size)
     m = cfg.model
     (ob, ot), (mb, mt) = SHAPES.get(size, ((2, min(8, m.context_length)),) * 2)

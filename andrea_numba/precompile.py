@@ -23,6 +23,10 @@ compiles (lab/bench/compile_ahead_check.py compares them instruction by instruct
 symbol names and the order of declarations differ), so the same bits. A kernel that cannot be
 compiled ahead (a worker fails, a launch the recording did not see) is compiled on its first
 launch, as before. In the simulator nothing is compiled: this module does nothing there.
+
+Given a kernel cache (kernel_cache.py), compile_ahead first loads every kernel compiled by an
+earlier run of the same sources on the same GPU and toolchain, and stores what it compiles: the
+second run of a config compiles nothing.
 """
 from __future__ import annotations
 
@@ -115,22 +119,50 @@ def plan_workers(n_tasks: int, workers: int, free_gpu_bytes: int) -> int:
     return max(0, min(n_tasks, workers, free_gpu_bytes // WORKER_GPU_BYTES))
 
 
-def compile_ahead(launches, workers: int, log=None) -> dict:
+def load_cached(todo, cache, report, log=None) -> list:
+    """Install every kernel of `todo` that `cache` holds; returns the rest as (dispatcher, argtypes,
+    key) to compile (key None: not to be stored)."""
+    from .kernel_cache import lookup, toolchain
+    t0 = time.perf_counter()
+    hits, misses = lookup(cache, todo, toolchain())
+    for disp, argtypes, key, payload in hits:
+        try:
+            kernel = pickle.loads(payload)
+        except Exception:                      # written by another numba, or damaged: compiled again
+            cache.discard(key)
+            misses.append((disp, argtypes, key))
+            continue
+        if argtypes not in disp.overloads:
+            disp.add_overload(kernel, argtypes)
+        report["cached"] += 1
+    report["cache_seconds"] = time.perf_counter() - t0
+    if log:
+        log(f"kernel cache: {report['cached']} of {len(todo)} kernel signatures loaded from {cache.dir} "
+            f"in {report['cache_seconds']:.2f} s" + (f"; {len(misses)} to compile" if misses else ""))
+    return misses
+
+
+def compile_ahead(launches, workers: int, log=None, cache=None) -> dict:
     """Compile every (dispatcher, argument types) in `launches` not compiled yet, on up to `workers`
-    processes, and install the results. Returns {"kernels", "ahead", "workers", "seconds",
-    "compile_seconds", "failed": [(kernel name, reason)]}; nothing raises: a kernel not compiled
-    ahead is compiled on its first launch."""
+    processes, and install the results. With a KernelCache (kernel_cache.py), the kernels it holds
+    are loaded instead, and those compiled here are stored in it. Returns {"kernels", "cached",
+    "ahead", "stored", "workers", "seconds", "cache_seconds", "compile_seconds", "failed": [(kernel
+    name, reason)]}; nothing raises: a kernel not compiled ahead is compiled on its first launch."""
     t0 = time.perf_counter()
     todo = [(d, a) for d, a in launches if a not in d.overloads]
-    report = {"kernels": len(todo), "ahead": 0, "workers": 0, "seconds": 0.0, "compile_seconds": 0.0,
-              "failed": []}
-    if SIMULATOR or not todo or workers < 1:
+    report = {"kernels": len(todo), "cached": 0, "ahead": 0, "stored": 0, "workers": 0, "seconds": 0.0,
+              "cache_seconds": 0.0, "compile_seconds": 0.0, "failed": []}
+    if SIMULATOR or not todo:
+        return report
+    keyed = load_cached(todo, cache, report, log) if cache is not None else [(d, a, None) for d, a in todo]
+    if not keyed or workers < 1:
+        report["seconds"] = time.perf_counter() - t0
         return report
     from numba import cuda
     payloads = []
-    for disp, argtypes in todo:
+    for disp, argtypes, key in keyed:
         try:
-            payloads.append((pickle.dumps((disp, argtypes)), disp, argtypes))
+            payloads.append((pickle.dumps((disp, argtypes)), disp, argtypes, key))
         except Exception as e:                 # a closure numba cannot pickle: compiled at its launch
             report["failed"].append((disp.py_func.__name__, f"not picklable: {type(e).__name__}"))
     payloads.sort(key=lambda p: -len(p[0]))    # the largest kernels (most code to compile) first
@@ -143,9 +175,9 @@ def compile_ahead(launches, workers: int, log=None) -> dict:
     ctx = multiprocessing.get_context("spawn")  # a forked child would inherit this process's CUDA state
     try:
         with cf.ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_start_worker) as pool:
-            futures = {pool.submit(_compile_in_worker, p): (disp, argtypes) for p, disp, argtypes in payloads}
+            futures = {pool.submit(_compile_in_worker, p): (disp, argtypes, key) for p, disp, argtypes, key in payloads}
             for fut in cf.as_completed(futures):
-                disp, argtypes = futures[fut]
+                disp, argtypes, key = futures[fut]
                 try:
                     blob, seconds = fut.result()
                     kernel = pickle.loads(blob)
@@ -156,11 +188,16 @@ def compile_ahead(launches, workers: int, log=None) -> dict:
                     disp.add_overload(kernel, argtypes)
                 report["ahead"] += 1
                 report["compile_seconds"] += seconds
+                if key is not None and cache.put(key, blob):
+                    report["stored"] += 1
     except Exception as e:                     # the pool itself failed (e.g. a worker was killed)
         report["failed"].append(("(process pool)", f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"))
+    if report["stored"]:
+        cache.prune()
     report["seconds"] = time.perf_counter() - t0
     if log:
         log(f"compiled {report['ahead']} of {len(payloads)} kernel signatures in {report['seconds']:.1f} s "
             f"({report['compile_seconds']:.1f} s of compiling on {n} processes)"
+            + (f", {report['stored']} stored in the kernel cache" if report["stored"] else "")
             + (f"; {len(report['failed'])} left to compile at their first launch" if report["failed"] else ""))
     return report

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -68,6 +69,7 @@ from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
 from .mfu import flops_per_token, format_mfu, mfu, peak_flops
 from .gpu_model import GPUModel
+from .kernel_cache import KernelCache
 from .recipes import recipe_for
 from .kernels import cublaslt, optim, residual
 from .kernels.common import SIMULATOR, device_name
@@ -474,9 +476,13 @@ class Trainer:
     def compile_kernels(self):
         """Before the first step: every kernel a step, an evaluation and the sampler launch,
         compiled on compile_workers processes at once (andrea_numba.precompile) instead of one
-        after another at its first launch. Nothing runs on the GPU; a kernel that is not compiled
-        here is compiled at its first launch, as without this."""
-        if SIMULATOR or self.compile_workers < 1:
+        after another at its first launch, or loaded from the kernel cache where an earlier run
+        compiled the same sources (andrea_numba.kernel_cache). Nothing runs on the GPU; a kernel
+        that is not compiled here is compiled at its first launch, as without this."""
+        if SIMULATOR:
+            return
+        cache = KernelCache.open(log=self.log)   # None when ANDREA_KERNEL_CACHE=off or not writable
+        if cache is None and self.compile_workers < 1:
             return
         t0 = time.time()
         try:
@@ -485,7 +491,7 @@ class Trainer:
             self.log(f"compiling ahead: skipped, the launches could not be recorded "
                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
             return
-        report = compile_ahead(launches, self.compile_workers, log=self.log)
+        report = compile_ahead(launches, self.compile_workers, log=self.log, cache=cache)
         for name, why in report["failed"]:
             self.log(f"compiling ahead: {name} left to its first launch ({why})")
         self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + time.time() - t0
@@ -714,6 +720,11 @@ class Trainer:
                         self.graph = None            # the next step runs eagerly with the new scale, then is captured
                 self.step += 1
                 done_here += 1
+                if done_here == 1:
+                    age = process_age()
+                    self.timings["first_step_s"] = round(age, 2) if age is not None else None
+                    self.log(f"first step done {age:.1f} s after the process started" if age is not None else
+                             f"first step done {time.monotonic() - self.launch_time:.1f} s after setup began")
                 self.tokens_seen += tokens_per_step
                 self.timings["train_s"] += dt
                 rec = {"step": self.step, "train_loss": loss, "lr": lr, "grad_norm": None if overflow else norm,
@@ -989,6 +1000,18 @@ def resumed_kernels(run_dir: Path, state: dict, cfg: Config) -> list[YourKernel]
                               f"restore it to resume, or start a new run with --out")
     wanted = [(name, path_of(run_dir, r["file"])) for name, r in found.items()]
     return your_kernels.prepare(wanted, cfg, expect={name: r["sha256"] for name, r in found.items()})
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: /proc), interpreter start-up and imports
+    included; None where that cannot be read."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        start_ticks = int(stat.rpartition(")")[2].split()[19])      # field 22, starttime
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def compile_workers(args) -> int:

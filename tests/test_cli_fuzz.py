@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea_numba import check, config, dashboard, data, exercises, gradcheck, plot, sample, train
+from andrea_numba import check, config, dashboard, data, exercises, gradcheck, kernel_cache, plot, sample, train
 from andrea_numba.checkpoint import HEADER, save_checkpoint
 from andrea_numba.config import load_config
 from andrea_numba.layout import n_params
@@ -228,10 +228,11 @@ def busy_port():
 def tools():
     return {"config": config.main, "sample": sample.main, "plot": plot.main, "dashboard": dashboard.main,
             "data": data.main, "check": check.main, "gradcheck": gradcheck.main, "exercises": exercises.main,
-            "train": train.main,
+            "train": train.main, "kernel_cache": kernel_cache.main,
             **{f"lab/bench/{b}": _bench(b).main for b in ("kernels", "gpu_checks", "step_time", "profile_step",
                                                          "gpu_graph", "gemm", "tf32_check", "profile_kernels",
-                                                         "gemm_ablate", "ncu_gemm", "precision_runs", "like_for_like")}}
+                                                         "gemm_ablate", "ncu_gemm", "precision_runs", "like_for_like",
+                                                         "start_time")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -240,6 +241,9 @@ def tools():
 S = "{W}/run"
 K = ("--size", "tiny", "--out", "{W}/new")
 ROWS = [
+    # kernel_cache
+    ("kernel_cache", ["--bogus"], "unrecognized arguments"),
+    ("kernel_cache", ["--clear", "now"], "unrecognized arguments"),
     # config
     ("config", ["--size", "7B"], "unknown size '7B'"),
     ("config", ["--size", ""], "unknown size ''"),
@@ -431,6 +435,10 @@ ROWS = [
     ("lab/bench/step_time", ["--flash-version", "1"], "invalid choice: 1"),
     ("lab/bench/step_time", ["--mlp-version", "4"], "invalid choice: 4"),
     ("lab/bench/profile_kernels", ["run", "--log", "{W}/l.json", "--mlp-version", "4"], "invalid choice: 4"),
+    ("lab/bench/start_time", ["--repeats", "0"], "argument --repeats"),
+    ("lab/bench/start_time", ["--size", "7B"], "7B"),
+    ("lab/bench/start_time", ["--out", "{W}/out.txt"], "ending in .json"),
+    ("lab/bench/start_time", [], "the simulator compiles nothing"),
     ("lab/bench/like_for_like", ["--iters", "0"], "argument --iters"),
     ("lab/bench/like_for_like", ["--repeats", "1"], "argument --repeats"),
     ("lab/bench/like_for_like", ["--sizes", "7B"], "invalid choice: '7B'"),
