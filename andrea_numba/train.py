@@ -506,6 +506,19 @@ class Trainer:
         s.synchronize()                          # the recorded forwards copied their token ids in
         return launches
 
+    def average_mfu(self, tokens: int, timings: dict) -> str:
+        """MFU over `tokens` trained in timings["train_s"] seconds, leaving out the first step of
+        each process (timings "first_steps", "first_steps_s": it loads every kernel and runs
+        eagerly) when there were others; the text for the summary line."""
+        t = self.cfg.train
+        per_step = t.batch_size * t.seq_len * t.n_microbatches
+        n_first, first_s, total_s = timings.get("first_steps", 0), timings.get("first_steps_s", 0.0), timings["train_s"]
+        if tokens > n_first * per_step and total_s > first_s > 0:
+            rate, what = (tokens - n_first * per_step) / (total_s - first_s), "over its steps after the first"
+        else:
+            rate, what = (tokens / total_s if total_s else 0.0), "over its steps"
+        return f"{format_mfu(mfu(rate, self.flops_token, self.peak))} {what}"
+
     def loss_scale(self) -> float:
         """The loss scale of the next step (1 without fp16). A captured graph holds it: the trainer
         drops the graph when the scale changes, and the next step runs eagerly and captures anew."""
@@ -720,7 +733,9 @@ class Trainer:
                         self.graph = None            # the next step runs eagerly with the new scale, then is captured
                 self.step += 1
                 done_here += 1
-                if done_here == 1:
+                if done_here == 1:          # each process's first step loads every kernel: MFU leaves it out
+                    self.timings["first_steps_s"] = self.timings.get("first_steps_s", 0.0) + dt
+                    self.timings["first_steps"] = self.timings.get("first_steps", 0) + 1
                     age = process_age()
                     self.timings["first_step_s"] = round(age, 2) if age is not None else None
                     self.log(f"first step done {age:.1f} s after the process started" if age is not None else
@@ -1050,19 +1065,19 @@ def main(argv=None) -> int:
             log(f"{cfg.name}: {n_params(cfg.model):,} parameters, {device_name()}, run directory {run_dir}")
         trainer.setup(resume=bool(args.resume))
         trainer.compile_kernels()
-        t0, tokens0, train_s0 = time.time(), trainer.tokens_seen, trainer.timings["train_s"]
+        t0, tokens0 = time.time(), trainer.tokens_seen
+        before = {k: trainer.timings.get(k, 0) for k in ("train_s", "first_steps_s", "first_steps")}
         trainer.write_state()
         code = trainer.run()
-        steps_s = trainer.timings["train_s"] - train_s0          # this process's training steps, in seconds
-        average = mfu((trainer.tokens_seen - tokens0) / steps_s, trainer.flops_token, trainer.peak) if steps_s else None
+        here = {k: trainer.timings.get(k, 0) - v for k, v in before.items()}    # this process's steps
+        average = trainer.average_mfu(trainer.tokens_seen - tokens0, here)
         wall = time.monotonic() - launch_time
-        mine = (f"{time.time() - t0:.1f} s of training ({format_mfu(average)} over its steps), total wall time "
+        mine = (f"{time.time() - t0:.1f} s of training ({average}), total wall time "
                 f"{wall:.1f} s ({wall / 60:.1f} min) from launch to exit")
         if tokens0:                          # resumed: the run's tokens, time and MFU, and this process's
-            run_s = trainer.timings["train_s"]                   # the run's training steps, over its processes
-            run_mfu = mfu(trainer.tokens_seen / run_s, trainer.flops_token, trainer.peak) if run_s else None
+            run_mfu = trainer.average_mfu(trainer.tokens_seen, trainer.timings)    # over the run's processes
             log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens in the run ({trainer.elapsed():.1f} s "
-                f"of wall time over its processes, {format_mfu(run_mfu)} over its steps); this process: "
+                f"of wall time over its processes, {run_mfu}); this process: "
                 f"{trainer.tokens_seen - tokens0:,} tokens, {mine}")
         else:
             log(f"done: step {trainer.step}, {trainer.tokens_seen:,} tokens, {mine}")

@@ -33,3 +33,21 @@ def test_mfu_is_model_flops_a_second_over_the_peak():
     assert 0.2 < mfu(8 * 1024 / 0.0264, f, 989.4e12) < 0.35          # the 120M bf16 graph step on an H100
     assert mfu(1e6, f, None) is None
     assert format_mfu(None) == "MFU unknown" and format_mfu(0.3812) == "MFU 38.1%"
+
+
+def test_the_summary_leaves_out_each_processs_first_step():
+    """The done line's MFU: 10 steps in 10 s of which the first took 9 s (it loaded every kernel)
+    is the rate of the other nine, 9 steps a second; a single step is its own rate."""
+    from types import SimpleNamespace
+
+    from andrea_numba.train import Trainer
+    cfg = load_config("12M")
+    t = cfg.train
+    per_step = t.batch_size * t.seq_len * t.n_microbatches
+    me = SimpleNamespace(cfg=cfg, flops_token=1.0, peak=per_step * 100.0)     # MFU = steps a second / 100
+    after = Trainer.average_mfu(me, 10 * per_step, {"train_s": 10.0, "first_steps_s": 9.0, "first_steps": 1})
+    assert after == "MFU 9.0% over its steps after the first"
+    one = Trainer.average_mfu(me, per_step, {"train_s": 4.0, "first_steps_s": 4.0, "first_steps": 1})
+    assert one == "MFU 0.2% over its steps"              # 0.25 steps a second: nothing to leave out
+    resumed = Trainer.average_mfu(me, 20 * per_step, {"train_s": 20.0, "first_steps_s": 18.0, "first_steps": 2})
+    assert resumed == "MFU 9.0% over its steps after the first"        # two processes, two first steps
