@@ -68,6 +68,7 @@ from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
 from .mfu import flops_per_token, format_mfu, mfu, peak_flops
 from .gpu_model import GPUModel
+from .graphs import GRAPHS, StepGraph
 from .recipes import recipe_for
 from .kernels import cublaslt, optim, residual
 from .kernels.common import SIMULATOR, device_name
@@ -97,59 +98,6 @@ from . import your_kernels
 
 class TrainError(RuntimeError):
     """A run that cannot start or continue; str(err) is one line: what is wrong and what to do."""
-
-
-GRAPHS = not SIMULATOR          # CUDA graphs need a GPU: the simulator runs every step eagerly
-# While the capture is open this thread may not allocate, free or wait for the GPU: such a call
-# fails the capture (and the run trains on eagerly) instead of leaving the graph pointing at
-# memory that is freed later. ("relaxed" would allow them.)
-CAPTURE_MODE = "thread_local"
-
-
-class StepGraph:
-    """A training step recorded once as a CUDA graph, then replayed. `work(stream)` launches the
-    step's kernels on `stream`; here it gets a cuda.core GraphBuilder capturing the run's stream,
-    and numba-cuda records each launch given that builder as its stream into the graph, without
-    running it. launch() replays the whole step on the run's stream: one call instead of a few
-    hundred launches."""
-
-    def __init__(self, stream, work):
-        from cuda.core import Stream as CoreStream
-        self.numba_stream = stream
-        self.stream = CoreStream.from_handle(int(stream.handle))    # the run's stream, as cuda.core sees it
-        builder = self.stream.create_graph_builder()               # captures what is queued on that stream
-        with cuda.defer_cleanup():          # numba frees no earlier garbage while the capture is open
-            builder.begin_building(CAPTURE_MODE)
-            try:
-                work(builder)
-                builder.end_building()
-            except BaseException:
-                try:
-                    builder.close()         # ends the capture still open: the stream works again
-                except Exception:
-                    pass                    # (an invalidated capture ends with an error of its own)
-                raise
-        self.graph = builder.complete()     # instantiated: ready to launch
-        builder.close()
-
-    def launch(self):
-        self.graph.launch(self.stream)
-
-    def replay_ms(self, reps: int) -> float:
-        """For the benchmarks: the median ms of one replay, after a first one, each timed between
-        two CUDA events on the run's stream (the GPU's time; the host only queues it)."""
-        s = self.numba_stream
-        self.launch()
-        s.synchronize()
-        times = []
-        for _ in range(reps):
-            e0, e1 = cuda.event(), cuda.event()
-            e0.record(stream=s)
-            self.launch()
-            e1.record(stream=s)
-            e1.synchronize()
-            times.append(cuda.event_elapsed_time(e0, e1))
-        return float(np.median(times))
 
 
 def divergence_hints(t) -> str:
