@@ -342,7 +342,10 @@ def k_decode_start(pos):
 
 # ---------------------------------------------------------------------------------------------
 # launchers: block = (TX, KS) for the products (columns, slices of K), (TX, RY) for the logits
-# (lanes, rows), (NT, LANES) for attention (threads, lanes a key), NT for the rest
+# (lanes, rows), (NT, LANES) for attention (threads, lanes a key), NT for the rest. The defaults
+# (the first of each `blocks`) are at most 512 threads where a kernel holds more than a few values
+# a thread: Numba sets no register bound, and 1024 threads leave 64 registers a thread. None of
+# these sizes has been timed on a GPU yet; the later ones of each list are the alternatives to try.
 
 PRODUCT_BLOCKS = dict(gpu=((32, 16), (32, 32), (32, 8)), sim=((4, 2), (2, 4)))
 
@@ -362,7 +365,7 @@ def decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, *, block, 
                                                               w_q, w_k, w_v)
 
 
-@blocks(gpu=((1024, 8), (512, 8), (1024, 16), (1024, 4)), sim=((8, 2), (4, 4)))
+@blocks(gpu=((512, 8), (1024, 8), (256, 8), (512, 4)), sim=((8, 2), (4, 4)))
 def decode_attention(y, q, k_cache, v_cache, pos, n_head, *, block, stream=0):
     """y, q [C]; k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32. Launch: n_head blocks
     of NT threads (a power of two), LANES (a power of two, at most NT) a key; T floats of dynamic
