@@ -190,7 +190,7 @@ C.say(f"""
     is time: smaller launches use the GPU less well.
 """)
 bs = [8, 4, 2, 1]
-order = ["params", "grads", "optimizer", "activations", "scratch", "step"]
+order = ["params", "grads", "optimizer", "activations", "scratch", "step", "sampler"]
 fig, ax = plt.subplots(figsize=(7, 4.5))
 bottom = np.zeros(len(bs))
 for kind in order:

@@ -12,6 +12,7 @@ give a few times 32 u, about 2e-6, of the logits' scale; TOL allows 1e-5 of the 
 |logit| (the distance measured is about 2e-7). Attention that misses the position's own key moves
 the logits by far more than that (the planted bug below).
 """
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -41,10 +42,7 @@ PROBS_RTOL = 1e-4     # of each probability: p = exp(l - lse) carries the logits
 def _model(n_layer=2, seed=0):
     """ANDREA-tiny (n_layer blocks) with weights off their init (LayerNorm gains and biases off 1
     and 0): (config, float32 params)."""
-    m = load_config("tiny").model
-    if n_layer != m.n_layer:
-        import dataclasses
-        m = dataclasses.replace(m, n_layer=n_layer)
+    m = dataclasses.replace(load_config("tiny").model, n_layer=n_layer)
     rng = np.random.default_rng(seed)
     p = init_params(m, seed).astype(np.float64)
     return m, (p + rng.standard_normal(p.size) * 0.05).astype(np.float32)
