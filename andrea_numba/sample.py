@@ -8,6 +8,12 @@ On the GPU it runs the CUDA kernels (a forward-only GPUModel of batch 1); with -
 NumPy twin (reference.model_logits), so a laptop without a GPU can sample from a checkpoint
 trained on one. Sampling: softmax(logits / temperature) over the top_k most likely tokens.
 
+Both sample at fp32 on a KV cache while the sequence fits the context: each drawn token is one
+position, its k and v kept for the positions after it, instead of the whole forward of the context
+again (the GPU's decoder: andrea_numba/decode.py; the twin's: reference/decode.py). Past the context
+the window slides and every position moves, and at bf16 and fp16 the products round as training's
+did: there each token runs the whole forward of the last context_length tokens.
+
 The checkpoint (checkpoint.bin, or best.bin with --best) is checked against the sha256 that the
 trainer recorded in .state.json; every argument and every file of the run is checked before the
 first token, and a problem is one line on stderr with exit code 2.
@@ -27,6 +33,9 @@ from . import cli
 from . import data as D
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import ConfigError, config_from_dict
+from .decode import Decoder
+from .gpu_model import GPUModel
+from .graphs import GRAPHS, StepGraph
 from .layout import n_params
 from .recipes import recipe_for, unavailable
 from .runlog import BEST_FILE, CHECKPOINT_FILE, DATA_DIR, STATE_FILE, RunDirError, read_run_state
@@ -39,25 +48,36 @@ class SampleError(RuntimeError):
 
 
 def generate(model, tokenizer, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40,
-             buf=None, forward=None) -> str:
+             buf=None, forward=None, decoder=None) -> str:
     """Autoregressive sampling with a forward-only GPUModel of batch 1: run the forward on the last
     model.T tokens (context_length here; the trainer's sampler, on its training model's buffers,
     sees seq_len), sample the next token from softmax(logits / temperature) restricted to the top_k
     most likely, repeat. buf: a [1, T] int32 host buffer for the tokens (the trainer passes pinned
     memory allocated at setup, so the copy to the device is asynchronous). forward(buf): runs the
-    model's forward on buf (default model.forward(buf, buf); the trainer's replays a CUDA graph)."""
+    model's forward on buf (default model.forward(buf, buf); the trainer's replays a CUDA graph).
+    decoder: a Decoder of window model.T on the model's weights (andrea_numba/decode.py): while the
+    sequence fits the window, each token is one position on its KV cache instead of the whole
+    forward (the same probabilities to fp32 rounding, so the same draws); past it, the whole forward
+    of the last model.T tokens, as without it."""
     T = model.T
     buf = np.zeros((1, T), np.int32) if buf is None else buf
     forward = forward or (lambda b: model.forward(b, b))
     ids = list(tokenizer.encode(prompt)) or [0]
     rng = np.random.default_rng(seed)
     out = []
+    if decoder is not None:
+        assert decoder.T == T, f"the decoder's window {decoder.T} is not the model's {T}"
+        decoder.reset()
     for _ in range(n_tokens):
-        ctx = ids[-T:]
-        buf[0, :] = 0                # safe to refill: probs_row waited for the last copy out of buf
-        buf[0, :len(ctx)] = ctx
-        forward(buf)
-        p = model.probs_row(len(ctx) - 1).astype(np.float64)       # a host sync: the host draws the token
+        if decoder is not None and len(ids) <= T:
+            decoder.feed(ids)                                      # the new token (at first, the prompt)
+            p = decoder.probs_row().astype(np.float64)             # a host sync: the host draws the token
+        else:
+            ctx = ids[-T:]
+            buf[0, :] = 0            # safe to refill: probs_row waited for the last copy out of buf
+            buf[0, :len(ctx)] = ctx
+            forward(buf)
+            p = model.probs_row(len(ctx) - 1).astype(np.float64)   # a host sync: the host draws the token
         nxt = sample_from(p, rng, temperature, top_k)
         ids.append(nxt)
         out.append(nxt)
@@ -114,12 +134,17 @@ def _require_gpu() -> None:
 def generate_gpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40, precision="fp32",
                  products="numba") -> str:
     """generate on a forward-only GPUModel of batch 1 holding the given weights, with the run's
-    recipe (recipes.recipe_for its precision and products, on this GPU: as the trainer's own samples)."""
-    from .gpu_model import GPUModel
+    recipe (recipes.recipe_for its precision and products, on this GPU: as the trainer's own samples).
+    At fp32, one position a token on a KV cache (andrea_numba/decode.py, its step replayed as a CUDA
+    graph where there are graphs) while the sequence fits the context, as generate_cpu's twin does."""
     _require_gpu()
     model = GPUModel(m, 1, m.context_length, training=False, recipe=recipe_for(precision, products))
     model.params.copy_to_device(params, stream=model.stream)       # ordered before the first forward
-    return generate(model, tokenizer, prompt, n_tokens, seed, temperature, top_k)
+    decoder = None
+    if model.precision == "fp32":
+        decoder = Decoder(m, model.params, m.context_length, stream=model.stream,
+                          capture=StepGraph if GRAPHS else None)
+    return generate(model, tokenizer, prompt, n_tokens, seed, temperature, top_k, decoder=decoder)
 
 
 def _data_dir(run: Path, state: dict) -> Path:

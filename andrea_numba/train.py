@@ -68,7 +68,9 @@ from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
 from .mfu import flops_per_token, format_mfu, mfu, peak_flops
+from .decode import Decoder
 from .gpu_model import GPUModel
+from .graphs import GRAPHS, StepGraph
 from .kernel_cache import KernelCache
 from .recipes import recipe_for
 from .kernels import cublaslt, optim, residual
@@ -99,59 +101,6 @@ from . import your_kernels
 
 class TrainError(RuntimeError):
     """A run that cannot start or continue; str(err) is one line: what is wrong and what to do."""
-
-
-GRAPHS = not SIMULATOR          # CUDA graphs need a GPU: the simulator runs every step eagerly
-# While the capture is open this thread may not allocate, free or wait for the GPU: such a call
-# fails the capture (and the run trains on eagerly) instead of leaving the graph pointing at
-# memory that is freed later. ("relaxed" would allow them.)
-CAPTURE_MODE = "thread_local"
-
-
-class StepGraph:
-    """A training step recorded once as a CUDA graph, then replayed. `work(stream)` launches the
-    step's kernels on `stream`; here it gets a cuda.core GraphBuilder capturing the run's stream,
-    and numba-cuda records each launch given that builder as its stream into the graph, without
-    running it. launch() replays the whole step on the run's stream: one call instead of a few
-    hundred launches."""
-
-    def __init__(self, stream, work):
-        from cuda.core import Stream as CoreStream
-        self.numba_stream = stream
-        self.stream = CoreStream.from_handle(int(stream.handle))    # the run's stream, as cuda.core sees it
-        builder = self.stream.create_graph_builder()               # captures what is queued on that stream
-        with cuda.defer_cleanup():          # numba frees no earlier garbage while the capture is open
-            builder.begin_building(CAPTURE_MODE)
-            try:
-                work(builder)
-                builder.end_building()
-            except BaseException:
-                try:
-                    builder.close()         # ends the capture still open: the stream works again
-                except Exception:
-                    pass                    # (an invalidated capture ends with an error of its own)
-                raise
-        self.graph = builder.complete()     # instantiated: ready to launch
-        builder.close()
-
-    def launch(self):
-        self.graph.launch(self.stream)
-
-    def replay_ms(self, reps: int) -> float:
-        """For the benchmarks: the median ms of one replay, after a first one, each timed between
-        two CUDA events on the run's stream (the GPU's time; the host only queues it)."""
-        s = self.numba_stream
-        self.launch()
-        s.synchronize()
-        times = []
-        for _ in range(reps):
-            e0, e1 = cuda.event(), cuda.event()
-            e0.record(stream=s)
-            self.launch()
-            e1.record(stream=s)
-            e1.synchronize()
-            times.append(cuda.event_elapsed_time(e0, e1))
-        return float(np.median(times))
 
 
 def divergence_hints(t) -> str:
@@ -374,6 +323,12 @@ class Trainer:
         # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
         # are free between steps), with the training sequence length as its window
         self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, recipe=self.model.recipe)
+        # ... and at fp32, while the text fits seq_len, a KV-cache decoder on the same weights: one
+        # position a drawn token (andrea_numba/decode.py; its cache and rows are buffers of its own)
+        self.sample_buf = cuda.pinned_array((1, T), np.int32)
+        self.decoder = Decoder(m, self.model.params, T, stream=s, tokens_host=self.sample_buf[0],
+                               capture=self.capture_decoder, log=self.log) \
+            if self.model.precision == "fp32" else None
         self.adam_m = cuda.device_array(self.n, np.float32, stream=s)
         self.adam_v = cuda.device_array(self.n, np.float32, stream=s)
         self.decay = cuda.to_device(decay_mask(m, np.uint8), stream=s)
@@ -408,7 +363,6 @@ class Trainer:
         self.stats_host = cuda.pinned_array(2, np.float32)
         # the weights, m and v on their way to checkpoint.bin and best.bin: three [n_params]
         self.state_host = [cuda.pinned_array(self.n, np.float32) for _ in range(3)]
-        self.sample_buf = cuda.pinned_array((1, T), np.int32)
 
     def describe_launches(self) -> str:
         if self.launches == "graph":
@@ -497,12 +451,13 @@ class Trainer:
         self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + time.time() - t0
 
     def kernel_launches(self) -> list:
-        """(kernel, argument types) of every launch of a training step, an evaluation and the
-        sampler's forward, recorded without running them (andrea_numba.precompile)."""
+        """(kernel, argument types) of every launch of a training step, an evaluation, the sampler's
+        forward and a step of its decoder, recorded without running them (andrea_numba.precompile)."""
         s = self.stream
         launches = record_launches(lambda: self.step_work(s),
                                    lambda: self.model.forward(self.eval_x[0], self.eval_y[0]),
-                                   lambda: self.sampler.forward(self.sample_buf, self.sample_buf))
+                                   lambda: self.sampler.forward(self.sample_buf, self.sample_buf),
+                                   *([lambda: self.decoder.work(s)] if self.decoder is not None else []))
         s.synchronize()                          # the recorded forwards copied their token ids in
         return launches
 
@@ -572,10 +527,16 @@ class Trainer:
         residual.residual_add(self.stats[0:1], self.stats[0:1], self.model.buf["loss"], stream=stream)
 
     def generate(self, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40) -> str:
-        """Sample n_tokens after prompt with the sampler (a forward at B=1 over the last seq_len
-        tokens, on the training model's buffers)."""
+        """Sample n_tokens after prompt: at fp32 one position a token on the decoder's KV cache while
+        the text fits seq_len, otherwise (and past it) with the sampler (a forward at B=1 over the
+        last seq_len tokens, on the training model's buffers)."""
         return generate_text(self.sampler, self.tokenizer, prompt, n_tokens, seed, temperature, top_k,
-                             self.sample_buf, forward=self.sampler_forward)
+                             self.sample_buf, forward=self.sampler_forward, decoder=self.decoder)
+
+    def capture_decoder(self, stream, work):
+        """The decoder's step as a CUDA graph in graph mode (Decoder.step asks on its second step);
+        None when the run launches eagerly: the decoder does too."""
+        return StepGraph(stream, work) if self.launches == "graph" else None
 
     def sampler_forward(self, buf):
         """The sampler's forward on the token ids in buf (the pinned [1, T] sample_buf). Eager: the

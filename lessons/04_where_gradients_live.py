@@ -129,8 +129,10 @@ C.say("""
     the one-byte weight-decay mask. activations: what the forward saves for the backward. scratch:
     the backward's temporary gradients of one layer at a time (reused by every layer). step: the
     token batches and the step's scalars (dropout keys, learning rate), copied in before each step.
-    The text samples printed during training need nothing of their own: the sampler runs on the
-    first row of the training model's buffers.
+    sampler: the text samples printed during training are drawn one position a token on a KV cache
+    (each block's k and v of every position so far, 2 x n_layer x seq_len x d_model floats, and a
+    few rows); past seq_len the sampler's whole forward runs on the first row of the training
+    model's buffers.
 """)
 
 # %%
@@ -188,7 +190,7 @@ C.say(f"""
     is time: smaller launches use the GPU less well.
 """)
 bs = [8, 4, 2, 1]
-order = ["params", "grads", "optimizer", "activations", "scratch", "step"]
+order = ["params", "grads", "optimizer", "activations", "scratch", "step", "sampler"]
 fig, ax = plt.subplots(figsize=(7, 4.5))
 bottom = np.zeros(len(bs))
 for kind in order:

@@ -163,15 +163,17 @@ def test_the_eager_step_is_the_step_of_before_bit_for_bit(runs):
 
 
 def test_the_sampler_runs_on_the_training_model_buffers(tmp_path):
-    """No second set of activations: every buffer of the sampler is a view of the training
-    model's, and the memory plan is every byte the trainer allocated on the device."""
+    """No second set of activations: every buffer of the sampler's whole forward is a view of the
+    training model's; its decoder (fp32) has its cache and rows of its own, on the same weights; and
+    the memory plan is every byte the trainer allocated on the device."""
     trainer, _ = trained(tmp_path, graph=False, steps=0)
-    model, sampler = trainer.model, trainer.sampler
+    model, sampler, decoder = trainer.model, trainer.sampler, trainer.decoder
     assert (sampler.B, sampler.T) == (1, trainer.cfg.train.seq_len) and sampler.params is model.params
     for name, buf in sampler.buf.items():
         assert np.shares_memory(buf._ary, model.buf[name]._ary), name           # the simulator's arrays
+    assert decoder.T == trainer.cfg.train.seq_len and np.shares_memory(decoder.P["wte"]._ary, model.params._ary)
     owned = [*model.buf.values(), trainer.adam_m, trainer.adam_v, trainer.decay, trainer.partial, trainer.stats,
-             trainer.batches, trainer.scalars]
+             trainer.batches, trainer.scalars, *decoder.buf.values()]
     assert sum(a.nbytes for a in owned) == trainer.planned_bytes
     # the text it samples is the text a model of its own samples
     own = GPUModel(trainer.cfg.model, 1, trainer.cfg.train.seq_len, training=False)
@@ -204,28 +206,38 @@ def test_a_failed_capture_trains_on_eagerly(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_the_sampler_replays_its_forward_as_a_graph_and_samples_the_eager_text(runs):
-    """In graph mode the sampler's first forward runs eagerly, the second is captured once (a
-    forward that reads the sampler's token buffer) and every later token replays it: the same text
-    as an eager trainer's, and a second generate replays the same graph. A capture that fails
-    leaves the sampler eager (said in the log), with the same text, and the step's graph as it was."""
+    """In graph mode the sampler's decoder (while the text fits seq_len) and its whole forward (past
+    it) each run eagerly the first time, are captured once the second time (the decoder's step reads
+    its token ids and position from the device, the forward its token buffer) and are replayed from
+    then on: the same text as an eager trainer's, and a second generate replays the same graphs. A
+    capture that fails leaves that one eager (said in the log), with the same text, and the step's
+    graph as it was."""
     (eager, _), (trainer, _) = runs.eager, runs.graph
-    want = [eager.generate("the ", 2, seed=3), eager.generate("a", 1, seed=4), eager.generate("an", 1, seed=5)]
+    want = [eager.generate("the ", 3, seed=3), eager.generate("a", 1, seed=4), eager.generate("an ", 3, seed=5)]
     with pytest.MonkeyPatch.context() as mp:
         RECORDER.patch(mp)
         FakeStepGraph.captured.clear()
-        assert trainer.graph is runs.captured[0] and trainer.sampler_graph is None     # the step's graph only
-        got = [trainer.generate("the ", 2, seed=3), trainer.generate("a", 1, seed=4)]
-        assert len(FakeStepGraph.captured) == 1 and trainer.sampler_graph is FakeStepGraph.captured[0]
-        launches = FakeStepGraph.captured[0].builder.launches
+        assert trainer.graph is runs.captured[0] and trainer.sampler_graph is None and trainer.decoder.graph is None
+        # "the " fills the window (seq_len 4): the first token on the decoder (4 steps: eager, then
+        # captured, then replayed), the next two past the window on the whole forward (eager, captured)
+        got = [trainer.generate("the ", 3, seed=3), trainer.generate("a", 1, seed=4)]
+        assert FakeStepGraph.captured == [trainer.decoder.graph, trainer.sampler_graph]
+        decode, forward = ({k.fn.__name__ for k, _, _ in g.builder.launches} for g in FakeStepGraph.captured)
         assert got == want[:2]
-        assert {k.fn.__name__ for k, _, _ in launches} >= {"k_embed_fwd", "k_loss_fwd"}   # the whole forward
+        assert decode == {"k_decode_embed", "k_decode_qkv", "k_decode_attention", "k_decode_matvec_add",
+                          "k_decode_mlp_up", "k_decode_logits", "k_decode_softmax", "k_decode_advance"}
+        assert forward >= {"k_embed_fwd", "k_loss_fwd"}                        # the whole forward
 
         lines, step_graph = [], trainer.graph
-        trainer.log, trainer.sampler_graph = lines.append, None            # as before its capture
+        trainer.log = trainer.decoder.log = lines.append
+        trainer.sampler_graph = trainer.decoder.graph = None                  # as before their capture
 
         def refuse(stream, work):
             raise RuntimeError("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
         mp.setattr(tr, "StepGraph", refuse)
-        assert trainer.generate("an", 1, seed=5) == want[2]
-    assert trainer.sampler_graph is False and trainer.graph is step_graph       # no second try
-    assert lines == ["sampling: eager (the sampler's CUDA graph capture failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)"]
+        assert trainer.generate("an ", 3, seed=5) == want[2]
+    assert trainer.sampler_graph is False and trainer.decoder.graph is False      # no second try
+    assert trainer.graph is step_graph
+    assert lines == ["sampling: the decoder runs eagerly (its CUDA graph capture failed: "
+                     "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)",
+                     "sampling: eager (the sampler's CUDA graph capture failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)"]

@@ -448,7 +448,7 @@ def test_memory_plan_refuses_and_suggests_a_smaller_microbatch():
     cfg = load_config("120M")
     plan = tr.memory_plan(cfg)
     total = sum(r[2] for r in plan)
-    assert {"params", "grads", "optimizer", "activations", "scratch", "step"} == {r[0] for r in plan}
+    assert {"params", "grads", "optimizer", "activations", "scratch", "step", "sampler"} == {r[0] for r in plan}
     P = n_params(cfg.model)
     assert sum(r[2] for r in plan if r[1] in ("params", "grads", "adam_m", "adam_v")) == 4 * 4 * P
     assert tr.check_fits(cfg, free_bytes=2 * total) == total

@@ -26,6 +26,9 @@ with the module's VERSIONS table), which the engine never imports.
                 matmul_tf32x3, matmul_fp16, matmul_bf16, matmul_bf16_wgmma (and its
                 cp.async ring, matmul_bf16_wgmma_cp_async); TILE_FAMILIES     reference/matmul.py
     optim       grad_norm, grad_scale, adamw, zero                                   reference/optim.py
+    decode      the KV-cache decoder's step, one position: decode_embed, decode_qkv,
+                decode_attention, decode_matvec_add, decode_mlp_up, decode_logits,
+                decode_softmax (andrea_numba/decode.py chains them)          reference/decode.py
     fp8         the FP8 quantize kernels                                          reference/fp8.py
     common      block_sum, block_max, blocks, SIMULATOR
     operands    the 16-bit copies of a product's operands (round_into) and their scratch (COPIES, HELD)
@@ -37,7 +40,7 @@ Imports run downwards, never in a circle (tests/test_imports.py checks it), all 
     tiles       split_tile, warp_tile, half_tile, wgmma_tile, wgmma_mn, wgmma_tma
     products    matmul (make_tile serves the linear ops their tiles)
     ops         embed, layernorm, residual, dropout, attn, attn_flash_* (attn_flash: the index),
-                attn_qkv, attn_out, mlp, loss, optim, fp8 (the quantize kernels)
+                attn_qkv, attn_out, mlp, loss, optim, fp8 (the quantize kernels), decode
     library     cublaslt, fp8_products: above the ops whose products they replace
 
 The conventions of every module (as llm.c's dev/cuda keeps them for every version of a kernel):

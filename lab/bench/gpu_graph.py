@@ -93,7 +93,7 @@ def main(argv=None) -> int:
 
     from numba import cuda
 
-    from andrea_numba import train as tr
+    from andrea_numba import graphs
     from andrea_numba.kernels.common import SIMULATOR, device_name
     if SIMULATOR or not cuda.is_available():
         cli.fail("lab/bench/gpu_graph.py needs a CUDA GPU (the simulator has no CUDA graphs)")
@@ -123,11 +123,11 @@ def main(argv=None) -> int:
                    "graph_launches": graph["launches"], "graph_note": graph["why"], "replayed": graph["replayed"]}
             if not graph["replayed"]:                 # the capture failed: once more, relaxed, to see why
                 say(f"{name}: the capture failed ({graph['why']}); trying capture mode 'relaxed'")
-                mode, tr.CAPTURE_MODE = tr.CAPTURE_MODE, "relaxed"
+                mode, graphs.CAPTURE_MODE = graphs.CAPTURE_MODE, "relaxed"
                 try:
                     relaxed = run(True, "graph-relaxed")
                 finally:
-                    tr.CAPTURE_MODE = mode
+                    graphs.CAPTURE_MODE = mode
                 row["relaxed_capture"] = {"replayed": relaxed["replayed"], "note": relaxed["why"],
                                           **compare(eager, relaxed)}
             row.update(compare(eager, graph))

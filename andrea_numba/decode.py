@@ -1,0 +1,160 @@
+"""The KV-cache decoder on the GPU: one position per token, the twin of reference/decode.py.
+
+    dec = Decoder(m, params, T)          # params: a GPUModel's flat device vector; allocates once
+    dec.reset()                          # a new sequence: position 0
+    dec.feed(ids)                        # the ids it has not read yet, one step (position) each
+    p = dec.probs_row()                  # softmax of the last position's logits, on the host (a sync)
+
+The whole forward computes every position of the context again for each drawn token. Attention is
+causal, so a block's k and v of a position never change as the sequence grows: the decoder keeps
+them (K and V, [n_layer, T, C] each, the twin's cache) and a step computes one row, the new
+position's, with the kernels of kernels/decode.py (their docstring has the math and the tiling),
+attending over the cached keys. Its logits are the whole forward's at that position, to fp32
+rounding (tests/test_decode_gpu.py).
+
+What changes from token to token lives on the device: the token ids (tokens [T], copied from a
+pinned host buffer as they are drawn), the position t (pos [1], set to 0 by reset and moved on by
+the step's last kernel) and the cache. So every step is the same launches with the same arguments
+(`work`): the first step runs them eagerly (Numba compiles the kernels), and with `capture` the
+second records them once as a CUDA graph (graphs.StepGraph) that every later step replays: one
+call a token. A token then costs the copy of its id, one replay, and the copy of the V
+probabilities back for the host to draw the next token.
+
+fp32 only: the step's products are plain fp32 sums, the precision of the fp32 recipes; a sampler
+at bf16 or fp16 runs the whole forward, whose products round as training's did. The window T is
+the sampler's (context_length for python -m andrea_numba.sample, seq_len for the trainer's
+samples); past it every position moves, and the sampler goes back to the whole forward
+(sample.generate).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .config import ModelConfig
+from .gpu_model import BufferSpec
+from .kernels import decode as kd
+from .layout import views
+
+
+def decode_specs(m: ModelConfig, T: int) -> list[BufferSpec]:
+    """Every device buffer of a decoder of window T, one line each (kind "sampler")."""
+    L, C, V = m.n_layer, m.d_model, m.vocab_size
+    f32, i32 = np.float32, np.int32
+    S = lambda name, shape, dtype=f32: BufferSpec(name, shape, dtype, "sampler")
+    return [
+        S("k_cache", (L, T, C)),        # K[l, u]: block l's k of position u (rows 0..t filled)
+        S("v_cache", (L, T, C)),        # V[l, u]: its v
+        S("tokens", (T,), i32),         # the sequence's token ids, position by position
+        S("pos", (1,), i32),            # t: the position the next step computes
+        S("x", (C,)),                   # the residual stream of position t
+        S("q", (C,)),                   # its query
+        S("y", (C,)),                   # attention's output, heads side by side
+        S("h", (4 * C,)),               # the MLP's hidden units after the GELU
+        S("logits", (V,)),
+        S("probs", (V,)),               # softmax(logits): what the host draws from
+    ]
+
+
+class Decoder:
+    """The decoder of one sequence at a time, on the weights `params` (a flat float32 device vector,
+    the layout of andrea_numba/layout.py: a GPUModel's, shared, not copied). T: the window (at most
+    context_length). stream: where every launch and copy goes (default: its own). tokens_host: a
+    pinned int32 [T] host buffer the token ids travel through (the trainer passes its sample_buf's
+    row; default: its own). capture(stream, work): records work as a graph with a launch() method
+    (graphs.StepGraph), or returns None (run eagerly); None: always eager. log: where it says how
+    its steps run."""
+
+    def __init__(self, m: ModelConfig, params, T: int | None = None, stream=None, tokens_host=None,
+                 capture=None, log=None):
+        T = m.context_length if T is None else T
+        assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
+        self.m, self.T = m, T
+        self.stream = cuda.stream() if stream is None else stream
+        self.specs = decode_specs(m, T)
+        self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
+        self.P = views(params, m)
+        self.tokens_host = cuda.pinned_array(T, np.int32) if tokens_host is None else tokens_host
+        assert self.tokens_host.shape == (T,) and self.tokens_host.dtype == np.int32
+        self.probs_host = cuda.pinned_array(m.vocab_size, np.float32)
+        self.capture, self.log = capture, log or (lambda line: None)
+        self.graph = None                   # the step as a graph once captured (False: eager for good)
+        self.warm = False                   # a step ran eagerly (compiled): ready to capture
+        self.n = 0                          # positions of the sequence fed so far
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+    def work(self, stream):
+        """Every launch of one step, in order, on `stream` (the decoder's, or a graph builder that
+        records them). Nothing here depends on the position: the kernels read it from pos."""
+        b, P, m = self.buf, self.P, self.m
+        eps, pos = m.ln_eps, b["pos"]
+        kd.decode_embed(b["x"], b["tokens"], pos, P["wte"], P["wpe"], stream=stream)
+        for l in range(m.n_layer):
+            p = f"h{l}."
+            K, V = b["k_cache"][l], b["v_cache"][l]
+            # q, and this position's k and v into the cache's row t
+            kd.decode_qkv(b["q"], K, V, pos, b["x"], P[p + "ln1.g"], P[p + "ln1.b"], eps,
+                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=stream)
+            kd.decode_attention(b["y"], b["q"], K, V, pos, m.n_head, stream=stream)      # keys 0..t
+            kd.decode_matvec_add(b["x"], b["y"], P[p + "attn.w_o"], stream=stream)      # x += y @ W_o
+            kd.decode_mlp_up(b["h"], b["x"], P[p + "ln2.g"], P[p + "ln2.b"], eps, P[p + "mlp.w_1"], stream=stream)
+            kd.decode_matvec_add(b["x"], b["h"], P[p + "mlp.w_2"], stream=stream)       # x += h @ W_2
+        kd.decode_logits(b["logits"], b["x"], P["lnf.g"], P["lnf.b"], eps, P["wte"], stream=stream)
+        kd.decode_softmax(b["probs"], b["logits"], stream=stream)
+        kd.decode_advance(pos, stream=stream)                                            # t += 1
+
+    def step(self):
+        """One position: work on the decoder's stream, or the replay of its graph. With `capture` the
+        first step runs eagerly (it compiles the kernels; a capture records launches and must not
+        compile) and the second records the step once; a capture that fails (said in the log)
+        leaves the decoder eager. The graph replays the same launches: the same bits."""
+        if self.graph is None and self.warm and self.capture is not None:
+            try:
+                self.graph = self.capture(self.stream, self.work) or False
+                if self.graph:
+                    self.log("sampling: the decoder's step captured as a CUDA graph; replayed for every token")
+            except Exception as e:              # decode on eagerly
+                self.graph = False
+                self.log(f"sampling: the decoder runs eagerly (its CUDA graph capture failed: {' '.join(str(e).split())})")
+        if self.graph:
+            self.graph.launch()
+        else:
+            self.work(self.stream)
+            self.warm = True
+
+    def reset(self):
+        """A new sequence: position 0 (on the device), nothing fed."""
+        kd.decode_start(self.buf["pos"], stream=self.stream)
+        self.n = 0
+
+    def feed(self, ids):
+        """Step through the positions of ids not fed yet (the prompt at first, then each drawn token):
+        their token ids into the pinned host buffer, one asynchronous copy of them to the device, one
+        step each. Each slot of the host buffer is written once a sequence, so no copy still queued
+        reads a slot that changed."""
+        n, end = self.n, len(ids)
+        if end > self.T:
+            raise ValueError(f"the decoder holds {self.T} positions: a longer sequence runs the whole forward")
+        if end <= n:
+            return
+        self.tokens_host[n:end] = ids[n:end]
+        self.buf["tokens"][n:end].copy_to_device(self.tokens_host[n:end], stream=self.stream)
+        for _ in range(n, end):
+            self.step()
+        self.n = end
+
+    def probs_row(self):
+        """Softmax over the vocabulary at the last position fed, as float32 [V] on the host: the pinned
+        buffer itself, valid until the next call (copies it and waits for the stream: a host sync)."""
+        self.buf["probs"].copy_to_host(self.probs_host, stream=self.stream)
+        self.stream.synchronize()
+        return self.probs_host
+
+    def read(self, name: str):
+        """A decoder buffer on the host (tests, inspection): waits for the stream."""
+        out = self.buf[name].copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return out

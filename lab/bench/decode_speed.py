@@ -1,0 +1,155 @@
+"""Time sampling on the GPU: the KV-cache decoder (andrea_numba/decode.py) against the whole forward.
+
+    python lab/bench/decode_speed.py                          # 12M, 256 tokens, median of 5 runs
+    python lab/bench/decode_speed.py --size 120M --tokens 128 --runs 3 --json decode.json
+
+Each path draws --tokens tokens after a one-token prompt with sample.generate, the same seed, on
+the same weights (init_params, a little noise added so the distributions are not flat), at fp32:
+
+    whole forward, eager    the forward of the last context_length tokens launched kernel by
+                            kernel for each token (python -m andrea_numba.sample before the decoder)
+    whole forward, graph    the same forward replayed as a CUDA graph (the trainer's sampler before it)
+    decoder, eager          one position a token, its step launched kernel by kernel
+    decoder, graph          one position a token, its step replayed as a CUDA graph (the sampler now)
+
+Every path runs once untimed first (compiling its kernels, capturing its graph); then --runs timed
+runs, wall clock of the whole generate (host draws and copies included), median. The paths must
+draw the same tokens (their probabilities agree to fp32 rounding): a difference is reported and
+the exit code is 1. Beside the table, the GPU time of one decoder step at position ~128 (its graph
+replayed between two CUDA events) and the target: 256 tokens at 12M in at most 0.05 s.
+Needs a CUDA GPU: in the simulator, or without a GPU, it says so in one line and exits 2.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from andrea_numba import cli  # noqa: E402
+from andrea_numba.config import load_config  # noqa: E402
+from andrea_numba.kernels.common import SIMULATOR, device_name  # noqa: E402
+
+TARGET_S = 0.05             # 256 tokens at 12M (about 0.2 ms a token)
+
+
+class Ids:
+    """A tokenizer of token ids: the prompt is a list of ids, the text the tuple of drawn ids."""
+
+    def encode(self, ids):
+        return list(ids)
+
+    def decode(self, ids):
+        return tuple(ids)
+
+
+def main(argv=None) -> int:
+    ap = cli.Parser(prog="python lab/bench/decode_speed.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="12M", help="a config size (default 12M)")
+    ap.add_argument("--tokens", type=cli.positive_int, default=256, help="tokens drawn a run (default 256)")
+    ap.add_argument("--runs", type=cli.positive_int, default=5, help="timed runs a path (default 5)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args(argv)
+    if SIMULATOR or not cuda.is_available():
+        cli.fail("lab/bench/decode_speed.py needs a CUDA GPU (the simulator would take hours, and has no CUDA graphs)")
+
+    from andrea_numba.decode import Decoder
+    from andrea_numba.gpu_model import GPUModel
+    from andrea_numba.graphs import StepGraph
+    from andrea_numba.layout import init_params
+    from andrea_numba.sample import generate
+
+    cfg = load_config(args.size)
+    m = cfg.model
+    if args.tokens + 1 > m.context_length:
+        cli.fail(f"--tokens {args.tokens}: at most {m.context_length - 1} (the context length less the prompt), "
+                 f"so that every token is drawn on the decoder")
+    params = init_params(m, 0)
+    params += np.random.default_rng(1).standard_normal(params.size).astype(np.float32) * 0.02
+    model = GPUModel(m, 1, m.context_length, training=False, recipe="fp32")
+    model.params.copy_to_device(params, stream=model.stream)
+    s = model.stream
+    buf = cuda.pinned_array((1, m.context_length), np.int32)
+    buf[:] = 0                                                # (pinned memory comes uninitialised)
+
+    tokens = model.buf["tokens"]
+
+    def forward_work(stream):
+        with model.launching_on(stream):
+            model.forward(tokens, tokens)
+    model.forward(buf, buf)                                   # compiles the forward before its capture
+    whole_graph = StepGraph(s, forward_work)
+
+    def replay_forward(b):
+        tokens.copy_to_device(b, stream=s)
+        whole_graph.launch()
+
+    eager_dec = Decoder(m, model.params, stream=s)
+    graph_dec = Decoder(m, model.params, stream=s, capture=StepGraph,
+                        log=lambda line: print(line, file=sys.stderr))
+    prompt = [int(params.size % m.vocab_size)]                # any one token
+    paths = {
+        "whole forward, eager": dict(buf=buf),
+        "whole forward, graph": dict(buf=buf, forward=replay_forward),
+        "decoder, eager": dict(decoder=eager_dec),
+        "decoder, graph": dict(decoder=graph_dec),
+    }
+    rows, drawn = [], {}
+    print(f"{cfg.name} on {device_name()}: {args.tokens} tokens after a one-token prompt, median of {args.runs} runs",
+          file=sys.stderr)
+    for name, kw in paths.items():
+        drawn[name] = generate(model, Ids(), prompt, args.tokens, args.seed, 1.0, 40, **kw)     # warm-up
+        times = []
+        for _ in range(args.runs):
+            s.synchronize()
+            t0 = time.perf_counter()
+            out = generate(model, Ids(), prompt, args.tokens, args.seed, 1.0, 40, **kw)
+            times.append(time.perf_counter() - t0)
+            assert out == drawn[name], f"{name}: another run drew other tokens"
+        med = float(np.median(times))
+        rows.append({"path": name, "seconds": med, "ms_per_token": 1e3 * med / args.tokens,
+                     "min_s": min(times), "max_s": max(times)})
+    base = rows[0]["seconds"]
+    print(f"\n{'path':<22} {'median s':>9} {'ms/token':>9} {'x whole eager':>14}")
+    for r in rows:
+        print(f"{r['path']:<22} {r['seconds']:>9.4f} {r['ms_per_token']:>9.3f} {base / r['seconds']:>14.1f}")
+
+    # the GPU's time of one decoder step near position 128: its graph replayed between CUDA events
+    step_ms = None
+    if graph_dec.graph:
+        graph_dec.buf["tokens"].copy_to_device(np.zeros(graph_dec.T, np.int32), stream=s)   # valid ids everywhere
+        graph_dec.reset()
+        t = max(0, min(128, graph_dec.T - 21))
+        graph_dec.feed([0] * t)
+        reps = min(20, graph_dec.T - t - 1)                 # reps + 1 replays: the position stays below T
+        step_ms = graph_dec.graph.replay_ms(reps)
+        print(f"\ndecoder step, GPU time (graph replay, CUDA events, t = {t} to {t + reps}): {step_ms:.4f} ms")
+    else:
+        print("\nthe decoder's graph was not captured: no GPU time of its step", file=sys.stderr)
+
+    same = all(d == drawn["whole forward, eager"] for d in drawn.values())
+    print(f"same tokens on every path: {'yes' if same else 'NO'}")
+    if not same:
+        for name, d in drawn.items():
+            first = next((i for i, (a, b) in enumerate(zip(d, drawn["whole forward, eager"])) if a != b), None)
+            print(f"  {name}: first difference at token {first}")
+    dec_s = rows[-1]["seconds"] * 256 / args.tokens
+    if args.size == "12M":
+        print(f"target (12M): 256 tokens in at most {TARGET_S} s; the decoder's graph path: {dec_s:.4f} s "
+              f"({'met' if dec_s <= TARGET_S else 'not met'})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "device": device_name(), "size": args.size, "tokens": args.tokens, "runs": args.runs, "rows": rows,
+            "decoder_step_gpu_ms": step_ms, "same_tokens": same,
+            "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The KV-cache decoder on the GPU (andrea_numba/decode.py, kernels/decode.py), in the simulator:
+each step gives the twin's logits at its position (reference/decode.py) and the whole forward's
+probabilities, its position lives on the device, a step replayed from a recorded graph gives the
+eager step's bits, and sampling on it draws the tokens of the whole forward, past the context too.
+
+Tolerance of the logits. The decoder computes in fp32 (unit roundoff u = 2^-24, about 6e-8) what
+the twin computes here in float64 from the same float32 weights: exact by comparison. A sum of K
+products in fp32 is off by at most about K u times the sum of its terms' sizes (K <= 4C = 32 in
+ANDREA-tiny: the MLP's second product), and each block adds such errors into the residual stream,
+which the next LayerNorm scales by its gain over the row's spread. Two blocks and the classifier
+give a few times 32 u, about 2e-6, of the logits' scale; TOL allows 1e-5 of the row's largest
+|logit| (the distance measured is about 2e-7). Attention that misses the position's own key moves
+the logits by far more than that (the planted bug below).
+"""
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from andrea_numba import train as tr
+from andrea_numba.config import load_config
+from andrea_numba.decode import Decoder
+from andrea_numba.gpu_model import GPUModel
+from andrea_numba.kernels import decode as kd
+from andrea_numba.kernels.common import SIMULATOR
+from andrea_numba.layout import init_params
+from andrea_numba.sample import generate
+from reference.decode import KVCache
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_step_graph import RECORDER, FakeStepGraph  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not SIMULATOR, reason="tiny sizes for the simulator (NUMBA_ENABLE_CUDASIM=1)")
+
+TOL = 1e-5            # of the row's largest |logit|: the module's docstring
+PROBS_RTOL = 1e-4     # of each probability: p = exp(l - lse) carries the logits' absolute error as a relative one
+
+
+def _model(n_layer=2, seed=0):
+    """ANDREA-tiny (n_layer blocks) with weights off their init (LayerNorm gains and biases off 1
+    and 0): (config, float32 params)."""
+    m = dataclasses.replace(load_config("tiny").model, n_layer=n_layer)
+    rng = np.random.default_rng(seed)
+    p = init_params(m, seed).astype(np.float64)
+    return m, (p + rng.standard_normal(p.size) * 0.05).astype(np.float32)
+
+
+def _distance(got, want) -> float:
+    """max |got - want| over the row's largest |want|: the comparison of every test here."""
+    return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+
+
+def _decode_each(m, params, tokens):
+    """Feed tokens one by one to a decoder on params: [(logits, probs)] at each position, and the decoder."""
+    dec = Decoder(m, cuda.to_device(params))
+    dec.reset()
+    rows = []
+    for t in range(len(tokens)):
+        dec.feed(tokens[:t + 1])
+        rows.append((dec.read("logits"), dec.probs_row().copy()))
+    return rows, dec
+
+
+def test_each_step_gives_the_twins_logits_and_the_whole_forwards_probabilities():
+    m, params = _model()
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, m.vocab_size, size=m.context_length)]
+    rows, dec = _decode_each(m, params, tokens)
+    twin = KVCache(params.astype(np.float64), m)
+    for t, (logits, _) in enumerate(rows):
+        assert _distance(logits, twin.step(tokens[t])) <= TOL, t
+    # the cache holds the twin's k and v of every position
+    for name, want in (("k_cache", twin.K), ("v_cache", twin.V)):
+        assert _distance(dec.read(name), want) <= TOL, name
+    # the whole forward (the engine's fp32 kernels) over the same tokens: its probabilities at each
+    # position are the decoder's at that position
+    model = GPUModel(m, 1, m.context_length, training=False)
+    model.params.copy_to_device(params)
+    ids = np.array([tokens], np.int32)
+    model.forward(ids, ids)
+    full = model.buf["probs"].copy_to_host()
+    for t, (_, probs) in enumerate(rows):
+        np.testing.assert_allclose(probs, full[t], rtol=PROBS_RTOL, atol=0, err_msg=f"position {t}")
+    # the position lives on the device: it moved on once a step, to the window's end
+    assert dec.read("pos")[0] == dec.n == m.context_length
+    with pytest.raises(ValueError, match="longer sequence runs the whole forward"):
+        dec.feed(tokens + [0])
+    # a new sequence starts at position 0; the same tokens (three in one feed) give the same bits
+    dec.reset()
+    assert dec.read("pos")[0] == 0 and dec.n == 0
+    dec.feed(tokens[:3])
+    assert dec.read("pos")[0] == 3
+    assert dec.read("logits").tobytes() == rows[2][0].tobytes()
+
+
+def test_attention_that_misses_its_own_key_fails_the_comparison(monkeypatch):
+    """A planted bug: attention over keys 0..t-1 only (the position's own key left out) from t = 1
+    on. The comparison of the test above catches it at every such position."""
+    attention = kd.decode_attention
+
+    def keys_before_t(y, q, k_cache, v_cache, pos, n_head, **kw):
+        t = int(pos.copy_to_host()[0])
+        attention(y, q, k_cache, v_cache, cuda.to_device(np.array([max(t - 1, 0)], np.int32)), n_head, **kw)
+    monkeypatch.setattr(kd, "decode_attention", keys_before_t)
+    m, params = _model()
+    tokens = [3, 5, 7, 9]
+    rows, _ = _decode_each(m, params, tokens)
+    twin = KVCache(params.astype(np.float64), m)
+    dist = [_distance(logits, twin.step(tok)) for (logits, _), tok in zip(rows, tokens)]
+    assert dist[0] <= TOL                                  # t = 0: keys 0..0 either way
+    assert min(dist[1:]) > 100 * TOL, dist
+
+
+def test_a_replayed_step_gives_the_eager_steps_bits():
+    """The same launches serve every token: a step recorded once (the stand-in graph of
+    tests/test_step_graph.py records the launches given the builder as their stream, and fails on
+    any copy during the capture) and replayed gives the eager decoder's bits at every position.
+    The first step runs eagerly, the second is captured."""
+    m, params = _model(n_layer=1)
+    tokens = [11, 0, 200, 37, 37]
+    eager, _ = _decode_each(m, params, tokens)
+    with pytest.MonkeyPatch.context() as mp:
+        RECORDER.patch(mp)
+        FakeStepGraph.captured.clear()
+        dec = Decoder(m, cuda.to_device(params), capture=lambda stream, work: tr.StepGraph(stream, work))
+        dec.reset()
+        dec.feed(tokens[:1])
+        assert dec.warm and dec.graph is None                       # eager: compiled
+        replayed = []
+        for t in range(1, len(tokens)):
+            dec.feed(tokens[:t + 1])
+            replayed.append(dec.read("logits"))
+        assert FakeStepGraph.captured == [dec.graph]
+    assert len(dec.graph.builder.launches) == 1 + 5 * m.n_layer + 3          # embed, 5 a block, logits, softmax, t += 1
+    assert [r.tobytes() for r in replayed] == [logits.tobytes() for logits, _ in eager[1:]]
+
+
+class Bytes:
+    def encode(self, s):
+        return list(s.encode())
+
+    def decode(self, ids):
+        return bytes(ids).decode("latin-1")
+
+
+def test_sampling_on_the_decoder_draws_the_whole_forwards_tokens_past_the_context_too():
+    """sample.generate with a decoder against the loop it replaces (the whole forward of the last
+    context_length tokens for each token), the same seed: a 10-token prompt and 10 draws, the first 7
+    on the decoder (the sequence fits the 16-token context), the last 3 on the whole forward."""
+    m, params = _model(n_layer=1, seed=3)
+    model = GPUModel(m, 1, m.context_length, training=False)
+    model.params.copy_to_device(params)
+    prompt = "abcdefghij"
+    whole = generate(model, Bytes(), prompt, 10, 11, 0.8, 5)
+    dec = Decoder(m, model.params, stream=model.stream)
+    assert generate(model, Bytes(), prompt, 10, 11, 0.8, 5, decoder=dec) == whole
+    assert dec.n == m.context_length and dec.read("pos")[0] == m.context_length     # it decoded to the end
