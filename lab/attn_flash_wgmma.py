@@ -126,7 +126,7 @@ from andrea_numba.kernels.wgmma import (SWIZZLE_128B, fence_proxy_async, mnmajor
 from andrea_numba.kernels.wgmma_tile import WARPGROUP
 
 if SIMULATOR:
-    from andrea_numba.kernels.wgmma import warpgroup_gather, wgmma_warpgroup, wgmma_warpgroup_rs   # the twins
+    from andrea_numba.kernels.wgmma import warpgroup_gather, warpgroup_once, wgmma_warpgroup, wgmma_warpgroup_rs   # the twins
 else:                   # the code generators of frag_store and frag_scale
     from numba import types
     from numba.core import cgutils
@@ -333,9 +333,10 @@ def make_kernels(HS: int, NWG: int, BKV: int, VEC: bool, OUT16: bool = False):
     def pack(af, p):
         """af[kc] = the register-A operand of keys 16 kc .. 16 kc + 15 from the accumulator values p
         (module docstring, THE FRAGMENTS): four bf16 pairs, rounded to nearest even (cvt.rn.bf16x2.f32)."""
-        if SIMULATOR:                             # the same pairs, every kc at once
-            for i in range(4):                    # a_i: row g + 8 (i & 1), keys 2t + 8 (i >> 1) (+1)
-                af[:, i] = bf16x2(p[i & 1, 2 * (i >> 1)::4], p[i & 1, 2 * (i >> 1) + 1::4])
+        if SIMULATOR:                             # the same pairs, all at once (bf16x2's twin takes arrays):
+            lo = np.stack([p[i & 1, 2 * (i >> 1)::4] for i in range(4)], axis=1)    # a_i's low halves [KC, 4]:
+            hi = np.stack([p[i & 1, 2 * (i >> 1) + 1::4] for i in range(4)], axis=1)  # row g + 8 (i & 1), keys
+            af[:, :] = bf16x2(lo, hi)                                                # 2t + 8 (i >> 1) (+ 1)
             return
         for kc in range(KC):
             af[kc, 0] = bf16x2(p[0, 4 * kc], p[0, 4 * kc + 1])             # a0: row g, keys 2t, 2t+1
@@ -362,23 +363,32 @@ def make_kernels(HS: int, NWG: int, BKV: int, VEC: bool, OUT16: bool = False):
 
         def mma_ss(acc, smem, a_at, b_at, tid):
             """Twin of mma_ss: the warpgroup's product of each k16 step from the shared array's bytes
-            (wgmma_warpgroup), this thread's registers summed step after step in fp32."""
-            n, wt = 2 * len(acc), tid % WARPGROUP
-            d = np.zeros(len(acc), np.float32)
-            for ks in range(NK):
-                d = d + wgmma_warpgroup(smem, desc_k(smem, a_at + ks * KM_STEP), desc_k(smem, b_at + ks * KM_STEP), n)[wt]
-            return tuple(d)
+            (wgmma_warpgroup), the registers summed step after step in fp32, worked out once for the
+            warpgroup (warpgroup_once); this thread's registers."""
+            n, wg, wt = 2 * len(acc), tid // WARPGROUP, tid % WARPGROUP
+
+            def product():
+                d = np.zeros((WARPGROUP, n // 2), np.float32)
+                for ks in range(NK):
+                    d = d + wgmma_warpgroup(smem, desc_k(smem, a_at + ks * KM_STEP), desc_k(smem, b_at + ks * KM_STEP), n)
+                return d
+            return tuple(warpgroup_once(product, wg, wt)[wt])
 
         def mma_rs(acc, af, smem, b_at, tid):
-            """Twin of mma_rs: the 128 threads' packed registers (warpgroup_gather), then each k16
-            step's register-A product (wgmma_warpgroup_rs), added to this thread's acc in fp32."""
+            """Twin of mma_rs: the 128 threads' packed registers and accumulators (warpgroup_gather),
+            then each k16 step's register-A product (wgmma_warpgroup_rs) added in fp32, once for the
+            warpgroup; this thread's registers."""
             n, wg, wt = 2 * len(acc), tid // WARPGROUP, tid % WARPGROUP
-            regs = warpgroup_gather(af, wg, wt)                            # [128, KC, 4]
-            d = np.array(acc, np.float32)
-            for kc in range(KC):
-                desc = smem_desc(smem, b_at + kc * MN_STEP, MN_LBO, MN_SBO, SWIZZLE_128B)
-                d = d + wgmma_warpgroup_rs(regs[:, kc], smem, desc, n, trans_b=1)[wt]
-            return tuple(d)
+            regs = warpgroup_gather(np.concatenate([af.reshape(-1).view(np.float32), np.array(acc, np.float32)]), wg, wt)
+            a_regs = regs[:, :4 * KC].view(np.int32).reshape(WARPGROUP, KC, 4)   # [128, KC, 4]
+
+            def product():
+                d = regs[:, 4 * KC:]                                               # [128, n / 2]
+                for kc in range(KC):
+                    desc = smem_desc(smem, b_at + kc * MN_STEP, MN_LBO, MN_SBO, SWIZZLE_128B)
+                    d = d + wgmma_warpgroup_rs(a_regs[:, kc], smem, desc, n, trans_b=1)
+                return d
+            return tuple(warpgroup_once(product, wg, wt)[wt])
     else:
         @cuda.jit(device=True, inline="always")
         def mma_ss(acc, smem, a_at, b_at, tid):

@@ -658,28 +658,62 @@ else:
     wgmma_bf16_m64n8k16 = wgmma_bf16_trans = wgmma_bf16_rs = wgmma_bf16
 
     class _WarpgroupSlots:
-        """One warpgroup's meeting point in the simulator: a slot for each of its 128 threads'
-        values and a barrier of those threads."""
+        """One warpgroup's meeting point in the simulator: two sets of slots for its 128 threads'
+        values (calls alternate between them), each thread's count of its calls, and a barrier of
+        those threads."""
 
         def __init__(self):
             self.barrier = threading.Barrier(128, timeout=120)
-            self.slots = [None] * 128
+            self.slots = [[None] * 128, [None] * 128]
+            self.calls = [0] * 128
 
     def warpgroup_gather(x, wg, thread):
         """Simulator only: every thread's x (a number or an array) of warpgroup wg of this block,
         stacked [128, ...] by the thread's index in the group: the twin of a register-A wgmma's
         operand, which the instruction takes from all 128 threads' registers. Each thread leaves its
-        x in its slot, waits for the group's other 127, reads them all, and waits again (no slot is
-        refilled before the group has read it). A barrier of the group's threads alone (ptx.warp_gather
-        is the same for a warp)."""
+        x in its slot, waits for the group's other 127 and reads them all. Calls alternate between
+        two sets of slots: a thread can be one call ahead of the slowest reader (its next barrier
+        waits for that reader), never two, so no slot is refilled before the group has read it. A
+        barrier of the group's threads alone (ptx.warp_gather is the same for a warp)."""
         block = threading.current_thread()._manager        # the simulator's block, shared by its threads
         groups = block.__dict__.setdefault("_warpgroup_slots", {})
         meet = groups.get(wg) or groups.setdefault(wg, _WarpgroupSlots())
-        meet.slots[thread] = np.array(x, copy=True)
+        slots = meet.slots[meet.calls[thread] & 1]
+        meet.calls[thread] += 1
+        slots[thread] = np.array(x, copy=True)
         meet.barrier.wait()
-        out = np.stack(meet.slots)
-        meet.barrier.wait()
-        return out
+        return np.stack(slots)
+
+    class _WarpgroupResults:
+        """One warpgroup's shared results in the simulator: each thread's count of its calls, and the
+        results of the calls that not every thread has collected yet."""
+
+        def __init__(self):
+            self.lock = threading.Lock()
+            self.calls = [0] * 128
+            self.results = {}
+
+    def warpgroup_once(fn, wg, thread):
+        """Simulator only: fn() for warpgroup wg of this block, worked out by the first of its 128
+        threads to ask and handed to every one: the twin of an instruction whose result the group
+        computes together (a wgmma from shared memory: every thread would compute the same 64 x N
+        product). The threads of a warpgroup make the same calls in the same order (a wgmma is
+        issued by all 128 or by none), so a thread's n-th call is the group's n-th; fn must give the
+        same result whichever thread runs it (what it reads does not change until every thread has
+        called). No barrier: a thread waits only for the lock while the first one computes."""
+        block = threading.current_thread()._manager
+        groups = block.__dict__.setdefault("_warpgroup_results", {})
+        state = groups.get(wg) or groups.setdefault(wg, _WarpgroupResults())
+        with state.lock:
+            n = state.calls[thread]
+            state.calls[thread] = n + 1
+            if n not in state.results:
+                state.results[n] = [fn(), 128]
+            entry = state.results[n]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del state.results[n]
+        return entry[0]
 
     def wgmma_acc_zeros(n):
         return (np.float32(0),) * (n // 2)
