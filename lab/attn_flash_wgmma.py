@@ -17,14 +17,15 @@ of BKV rows (keys; queries in the dk/dv kernel), BKV a multiple of 16, walked on
 The head size hs <= 64 is padded with zeros to HSP = 64 channels: a stored row is 64 bf16 = 128
 bytes, one row of wgmma's 128-byte swizzle. Shared memory (dynamic, from a 1024-byte boundary):
 
-    kernel   own tiles              inner tiles (two buffers each)       at (2, 64)   at (1, 64)
-    forward  Q      BQ x 64         K, V    2 x 2 x BKV x 64             48 KiB       40 KiB
-    dq       Q, dY  2 x BQ x 64     K, V    2 x 2 x BKV x 64             64 KiB       48 KiB  (+ D, static)
-    dk/dv    K, V   2 x BQ x 64     Q, dY   2 x 2 x BKV x 64             64 KiB       48 KiB  (+ lse, D, static)
+    kernel   own tiles              inner tiles (two buffers each)   (1, 64)   (1, 32)   (2, 64)
+    forward  Q      BQ x 64         K, V    2 x 2 x BKV x 64         40 KiB    24 KiB    48 KiB
+    dq       Q, dY  2 x BQ x 64     K, V    2 x 2 x BKV x 64         48 KiB    32 KiB    64 KiB   (+ D, static)
+    dk/dv    K, V   2 x BQ x 64     Q, dY   2 x 2 x BKV x 64         48 KiB    32 KiB    64 KiB   (+ lse, D, static)
 
-(+ 1 KiB to find the boundary). Warp w of the block (w = 4 wg + w4, w4 its warp in warpgroup wg)
-owns rows 16 w .. 16 w + 15: the same rows as v13's warp w, so everything a thread does to its rows
-(the softmax, the masks, dropout, the epilogue) is v13's code.
+(+ 1 KiB to find the boundary; past 48 KiB the launch allows the kernel more: matmul.allow_shared).
+Warp w of the block (w = 4 wg + w4, w4 its warp in warpgroup wg) owns rows 16 w .. 16 w + 15: the
+same rows as v13's warp w, so everything a thread does to its rows (the softmax, the masks,
+dropout, the epilogue) is v13's code.
 
 THE STORED TILE (every tile, own or inner). Row r of the tile (a query, key, dy or v row) is 128
 bytes, channel c at byte 2 c, its 16-byte chunk q (channels 8q .. 8q + 7) stored at chunk q ^ (r & 7):
@@ -85,7 +86,9 @@ through the tiles in the tensor core (D = A B + D), rescaled in registers betwee
 when a row's maximum moves; the wgmma.fence before each group orders those register writes.
 
 CAUSALITY. A wgmma is one instruction of all 128 threads of a warpgroup, so a tile is skipped by a
-whole warpgroup: one whose 64 rows see none of the tile's keys (forward, dq: the tile starts after
+whole warpgroup (its index read through uniform(), a shuffle from lane 0, so that ptxas sees the
+branch around the wgmmas as taken alike by the whole warp; on tid // 128 itself it serializes every
+wgmma of the kernel, warning C7518): one whose 64 rows see none of the tile's keys (forward, dq: the tile starts after
 its last row, or all its rows are past T; dk/dv: the tile's last query is before its first key).
 Inside a working warpgroup a warp whose 16 rows see none of the keys computes scores that its
 mask sets to -inf (p~ = 0; its rows' integer maxima were set by key tile 0, which every row sees):
@@ -126,7 +129,8 @@ from andrea_numba.kernels.wgmma import (SWIZZLE_128B, fence_proxy_async, mnmajor
 from andrea_numba.kernels.wgmma_tile import WARPGROUP
 
 if SIMULATOR:
-    from andrea_numba.kernels.wgmma import warpgroup_gather, warpgroup_once, wgmma_warpgroup, wgmma_warpgroup_rs   # the twins
+    from andrea_numba.kernels.wgmma import (warpgroup_gather, warpgroup_once, wgmma_warpgroup,   # the twins
+                                            wgmma_warpgroup_rs)
 else:                   # the code generators of frag_store and frag_scale
     from numba import types
     from numba.core import cgutils
