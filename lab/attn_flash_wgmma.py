@@ -147,13 +147,15 @@ NK = HSP // 16          # k16 steps over the channels (S-like products)
 
 # (NWG, BKV): warpgroups a block (64 own rows each) and the inner tile's rows. GPU: the first is the
 # default, chosen without a measurement (ptxas 13.0, sm_90a, hs = 64: registers a thread, spills):
-#     forward  (1, 64) 168, none     (2, 64) 168, none     (1, 128) 255, none     (1, 32) 128, none
-#     dq       (1, 32) 168, none     (2, 32) 168, none     (1, 64) 248, none      (2, 64) 234, none
-#     dk/dv    (1, 32) 181, none     (2, 32) 179, none     (1, 64) 255, 8 bytes   (2, 64) 255, 12 bytes
-# so one warpgroup a block: three (forward) or two (backward) blocks a multiprocessor, each on its
-# own barrier. Simulator: one warpgroup with inner tiles of 32, and two warpgroups with tiles of 16
-# (at the harness's T = 13 the second warpgroup's rows are all past T: it skips every tile).
-FLASH_WGMMA_FWD_BLOCKS = dict(gpu=((1, 64), (2, 64), (1, 128), (1, 32)), sim=((1, 32), (2, 16)))
+#     forward  (2, 64) 128 (bounds), none   (1, 64) 168, none     (1, 128) 255, none     (1, 32) 128, none
+#     dq       (1, 32) 168, none            (2, 32) 168, none     (1, 64) 248, none      (2, 64) 234, none
+#     dk/dv    (1, 32) 181, none            (2, 32) 179, none     (1, 64) 255, 8 bytes   (2, 64) 255, 12 bytes
+# The forward: 128 query rows a block as v13's, so each K and V tile is read from L2 once for 128
+# rows (in fp32: the rows are rounded on their way in), two blocks a multiprocessor (launch bounds,
+# jit below). The backward: one warpgroup a block, two blocks a multiprocessor, each on its own
+# barrier. Simulator: one warpgroup with inner tiles of 32, and two warpgroups with tiles of 16 (at
+# the harness's T = 13 the second warpgroup's rows are all past T: it skips every tile).
+FLASH_WGMMA_FWD_BLOCKS = dict(gpu=((2, 64), (1, 64), (1, 128), (1, 32)), sim=((1, 32), (2, 16)))
 FLASH_WGMMA_BWD_BLOCKS = dict(gpu=((1, 32), (2, 32), (1, 64), (2, 64)), sim=((1, 32), (2, 16)))
 DYNAMIC_LIMIT = 227 * 1024      # dynamic shared memory a Hopper block may ask for
 
@@ -839,9 +841,14 @@ def make_kernels(HS: int, NWG: int, BKV: int, VEC: bool, OUT16: bool = False):
                             dv[b, u, c0 + d] = dvb[hh, jj]
                             dk[b, u, c0 + d] = dkb[hh, jj] * scale
 
+    # The forward of two warpgroups asks ptxas for two resident blocks a multiprocessor (launch bounds
+    # (256, 2): at most 128 registers a thread, which it fits without a spill; left to itself ptxas
+    # takes 168 and one block, 8 warps, runs a multiprocessor). The other kernels keep ptxas's count
+    # (capped at 128 the backward's spill). The simulator's jit takes no launch bounds.
     def jit(f):
+        two = NWG == 2 and f is k_attn_flash_fwd and not SIMULATOR
         f.__name__ = f.__qualname__ = f"{f.__name__}_wgmma{'_out16' if OUT16 else ''}"   # k_attn_flash_fwd_wgmma, ...
-        return cuda.jit(f)
+        return cuda.jit(launch_bounds=(NT, 2))(f) if two else cuda.jit(f)
     return tuple(jit(f) for f in (k_attn_flash_fwd, k_attn_flash_bwd_dq, k_attn_flash_bwd_dkdv))
 
 

@@ -322,7 +322,8 @@ def ptx_only(out_dir: Path, say=print):
             for kern, args in zip(kernels, argsets):
                 name = f"{kern.py_func.__name__}_{block[0]}x{block[1]}"
                 try:
-                    ptx, _ = cuda.compile_ptx(kern.py_func, nbtypes.void(*(typeof(a) for a in args)), cc=(9, 0, "a"))
+                    ptx, _ = cuda.compile_ptx(kern.py_func, nbtypes.void(*(typeof(a) for a in args)), cc=(9, 0, "a"),
+                                              launch_bounds=kern.targetoptions.get("launch_bounds"))
                 except Exception as e:  # noqa: BLE001
                     ok = False
                     say(f"{name}: compile error {one_line(e)} (numba-cuda needs NVVM, and NVRTC for the "
