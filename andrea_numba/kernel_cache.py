@@ -367,6 +367,7 @@ class KernelCache:
     def put(self, key: str, payload: bytes) -> bool:
         """Store payload under key, atomically; False when the disk refused (the run goes on)."""
         try:
+            self.dir.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path(key), FORMAT + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
         except OSError:
             return False

@@ -24,6 +24,7 @@ harness's call) v14 is v13. docs/kernels.md has both measured on the H200.
 """
 from andrea_numba.kernels.attn_flash import *  # noqa: F401,F403  (the engine's rungs and helpers)
 from lab.attn_flash_mma import attn_flash_bwd_v2, attn_flash_fwd_v2
+from lab.attn_flash_wgmma import attn_flash_bwd_v15, attn_flash_fwd_v15
 from lab.attn_flash_v3 import attn_flash_bwd_v11, attn_flash_bwd_v3, attn_flash_bwd_v4, attn_flash_bwd_v5, attn_flash_bwd_v6, attn_flash_bwd_v7, attn_flash_bwd_v8, attn_flash_bwd_v9, attn_flash_fwd_v11, attn_flash_fwd_v3, attn_flash_fwd_v4, attn_flash_fwd_v5, attn_flash_fwd_v6, attn_flash_fwd_v7
 
 
@@ -44,15 +45,18 @@ from lab.attn_flash_v3 import attn_flash_bwd_v11, attn_flash_bwd_v3, attn_flash_
 # v13: v11's math (bf16 products) with bf16 tiles read by ldmatrix, p~ f and ds kept in registers as the
 #     next product's A operand, 4 warps a block, one barrier a tile (kernels/attn_flash_bf16.py)
 # v14: v13 writing y's bf16 copy (y16) and dq, dk, dv in bf16 where given uint16 buffers (same file)
+# v15: v13's math (and v14's bf16 outputs) on Hopper's wgmma: a warpgroup of 64 own rows, S from shared
+#     tiles, p~ f and ds in registers as the register-A operand of the next product, V, K, Q and dY read
+#     N-major through the transpose bit; head size up to 64 (lab/attn_flash_wgmma.py)
 VERSIONS = {"attn_flash_fwd": {1: attn_flash_fwd, 2: attn_flash_fwd_v2, 3: attn_flash_fwd_v3, 4: attn_flash_fwd_v4,
                                5: attn_flash_fwd_v5, 6: attn_flash_fwd_v6, 7: attn_flash_fwd_v7,
                                8: attn_flash_fwd_tf32x3, 11: attn_flash_fwd_v11, 12: attn_flash_fwd_fp16,
-                               13: attn_flash_fwd_bf16, 14: attn_flash_fwd_bf16_out16},
+                               13: attn_flash_fwd_bf16, 14: attn_flash_fwd_bf16_out16, 15: attn_flash_fwd_v15},
             "attn_flash_bwd": {1: attn_flash_bwd, 2: attn_flash_bwd_v2, 3: attn_flash_bwd_v3, 4: attn_flash_bwd_v4,
                                5: attn_flash_bwd_v5, 6: attn_flash_bwd_v6, 7: attn_flash_bwd_v7,
                                8: attn_flash_bwd_v8, 9: attn_flash_bwd_v9, 10: attn_flash_bwd_tf32x3,
                                11: attn_flash_bwd_v11, 12: attn_flash_bwd_fp16, 13: attn_flash_bwd_bf16,
-                               14: attn_flash_bwd_bf16_out16}}
+                               14: attn_flash_bwd_bf16_out16, 15: attn_flash_bwd_v15}}
 
 
 def flash_pair(version: int):

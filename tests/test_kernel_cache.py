@@ -212,9 +212,9 @@ from andrea_numba.precompile import compile_ahead
 from kc_pkg_gpu import kern
 out = cuda.to_device(np.zeros(1, np.float32))
 import numba
-report = compile_ahead([(kern.k_bump, (numba.typeof(out),))], 1, cache=KernelCache({cache!r}))
+report = compile_ahead([(kern.k_bump, (numba.typeof(out),))], 1, cache=KernelCache.open({cache!r}))
 kern.k_bump[1, 1](out)
-print(report["cached"], report["ahead"], out.copy_to_host()[0])
+print(report["cached"], report["ahead"] if report["stored"] == report["ahead"] else -1, out.copy_to_host()[0])
 """
 
 

@@ -186,6 +186,60 @@ def test_scale_d_chooses_between_overwrite_and_accumulate():
         W.wgmma_warpgroup(image, da, db, 12)
 
 
+def _a_registers(a):
+    """The 128 threads' a0 .. a3 (int32, two bf16 a register, the lower k low) of a 64 x 16 bf16
+    matrix, written out from the PTX ISA's register fragment of A (thread 32 w + 4 g + t: a0 = A[16w
+    + g, 2t:2t+2], a1 = A[16w + g + 8, 2t:2t+2], a2 = A[16w + g, 2t+8:2t+10], a3 = A[16w + g + 8, ...]),
+    not from the twin's own layout tables."""
+    bits = W.bf16_bits(a).astype(np.uint32)
+    regs = np.zeros((128, 4), np.uint32)
+    for thread in range(128):
+        w, g, t = thread // 32, (thread % 32) // 4, thread % 4
+        for i in range(4):
+            r, k = 16 * w + g + 8 * (i & 1), 2 * t + 8 * (i >> 1)
+            regs[thread, i] = bits[r, k] | (bits[r, k + 1] << 16)
+    return regs.view(np.int32)
+
+
+@pytest.mark.parametrize("n, trans_b", [(64, 0), (64, 1), (16, 0), (128, 1)])
+def test_the_register_a_twin_multiplies_the_documented_a_fragment(n, trans_b):
+    """wgmma_warpgroup_rs: A from the threads' registers in the ISA's fragment, B from the image K-major
+    (a k-pairs tile) or N-major (the 128-byte swizzled tile of mnmajor_offset), accumulate or not."""
+    rng = np.random.default_rng(3)
+    a = round_bf16(rng.standard_normal((64, 16)).astype(np.float32))
+    b = round_bf16(rng.standard_normal((16, n)).astype(np.float32))              # B [k, n]
+    image = np.zeros(16 * n * 2 + 8192, np.uint16)
+    kk, nn = np.meshgrid(np.arange(16), np.arange(n), indexing="ij")
+    if trans_b:
+        off = W.mnmajor_offset(nn, kk, 16, W.SWIZZLE_128B)
+        desc = W.pack_desc(0, *W.mnmajor_lbo_sbo(16, W.SWIZZLE_128B), W.SWIZZLE_128B)
+    else:
+        off = W.kmajor_offset(nn, kk, n, 0, 128, 256)
+        desc = W.pack_desc(0, 128, 256, 0)
+    image[off // 2] = W.bf16_bits(b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    regs = _a_registers(a)
+    assert (W.register_a_matrix(regs) == a).all()
+    out = W.fragment_to_matrix(W.wgmma_warpgroup_rs(regs, image, desc, n, trans_b=trans_b))
+    assert np.abs(out - ref).max() <= 1e-6 * np.abs(ref).max()
+    acc = W.matrix_to_fragment(np.full((64, n), 2.0, np.float32))
+    out = W.fragment_to_matrix(W.wgmma_warpgroup_rs(regs, image, desc, n, acc, scale_d=1, trans_b=trans_b))
+    assert np.abs(out - ref - 2).max() <= 1e-5 * np.abs(ref).max()
+    wrong = W.fragment_to_matrix(W.wgmma_warpgroup_rs(regs, image, desc, n, trans_b=1 - trans_b))
+    assert np.abs(wrong - ref).max() > 0.1 * np.abs(ref).max()          # the other orientation: another B
+
+
+def test_an_accumulator_packed_in_pairs_is_the_next_register_a_operand():
+    """FlashAttention's P: the m64n16 accumulators d[2i], d[2i + 1] of a thread, rounded and packed,
+    are its A register i (the A fragment is the accumulator's layout at N = 16)."""
+    rng = np.random.default_rng(4)
+    p = round_bf16(rng.standard_normal((64, 16)).astype(np.float32))
+    d = W.matrix_to_fragment(p)                                                   # [128, 8]
+    bits = W.bf16_bits(d).astype(np.uint32)
+    regs = (bits[:, 0::2] | (bits[:, 1::2] << 16)).view(np.int32)
+    assert (regs == _a_registers(p)).all()
+
+
 def test_the_probe_variants_are_right_or_wrong_as_the_twin_says():
     """lab/bench/wgmma_probe.py's host side: every layout variant is A @ B through the twin, every
     control is not, and each operand fits its region of the image."""

@@ -34,6 +34,16 @@ The instruction (bf16 in, fp32 sums, both operands K-major in shared memory):
     (-1 would negate); 0, 0: imm-trans-a, imm-trans-b = K-major A and B (1: M- or N-major, read
     through the "MN-major layouts" below: wgmma_bf16_trans, matmul v17).
 
+A second form takes A from registers (wgmma_bf16_rs; FlashAttention-3's products, flash attention
+v15): the 128 threads hand over A 64 x 16 as four .b32 registers of bf16 pairs each, in the layout of
+an m64n16 accumulator (register_a_matrix), and only B is read through a descriptor:
+
+    wgmma.mma_async.sync.aligned.m64n{N}k16.f32.bf16.bf16 {d0, ...}, {a0, a1, a2, a3}, desc_b,
+                                                           p, 1, 1, imm-trans-b;
+
+So the accumulators of one product, rounded and packed in pairs, are the A operand of the next
+without a trip through shared memory.
+
 numba-cuda 0.30 compiles for "sm_90a" on a compute-capability-9.0 device (the "a": the
 architecture-specific features, wgmma among them; codegen._ensure_cc), and so does
 cuda.compile_ptx(..., cc=(9, 0, "a")) without a GPU (lab/bench/wgmma_probe.py --ptx). With
@@ -144,9 +154,13 @@ In the simulator nothing here can run as PTX: the instruction intrinsics have tw
 nothing (fences, commit, wait) or raise (the product), and the whole-warpgroup product has a NumPy
 twin, wgmma_warpgroup, that reads A and B out of an image of shared memory through the descriptors
 exactly as the hardware is documented to (the addresses above, K-major or MN-major as the transpose
-bits say), so the layout arithmetic is tested without a GPU (tests/test_wgmma.py,
+bits say; wgmma_warpgroup_rs takes A from the 128 threads' registers, which a simulated kernel
+collects with warpgroup_gather), so the layout arithmetic is tested without a GPU (tests/test_wgmma.py,
 tests/test_wgmma_mn.py) and lab/bench/wgmma_probe.py checks it against the H200.
 """
+import functools
+import threading
+
 import numpy as np
 
 from .common import SIMULATOR
@@ -298,6 +312,42 @@ def matrix_to_fragment(d):
     return np.asarray(d)[rows, cols]
 
 
+def _read_operand(smem, desc, rows, trans):
+    """[rows, 16] float64: the bf16 values one k16 step of a shared operand holds, read out of the
+    image smem (any array; its bytes are shared addresses 0, 1, ...) through its descriptor, K-major
+    (trans 0: kmajor_read_addresses) or M/N-major (trans 1: mnmajor_read_addresses); row r is m (A)
+    or n (B^T), column k."""
+    raw = np.ascontiguousarray(smem).reshape(-1).view(np.uint8)
+    halves = raw[: raw.size // 2 * 2].view(np.uint16)          # the 16-bit value at byte address 2 i
+    index, top = _half_index(int(desc) & 0xFFFFFFFFFFFFFFFF, rows, int(bool(trans)))
+    if top + 2 > raw.size:
+        raise IndexError(f"descriptor {int(desc):#018x} reads outside the {raw.size}-byte image")
+    return bits_bf16(halves[index]).astype(np.float64)
+
+
+@functools.lru_cache(maxsize=4096)
+def _half_index(desc, rows, trans):
+    """(the [rows, 16] indices of the 16-bit values one k16 step reads, its highest byte address):
+    the read addresses of the descriptor halved, worked out once a descriptor (the simulated kernels
+    read the same few tiles from every thread)."""
+    addr = (mnmajor_read_addresses if trans else kmajor_read_addresses)(desc, rows)   # [rows, 16]: (mn, k)
+    if (addr % 2).any():
+        raise IndexError(f"descriptor {desc:#018x} reads at odd addresses")
+    index = addr // 2
+    index.flags.writeable = False
+    return index, int(addr.max())
+
+
+def _accumulate(d, n, acc, scale_d):
+    """The threads' registers [128, n/2] of D = d (64 x n, float64) + acc (when scale_d and acc),
+    rounded to fp32 once."""
+    if n not in N_VALUES:
+        raise ValueError(f"n = {n}: m64nNk16 takes N = 8, 16, ..., 256")
+    if scale_d and acc is not None:
+        d = d + fragment_to_matrix(acc).astype(np.float64)
+    return matrix_to_fragment(d.astype(np.float32))
+
+
 def wgmma_warpgroup(smem, desc_a, desc_b, n, acc=None, scale_d=1, trans_a=0, trans_b=0):
     """NumPy twin of one wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 ..., trans_a, trans_b
     with A and B in shared memory, for the whole warpgroup. smem: an image of shared memory (any
@@ -309,20 +359,35 @@ def wgmma_warpgroup(smem, desc_a, desc_b, n, acc=None, scale_d=1, trans_a=0, tra
     once, which differs from the tensor core's order only in the last bits)."""
     if n not in N_VALUES:
         raise ValueError(f"n = {n}: m64nNk16 takes N = 8, 16, ..., 256")
-    raw = np.ascontiguousarray(smem).reshape(-1).view(np.uint8)
-    halves = raw[: raw.size // 2 * 2].view(np.uint16)          # the 16-bit value at byte address 2 i
+    a, bt = _read_operand(smem, desc_a, 64, trans_a), _read_operand(smem, desc_b, n, trans_b)   # A [64, 16], B^T [n, 16]
+    return _accumulate(a @ bt.T, n, acc, scale_d)
 
-    def operand(desc, rows, trans):
-        addr = (mnmajor_read_addresses if trans else kmajor_read_addresses)(desc, rows)   # [rows, 16]: (mn, k)
-        if addr.max() + 2 > raw.size or (addr % 2).any():
-            raise IndexError(f"descriptor {int(desc):#018x} reads outside the {raw.size}-byte image")
-        return bits_bf16(halves[addr // 2]).astype(np.float64)   # [rows, 16]
 
-    a, bt = operand(desc_a, 64, trans_a), operand(desc_b, n, trans_b)   # A [64, 16], B^T [n, 16]
-    d = a @ bt.T
-    if scale_d and acc is not None:
-        d = d + fragment_to_matrix(acc).astype(np.float64)
-    return matrix_to_fragment(d.astype(np.float32))
+def register_a_matrix(a_regs):
+    """The 64 x 16 bf16 matrix A (as float64) that the warpgroup's registers a_regs [128, 4] (int32,
+    two bf16 a register, the lower k in the low half) hand to a register-A wgmma. The PTX ISA's
+    fragment of A for .m64nNk16 (CUTLASS's ALayout_64x16) is the accumulator's layout at N = 16:
+    thread 32 w + 4 g + t holds
+
+        a0 = A[16w + g,     2t : 2t + 2]      a1 = A[16w + g + 8, 2t : 2t + 2]
+        a2 = A[16w + g, 2t + 8 : 2t + 10]     a3 = A[16w + g + 8, 2t + 8 : 2t + 10]
+
+    i.e. value 2 i + half of the thread is accumulator register 2 i + half of an m64n16 tile
+    (fragment_rows_cols(16)): the mma.sync m16n8k16 A fragment, warp w on rows 16 w .. 16 w + 15."""
+    bits = np.asarray(a_regs).astype(np.int64) & 0xFFFFFFFF                    # [128, 4]
+    halves = np.stack([bits & 0xFFFF, bits >> 16], axis=-1).reshape(128, 8)    # value 2 i + half
+    return fragment_to_matrix(bits_bf16(halves.astype(np.uint16))).astype(np.float64)
+
+
+def wgmma_warpgroup_rs(a_regs, smem, desc_b, n, acc=None, scale_d=1, trans_b=0):
+    """NumPy twin of one register-A wgmma, wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16
+    {d}, {a0, a1, a2, a3}, desc_b, p, 1, 1, trans_b, for the whole warpgroup: A from the threads'
+    registers a_regs [128, 4] (register_a_matrix), B from the image smem through desc_b as in
+    wgmma_warpgroup. Returns the threads' registers [128, n/2]."""
+    if n not in N_VALUES:
+        raise ValueError(f"n = {n}: m64nNk16 takes N = 8, 16, ..., 256")
+    bt = _read_operand(smem, desc_b, n, trans_b)                               # B^T [n, 16]
+    return _accumulate(register_a_matrix(a_regs) @ bt.T, n, acc, scale_d)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -480,6 +545,53 @@ if not SIMULATOR:
             return context.make_tuple(builder, sig.return_type, out)
         return acc(acc, desc_a, desc_b, scale_d, trans_a, trans_b), codegen
 
+    def _wgmma_rs_asm(nregs, trans_b):
+        """The inline assembly of one register-A m64n(2 nregs)k16 bf16 wgmma: outputs $0 .. $(nregs - 1)
+        tied to the inputs of the same numbers (the accumulator), then a0 .. a3 (four .b32 registers of
+        bf16 pairs), desc_b and the scale-d integer (the predicate p by setp); trans_b: imm-trans-b.
+        A register-A wgmma has no imm-trans-a (A is in registers, in the fragment layout)."""
+        n = 2 * nregs
+        d = ", ".join(f"${i}" for i in range(nregs))
+        a = ", ".join(f"${nregs + i}" for i in range(4))
+        ptx = ("{\n.reg .pred p;\n"
+               f"setp.ne.b32 p, ${nregs + 5}, 0;\n"
+               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
+               f"{{{d}}}, {{{a}}}, ${nregs + 4}, p, 1, 1, {int(trans_b)};\n"
+               "}")
+        constraints = ",".join(["=f"] * nregs + ["r"] * 4 + ["l", "r"] + [str(i) for i in range(nregs)] + ["~{memory}"])
+        fnty = ir.FunctionType(ir.LiteralStructType([_f32] * nregs), [_i32] * 4 + [_i64, _i32] + [_f32] * nregs)
+        return ir.InlineAsm(fnty, ptx, constraints, side_effect=True)
+
+    @intrinsic
+    def wgmma_bf16_rs(typingctx, acc, a0, a1, a2, a3, desc_b, scale_d, trans_b):
+        """acc' = the warpgroup's 64 x N tile of A @ B (+ acc when scale_d != 0) with A 64 x 16 in the
+        threads' registers: a0 .. a3, four int32 of two bf16 each (the lower k in the low half), in the
+        fragment layout of register_a_matrix (the mma.sync m16n8k16 A fragment, warp w of the group
+        on rows 16 w ..; the accumulator layout at N = 16, so an m64nNk16 tile's accumulators, rounded
+        and packed in pairs, are the A of the next product: FlashAttention's P). B 16 x N in shared
+        memory through desc_b, K-major (trans_b 0) or N-major (1; a compile-time constant, as in
+        wgmma_bf16_trans). Asynchronous as wgmma_bf16: a wgmma_fence before it (the A registers were
+        written), and neither acc' read nor a0 .. a3 changed before wgmma_commit and wgmma_wait0.
+        PTX: wgmma.mma_async.sync.aligned.m64n{N}k16.f32.bf16.bf16 {d..}, {a0, a1, a2, a3}, desc_b, p, 1, 1, trans_b;"""
+        tb = _literal_bit(trans_b)
+        if tb is None or not _acc_type(acc):
+            return None
+        if not all(isinstance(t, types.Integer) for t in (a0, a1, a2, a3)):
+            return None
+        if not (_scalar(desc_b) and _scalar(scale_d)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            nregs = sig.args[0].count
+            vals = [builder.extract_value(args[0], i) for i in range(nregs)]
+            regs = [builder.trunc(context.cast(builder, v, t, types.int64), _i32) for v, t in zip(args[1:5], sig.args[1:5])]
+            db = context.cast(builder, args[5], sig.args[5], types.int64)
+            sd = context.cast(builder, args[6], sig.args[6], types.int32)
+            d = builder.call(_wgmma_rs_asm(nregs, tb), regs + [db, sd] + vals)
+            out = [builder.extract_value(d, i) for i in range(nregs)]
+            return context.make_tuple(builder, sig.return_type, out)
+        return acc(acc, a0, a1, a2, a3, desc_b, scale_d, trans_b), codegen
+
     @intrinsic
     def wgmma_bf16_m64n8k16(typingctx, d0, d1, d2, d3, desc_a, desc_b, scale_d):
         """wgmma_bf16 at N = 8 with the four accumulators as separate values: returns (d0..d3).
@@ -543,7 +655,65 @@ else:
     def wgmma_bf16(*args):
         raise NotImplementedError("wgmma is a warpgroup instruction: in the simulator use wgmma_warpgroup")
 
-    wgmma_bf16_m64n8k16 = wgmma_bf16_trans = wgmma_bf16
+    wgmma_bf16_m64n8k16 = wgmma_bf16_trans = wgmma_bf16_rs = wgmma_bf16
+
+    class _WarpgroupSlots:
+        """One warpgroup's meeting point in the simulator: two sets of slots for its 128 threads'
+        values (calls alternate between them), each thread's count of its calls, and a barrier of
+        those threads."""
+
+        def __init__(self):
+            self.barrier = threading.Barrier(128, timeout=120)
+            self.slots = [[None] * 128, [None] * 128]
+            self.calls = [0] * 128
+
+    def warpgroup_gather(x, wg, thread):
+        """Simulator only: every thread's x (a number or an array) of warpgroup wg of this block,
+        stacked [128, ...] by the thread's index in the group: the twin of a register-A wgmma's
+        operand, which the instruction takes from all 128 threads' registers. Each thread leaves its
+        x in its slot, waits for the group's other 127 and reads them all. Calls alternate between
+        two sets of slots: a thread can be one call ahead of the slowest reader (its next barrier
+        waits for that reader), never two, so no slot is refilled before the group has read it. A
+        barrier of the group's threads alone (ptx.warp_gather is the same for a warp)."""
+        block = threading.current_thread()._manager        # the simulator's block, shared by its threads
+        groups = block.__dict__.setdefault("_warpgroup_slots", {})
+        meet = groups.get(wg) or groups.setdefault(wg, _WarpgroupSlots())
+        slots = meet.slots[meet.calls[thread] & 1]
+        meet.calls[thread] += 1
+        slots[thread] = np.array(x, copy=True)
+        meet.barrier.wait()
+        return np.stack(slots)
+
+    class _WarpgroupResults:
+        """One warpgroup's shared results in the simulator: each thread's count of its calls, and the
+        results of the calls that not every thread has collected yet."""
+
+        def __init__(self):
+            self.lock = threading.Lock()
+            self.calls = [0] * 128
+            self.results = {}
+
+    def warpgroup_once(fn, wg, thread):
+        """Simulator only: fn() for warpgroup wg of this block, worked out by the first of its 128
+        threads to ask and handed to every one: the twin of an instruction whose result the group
+        computes together (a wgmma from shared memory: every thread would compute the same 64 x N
+        product). The threads of a warpgroup make the same calls in the same order (a wgmma is
+        issued by all 128 or by none), so a thread's n-th call is the group's n-th; fn must give the
+        same result whichever thread runs it (what it reads does not change until every thread has
+        called). No barrier: a thread waits only for the lock while the first one computes."""
+        block = threading.current_thread()._manager
+        groups = block.__dict__.setdefault("_warpgroup_results", {})
+        state = groups.get(wg) or groups.setdefault(wg, _WarpgroupResults())
+        with state.lock:
+            n = state.calls[thread]
+            state.calls[thread] = n + 1
+            if n not in state.results:
+                state.results[n] = [fn(), 128]
+            entry = state.results[n]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del state.results[n]
+        return entry[0]
 
     def wgmma_acc_zeros(n):
         return (np.float32(0),) * (n // 2)
