@@ -55,6 +55,12 @@ SHAPES = [
 ]
 
 
+def bf16_bits(x):
+    """x rounded to bf16, ties to even, as uint16 bit patterns (finite inputs)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 def timed_graph(launch_on, reps=5, inner=3):
     """Median ms of one call of launch_on(stream) on the GPU: `inner` calls recorded once as a CUDA
     graph (as the trainer records its step), the replays timed with CUDA events. A 12M product
@@ -110,6 +116,11 @@ def main(argv=None):
     p.add_argument("--versions", default="3,4,6", type=_versions, help="matmul versions to time (default 3,4,6)")
     p.add_argument("--blocks", action="store_true",
                    help="time every declared tile of each version and show the fastest (default: the first tile only)")
+    p.add_argument("--operands", choices=("fp32", "bf16"), default="fp32",
+                   help="what a bf16 version is given: fp32 operands, rounded into its bf16 copies on each call "
+                        "(the default: as a caller with fp32 tensors), or bf16 ones rounded once before the timing "
+                        "(as the engine's producers write them; then PyTorch's bf16 matmul with an fp32 output "
+                        "is timed too, where this PyTorch has torch.mm's out_dtype)")
     p.add_argument("--timing", choices=("graph", "launches"), default="graph",
                    help="our kernels timed as CUDA graph replays (the GPU's time, the default) or as "
                         "back-to-back launches from Python (the host's launch cost included)")
@@ -146,6 +157,8 @@ def main(argv=None):
         if not big:                                     # float64 reference (skipped for the logits)
             ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64) + o0
         da, db = cuda.to_device(a), cuda.to_device(b)
+        if args.operands == "bf16":                     # rounded once (ties to even): the products read them as stored
+            da, db = cuda.to_device(bf16_bits(a)), cuda.to_device(bf16_bits(b))
         out = cuda.to_device(o0)
         # the engine's split-K buffer for the weight gradients (a^T @ b) at the shape's width;
         # the other products get none, as in the engine
@@ -192,6 +205,12 @@ def main(argv=None):
             ms = timed(lambda: torch.matmul(ta_, tb_))
             row["torch_bf16_ms"], row["torch_bf16_tflops"] = ms, flops / ms / 1e9
             cells.append(f"{ms:.3f} | {flops / ms / 1e9:.1f}")
+            if args.operands == "bf16":                 # the same product with an fp32 output, as ours writes
+                try:
+                    ms = timed(lambda: torch.mm(ta_, tb_, out_dtype=torch.float32))
+                    row["torch_bf16_fp32out_ms"], row["torch_bf16_fp32out_tflops"] = ms, flops / ms / 1e9
+                except (TypeError, RuntimeError) as e:  # an older PyTorch
+                    row["torch_bf16_fp32out_ms"] = f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
             del ta_, tb_
         print(f"| {label} | {M} | {N} | {K} | " + " | ".join(cells) + " |", flush=True)
         for v in (v for v in versions if v >= 3):        # registers and spills of the warp-tile kernel
