@@ -72,7 +72,9 @@ class Decoder:
         self.m, self.T = m, T
         self.stream = cuda.stream() if stream is None else stream
         self.specs = decode_specs(m, T)
-        self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
+        # zeroed once: a new allocation holds whatever an earlier buffer left there, and a step past
+        # the positions fed (a benchmark's replays) would read those bits as token ids, far outside wte
+        self.buf = {s.name: cuda.to_device(np.zeros(s.shape, s.dtype), stream=self.stream) for s in self.specs}
         self.P = views(params, m)
         self.tokens_host = cuda.pinned_array(T, np.int32) if tokens_host is None else tokens_host
         assert self.tokens_host.shape == (T,) and self.tokens_host.dtype == np.int32
