@@ -39,7 +39,8 @@ from .layout import views
 
 def decode_specs(m: ModelConfig, T: int) -> list[BufferSpec]:
     """Every device buffer of a decoder of window T, one line each (kind "sampler")."""
-    L, C, V = m.n_layer, m.d_model, m.vocab_size
+    L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
+    nch = kd.attention_chunks(T)
     f32, i32 = np.float32, np.int32
     S = lambda name, shape, dtype=f32: BufferSpec(name, shape, dtype, "sampler")
     return [
@@ -53,6 +54,11 @@ def decode_specs(m: ModelConfig, T: int) -> list[BufferSpec]:
         S("h", (4 * C,)),               # the MLP's hidden units after the GELU
         S("logits", (V,)),
         S("probs", (V,)),               # softmax(logits): what the host draws from
+        S("attn_m", (H, nch)),          # attention's chunk p of head h: the maximum m_p of its scores,
+        S("attn_l", (H, nch)),          #   l_p = sum_u exp(s_u - m_p) over its keys
+        S("attn_acc", (H, nch, C // H)),   # and sum_u exp(s_u - m_p) v_u
+        S("attn_done", (H,), i32),      # attention's blocks of head h done so far (0 between launches)
+        S("logits_done", (1,), i32),    # the classifier's blocks done so far (0 between launches)
     ]
 
 
@@ -93,20 +99,21 @@ class Decoder:
         records them). Nothing here depends on the position: the kernels read it from pos."""
         b, P, m = self.buf, self.P, self.m
         eps, pos = m.ln_eps, b["pos"]
-        kd.decode_embed(b["x"], b["tokens"], pos, P["wte"], P["wpe"], stream=stream)
         for l in range(m.n_layer):
             p = f"h{l}."
             K, V = b["k_cache"][l], b["v_cache"][l]
-            # q, and this position's k and v into the cache's row t
+            # q, and this position's k and v into the cache's row t (block 0 embeds the token first)
             kd.decode_qkv(b["q"], K, V, pos, b["x"], P[p + "ln1.g"], P[p + "ln1.b"], eps,
-                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=stream)
-            kd.decode_attention(b["y"], b["q"], K, V, pos, m.n_head, stream=stream)      # keys 0..t
+                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"],
+                          b["tokens"], P["wte"], P["wpe"], l == 0, stream=stream)
+            kd.decode_attention(b["y"], b["attn_m"], b["attn_l"], b["attn_acc"], b["attn_done"],    # keys 0..t
+                                b["q"], K, V, pos, stream=stream)
             kd.decode_matvec_add(b["x"], b["y"], P[p + "attn.w_o"], stream=stream)      # x += y @ W_o
             kd.decode_mlp_up(b["h"], b["x"], P[p + "ln2.g"], P[p + "ln2.b"], eps, P[p + "mlp.w_1"], stream=stream)
             kd.decode_matvec_add(b["x"], b["h"], P[p + "mlp.w_2"], stream=stream)       # x += h @ W_2
-        kd.decode_logits(b["logits"], b["x"], P["lnf.g"], P["lnf.b"], eps, P["wte"], stream=stream)
-        kd.decode_softmax(b["probs"], b["logits"], stream=stream)
-        kd.decode_advance(pos, stream=stream)                                            # t += 1
+        # the logits, their softmax into probs, and t += 1
+        kd.decode_logits(b["probs"], b["logits"], b["logits_done"], pos, b["x"], P["lnf.g"], P["lnf.b"], eps,
+                         P["wte"], stream=stream)
 
     def step(self):
         """One position: work on the decoder's stream, or the replay of its graph. With `capture` the
