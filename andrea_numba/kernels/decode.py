@@ -135,14 +135,14 @@ def _flat_max(buf, val):
 
 
 @cuda.jit(device=True)
-def _layernorm_shared(a, buf, g, b, eps):
-    """a[c] = (a[c] - mean) * rstd * g[c] + b[c] in place, over the C channels of the row in the
-    shared array a: mean = (1/C) sum_c a[c], rstd = 1 / sqrt((1/C) sum_c (a[c] - mean)^2 + eps),
-    as k_layernorm_fwd computes them. Flat thread i owns channels c = i, i + n, ... (n threads): the
-    caller wrote those of a (so no barrier is needed before); every a[c] is ready on return."""
+def _layernorm_shared(a, buf, C, eps):
+    """a[c] = (a[c] - mean) * rstd * g[c] + b[c] in place over the C channels of a row, with the
+    shared array a = [the row | g | b] (3C floats): mean = (1/C) sum_c a[c], rstd = 1 / sqrt((1/C)
+    sum_c (a[c] - mean)^2 + eps), as k_layernorm_fwd computes them. Flat thread i owns channels
+    c = i, i + n, ... (n threads): the caller wrote those of a, g and b, its three loads in one
+    loop so that they travel together (no barrier needed before); every a[c] is ready on return."""
     i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     n = cuda.blockDim.x * cuda.blockDim.y
-    C = g.shape[0]
     inv_c = float32(1.0) / float32(C)
     s = float32(0.0)
     for c in range(i, C, n):
@@ -154,15 +154,33 @@ def _layernorm_shared(a, buf, g, b, eps):
         s += d * d
     r = float32(1.0) / math.sqrt(_flat_sum(buf, s) * inv_c + eps)
     for c in range(i, C, n):
-        a[c] = (a[c] - mu) * r * g[c] + b[c]
+        a[c] = (a[c] - mu) * r * a[C + c] + a[2 * C + c]
     cuda.syncthreads()
 
 
 @cuda.jit(device=True)
-def _column_part(a, w, n):
+def _row(w, k, n):
+    """w[k, n], or 0 past the matrix."""
+    if k < w.shape[0] and n < w.shape[1]:
+        return w[k, n]
+    return float32(0.0)
+
+
+@cuda.jit(device=True)
+def _first_rows(w, n):
+    """The first four weights of thread (tx, ty)'s part of column n (_column_part): rows ty,
+    ty + KS, ty + 2 KS, ty + 3 KS (0 past the matrix). A kernel loads them before its LayerNorm, so
+    that they travel while it computes: its first round of loads costs no wait of its own."""
+    k, ks = cuda.threadIdx.y, cuda.blockDim.y
+    return _row(w, k, n), _row(w, k + ks, n), _row(w, k + 2 * ks, n), _row(w, k + 3 * ks, n)
+
+
+@cuda.jit(device=True)
+def _column_part(a, w, n, w0, w1, w2, w3):
     """Thread (tx, ty)'s part of out[n] = sum_k a[k] w[k, n] in a block of TX x KS threads: rows
-    k = ty, ty + KS, ty + 2 KS, ... four a round in four running sums (four independent loads in
-    flight), then two, then one; returns (s0 + s1) + (s2 + s3). 0 for a column past the matrix."""
+    k = ty, ty + KS, ty + 2 KS, ... in four running sums, the first four rows' weights w0..w3 given
+    (_first_rows), then four a round (four independent loads in flight), then two, then one;
+    returns (s0 + s1) + (s2 + s3). 0 for a column past the matrix."""
     ks = cuda.blockDim.y
     K = w.shape[0]
     s0 = float32(0.0)
@@ -171,6 +189,15 @@ def _column_part(a, w, n):
     s3 = float32(0.0)
     if n < w.shape[1]:
         k = cuda.threadIdx.y
+        if k < K:
+            s0 = a[k] * w0
+        if k + ks < K:
+            s1 = a[k + ks] * w1
+        if k + 2 * ks < K:
+            s2 = a[k + 2 * ks] * w2
+        if k + 3 * ks < K:
+            s3 = a[k + 3 * ks] * w3
+        k += 4 * ks
         while k + 3 * ks < K:
             s0 += a[k] * w[k, n]
             s1 += a[k + ks] * w[k + ks, n]
@@ -233,27 +260,32 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
     its LayerNorm, block 0 writes it into x (the residual stream). The 3C columns of
     [W_q | W_k | W_v] in blocks of TX (a block may straddle two matrices: each thread takes its
     column's), KS slices of K = C a column (_column_part, _column_total)."""
-    a = cuda.shared.array(0, float32)              # the row, then LN1 of it: C floats of dynamic shared memory
+    a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     C = x.shape[0]
     i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     nt = cuda.blockDim.x * cuda.blockDim.y
+    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x      # column of [W_q | W_k | W_v]
+    which = min(n // C, 2)
+    j = n - which * C                              # its column in that matrix (>= C past the last)
+    w = w_q if which == 0 else (w_k if which == 1 else w_v)
+    w0, w1, w2, w3 = _first_rows(w, j)
     t = pos[0]
     if embed:
         tok = tokens[t]
         for c in range(i, C, nt):
             a[c] = wte[tok, c] + wpe[t, c]
+            a[C + c] = g[c]
+            a[2 * C + c] = b[c]
             if cuda.blockIdx.x == 0:
                 x[c] = a[c]
     else:
         for c in range(i, C, nt):
             a[c] = x[c]
-    _layernorm_shared(a, buf, g, b, eps)
-    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x      # column of [W_q | W_k | W_v]
-    which = min(n // C, 2)
-    j = n - which * C                              # its column in that matrix (>= C past the last)
-    w = w_q if which == 0 else (w_k if which == 1 else w_v)
-    total = _column_total(buf, _column_part(a, w, j))
+            a[C + c] = g[c]
+            a[2 * C + c] = b[c]
+    _layernorm_shared(a, buf, C, eps)
+    total = _column_total(buf, _column_part(a, w, j, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and j < C:
         if which == 0:
             q[j] = total
@@ -348,16 +380,17 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
     # 4. the last of the na blocks of head h merges the chunks, in chunk order
     if not _last_block(flag, done, h, na):
         return
-    big = float32(-math.inf)
-    for j in range(tid, na, nt):
-        big = max(big, _from_l2(part_m, (h, j)))
-    big = _flat_max(red, big)                      # M = max_p m_p
-    lw = float32(0.0)
-    for j in range(tid, na, nt):
-        wj = math.exp(_from_l2(part_m, (h, j)) - big)
-        ex[j] = wj                                 # w_p = exp(m_p - M)
-        lw += wj * _from_l2(part_l, (h, j))
-    lw = _flat_sum(red, lw)                        # sum_p w_p l_p (its barriers also publish every w_p)
+    mj = float32(-math.inf)                        # thread j < na takes chunk j (the launcher checked NCH <= threads)
+    lj = float32(0.0)
+    if tid < na:
+        mj = _from_l2(part_m, (h, tid))            # (both loads in one round)
+        lj = _from_l2(part_l, (h, tid))
+    big = _flat_max(red, mj)                       # M = max_p m_p
+    wj = float32(0.0)
+    if tid < na:
+        wj = math.exp(mj - big)
+        ex[tid] = wj                               # w_p = exp(m_p - M)
+    lw = _flat_sum(red, wj * lj)                   # sum_p w_p l_p (its barriers also publish every w_p)
     for d in range(tid % cols, hs, cols):
         a0 = float32(0.0)
         a1 = float32(0.0)
@@ -390,7 +423,8 @@ def k_decode_matvec_add(x, a, w):
     of K a column; x[n] is read and written by its column's thread ty = 0 only."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    total = _column_total(buf, _column_part(a, w, n))
+    w0, w1, w2, w3 = _first_rows(w, n)
+    total = _column_total(buf, _column_part(a, w, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < x.shape[0]:
         x[n] = x[n] + total
 
@@ -399,14 +433,18 @@ def k_decode_matvec_add(x, a, w):
 def k_decode_mlp_up(h, x, g, b, eps, w_1):
     """h[n] = gelu(sum_k LN2(x)[k] w_1[k, n]) for the F = 4C hidden units: the GELU of the engine
     (kernels/mlp.py, tanh form). Columns in blocks of TX, KS slices of K = C a column."""
-    a = cuda.shared.array(0, float32)              # x, then LN2(x): C floats of dynamic shared memory
+    a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
+    C = x.shape[0]
     i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    for c in range(i, x.shape[0], cuda.blockDim.x * cuda.blockDim.y):
-        a[c] = x[c]
-    _layernorm_shared(a, buf, g, b, eps)
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    total = _column_total(buf, _column_part(a, w_1, n))
+    w0, w1, w2, w3 = _first_rows(w_1, n)
+    for c in range(i, C, cuda.blockDim.x * cuda.blockDim.y):
+        a[c] = x[c]
+        a[C + c] = g[c]
+        a[2 * C + c] = b[c]
+    _layernorm_shared(a, buf, C, eps)
+    total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < h.shape[0]:
         h[n] = gelu(total)
 
@@ -419,7 +457,7 @@ def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte):
     to finish (done[0] counts them) then computes probs[v] = exp(logits[v] - m) / se over the whole
     row, m = max_v logits[v], se = sum_v exp(logits[v] - m), as k_loss_fwd's softmax, and moves the
     position on: pos[0] += 1 (no kernel of this step reads pos after it)."""
-    a = cuda.shared.array(0, float32)              # x, then LNf(x): C floats of dynamic shared memory
+    a = cuda.shared.array(0, float32)              # [x (then LNf(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     flag = cuda.shared.array(1, int32)
     tx, ty, TX, RY = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x, cuda.blockDim.y
@@ -427,7 +465,9 @@ def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte):
     V, C = wte.shape
     for c in range(i, C, nt):
         a[c] = x[c]
-    _layernorm_shared(a, buf, g, b, eps)
+        a[C + c] = g[c]
+        a[2 * C + c] = b[c]
+    _layernorm_shared(a, buf, C, eps)
     for v0 in range(cuda.blockIdx.x * RY, V, cuda.gridDim.x * RY):     # the same trips for the whole block
         v = v0 + ty
         s0 = float32(0.0)
@@ -501,11 +541,11 @@ def decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wt
                stream=0):
     """q [C]; k_cache, v_cache [T, C] (row pos[0] written); pos [1] int32; x, g, b [C]; w_q, w_k,
     w_v [C, C]; tokens [T] int32, wte [V, C], wpe [T_max, C], embed: x = wte[tokens[t]] + wpe[t]
-    first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, C floats
+    first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, 3C floats
     of dynamic shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
-    k_decode_qkv[cdiv(3 * C, block[0]), block, stream, 4 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
+    k_decode_qkv[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
                                                               w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
 
 
@@ -519,12 +559,12 @@ def attention_chunks(T: int) -> int:
 def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0):
     """y, q [C]; part_m, part_l [H, NCH], part_acc [H, NCH, hs] (scratch, NCH >= T / CK); done [H]
     int32 (zeros between launches); k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32.
-    Launch: (T / CK, H) blocks of LANES x CK threads."""
+    Launch: (T / CK, H) blocks of LANES x CK threads (at least NCH: a thread a chunk in the merge)."""
     lanes, ck = block
     T = k_cache.shape[0]
     H, nch = part_m.shape
     assert _pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK} threads"
-    assert cdiv(T, ck) <= nch <= MAX_BLOCK and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
+    assert cdiv(T, ck) <= nch <= lanes * ck and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
     k_decode_attention[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
 
@@ -537,21 +577,21 @@ def decode_matvec_add(x, a, w, *, block, stream=0):
 
 @blocks(**MLP_UP_BLOCKS)
 def decode_mlp_up(h, x, g, b, eps, w_1, *, block, stream=0):
-    """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, C floats of dynamic
+    """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, 3C floats of dynamic
     shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
-    k_decode_mlp_up[cdiv(w_1.shape[1], block[0]), block, stream, 4 * C](h, x, g, b, float32(eps), w_1)
+    k_decode_mlp_up[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
 
 
 @blocks(**LOGITS_BLOCKS)
 def decode_logits(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0):
     """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
-    wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, C
+    wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
     floats of dynamic shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     V, C = wte.shape
-    k_decode_logits[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 4 * C](probs, logits, done, pos, x, g, b,
+    k_decode_logits[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
                                                                                  float32(eps), wte)
 
 
