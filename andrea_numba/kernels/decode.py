@@ -232,6 +232,13 @@ def _column_total(buf, part):
 
 
 @cuda.jit(device=True)
+def _chunk_weight(m_p, big):
+    """w_p = exp(m_p - M): what brings chunk p's exponentials, taken against its own maximum m_p
+    (e_u = exp(s_u - m_p)), to the head's maximum M = max_p m_p (exp(s_u - M) = w_p e_u)."""
+    return math.exp(m_p - big)
+
+
+@cuda.jit(device=True)
 def _last_block(flag, done, j, blocks):
     """Whether this block is the last of `blocks` blocks to get here (module docstring, THE LAST
     BLOCK): every thread's stores so far made visible to the whole GPU, then thread 0 adds 1 to the
@@ -388,8 +395,8 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
     big = _flat_max(red, mj)                       # M = max_p m_p
     wj = float32(0.0)
     if tid < na:
-        wj = math.exp(mj - big)
-        ex[tid] = wj                               # w_p = exp(m_p - M)
+        wj = _chunk_weight(mj, big)
+        ex[tid] = wj
     lw = _flat_sum(red, wj * lj)                   # sum_p w_p l_p (its barriers also publish every w_p)
     for d in range(tid % cols, hs, cols):
         a0 = float32(0.0)
