@@ -18,7 +18,10 @@ the step's last kernel) and the cache. So every step is the same launches with t
 (`work`): the first step runs them eagerly (Numba compiles the kernels), and with `capture` the
 second records them once as a CUDA graph (graphs.StepGraph) that every later step replays: one
 call a token. A token then costs the copy of its id, one replay, and the copy of the V
-probabilities back for the host to draw the next token.
+probabilities back for the host to draw the next token. The step's scratch is allocated with the
+cache too: attention's partial softmax of each chunk of keys, and the int32 counters with which
+the last block of a launch finds itself (zero between launches: every buffer is zeroed when
+allocated, and each last block sets its counter back).
 
 fp32 only: the step's products are plain fp32 sums, the precision of the fp32 recipes; a sampler
 at bf16 or fp16 runs the whole forward, whose products round as training's did. The window T is

@@ -19,20 +19,22 @@ moves on at its very end; the token ids are tokens[0..T-1] on the device. No lau
 sizes depend on t, so the same 5 L + 1 launches serve every token: a decoder records them once as
 a CUDA graph and replays it for each token (andrea_numba/decode.py).
 
-WHAT A STEP COSTS. At 12M a step reads about 50 MB of weights, 15 us of the GPU's memory
+WHAT A STEP COSTS. At 12M a step reads about 50 MB of weights, some 15 us of an H100's memory
 bandwidth; what costs is latency: 36 launches one after the other, each a few dependent rounds of
-memory loads (a round trip to memory is about half a microsecond) and a few block barriers. So
-every kernel below is shaped for few rounds: many blocks, each thread only a handful of loads, all
-issued before their results are needed, partial sums met in trees (log2 steps) rather than in
-loops of one thread, and every launch that could be folded into its neighbour folded (the
-embedding into the first qkv, the softmax and t += 1 into the classifier).
+memory loads (a round trip to memory takes about half a microsecond) and a few block barriers. So
+every kernel below is shaped for few rounds: many blocks, each thread only a handful of loads,
+issued together and before their results are needed, partial sums met in trees (log2 steps)
+rather than in loops of one thread, and every launch that could be folded into its neighbour
+folded (the embedding into the first qkv, the softmax and t += 1 into the classifier).
 
 THE PRODUCTS OF ONE ROW (qkv, the output projections, the MLP's two). A [1, K] x [K, N] product
 reads the K x N weights once, two flops a weight. The weights are stored [in, out] row-major, so
 threads side by side over the columns n read a row of W coalesced. A block is TX columns x KS
 slices of K (block (TX, KS), both powers of two): thread (tx, ty) sums rows k = ty, ty + KS, ...
 of column n = TX * blockIdx.x + tx, four rows a round in four running sums (four independent loads
-in flight), then two, then one (_column_part). TX = 8: a row's 8 columns are one 32-byte sector,
+in flight), then two, then one (_column_part); its first four weights are loaded at the kernel's
+start (_first_rows), so that they travel while the LayerNorm below is computed. TX = 8: a row's
+8 columns are one 32-byte sector,
 a warp reads four rows' sectors; KS = 64 or 128 leaves each thread a handful of rows (K / KS: 6
 at K = C = 384 and KS = 64) and makes N / 8 blocks (48 to 192 at 12M). The KS parts of a column
 meet in a tree in shared memory over ty (_column_total: at step s = KS/2, KS/4, ..., 1, slice
@@ -40,9 +42,10 @@ ty < s adds slice ty + s), a fixed order. A column past N (N not a multiple of T
 and is not written.
 
 The kernels that start with a LayerNorm (qkv, mlp_up, logits) normalise the row x themselves,
-every block the whole row, into shared memory (two block sums: trees over the flat thread
-index). Every block does the same sums in the same order, so every block gets the same bits; it
-costs each block two trees, where a LayerNorm kernel of its own would cost a launch.
+every block the whole row, in shared memory ([x | g | b], all three loaded in one round; two
+block sums: trees over the flat thread index). Every block does the same sums in the same order,
+so every block gets the same bits; it costs each block two trees, where a LayerNorm kernel of its
+own would cost a launch.
 
 THE CLASSIFIER reads wte [V, C] by rows: a row v is one output, so TX lanes of a block (over the
 C channels, coalesced) share a row and meet in a tree, RY rows a block (block (TX, RY)).
@@ -58,9 +61,11 @@ are p = 0 .. na - 1, na = t // CK + 1. Block (LANES, CK), one row of LANES threa
     3. acc_p[d] = sum_u e_u V[u, h hs + d]: G = CK LANES / hs groups of hs threads, group g over
        keys r = g, g + G, ...; the G groups' sums added in g order;
     4. m_p, l_p and acc_p go to scratch (part_m, part_l [H, NCH], part_acc [H, NCH, hs]); the
-       last of head h's na blocks to finish merges them in p order:
+       last of head h's na blocks to finish merges them, thread p taking chunk p:
            M = max_p m_p,   w_p = exp(m_p - M),   y_h[d] = sum_p w_p acc_p[d] / sum_p w_p l_p,
-       which is softmax(s) V over all t + 1 keys, because each chunk's e_u = exp(s_u - M) / w_p.
+       which is softmax(s) V over all t + 1 keys, because exp(s_u - M) = w_p e_u. The maximum
+       and the sum over p are trees over the threads; the sums over p of acc go in groups, as the
+       keys in step 3.
 
 THE LAST BLOCK (attention's merge, the classifier's softmax). Each block writes its part, makes
 it visible to the whole GPU (threadfence) and counts itself done with an integer atomic add on
