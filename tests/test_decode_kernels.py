@@ -225,8 +225,8 @@ def _decode(m, params, tokens):
                                       "decode_logits"])
 def test_the_decoders_step_at_every_block_a_launcher_declares(monkeypatch, launcher):
     """The step with one launcher at each of its other blocks (the others at their defaults), as
-    lab/bench/decode_speed.py --blocks times them: the twin's logits at positions 0..5 (the attention
-    chunks of the simulator's blocks: 4, 2 and 16 keys)."""
+    lab/bench/decode_speed.py times them: the twin's logits at positions 0..5 (the attention
+    chunks of the simulator's blocks: 4, 2 and 8 keys)."""
     m, params = _decoder_model()
     tokens = [3, 1, 4, 1, 5, 9]
     twin = KVCache(params.astype(np.float64), m)

@@ -535,12 +535,13 @@ def k_decode_start(pos):
 # launchers: block = (TX, KS) for the products (columns, slices of K), (LANES, CK) for attention
 # (lanes a key, keys a chunk), (TX, RY) for the logits (lanes, rows); all powers of two, at most
 # 1024 threads. The first of each `blocks` is the default (module docstring: few rows a thread,
-# many blocks); the others are there for lab/bench/decode_speed.py --blocks to time.
+# many blocks); the others are there for lab/bench/decode_speed.py to time. In the simulator every
+# thread is a Python thread: its defaults keep a step's threads few (the tests run the others).
 
-QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((2, 4), (8, 1), (1, 8)))
-MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=((2, 4), (8, 1), (1, 8)))
-MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((2, 4), (8, 1), (1, 8)))
-ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((2, 4), (4, 2), (1, 16)))
+QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
+MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
+MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
+ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((1, 4), (4, 2), (2, 8)))
 LOGITS_BLOCKS = dict(gpu=((32, 8), (64, 4), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
 
 
@@ -576,7 +577,7 @@ def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos
     T = k_cache.shape[0]
     H, nch = part_m.shape
     assert _pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK} threads"
-    assert cdiv(T, ck) <= nch <= lanes * ck and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
+    assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
     k_decode_attention[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
 
