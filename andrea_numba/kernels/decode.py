@@ -79,7 +79,6 @@ Deterministic: no atomics on floats; every sum has an order fixed by the sizes, 
 """
 import math
 
-import numpy as np
 from numba import cuda, float32, int32
 
 from .common import MAX_BLOCK, SIMULATOR, blocks, cdiv, nonneg
