@@ -18,7 +18,10 @@ the step's last kernel) and the cache. So every step is the same launches with t
 (`work`): the first step runs them eagerly (Numba compiles the kernels), and with `capture` the
 second records them once as a CUDA graph (graphs.StepGraph) that every later step replays: one
 call a token. A token then costs the copy of its id, one replay, and the copy of the V
-probabilities back for the host to draw the next token.
+probabilities back for the host to draw the next token. The step's scratch is allocated with the
+cache too: attention's partial softmax of each chunk of keys, and the int32 counters with which
+the last block of a launch finds itself (zero between launches: every buffer is zeroed when
+allocated, and each last block sets its counter back).
 
 fp32 only: the step's products are plain fp32 sums, the precision of the fp32 recipes; a sampler
 at bf16 or fp16 runs the whole forward, whose products round as training's did. The window T is
@@ -39,7 +42,8 @@ from .layout import views
 
 def decode_specs(m: ModelConfig, T: int) -> list[BufferSpec]:
     """Every device buffer of a decoder of window T, one line each (kind "sampler")."""
-    L, C, V = m.n_layer, m.d_model, m.vocab_size
+    L, C, V, H = m.n_layer, m.d_model, m.vocab_size, m.n_head
+    nch = kd.attention_chunks(T)
     f32, i32 = np.float32, np.int32
     S = lambda name, shape, dtype=f32: BufferSpec(name, shape, dtype, "sampler")
     return [
@@ -53,6 +57,11 @@ def decode_specs(m: ModelConfig, T: int) -> list[BufferSpec]:
         S("h", (4 * C,)),               # the MLP's hidden units after the GELU
         S("logits", (V,)),
         S("probs", (V,)),               # softmax(logits): what the host draws from
+        S("attn_m", (H, nch)),          # attention's chunk p of head h: the maximum m_p of its scores,
+        S("attn_l", (H, nch)),          #   l_p = sum_u exp(s_u - m_p) over its keys
+        S("attn_acc", (H, nch, C // H)),   # and sum_u exp(s_u - m_p) v_u
+        S("attn_done", (H,), i32),      # attention's blocks of head h done so far (0 between launches)
+        S("logits_done", (1,), i32),    # the classifier's blocks done so far (0 between launches)
     ]
 
 
@@ -72,7 +81,9 @@ class Decoder:
         self.m, self.T = m, T
         self.stream = cuda.stream() if stream is None else stream
         self.specs = decode_specs(m, T)
-        self.buf = {s.name: cuda.device_array(s.shape, dtype=s.dtype, stream=self.stream) for s in self.specs}
+        # zeroed once: a new allocation holds whatever an earlier buffer left there, and a step past
+        # the positions fed (a benchmark's replays) would read those bits as token ids, far outside wte
+        self.buf = {s.name: cuda.to_device(np.zeros(s.shape, s.dtype), stream=self.stream) for s in self.specs}
         self.P = views(params, m)
         self.tokens_host = cuda.pinned_array(T, np.int32) if tokens_host is None else tokens_host
         assert self.tokens_host.shape == (T,) and self.tokens_host.dtype == np.int32
@@ -91,20 +102,21 @@ class Decoder:
         records them). Nothing here depends on the position: the kernels read it from pos."""
         b, P, m = self.buf, self.P, self.m
         eps, pos = m.ln_eps, b["pos"]
-        kd.decode_embed(b["x"], b["tokens"], pos, P["wte"], P["wpe"], stream=stream)
         for l in range(m.n_layer):
             p = f"h{l}."
             K, V = b["k_cache"][l], b["v_cache"][l]
-            # q, and this position's k and v into the cache's row t
+            # q, and this position's k and v into the cache's row t (block 0 embeds the token first)
             kd.decode_qkv(b["q"], K, V, pos, b["x"], P[p + "ln1.g"], P[p + "ln1.b"], eps,
-                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"], stream=stream)
-            kd.decode_attention(b["y"], b["q"], K, V, pos, m.n_head, stream=stream)      # keys 0..t
+                          P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"],
+                          b["tokens"], P["wte"], P["wpe"], l == 0, stream=stream)
+            kd.decode_attention(b["y"], b["attn_m"], b["attn_l"], b["attn_acc"], b["attn_done"],    # keys 0..t
+                                b["q"], K, V, pos, stream=stream)
             kd.decode_matvec_add(b["x"], b["y"], P[p + "attn.w_o"], stream=stream)      # x += y @ W_o
             kd.decode_mlp_up(b["h"], b["x"], P[p + "ln2.g"], P[p + "ln2.b"], eps, P[p + "mlp.w_1"], stream=stream)
             kd.decode_matvec_add(b["x"], b["h"], P[p + "mlp.w_2"], stream=stream)       # x += h @ W_2
-        kd.decode_logits(b["logits"], b["x"], P["lnf.g"], P["lnf.b"], eps, P["wte"], stream=stream)
-        kd.decode_softmax(b["probs"], b["logits"], stream=stream)
-        kd.decode_advance(pos, stream=stream)                                            # t += 1
+        # the logits, their softmax into probs, and t += 1
+        kd.decode_logits(b["probs"], b["logits"], b["logits_done"], pos, b["x"], P["lnf.g"], P["lnf.b"], eps,
+                         P["wte"], stream=stream)
 
     def step(self):
         """One position: work on the decoder's stream, or the replay of its graph. With `capture` the

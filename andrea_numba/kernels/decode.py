@@ -5,61 +5,103 @@ The whole forward computes B*T rows; a decode step computes the one row of posit
 the k and v rows of positions 0..t-1 from the cache (each block's K and V, [T, C], in the twin's
 layout) instead of computing them again. C = d_model, H heads of hs = C / H channels, F = 4C:
 
-    x = wte[tokens[t]] + wpe[t]                                          k_decode_embed
-    per block (its K, V):
+    per block l (its K, V):
+        (l = 0: x = wte[tokens[t]] + wpe[t], first)                      k_decode_qkv
         q = LN1(x) @ W_q;  K[t] = LN1(x) @ W_k;  V[t] = LN1(x) @ W_v     k_decode_qkv
         y_h = softmax(q_h K_h[0..t]^T / sqrt(hs)) V_h[0..t], per head h  k_decode_attention
         x = x + y @ W_o                                                  k_decode_matvec_add
         h = gelu(LN2(x) @ W_1)                                           k_decode_mlp_up
         x = x + h @ W_2                                                  k_decode_matvec_add
-    logits = LNf(x) @ wte^T                                              k_decode_logits
-    probs = softmax(logits)                                              k_decode_softmax
-    t = t + 1                                                            k_decode_advance
+    logits = LNf(x) @ wte^T;  probs = softmax(logits);  t = t + 1        k_decode_logits
 
-The position t is pos[0], an int32 on the device that every kernel reads and k_decode_advance
-moves on; the token ids are tokens[0..T-1] on the device. No launch's arguments or sizes depend
-on t, so the same launches serve every token: a decoder records them once as a CUDA graph and
-replays it for each token (andrea_numba/decode.py).
+The position t is pos[0], an int32 on the device that every kernel reads and k_decode_logits
+moves on at its very end; the token ids are tokens[0..T-1] on the device. No launch's arguments or
+sizes depend on t, so the same 5 L + 1 launches serve every token: a decoder records them once as
+a CUDA graph and replays it for each token (andrea_numba/decode.py).
 
-The products of one row. A [1, K] x [K, N] product reads the K x N weights once and does two
-flops per weight read: it is bound by memory, not by arithmetic, and what matters is that the
-weights stream through at full width with many loads in flight. The weights are stored [in, out]
-row-major, so a thread per output column n, threads side by side over n, reads a row of W
-coalesced (32 columns: one 128-byte line a warp). One thread per column would leave few threads
-and long chains of loads (N = 384 columns, K = 1536 rows at 12M), so a block is TX columns x KS
-slices of K: thread (tx, ty) sums rows k = ty, ty + KS, ... of column n, in four running sums
-(four independent loads in flight), and thread ty = 0 adds the KS partial sums of its column in
-ty order. The kernels that start with a LayerNorm (qkv, mlp_up, logits) normalise the row x
-themselves, into shared memory: every block does the same C-channel sums (a small part of its
-share of the weights), so every block gets the same bits.
+WHAT A STEP COSTS. At 12M a step reads about 50 MB of weights, some 15 us of an H100's memory
+bandwidth; what costs is latency: 36 launches one after the other, each a few dependent rounds of
+memory loads (a round trip to memory takes about half a microsecond) and a few block barriers. So
+every kernel below is shaped for few rounds: many blocks, each thread only a handful of loads,
+issued together and before their results are needed, partial sums met in trees (log2 steps)
+rather than in loops of one thread, and every launch that could be folded into its neighbour
+folded (the embedding into the first qkv, the softmax and t += 1 into the classifier).
 
-The tied classifier reads wte [V, C] by rows: a row v is one output, so there lanes of a block
-(TX of them, over the C channels, coalesced) share a row and meet in a tree, RY rows a block.
+THE PRODUCTS OF ONE ROW (qkv, the output projections, the MLP's two). A [1, K] x [K, N] product
+reads the K x N weights once, two flops a weight. The weights are stored [in, out] row-major, so
+threads side by side over the columns n read a row of W coalesced. A block is TX columns x KS
+slices of K (block (TX, KS), both powers of two): thread (tx, ty) sums rows k = ty, ty + KS, ...
+of column n = TX * blockIdx.x + tx, four rows a round in four running sums (four independent loads
+in flight), then two, then one (_column_part); its first four weights are loaded at the kernel's
+start (_first_rows), so that they travel while the LayerNorm below is computed. TX = 8: a row's
+8 columns are one 32-byte sector,
+a warp reads four rows' sectors; KS = 64 or 128 leaves each thread a handful of rows (K / KS: 6
+at K = C = 384 and KS = 64) and makes N / 8 blocks (48 to 192 at 12M). The KS parts of a column
+meet in a tree in shared memory over ty (_column_total: at step s = KS/2, KS/4, ..., 1, slice
+ty < s adds slice ty + s), a fixed order. A column past N (N not a multiple of TX) sums nothing
+and is not written.
 
-Attention over t+1 keys, a block per head, in three phases on the block's NT threads:
-    1. s_u = q_h . K[u, h] / sqrt(hs) for u = 0..t: LANES threads per key, each summing channels
-       d = lane, lane + LANES, ... (LANES neighbouring channels of a key row: coalesced), meeting in
-       a tree; NT / LANES keys at a time. The scores go to shared memory (dynamic: T floats).
-    2. m = max_u s_u (block_max), e_u = exp(s_u - m) in place, se = sum_u e_u (block_sum).
-    3. y_h[d] = sum_u e_u V[u, h*hs + d] / se: threads over (group g, channel d), a warp over
-       neighbouring channels of a V row (coalesced); group g sums keys u = g, g + G, ...; the G
-       groups' sums added in g order.
+The kernels that start with a LayerNorm (qkv, mlp_up, logits) normalise the row x themselves,
+every block the whole row, in shared memory ([x | g | b], all three loaded in one round; two
+block sums: trees over the flat thread index). Every block does the same sums in the same order,
+so every block gets the same bits; it costs each block two trees, where a LayerNorm kernel of its
+own would cost a launch.
 
-Deterministic: no atomics; every sum has an order fixed by the sizes and the launch.
+THE CLASSIFIER reads wte [V, C] by rows: a row v is one output, so TX lanes of a block (over the
+C channels, coalesced) share a row and meet in a tree, RY rows a block (block (TX, RY)).
+
+ATTENTION, SPLIT OVER THE KEYS (flash-decoding). One block a head would leave H blocks walking
+t + 1 keys each; instead the keys 0..T-1 of the window come in NCH = T / CK chunks of CK keys,
+and block (p, h) of the grid (NCH, H) takes chunk p of head h: keys u = p CK + r, r < CK. A chunk
+past t (p CK > t) returns at once: the launch is the same for every t, and the chunks that run
+are p = 0 .. na - 1, na = t // CK + 1. Block (LANES, CK), one row of LANES threads a key:
+    1. s_u = q_h . K[u, h] / sqrt(hs): lane sums channels d = lane, lane + LANES, ... (neighbouring
+       lanes read neighbouring channels of the key's row: coalesced), the lanes meet in a tree;
+    2. m_p = max_u s_u over the chunk's keys (u <= t), e_u = exp(s_u - m_p), l_p = sum_u e_u;
+    3. acc_p[d] = sum_u e_u V[u, h hs + d]: G = CK LANES / hs groups of hs threads, group g over
+       keys r = g, g + G, ...; the G groups' sums added in g order;
+    4. m_p, l_p and acc_p go to scratch (part_m, part_l [H, NCH], part_acc [H, NCH, hs]); the
+       last of head h's na blocks to finish merges them, thread p taking chunk p:
+           M = max_p m_p,   w_p = exp(m_p - M),   y_h[d] = sum_p w_p acc_p[d] / sum_p w_p l_p,
+       which is softmax(s) V over all t + 1 keys, because exp(s_u - M) = w_p e_u. The maximum
+       and the sum over p are trees over the threads; the sums over p of acc go in groups, as the
+       keys in step 3.
+
+THE LAST BLOCK (attention's merge, the classifier's softmax). Each block writes its part, makes
+it visible to the whole GPU (threadfence) and counts itself done with an integer atomic add on
+an int32 counter; the block that sees the count reach the number of blocks is the last, so every
+other part is in memory: it reads them from L2 (ld.global.cg: another multiprocessor wrote them,
+and this one's L1 is not kept coherent), does the rest, and sets the counter back to 0 for the
+next launch. Which block comes last changes from run to run; what it computes does not: it adds
+the parts in a fixed order.
+
+Deterministic: no atomics on floats; every sum has an order fixed by the sizes, the launch and t.
 """
 import math
 
-import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
-from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv
+from .common import MAX_BLOCK, SIMULATOR, blocks, cdiv, nonneg
 from .mlp import gelu
 
 LOGIT_BLOCKS = 4 if SIMULATOR else 1 << 20      # k_decode_logits: at most this many blocks (rows loop)
 
 
 # ---------------------------------------------------------------------------------------------
-# device functions: a block's sum, the LayerNorm of one row, a column's part of a product
+# device functions: block sums, the LayerNorm of one row, a column's part of a product, the
+# last block, a load from L2
+
+if SIMULATOR:
+    def _from_l2(arr, i):
+        """arr[i] (the simulator has one memory, no caches)."""
+        return arr[i]
+else:
+    @cuda.jit(device=True, inline="always")
+    def _from_l2(arr, i):
+        """arr[i] read past this multiprocessor's L1 (which other multiprocessors' stores do not
+        update): for parts another block of the same launch wrote.   PTX: ld.global.cg"""
+        return cuda.ldcg(arr, i)
+
 
 @cuda.jit(device=True)
 def _flat_sum(buf, val):
@@ -80,33 +122,69 @@ def _flat_sum(buf, val):
 
 
 @cuda.jit(device=True)
-def _layernorm_row(a, buf, x, g, b, eps):
-    """a[c] = (x[c] - mean) * rstd * g[c] + b[c] over the C channels of the row x, written into the
-    shared array a by the whole block: mean = (1/C) sum_c x[c], then rstd = 1 / sqrt((1/C) sum_c
-    (x[c] - mean)^2 + eps), as k_layernorm_fwd computes them."""
+def _flat_max(buf, val):
+    """Maximum of val over every thread of the block: _flat_sum's tree with max."""
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    buf[i] = val
+    cuda.syncthreads()
+    s = cuda.blockDim.x * cuda.blockDim.y // 2
+    while s > 0:
+        if i < s:
+            buf[i] = max(buf[i], buf[i + s])
+        cuda.syncthreads()
+        s //= 2
+    total = buf[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True)
+def _layernorm_shared(a, buf, C, eps):
+    """a[c] = (a[c] - mean) * rstd * g[c] + b[c] in place over the C channels of a row, with the
+    shared array a = [the row | g | b] (3C floats): mean = (1/C) sum_c a[c], rstd = 1 / sqrt((1/C)
+    sum_c (a[c] - mean)^2 + eps), as k_layernorm_fwd computes them. Flat thread i owns channels
+    c = i, i + n, ... (n threads): the caller wrote those of a, g and b, its three loads in one
+    loop so that they travel together (no barrier needed before); every a[c] is ready on return."""
     i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     n = cuda.blockDim.x * cuda.blockDim.y
-    C = x.shape[0]
     inv_c = float32(1.0) / float32(C)
     s = float32(0.0)
     for c in range(i, C, n):
-        s += x[c]
+        s += a[c]
     mu = _flat_sum(buf, s) * inv_c
     s = float32(0.0)
     for c in range(i, C, n):
-        d = x[c] - mu
+        d = a[c] - mu
         s += d * d
     r = float32(1.0) / math.sqrt(_flat_sum(buf, s) * inv_c + eps)
     for c in range(i, C, n):
-        a[c] = (x[c] - mu) * r * g[c] + b[c]
+        a[c] = (a[c] - mu) * r * a[C + c] + a[2 * C + c]
     cuda.syncthreads()
 
 
 @cuda.jit(device=True)
-def _column_part(a, w, n):
+def _row(w, k, n):
+    """w[k, n], or 0 past the matrix."""
+    if k < w.shape[0] and n < w.shape[1]:
+        return w[k, n]
+    return float32(0.0)
+
+
+@cuda.jit(device=True)
+def _first_rows(w, n):
+    """The first four weights of thread (tx, ty)'s part of column n (_column_part): rows ty,
+    ty + KS, ty + 2 KS, ty + 3 KS (0 past the matrix). A kernel loads them before its LayerNorm, so
+    that they travel while it computes: its first round of loads costs no wait of its own."""
+    k, ks = cuda.threadIdx.y, cuda.blockDim.y
+    return _row(w, k, n), _row(w, k + ks, n), _row(w, k + 2 * ks, n), _row(w, k + 3 * ks, n)
+
+
+@cuda.jit(device=True)
+def _column_part(a, w, n, w0, w1, w2, w3):
     """Thread (tx, ty)'s part of out[n] = sum_k a[k] w[k, n] in a block of TX x KS threads: rows
-    k = ty, ty + KS, ty + 2 KS, ... in four running sums (their loads independent: four in flight),
-    then added. 0 for a column past the matrix."""
+    k = ty, ty + KS, ty + 2 KS, ... in four running sums, the first four rows' weights w0..w3 given
+    (_first_rows), then four a round (four independent loads in flight), then two, then one;
+    returns (s0 + s1) + (s2 + s3). 0 for a column past the matrix."""
     ks = cuda.blockDim.y
     K = w.shape[0]
     s0 = float32(0.0)
@@ -115,111 +193,169 @@ def _column_part(a, w, n):
     s3 = float32(0.0)
     if n < w.shape[1]:
         k = cuda.threadIdx.y
+        if k < K:
+            s0 = a[k] * w0
+        if k + ks < K:
+            s1 = a[k + ks] * w1
+        if k + 2 * ks < K:
+            s2 = a[k + 2 * ks] * w2
+        if k + 3 * ks < K:
+            s3 = a[k + 3 * ks] * w3
+        k += 4 * ks
         while k + 3 * ks < K:
             s0 += a[k] * w[k, n]
             s1 += a[k + ks] * w[k + ks, n]
             s2 += a[k + 2 * ks] * w[k + 2 * ks, n]
             s3 += a[k + 3 * ks] * w[k + 3 * ks, n]
             k += 4 * ks
-        while k < K:
+        if k + ks < K:                             # two or three rows left
             s0 += a[k] * w[k, n]
-            k += ks
+            s1 += a[k + ks] * w[k + ks, n]
+            k += 2 * ks
+        if k < K:                                  # one left
+            s2 += a[k] * w[k, n]
     return (s0 + s1) + (s2 + s3)
 
 
 @cuda.jit(device=True)
 def _column_total(buf, part):
-    """The column's KS parts (one a thread ty) added in ty order; the total is right in thread ty = 0
-    only. buf: shared, at least TX * KS floats."""
+    """The KS parts of each of the block's TX columns (part: thread (tx, ty)'s, slice ty) added by
+    a tree over ty in shared memory: at step s = KS/2, KS/4, ..., 1, slice ty < s adds slice ty + s.
+    Every thread gets its column's total. buf: shared, at least TX * KS floats."""
     tx, ty, TX = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x
-    buf[ty * TX + tx] = part
+    i = ty * TX + tx
+    buf[i] = part
     cuda.syncthreads()
-    total = float32(0.0)
-    if ty == 0:
-        for j in range(cuda.blockDim.y):
-            total += buf[j * TX + tx]
-    return total
+    s = cuda.blockDim.y // 2
+    while s > 0:
+        if ty < s:
+            buf[i] += buf[i + s * TX]
+        cuda.syncthreads()
+        s //= 2
+    return buf[tx]
+
+
+@cuda.jit(device=True)
+def _chunk_weight(m_p, big):
+    """w_p = exp(m_p - M): what brings chunk p's exponentials, taken against its own maximum m_p
+    (e_u = exp(s_u - m_p)), to the head's maximum M = max_p m_p (exp(s_u - M) = w_p e_u)."""
+    return math.exp(m_p - big)
+
+
+@cuda.jit(device=True)
+def _last_block(flag, done, j, blocks):
+    """Whether this block is the last of `blocks` blocks to get here (module docstring, THE LAST
+    BLOCK): every thread's stores so far made visible to the whole GPU, then thread 0 adds 1 to the
+    counter done[j] (an integer atomic) and the block that sees blocks - 1 before its add is the
+    last. That block sets done[j] back to 0 and may then read every block's stores (with _from_l2).
+    Every thread of the block gets the same answer. flag: shared, one int32."""
+    cuda.threadfence()                             # this thread's parts, before the count says so
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0:
+        last = cuda.atomic.add(done, j, 1) == blocks - 1
+        flag[0] = 1 if last else 0
+        if last:
+            done[j] = 0                            # for the next launch
+    cuda.syncthreads()
+    cuda.threadfence()
+    return flag[0] == 1
 
 
 # ---------------------------------------------------------------------------------------------
 # the kernels, in the order of a step
 
 @cuda.jit
-def k_decode_embed(x, tokens, pos, wte, wpe):
-    """x[c] = wte[tokens[t], c] + wpe[t, c], t = pos[0]: one block, its threads striding over C."""
-    t = pos[0]
-    tok = tokens[t]
-    for c in range(cuda.threadIdx.x, x.shape[0], cuda.blockDim.x):
-        x[c] = wte[tok, c] + wpe[t, c]
-
-
-@cuda.jit
-def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v):
-    """a = LN1(x); q = a @ W_q, k_cache[t] = a @ W_k, v_cache[t] = a @ W_v, t = pos[0]. The 3C
-    columns of [W_q | W_k | W_v] in blocks of TX (a block may straddle two matrices: each thread
-    takes its column's), KS slices of K = C a column (_column_part)."""
-    a = cuda.shared.array(0, float32)              # LN1(x): C floats of dynamic shared memory
+def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed):
+    """a = LN1(x); q = a @ W_q, k_cache[t] = a @ W_k, v_cache[t] = a @ W_v, t = pos[0]. With embed
+    (the first block of the model) x = wte[tokens[t]] + wpe[t] first: every block computes it for
+    its LayerNorm, block 0 writes it into x (the residual stream). The 3C columns of
+    [W_q | W_k | W_v] in blocks of TX (a block may straddle two matrices: each thread takes its
+    column's), KS slices of K = C a column (_column_part, _column_total)."""
+    a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
-    _layernorm_row(a, buf, x, g, b, eps)
     C = x.shape[0]
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    nt = cuda.blockDim.x * cuda.blockDim.y
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x      # column of [W_q | W_k | W_v]
     which = min(n // C, 2)
     j = n - which * C                              # its column in that matrix (>= C past the last)
     w = w_q if which == 0 else (w_k if which == 1 else w_v)
-    total = _column_total(buf, _column_part(a, w, j))
+    w0, w1, w2, w3 = _first_rows(w, j)
+    t = pos[0]
+    if embed:
+        tok = tokens[t]
+        for c in range(i, C, nt):
+            a[c] = wte[tok, c] + wpe[t, c]
+            a[C + c] = g[c]
+            a[2 * C + c] = b[c]
+            if cuda.blockIdx.x == 0:
+                x[c] = a[c]
+    else:
+        for c in range(i, C, nt):
+            a[c] = x[c]
+            a[C + c] = g[c]
+            a[2 * C + c] = b[c]
+    _layernorm_shared(a, buf, C, eps)
+    total = _column_total(buf, _column_part(a, w, j, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and j < C:
         if which == 0:
             q[j] = total
         elif which == 1:
-            k_cache[pos[0], j] = total
+            k_cache[t, j] = total
         else:
-            v_cache[pos[0], j] = total
+            v_cache[t, j] = total
 
 
 @cuda.jit
-def k_decode_attention(y, q, k_cache, v_cache, pos, lanes):
+def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos):
     """y[h*hs + d] = sum_{u<=t} e_u v_cache[u, h*hs + d] / sum_u e_u, e_u = exp(s_u - max s),
-    s_u = q_h . k_cache[u, h] / sqrt(hs), t = pos[0]: block h is head h, the three phases of the
-    module's docstring. sc: the t+1 scores, then their exponentials (dynamic shared, T floats)."""
-    sc = cuda.shared.array(0, float32)
-    red = cuda.shared.array(MAX_BLOCK, float32)
-    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
-    C = q.shape[0]
-    hs = C // cuda.gridDim.x
-    base = cuda.blockIdx.x * hs
+    s_u = q_h . k_cache[u, h] / sqrt(hs), t = pos[0]: block (p, h) takes the CK keys of chunk p of
+    head h (the four steps of the module's docstring); the last of head h's blocks merges the
+    chunks into y_h. done[h]: head h's counter of finished blocks (0 between launches)."""
+    red = cuda.shared.array(MAX_BLOCK, float32)    # the lanes' (then the groups') sums
+    ex = cuda.shared.array(MAX_BLOCK, float32)     # the chunk's scores' exponentials, then the chunks' weights
+    flag = cuda.shared.array(1, int32)
+    lane, r = cuda.threadIdx.x, cuda.threadIdx.y
+    LANES, CK = cuda.blockDim.x, cuda.blockDim.y
+    tid, nt = r * LANES + lane, LANES * CK
+    p, h = nonneg(cuda.blockIdx.x), nonneg(cuda.blockIdx.y)     # (int64s: _from_l2's indices are one type)
+    hs = q.shape[0] // cuda.gridDim.y
+    base = h * hs
     t = pos[0]
-    scale = float32(1.0) / math.sqrt(float32(hs))
-    # 1. scores: `lanes` threads a key, nt / lanes keys at a time, each key's lanes meeting in a tree
-    lane, row = tid % lanes, tid // lanes
-    for u0 in range(0, t + 1, nt // lanes):
-        u = u0 + row
-        s = float32(0.0)
-        if u <= t:
-            for d in range(lane, hs, lanes):
-                s += q[base + d] * k_cache[u, base + d]
-        red[tid] = s
-        cuda.syncthreads()
-        step = lanes // 2
-        while step > 0:
-            if lane < step:
-                red[tid] += red[tid + step]
-            cuda.syncthreads()
-            step //= 2
-        if lane == 0 and u <= t:
-            sc[u] = red[tid] * scale
+    u0 = p * CK                                    # the chunk's first key
+    if u0 > t:
+        return                                     # a chunk past t: nothing to do (and not counted)
+    nk = min(CK, t + 1 - u0)                       # its keys up to t
+    na = t // CK + 1                               # the chunks that run: 0 .. na - 1
+    # 1. the scores: thread (lane, r) sums channels d = lane, lane + LANES, ... of key u0 + r
+    s0 = float32(0.0)
+    s1 = float32(0.0)
+    if r < nk:
+        u = u0 + r
+        d = lane
+        while d + LANES < hs:                      # two channels a round: two loads in flight
+            s0 += q[base + d] * k_cache[u, base + d]
+            s1 += q[base + d + LANES] * k_cache[u, base + d + LANES]
+            d += 2 * LANES
+        if d < hs:
+            s0 += q[base + d] * k_cache[u, base + d]
+    red[tid] = s0 + s1
     cuda.syncthreads()
-    # 2. the softmax's max and sum; the exponentials replace the scores
+    step = LANES // 2
+    while step > 0:                                # the lanes of each key meet in a tree
+        if lane < step:
+            red[tid] += red[tid + step]
+        cuda.syncthreads()
+        step //= 2
+    # 2. the chunk's maximum (every thread, in key order), its exponentials and their sum
+    scale = float32(1.0) / math.sqrt(float32(hs))
     m = float32(-math.inf)
-    for u in range(tid, t + 1, nt):
-        m = max(m, sc[u])
-    m = block_max(red, m)
-    s = float32(0.0)
-    for u in range(tid, t + 1, nt):
-        e = math.exp(sc[u] - m)
-        sc[u] = e
-        s += e
-    se = block_sum(red, s)                         # (its barriers also publish every e_u)
-    # 3. y_h = sum_u e_u V[u, h] / se: G groups of `cols` threads, group g over keys g, g + G, ...
+    for j in range(nk):
+        m = max(m, red[j * LANES] * scale)
+    if lane == 0 and r < nk:
+        ex[r] = math.exp(red[tid] * scale - m)
+    cuda.syncthreads()
+    # 3. acc[d] = sum_r ex[r] V[u0 + r, base + d]: group g of `cols` threads over keys r = g, g + G, ...
     cols = min(hs, nt)
     G = nt // cols
     g = tid // cols
@@ -227,16 +363,16 @@ def k_decode_attention(y, q, k_cache, v_cache, pos, lanes):
         a0 = float32(0.0)
         a1 = float32(0.0)
         if g < G:
-            u = g
-            while u + G <= t:                      # two keys a round: two loads in flight
-                a0 += sc[u] * v_cache[u, base + d]
-                a1 += sc[u + G] * v_cache[u + G, base + d]
-                u += 2 * G
-            if u <= t:
-                a0 += sc[u] * v_cache[u, base + d]
+            k = g
+            while k + G < nk:                      # two keys a round: two loads in flight
+                a0 += ex[k] * v_cache[u0 + k, base + d]
+                a1 += ex[k + G] * v_cache[u0 + k + G, base + d]
+                k += 2 * G
+            if k < nk:
+                a0 += ex[k] * v_cache[u0 + k, base + d]
         if G == 1:
             if g == 0:                             # (threads past the first hs have no channel)
-                y[base + d] = (a0 + a1) / se
+                part_acc[h, p, d] = a0 + a1
         else:                                      # (G > 1: cols = hs, one channel a thread)
             red[tid] = a0 + a1                     # red[g * hs + d]
     if G > 1:
@@ -245,7 +381,50 @@ def k_decode_attention(y, q, k_cache, v_cache, pos, lanes):
             total = float32(0.0)
             for j in range(G):
                 total += red[j * hs + tid]
-            y[base + tid] = total / se
+            part_acc[h, p, tid] = total
+    if tid == 0:
+        l_p = float32(0.0)
+        for j in range(nk):
+            l_p += ex[j]
+        part_m[h, p] = m
+        part_l[h, p] = l_p
+    # 4. the last of the na blocks of head h merges the chunks, in chunk order
+    if not _last_block(flag, done, h, na):
+        return
+    mj = float32(-math.inf)                        # thread j < na takes chunk j (the launcher checked NCH <= threads)
+    lj = float32(0.0)
+    if tid < na:
+        mj = _from_l2(part_m, (h, tid))            # (both loads in one round)
+        lj = _from_l2(part_l, (h, tid))
+    big = _flat_max(red, mj)                       # M = max_p m_p
+    wj = float32(0.0)
+    if tid < na:
+        wj = _chunk_weight(mj, big)
+        ex[tid] = wj
+    lw = _flat_sum(red, wj * lj)                   # sum_p w_p l_p (its barriers also publish every w_p)
+    for d in range(tid % cols, hs, cols):
+        a0 = float32(0.0)
+        a1 = float32(0.0)
+        if g < G:
+            k = g
+            while k + G < na:
+                a0 += ex[k] * _from_l2(part_acc, (h, k, d))
+                a1 += ex[k + G] * _from_l2(part_acc, (h, k + G, d))
+                k += 2 * G
+            if k < na:
+                a0 += ex[k] * _from_l2(part_acc, (h, k, d))
+        if G == 1:
+            if g == 0:
+                y[base + d] = (a0 + a1) / lw
+        else:
+            red[tid] = a0 + a1
+    if G > 1:
+        cuda.syncthreads()
+        if tid < hs:
+            total = float32(0.0)
+            for j in range(G):
+                total += red[j * hs + tid]
+            y[base + tid] = total / lw
 
 
 @cuda.jit
@@ -255,7 +434,8 @@ def k_decode_matvec_add(x, a, w):
     of K a column; x[n] is read and written by its column's thread ty = 0 only."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    total = _column_total(buf, _column_part(a, w, n))
+    w0, w1, w2, w3 = _first_rows(w, n)
+    total = _column_total(buf, _column_part(a, w, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < x.shape[0]:
         x[n] = x[n] + total
 
@@ -264,39 +444,59 @@ def k_decode_matvec_add(x, a, w):
 def k_decode_mlp_up(h, x, g, b, eps, w_1):
     """h[n] = gelu(sum_k LN2(x)[k] w_1[k, n]) for the F = 4C hidden units: the GELU of the engine
     (kernels/mlp.py, tanh form). Columns in blocks of TX, KS slices of K = C a column."""
-    a = cuda.shared.array(0, float32)              # LN2(x): C floats of dynamic shared memory
+    a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
-    _layernorm_row(a, buf, x, g, b, eps)
+    C = x.shape[0]
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    total = _column_total(buf, _column_part(a, w_1, n))
+    w0, w1, w2, w3 = _first_rows(w_1, n)
+    for c in range(i, C, cuda.blockDim.x * cuda.blockDim.y):
+        a[c] = x[c]
+        a[C + c] = g[c]
+        a[2 * C + c] = b[c]
+    _layernorm_shared(a, buf, C, eps)
+    total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < h.shape[0]:
         h[n] = gelu(total)
 
 
 @cuda.jit
-def k_decode_logits(logits, x, g, b, eps, wte):
+def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte):
     """logits[v] = sum_c LNf(x)[c] wte[v, c]: the tied classifier, wte read by rows. A block of
-    TX lanes x RY rows: lane tx sums channels c = tx, tx + TX, ... of row v (a warp's lanes read
-    neighbouring channels), the row's lanes meet in a tree; blocks stride over the V rows."""
-    a = cuda.shared.array(0, float32)              # LNf(x): C floats of dynamic shared memory
+    TX lanes x RY rows: lane tx sums channels c = tx, tx + TX, ... of row v (four a round: four
+    loads in flight), the row's lanes meet in a tree; blocks stride over the V rows. The last block
+    to finish (done[0] counts them) then computes probs[v] = exp(logits[v] - m) / se over the whole
+    row, m = max_v logits[v], se = sum_v exp(logits[v] - m), as k_loss_fwd's softmax, and moves the
+    position on: pos[0] += 1 (no kernel of this step reads pos after it)."""
+    a = cuda.shared.array(0, float32)              # [x (then LNf(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
-    _layernorm_row(a, buf, x, g, b, eps)
+    flag = cuda.shared.array(1, int32)
     tx, ty, TX, RY = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x, cuda.blockDim.y
-    i = ty * TX + tx
+    i, nt = ty * TX + tx, TX * RY
     V, C = wte.shape
+    for c in range(i, C, nt):
+        a[c] = x[c]
+        a[C + c] = g[c]
+        a[2 * C + c] = b[c]
+    _layernorm_shared(a, buf, C, eps)
     for v0 in range(cuda.blockIdx.x * RY, V, cuda.gridDim.x * RY):     # the same trips for the whole block
         v = v0 + ty
         s0 = float32(0.0)
         s1 = float32(0.0)
+        s2 = float32(0.0)
+        s3 = float32(0.0)
         if v < V:
             c = tx
-            while c + TX < C:                      # two channels a round: two loads in flight
+            while c + 3 * TX < C:
                 s0 += a[c] * wte[v, c]
                 s1 += a[c + TX] * wte[v, c + TX]
-                c += 2 * TX
-            if c < C:
+                s2 += a[c + 2 * TX] * wte[v, c + 2 * TX]
+                s3 += a[c + 3 * TX] * wte[v, c + 3 * TX]
+                c += 4 * TX
+            while c < C:
                 s0 += a[c] * wte[v, c]
-        buf[i] = s0 + s1
+                c += TX
+        buf[i] = (s0 + s1) + (s2 + s3)
         cuda.syncthreads()
         step = TX // 2
         while step > 0:
@@ -307,31 +507,21 @@ def k_decode_logits(logits, x, g, b, eps, wte):
         if tx == 0 and v < V:
             logits[v] = buf[i]
         cuda.syncthreads()                         # buf is written again by the next rows
-
-
-@cuda.jit
-def k_decode_softmax(probs, logits):
-    """probs[v] = exp(logits[v] - m) / se, m = max_v logits[v], se = sum_v exp(logits[v] - m), as
-    k_loss_fwd's softmax: one block, its threads striding over the V entries (block_max, block_sum)."""
-    buf = cuda.shared.array(MAX_BLOCK, float32)
-    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
-    V = logits.shape[0]
+    # the last block: the softmax of the whole row, then t += 1
+    if not _last_block(flag, done, 0, cuda.gridDim.x):
+        return
     m = float32(-math.inf)
-    for v in range(tid, V, nt):
-        m = max(m, logits[v])
-    m = block_max(buf, m)
+    for v in range(i, V, nt):
+        m = max(m, _from_l2(logits, v))
+    m = _flat_max(buf, m)
     s = float32(0.0)
-    for v in range(tid, V, nt):
-        s += math.exp(logits[v] - m)
-    se = block_sum(buf, s)
-    for v in range(tid, V, nt):
-        probs[v] = math.exp(logits[v] - m) / se
-
-
-@cuda.jit
-def k_decode_advance(pos):
-    """t = t + 1: the next step computes the next position (one thread)."""
-    pos[0] += 1
+    for v in range(i, V, nt):
+        s += math.exp(_from_l2(logits, v) - m)
+    se = _flat_sum(buf, s)
+    for v in range(i, V, nt):
+        probs[v] = math.exp(_from_l2(logits, v) - m) / se
+    if i == 0:
+        pos[0] += 1
 
 
 @cuda.jit
@@ -341,71 +531,80 @@ def k_decode_start(pos):
 
 
 # ---------------------------------------------------------------------------------------------
-# launchers: block = (TX, KS) for the products (columns, slices of K), (TX, RY) for the logits
-# (lanes, rows), (NT, LANES) for attention (threads, lanes a key), NT for the rest. The defaults
-# (the first of each `blocks`) are at most 512 threads where a kernel holds more than a few values
-# a thread: Numba sets no register bound, and 1024 threads leave 64 registers a thread. None of
-# these sizes has been timed on a GPU yet; the later ones of each list are the alternatives to try.
+# launchers: block = (TX, KS) for the products (columns, slices of K), (LANES, CK) for attention
+# (lanes a key, keys a chunk), (TX, RY) for the logits (lanes, rows); all powers of two, at most
+# 1024 threads. The first of each `blocks` is the default (module docstring: few rows a thread,
+# many blocks); the others are there for lab/bench/decode_speed.py to time. In the simulator every
+# thread is a Python thread: its defaults keep a step's threads few (the tests run the others).
 
-PRODUCT_BLOCKS = dict(gpu=((32, 16), (32, 32), (32, 8)), sim=((4, 2), (2, 4)))
-
-
-@blocks(gpu=(256, 128), sim=(4,))
-def decode_embed(x, tokens, pos, wte, wpe, *, block, stream=0):
-    """x [C]; tokens [T] int32; pos [1] int32; wte [V, C]; wpe [T_max, C]. Launch: one block."""
-    k_decode_embed[1, block, stream](x, tokens, pos, wte, wpe)
+QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
+MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
+MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
+ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((1, 4), (4, 2), (2, 8)))
+LOGITS_BLOCKS = dict(gpu=((32, 8), (64, 4), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
 
 
-@blocks(**PRODUCT_BLOCKS)
-def decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, *, block, stream=0):
+def _pow2(*sizes) -> bool:
+    return all(s > 0 and s & (s - 1) == 0 for s in sizes)
+
+
+@blocks(**QKV_BLOCKS)
+def decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
+               stream=0):
     """q [C]; k_cache, v_cache [T, C] (row pos[0] written); pos [1] int32; x, g, b [C]; w_q, w_k,
-    w_v [C, C]. Launch: 3C / TX blocks of TX x KS threads, C floats of dynamic shared memory."""
+    w_v [C, C]; tokens [T] int32, wte [V, C], wpe [T_max, C], embed: x = wte[tokens[t]] + wpe[t]
+    first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, 3C floats
+    of dynamic shared memory."""
+    assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
-    k_decode_qkv[cdiv(3 * C, block[0]), block, stream, 4 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
-                                                              w_q, w_k, w_v)
+    k_decode_qkv[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
+                                                              w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
 
 
-@blocks(gpu=((512, 8), (1024, 8), (256, 8), (512, 4)), sim=((8, 2), (4, 4)))
-def decode_attention(y, q, k_cache, v_cache, pos, n_head, *, block, stream=0):
-    """y, q [C]; k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32. Launch: n_head blocks
-    of NT threads (a power of two), LANES (a power of two, at most NT) a key; T floats of dynamic
-    shared memory for the scores."""
-    nt, lanes = block
-    assert lanes <= nt and nt & (nt - 1) == 0 and lanes & (lanes - 1) == 0, f"block {block}: powers of two"
-    k_decode_attention[n_head, nt, stream, 4 * k_cache.shape[0]](y, q, k_cache, v_cache, pos, np.int32(lanes))
+def attention_chunks(T: int) -> int:
+    """The chunks of keys the scratch of decode_attention holds a head, for a window of T keys: the
+    most that any of its blocks asks for (the fewest keys a chunk)."""
+    return max(cdiv(T, ck) for _, ck in ATTENTION_BLOCKS["sim" if SIMULATOR else "gpu"])
 
 
-@blocks(**PRODUCT_BLOCKS)
+@blocks(**ATTENTION_BLOCKS)
+def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0):
+    """y, q [C]; part_m, part_l [H, NCH], part_acc [H, NCH, hs] (scratch, NCH >= T / CK); done [H]
+    int32 (zeros between launches); k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32.
+    Launch: (T / CK, H) blocks of LANES x CK threads (at least NCH: a thread a chunk in the merge)."""
+    lanes, ck = block
+    T = k_cache.shape[0]
+    H, nch = part_m.shape
+    assert _pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK} threads"
+    assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
+    k_decode_attention[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
+
+
+@blocks(**MATVEC_BLOCKS)
 def decode_matvec_add(x, a, w, *, block, stream=0):
     """x [N] (+= a @ w, in place); a [K]; w [K, N]. Launch: N / TX blocks of TX x KS threads."""
+    assert _pow2(*block), f"block {block}: powers of two"
     k_decode_matvec_add[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
 
 
-@blocks(**PRODUCT_BLOCKS)
+@blocks(**MLP_UP_BLOCKS)
 def decode_mlp_up(h, x, g, b, eps, w_1, *, block, stream=0):
-    """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, C floats of dynamic
+    """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, 3C floats of dynamic
     shared memory."""
+    assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
-    k_decode_mlp_up[cdiv(w_1.shape[1], block[0]), block, stream, 4 * C](h, x, g, b, float32(eps), w_1)
+    k_decode_mlp_up[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
 
 
-@blocks(gpu=((32, 8), (32, 32), (32, 4)), sim=((2, 4), (4, 2)))
-def decode_logits(logits, x, g, b, eps, wte, *, block, stream=0):
-    """logits [V]; x, g, b [C]; wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows
-    loop) of TX x RY threads (TX a power of two), C floats of dynamic shared memory."""
+@blocks(**LOGITS_BLOCKS)
+def decode_logits(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0):
+    """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
+    wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
+    floats of dynamic shared memory."""
+    assert _pow2(*block), f"block {block}: powers of two"
     V, C = wte.shape
-    k_decode_logits[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 4 * C](logits, x, g, b, float32(eps), wte)
-
-
-@blocks(gpu=(1024, 256), sim=(8,))
-def decode_softmax(probs, logits, *, block, stream=0):
-    """probs, logits [V]. Launch: one block of `block` threads (a power of two)."""
-    k_decode_softmax[1, block, stream](probs, logits)
-
-
-def decode_advance(pos, *, stream=0):
-    """pos [1] int32, += 1. Launch: one thread."""
-    k_decode_advance[1, 1, stream](pos)
+    k_decode_logits[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
+                                                                                 float32(eps), wte)
 
 
 def decode_start(pos, *, stream=0):

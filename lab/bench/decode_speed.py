@@ -2,6 +2,7 @@
 
     python lab/bench/decode_speed.py                          # 12M, 256 tokens, median of 5 runs
     python lab/bench/decode_speed.py --size 120M --tokens 128 --runs 3 --json decode.json
+    python lab/bench/decode_speed.py --only-blocks            # just the decoder's blocks (below)
 
 Each path draws --tokens tokens after a one-token prompt with sample.generate, the same seed, on
 the same weights (init_params, a little noise added so the distributions are not flat), at fp32:
@@ -17,10 +18,17 @@ runs, wall clock of the whole generate (host draws and copies included), median.
 draw the same tokens (their probabilities agree to fp32 rounding): a difference is reported and
 the exit code is 1. Beside the table, the GPU time of one decoder step at position ~128 (its graph
 replayed between two CUDA events) and the target: 256 tokens at 12M in at most 0.05 s.
+
+Then the decoder's blocks (--no-blocks skips them): the same GPU time of one step (t = 128 to 148,
+every token id 0) with one launcher of kernels/decode.py at each of its other declared blocks, the
+others at their defaults, one row a variant, and each variant's probabilities after those steps
+against the defaults' (a block that computes something else shows there). A CUDA error poisons
+the context: the first one ends the variants, said in one line (the rows so far stay printed).
 Needs a CUDA GPU: in the simulator, or without a GPU, it says so in one line and exits 2.
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -36,6 +44,7 @@ from andrea_numba.config import load_config  # noqa: E402
 from andrea_numba.kernels.common import SIMULATOR, device_name  # noqa: E402
 
 TARGET_S = 0.05             # 256 tokens at 12M (about 0.2 ms a token)
+LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits")
 
 
 class Ids:
@@ -48,6 +57,58 @@ class Ids:
         return tuple(ids)
 
 
+def cuda_error(e: BaseException) -> bool:
+    """Whether e comes from the driver (numba's CudaAPIError, cuda.core's CUDAError: after an error in a
+    kernel the context is unusable)."""
+    return any(c.__name__ in ("CudaDriverError", "CUDAError") for c in type(e).__mro__) or "CUDA_ERROR" in str(e)
+
+
+def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
+    """The GPU time of one decoder step (its graph replayed, t = t0 to t0 + reps) at the default
+    blocks, then with each launcher of kernels/decode.py at each of its other blocks: rows of
+    {"launcher", "block", "ms", "probs_vs_default"} (the largest relative difference of the
+    probabilities after the steps). Stops at the first CUDA error, with a row that says so."""
+    from andrea_numba.decode import Decoder
+    from andrea_numba.graphs import StepGraph
+    from andrea_numba.kernels import decode as kd
+    orig = {name: getattr(kd, name) for name in LAUNCHERS}
+    variants = [("default", None)] + [(name, b) for name in LAUNCHERS for b in orig[name].blocks[1:]]
+    dec = Decoder(m, params, stream=stream)          # its buffers zeroed: every token id 0
+    t0 = min(t0, dec.T - reps - 2)
+    rows, base = [], None
+    print(f"\ndecoder step, GPU time of a graph replay at t = {t0} to {t0 + reps}, one launcher's block varied "
+          f"at a time:\n{'launcher':<20} {'block':<10} {'ms':>8} {'x default':>10} {'probs vs default':>17}")
+    try:
+        for name, block in variants:
+            for n, f in orig.items():
+                setattr(kd, n, functools.partial(f, block=block) if n == name else f)
+            label = "(defaults)" if block is None else str(tuple(block))
+            try:
+                dec.reset()
+                dec.feed([0] * t0)                   # eagerly (the first variant compiles the kernels)
+                graph = StepGraph(stream, dec.work)
+                ms = graph.replay_ms(reps)           # reps + 1 replays
+                probs = dec.read("probs").astype(np.float64)
+                assert dec.read("pos")[0] == t0 + reps + 1
+            except Exception as e:                   # noqa: BLE001 (one row a variant)
+                why = " ".join(f"{type(e).__name__}: {e}".split())[:160]
+                rows.append({"launcher": name, "block": block, "ms": None, "error": why})
+                print(f"{name:<20} {label:<10} error {why}")
+                if cuda_error(e):
+                    print("a CUDA error: the context is unusable, so the remaining variants were not tried")
+                    break
+                continue
+            if base is None:
+                base = (ms, probs)
+            diff = float(np.abs(probs - base[1]).max() / base[1].max())
+            rows.append({"launcher": name, "block": block, "ms": ms, "probs_vs_default": diff})
+            print(f"{name:<20} {label:<10} {ms:>8.4f} {base[0] / ms:>10.2f} {diff:>17.1e}", flush=True)
+    finally:
+        for n, f in orig.items():
+            setattr(kd, n, f)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = cli.Parser(prog="python lab/bench/decode_speed.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="12M", help="a config size (default 12M)")
@@ -55,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=cli.positive_int, default=5, help="timed runs a path (default 5)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--no-blocks", action="store_true", help="skip the decoder's block variants")
+    ap.add_argument("--only-blocks", action="store_true", help="only the decoder's block variants")
     args = ap.parse_args(argv)
     if SIMULATOR or not cuda.is_available():
         cli.fail("lab/bench/decode_speed.py needs a CUDA GPU (the simulator would take hours, and has no CUDA graphs)")
@@ -75,6 +138,13 @@ def main(argv=None) -> int:
     model = GPUModel(m, 1, m.context_length, training=False, recipe="fp32")
     model.params.copy_to_device(params, stream=model.stream)
     s = model.stream
+    if args.only_blocks:
+        print(f"{cfg.name} on {device_name()}", file=sys.stderr)
+        rows = time_blocks(m, model.params, s)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": device_name(), "size": args.size, "blocks": rows,
+                                                   "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
+        return 0
     buf = cuda.pinned_array((1, m.context_length), np.int32)
     buf[:] = 0                                                # (pinned memory comes uninitialised)
 
@@ -143,10 +213,11 @@ def main(argv=None) -> int:
     if args.size == "12M":
         print(f"target (12M): 256 tokens in at most {TARGET_S} s; the decoder's graph path: {dec_s:.4f} s "
               f"({'met' if dec_s <= TARGET_S else 'not met'})")
+    block_rows = None if args.no_blocks else time_blocks(m, model.params, s)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "device": device_name(), "size": args.size, "tokens": args.tokens, "runs": args.runs, "rows": rows,
-            "decoder_step_gpu_ms": step_ms, "same_tokens": same,
+            "decoder_step_gpu_ms": step_ms, "same_tokens": same, "blocks": block_rows,
             "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
     return 0 if same else 1
 

@@ -10,6 +10,8 @@ compiler down to PTX. It needs NVVM (pip install numba-cuda[cu12]) but no driver
                                       # registers (with ptxas on the PATH), local memory
     python lab/bench/ptxcheck.py --v13    # the same for matmul v13 (cp.async ring): cp.async, commit,
                                       # wait_group, ldmatrix, mma, bar.sync in the K loop
+    python lab/bench/ptxcheck.py --decode # the KV-cache decoder's step at 12M: its kernels, their
+                                      # registers (with ptxas on the PATH)
     python lab/bench/ptxcheck.py --model bf16m   # one forward + backward of the 12M model with this
                                       # recipe (the engine's or a lab rung), every kernel it launches
                                       # compiled for sm_90a: what a GPU run would compile first
@@ -33,6 +35,7 @@ from numba.core import types as nbtypes  # noqa: E402
 
 CC = (9, 0)
 COMPILED = {}          # kernel name -> {argument signature: float64 instructions in its PTX}
+PTX = {}               # kernel name -> the PTX of its last compiled launch
 
 
 class HostArray(np.ndarray):
@@ -76,6 +79,7 @@ def compile_only():
             # promoted the arithmetic: slow on the GPU and a different rounding from the twin
             f64 = sum(".f64" in line for line in ptx.splitlines())
             COMPILED.setdefault(self.py_func.__name__, {})[str(sig)] = f64
+            PTX[self.py_func.__name__] = ptx
         return launch
 
     _dispatcher.CUDADispatcher.configure = configure
@@ -216,6 +220,27 @@ def model_report(args):
     print(f"recipe {args[0]}: {len(COMPILED)} kernels of one forward + backward compiled to PTX for sm_90a")
 
 
+def decode_report():
+    """--decode: the KV-cache decoder's step at 12M (window 512), every kernel of it compiled for sm_90
+    as Decoder.work launches them (the default blocks), with ptxas's registers: a block of 1024
+    threads needs at most 64 registers a thread."""
+    from andrea_numba.config import load_config
+    from andrea_numba.decode import Decoder
+    from andrea_numba.layout import n_params
+    m = load_config("12M").model
+    saved = cuda.pinned_array
+    cuda.pinned_array = lambda shape, dtype=np.float32: np.zeros(shape, dtype)
+    try:
+        with compile_only():
+            dec = Decoder(m, np.zeros(n_params(m), np.float32), 512)
+            dec.work(0)
+    finally:
+        cuda.pinned_array = saved
+    for name in sorted(COMPILED):
+        print(f"{name:<24} float64 instructions: {max(COMPILED[name].values())}; {_ptxas(PTX[name])}")
+    print(f"the decoder's step: {len(COMPILED)} kernels compiled to PTX for sm_{CC[0]}{CC[1]}")
+
+
 def main():
     import warnings
     args = sys.argv[1:]
@@ -225,10 +250,13 @@ def main():
     if args[:1] == ["--model"]:
         model_report(args[1:])
         return
-    unknown = sorted(set(args) - {"--v12", "--v13"})
+    unknown = sorted(set(args) - {"--v12", "--v13", "--decode"})
     if unknown:
-        sys.exit(f"lab/bench/ptxcheck.py: unknown argument {unknown[0]} (it takes --v12, --v13, --model KIND or "
-                 f"nothing; --help)")
+        sys.exit(f"lab/bench/ptxcheck.py: unknown argument {unknown[0]} (it takes --v12, --v13, --decode, "
+                 f"--model KIND or nothing; --help)")
+    if "--decode" in args:
+        decode_report()
+        return
     if "--v12" in sys.argv[1:]:
         v12_report()
         return
