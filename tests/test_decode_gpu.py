@@ -147,15 +147,15 @@ class Bytes:
 
 def test_sampling_on_the_decoder_draws_the_whole_forwards_tokens_past_the_context_too():
     """sample.generate with a decoder against the loop it replaces (the whole forward of the last
-    context_length tokens for each token), the same seed: a 10-token prompt and 10 draws, the first 7
-    on the decoder (the sequence fits the 16-token context), the last 3 on the whole forward."""
+    context_length tokens for each token), the same seed: a 12-token prompt and 6 draws, the first 5
+    on the decoder (the sequence fits the 16-token context), the last on the whole forward."""
     m, params = _model(n_layer=1, seed=3)
     model = GPUModel(m, 1, m.context_length, training=False)
     model.params.copy_to_device(params)
-    prompt = "abcdefghij"
-    whole = generate(model, Bytes(), prompt, 10, 11, 0.8, 5)
+    prompt = "abcdefghijkl"
+    whole = generate(model, Bytes(), prompt, 6, 11, 0.8, 5)
     dec = Decoder(m, model.params, stream=model.stream)
-    assert generate(model, Bytes(), prompt, 10, 11, 0.8, 5, decoder=dec) == whole
+    assert generate(model, Bytes(), prompt, 6, 11, 0.8, 5, decoder=dec) == whole
     assert dec.n == m.context_length and dec.read("pos")[0] == m.context_length     # it decoded to the end
 
 
