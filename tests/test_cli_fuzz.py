@@ -232,7 +232,7 @@ def tools():
             **{f"lab/bench/{b}": _bench(b).main for b in ("kernels", "gpu_checks", "step_time", "profile_step",
                                                          "gpu_graph", "gemm", "tf32_check", "profile_kernels",
                                                          "gemm_ablate", "ncu_gemm", "precision_runs", "like_for_like",
-                                                         "start_time")}}
+                                                         "start_time", "splitk_sweep", "decode_speed", "flash_wgmma")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -435,6 +435,15 @@ ROWS = [
     ("lab/bench/step_time", ["--flash-version", "1"], "invalid choice: 1"),
     ("lab/bench/step_time", ["--mlp-version", "4"], "invalid choice: 4"),
     ("lab/bench/profile_kernels", ["run", "--log", "{W}/l.json", "--mlp-version", "4"], "invalid choice: 4"),
+    ("lab/bench/splitk_sweep", ["--json", "{W}/out.txt"], "ending in .json"),
+    ("lab/bench/splitk_sweep", [], "the simulator has nothing to time"),
+    ("lab/bench/decode_speed", ["--size", "7B"], "7B"),
+    ("lab/bench/decode_speed", ["--tokens", "0"], "argument --tokens"),
+    ("lab/bench/decode_speed", ["--json", "{W}/nodir/d.json"], "does not exist"),
+    ("lab/bench/decode_speed", [], "needs a CUDA GPU"),
+    ("lab/bench/flash_wgmma", ["--repeats", "0"], "argument --repeats"),
+    ("lab/bench/flash_wgmma", ["--markdown", "{W}/out.txt"], "ending in .md"),
+    ("lab/bench/flash_wgmma", ["--sizes", "7B"], "invalid choice"),
     ("lab/bench/start_time", ["--repeats", "0"], "argument --repeats"),
     ("lab/bench/start_time", ["--size", "7B"], "7B"),
     ("lab/bench/start_time", ["--out", "{W}/out.txt"], "ending in .json"),

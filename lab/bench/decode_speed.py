@@ -111,11 +111,11 @@ def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
 
 def main(argv=None) -> int:
     ap = cli.Parser(prog="python lab/bench/decode_speed.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", default="12M", help="a config size (default 12M)")
+    ap.add_argument("--size", type=cli.config, default="12M", help="a config size or file (default 12M)")
     ap.add_argument("--tokens", type=cli.positive_int, default=256, help="tokens drawn a run (default 256)")
     ap.add_argument("--runs", type=cli.positive_int, default=5, help="timed runs a path (default 5)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows to this file")
     ap.add_argument("--no-blocks", action="store_true", help="skip the decoder's block variants")
     ap.add_argument("--only-blocks", action="store_true", help="only the decoder's block variants")
     args = ap.parse_args(argv)

@@ -349,14 +349,14 @@ def ptx_only(out_dir: Path, say=print):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.Parser(prog="python lab/bench/flash_wgmma.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", choices=sorted(SIZES), default=None, help="default: 12M 120M (--quick: 120M)")
     p.add_argument("--quick", action="store_true", help="120M only, each version's default block, 3 repeats")
-    p.add_argument("--repeats", type=int, default=None, help="repeats of each timing, median taken (default 7; --quick 3)")
+    p.add_argument("--repeats", type=cli.positive_int, default=None, help="repeats of each timing, median taken (default 7; --quick 3)")
     p.add_argument("--no-check", action="store_true", help="time only")
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
-    p.add_argument("--markdown", type=Path, help="also write the tables here")
-    p.add_argument("--json", type=Path, help="every row as JSON")
+    p.add_argument("--markdown", type=cli.file_to_write(".md"), help="also write the tables here")
+    p.add_argument("--json", type=cli.file_to_write(".json"), help="every row as JSON")
     p.add_argument("--ptx", type=cli.dir_to_write, help="compile only (no GPU): v15's kernels for sm_90a into this "
                    "directory, with ptxas -v's registers and spills")
     args = p.parse_args(argv)
@@ -395,9 +395,9 @@ def main(argv=None):
     table = markdown(rows, checks)
     print(table)
     if args.markdown:
-        args.markdown.write_text(table + "\n")
+        Path(args.markdown).write_text(table + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "checks": checks}, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": rows, "checks": checks}, indent=1))
     return 0 if all(c["ok"] for c in checks) else 1
 
 
