@@ -30,7 +30,6 @@ exits with one line: there is nothing to time there.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
