@@ -25,8 +25,9 @@ numba's own `cache=True` keys a kernel by its own file's time stamp alone, so a 
 device function in another module would be served stale: hence this module.
 
 A file is the magic line, the payload's sha256, then the payload: one that fails to read or to
-check is a miss (compiled again and written over). Files are written atomically (atomic.py), and
-the oldest are removed when the directory grows past MAX_BYTES. The directory is
+check is a miss (compiled again and written over). Files are written atomically (atomic.py); the
+least recently used are removed when the directory grows past MAX_BYTES, and a killed write's
+temporary file once it is an hour old. The directory is
 $ANDREA_KERNEL_CACHE, else $XDG_CACHE_HOME/andrea_numba/kernels (~/.cache/...);
 ANDREA_KERNEL_CACHE=off turns the cache off. In the simulator nothing is compiled and nothing is
 cached.
@@ -53,13 +54,14 @@ from pathlib import Path
 import numpy as np
 from numba.core import types as numba_types
 
-from .atomic import atomic_write
+from .atomic import atomic_write, stale_temporaries
 
 ENV = "ANDREA_KERNEL_CACHE"
 OFF = ("off", "0", "none", "no", "false")
 FORMAT = b"andrea-numba compiled kernel 1\n"
 SUFFIX = ".kernel"
 MAX_BYTES = 2 << 30             # the directory's size past which the least recently used files go
+STALE_S = 3600                  # a temporary file this old is a write that was killed, not one in progress
 
 # Packages whose code is keyed by their version, not their files.
 LIBRARIES = frozenset({"numba", "numba_cuda", "llvmlite", "numpy", "cuda"})
@@ -386,8 +388,17 @@ class KernelCache:
         return sum(p.stat().st_size for p in self.entries() if p.exists())
 
     def prune(self) -> int:
-        """Remove the least recently used files until the directory holds at most max_bytes; returns
-        how many went."""
+        """Remove the least recently used files until the directory holds at most max_bytes, and the
+        temporaries of writes killed before their rename (older than STALE_S: another run's write
+        may be in progress); returns how many files went."""
+        removed = 0
+        for p in stale_temporaries(self.dir):
+            try:
+                if time.time() - p.stat().st_mtime > STALE_S:
+                    p.unlink()
+                    removed += 1
+            except OSError:
+                continue
         files = []
         for p in self.entries():
             try:
@@ -396,7 +407,6 @@ class KernelCache:
                 continue
             files.append((st.st_mtime, st.st_size, p))
         total = sum(s for _, s, _ in files)
-        removed = 0
         for _, s, p in sorted(files):
             if total <= self.max_bytes:
                 break

@@ -181,6 +181,15 @@ def test_the_least_recently_used_go_first(tmp_path):
     assert sorted(p.stem for p in cache.entries()) == ["k0", "k3", "k4"]
 
 
+def test_a_killed_writes_temporary_goes_when_it_is_old(tmp_path):
+    cache = KC.KernelCache(tmp_path)
+    old, new = tmp_path / ".k1.kernel.abcd1234.tmp", tmp_path / ".k2.kernel.efgh5678.tmp"
+    old.write_bytes(b"half a kernel")
+    new.write_bytes(b"a write in progress")
+    os.utime(old, (time.time() - 2 * KC.STALE_S,) * 2)
+    assert cache.prune() == 1 and not old.exists() and new.exists()
+
+
 def test_where_the_cache_is_and_when_it_is_off(tmp_path, monkeypatch):
     monkeypatch.setenv(KC.ENV, str(tmp_path / "mine"))
     assert KC.default_dir() == tmp_path / "mine"
