@@ -36,7 +36,10 @@ from .config import ConfigError, config_from_dict
 from .decode import Decoder
 from .gpu_model import GPUModel
 from .graphs import GRAPHS, StepGraph
+from .kernel_cache import KernelCache
+from .kernels.common import SIMULATOR
 from .layout import n_params
+from .precompile import compile_ahead, default_workers, record_launches
 from .recipes import recipe_for, unavailable
 from .runlog import BEST_FILE, CHECKPOINT_FILE, DATA_DIR, STATE_FILE, RunDirError, read_run_state
 
@@ -126,7 +129,6 @@ def sample_from(p, rng, temperature=1.0, top_k=40) -> int:
 def _require_gpu() -> None:
     from numba import cuda
 
-    from .kernels.common import SIMULATOR
     if not SIMULATOR and not cuda.is_available():
         raise SampleError("no CUDA GPU found: sample with --cpu (the NumPy twin)")
 
@@ -144,7 +146,27 @@ def generate_gpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, 
     if model.precision == "fp32":
         decoder = Decoder(m, model.params, m.context_length, stream=model.stream,
                           capture=StepGraph if GRAPHS else None)
+    compile_sampler(model, decoder)
     return generate(model, tokenizer, prompt, n_tokens, seed, temperature, top_k, decoder=decoder)
+
+
+def compile_sampler(model, decoder=None, log=None):
+    """Before the first token, as the trainer before its first step: the kernels of the whole forward
+    and of the decoder's step, recorded without running (precompile.record_launches), loaded from the
+    kernel cache where an earlier run compiled them (kernel_cache.py) and the rest compiled on worker
+    processes (precompile.compile_ahead). Nothing here can fail the sampling: a kernel left out is
+    compiled at its first launch. In the simulator nothing is compiled."""
+    if SIMULATOR:
+        return None
+    buf = np.zeros((1, model.T), np.int32)
+    work = [lambda: model.forward(buf, buf)] + ([lambda: decoder.work(decoder.stream)] if decoder else [])
+    try:
+        launches = record_launches(*work)
+        model.stream.synchronize()               # the recorded forward copied its token ids in
+    except Exception:                          # compiled at their first launches instead
+        return None
+    return compile_ahead(launches, default_workers(), log=log,
+                         cache=KernelCache.open(log=lambda line: print(line, file=sys.stderr)))
 
 
 def _data_dir(run: Path, state: dict) -> Path:

@@ -248,3 +248,36 @@ def test_gpu_recompile(tmp_path):
     edit(tmp_path / "kc_pkg_gpu" / "dep.py", DEP.format(step=2))
     assert run() == (0, 1, 2.0)                   # the change is compiled, never the stale kernel
     assert run() == (1, 0, 2.0)
+
+
+def test_the_sampler_loads_its_kernels_from_the_cache_before_the_first_token(tmp_path, monkeypatch):
+    """python -m andrea_numba.sample (generate_gpu) records the whole forward's and the decoder's
+    launches and hands them to compile_ahead with the kernel cache, as the trainer does; a recording
+    that fails leaves every kernel to its first launch and the sampling goes on."""
+    from types import SimpleNamespace
+
+    from andrea_numba import sample
+    monkeypatch.setenv(KC.ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(sample, "SIMULATOR", False)
+    seen = {}
+
+    def record(*work):
+        seen["work"] = len(work)
+        return ["launch"] * len(work)
+
+    def ahead(launches, workers, log=None, cache=None):
+        seen.update(launches=launches, workers=workers, cache=cache)
+        return {"cached": 0}
+    monkeypatch.setattr(sample, "record_launches", record)
+    monkeypatch.setattr(sample, "compile_ahead", ahead)
+    model = SimpleNamespace(T=4, stream=SimpleNamespace(synchronize=lambda: None))
+    assert sample.compile_sampler(model, decoder=SimpleNamespace(stream=None)) == {"cached": 0}
+    assert seen["work"] == 2 and seen["launches"] == ["launch"] * 2 and seen["workers"] >= 1
+    assert seen["cache"].dir == tmp_path / "cache"
+    sample.compile_sampler(model)                            # bf16: the whole forward alone
+    assert seen["work"] == 1
+
+    def broken(*work):
+        raise RuntimeError("a launcher asked the GPU something")
+    monkeypatch.setattr(sample, "record_launches", broken)
+    assert sample.compile_sampler(model) is None
