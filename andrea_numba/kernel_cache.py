@@ -118,12 +118,10 @@ def _imports(source: bytes, path: str) -> list[str]:
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".") if package else []
-                base_parts = parts[:len(parts) - node.level + 1] if node.level <= len(parts) else []
-                base = ".".join(base_parts + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
+            try:                               # `from ..a import b` resolved as Python resolves it
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            except (ImportError, ValueError):  # beyond the top package, or relative outside one
+                continue
             if base:
                 names.append(base)
                 names += [f"{base}.{a.name}" for a in node.names if a.name != "*"]
@@ -160,6 +158,11 @@ def _module_file(name: str) -> str | None:
 
 def _sanitised(text: str) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+
+
+def _options(dispatcher) -> str:
+    """A dispatcher's jit options (fastmath, max_registers, ...) as text, in a fixed order."""
+    return _sanitised(repr(sorted(getattr(dispatcher, "targetoptions", {}).items())))
 
 
 def _code_names(code) -> set:
@@ -247,7 +250,7 @@ class Fingerprint:
             if not _library_module(v.__name__):
                 self.source(getattr(v, "__file__", None))
         elif hasattr(v, "py_func"):            # a @cuda.jit dispatcher (a device function)
-            self.parts.append(f"{where} = jit {_sanitised(repr(sorted(getattr(v, 'targetoptions', {}).items())))}")
+            self.parts.append(f"{where} = jit {_options(v)}")
             self.function(v.py_func, where)
         elif hasattr(v, "_defn") and callable(v._defn):   # an @intrinsic: its typer holds its codegen
             self.parts.append(f"{where} = intrinsic")
@@ -310,7 +313,7 @@ def kernel_key(dispatcher, argtypes, tools: str, files: _Files | None = None) ->
     fp = Fingerprint(files)
     py_func = getattr(dispatcher, "py_func", None) or dispatcher.fn     # the simulator's kernels: .fn
     fp.parts.append(f"kernel {py_func.__module__}.{py_func.__qualname__}")
-    fp.parts.append(f"options {_sanitised(repr(sorted(getattr(dispatcher, 'targetoptions', {}).items())))}")
+    fp.parts.append(f"options {_options(dispatcher)}")
     fp.parts.append(f"argtypes {argtypes!r}")
     fp.parts.append(f"tools {tools}")
     fp.function(py_func, "kernel")
