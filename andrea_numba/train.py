@@ -259,7 +259,6 @@ class Trainer:
         for k in self.kernels:
             self.log(k.describe())
         self.timings = {"setup_s": 0.0, "train_s": 0.0}
-        tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
         if found is not None and found["params"] is not None:
             params, mm, vv = found["params"], found["m"], found["v"]
             self.step = self.checkpoint_step = found["step"]
@@ -280,7 +279,7 @@ class Trainer:
             if found["loss_scale"] is not None:  # fp16: the scale of the checkpoint
                 self.scaler = found["loss_scale"]
                 self.checkpoint_loss_scale = self.scaler.to_dict()
-        self.tokens_seen = self.step * tokens_per_step
+        self.tokens_seen = self.step * self.tokens_per_step
         s = self.stream
         self.model.params.copy_to_device(params, stream=s)
         self.adam_m.copy_to_device(mm, stream=s)
@@ -461,12 +460,17 @@ class Trainer:
         s.synchronize()                          # the recorded forwards copied their token ids in
         return launches
 
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens an optimiser step trains on: its microbatches' B x T each."""
+        t = self.cfg.train
+        return t.batch_size * t.seq_len * t.n_microbatches
+
     def average_mfu(self, tokens: int, timings: dict) -> str:
         """MFU over `tokens` trained in timings["train_s"] seconds, leaving out the first step of
         each process (timings "first_steps", "first_steps_s": it loads every kernel and runs
         eagerly) when there were others; the text for the summary line."""
-        t = self.cfg.train
-        per_step = t.batch_size * t.seq_len * t.n_microbatches
+        per_step = self.tokens_per_step
         n_first, first_s, total_s = timings.get("first_steps", 0), timings.get("first_steps_s", 0.0), timings["train_s"]
         if tokens > n_first * per_step and total_s > first_s > 0:
             rate, what = (tokens - n_first * per_step) / (total_s - first_s), "over its steps after the first"
@@ -636,7 +640,7 @@ class Trainer:
         if isinstance(data.get("source"), str) and data["source"] != "stdlib":
             data["source"] = path_record(self.run_dir, data["source"])
         state = {"step": step, "config": config, "tokenizer": self.meta.get("tokenizer"), "data": data,
-                 "tokens_seen": step * t.batch_size * t.seq_len * t.n_microbatches, "n_params": self.n,
+                 "tokens_seen": step * self.tokens_per_step, "n_params": self.n,
                  "timings": {**self.timings, "elapsed_s": round(self.elapsed(), 3)},
                  "checkpoint": CHECKPOINT_FILE, "checkpoint_sha256": self.checkpoint_sha256,
                  "previous_checkpoint_sha256": self.previous_checkpoint_sha256, "best": self.best,
@@ -668,7 +672,7 @@ class Trainer:
     def run(self, steps=None):
         t = self.cfg.train
         last = t.steps if steps is None else steps
-        tokens_per_step = t.batch_size * t.seq_len * t.n_microbatches
+        tokens_per_step = self.tokens_per_step
         own_handlers = self.handlers is None
         if own_handlers:
             self.install_signal_handlers()

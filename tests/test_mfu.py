@@ -44,7 +44,7 @@ def test_the_summary_leaves_out_each_processs_first_step():
     cfg = load_config("12M")
     t = cfg.train
     per_step = t.batch_size * t.seq_len * t.n_microbatches
-    me = SimpleNamespace(cfg=cfg, flops_token=1.0, peak=per_step * 100.0)     # MFU = steps a second / 100
+    me = SimpleNamespace(tokens_per_step=per_step, flops_token=1.0, peak=per_step * 100.0)   # MFU = steps a second / 100
     after = Trainer.average_mfu(me, 10 * per_step, {"train_s": 10.0, "first_steps_s": 9.0, "first_steps": 1})
     assert after == "MFU 9.0% over its steps after the first"
     one = Trainer.average_mfu(me, per_step, {"train_s": 4.0, "first_steps_s": 4.0, "first_steps": 1})
