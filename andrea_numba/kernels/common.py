@@ -311,16 +311,17 @@ def elementwise_launch(n: int):
 
 @cuda.jit(device=True)
 def block_sum(buf, val):
-    """Sum `val` over the threads of a block (blockDim.x a power of two): a tree in shared memory
-    `buf` (at least blockDim.x floats). Every thread gets the total. Fixed order: deterministic.
+    """Sum `val` over the threads of a block (its thread count a power of two; a 2-D block's threads
+    counted row by row, i = threadIdx.y * blockDim.x + threadIdx.x): a tree in shared memory `buf`
+    (at least as many floats as threads). Every thread gets the total. Fixed order: deterministic.
         step s = n/2, n/4, ..., 1:  buf[i] += buf[i + s] for i < s"""
-    tid = cuda.threadIdx.x
-    buf[tid] = val
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    buf[i] = val
     cuda.syncthreads()
-    s = cuda.blockDim.x // 2
+    s = cuda.blockDim.x * cuda.blockDim.y // 2
     while s > 0:
-        if tid < s:
-            buf[tid] += buf[tid + s]
+        if i < s:
+            buf[i] += buf[i + s]
         cuda.syncthreads()
         s //= 2
     total = buf[0]
@@ -331,13 +332,13 @@ def block_sum(buf, val):
 @cuda.jit(device=True)
 def block_max(buf, val):
     """Maximum of `val` over the threads of a block, same tree as block_sum."""
-    tid = cuda.threadIdx.x
-    buf[tid] = val
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    buf[i] = val
     cuda.syncthreads()
-    s = cuda.blockDim.x // 2
+    s = cuda.blockDim.x * cuda.blockDim.y // 2
     while s > 0:
-        if tid < s:
-            buf[tid] = max(buf[tid], buf[tid + s])
+        if i < s:
+            buf[i] = max(buf[i], buf[i + s])
         cuda.syncthreads()
         s //= 2
     total = buf[0]

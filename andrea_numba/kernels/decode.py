@@ -81,7 +81,7 @@ import math
 
 from numba import cuda, float32, int32
 
-from .common import MAX_BLOCK, SIMULATOR, blocks, cdiv, nonneg
+from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, nonneg
 from .mlp import gelu
 
 LOGIT_BLOCKS = 4 if SIMULATOR else 1 << 20      # k_decode_logits: at most this many blocks (rows loop)
@@ -104,41 +104,6 @@ else:
 
 
 @cuda.jit(device=True)
-def _flat_sum(buf, val):
-    """Sum of val over every thread of a block of any shape (its thread count a power of two):
-    common.block_sum's tree on the flat thread index i = ty * TX + tx. Every thread gets the total."""
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    buf[i] = val
-    cuda.syncthreads()
-    s = cuda.blockDim.x * cuda.blockDim.y // 2
-    while s > 0:
-        if i < s:
-            buf[i] += buf[i + s]
-        cuda.syncthreads()
-        s //= 2
-    total = buf[0]
-    cuda.syncthreads()              # buf may be reused right after
-    return total
-
-
-@cuda.jit(device=True)
-def _flat_max(buf, val):
-    """Maximum of val over every thread of the block: _flat_sum's tree with max."""
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    buf[i] = val
-    cuda.syncthreads()
-    s = cuda.blockDim.x * cuda.blockDim.y // 2
-    while s > 0:
-        if i < s:
-            buf[i] = max(buf[i], buf[i + s])
-        cuda.syncthreads()
-        s //= 2
-    total = buf[0]
-    cuda.syncthreads()
-    return total
-
-
-@cuda.jit(device=True)
 def _layernorm_shared(a, buf, C, eps):
     """a[c] = (a[c] - mean) * rstd * g[c] + b[c] in place over the C channels of a row, with the
     shared array a = [the row | g | b] (3C floats): mean = (1/C) sum_c a[c], rstd = 1 / sqrt((1/C)
@@ -151,12 +116,12 @@ def _layernorm_shared(a, buf, C, eps):
     s = float32(0.0)
     for c in range(i, C, n):
         s += a[c]
-    mu = _flat_sum(buf, s) * inv_c
+    mu = block_sum(buf, s) * inv_c
     s = float32(0.0)
     for c in range(i, C, n):
         d = a[c] - mu
         s += d * d
-    r = float32(1.0) / math.sqrt(_flat_sum(buf, s) * inv_c + eps)
+    r = float32(1.0) / math.sqrt(block_sum(buf, s) * inv_c + eps)
     for c in range(i, C, n):
         a[c] = (a[c] - mu) * r * a[C + c] + a[2 * C + c]
     cuda.syncthreads()
@@ -396,12 +361,12 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
     if tid < na:
         mj = _from_l2(part_m, (h, tid))            # (both loads in one round)
         lj = _from_l2(part_l, (h, tid))
-    big = _flat_max(red, mj)                       # M = max_p m_p
+    big = block_max(red, mj)                       # M = max_p m_p
     wj = float32(0.0)
     if tid < na:
         wj = _chunk_weight(mj, big)
         ex[tid] = wj
-    lw = _flat_sum(red, wj * lj)                   # sum_p w_p l_p (its barriers also publish every w_p)
+    lw = block_sum(red, wj * lj)                   # sum_p w_p l_p (its barriers also publish every w_p)
     for d in range(tid % cols, hs, cols):
         a0 = float32(0.0)
         a1 = float32(0.0)
@@ -513,11 +478,11 @@ def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte):
     m = float32(-math.inf)
     for v in range(i, V, nt):
         m = max(m, _from_l2(logits, v))
-    m = _flat_max(buf, m)
+    m = block_max(buf, m)
     s = float32(0.0)
     for v in range(i, V, nt):
         s += math.exp(_from_l2(logits, v) - m)
-    se = _flat_sum(buf, s)
+    se = block_sum(buf, s)
     for v in range(i, V, nt):
         probs[v] = math.exp(_from_l2(logits, v) - m) / se
     if i == 0:
