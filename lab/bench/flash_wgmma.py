@@ -31,7 +31,6 @@ exits with one line: there is nothing to time there.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -44,10 +43,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "lab" / "bench"))
 
 from andrea_numba import cli  # noqa: E402
 from andrea_numba.config import load_config  # noqa: E402
 from andrea_numba.kernels.common import SIMULATOR  # noqa: E402
+from kernels import time_calls  # noqa: E402  (lab/bench/kernels.py: events around back-to-back calls)
 
 SIZES = {"12M": (16, 512), "120M": (8, 1024)}       # the configs' training microbatches (B, T)
 VERSIONS = (13, 14, 15)
@@ -103,27 +104,6 @@ class Buffers:
     def outputs(self):
         return {"y": self.y.copy_to_host(), "lse": self.lse.copy_to_host(),
                 **{n: g.copy_to_host() for n, g in zip(("dq", "dk", "dv"), self.grads)}}
-
-
-def time_ms(run, stream, repeats, min_ms=20.0):
-    """Milliseconds of one run(): CUDA events around n back-to-back runs, median of `repeats`."""
-    from numba import cuda
-    run()
-    stream.synchronize()
-    t0 = time.perf_counter()
-    run()
-    stream.synchronize()
-    n = max(1, min(200, int(min_ms / 1e3 / max(time.perf_counter() - t0, 1e-6))))
-    times = []
-    for _ in range(repeats):
-        start, end = cuda.event(), cuda.event()
-        start.record(stream)
-        for _ in range(n):
-            run()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_time(end) / n)
-    return float(np.median(times))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,9 +172,9 @@ def our_rows(size, bufs, repeats, quick, say):
             fb, bb = fblocks[min(i, len(fblocks) - 1)], bblocks[min(i, len(bblocks) - 1)]
             row = {"size": size, "version": label, "block": f"{fb} / {bb}".replace(" ", "").replace("/", " / ")}
             try:
-                row["fwd_ms"] = time_ms(lambda: bufs.fwd(fwd, fb, out16, stream), stream, repeats)
+                row["fwd_ms"] = time_calls(lambda: bufs.fwd(fwd, fb, out16, stream), stream, repeats)
                 bufs.fwd(fwd, fblocks[0], out16, stream)         # y, lse for the backward
-                row["bwd_ms"] = time_ms(lambda: bufs.bwd(bwd, bb, out16, stream), stream, repeats)
+                row["bwd_ms"] = time_calls(lambda: bufs.bwd(bwd, bb, out16, stream), stream, repeats)
                 row["fwd_tflops"] = f_fwd / row["fwd_ms"] / 1e9
                 row["bwd_tflops"] = f_bwd / row["bwd_ms"] / 1e9
                 row["total_ms"] = row["fwd_ms"] + row["bwd_ms"]

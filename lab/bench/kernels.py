@@ -92,18 +92,18 @@ def device_buffers(case, launch, dims, ref):
     return d, scalars
 
 
-def time_launch(launch, buffers, scalars, block, stream, min_ms=20.0) -> float:
-    """Milliseconds of one call: CUDA events around n back-to-back calls, median of 5 repeats."""
+def time_calls(run, stream, repeats=5, min_ms=20.0) -> float:
+    """Milliseconds of one run(): CUDA events around n back-to-back runs (n for about min_ms of
+    them, at most 200), median of `repeats`; a first run compiles and warms the caches."""
     from numba import cuda
-    run = lambda: call(launch, {**scalars, **buffers}, block=block, stream=stream)
-    run()                                                     # compile, warm the caches
+    run()
     stream.synchronize()
     t0 = time.perf_counter()
     run()
     stream.synchronize()
     n = max(1, min(200, int(min_ms / 1e3 / max(time.perf_counter() - t0, 1e-6))))
     times = []
-    for _ in range(5):
+    for _ in range(repeats):
         start, end = cuda.event(), cuda.event()
         start.record(stream)
         for _ in range(n):
@@ -112,6 +112,11 @@ def time_launch(launch, buffers, scalars, block, stream, min_ms=20.0) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / n)
     return float(np.median(times))
+
+
+def time_launch(launch, buffers, scalars, block, stream, min_ms=20.0) -> float:
+    """Milliseconds of one call of a launcher (time_calls, median of 5 repeats)."""
+    return time_calls(lambda: call(launch, {**scalars, **buffers}, block=block, stream=stream), stream, 5, min_ms)
 
 
 def bench_case(case, dims: Dims, rng, say=print, versions=None) -> list[dict]:
