@@ -435,7 +435,8 @@ matmul_v23.precision = "bf16"
 VERSIONS = {"matmul": {1: matmul_naive, 2: matmul, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
                        7: matmul_v7, 8: matmul_tf32x3, 9: matmul_v9, 10: matmul_v10, 11: matmul_fp16,
                        12: matmul_v12, 13: matmul_bf16, 14: matmul_v14, 15: matmul_v15, 16: matmul_v16,
-                       17: matmul_bf16_wgmma_cp_async, 18: matmul_bf16_wgmma, 19: matmul_v19, 23: matmul_v23}}
+                       17: matmul_bf16_wgmma_cp_async, 18: matmul_bf16_wgmma, 19: matmul_v19, 23: matmul_v23,
+                       25: matmul_tf32x3_wgmma}}
 
 
 # matmul v20-v22 (cuBLASLt in fp32, bf16, fp16) and v24 (FP8) beside the ladder, where they can run

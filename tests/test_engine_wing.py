@@ -65,7 +65,7 @@ def test_the_engine_tile_families_are_those_its_products_name():
     ("v3", ...): no other name."""
     engine = {name: value for name, value in vars(matmul).items()
               if name.startswith("matmul_") and hasattr(value, "family") and value.__module__ == matmul.__name__}
-    assert {launch.family for launch in engine.values()} == {"tf32x3", "fp16", "bf16", "bf16_wgmma_cp_async"}
+    assert {launch.family for launch in engine.values()} == {"tf32x3", "fp16", "bf16", "bf16_wgmma_cp_async", "tf32x3_wgmma"}
     for launch in engine.values():
         assert matmul.TILE_FAMILIES[launch.family].rung == launch.rung, launch.__name__
     from lab import matmul as lab_matmul          # registers the lab's families

@@ -50,6 +50,7 @@ from .common import blocks, cdiv, ELEMENTWISE_THREADS, rung, SIMULATOR
 from .half_tile import async_resolve, bf16_copies, make_async_tile
 from .tma import TMAPS, map_fits
 from .warp_tile import make_epilogue, make_fp16_tile, make_tf32x3_tile, resolve
+from .split_wgmma import make_split_tile, split_resolve
 from .wgmma_mn import make_mn_tile, mn_resolve
 from .wgmma_tma import tile_bytes, tma_kernel, units_grid
 
@@ -202,6 +203,8 @@ TILE_FAMILIES = {
                                               "bits left for the tensor core to drop, transposed operands stored 128 bits at a time)"),
     "fp16": TileFamily(make_fp16_tile, 11, "fp16 tensor cores (inputs rounded as read) on swizzled k-major tiles"),
     "bf16": TileFamily(make_async_tile, 13, "bf16 tensor cores on bf16 copies, copied to a ring of shared stages by cp.async"),
+    "tf32x3_wgmma": TileFamily(make_split_tile, 25, "3xTF32 on Hopper's wgmma: big and small planes of each operand, "
+                                                    "split and stored K-major by the threads"),
     "bf16_wgmma_cp_async": TileFamily(make_mn_tile, 17, "bf16 wgmma on the bf16 copies as stored: MN-major stages read "
                                                         "through the transpose bits"),
 }
@@ -680,6 +683,31 @@ def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream):
     if S > 1:
         splitk_sum(out, part, accumulate, stream)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul_tf32x3_wgmma: matmul_tf32x3's 3xTF32 sums on Hopper's wgmma (kernels/split_wgmma.py).
+# wgmma reads TF32 only K-major and only from shared memory, so the threads load each stage
+# through registers, split every value into big and small and store both into K-major planes
+# (transposing an operand stored with k down its columns), and three wgmmas a k8 step multiply
+# small*big, big*small and big*big. A ring of 3 stages in dynamic shared memory, one wgmma group
+# in flight, split-K as the others (no atomics). Tiles (BM, BN, 32, 64, BN): 128 x 128 (193 KiB,
+# one block a multiprocessor, 64 accumulators a thread), 128 x 64 (145 KiB) and 64 x 128 (one
+# warpgroup); in the simulator one warpgroup of 64 x 32 and of 64 x 64.
+SPLIT_WGMMA_TILES = dict(gpu=((128, 128, 32, 64, 128), (128, 64, 32, 64, 64), (64, 128, 32, 64, 128)),
+                         sim=((64, 32, 32, 64, 32), (64, 64, 32, 64, 64)))
+
+
+@rung(25)
+@blocks(**SPLIT_WGMMA_TILES)
+def matmul_tf32x3_wgmma(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """fp32-accurate products on Hopper's wgmma (sm_90a): 3xTF32 as matmul_tf32x3, each operand split
+    into big and small planes stored K-major in a ring of shared stages by the threads; block = (BM,
+    BN, 32, 64, BN); work: the split-K buffer (or None)."""
+    _wgmma_matmul(split_resolve, out, work, a, b, bool(trans_a), bool(trans_b), accumulate, block, stream)
+
+
+matmul_tf32x3_wgmma.family = "tf32x3_wgmma"
 
 
 # the linear ops on matmul_bf16_wgmma (the bf16-hopper recipe's): a tile per product ("auto", what

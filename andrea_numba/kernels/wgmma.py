@@ -44,6 +44,17 @@ an m64n16 accumulator (register_a_matrix), and only B is read through a descript
 So the accumulators of one product, rounded and packed in pairs, are the A operand of the next
 without a trip through shared memory.
 
+TF32 (wgmma_tf32; the 3xTF32 products of matmul_tf32x3_wgmma, kernels/split_wgmma.py): the same
+instruction eight values of k deep on 32-bit operands,
+
+    wgmma.mma_async.sync.aligned.m64n{N}k8.f32.tf32.tf32 {d0, ..., d(N/2 - 1)}, desc_a, desc_b, p, 1, 1;
+
+with no transpose immediates: the PTX ISA offers imm-trans-a and imm-trans-b for .f16 and .bf16
+only, so both TF32 operands are K-major. A k8 step of fp32 values is 32 bytes a row, the bytes of a
+bf16 k16 step, so the K-major layouts below serve unchanged: rows of 128 bytes (32 values of k) under
+the 128-byte swizzle, the k8 step s at start + 32 s. The tensor core reads a TF32 operand from the
+top 19 bits of each 32-bit value (the low 13 mantissa bits are dropped: truncation), as mma.sync does.
+
 numba-cuda 0.30 compiles for "sm_90a" on a compute-capability-9.0 device (the "a": the
 architecture-specific features, wgmma among them; codegen._ensure_cc), and so does
 cuda.compile_ptx(..., cc=(9, 0, "a")) without a GPU (lab/bench/wgmma_probe.py --ptx). With
@@ -363,6 +374,38 @@ def wgmma_warpgroup(smem, desc_a, desc_b, n, acc=None, scale_d=1, trans_a=0, tra
     return _accumulate(a @ bt.T, n, acc, scale_d)
 
 
+def tf32_truncate(x):
+    """float64 values of float32 x as a TF32 operand reaches the tensor core: the low 13 mantissa
+    bits dropped (module docstring, "TF32")."""
+    bits = np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32).astype(np.float64)
+
+
+def _read_operand_tf32(smem, desc, rows):
+    """[rows, 8] float64: the TF32 values one k8 step of a K-major 32-bit operand holds, read out of
+    the image smem through its descriptor. The step's 32 bytes a row are those of a bf16 k16 step,
+    so value k is at the address of bf16 value 2 k (kmajor_read_addresses), truncated to TF32."""
+    raw = np.ascontiguousarray(smem).reshape(-1).view(np.uint8)
+    addr = kmajor_read_addresses(int(desc) & 0xFFFFFFFFFFFFFFFF, rows)[:, 0::2]    # [rows, 8]
+    if (addr % 4).any():
+        raise IndexError(f"descriptor {int(desc):#018x} reads 32-bit values at addresses not a multiple of 4")
+    if int(addr.max()) + 4 > raw.size:
+        raise IndexError(f"descriptor {int(desc):#018x} reads outside the {raw.size}-byte image")
+    words = raw[: raw.size // 4 * 4].view(np.float32)
+    return tf32_truncate(words[addr // 4])
+
+
+def wgmma_warpgroup_tf32(smem, desc_a, desc_b, n, acc=None, scale_d=1):
+    """NumPy twin of one wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 for the whole
+    warpgroup: A [64, 8] and B^T [n, 8] read K-major from the image smem through desc_a and desc_b,
+    each value truncated to TF32 as the tensor core reads it; acc and scale_d as wgmma_warpgroup's.
+    Returns the threads' registers [128, n/2] (exact products, float64 sums rounded to fp32 once)."""
+    if n not in N_VALUES:
+        raise ValueError(f"n = {n}: m64nNk8 takes N = 8, 16, ..., 256")
+    a, bt = _read_operand_tf32(smem, desc_a, 64), _read_operand_tf32(smem, desc_b, n)
+    return _accumulate(a @ bt.T, n, acc, scale_d)
+
+
 def register_a_matrix(a_regs):
     """The 64 x 16 bf16 matrix A (as float64) that the warpgroup's registers a_regs [128, 4] (int32,
     two bf16 a register, the lower k in the low half) hand to a register-A wgmma. The PTX ISA's
@@ -516,6 +559,40 @@ if not SIMULATOR:
             return context.make_tuple(builder, sig.return_type, out)
         return acc(acc, desc_a, desc_b, scale_d), codegen
 
+    def _wgmma_tf32_asm(nregs):
+        """The inline assembly of one m64n(2 nregs)k8 TF32 wgmma, operands as _wgmma_asm's: outputs
+        $0 .. $(nregs - 1) tied to the inputs of the same numbers, then desc_a, desc_b and scale-d.
+        No transpose immediates: TF32 operands are K-major."""
+        n = 2 * nregs
+        d = ", ".join(f"${i}" for i in range(nregs))
+        ptx = ("{\n.reg .pred p;\n"
+               f"setp.ne.b32 p, ${nregs + 2}, 0;\n"
+               f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 "
+               f"{{{d}}}, ${nregs}, ${nregs + 1}, p, 1, 1;\n"
+               "}")
+        constraints = ",".join(["=f"] * nregs + ["l", "l", "r"] + [str(i) for i in range(nregs)] + ["~{memory}"])
+        fnty = ir.FunctionType(ir.LiteralStructType([_f32] * nregs), [_i64, _i64, _i32] + [_f32] * nregs)
+        return ir.InlineAsm(fnty, ptx, constraints, side_effect=True)
+
+    @intrinsic
+    def wgmma_tf32(typingctx, acc, desc_a, desc_b, scale_d):
+        """acc' = the warpgroup's 64 x N tile of A @ B (+ acc when scale_d != 0), A 64 x 8 and B 8 x N
+        32-bit values in shared memory, both K-major, read as TF32 (their top 19 bits); descriptors
+        and accumulators as wgmma_bf16's. Asynchronous: read acc' only after wgmma_commit and a wait.
+        PTX: wgmma.mma_async.sync.aligned.m64n{N}k8.f32.tf32.tf32 {d..}, desc_a, desc_b, p, 1, 1;"""
+        if not (_acc_type(acc) and _scalar(desc_a) and _scalar(desc_b) and _scalar(scale_d)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            nregs = sig.args[0].count
+            vals = [builder.extract_value(args[0], i) for i in range(nregs)]
+            da = context.cast(builder, args[1], sig.args[1], types.int64)
+            db = context.cast(builder, args[2], sig.args[2], types.int64)
+            sd = context.cast(builder, args[3], sig.args[3], types.int32)
+            d = builder.call(_wgmma_tf32_asm(nregs), [da, db, sd] + vals)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(d, i) for i in range(nregs)])
+        return acc(acc, desc_a, desc_b, scale_d), codegen
+
     def _literal_bit(t):
         """0 or 1 when t is the type of a compile-time constant 0/1 or False/True (a literal: a
         constant in the source, or a global or closure variable of the device function), else None."""
@@ -655,7 +732,7 @@ else:
     def wgmma_bf16(*args):
         raise NotImplementedError("wgmma is a warpgroup instruction: in the simulator use wgmma_warpgroup")
 
-    wgmma_bf16_m64n8k16 = wgmma_bf16_trans = wgmma_bf16_rs = wgmma_bf16
+    wgmma_bf16_m64n8k16 = wgmma_bf16_trans = wgmma_bf16_rs = wgmma_tf32 = wgmma_bf16
 
     class _WarpgroupSlots:
         """One warpgroup's meeting point in the simulator: two sets of slots for its 128 threads'
