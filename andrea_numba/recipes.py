@@ -8,6 +8,7 @@ kept. One recipe per precision and class of GPU; `--precision` and `--products` 
 
     recipe            --precision  --products  GPU                     linear ops' products
     fp32              fp32         numba       any                     3xTF32 on tensor cores (fp32-accurate)
+    fp32-hopper       (--recipe)   numba       compute capability 9.0  3xTF32 on wgmma (fp32-accurate)
     bf16-hopper       bf16         numba       compute capability 9.0  bf16 wgmma, operands by TMA
     bf16-ampere       bf16         numba       any other               bf16 mma.sync, operands by cp.async
     fp16              fp16         numba       any                     fp16 mma.sync, with loss scaling
@@ -121,6 +122,15 @@ FP32 = Recipe(
         mlp=(mlp.mlp_fwd_tf32x3, mlp.mlp_bwd_tf32x3), loss=(loss.loss_fwd_tf32x3, loss.loss_bwd_tf32x3)),
     what="fp32 (products on tensor cores as 3xTF32, as accurate as fp32)")
 
+FP32_HOPPER = Recipe(
+    "fp32-hopper", "fp32", dict(
+        FP32.kernels,
+        attn_qkv=(attn_qkv.attn_qkv_fwd_tf32x3_wgmma, attn_qkv.attn_qkv_bwd_tf32x3_wgmma),
+        attn_out=(attn_out.attn_out_fwd_tf32x3_wgmma, attn_out.attn_out_bwd_tf32x3_wgmma),
+        mlp=(mlp.mlp_fwd_tf32x3_wgmma, mlp.mlp_bwd_tf32x3_wgmma), loss=(loss.loss_fwd_tf32x3_wgmma, loss.loss_bwd_tf32x3_wgmma)),
+    needs_hopper=True, elsewhere="fp32",
+    what="fp32 (products as 3xTF32 on Hopper's wgmma, as accurate as fp32)")
+
 BF16_AMPERE = Recipe(
     "bf16-ampere", "bf16", dict(
         _COMMON,
@@ -165,7 +175,7 @@ def _library(precision: str) -> Recipe:
                   dict(_COMMON, attention=flash), library=precision, what=what)
 
 
-RECIPES = {r.name: r for r in (FP32, BF16_HOPPER, BF16_AMPERE, FP16,
+RECIPES = {r.name: r for r in (FP32, FP32_HOPPER, BF16_HOPPER, BF16_AMPERE, FP16,
                                *(_library(p) for p in ("fp32", "bf16", "fp16", *FP8_SCOPES)))}
 
 

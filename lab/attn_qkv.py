@@ -166,6 +166,8 @@ attn_qkv_fwd_v14.precision = attn_qkv_bwd_v14.precision = "bf16"
 
 
 VERSIONS = {"attn_qkv_fwd": {1: attn_qkv_fwd, 2: attn_qkv_fwd_v2, 3: attn_qkv_fwd_v3, 4: attn_qkv_fwd_v4, 5: attn_qkv_fwd_v5, 6: attn_qkv_fwd_v6, 7: attn_qkv_fwd_tf32x3,
-                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_fp16, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_bf16, 13: attn_qkv_fwd_v13, 14: attn_qkv_fwd_v14, 15: attn_qkv_fwd_bf16_wgmma},
+                             8: attn_qkv_fwd_v8, 9: attn_qkv_fwd_v9, 10: attn_qkv_fwd_fp16, 11: attn_qkv_fwd_v11, 12: attn_qkv_fwd_bf16, 13: attn_qkv_fwd_v13, 14: attn_qkv_fwd_v14, 15: attn_qkv_fwd_bf16_wgmma,
+                             16: attn_qkv_fwd_tf32x3_wgmma},
             "attn_qkv_bwd": {1: attn_qkv_bwd, 2: attn_qkv_bwd_v2, 3: attn_qkv_bwd_v3, 4: attn_qkv_bwd_v4, 5: attn_qkv_bwd_v5, 6: attn_qkv_bwd_v6, 7: attn_qkv_bwd_tf32x3,
-                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_fp16, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_bf16, 13: attn_qkv_bwd_v13, 14: attn_qkv_bwd_v14, 15: attn_qkv_bwd_bf16_wgmma}}
+                             8: attn_qkv_bwd_v8, 9: attn_qkv_bwd_v9, 10: attn_qkv_bwd_fp16, 11: attn_qkv_bwd_v11, 12: attn_qkv_bwd_bf16, 13: attn_qkv_bwd_v13, 14: attn_qkv_bwd_v14, 15: attn_qkv_bwd_bf16_wgmma,
+                             16: attn_qkv_bwd_tf32x3_wgmma}}

@@ -187,7 +187,7 @@ loss_fwd_v15.precision = loss_bwd_v14.precision = "bf16"
 
 VERSIONS = {"loss_fwd": {1: loss_fwd, 2: loss_fwd_v2, 3: loss_fwd_v3, 4: loss_fwd_v4, 5: loss_fwd_v5, 6: loss_fwd_v6, 7: loss_fwd_v7, 8: loss_fwd_v8, 9: loss_fwd_tf32x3,
                          10: loss_fwd_v10, 11: loss_fwd_fp16, 12: loss_fwd_v12, 13: loss_fwd_bf16, 14: loss_fwd_v14, 15: loss_fwd_v15, 16: loss_fwd_v16, 17: loss_fwd_bf16_wgmma_probs,
-                         18: loss_fwd_bf16_wgmma},
+                         18: loss_fwd_bf16_wgmma, 19: loss_fwd_tf32x3_wgmma},
             "loss_bwd": {1: loss_bwd, 2: loss_bwd_v2, 3: loss_bwd_v3, 4: loss_bwd_v4, 5: loss_bwd_v5, 6: loss_bwd_v6, 7: loss_bwd_tf32x3, 8: loss_bwd_v8,
                          9: loss_bwd_v9, 10: loss_bwd_fp16, 11: loss_bwd_v11, 12: loss_bwd_bf16, 13: loss_bwd_v13, 14: loss_bwd_v14, 15: loss_bwd_v15,
-                         16: loss_bwd_bf16_wgmma}}
+                         16: loss_bwd_bf16_wgmma, 17: loss_bwd_tf32x3_wgmma}}

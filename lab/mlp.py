@@ -352,6 +352,8 @@ k_mlp_fwd_v2, k_mlp_bwd_v2 = kernels_v2(mlp_fwd.blocks[0])
 
 
 VERSIONS = {"mlp_fwd": {1: mlp_fwd, 2: mlp_fwd_v2, 3: mlp_fwd_v3, 4: mlp_fwd_v4, 5: mlp_fwd_v5, 6: mlp_fwd_v6, 7: mlp_fwd_v7, 8: mlp_fwd_v8, 9: mlp_fwd_v9,
-                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_tf32x3, 13: mlp_fwd_v13, 14: mlp_fwd_fp16, 15: mlp_fwd_v15, 16: mlp_fwd_bf16, 17: mlp_fwd_v17, 18: mlp_fwd_v18, 19: mlp_fwd_bf16_wgmma, 20: mlp_fwd_v20},
+                        10: mlp_fwd_v10, 11: mlp_fwd_v11, 12: mlp_fwd_tf32x3, 13: mlp_fwd_v13, 14: mlp_fwd_fp16, 15: mlp_fwd_v15, 16: mlp_fwd_bf16, 17: mlp_fwd_v17, 18: mlp_fwd_v18, 19: mlp_fwd_bf16_wgmma, 20: mlp_fwd_v20,
+                        21: mlp_fwd_tf32x3_wgmma},
             "mlp_bwd": {1: mlp_bwd, 2: mlp_bwd_v2, 3: mlp_bwd_v3, 4: mlp_bwd_v4, 5: mlp_bwd_v5, 6: mlp_bwd_v6, 7: mlp_bwd_v7, 8: mlp_bwd_v8, 9: mlp_bwd_v9,
-                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_tf32x3, 13: mlp_bwd_v13, 14: mlp_bwd_fp16, 15: mlp_bwd_v15, 16: mlp_bwd_bf16, 17: mlp_bwd_v17, 18: mlp_bwd_v18, 19: mlp_bwd_bf16_wgmma, 20: mlp_bwd_v20}}
+                        10: mlp_bwd_v10, 11: mlp_bwd_v11, 12: mlp_bwd_tf32x3, 13: mlp_bwd_v13, 14: mlp_bwd_fp16, 15: mlp_bwd_v15, 16: mlp_bwd_bf16, 17: mlp_bwd_v17, 18: mlp_bwd_v18, 19: mlp_bwd_bf16_wgmma, 20: mlp_bwd_v20,
+                        21: mlp_bwd_tf32x3_wgmma}}

@@ -102,7 +102,7 @@ def test_every_kernel_the_recipes_launch_is_named_without_a_version_number(monke
                         lambda kernel, *args: launched.setdefault(kernel.fn.__name__, set()).add(where[0]))
     m = dataclasses.replace(load_config("tiny").model, n_layer=1)
     ours = [r for r in recipes.RECIPES.values() if r.library is None]
-    assert {r.name for r in ours} == {"fp32", "bf16-hopper", "bf16-ampere", "fp16"}
+    assert {r.name for r in ours} == {"fp32", "fp32-hopper", "bf16-hopper", "bf16-ampere", "fp16"}
     for recipe in ours:
         where[0] = recipe.name
         model = G.GPUModel(m, 1, 8, recipe=recipe)
@@ -110,8 +110,8 @@ def test_every_kernel_the_recipes_launch_is_named_without_a_version_number(monke
         tokens = np.zeros((1, 8), np.int32)
         model.forward(tokens, tokens)
         model.backward()
-    products = (matmul.matmul_tf32x3, matmul.matmul_fp16, matmul.matmul_bf16, matmul.matmul_bf16_wgmma_cp_async,
-                matmul.matmul_bf16_wgmma)
+    products = (matmul.matmul_tf32x3, matmul.matmul_tf32x3_wgmma, matmul.matmul_fp16, matmul.matmul_bf16,
+                matmul.matmul_bf16_wgmma_cp_async, matmul.matmul_bf16_wgmma)
     M = N = 32
     K = 1024
     for launch in products:                               # dW += x^T @ dy with a work buffer: split over K

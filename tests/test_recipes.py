@@ -32,7 +32,7 @@ def test_every_precision_and_route_has_one_recipe():
                      ("fp16", "cublas"): "cublas-fp16", ("fp8-fwd", "cublas"): "cublas-fp8-fwd",
                      ("fp8-e5m2", "cublas"): "cublas-fp8-e5m2", ("fp8-all", "cublas"): "cublas-fp8-all"}
     assert recipes.recipe_for("bf16", hopper=False).name == "bf16-ampere"
-    assert set(recipes.RECIPES) == set(names.values()) | {"bf16-ampere"}
+    assert set(recipes.RECIPES) == set(names.values()) | {"bf16-ampere", "fp32-hopper"}   # fp32-hopper: by --recipe
     assert not set(recipes.RECIPES) & set(LAB)
     for r in recipes.RECIPES.values():
         assert set(r.kernels) == set(recipes.OPS) - (set(recipes.LINEAR) if r.library else set()), r.name
@@ -188,4 +188,4 @@ def test_the_lab_prints_every_ladder():
     from lab.cases import ladder
     text = ladder()
     mlp_line = next(line for line in text.splitlines() if line.split()[1] == "mlp_fwd")
-    assert mlp_line.split()[2:] == [f"v{v}{'*' if v in (1, 12, 14, 16, 19) else ''}" for v in range(1, 21)]
+    assert mlp_line.split()[2:] == [f"v{v}{'*' if v in (1, 12, 14, 16, 19, 21) else ''}" for v in range(1, 22)]

@@ -15,8 +15,8 @@ from numba import cuda, float32
 
 from .common import blocks, rung
 from .operands import HELD
-from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, TILES, TMA_OP_TILES, make_tile, matmul, matmul_bf16,
-                     matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3, resolve)
+from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, SPLIT_WGMMA_TILES, TILES, TMA_OP_TILES, make_tile, matmul,
+                     matmul_bf16, matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3, matmul_tf32x3_wgmma, resolve)
 
 
 @functools.cache
@@ -162,4 +162,20 @@ def attn_out_bwd_bf16_wgmma(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
 
 
 attn_out_fwd_bf16_wgmma.precision = attn_out_bwd_bf16_wgmma.precision = "bf16"
+
+
+# fp32 products on Hopper: matmul_tf32x3_wgmma (3xTF32 on wgmma, kernels/split_wgmma.py).
+@rung(16)
+@blocks(**SPLIT_WGMMA_TILES)
+def attn_out_fwd_tf32x3_wgmma(out, y, w_o, *, block, stream=0):
+    """out = y @ W_O through matmul_tf32x3_wgmma (3xTF32, as accurate as fp32)."""
+    matmul_tf32x3_wgmma(out, None, y, w_o, block=block, stream=stream)
+
+
+@rung(16)
+@blocks(**SPLIT_WGMMA_TILES)
+def attn_out_bwd_tf32x3_wgmma(dy, dw_o, work, dout, y, w_o, *, block, stream=0):
+    """dy = dout @ W_O^T, dW_O += y^T @ dout (split over K into work) on matmul_tf32x3_wgmma."""
+    matmul_tf32x3_wgmma(dy, work, dout, w_o, trans_b=True, block=block, stream=stream)
+    matmul_tf32x3_wgmma(dw_o, work, y, dout, trans_a=True, accumulate=True, block=block, stream=stream)
 

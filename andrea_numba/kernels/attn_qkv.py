@@ -19,8 +19,8 @@ from numba import cuda, float32
 
 from .common import blocks, rung
 from .operands import HELD
-from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, TILES, TMA_OP_TILES, make_tile, matmul_bf16, matmul_bf16_wgmma,
-                     matmul_fp16, matmul_tf32x3, resolve)
+from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, SPLIT_WGMMA_TILES, TILES, TMA_OP_TILES, make_tile, matmul_bf16,
+                     matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3, matmul_tf32x3_wgmma, resolve)
 
 
 @functools.cache
@@ -210,6 +210,25 @@ def attn_qkv_bwd_bf16_wgmma(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k,
 
 
 attn_qkv_fwd_bf16_wgmma.precision = attn_qkv_bwd_bf16_wgmma.precision = "bf16"
+
+
+# fp32 products on Hopper: matmul_tf32x3_wgmma (3xTF32 on wgmma, kernels/split_wgmma.py), each
+# projection a product of its own; dx sums q's, k's and v's products in that order (accumulate).
+@rung(16)
+@blocks(**SPLIT_WGMMA_TILES)
+def attn_qkv_fwd_tf32x3_wgmma(q, k, v, x, w_q, w_k, w_v, *, block, stream=0):
+    """q, k, v: three products of matmul_tf32x3_wgmma (3xTF32, as accurate as fp32)."""
+    _fwd_chain(matmul_tf32x3_wgmma, q, k, v, x, w_q, w_k, w_v, block, stream)
+
+
+@rung(16)
+@blocks(**SPLIT_WGMMA_TILES)
+def attn_qkv_bwd_tf32x3_wgmma(dx, dw_q, dw_k, dw_v, work, dq, dk, dv, x, w_q, w_k, w_v, *, block, stream=0):
+    """dx (+)= d* @ W_*^T and dW_* += x^T @ d* (split over K into work): six products of
+    matmul_tf32x3_wgmma."""
+    for i, (d, w, dw) in enumerate(((dq, w_q, dw_q), (dk, w_k, dw_k), (dv, w_v, dw_v))):
+        matmul_tf32x3_wgmma(dx, work, d, w, trans_b=True, accumulate=i > 0, block=block, stream=stream)
+        matmul_tf32x3_wgmma(dw, work, x, d, trans_a=True, accumulate=True, block=block, stream=stream)
 
 k_attn_qkv_fwd, k_attn_qkv_bwd, k_attn_qkv_bwd_dw = kernels(attn_qkv_fwd.blocks[0])
 

@@ -24,7 +24,7 @@ from numba import cuda, float32
 from numba.cuda import libdevice
 
 from .common import address, block_max, block_sum, blocks, MAX_BLOCK, rung, SIMULATOR, wide_rows
-from .matmul import matmul, matmul_bf16, matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3
+from .matmul import matmul, matmul_bf16, matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3, matmul_tf32x3_wgmma
 from .operands import COPIES, operand_elements
 from .ptx import bf16x2, load4_row, store4
 
@@ -525,5 +525,20 @@ def loss_bwd_bf16_wgmma(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, 
 
 
 loss_fwd_bf16_wgmma.precision = loss_bwd_bf16_wgmma.precision = "bf16"
+
+
+# fp32 products on Hopper: the logits, dx and dwte from matmul_tf32x3_wgmma (3xTF32 on wgmma).
+@rung(19)
+@blocks(gpu=(1024, 256), sim=(4, 2))
+def loss_fwd_tf32x3_wgmma(loss, losses, probs, x, wte, targets, *, block, stream=0):
+    """loss_fwd_tf32x3 with the logits from matmul_tf32x3_wgmma."""
+    _fwd_warp(matmul_tf32x3_wgmma, loss, losses, probs, x, wte, targets, row_threads(probs.shape[1], block), stream)
+
+
+@rung(17)
+@blocks(gpu=(256, 1024), sim=(4, 2))
+def loss_bwd_tf32x3_wgmma(dx, dwte, dlogits, work, dloss, x, wte, probs, targets, *, block, stream=0):
+    """loss_bwd_tf32x3 with its products from matmul_tf32x3_wgmma, dwte split over K into work."""
+    _bwd_warp(matmul_tf32x3_wgmma, dx, dwte, dlogits, work, dloss, x, wte, probs, targets, block, stream)
 
 

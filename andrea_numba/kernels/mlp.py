@@ -26,8 +26,8 @@ from numba import cuda, float32
 from .common import address, blocks, elementwise_launch, nonneg, rung
 from .ptx import bf16x2, load4, store4
 from .operands import HELD
-from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, TILES, TMA_OP_TILES, make_tile, matmul, matmul_bf16,
-                     matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3)
+from .matmul import (ASYNC_OP_TILES, KMAJOR_TILES, SPLIT_WGMMA_TILES, TILES, TMA_OP_TILES, make_tile, matmul,
+                     matmul_bf16, matmul_bf16_wgmma, matmul_fp16, matmul_tf32x3, matmul_tf32x3_wgmma)
 
 GELU_K = float32(math.sqrt(2.0 / math.pi))
 GELU_C = float32(0.044715)
@@ -366,6 +366,22 @@ def mlp_bwd_bf16_wgmma(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2
 
 
 mlp_fwd_bf16_wgmma.precision = mlp_bwd_bf16_wgmma.precision = "bf16"
+
+
+# fp32 products on Hopper: matmul_tf32x3_wgmma (3xTF32 on wgmma, kernels/split_wgmma.py), the GELU
+# and its derivative in passes of their own as mlp_fwd_tf32x3's.
+@rung(21)
+@blocks(**SPLIT_WGMMA_TILES)
+def mlp_fwd_tf32x3_wgmma(out, h_pre, h, work, x, w_1, w_2, *, block, stream=0):
+    """mlp_fwd_tf32x3 with its products from matmul_tf32x3_wgmma."""
+    _fwd_split(matmul_tf32x3_wgmma, out, h_pre, h, work, x, w_1, w_2, block, stream, gelu_fwd_vec4)
+
+
+@rung(21)
+@blocks(**SPLIT_WGMMA_TILES)
+def mlp_bwd_tf32x3_wgmma(dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, *, block, stream=0):
+    """mlp_bwd_tf32x3 with its products from matmul_tf32x3_wgmma."""
+    _bwd_split(matmul_tf32x3_wgmma, dx, dw_1, dw_2, dh_pre, work, dout, x, h_pre, h, w_1, w_2, block, stream, gelu_bwd_vec4)
 
 k_mlp_fwd, k_mlp_bwd = kernels(mlp_fwd.blocks[0])
 
