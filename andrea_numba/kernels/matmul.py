@@ -690,11 +690,12 @@ def _tma_matmul(out, work, a, b, trans_a, trans_b, accumulate, block, stream):
 # wgmma reads TF32 only K-major and only from shared memory, so the threads load each stage
 # through registers, split every value into big and small and store both into K-major planes
 # (transposing an operand stored with k down its columns), and three wgmmas a k8 step multiply
-# small*big, big*small and big*big. A ring of 3 stages in dynamic shared memory, one wgmma group
-# in flight, split-K as the others (no atomics). Tiles (BM, BN, 32, 64, BN): 128 x 128 (193 KiB,
-# one block a multiprocessor, 64 accumulators a thread), 128 x 64 (145 KiB) and 64 x 128 (one
-# warpgroup); in the simulator one warpgroup of 64 x 32 and of 64 x 64.
-SPLIT_WGMMA_TILES = dict(gpu=((128, 128, 32, 64, 128), (128, 64, 32, 64, 64), (64, 128, 32, 64, 128)),
+# small*big, big*small and big*big into fresh registers, added to the sums once a stage. Two
+# stages in dynamic shared memory, the next one split and stored while the tensor cores multiply
+# this one, split-K as the others (no atomics). Tiles (BM, BN, 32, 64, BN): 128 x 128 (129 KiB,
+# 64 accumulators a thread and 64 for the stage's sums) and 128 x 64 (97 KiB); in the simulator
+# one warpgroup of 64 x 32 and of 64 x 64.
+SPLIT_WGMMA_TILES = dict(gpu=((128, 128, 32, 64, 128), (128, 64, 32, 64, 64)),
                          sim=((64, 32, 32, 64, 32), (64, 64, 32, 64, 64)))
 
 

@@ -29,39 +29,41 @@ element (r, k) in a plane:
 
     r * 32 + 4 * ((k >> 2) ^ (r & 7)) + (k & 3)
 
-The copies (E = R * 32 / THREADS values a thread an operand, LOADS = E / 4 loads of 4 values):
+The copies, 128-bit loads and stores (E values a thread an operand):
 
     straight (k along the stored rows): load i of thread b takes f = i THREADS + b: row f // 8,
-        k = 4 (f % 8) .. + 3: one 128-bit load, one 128-bit store into each plane. Eight
+        k = 4 (f % 8) .. + 3: one load, one store into each plane (E = R * 32 / THREADS). Eight
         consecutive threads fill one 128-byte row: no bank conflict.
-    transposed (k down the stored columns): load i of lane l of warp w takes unit u = i WARPS + w:
-        k = 16 (u & 1) + (l >> 1), rows 4 q .. 4 q + 3 with q = 2 (u >> 1) + (l & 1): one 128-bit
-        load of 4 consecutive rows at one k (two lanes share a 32-byte sector), four scalar stores
-        into each plane. A store instruction's 32 lanes write bank 4 ((k >> 2) ^ (r & 7)) + (k & 3):
-        (k >> 2) & 3 and k & 3 take all 16 values over the lanes, and r & 7 = 4 (l & 1) + j flips
-        bit 2 of the chunk between the lane pairs: 32 banks, no conflict.
+    transposed (k down the stored columns), in 4 x 4 blocks: block b (b = thread, + THREADS ...)
+        covers k = 4 (b % 8) .. + 3 and rows 4 (b // 8) .. + 3: four loads, one from each stored row
+        k (4 consecutive rows r), then each row's 4 values of k, side by side in registers, go out as
+        one store into each plane (E = 16). Eight consecutive threads write the 8 chunks of one row:
+        no bank conflict.
 
-3. The ring and the K loop: STAGES = 3 stages of four planes (A big, A small, B big, B small) in
-   dynamic shared memory, 192 KiB at 128 x 128 (+ 1 KiB to start on a 1024-byte boundary: one
-   block a multiprocessor), one group of wgmmas in flight. Registers carry one stage between its
-   loads and its stores. Step s (every thread runs each line):
+3. The ring and the K loop: STAGES = 2 stages of four planes (A big, A small, B big, B small) in
+   dynamic shared memory, 128 KiB at 128 x 128 (+ 1 KiB to start on a 1024-byte boundary), 96 KiB
+   at 128 x 64. Registers carry one stage between its loads and its stores. Step s (every thread
+   runs each line):
 
-       fence.proxy.async; bar.sync      stage s % 3 is written and visible to wgmma; every thread
-                                        has passed its wait of step s - 1, so the wgmmas of step
-                                        s - 2 are complete in every warpgroup
-       wgmma.fence; 4 k8 steps x 3 wgmmas (small*big, big*small, big*big) on stage s % 3; commit
-       split and store the registers (step s + 1) into stage (s + 1) % 3 = (s - 2) % 3: free
-       load step s + 2 into the registers (in flight during the next barrier and wgmmas)
-       wgmma.wait_group 1               step s - 1's wgmmas are done (step s's may still run)
+       fence.proxy.async; bar.sync      stage s % 2 is written and visible to wgmma; every thread
+                                        has passed its wait of step s - 1
+       wgmma.fence; 4 k8 steps x 3 wgmmas (small*big, big*small, big*big) on stage s % 2; commit
+       split and store the registers (step s + 1) into stage (s + 1) % 2: step s - 1's, done
+       load step s + 2 into the registers
+       wgmma.wait_group 0; acc += the stage's sums
 
-   so a stage's products run while the threads split and store the next one.
+   so a stage's products run while the threads split and store the next one and load the one after.
 
-4. The sums. All three products of a step accumulate into the same fp32 registers, in k order,
-   small*big and big*small before big*big (the small products are not added after a large one that
-   could swamp them within a step); small*small (about 2^-22 of a product) is left out. small reaches
-   the tensor core truncated to its top 19 bits: an error below 2^-21 |x| a value, as matmul_tf32x3.
-   The accumulators, wgmma's fragment layout, are added to matmul's acc once (wgmma_tile.py, point 2),
-   whose epilogue and split-K (no atomics) are the other tiles'.
+4. The sums. Each stage's twelve wgmmas sum into fresh registers (the first with scale-d 0), in k
+   order, small*big and big*small before big*big; small*small (about 2^-22 of a product) is left
+   out, and small reaches the tensor core truncated to its top 19 bits (an error below 2^-21 |x|, as
+   matmul_tf32x3). The stage's sums are then added to acc with ordinary fp32 adds (round to nearest),
+   as matmul_tf32x3 adds each stage. Why fresh registers a stage: the tensor core's own additions
+   keep fewer bits than an fp32 add, and sums chained over the whole of K were off by up to 3.4e-5
+   of the largest output at K = 4096 on an H100, where fp32 products stay below 1e-6
+   (lab/bench/gemm.py's err column).
+   The accumulators, wgmma's fragment layout, are acc's as wgmma_tile.py (point 2) maps them, whose
+   epilogue and split-K (no atomics) are the other tiles'.
 
 Edges: past M, N, K (or a split-K slice) the loads give zeros. Operands whose rows are not whole
 16-byte chunks on 16-byte boundaries (warp_tile.aligned) are loaded one value at a time, and so is
@@ -76,7 +78,7 @@ from .common import SIMULATOR
 from .ptx import load4_row, store4, tf32_round
 from .warp_tile import aligned, fragment_tile
 from .wgmma import (SWIZZLE_128B, fence_proxy_async, shared_address, smem_desc, wgmma_acc_zeros, wgmma_commit,
-                    wgmma_fence, wgmma_keep, wgmma_tf32, wgmma_wait0, wgmma_wait1)
+                    wgmma_fence, wgmma_keep, wgmma_tf32, wgmma_wait0)
 from .wgmma_mn import ALIGN, DYNAMIC_LIMIT
 from .wgmma_tile import WARPGROUP, _fragment_add
 
@@ -89,7 +91,7 @@ KSTEPS = BK // 8         # wgmma k8 steps a stage
 SBO = 1024               # bytes to the next 8 rows (the next atom)
 LBO = 16                 # unused by swizzled K-major operands
 STEP_WORDS = 8           # a k8 step: 32 bytes along the rows
-STAGES = 3               # one wgmma group in flight: the stage being stored is two steps old (point 3)
+STAGES = 2               # the stage being stored was read by the step before, which is done (point 3)
 
 
 def stage_words(BM, BN):
@@ -145,74 +147,82 @@ def _straight(R, THREADS, vec):
             b3, s3 = split(regs[4 * i + 3])
             store4(ring, big + word, b0, b1, b2, b3)
             store4(ring, small + word, s0, s1, s2, s3)
-    return load, store
+    return load, store, 4 * LOADS
 
 
 def _transposed(R, THREADS, vec):
-    """(load, store) of an operand stored with k down its columns (g [K, R..]): point 2, transposed."""
-    WARPS = THREADS // 32
-    LOADS = R * BK // (4 * THREADS)
-    assert LOADS >= 1 and LOADS * WARPS * 32 * 4 == R * BK, f"{R} rows do not share out over {THREADS} threads"
+    """(load, store) of an operand stored with k down its columns (g [K, R..]): point 2, transposed,
+    in 4 x 4 blocks. Its E = 16 ROUNDS values a thread; a thread past the stage's blocks (a narrow
+    tile) loads and stores nothing."""
+    BLOCKS = R * BK // 16                     # 8 quads of k x R / 4 quads of rows
+    ROUNDS = (BLOCKS + THREADS - 1) // THREADS
+    assert R % 4 == 0, f"{R} rows are not whole quads"
 
     @cuda.jit(device=True)
     def load(regs, g, r0, k0, rlim, klim):
-        lane, warp = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
-        for i in range(LOADS):
-            u = i * WARPS + warp
-            k = k0 + 16 * (u & 1) + (lane >> 1)
-            r = r0 + 4 * (2 * (u >> 1) + (lane & 1))
-            if vec and k < klim and r + 3 < rlim:
-                regs[4 * i], regs[4 * i + 1], regs[4 * i + 2], regs[4 * i + 3] = load4_row(g, k, r)
-            else:
-                for j in range(4):
-                    regs[4 * i + j] = g[k, r + j] if k < klim and r + j < rlim else float32(0)
+        for i in range(ROUNDS):
+            blk = i * THREADS + cuda.threadIdx.x
+            if blk < BLOCKS:
+                k, r = k0 + 4 * (blk % 8), r0 + 4 * (blk // 8)
+                for c in range(4):                              # stored row k + c: rows r .. r + 3
+                    at = 16 * i + 4 * c
+                    if vec and k + c < klim and r + 3 < rlim:
+                        regs[at], regs[at + 1], regs[at + 2], regs[at + 3] = load4_row(g, k + c, r)
+                    else:
+                        for j in range(4):
+                            regs[at + j] = g[k + c, r + j] if k + c < klim and r + j < rlim else float32(0)
 
     @cuda.jit(device=True)
     def store(ring, big, small, regs):
-        lane, warp = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
-        for i in range(LOADS):
-            u = i * WARPS + warp
-            k = 16 * (u & 1) + (lane >> 1)
-            for j in range(4):
-                word = plane_word(4 * (2 * (u >> 1) + (lane & 1)) + j, k)
-                b, s = split(regs[4 * i + j])
-                ring[big + word] = b
-                ring[small + word] = s
-    return load, store
+        for i in range(ROUNDS):
+            blk = i * THREADS + cuda.threadIdx.x
+            if blk < BLOCKS:
+                for j in range(4):                              # row 4 (blk // 8) + j: its 4 values of k
+                    word = plane_word(4 * (blk // 8) + j, 4 * (blk % 8))
+                    b0, s0 = split(regs[16 * i + j])
+                    b1, s1 = split(regs[16 * i + 4 + j])
+                    b2, s2 = split(regs[16 * i + 8 + j])
+                    b3, s3 = split(regs[16 * i + 12 + j])
+                    store4(ring, big + word, b0, b1, b2, b3)
+                    store4(ring, small + word, s0, s1, s2, s3)
+    return load, store, 16 * ROUNDS
 
 
 if SIMULATOR:
-    def _product(N):
+    def _product(N, scale_d):
         @cuda.jit(device=True)      # a (fake) device function: the twin reads cuda.threadIdx
-        def product(d, ring, desc_a, desc_b):
-            """Twin of d = wgmma_tf32(d, desc_a, desc_b, 1): the warpgroup's product from the shared
-            array's bytes (worked out once for the group), this thread's registers added to d in fp32."""
+        def product(e, ring, desc_a, desc_b):
+            """Twin of e = wgmma_tf32(e, desc_a, desc_b, scale_d): the warpgroup's product from the
+            shared array's bytes (worked out once for the group), this thread's registers added to e in
+            fp32 (scale_d 1) or in its place (0)."""
             t = cuda.threadIdx.x
             regs = warpgroup_once(lambda: wgmma_warpgroup_tf32(ring, desc_a, desc_b, N), t // WARPGROUP,
                                   t % WARPGROUP)[t % WARPGROUP]
-            return tuple(float32(x + y) for x, y in zip(d, regs))
+            if scale_d == 0:
+                return tuple(float32(y) for y in regs)
+            return tuple(float32(x + y) for x, y in zip(e, regs))
         return product
 else:
-    def _product(N):
+    def _product(N, scale_d):
         @cuda.jit(device=True, inline="always")
-        def product(d, ring, desc_a, desc_b):
-            """d += A @ B of one k8 step, both K-major TF32; read d only after the commit and a wait."""
-            return wgmma_tf32(d, desc_a, desc_b, 1)
+        def product(e, ring, desc_a, desc_b):
+            """e (+)= A @ B of one k8 step, both K-major TF32 (scale_d 0: e = A @ B); read e only after
+            the commit and the wait."""
+            return wgmma_tf32(e, desc_a, desc_b, scale_d)
         return product
 
 
 def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
     """tile_mma(acc, a, b, kb, ke): acc += this thread's share of op(a) @ op(b) over k in [kb, ke),
     the fp32 operands as stored (a [M, K], or [K, M] when trans_a; b [K, N], or [N, K] when trans_b),
-    in 3xTF32 through the ring of point 3."""
+    in 3xTF32 through the ring of point 3, each stage's sums added to acc (point 4)."""
     A_T, B_T = bool(trans_a), not trans_b                       # stored with k down the columns
-    load_a, store_a = (_transposed if A_T else _straight)(BM, THREADS, vec)
-    load_b, store_b = (_transposed if B_T else _straight)(BN, THREADS, vec)
-    EA, EB = BM * BK // THREADS, BN * BK // THREADS
+    load_a, store_a, EA = (_transposed if A_T else _straight)(BM, THREADS, vec)
+    load_b, store_b, EB = (_transposed if B_T else _straight)(BN, THREADS, vec)
     PLANE_A, PLANE_B = BM * ROW_WORDS, BN * ROW_WORDS
     STAGE = stage_words(BM, BN)
     WG_WORDS = 64 * ROW_WORDS                                   # a warpgroup's 64 rows of A
-    product = _product(BN)
+    fresh, product = _product(BN, 0), _product(BN, 1)
     fragment_add = _fragment_add(BN // 2)
 
     @cuda.jit(device=True)
@@ -230,6 +240,11 @@ def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
         store_b(ring, base + 2 * PLANE_A, base + 2 * PLANE_A + PLANE_B, rb)
 
     @cuda.jit(device=True)
+    def desc(ring, word):
+        """The descriptor of the K-major operand whose k8 step starts at word `word` of the ring."""
+        return smem_desc(ring, word, LBO, SBO, SWIZZLE_128B)
+
+    @cuda.jit(device=True)
     def tile_mma(acc, a, b, kb, ke):
         ring, at0 = ring_array()                                # stage st at word at0 + st * STAGE
         wg = cuda.threadIdx.x // WARPGROUP
@@ -245,33 +260,30 @@ def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
         if n_steps > 1:
             load_a(ra, a, row0, kb + BK, M, ke)                 # step 1 into the registers
             load_b(rb, b, col0, kb + BK, N, ke)
-        d = wgmma_keep(wgmma_acc_zeros(BN))                     # the zeros set before the first fence
+        e = wgmma_keep(wgmma_acc_zeros(BN))                     # a stage's sums (set before the first fence)
         for s in range(n_steps):
             fence_proxy_async()                                 # my stores of stage s visible to wgmma ...
-            cuda.syncthreads()                                  # ... and everyone's; step s - 2's wgmmas done
-            base = at0 + (s % STAGES) * STAGE
-            at_a = base + wg * WG_WORDS                         # this warpgroup's 64 rows of A (big plane)
-            at_b = base + 2 * PLANE_A                           # B's big plane
+            cuda.syncthreads()                                  # ... and everyone's; step s - 1's wgmmas done
+            at_a = at0 + (s % STAGES) * STAGE + wg * WG_WORDS   # this warpgroup's 64 rows of A (big plane)
+            at_b = at0 + (s % STAGES) * STAGE + 2 * PLANE_A     # B's big plane
             wgmma_fence()
-            for ks in range(KSTEPS):                            # k 8 ks .. 8 ks + 7 of the stage
-                a_big = smem_desc(ring, at_a + ks * STEP_WORDS, LBO, SBO, SWIZZLE_128B)
-                a_small = smem_desc(ring, at_a + PLANE_A + ks * STEP_WORDS, LBO, SBO, SWIZZLE_128B)
-                b_big = smem_desc(ring, at_b + ks * STEP_WORDS, LBO, SBO, SWIZZLE_128B)
-                b_small = smem_desc(ring, at_b + PLANE_B + ks * STEP_WORDS, LBO, SBO, SWIZZLE_128B)
-                d = product(d, ring, a_small, b_big)
-                d = product(d, ring, a_big, b_small)
-                d = product(d, ring, a_big, b_big)
+            e = fresh(e, ring, desc(ring, at_a + PLANE_A), desc(ring, at_b))        # small*big, k 0..7: a new sum
+            e = product(e, ring, desc(ring, at_a), desc(ring, at_b + PLANE_B))      # big*small
+            e = product(e, ring, desc(ring, at_a), desc(ring, at_b))                # big*big
+            for ks in range(1, KSTEPS):                         # k 8 ks .. 8 ks + 7 of the stage
+                off = ks * STEP_WORDS
+                e = product(e, ring, desc(ring, at_a + PLANE_A + off), desc(ring, at_b + off))
+                e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + PLANE_B + off))
+                e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + off))
             wgmma_commit()
-            if s + 1 < n_steps:                                 # stage (s + 1) % 3 was read by step s - 2
+            if s + 1 < n_steps:                                 # the other stage, read by step s - 1
                 put(ring, at0 + ((s + 1) % STAGES) * STAGE, ra, rb)
             if s + 2 < n_steps:
                 load_a(ra, a, row0, kb + (s + 2) * BK, M, ke)
                 load_b(rb, b, col0, kb + (s + 2) * BK, N, ke)
-            wgmma_wait1()                                       # step s - 1's group done; s's may run
-            d = wgmma_keep(d)
-        wgmma_wait0()                                           # the last group done: d may be read
-        d = wgmma_keep(d)
-        fragment_add(acc, d)
+            wgmma_wait0()                                       # step s's sums are in e
+            e = wgmma_keep(e)
+            fragment_add(acc, e)                                # acc += e: fp32 adds, rounded to nearest
         cuda.syncthreads()                                      # the ring may be refilled by a next call
     return tile_mma
 
@@ -286,7 +298,7 @@ def split_resolve(block, a, b):
 def make_split_tile(tile):
     """Everything a kernel needs for one matmul_tf32x3_wgmma tile (matmul.make_tile's names, and
     SHARED: its launch's dynamic shared memory), the four products mma[(trans_a, trans_b)] on the
-    fp32 operands as stored. tile = ("tf32x3_wgmma", BM, BN, 32, 64, BN, vec, 3): warpgroups of 64
+    fp32 operands as stored. tile = ("tf32x3_wgmma", BM, BN, 32, 64, BN, vec, 2): warpgroups of 64
     rows x all BN columns, BN a multiple of 8 up to 256."""
     family, BM, BN, bk, WM, WN, vec, stages = tile
     assert family == "tf32x3_wgmma" and bk == BK and stages == STAGES, tile
