@@ -37,7 +37,7 @@ from . import cli
 from .cases import CASES, Dims, call
 from .config import ModelConfig, exit_on_config_error, load_config
 from .kernels.common import SIMULATOR, BlockDoesNotFit, device_name
-from .recipes import RECIPES, resolve
+from .recipes import RECIPES, recipe_for, resolve
 from .layout import init_params, param_layout
 from .loss_scale import INIT as LOSS_SCALE_INIT
 
@@ -521,15 +521,16 @@ def main(argv=None, recipes=RECIPES, cases=None, prog="python -m andrea_numba.ch
                     help=f"check only this op (repeatable): {', '.join(cases)}")
     ap.add_argument("--version", action="append", metavar="N", type=cli.int_range(1, 99),
                     help="check only this version number of each launcher (repeatable; default every version)")
-    ap.add_argument("--recipe", default="fp32", type=cli.one_of(recipes, "recipe"),
+    ap.add_argument("--recipe", type=cli.one_of(recipes, "recipe"),
                     help="the whole model's recipe, checked against the twin at its precision: "
-                         f"{', '.join(recipes)} (default fp32; cublas-* need a GPU with nvmath-python)")
+                         f"{', '.join(recipes)} (default: the one a --precision fp32 run gets here, fp32-hopper "
+                         "on compute capability 9.0 and fp32 elsewhere; cublas-* need a GPU with nvmath-python)")
     ap.add_argument("--compile-workers", type=cli.int_range(0, 64), default=0, metavar="N",
                     help="on a GPU: compile every kernel the checks launch on N processes first (default 0: each "
                          "at its first launch)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
-    if args.recipe != "fp32" and (args.ops_only or args.op or args.version):
+    if args.recipe is not None and (args.ops_only or args.op or args.version):
         cli.fail("argument --recipe: picks the whole model's recipe; it cannot be combined with --ops-only, "
                  "--op or --version")
     if args.model_only and (args.ops_only or args.op or args.version):
@@ -549,7 +550,7 @@ def main(argv=None, recipes=RECIPES, cases=None, prog="python -m andrea_numba.ch
     say(f"seed {seed}, device: {device_name()}")
     rows = run_checks(args.size, seed, args.batch, args.seq, ops=not args.model_only,
                       model=not (args.ops_only or args.op or args.version), progress=say, only=args.op,
-                      versions=args.version, recipe=recipes[args.recipe], compile_workers=args.compile_workers,
+                      versions=args.version, recipe=recipes[args.recipe] if args.recipe else recipe_for("fp32"), compile_workers=args.compile_workers,
                       cases=cases)
     ok = all(r["ok"] for r in rows)
     if args.json:

@@ -7,8 +7,8 @@ kept. One recipe per precision and class of GPU; `--precision` and `--products` 
     recipe.saved_format("ln1")                   # "bf16" or "fp32"
 
     recipe            --precision  --products  GPU                     linear ops' products
-    fp32              fp32         numba       any                     3xTF32 on tensor cores (fp32-accurate)
-    fp32-hopper       (--recipe)   numba       compute capability 9.0  3xTF32 on wgmma (fp32-accurate)
+    fp32-hopper       fp32         numba       compute capability 9.0  3xTF32 on wgmma (fp32-accurate)
+    fp32              fp32         numba       any other; simulator    3xTF32 on mma.sync (fp32-accurate)
     bf16-hopper       bf16         numba       compute capability 9.0  bf16 wgmma, operands by TMA
     bf16-ampere       bf16         numba       any other               bf16 mma.sync, operands by cp.async
     fp16              fp16         numba       any                     fp16 mma.sync, with loss scaling
@@ -73,6 +73,9 @@ class Recipe:
     operand_copies, held_copies, tensor_maps: the scratch its products need, reserved before the
         first step: bf16 copies of the operands (cublaslt.COPIES), a gradient rounded once for its two
         products (cublaslt.HELD), the table of TMA tensor maps (tma.TMAPS).
+    simulated: the recipe a run in the CUDA simulator gets instead (None: this one), for a recipe whose
+        twins simulate many times slower than the same math's on mma.sync (fp32-hopper's products:
+        128 threads a block); the harness and the tests still run it there by name.
     needs_hopper: its products run wgmma (compute capability 9.0 only); elsewhere: the recipe a run
         gets on any other GPU (the same math on mma.sync)."""
     name: str
@@ -88,6 +91,7 @@ class Recipe:
     tensor_maps: bool = False
     needs_hopper: bool = False
     elsewhere: str | None = None
+    simulated: str | None = None
     what: str = field(default="", compare=False)     # one line for the trainer's log
 
     def saved_format(self, name: str) -> str:
@@ -128,7 +132,7 @@ FP32_HOPPER = Recipe(
         attn_qkv=(attn_qkv.attn_qkv_fwd_tf32x3_wgmma, attn_qkv.attn_qkv_bwd_tf32x3_wgmma),
         attn_out=(attn_out.attn_out_fwd_tf32x3_wgmma, attn_out.attn_out_bwd_tf32x3_wgmma),
         mlp=(mlp.mlp_fwd_tf32x3_wgmma, mlp.mlp_bwd_tf32x3_wgmma), loss=(loss.loss_fwd_tf32x3_wgmma, loss.loss_bwd_tf32x3_wgmma)),
-    needs_hopper=True, elsewhere="fp32",
+    needs_hopper=True, elsewhere="fp32", simulated="fp32",
     what="fp32 (products as 3xTF32 on Hopper's wgmma, as accurate as fp32)")
 
 BF16_AMPERE = Recipe(
@@ -196,13 +200,20 @@ def get(name: str) -> Recipe:
     return RECIPES[name]
 
 
+# the recipe of each --precision on our kernels (on a GPU without wgmma: its `elsewhere`)
+BY_PRECISION = {"fp32": "fp32-hopper", "bf16": "bf16-hopper", "fp16": "fp16"}
+
+
 def recipe_for(precision: str = "fp32", products: str = "numba", hopper: bool | None = None) -> Recipe:
     """The recipe of a run: its train.precision and train.products ("numba": our kernels, "cublas":
     the library), on this GPU (hopper=None: whether this GPU runs wgmma; a recipe that needs Hopper
-    gives way to its `elsewhere` on any other GPU)."""
+    gives way to its `elsewhere` on any other GPU, and in the simulator to its `simulated` if it
+    names one)."""
     if products == "cublas" or precision in FP8_SCOPES:
         return get("cublas-" + precision)
-    recipe = get({"fp32": "fp32", "bf16": "bf16-hopper", "fp16": "fp16"}[precision])
+    recipe = get(BY_PRECISION[precision])
+    if hopper is None and SIMULATOR and recipe.simulated:
+        return get(recipe.simulated)
     if recipe.needs_hopper and not (hopper_here() if hopper is None else hopper):
         recipe = get(recipe.elsewhere)
     return recipe
