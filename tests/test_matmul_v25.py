@@ -100,7 +100,7 @@ def _product(a, b, trans_a, trans_b, out0, accumulate, block, work=None):
                                                        (True, False, WIDE), (True, True, SMALL)])
 def test_every_transpose_is_within_the_3xtf32_bound_and_a_tf32_product_is_not(trans_a, trans_b, block):
     """M, N and K off the tile (70 x 40 x 45: a second block row, a part tile, a part last stage),
-    out accumulated for the weight-gradient form; a rerun gives the same bits."""
+    out accumulated for the weight-gradient form. (A rerun's bits: the harness's rows.)"""
     M, N, K = 70, 40, 45
     rng = np.random.default_rng(1)
     a = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
@@ -112,7 +112,6 @@ def test_every_transpose_is_within_the_3xtf32_bound_and_a_tf32_product_is_not(tr
     want = A @ B + (out0 if accumulate else 0)
     bound = _bound(A, B, K, out0 if accumulate else None)
     assert (np.abs(got - want) <= bound).all(), np.max(np.abs(got - want) / bound)
-    np.testing.assert_array_equal(got, _product(a, b, trans_a, trans_b, out0, accumulate, block))
     tf32_only = tf32_truncate(A.astype(np.float32)) @ tf32_truncate(B.astype(np.float32)) + (out0 if accumulate else 0)
     assert (np.abs(tf32_only - want) > bound).any()     # the bound catches a product without the small planes
 
