@@ -511,17 +511,20 @@ if not SIMULATOR:
             return acc
         return None
 
-    def _wgmma_asm(nregs, trans_a=0, trans_b=0):
-        """The inline assembly of one m64n(2 nregs)k16 bf16 wgmma: outputs $0 .. $(nregs - 1) tied to
-        the inputs of the same numbers (the accumulator is read and written), then desc_a, desc_b
-        and the scale-d integer, turned into the predicate p by setp; trans_a, trans_b: the
-        immediates imm-trans-a, imm-trans-b written into the instruction (0: K-major, 1: M/N-major)."""
+    def _wgmma_asm(nregs, trans_a=0, trans_b=0, tf32=False):
+        """The inline assembly of one m64n(2 nregs)k16 bf16 wgmma (tf32: m64n(2 nregs)k8 TF32): outputs
+        $0 .. $(nregs - 1) tied to the inputs of the same numbers (the accumulator is read and
+        written), then desc_a, desc_b and the scale-d integer, turned into the predicate p by setp;
+        trans_a, trans_b: the immediates imm-trans-a, imm-trans-b written into the instruction (0:
+        K-major, 1: M/N-major). TF32 has no transpose immediates: both operands are K-major."""
         n = 2 * nregs
         d = ", ".join(f"${i}" for i in range(nregs))
+        shape, tail = (f"m64n{n}k8.f32.tf32.tf32", "") if tf32 else \
+            (f"m64n{n}k16.f32.bf16.bf16", f", {int(trans_a)}, {int(trans_b)}")
         ptx = ("{\n.reg .pred p;\n"
                f"setp.ne.b32 p, ${nregs + 2}, 0;\n"
-               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
-               f"{{{d}}}, ${nregs}, ${nregs + 1}, p, 1, 1, {int(trans_a)}, {int(trans_b)};\n"
+               f"wgmma.mma_async.sync.aligned.{shape} "
+               f"{{{d}}}, ${nregs}, ${nregs + 1}, p, 1, 1{tail};\n"
                "}")
         # "~{memory}": it reads shared memory, so no load or store of it moves across
         constraints = ",".join(["=f"] * nregs + ["l", "l", "r"] + [str(i) for i in range(nregs)] + ["~{memory}"])
@@ -559,21 +562,6 @@ if not SIMULATOR:
             return context.make_tuple(builder, sig.return_type, out)
         return acc(acc, desc_a, desc_b, scale_d), codegen
 
-    def _wgmma_tf32_asm(nregs):
-        """The inline assembly of one m64n(2 nregs)k8 TF32 wgmma, operands as _wgmma_asm's: outputs
-        $0 .. $(nregs - 1) tied to the inputs of the same numbers, then desc_a, desc_b and scale-d.
-        No transpose immediates: TF32 operands are K-major."""
-        n = 2 * nregs
-        d = ", ".join(f"${i}" for i in range(nregs))
-        ptx = ("{\n.reg .pred p;\n"
-               f"setp.ne.b32 p, ${nregs + 2}, 0;\n"
-               f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 "
-               f"{{{d}}}, ${nregs}, ${nregs + 1}, p, 1, 1;\n"
-               "}")
-        constraints = ",".join(["=f"] * nregs + ["l", "l", "r"] + [str(i) for i in range(nregs)] + ["~{memory}"])
-        fnty = ir.FunctionType(ir.LiteralStructType([_f32] * nregs), [_i64, _i64, _i32] + [_f32] * nregs)
-        return ir.InlineAsm(fnty, ptx, constraints, side_effect=True)
-
     @intrinsic
     def wgmma_tf32(typingctx, acc, desc_a, desc_b, scale_d):
         """acc' = the warpgroup's 64 x N tile of A @ B (+ acc when scale_d != 0), A 64 x 8 and B 8 x N
@@ -589,7 +577,7 @@ if not SIMULATOR:
             da = context.cast(builder, args[1], sig.args[1], types.int64)
             db = context.cast(builder, args[2], sig.args[2], types.int64)
             sd = context.cast(builder, args[3], sig.args[3], types.int32)
-            d = builder.call(_wgmma_tf32_asm(nregs), [da, db, sd] + vals)
+            d = builder.call(_wgmma_asm(nregs, tf32=True), [da, db, sd] + vals)
             return context.make_tuple(builder, sig.return_type, [builder.extract_value(d, i) for i in range(nregs)])
         return acc(acc, desc_a, desc_b, scale_d), codegen
 
