@@ -548,10 +548,10 @@ def main(argv=None, recipes=RECIPES, cases=None, prog="python -m andrea_numba.ch
     seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
     say = (lambda s: print(s, file=sys.stderr, flush=True))
     say(f"seed {seed}, device: {device_name()}")
+    recipe = recipes[args.recipe] if args.recipe else recipe_for("fp32")
     rows = run_checks(args.size, seed, args.batch, args.seq, ops=not args.model_only,
                       model=not (args.ops_only or args.op or args.version), progress=say, only=args.op,
-                      versions=args.version, recipe=recipes[args.recipe] if args.recipe else recipe_for("fp32"), compile_workers=args.compile_workers,
-                      cases=cases)
+                      versions=args.version, recipe=recipe, compile_workers=args.compile_workers, cases=cases)
     ok = all(r["ok"] for r in rows)
     if args.json:
         print(json.dumps({"ok": ok, "device": device_name(), "seed": seed, "size": args.size, "results": rows},
