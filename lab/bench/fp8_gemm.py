@@ -83,8 +83,8 @@ def main(argv=None) -> int:
     mm = VERSIONS["matmul"]
     rng = np.random.default_rng(0)
     rows = []
-    head = (f"| product | M x N x K | v18 ms | v21 ms | v24 ms | fp8 only ms | quantize ms | torch bf16 ms | "
-            f"torch fp8 ms | v24 / v21 | fp8 only / torch bf16 | err v24 | err v21 |")
+    head = ("| product | M x N x K | v18 ms | v21 ms | v24 ms | fp8 only ms | quantize ms | torch bf16 ms | "
+            "torch fp8 ms | v24 / v21 | fp8 only / torch bf16 | err v24 | err v21 |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for label, M, N, K, ta, tb, _ in SHAPES:

@@ -97,8 +97,6 @@ def timed(fn, reps=5, inner=3):
 
 def _versions(text: str) -> list:
     """"2,3,4": matmul versions, each a key of matmul.VERSIONS."""
-    import argparse
-
     from lab.matmul import VERSIONS
     known = sorted(VERSIONS["matmul"])
     try:
@@ -145,7 +143,7 @@ def main(argv=None):
             pass
     rng = np.random.default_rng(0)
     rows = []
-    print(f"| product | M | N | K | " + " | ".join(f"v{v} ms | v{v} TFLOP/s | v{v} err" for v in versions)
+    print("| product | M | N | K | " + " | ".join(f"v{v} ms | v{v} TFLOP/s | v{v} err" for v in versions)
           + " | cuBLAS SGEMM ms | cuBLAS TFLOP/s |" + (" torch bf16 ms | torch bf16 TFLOP/s |" if torch else "")
           + (" torch bf16, fp32 out ms | TFLOP/s |" if torch and args.operands == "bf16" else ""))
     print("|---" * (4 + 3 * len(versions) + 2 + (2 if torch else 0) + (2 if torch and args.operands == "bf16" else 0)) + "|")

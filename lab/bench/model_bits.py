@@ -30,7 +30,6 @@ SHAPES = {"tiny": (1, 8), "12M": (16, 512), "120M": (8, 1024)}     # the step's 
 def run(m, B, T, recipe, matmul=18):
     """(loss, gradients) of one forward + backward of `recipe` at B x T."""
     from andrea_numba import gpu_model as G
-    from andrea_numba.kernels import matmul as MM
     from lab import matmul as lab_matmul
     from andrea_numba.layout import init_params
     rng = np.random.default_rng(17)

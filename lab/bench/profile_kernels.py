@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -206,7 +205,6 @@ def table(args):
 
 
 def main(argv=None):
-    from andrea_numba.kernels import mlp
     from lab import mlp as lab_mlp
     from lab.recipes import NAMES
     ap = cli.Parser(prog="python lab/bench/profile_kernels.py", description=__doc__.split("\n\n")[0])
