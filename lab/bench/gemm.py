@@ -8,7 +8,8 @@ run, beside cuBLAS SGEMM (through CuPy, TF32 off) measured in the same process.
 Each row is one product out[M, N] (+)= op(a) @ op(b) as the engine calls it (which operand is
 transposed, and whether it adds into out). "err" is max |out - ref| / max |ref| against a float64
 product of the same inputs: fp32 products land near 1e-7 to 1e-6; a TF32-only product would show
-about 1e-3. Our kernels' times are CUDA graph replays of 3 calls timed with CUDA events (the GPU's
+about 1e-3, and sums that keep fewer bits than fp32 adds (a whole K chained through a tensor core's
+own additions, matmul v25's first form) 1e-5 and more at K in the thousands. Our kernels' times are CUDA graph replays of 3 calls timed with CUDA events (the GPU's
 time, as in the trainer's graph: a small product takes less time on the GPU than Python takes to
 launch it; --timing launches times back-to-back launches instead), cuBLAS's are events around
 back-to-back calls (its launches are cheap); medians of 5 repeats. CuPy is used by this benchmark
