@@ -14,11 +14,11 @@ import pytest
 from numba import cuda
 
 from andrea_numba.config import load_config
-from andrea_numba.decode import Decoder
 from andrea_numba.kernels import decode as kd
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import init_params
 from reference.decode import KVCache
+from test_decode_gpu import _decode_each      # feeding a decoder token by token
 
 pytestmark = pytest.mark.skipif(not SIMULATOR, reason="tiny sizes for the simulator (NUMBA_ENABLE_CUDASIM=1)")
 
@@ -210,15 +210,11 @@ def _decoder_model():
 
 
 def _decode(m, params, tokens):
-    """The decoder's logits and probabilities at each position of tokens, fed one by one."""
-    dec = Decoder(m, cuda.to_device(params))
-    dec.reset()
-    rows = []
-    for t in range(len(tokens)):
-        dec.feed(tokens[:t + 1])
-        rows += [dec.read("logits"), dec.probs_row().copy()]
+    """The decoder's logits and probabilities at each position of tokens, fed one by one
+    (test_decode_gpu._decode_each), in one flat list; the merge counters back at zero after."""
+    pairs, dec = _decode_each(m, params, tokens)
     assert not dec.read("attn_done").any() and not dec.read("logits_done").any()
-    return rows
+    return [row for pair in pairs for row in pair]
 
 
 @pytest.mark.parametrize("launcher", ["decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up",
