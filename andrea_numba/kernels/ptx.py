@@ -44,6 +44,9 @@ import numpy as np
 
 from .common import SIMULATOR
 
+if SIMULATOR:
+    from .common import sim_meet
+
 if not SIMULATOR:      # the intrinsics' code generators (the simulator runs the twins below instead)
     from llvmlite import ir
     from numba import types
@@ -576,11 +579,9 @@ else:
                          D[..., _G + 8, 2 * _T + 1]], axis=-1)
 
     class _WarpSlots:
-        """One warp's meeting point in the simulator: a slot for each lane's values and a barrier
-        of the warp's 32 threads."""
+        """One warp's meeting point in the simulator: a slot for each lane's values."""
 
         def __init__(self):
-            self.barrier = threading.Barrier(32, timeout=120)
             self.slots = [None] * 32
 
     def warp_gather(x, w, lane):
@@ -593,9 +594,9 @@ else:
         warps = block.__dict__.setdefault("_warp_slots", {})
         meet = warps.get(w) or warps.setdefault(w, _WarpSlots())
         meet.slots[lane] = np.array(x, copy=True)
-        meet.barrier.wait()
+        sim_meet(("warp", w), 32)
         out = np.stack(meet.slots)
-        meet.barrier.wait()
+        sim_meet(("warp", w), 32)
         return out
 
 

@@ -55,6 +55,9 @@ from numba import cuda
 
 from .common import SIMULATOR, address
 
+if SIMULATOR:
+    from .common import sim_yield
+
 if not SIMULATOR:      # the code generators of the intrinsics below (the simulator runs their twins)
     from llvmlite import ir
     from numba import types
@@ -224,7 +227,7 @@ else:
 
     def mbar_try_wait(bars, index, parity):
         """Twin: whether the phase of this parity is over (the current phase's parity differs);
-        if not, the thread sleeps a little (the other threads run) and a wait that lasts past
+        if not, the thread lets the block's other threads run first (common.sim_yield), and a wait that lasts past
         MBAR_TIMEOUT_S raises: a barrier protocol that deadlocks fails the test instead of hanging."""
         key = _key(bars, index)
         with _LOCK:
@@ -238,7 +241,7 @@ else:
         elif time.monotonic() - _WAITING.since > MBAR_TIMEOUT_S:
             raise RuntimeError(f"mbarrier {index}: a wait on parity {parity} never completed (phase {state[0]}, "
                                f"{state[1]} of {state[2]} arrivals and {state[3]} bytes still due): the ring's protocol is stuck")
-        time.sleep(1e-4)
+        sim_yield()
         return False
 
     def tma_load_2d(ring, at, src, tmap, c0, c1, rows, bars, index):

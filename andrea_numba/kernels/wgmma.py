@@ -176,6 +176,9 @@ import numpy as np
 
 from .common import SIMULATOR
 
+if SIMULATOR:
+    from .common import sim_meet
+
 if not SIMULATOR:      # the code generators of the device functions below (the simulator runs twins)
     from llvmlite import ir
     from numba import types
@@ -724,11 +727,9 @@ else:
 
     class _WarpgroupSlots:
         """One warpgroup's meeting point in the simulator: two sets of slots for its 128 threads'
-        values (calls alternate between them), each thread's count of its calls, and a barrier of
-        those threads."""
+        values (calls alternate between them) and each thread's count of its calls."""
 
         def __init__(self):
-            self.barrier = threading.Barrier(128, timeout=120)
             self.slots = [[None] * 128, [None] * 128]
             self.calls = [0] * 128
 
@@ -746,7 +747,7 @@ else:
         slots = meet.slots[meet.calls[thread] & 1]
         meet.calls[thread] += 1
         slots[thread] = np.array(x, copy=True)
-        meet.barrier.wait()
+        sim_meet(("warpgroup", wg), 128)
         return np.stack(slots)
 
     class _WarpgroupResults:

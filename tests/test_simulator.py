@@ -1,0 +1,101 @@
+"""The simulator's blocks as kernels/common.py runs them (one simulated thread at a time, handing on
+at barriers): barriers hold with threads that leave early, shared memory is shared, an error in one
+thread stops the launch with that thread's name and the next launch runs, and a block whose threads
+wait where no barrier can open raises instead of hanging."""
+import numpy as np
+import pytest
+from numba import cuda, float32
+
+from andrea_numba.kernels.common import SIMULATOR
+
+pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the simulator's own block runner")
+
+T = 64
+
+
+@cuda.jit
+def _reverse_twice(out, x, live):
+    """Threads t >= live return at once. The others write x into shared memory, pass a barrier,
+    read their mirror image, pass another, write it back shifted by one, pass a third, read again:
+    every read sees only what the barriers let it see."""
+    s = cuda.shared.array(T, float32)
+    t = cuda.threadIdx.x
+    i = cuda.blockIdx.x * T + t
+    if t >= live:
+        return
+    s[t] = x[i]
+    cuda.syncthreads()
+    v = s[live - 1 - t]
+    cuda.syncthreads()
+    s[(t + 1) % live] = v
+    cuda.syncthreads()
+    out[i] = s[t]
+
+
+def _expected(x, live):
+    out = np.full_like(x, np.nan)
+    for b in range(x.size // T):
+        row = x[b * T:b * T + live]
+        mirrored = row[::-1]
+        out[b * T:b * T + live] = np.roll(mirrored, 1)
+    return out
+
+
+@pytest.mark.parametrize("live", [T, 40])
+def test_barriers_pass_every_live_thread_and_shared_memory_is_the_blocks(live):
+    x = np.arange(3 * T, dtype=np.float32)
+    out = cuda.to_device(np.full(3 * T, np.nan, np.float32))
+    _reverse_twice[3, T](out, cuda.to_device(x), live)
+    np.testing.assert_array_equal(out.copy_to_host(), _expected(x, live))
+
+
+@cuda.jit
+def _fails_in_one_thread(out):
+    t = cuda.threadIdx.x
+    cuda.syncthreads()
+    if t == 5 and cuda.blockIdx.x == 1:
+        raise ValueError("planted")
+    cuda.syncthreads()
+    out[cuda.blockIdx.x * T + t] = t
+
+
+def test_an_error_names_its_thread_and_the_next_launch_runs():
+    out = cuda.to_device(np.zeros(2 * T, np.float32))
+    with pytest.raises(ValueError, match=r"tid=\[5, 0, 0\] ctaid=\[1, 0, 0\]: planted"):
+        _fails_in_one_thread[2, T](out)
+    x = np.arange(2 * T, dtype=np.float32)
+    again = cuda.to_device(np.full(2 * T, np.nan, np.float32))
+    _reverse_twice[2, T](again, cuda.to_device(x), T)
+    np.testing.assert_array_equal(again.copy_to_host(), _expected(x, T))
+
+
+@cuda.jit
+def _half_a_warp_meets(out):
+    from andrea_numba.kernels.ptx import warp_gather
+    t = cuda.threadIdx.x
+    if t < 16:                          # a meeting of the warp's 32 lanes that 16 come to
+        out[t] = warp_gather(float32(t), 0, t)[0]
+
+
+def test_a_meeting_that_cannot_complete_raises_a_deadlock():
+    out = cuda.to_device(np.zeros(32, np.float32))
+    with pytest.raises(RuntimeError, match="deadlock"):
+        _half_a_warp_meets[1, 32](out)
+
+
+@cuda.jit
+def _warp_sum(out, x):
+    from andrea_numba.kernels.ptx import warp_gather
+    t = cuda.threadIdx.x
+    lanes = warp_gather(x[t], t // 32, t % 32)
+    out[t] = lanes.sum()
+
+
+def test_warps_meet_apart_and_a_meeting_is_reused():
+    x = np.arange(64, dtype=np.float32)
+    out = cuda.to_device(np.zeros(64, np.float32))
+    for _ in range(2):
+        _warp_sum[1, 64](out, cuda.to_device(x))
+        got = out.copy_to_host()
+        np.testing.assert_array_equal(got[:32], np.full(32, x[:32].sum()))
+        np.testing.assert_array_equal(got[32:], np.full(32, x[32:].sum()))
