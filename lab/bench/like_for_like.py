@@ -40,8 +40,8 @@ ours faster). A row prints each side's median ms [min-max over the repeats] and 
 [min-max of the per-repeat ratios]; its verdict is "faster" when every repeat's ratio is above 1,
 "slower" when every one is below 1, and "parity" when they straddle 1.
 
-Precisions: fp32 is our recipe fp32 (3xTF32 products, fp32-accurate) against PyTorch fp32 with
-TF32 off; bf16 is recipe_for("bf16") (bf16-hopper on compute capability 9.0) against bf16
+Precisions: fp32 is recipe_for("fp32") (3xTF32 products, fp32-accurate: fp32-hopper on compute
+capability 9.0, fp32 elsewhere) against PyTorch fp32 with TF32 off; bf16 is recipe_for("bf16") (bf16-hopper on compute capability 9.0) against bf16
 autocast. Both sides read the same token ids (the step's batches, drawn from random tokens); the
 weights are each side's own initialisation. Needs PyTorch (not a dependency of the project) and a
 CUDA GPU: without either it says so in one line and exits with code 2.
