@@ -35,6 +35,7 @@ from lab.fp8_products import matmul_versions as fp8_versions
 from lab.half_tile import make_half_tile
 from lab.operands import round_copies
 from lab.simt_tile import make_simt_tile
+from lab.split_wgmma_overlap import make_overlap_tile, overlap_resolve
 from lab.warp_tile import make_v3_tile, make_v4_tile, make_v5_tile, make_v6_tile, make_v7_tile, make_v10_tile
 from lab.wgmma_ring import make_ring_tile, ring_resolve
 from lab.wgmma_tile import make_wgmma_tile, wgmma_resolve
@@ -52,6 +53,7 @@ TILE_FAMILIES.update(
     v12=TileFamily(make_half_tile, 12, "bf16 tensor cores on bf16 shared tiles (rounded once) read by ldmatrix"),
     v14=TileFamily(make_wgmma_tile, 14, "bf16 wgmma (Hopper warpgroup products) on K-major bf16 copies, a cp.async ring"),
     v15=TileFamily(make_ring_tile, 15, "bf16 wgmma with a group in flight, a deeper cp.async ring in dynamic shared memory"),
+    v26=TileFamily(make_overlap_tile, 26, "v25's 3xTF32 planes on wgmma, a stage's wgmmas in flight across the stage boundary"),
 )
 
 
@@ -432,11 +434,23 @@ def matmul_v23(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, 
 matmul_v23.precision = "bf16"
 
 
+# v26: v25 (the engine's matmul_tf32x3_wgmma) with one stage's wgmmas kept in flight while the
+# threads add the stage before's sums, meet, and split and store the next stage (lab/split_wgmma_overlap.py):
+# v25's bits, two sets of stage sums a thread.
+@blocks(**SPLIT_WGMMA_TILES)
+def matmul_v26(out, work, a, b, trans_a=False, trans_b=False, accumulate=False, *, block, stream=0):
+    """matmul v25 with a stage's wgmmas in flight across the stage boundary; block = (BM, BN, 32, 64, BN)."""
+    _wgmma_matmul(overlap_resolve, out, work, a, b, bool(trans_a), bool(trans_b), accumulate, block, stream)
+
+
+matmul_v26.family = "v26"
+
+
 VERSIONS = {"matmul": {1: matmul_naive, 2: matmul, 3: matmul_v3, 4: matmul_v4, 5: matmul_v5, 6: matmul_v6,
                        7: matmul_v7, 8: matmul_tf32x3, 9: matmul_v9, 10: matmul_v10, 11: matmul_fp16,
                        12: matmul_v12, 13: matmul_bf16, 14: matmul_v14, 15: matmul_v15, 16: matmul_v16,
                        17: matmul_bf16_wgmma_cp_async, 18: matmul_bf16_wgmma, 19: matmul_v19, 23: matmul_v23,
-                       25: matmul_tf32x3_wgmma}}
+                       25: matmul_tf32x3_wgmma, 26: matmul_v26}}
 
 
 # matmul v20-v22 (cuBLASLt in fp32, bf16, fp16) and v24 (FP8) beside the ladder, where they can run

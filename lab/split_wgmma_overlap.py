@@ -1,0 +1,162 @@
+"""3xTF32 on wgmma with a stage in flight: the product tile of matmul v26 (family "v26"), the
+engine's matmul_tf32x3_wgmma (v25, andrea_numba/kernels/split_wgmma.py) with the tensor cores kept
+busy across its stage boundaries.
+
+v25 issues a stage's twelve wgmmas, splits and stores the next stage while they run, and then waits
+for them (wgmma.wait_group 0) and adds their sums to acc before the next barrier: every stage, the
+tensor cores drain while each thread waits, adds 64 sums and meets the others at the barrier, and
+refill only when the next stage's wgmmas are issued. v26 keeps everything of v25 (the planes, their
+swizzle, the copies, the 3xTF32 products and their order, each stage summed in fresh registers and
+added to acc in fp32) but the order of a step:
+
+    v25, step s                                 v26, step s
+    fence.proxy.async; bar.sync                 fence.proxy.async; bar.sync    (stage s stored)
+    12 wgmmas of stage s into e; commit         12 wgmmas of stage s into e[s % 2]; commit
+    split + store step s + 1's registers        wgmma.wait_group 1: step s - 1's e is done
+    load step s + 2 into the registers          acc += e[(s - 1) % 2]
+    wgmma.wait_group 0                          bar.sync   (every warpgroup's step s - 1 is done:
+    acc += e                                               its stage may be overwritten)
+                                                split + store step s + 1's registers
+                                                load step s + 2 into the registers
+
+so step s's products run while the threads add step s - 1's sums, meet, split and store the next
+stage and issue the next loads, and the next step's wgmmas queue behind them. The price: two sets
+of stage sums (e[0], e[1]: 2 x BN / 2 registers a thread beside acc's BN / 2) and a second barrier
+a step. The sums are v25's, added to acc in the same order: v25's bits (tests/test_matmul_v26.py).
+"""
+import functools
+
+from numba import cuda, float32
+
+from andrea_numba.kernels.split_wgmma import (BK, KSTEPS, LBO, ROW_WORDS, SBO, STAGES, STEP_WORDS, _product,
+                                              _straight, _transposed, aligned, shared_bytes, stage_words)
+from andrea_numba.kernels.warp_tile import fragment_tile
+from andrea_numba.kernels.wgmma import (SWIZZLE_128B, fence_proxy_async, shared_address, smem_desc, wgmma_acc_zeros,
+                                        wgmma_commit, wgmma_fence, wgmma_keep, wgmma_wait0, wgmma_wait1)
+from andrea_numba.kernels.wgmma_mn import ALIGN, DYNAMIC_LIMIT
+from andrea_numba.kernels.wgmma_tile import WARPGROUP, _fragment_add
+
+
+def make_overlap_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
+    """tile_mma(acc, a, b, kb, ke): v25's make_pipeline (split_wgmma.py), one stage's wgmmas in
+    flight across the stage boundary (this module's docstring)."""
+    A_T, B_T = bool(trans_a), not trans_b                       # stored with k down the columns
+    load_a, store_a, EA = (_transposed if A_T else _straight)(BM, THREADS, vec)
+    load_b, store_b, EB = (_transposed if B_T else _straight)(BN, THREADS, vec)
+    PLANE_A, PLANE_B = BM * ROW_WORDS, BN * ROW_WORDS
+    STAGE = stage_words(BM, BN)
+    WG_WORDS = 64 * ROW_WORDS                                   # a warpgroup's 64 rows of A
+    fresh, product = _product(BN, 0), _product(BN, 1)
+    fragment_add = _fragment_add(BN // 2)
+
+    @cuda.jit(device=True)
+    def ring_array():
+        ring = cuda.shared.array(0, float32)
+        pad = (ALIGN - (shared_address(ring, 0) & (ALIGN - 1))) & (ALIGN - 1)
+        return ring, pad // 4
+
+    @cuda.jit(device=True)
+    def put(ring, base, ra, rb):
+        store_a(ring, base, base + PLANE_A, ra)
+        store_b(ring, base + 2 * PLANE_A, base + 2 * PLANE_A + PLANE_B, rb)
+
+    @cuda.jit(device=True)
+    def desc(ring, word):
+        return smem_desc(ring, word, LBO, SBO, SWIZZLE_128B)
+
+    @cuda.jit(device=True)
+    def issue(e, ring, at0, wg, s):
+        """Wait for stage s % 2 to be stored (every thread), then its 12 wgmmas into e, fresh; commit."""
+        fence_proxy_async()
+        cuda.syncthreads()
+        at_a = at0 + (s % STAGES) * STAGE + wg * WG_WORDS
+        at_b = at0 + (s % STAGES) * STAGE + 2 * PLANE_A
+        wgmma_fence()
+        e = fresh(e, ring, desc(ring, at_a + PLANE_A), desc(ring, at_b))        # small*big, k 0..7: a new sum
+        e = product(e, ring, desc(ring, at_a), desc(ring, at_b + PLANE_B))      # big*small
+        e = product(e, ring, desc(ring, at_a), desc(ring, at_b))                # big*big
+        for ks in range(1, KSTEPS):
+            off = ks * STEP_WORDS
+            e = product(e, ring, desc(ring, at_a + PLANE_A + off), desc(ring, at_b + off))
+            e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + PLANE_B + off))
+            e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + off))
+        wgmma_commit()
+        return e
+
+    @cuda.jit(device=True)
+    def refill(ring, at0, ra, rb, a, b, row0, col0, M, N, kb, ke, s, n_steps):
+        """After every warpgroup's step s - 1 is done (the barrier): step s + 1's registers split
+        and stored into its stage, the one step s - 1 read; step s + 2 loaded."""
+        cuda.syncthreads()
+        if s + 1 < n_steps:
+            put(ring, at0 + ((s + 1) % STAGES) * STAGE, ra, rb)
+        if s + 2 < n_steps:
+            load_a(ra, a, row0, kb + (s + 2) * BK, M, ke)
+            load_b(rb, b, col0, kb + (s + 2) * BK, N, ke)
+
+    @cuda.jit(device=True)
+    def tile_mma(acc, a, b, kb, ke):
+        ring, at0 = ring_array()
+        wg = cuda.threadIdx.x // WARPGROUP
+        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        M = a.shape[1] if A_T else a.shape[0]
+        N = b.shape[1] if B_T else b.shape[0]
+        ra = cuda.local.array(EA, float32)
+        rb = cuda.local.array(EB, float32)
+        n_steps = (ke - kb + BK - 1) // BK
+        if n_steps <= 0:                                        # (the same for the whole block)
+            return
+        load_a(ra, a, row0, kb, M, ke)
+        load_b(rb, b, col0, kb, N, ke)
+        put(ring, at0, ra, rb)                                  # step 0 into stage 0
+        if n_steps > 1:
+            load_a(ra, a, row0, kb + BK, M, ke)
+            load_b(rb, b, col0, kb + BK, N, ke)
+        e0 = wgmma_keep(wgmma_acc_zeros(BN))                    # the even steps' sums
+        e1 = wgmma_keep(wgmma_acc_zeros(BN))                    # the odd steps'
+        e0 = issue(e0, ring, at0, wg, 0)
+        refill(ring, at0, ra, rb, a, b, row0, col0, M, N, kb, ke, 0, n_steps)
+        s = 1
+        while s < n_steps:                                      # steps s (odd) and s + 1 (even)
+            e1 = issue(e1, ring, at0, wg, s)
+            wgmma_wait1()                                       # step s - 1's sums are in e0
+            e0 = wgmma_keep(e0)
+            fragment_add(acc, e0)
+            refill(ring, at0, ra, rb, a, b, row0, col0, M, N, kb, ke, s, n_steps)
+            if s + 1 < n_steps:
+                e0 = issue(e0, ring, at0, wg, s + 1)
+                wgmma_wait1()                                   # step s's sums are in e1
+                e1 = wgmma_keep(e1)
+                fragment_add(acc, e1)
+                refill(ring, at0, ra, rb, a, b, row0, col0, M, N, kb, ke, s + 1, n_steps)
+            s += 2
+        wgmma_wait0()                                           # the last step's sums
+        if n_steps % 2:
+            e0 = wgmma_keep(e0)
+            fragment_add(acc, e0)
+        else:
+            e1 = wgmma_keep(e1)
+            fragment_add(acc, e1)
+        cuda.syncthreads()                                      # the ring may be refilled by a next call
+    return tile_mma
+
+
+def overlap_resolve(block, a, b):
+    """The full tile of a matmul v26 launch: ("v26", BM, BN, 32, 64, BN, vec, STAGES)."""
+    return ("v26", *block[:5], aligned(a, b), STAGES)
+
+
+@functools.cache
+def make_overlap_tile(tile):
+    """matmul v26's tile: split_wgmma.make_split_tile's names on make_overlap_pipeline."""
+    family, BM, BN, bk, WM, WN, vec, stages = tile
+    assert family == "v26" and bk == BK and stages == STAGES, tile
+    assert WM == 64 and WN == BN and BM % 64 == 0 and BN % 8 == 0 and BN <= 256, \
+        f"tile {tile}: warpgroups of 64 rows x all BN columns"
+    shared = shared_bytes(BM, BN)
+    assert shared <= DYNAMIC_LIMIT, f"tile {tile}: {shared} bytes of dynamic shared memory"
+    THREADS = WARPGROUP * (BM // 64)
+    ranged = {(ta, tb): make_overlap_pipeline(BM, BN, THREADS, vec, ta, tb) for ta in (False, True) for tb in (False, True)}
+    t = fragment_tile(ranged, BM, BN, BK, 16, BN, THREADS)
+    t.SHARED = shared
+    return t
