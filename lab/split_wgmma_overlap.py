@@ -7,34 +7,45 @@ for them (wgmma.wait_group 0) and adds their sums to acc before the next barrier
 tensor cores drain while each thread waits, adds 64 sums and meets the others at the barrier, and
 refill only when the next stage's wgmmas are issued. v26 keeps everything of v25 (the planes, their
 swizzle, the copies, the 3xTF32 products and their order, each stage summed in fresh registers and
-added to acc in fp32) but the order of a step:
+added to acc in fp32) but the order of a step, on a ring of three stages instead of two:
 
-    v25, step s                                 v26, step s
+    v25, step s (2 stages)                      v26, step s (3 stages)
     fence.proxy.async; bar.sync                 fence.proxy.async; bar.sync    (stage s stored)
-    12 wgmmas of stage s into e; commit         12 wgmmas of stage s into e[s % 2]; commit
+    12 wgmmas of stage s into e; commit         12 wgmmas of stage s % 3 into e[s % 2]; commit
     split + store step s + 1's registers        wgmma.wait_group 1: step s - 1's e is done
     load step s + 2 into the registers          acc += e[(s - 1) % 2]
-    wgmma.wait_group 0                          bar.sync   (every warpgroup's step s - 1 is done:
-    acc += e                                               its stage may be overwritten)
-                                                split + store step s + 1's registers
+    wgmma.wait_group 0                          split + store step s + 1's registers into the
+    acc += e                                      stage step s - 2 read
                                                 load step s + 2 into the registers
 
-so step s's products run while the threads add step s - 1's sums, meet, split and store the next
-stage and issue the next loads, and the next step's wgmmas queue behind them. The price: two sets
-of stage sums (e[0], e[1]: 2 x BN / 2 registers a thread beside acc's BN / 2) and a second barrier
-a step. The sums are v25's, added to acc in the same order: v25's bits (tests/test_matmul_v26.py).
+so step s's products run while the threads add step s - 1's sums, split and store the next stage
+and issue the next loads, and the next step's wgmmas queue behind them. The stage stored at step s
+is the one step s - 2 read: every warpgroup waited for step s - 2 (its wait_group 1 of step s - 1)
+before the barrier of step s, so one barrier a step still guards the ring (with two stages the
+stage stored would be step s - 1's, which the other warpgroup may still be reading: a second
+barrier a step). The price: two sets of stage sums (e[0], e[1]: 2 x BN / 2 registers a thread
+beside acc's BN / 2) and a third stage of shared memory (193 KiB at 128 x 128). The sums are v25's,
+added to acc in the same order: v25's bits (tests/test_matmul_v26.py).
 """
 import functools
 
 from numba import cuda, float32
 
-from andrea_numba.kernels.split_wgmma import (BK, KSTEPS, LBO, ROW_WORDS, SBO, STAGES, STEP_WORDS, _product,
-                                              _straight, _transposed, aligned, shared_bytes, stage_words)
+from andrea_numba.kernels.split_wgmma import (BK, KSTEPS, LBO, ROW_WORDS, SBO, STEP_WORDS, _product, _straight,
+                                              _transposed, aligned, stage_words)
 from andrea_numba.kernels.warp_tile import fragment_tile
 from andrea_numba.kernels.wgmma import (SWIZZLE_128B, fence_proxy_async, shared_address, smem_desc, wgmma_acc_zeros,
                                         wgmma_commit, wgmma_fence, wgmma_keep, wgmma_wait0, wgmma_wait1)
 from andrea_numba.kernels.wgmma_mn import ALIGN, DYNAMIC_LIMIT
 from andrea_numba.kernels.wgmma_tile import WARPGROUP, _fragment_add
+
+
+STAGES = 3          # the stage being stored was read two steps before, which every warpgroup has waited for
+
+
+def shared_bytes(BM, BN):
+    """The dynamic shared memory of a launch: STAGES stages + 1 KiB to align the ring (193 KiB at 128 x 128)."""
+    return STAGES * stage_words(BM, BN) * 4 + ALIGN
 
 
 def make_overlap_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
@@ -66,7 +77,8 @@ def make_overlap_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
 
     @cuda.jit(device=True)
     def issue(e, ring, at0, wg, s):
-        """Wait for stage s % 2 to be stored (every thread), then its 12 wgmmas into e, fresh; commit."""
+        """Wait for stage s % 3 to be stored (every thread: so every warpgroup has also waited for step
+        s - 2), then its 12 wgmmas into e, fresh; commit."""
         fence_proxy_async()
         cuda.syncthreads()
         at_a = at0 + (s % STAGES) * STAGE + wg * WG_WORDS
@@ -85,9 +97,8 @@ def make_overlap_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
 
     @cuda.jit(device=True)
     def refill(ring, at0, ra, rb, a, b, row0, col0, M, N, kb, ke, s, n_steps):
-        """After every warpgroup's step s - 1 is done (the barrier): step s + 1's registers split
-        and stored into its stage, the one step s - 1 read; step s + 2 loaded."""
-        cuda.syncthreads()
+        """Step s + 1's registers split and stored into its stage, the one step s - 2 read (done in
+        every warpgroup: each waited for it before the barrier of step s); step s + 2 loaded."""
         if s + 1 < n_steps:
             put(ring, at0 + ((s + 1) % STAGES) * STAGE, ra, rb)
         if s + 2 < n_steps:
