@@ -26,6 +26,11 @@ stage stored would be step s - 1's, which the other warpgroup may still be readi
 barrier a step). The price: two sets of stage sums (e[0], e[1]: 2 x BN / 2 registers a thread
 beside acc's BN / 2) and a third stage of shared memory (193 KiB at 128 x 128). The sums are v25's,
 added to acc in the same order: v25's bits (tests/test_matmul_v26.py).
+
+Measured on an H100 (docs/speed.md, "Where the time goes"): slower than v25. At 128 x 128 the
+second set of sums takes a thread to 255 registers with spills (1.06-1.58x v25's time); at 128 x 64
+(no spills) it is within 4% of v25 where A is stored K-major and slower on the weight gradients. The
+tensor cores' idle time at v25's stage boundaries is not what holds v25 back.
 """
 import functools
 
