@@ -549,3 +549,22 @@ def test_a_checkpoint_written_again_is_accepted_under_the_previous_sha(world, tm
     (run / STATE_FILE).write_text(json.dumps(state))
     assert sample.main([str(run), "--cpu", "--tokens", "2"]) == 0
     capsys.readouterr()
+
+
+# ------------------------------------------------------------------------------------------------
+# the benchmarks as the docs write them: python lab/bench/NAME.py from a checkout's root, with
+# nothing on PYTHONPATH (the project installed, lab/ not): each finds lab/ itself
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "lab" / "bench").glob("*.py")))
+def test_every_benchmark_answers_help_as_the_docs_run_it(script):
+    """Its usage and exit 0, or one line and a non-zero exit (a library or a GPU it needs is missing
+    here): never a traceback."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["NUMBA_ENABLE_CUDASIM"] = "1"
+    p = subprocess.run([sys.executable, f"lab/bench/{script}", "--help"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in p.stderr, p.stderr[-800:]
+    assert (p.returncode == 0 and "usage:" in p.stdout) or \
+        (p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1), (p.returncode, p.stdout[-300:], p.stderr[-300:])

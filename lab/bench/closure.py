@@ -53,7 +53,12 @@ def launchers(package):
     return n
 
 
-def main():
+def main(argv=None):
+    sys.path.insert(0, str(ROOT))
+    from andrea_numba.cli import Parser
+    ap = Parser(prog="python lab/bench/closure.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="also list the closure's modules and the imports inside functions")
+    args = ap.parse_args(argv)
     mods, lines = closure()
     circles = import_cycles(import_graph())
     inner = project_function_imports()
@@ -69,7 +74,7 @@ def main():
     print(f"| {'measure':<{width}} | value |\n|{'-' * (width + 2)}|---|")
     for a, b in rows:
         print(f"| {a:<{width}} | {b} |")
-    if "--list" in sys.argv:
+    if args.list:
         print("\n".join(mods))
         print("imports inside functions:\n  " + "\n  ".join(inner))
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from andrea_numba import cli  # noqa: E402
-from bench import gemm  # noqa: E402
+from lab.bench import gemm  # noqa: E402
 from lab.bench.gemm import timed_graph  # noqa: E402
 
 # the linear layers' products of lab/bench/gemm.py (the classifier's stay bf16 at every FP8 scope), one

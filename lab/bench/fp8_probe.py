@@ -16,8 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def main() -> int:
-    import nvmath
+def main(argv=None) -> int:
+    from andrea_numba import cli
+    cli.Parser(prog="python lab/bench/fp8_probe.py", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    try:
+        import nvmath
+    except ImportError:
+        cli.fail("lab/bench/fp8_probe.py needs nvmath-python (cuBLASLt's bindings) and a GPU: pip install nvmath-python")
     from numba import cuda
 
     from andrea_numba.kernels import cublaslt as L

@@ -10,11 +10,16 @@ Prints a table: op, calls per step, total ms, share of the step.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 from numba import cuda
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))          # lab/ and andrea_numba/ from a checkout
 
 from andrea_numba import cli
 from andrea_numba.config import load_config

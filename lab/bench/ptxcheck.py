@@ -277,7 +277,6 @@ def main():
             launch(out, np.zeros(matmul.splitk_work(64), np.float32), a, a, trans_a=True, accumulate=True)
         # flash attention v2 on at the models' head size (the harness's tiny size has hs = 4),
         # every declared block, with dropout (v11, v12: bf16 and fp16 products)
-        from andrea_numba.kernels import attn_flash
         from lab import attn_flash as lab_attn_flash
         x, lse = np.zeros((2, 128, 384), np.float32), np.zeros((2, 6, 128), np.float32)
         for v in sorted(lab_attn_flash.VERSIONS["attn_flash_bwd"])[1:]:

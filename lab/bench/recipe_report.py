@@ -8,7 +8,6 @@ setup, evaluation and checkpoints included, summed over resumes).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 

@@ -20,17 +20,19 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from numba import cuda
 
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))          # lab/ and andrea_numba/ from a checkout
+
 from andrea_numba import cli
 from andrea_numba.config import load_config
 from andrea_numba.gpu_model import GPUModel
-from andrea_numba.kernels import attn_flash, mlp
 from lab import mlp as lab_mlp
 from lab import attn_flash as lab_attn_flash
-from andrea_numba.kernels import matmul as MM
 from lab import matmul as lab_matmul
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.layout import init_params, n_params
