@@ -99,3 +99,39 @@ def test_warps_meet_apart_and_a_meeting_is_reused():
         got = out.copy_to_host()
         np.testing.assert_array_equal(got[:32], np.full(32, x[:32].sum()))
         np.testing.assert_array_equal(got[32:], np.full(32, x[32:].sum()))
+
+
+@cuda.jit
+def _tree_sum(out, x, barrier):
+    """out[block] = sum of the block's T values by a shared-memory tree; barrier False leaves out the
+    syncthreads between the levels (a student's missing barrier)."""
+    s = cuda.shared.array(T, float32)
+    t = cuda.threadIdx.x
+    s[t] = x[cuda.blockIdx.x * T + t]
+    if barrier:
+        cuda.syncthreads()
+    stride = T // 2
+    while stride > 0:
+        if t < stride:
+            s[t] += s[t + stride]
+        if barrier:
+            cuda.syncthreads()
+        stride //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = s[0]
+
+
+def test_a_missing_barrier_gives_a_wrong_sum_on_every_run():
+    """Threads run one at a time until they wait: thread 0 climbs the whole tree before thread 1 has
+    stored its value, so a tree without its barriers reads slots that nobody has written yet (what
+    an earlier array left in that memory, as on a GPU) on every run, where threads that all ran at
+    once could hide it; with the barriers, the sum."""
+    x = np.arange(2 * T, dtype=np.float32)
+    right = [x[:T].sum(), x[T:].sum()]
+    for _ in range(3):
+        out = cuda.to_device(np.zeros(2, np.float32))
+        _tree_sum[2, T](out, cuda.to_device(x), False)
+        assert not np.array_equal(out.copy_to_host(), right)
+    out = cuda.to_device(np.zeros(2, np.float32))
+    _tree_sum[2, T](out, cuda.to_device(x), True)
+    np.testing.assert_array_equal(out.copy_to_host(), right)
