@@ -135,3 +135,31 @@ def test_a_missing_barrier_gives_a_wrong_sum_on_every_run():
     out = cuda.to_device(np.zeros(2, np.float32))
     _tree_sum[2, T](out, cuda.to_device(x), True)
     np.testing.assert_array_equal(out.copy_to_host(), right)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork")
+def test_a_forked_child_runs_kernels_on_threads_of_its_own():
+    """The grader forks a job a file from a warm process: a child whose parent has run kernels
+    (its pool holds the parent's threads, which the child does not have) still runs them."""
+    import subprocess
+    import sys
+    code = """if True:
+        import os, numpy as np
+        from numba import cuda
+        @cuda.jit
+        def k(out):
+            t = cuda.threadIdx.x
+            cuda.syncthreads()
+            out[t] = t
+        import andrea_numba.kernels.common
+        k[1, 32](cuda.to_device(np.zeros(32, np.float32)))        # the parent's pool
+        pid = os.fork()
+        if pid == 0:
+            o = cuda.to_device(np.zeros(32, np.float32))
+            k[1, 32](o)
+            os._exit(0 if (o.copy_to_host() == np.arange(32)).all() else 1)
+        raise SystemExit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """
+    p = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "NUMBA_ENABLE_CUDASIM": "1"},
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-500:]
