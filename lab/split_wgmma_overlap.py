@@ -36,14 +36,10 @@ import functools
 
 from numba import cuda, float32
 
-from andrea_numba.kernels.split_wgmma import (BK, KSTEPS, LBO, ROW_WORDS, SBO, STEP_WORDS, _product, _straight,
-                                              _transposed, aligned, stage_words)
-from andrea_numba.kernels.warp_tile import fragment_tile
-from andrea_numba.kernels.wgmma import (SWIZZLE_128B, fence_proxy_async, shared_address, smem_desc, wgmma_acc_zeros,
-                                        wgmma_commit, wgmma_fence, wgmma_keep, wgmma_wait0, wgmma_wait1)
-from andrea_numba.kernels.wgmma_mn import ALIGN, DYNAMIC_LIMIT
-from andrea_numba.kernels.wgmma_tile import WARPGROUP, _fragment_add
-
+from andrea_numba.kernels.split_wgmma import BK, aligned, build_tile, stage_parts, stage_words
+from andrea_numba.kernels.wgmma import fence_proxy_async, wgmma_acc_zeros, wgmma_keep, wgmma_wait0, wgmma_wait1
+from andrea_numba.kernels.wgmma_mn import ALIGN
+from andrea_numba.kernels.wgmma_tile import WARPGROUP
 
 STAGES = 3          # the stage being stored was read two steps before, which every warpgroup has waited for
 
@@ -54,51 +50,20 @@ def shared_bytes(BM, BN):
 
 
 def make_overlap_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
-    """tile_mma(acc, a, b, kb, ke): v25's make_pipeline (split_wgmma.py), one stage's wgmmas in
-    flight across the stage boundary (this module's docstring)."""
-    A_T, B_T = bool(trans_a), not trans_b                       # stored with k down the columns
-    load_a, store_a, EA = (_transposed if A_T else _straight)(BM, THREADS, vec)
-    load_b, store_b, EB = (_transposed if B_T else _straight)(BN, THREADS, vec)
-    PLANE_A, PLANE_B = BM * ROW_WORDS, BN * ROW_WORDS
-    STAGE = stage_words(BM, BN)
-    WG_WORDS = 64 * ROW_WORDS                                   # a warpgroup's 64 rows of A
-    fresh, product = _product(BN, 0), _product(BN, 1)
-    fragment_add = _fragment_add(BN // 2)
-
-    @cuda.jit(device=True)
-    def ring_array():
-        ring = cuda.shared.array(0, float32)
-        pad = (ALIGN - (shared_address(ring, 0) & (ALIGN - 1))) & (ALIGN - 1)
-        return ring, pad // 4
-
-    @cuda.jit(device=True)
-    def put(ring, base, ra, rb):
-        store_a(ring, base, base + PLANE_A, ra)
-        store_b(ring, base + 2 * PLANE_A, base + 2 * PLANE_A + PLANE_B, rb)
-
-    @cuda.jit(device=True)
-    def desc(ring, word):
-        return smem_desc(ring, word, LBO, SBO, SWIZZLE_128B)
+    """tile_mma(acc, a, b, kb, ke): v25's pieces (split_wgmma.stage_parts: the copies, the split and
+    store, a stage's 12 wgmmas) in this module's order, one stage's wgmmas in flight."""
+    p = stage_parts(BM, BN, THREADS, vec, trans_a, trans_b)
+    A_T, B_T, EA, EB, STAGE = p.A_T, p.B_T, p.EA, p.EB, p.STAGE
+    load_a, load_b, ring_array, put, stage_sums, fragment_add = (p.load_a, p.load_b, p.ring_array, p.put,
+                                                                 p.stage_sums, p.fragment_add)
 
     @cuda.jit(device=True)
     def issue(e, ring, at0, wg, s):
         """Wait for stage s % 3 to be stored (every thread: so every warpgroup has also waited for step
-        s - 2), then its 12 wgmmas into e, fresh; commit."""
+        s - 2), then its 12 wgmmas into e, fresh, committed."""
         fence_proxy_async()
         cuda.syncthreads()
-        at_a = at0 + (s % STAGES) * STAGE + wg * WG_WORDS
-        at_b = at0 + (s % STAGES) * STAGE + 2 * PLANE_A
-        wgmma_fence()
-        e = fresh(e, ring, desc(ring, at_a + PLANE_A), desc(ring, at_b))        # small*big, k 0..7: a new sum
-        e = product(e, ring, desc(ring, at_a), desc(ring, at_b + PLANE_B))      # big*small
-        e = product(e, ring, desc(ring, at_a), desc(ring, at_b))                # big*big
-        for ks in range(1, KSTEPS):
-            off = ks * STEP_WORDS
-            e = product(e, ring, desc(ring, at_a + PLANE_A + off), desc(ring, at_b + off))
-            e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + PLANE_B + off))
-            e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + off))
-        wgmma_commit()
-        return e
+        return stage_sums(e, ring, at0 + (s % STAGES) * STAGE, wg)
 
     @cuda.jit(device=True)
     def refill(ring, at0, ra, rb, a, b, row0, col0, M, N, kb, ke, s, n_steps):
@@ -165,14 +130,4 @@ def overlap_resolve(block, a, b):
 @functools.cache
 def make_overlap_tile(tile):
     """matmul v26's tile: split_wgmma.make_split_tile's names on make_overlap_pipeline."""
-    family, BM, BN, bk, WM, WN, vec, stages = tile
-    assert family == "v26" and bk == BK and stages == STAGES, tile
-    assert WM == 64 and WN == BN and BM % 64 == 0 and BN % 8 == 0 and BN <= 256, \
-        f"tile {tile}: warpgroups of 64 rows x all BN columns"
-    shared = shared_bytes(BM, BN)
-    assert shared <= DYNAMIC_LIMIT, f"tile {tile}: {shared} bytes of dynamic shared memory"
-    THREADS = WARPGROUP * (BM // 64)
-    ranged = {(ta, tb): make_overlap_pipeline(BM, BN, THREADS, vec, ta, tb) for ta in (False, True) for tb in (False, True)}
-    t = fragment_tile(ranged, BM, BN, BK, 16, BN, THREADS)
-    t.SHARED = shared
-    return t
+    return build_tile(tile, "v26", STAGES, shared_bytes, make_overlap_pipeline)

@@ -71,6 +71,7 @@ everything in the simulator, which runs wgmma.py's twin (wgmma_warpgroup_tf32: t
 each value truncated to TF32) once per warpgroup and instruction.
 """
 import functools
+from types import SimpleNamespace
 
 from numba import cuda, float32
 
@@ -92,6 +93,7 @@ SBO = 1024               # bytes to the next 8 rows (the next atom)
 LBO = 16                 # unused by swizzled K-major operands
 STEP_WORDS = 8           # a k8 step: 32 bytes along the rows
 STAGES = 2               # the stage being stored was read by the step before, which is done (point 3)
+WG_WORDS = 64 * ROW_WORDS    # a warpgroup's 64 rows of A in a plane
 
 
 def stage_words(BM, BN):
@@ -212,23 +214,22 @@ else:
         return product
 
 
-def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
-    """tile_mma(acc, a, b, kb, ke): acc += this thread's share of op(a) @ op(b) over k in [kb, ke),
-    the fp32 operands as stored (a [M, K], or [K, M] when trans_a; b [K, N], or [N, K] when trans_b),
-    in 3xTF32 through the ring of point 3, each stage's sums added to acc (point 4)."""
+def stage_parts(BM, BN, THREADS, vec, trans_a, trans_b):
+    """The pieces of a pipeline over the ring, for the fp32 operands as stored (a [M, K], or [K, M]
+    when trans_a; b [K, N], or [N, K] when trans_b): the copies of each operand (load_a, load_b and
+    their register counts EA, EB), ring_array, put (a stage's split and store), stage_sums (a stage's
+    12 wgmmas, point 4), fragment_add, and the plane and stage sizes in words. make_pipeline (below)
+    is v25's loop over them; lab/split_wgmma_overlap.py (v26) runs them in another order."""
     A_T, B_T = bool(trans_a), not trans_b                       # stored with k down the columns
     load_a, store_a, EA = (_transposed if A_T else _straight)(BM, THREADS, vec)
     load_b, store_b, EB = (_transposed if B_T else _straight)(BN, THREADS, vec)
     PLANE_A, PLANE_B = BM * ROW_WORDS, BN * ROW_WORDS
-    STAGE = stage_words(BM, BN)
-    WG_WORDS = 64 * ROW_WORDS                                   # a warpgroup's 64 rows of A
     fresh, product = _product(BN, 0), _product(BN, 1)
-    fragment_add = _fragment_add(BN // 2)
 
     @cuda.jit(device=True)
     def ring_array():
         """The dynamic shared array and the word where the ring starts: its first 1024-byte
-        boundary (the launch gave STAGES * STAGE * 4 + 1024 bytes)."""
+        boundary (the launch gave the stages' bytes + 1024)."""
         ring = cuda.shared.array(0, float32)
         pad = (ALIGN - (shared_address(ring, 0) & (ALIGN - 1))) & (ALIGN - 1)
         return ring, pad // 4
@@ -243,6 +244,39 @@ def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
     def desc(ring, word):
         """The descriptor of the K-major operand whose k8 step starts at word `word` of the ring."""
         return smem_desc(ring, word, LBO, SBO, SWIZZLE_128B)
+
+    @cuda.jit(device=True)
+    def stage_sums(e, ring, stage, wg):
+        """e = this warpgroup's 64 rows of the stage's products (its 64 rows of A from word stage,
+        B's planes after A's), in fresh registers: wgmma.fence, 4 k8 steps x 3 wgmmas (small*big,
+        big*small, big*big), commit. Read e only after a wait."""
+        at_a = stage + wg * WG_WORDS                            # this warpgroup's 64 rows of A (big plane)
+        at_b = stage + 2 * PLANE_A                              # B's big plane
+        wgmma_fence()
+        e = fresh(e, ring, desc(ring, at_a + PLANE_A), desc(ring, at_b))        # small*big, k 0..7: a new sum
+        e = product(e, ring, desc(ring, at_a), desc(ring, at_b + PLANE_B))      # big*small
+        e = product(e, ring, desc(ring, at_a), desc(ring, at_b))                # big*big
+        for ks in range(1, KSTEPS):                             # k 8 ks .. 8 ks + 7 of the stage
+            off = ks * STEP_WORDS
+            e = product(e, ring, desc(ring, at_a + PLANE_A + off), desc(ring, at_b + off))
+            e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + PLANE_B + off))
+            e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + off))
+        wgmma_commit()
+        return e
+
+    return SimpleNamespace(A_T=A_T, B_T=B_T, load_a=load_a, load_b=load_b, EA=EA, EB=EB, ring_array=ring_array,
+                           put=put, stage_sums=stage_sums, fragment_add=_fragment_add(BN // 2),
+                           STAGE=stage_words(BM, BN))
+
+
+def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
+    """tile_mma(acc, a, b, kb, ke): acc += this thread's share of op(a) @ op(b) over k in [kb, ke),
+    the fp32 operands as stored (a [M, K], or [K, M] when trans_a; b [K, N], or [N, K] when trans_b),
+    in 3xTF32 through the ring of point 3, each stage's sums added to acc (point 4)."""
+    p = stage_parts(BM, BN, THREADS, vec, trans_a, trans_b)
+    A_T, B_T, EA, EB, STAGE = p.A_T, p.B_T, p.EA, p.EB, p.STAGE
+    load_a, load_b, ring_array, put, stage_sums, fragment_add = (p.load_a, p.load_b, p.ring_array, p.put,
+                                                                 p.stage_sums, p.fragment_add)
 
     @cuda.jit(device=True)
     def tile_mma(acc, a, b, kb, ke):
@@ -264,18 +298,7 @@ def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
         for s in range(n_steps):
             fence_proxy_async()                                 # my stores of stage s visible to wgmma ...
             cuda.syncthreads()                                  # ... and everyone's; step s - 1's wgmmas done
-            at_a = at0 + (s % STAGES) * STAGE + wg * WG_WORDS   # this warpgroup's 64 rows of A (big plane)
-            at_b = at0 + (s % STAGES) * STAGE + 2 * PLANE_A     # B's big plane
-            wgmma_fence()
-            e = fresh(e, ring, desc(ring, at_a + PLANE_A), desc(ring, at_b))        # small*big, k 0..7: a new sum
-            e = product(e, ring, desc(ring, at_a), desc(ring, at_b + PLANE_B))      # big*small
-            e = product(e, ring, desc(ring, at_a), desc(ring, at_b))                # big*big
-            for ks in range(1, KSTEPS):                         # k 8 ks .. 8 ks + 7 of the stage
-                off = ks * STEP_WORDS
-                e = product(e, ring, desc(ring, at_a + PLANE_A + off), desc(ring, at_b + off))
-                e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + PLANE_B + off))
-                e = product(e, ring, desc(ring, at_a + off), desc(ring, at_b + off))
-            wgmma_commit()
+            e = stage_sums(e, ring, at0 + (s % STAGES) * STAGE, wg)
             if s + 1 < n_steps:                                 # the other stage, read by step s - 1
                 put(ring, at0 + ((s + 1) % STAGES) * STAGE, ra, rb)
             if s + 2 < n_steps:
@@ -300,14 +323,21 @@ def make_split_tile(tile):
     SHARED: its launch's dynamic shared memory), the four products mma[(trans_a, trans_b)] on the
     fp32 operands as stored. tile = ("tf32x3_wgmma", BM, BN, 32, 64, BN, vec, 2): warpgroups of 64
     rows x all BN columns, BN a multiple of 8 up to 256."""
-    family, BM, BN, bk, WM, WN, vec, stages = tile
-    assert family == "tf32x3_wgmma" and bk == BK and stages == STAGES, tile
+    return build_tile(tile, "tf32x3_wgmma", STAGES, shared_bytes, make_pipeline)
+
+
+def build_tile(tile, family, stages, shared_bytes, pipeline):
+    """The tile functions of a tile of split planes on wgmma (make_split_tile's, and lab matmul
+    v26's): the tile checked, shared_bytes(BM, BN) of dynamic shared memory, the four products from
+    pipeline(BM, BN, THREADS, vec, trans_a, trans_b)."""
+    name, BM, BN, bk, WM, WN, vec, n_stages = tile
+    assert name == family and bk == BK and n_stages == stages, tile
     assert WM == 64 and WN == BN and BM % 64 == 0 and BN % 8 == 0 and BN <= 256, \
         f"tile {tile}: warpgroups of 64 rows x all BN columns"
     shared = shared_bytes(BM, BN)
     assert shared <= DYNAMIC_LIMIT, f"tile {tile}: {shared} bytes of dynamic shared memory"
     THREADS = WARPGROUP * (BM // 64)
-    ranged = {(ta, tb): make_pipeline(BM, BN, THREADS, vec, ta, tb) for ta in (False, True) for tb in (False, True)}
+    ranged = {(ta, tb): pipeline(BM, BN, THREADS, vec, ta, tb) for ta in (False, True) for tb in (False, True)}
     t = fragment_tile(ranged, BM, BN, BK, 16, BN, THREADS)
     t.SHARED = shared
     return t
