@@ -571,6 +571,14 @@ class Trainer:
 
     # -- run files --
     def last_checkpoint(self) -> str:
+        """Where the run's last checkpoint stands, for a line that stops the run: after the file
+        writer's job in flight, which may be writing one (a step's checkpoint is written while the
+        next step runs)."""
+        if not self.files.in_job():
+            try:
+                self.files.wait()
+            except Exception as e:  # noqa: BLE001  (said in the line, which reports the stop first)
+                return f"the last checkpoint's write failed ({' '.join(str(e).split())})"
         if self.checkpoint_step is None:
             return "no checkpoint had been written yet"
         return f"the last checkpoint ({self.run_dir / CHECKPOINT_FILE}, step {self.checkpoint_step}) is intact"

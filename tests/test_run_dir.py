@@ -480,9 +480,15 @@ def test_a_checkpoint_of_non_finite_weights_is_never_written(run):
     assert snapshot(run) == before
 
 
-def test_divergence_stops_before_the_bad_step_with_one_line(base, tmp_path):
+@pytest.mark.parametrize("slow_writer", [False, True])
+def test_divergence_stops_before_the_bad_step_with_one_line(base, tmp_path, monkeypatch, slow_writer):
     """lr 1e20 without clipping: step 1 takes the weights to ~1e20, step 2's loss is NaN. k_adamw
-    does not apply step 2, the trainer stops, and step 1's checkpoint stays, finite."""
+    does not apply step 2, the trainer stops, and step 1's checkpoint stays, finite. Step 1's
+    checkpoint is written while step 2 runs: with its write slowed down (slow_writer), the line
+    still names it, once it is on disk."""
+    if slow_writer:
+        real = tr.save_checkpoint
+        monkeypatch.setattr(tr, "save_checkpoint", lambda *a, **k: (time.sleep(1.0), real(*a, **k))[1])
     (tmp_path / "corpus.txt").write_text(corpus_text())
     write_config(tmp_path / "run.json", lr=1e20, min_lr=0.0, clip_norm=0.0, warmup_steps=0, steps=3,
                  eval_interval=100, checkpoint_interval=1)
