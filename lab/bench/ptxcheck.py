@@ -23,8 +23,10 @@ import os
 import sys
 import types
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    sys.exit("ptxcheck compiles for a real GPU: run it without NUMBA_ENABLE_CUDASIM=1")
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":     # (compile_time.py imports this module: its name is said)
+    print(f"error: lab/bench/{os.path.basename(sys.argv[0])} compiles the kernels for a real GPU, which the "
+          "simulator cannot: run it without NUMBA_ENABLE_CUDASIM=1", file=sys.stderr)
+    sys.exit(2)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # the checkout, as lab/bench/gemm.py
 

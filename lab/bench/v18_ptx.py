@@ -21,7 +21,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    sys.exit("v18_ptx compiles for a real GPU: run it without NUMBA_ENABLE_CUDASIM=1")
+    print("error: lab/bench/v18_ptx.py compiles the kernels for a real GPU, which the simulator cannot: run it "
+          "without NUMBA_ENABLE_CUDASIM=1", file=sys.stderr)
+    sys.exit(2)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numba.cuda.dispatcher as _dispatcher  # noqa: E402
