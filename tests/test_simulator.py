@@ -163,3 +163,21 @@ def test_a_forked_child_runs_kernels_on_threads_of_its_own():
     p = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "NUMBA_ENABLE_CUDASIM": "1"},
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-500:]
+
+
+@cuda.jit
+def _ones(out):
+    out[cuda.threadIdx.x] = 1
+
+
+def test_the_pooled_threads_keep_no_launchs_arrays_alive():
+    """After a launch its threads wait in the pool for the next block: what the launch was given is
+    freed with its last reference, not held until another launch (a training run's buffers)."""
+    import gc
+    import weakref
+    d = cuda.to_device(np.zeros(T, np.float32))
+    _ones[1, T](d)
+    held = weakref.ref(d._ary)                # the simulator's array behind the device array
+    del d
+    gc.collect()
+    assert held() is None

@@ -107,26 +107,33 @@ if SIMULATOR:
         def run(self):
             while True:
                 self.turn.acquire()
-                m, args, point, tid = self.job
-                self._manager, self.threadIdx, self.thread_id = m, _simkernel.Dim3(*point), tid
-                self.blockIdx, self.exception = m.grid_point, None
-                try:
-                    if m._debug:
-                        with _np.errstate(divide="raise"):
-                            m._f(*args)
-                    else:
+                if not self._run_job():
+                    return                          # it raised: it ends, a new thread takes its place
+
+        def _run_job(self):
+            """One simulated thread of a block (self.job); True when it ended without an error. Its
+            locals end with it: an idle thread keeps no launch's arrays alive."""
+            m, args, point, tid = self.job
+            self._manager, self.threadIdx, self.thread_id = m, _simkernel.Dim3(*point), tid
+            self.blockIdx, self.exception = m.grid_point, None
+            try:
+                if m._debug:
+                    with _np.errstate(divide="raise"):
                         m._f(*args)
-                except BaseException as e:          # as BlockThread.run words it, then the others abort
-                    where = f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
-                    self.exception = (type(e)(f"{where}: {e}" if str(e) else where), sys.exc_info()[2])
-                    if m.first_error is None:           # the cause; the others' errors follow from it
-                        m.first_error = self.exception
-                    _abort(m)
-                m.alive -= 1
-                m.finished += 1
-                _hand_on(m)
-                if self.exception is not None:          # it ends; a new thread takes its place
-                    return
+                else:
+                    m._f(*args)
+            except BaseException as e:          # as BlockThread.run words it, then the others abort
+                where = f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
+                self.exception = (type(e)(f"{where}: {e}" if str(e) else where), sys.exc_info()[2])
+                if m.first_error is None:           # the cause; the others' errors follow from it
+                    m.first_error = self.exception
+                _abort(m)
+            m.alive -= 1
+            m.finished += 1
+            self.job = self._manager = None
+            ok = self.exception is None
+            _hand_on(m)
+            return ok
 
     def _abort(m):
         """Every waiting thread becomes ready, to raise when it resumes."""
