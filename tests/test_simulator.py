@@ -181,3 +181,31 @@ def test_the_pooled_threads_keep_no_launchs_arrays_alive():
     del d
     gc.collect()
     assert held() is None
+
+
+def test_an_error_whose_type_wants_other_arguments_still_ends_the_launch():
+    """The runner rewords a thread's error with the thread's name; an exception type that cannot be
+    built from one message is said as a RuntimeError instead of stopping the thread before it hands
+    the turn on (the launch would wait for it for ever: run in a process with a time limit)."""
+    import subprocess
+    import sys
+    code = """if True:
+        import numpy as np
+        from numba import cuda
+        import andrea_numba.kernels.common
+        class TwoArgs(Exception):
+            def __init__(self, a, b):
+                super().__init__(f"{a} and {b}")
+        @cuda.jit
+        def k(out):
+            if cuda.threadIdx.x == 3:
+                raise TwoArgs(1, 2)
+            out[cuda.threadIdx.x] = 1
+        try:
+            k[1, 64](cuda.to_device(np.zeros(64, np.float32)))
+        except RuntimeError as e:
+            print(e)
+    """
+    p = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "NUMBA_ENABLE_CUDASIM": "1"},
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "tid=[3, 0, 0] ctaid=[0, 0, 0]: TwoArgs: 1 and 2" in p.stdout, (p.stdout, p.stderr[-500:])

@@ -124,7 +124,11 @@ if SIMULATOR:
                     m._f(*args)
             except BaseException as e:          # as BlockThread.run words it, then the others abort
                 where = f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
-                self.exception = (type(e)(f"{where}: {e}" if str(e) else where), sys.exc_info()[2])
+                try:
+                    err = type(e)(f"{where}: {e}" if str(e) else where)
+                except Exception:               # a type that wants other arguments: said in words
+                    err = RuntimeError(f"{where}: {type(e).__name__}: {e}")
+                self.exception = (err, e.__traceback__)
                 if m.first_error is None:           # the cause; the others' errors follow from it
                     m.first_error = self.exception
                 _abort(m)
