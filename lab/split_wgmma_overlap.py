@@ -53,9 +53,9 @@ def make_overlap_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
     """tile_mma(acc, a, b, kb, ke): v25's pieces (split_wgmma.stage_parts: the copies, the split and
     store, a stage's 12 wgmmas) in this module's order, one stage's wgmmas in flight."""
     p = stage_parts(BM, BN, THREADS, vec, trans_a, trans_b)
-    A_T, B_T, EA, EB, STAGE = p.A_T, p.B_T, p.EA, p.EB, p.STAGE
-    load_a, load_b, ring_array, put, stage_sums, fragment_add = (p.load_a, p.load_b, p.ring_array, p.put,
-                                                                 p.stage_sums, p.fragment_add)
+    EA, EB, STAGE = p.EA, p.EB, p.STAGE
+    extents, load, ring_array, put, stage_sums, fragment_add = (p.extents, p.load, p.ring_array, p.put,
+                                                                p.stage_sums, p.fragment_add)
 
     @cuda.jit(device=True)
     def issue(e, ring, at0, wg, s):
@@ -72,27 +72,23 @@ def make_overlap_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
         if s + 1 < n_steps:
             put(ring, at0 + ((s + 1) % STAGES) * STAGE, ra, rb)
         if s + 2 < n_steps:
-            load_a(ra, a, row0, kb + (s + 2) * BK, M, ke)
-            load_b(rb, b, col0, kb + (s + 2) * BK, N, ke)
+            load(ra, rb, a, b, row0, col0, M, N, kb + (s + 2) * BK, ke)
 
     @cuda.jit(device=True)
     def tile_mma(acc, a, b, kb, ke):
         ring, at0 = ring_array()
         wg = cuda.threadIdx.x // WARPGROUP
         row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        M = a.shape[1] if A_T else a.shape[0]
-        N = b.shape[1] if B_T else b.shape[0]
+        M, N = extents(a, b)
         ra = cuda.local.array(EA, float32)
         rb = cuda.local.array(EB, float32)
         n_steps = (ke - kb + BK - 1) // BK
         if n_steps <= 0:                                        # (the same for the whole block)
             return
-        load_a(ra, a, row0, kb, M, ke)
-        load_b(rb, b, col0, kb, N, ke)
+        load(ra, rb, a, b, row0, col0, M, N, kb, ke)
         put(ring, at0, ra, rb)                                  # step 0 into stage 0
         if n_steps > 1:
-            load_a(ra, a, row0, kb + BK, M, ke)
-            load_b(rb, b, col0, kb + BK, N, ke)
+            load(ra, rb, a, b, row0, col0, M, N, kb + BK, ke)
         e0 = wgmma_keep(wgmma_acc_zeros(BN))                    # the even steps' sums
         e1 = wgmma_keep(wgmma_acc_zeros(BN))                    # the odd steps'
         e0 = issue(e0, ring, at0, wg, 0)

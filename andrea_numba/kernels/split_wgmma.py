@@ -216,9 +216,9 @@ else:
 
 def stage_parts(BM, BN, THREADS, vec, trans_a, trans_b):
     """The pieces of a pipeline over the ring, for the fp32 operands as stored (a [M, K], or [K, M]
-    when trans_a; b [K, N], or [N, K] when trans_b): the copies of each operand (load_a, load_b and
-    their register counts EA, EB), ring_array, put (a stage's split and store), stage_sums (a stage's
-    12 wgmmas, point 4), fragment_add, and the plane and stage sizes in words. make_pipeline (below)
+    when trans_a; b [K, N], or [N, K] when trans_b): extents (M, N), load (a stage into this thread's
+    registers, EA and EB of them), ring_array, put (a stage's split and store), stage_sums (a stage's
+    12 wgmmas, point 4), fragment_add, and the stage's size in words (STAGE). make_pipeline (below)
     is v25's loop over them; lab/split_wgmma_overlap.py (v26) runs them in another order."""
     A_T, B_T = bool(trans_a), not trans_b                       # stored with k down the columns
     load_a, store_a, EA = (_transposed if A_T else _straight)(BM, THREADS, vec)
@@ -233,6 +233,17 @@ def stage_parts(BM, BN, THREADS, vec, trans_a, trans_b):
         ring = cuda.shared.array(0, float32)
         pad = (ALIGN - (shared_address(ring, 0) & (ALIGN - 1))) & (ALIGN - 1)
         return ring, pad // 4
+
+    @cuda.jit(device=True)
+    def extents(a, b):
+        """(M, N) of the product, from the operands as stored."""
+        return (a.shape[1] if A_T else a.shape[0]), (b.shape[1] if B_T else b.shape[0])
+
+    @cuda.jit(device=True)
+    def load(ra, rb, a, b, row0, col0, M, N, k0, ke):
+        """This thread's share of the stage of k from k0 (nothing at or past ke) into the registers."""
+        load_a(ra, a, row0, k0, M, ke)
+        load_b(rb, b, col0, k0, N, ke)
 
     @cuda.jit(device=True)
     def put(ring, base, ra, rb):
@@ -264,9 +275,8 @@ def stage_parts(BM, BN, THREADS, vec, trans_a, trans_b):
         wgmma_commit()
         return e
 
-    return SimpleNamespace(A_T=A_T, B_T=B_T, load_a=load_a, load_b=load_b, EA=EA, EB=EB, ring_array=ring_array,
-                           put=put, stage_sums=stage_sums, fragment_add=_fragment_add(BN // 2),
-                           STAGE=stage_words(BM, BN))
+    return SimpleNamespace(EA=EA, EB=EB, STAGE=stage_words(BM, BN), extents=extents, load=load,
+                           ring_array=ring_array, put=put, stage_sums=stage_sums, fragment_add=_fragment_add(BN // 2))
 
 
 def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
@@ -274,26 +284,23 @@ def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
     the fp32 operands as stored (a [M, K], or [K, M] when trans_a; b [K, N], or [N, K] when trans_b),
     in 3xTF32 through the ring of point 3, each stage's sums added to acc (point 4)."""
     p = stage_parts(BM, BN, THREADS, vec, trans_a, trans_b)
-    A_T, B_T, EA, EB, STAGE = p.A_T, p.B_T, p.EA, p.EB, p.STAGE
-    load_a, load_b, ring_array, put, stage_sums, fragment_add = (p.load_a, p.load_b, p.ring_array, p.put,
-                                                                 p.stage_sums, p.fragment_add)
+    EA, EB, STAGE = p.EA, p.EB, p.STAGE
+    extents, load, ring_array, put, stage_sums, fragment_add = (p.extents, p.load, p.ring_array, p.put,
+                                                                p.stage_sums, p.fragment_add)
 
     @cuda.jit(device=True)
     def tile_mma(acc, a, b, kb, ke):
         ring, at0 = ring_array()                                # stage st at word at0 + st * STAGE
         wg = cuda.threadIdx.x // WARPGROUP
         row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
-        M = a.shape[1] if A_T else a.shape[0]
-        N = b.shape[1] if B_T else b.shape[0]
+        M, N = extents(a, b)
         ra = cuda.local.array(EA, float32)                      # one stage of this thread's values
         rb = cuda.local.array(EB, float32)
         n_steps = (ke - kb + BK - 1) // BK
-        load_a(ra, a, row0, kb, M, ke)
-        load_b(rb, b, col0, kb, N, ke)
+        load(ra, rb, a, b, row0, col0, M, N, kb, ke)
         put(ring, at0, ra, rb)                                  # step 0 into stage 0
         if n_steps > 1:
-            load_a(ra, a, row0, kb + BK, M, ke)                 # step 1 into the registers
-            load_b(rb, b, col0, kb + BK, N, ke)
+            load(ra, rb, a, b, row0, col0, M, N, kb + BK, ke)   # step 1 into the registers
         e = wgmma_keep(wgmma_acc_zeros(BN))                     # a stage's sums (set before the first fence)
         for s in range(n_steps):
             fence_proxy_async()                                 # my stores of stage s visible to wgmma ...
@@ -302,8 +309,7 @@ def make_pipeline(BM, BN, THREADS, vec, trans_a, trans_b):
             if s + 1 < n_steps:                                 # the other stage, read by step s - 1
                 put(ring, at0 + ((s + 1) % STAGES) * STAGE, ra, rb)
             if s + 2 < n_steps:
-                load_a(ra, a, row0, kb + (s + 2) * BK, M, ke)
-                load_b(rb, b, col0, kb + (s + 2) * BK, N, ke)
+                load(ra, rb, a, b, row0, col0, M, N, kb + (s + 2) * BK, ke)
             wgmma_wait0()                                       # step s's sums are in e
             e = wgmma_keep(e)
             fragment_add(acc, e)                                # acc += e: fp32 adds, rounded to nearest
