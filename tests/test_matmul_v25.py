@@ -88,10 +88,11 @@ def _bound(A, B, K, out0=None):
     return bound if out0 is None else bound + EPS * (np.abs(out0) + np.abs(A @ B))
 
 
-def _product(a, b, trans_a, trans_b, out0, accumulate, block, work=None):
+def _product(a, b, trans_a, trans_b, out0, accumulate, block, work=None, launch=MM.matmul_tf32x3_wgmma):
+    """out0 (+)= op(a) @ op(b) by `launch` (v25, or a rung on its tiles), on the host."""
     d_out = cuda.to_device(out0.copy())
-    MM.matmul_tf32x3_wgmma(d_out, None if work is None else cuda.to_device(work), cuda.to_device(a),
-                           cuda.to_device(b), trans_a, trans_b, accumulate, block=block)
+    launch(d_out, None if work is None else cuda.to_device(work), cuda.to_device(a), cuda.to_device(b),
+           trans_a, trans_b, accumulate, block=block)
     return d_out.copy_to_host()
 
 

@@ -5,20 +5,13 @@ tile; in the simulator (the twins) and on a GPU (the tensor core's own sums, whe
 waits and barriers is what keeps a stage from being overwritten while it is read)."""
 import numpy as np
 import pytest
-from numba import cuda
 
 from andrea_numba.kernels import matmul as MM
 from andrea_numba.kernels.common import SIMULATOR
 from lab import matmul as lab_matmul
+from test_matmul_v25 import _product
 
 V25, V26 = MM.matmul_tf32x3_wgmma, lab_matmul.matmul_v26
-
-
-def _run(launch, a, b, trans_a, trans_b, out0, accumulate, block, work=None):
-    d_out = cuda.to_device(out0.copy())
-    launch(d_out, None if work is None else cuda.to_device(work), cuda.to_device(a), cuda.to_device(b),
-           trans_a, trans_b, accumulate, block=block)
-    return d_out.copy_to_host()
 
 
 def test_v26_is_rung_26_on_v25s_tiles():
@@ -40,7 +33,7 @@ def test_v26_gives_v25s_bits(trans_a, trans_b):
         b = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
         out0 = rng.standard_normal((M, N)).astype(np.float32)
         for block in blocks:
-            got, want = (_run(v, a, b, trans_a, trans_b, out0, trans_a, block) for v in (V26, V25))
+            got, want = (_product(a, b, trans_a, trans_b, out0, trans_a, block, launch=v) for v in (V26, V25))
             np.testing.assert_array_equal(got, want, err_msg=f"{M} x {N} x {K} at {block}")
 
 
@@ -55,5 +48,5 @@ def test_split_k_gives_v25s_bits():
     block = V25.blocks[0]
     S, _ = MM.splitk(M, N, K, 1, block, work, *(() if SIMULATOR else (MM.sm_count(),)))
     assert S > 1
-    got, want = (_run(v, a, b, True, False, out0, True, block, work) for v in (V26, V25))
+    got, want = (_product(a, b, True, False, out0, True, block, work, launch=v) for v in (V26, V25))
     np.testing.assert_array_equal(got, want)

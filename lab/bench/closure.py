@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+from andrea_numba.cli import Parser  # noqa: E402
 from test_imports import function_imports, import_cycles, import_graph, package_modules  # noqa: E402
 
 PROJECT = ("andrea_numba", "reference", "lab")
@@ -54,8 +56,6 @@ def launchers(package):
 
 
 def main(argv=None):
-    sys.path.insert(0, str(ROOT))
-    from andrea_numba.cli import Parser
     ap = Parser(prog="python lab/bench/closure.py", description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="also list the closure's modules and the imports inside functions")
     args = ap.parse_args(argv)
