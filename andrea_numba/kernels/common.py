@@ -102,7 +102,7 @@ if SIMULATOR:
             self.turn = threading.Lock()
             self.turn.acquire()
             self.job = None
-            self.exception, self.abort, self.debug = None, False, False
+            self.exception = None
 
         def run(self):
             while True:
