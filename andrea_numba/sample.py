@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import reference as R
-from reference.decode import KVCache
+from reference.decode import KVCache, draw
 
 from . import cli
 from . import data as D
@@ -54,34 +54,33 @@ def generate(model, tokenizer, prompt: str, n_tokens: int, seed: int, temperatur
              buf=None, forward=None, decoder=None) -> str:
     """Autoregressive sampling with a forward-only GPUModel of batch 1: run the forward on the last
     model.T tokens (context_length here; the trainer's sampler, on its training model's buffers,
-    sees seq_len), sample the next token from softmax(logits / temperature) restricted to the top_k
-    most likely, repeat. buf: a [1, T] int32 host buffer for the tokens (the trainer passes pinned
-    memory allocated at setup, so the copy to the device is asynchronous). forward(buf): runs the
-    model's forward on buf (default model.forward(buf, buf); the trainer's replays a CUDA graph).
+    sees seq_len), draw the next token from softmax(logits / temperature) restricted to the top_k
+    most likely (reference.decode.draw, with the next of the uniform numbers the seed gives),
+    repeat. buf: a [1, T] int32 host buffer for the tokens (the trainer passes pinned memory
+    allocated at setup, so the copy to the device is asynchronous). forward(buf): runs the model's
+    forward on buf (default model.forward(buf, buf); the trainer's replays a CUDA graph).
     decoder: a Decoder of window model.T on the model's weights (andrea_numba/decode.py): while the
     sequence fits the window, each token is one position on its KV cache instead of the whole
-    forward (the same probabilities to fp32 rounding, so the same draws); past it, the whole forward
-    of the last model.T tokens, as without it."""
+    forward, and is drawn there, on the GPU, from the same probabilities to fp32 rounding (so the
+    same tokens) with the same uniform numbers; past it, the whole forward of the last model.T
+    tokens, as without it."""
     T = model.T
     buf = np.zeros((1, T), np.int32) if buf is None else buf
     forward = forward or (lambda b: model.forward(b, b))
     ids = list(tokenizer.encode(prompt)) or [0]
-    rng = np.random.default_rng(seed)
+    uniforms = np.random.default_rng(seed).random(n_tokens)   # u_i draws the i-th token (the draws of rng.choice)
     out = []
-    if decoder is not None:
+    if decoder is not None and len(ids) <= T:
         assert decoder.T == T, f"the decoder's window {decoder.T} is not the model's {T}"
-        decoder.reset()
-    for _ in range(n_tokens):
-        if decoder is not None and len(ids) <= T:
-            decoder.feed(ids)                                      # the new token (at first, the prompt)
-            p = decoder.probs_row().astype(np.float64)             # a host sync: the host draws the token
-        else:
-            ctx = ids[-T:]
-            buf[0, :] = 0            # safe to refill: probs_row waited for the last copy out of buf
-            buf[0, :len(ctx)] = ctx
-            forward(buf)
-            p = model.probs_row(len(ctx) - 1).astype(np.float64)   # a host sync: the host draws the token
-        nxt = sample_from(p, rng, temperature, top_k)
+        out = decoder.sample(ids, uniforms[:T + 1 - len(ids)], temperature, top_k)   # one host sync
+        ids += out
+    for u in uniforms[len(out):]:
+        ctx = ids[-T:]
+        buf[0, :] = 0                # safe to refill: probs_row waited for the last copy out of buf
+        buf[0, :len(ctx)] = ctx
+        forward(buf)
+        p = model.probs_row(len(ctx) - 1)          # a host sync: the host draws the token
+        nxt = draw(p, u, temperature, top_k)
         ids.append(nxt)
         out.append(nxt)
     return tokenizer.decode(out)
@@ -95,11 +94,11 @@ def generate_cpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, 
     every position moves) and at other precisions, the whole forward of the last context_length
     tokens each time."""
     ids = list(tokenizer.encode(prompt)) or [0]
-    rng = np.random.default_rng(seed)
+    uniforms = np.random.default_rng(seed).random(n_tokens)
     out = []
     cache = KVCache(params, m) if precision == "fp32" else None
     fed = 0                                  # tokens of ids the cache has read
-    for _ in range(n_tokens):
+    for u in uniforms:
         if cache is not None and len(ids) <= m.context_length:
             for token in ids[fed:]:
                 logits = cache.step(token)
@@ -109,21 +108,10 @@ def generate_cpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, 
             ctx = np.array([ids[-m.context_length:]])
             logits = R.model_logits(params, m, ctx, precision)[0, -1].astype(np.float64)
         p = np.exp(logits - logits.max())
-        nxt = sample_from(p / p.sum(), rng, temperature, top_k)
+        nxt = draw(p / p.sum(), u, temperature, top_k)
         ids.append(nxt)
         out.append(nxt)
     return tokenizer.decode(out)
-
-
-def sample_from(p, rng, temperature=1.0, top_k=40) -> int:
-    """Draw a token from probabilities p after temperature and top-k (deterministic given rng)."""
-    logits = np.log(np.maximum(p, 1e-30)) / max(temperature, 1e-6)
-    if top_k and top_k < len(p):
-        kth = np.partition(logits, -top_k)[-top_k]
-        logits = np.where(logits >= kth, logits, -np.inf)
-    q = np.exp(logits - logits.max())
-    q /= q.sum()
-    return int(rng.choice(len(q), p=q))
 
 
 def _require_gpu() -> None:

@@ -323,10 +323,10 @@ class Trainer:
         # are free between steps), with the training sequence length as its window
         self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, recipe=self.model.recipe)
         # ... and at fp32, while the text fits seq_len, a KV-cache decoder on the same weights: one
-        # position a drawn token (andrea_numba/decode.py; its cache and rows are buffers of its own)
+        # position a drawn token, drawn on the GPU (andrea_numba/decode.py; its cache, rows and pinned
+        # host buffers are its own)
         self.sample_buf = cuda.pinned_array((1, T), np.int32)
-        self.decoder = Decoder(m, self.model.params, T, stream=s, tokens_host=self.sample_buf[0],
-                               capture=self.capture_decoder, log=self.log) \
+        self.decoder = Decoder(m, self.model.params, T, stream=s, capture=self.capture_decoder, log=self.log) \
             if self.model.precision == "fp32" else None
         self.adam_m = cuda.device_array(self.n, np.float32, stream=s)
         self.adam_v = cuda.device_array(self.n, np.float32, stream=s)

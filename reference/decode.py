@@ -17,6 +17,11 @@ sums in another order. A step costs the products of one row and attention over t
 the whole forward costs t+1 rows and (t+1)^2 scores. Past the context (t = context_length) the
 positions no longer fit wpe: a sampler starts a new cache on the last tokens (sample.py).
 Exact products only (fp32 twin, no dropout): the sampler of a bf16 run recomputes in full.
+
+Then the token is drawn from the probabilities (draw): softmax(logits / temperature) over the
+top_k most likely, and the first token whose running sum of those weights passes u times their
+total, u uniform in [0, 1): what numpy's Generator.choice does with its next uniform number, so a
+sampler that draws every u of a sample first (rng.random(n)) draws the tokens choice would.
 """
 import math
 
@@ -65,3 +70,16 @@ class KVCache:
         self.t += 1
         lnf = layernorm_fwd(x, P["lnf.g"], P["lnf.b"], m.ln_eps)[0]
         return (lnf @ P["wte"].T)[0, 0]
+
+
+def draw(p, u: float, temperature=1.0, top_k=40) -> int:
+    """The token drawn from probabilities p [V] with the uniform number u in [0, 1), after temperature
+    and top-k (k_decode_draw's twin): rng.choice(V, p=q) for softmax-of-the-kept weights q, given
+    u = the generator's next rng.random()."""
+    logits = np.log(np.maximum(np.asarray(p, np.float64), 1e-30)) / max(temperature, 1e-6)
+    if top_k and top_k < len(logits):
+        kth = np.partition(logits, -top_k)[-top_k]               # the top_k-th largest: ties all kept
+        logits = np.where(logits >= kth, logits, -np.inf)
+    q = np.exp(logits - logits.max())
+    cdf = np.cumsum(q / q.sum())
+    return int(np.searchsorted(cdf / cdf[-1], u, side="right"))

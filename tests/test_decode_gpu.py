@@ -133,7 +133,7 @@ def test_a_replayed_step_gives_the_eager_steps_bits():
             dec.feed(tokens[:t + 1])
             replayed.append(dec.read("logits"))
         assert FakeStepGraph.captured == [dec.graph]
-    assert len(dec.graph.builder.launches) == 5 * m.n_layer + 1              # 5 a block, the logits (softmax, t += 1)
+    assert len(dec.graph.builder.launches) == 5 * m.n_layer + 2      # 5 a block, the logits (softmax, t += 1), the draw
     assert [r.tobytes() for r in replayed] == [logits.tobytes() for logits, _ in eager[1:]]
 
 
@@ -157,6 +157,29 @@ def test_sampling_on_the_decoder_draws_the_whole_forwards_tokens_past_the_contex
     dec = Decoder(m, model.params, stream=model.stream)
     assert generate(model, Bytes(), prompt, 6, 11, 0.8, 5, decoder=dec) == whole
     assert dec.n == m.context_length and dec.read("pos")[0] == m.context_length     # it decoded to the end
+
+
+def test_a_sample_drawn_on_the_gpu_is_the_one_the_host_draws_step_by_step():
+    """Decoder.sample (the prompt, then every draw on the device, one sync at the end) against the
+    decoder stepped from the host: feed, copy the probabilities, draw with the twin
+    (reference.decode.draw), the same uniform numbers. A one-token prompt fills the window: 16
+    draws, the last from the step at position 15 into the slot past the window. One more draw, or
+    an empty prompt, does not fit."""
+    from reference.decode import draw
+    m, params = _model(n_layer=1, seed=2)
+    dec = Decoder(m, cuda.to_device(params))
+    u = np.random.default_rng(4).random(m.context_length)
+    drawn = dec.sample([7], u, 0.9, 4)
+    assert list(dec.read("tokens")[1:]) == drawn and dec.n == m.context_length
+    dec.reset()
+    ids = [7]
+    for i in range(m.context_length):
+        dec.feed(ids)
+        ids.append(draw(dec.probs_row(), u[i], 0.9, 4))
+    assert drawn == ids[1:]
+    for ids, n in (([7], m.context_length + 1), ([], 1), ([1] * (m.context_length + 1), 0)):
+        with pytest.raises(ValueError, match="do not fit"):
+            dec.sample(ids, np.zeros(n))
 
 
 def test_steps_past_the_fed_positions_read_token_zero_on_reused_memory(monkeypatch):

@@ -8,6 +8,7 @@ Tolerances: against float64 NumPy, 1e-5 of the output's largest size (sums of at
 fp32 products and exponentials: errors of a few 1e-7); the order test is exact.
 """
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -233,3 +234,78 @@ def test_the_decoders_step_at_every_block_a_launcher_declares(monkeypatch, launc
         rows = _decode(m, params, tokens)
         for t in range(len(tokens)):
             assert _distance(rows[2 * t], want[t]) <= TOL, (block, t)
+
+
+def _probability_rows(V, seed):
+    """Rows of float32 probabilities [V] that a draw must get right: peaked random ones, ones with
+    ties (equal values, across the top_k boundary too), one with zeros and values below 1e-30 (all
+    ranked as 1e-30), and a flat one (every token tied)."""
+    rng = np.random.default_rng(seed)
+    peaked = rng.random(V) ** 8
+    ties = np.round(rng.random(V) * 6) + 1                # six values, many of each
+    small = rng.random(V) ** 4
+    small[::3], small[1::5] = 0.0, 1e-36
+    rows = [peaked, ties, small, np.ones(V)]
+    return [(r / r.sum()).astype(f32) for r in rows]
+
+
+def _draw(probs, u, top_k, temperature, block, t=3, first=3, T=6):
+    """k_decode_draw at position t (pos = t) of a window of T, drawing from `first` on, with the
+    uniform number u at t: the tokens buffer after it (-1 where nothing was written)."""
+    tokens = cuda.to_device(np.full(T + 1, -1, np.int32))
+    uniform = np.full(T + 1, np.nan)
+    if t <= T:
+        uniform[t] = u
+    kd.decode_draw(tokens, cuda.to_device(np.array([t], np.int32)), cuda.to_device(probs), cuda.to_device(uniform),
+                   cuda.to_device(np.array([first, top_k], np.int32)), cuda.to_device(np.array([temperature])),
+                   block=block)
+    return tokens.copy_to_host()
+
+
+U = (0.0, 0.137, 0.5, 0.9, 1 - 2.0 ** -53)               # the ends of [0, 1) among them
+
+
+def _draw_cases(V):
+    """(probabilities, top_k, temperature, u): every row of _probability_rows at top_k 0 (all), 1, 3
+    and V - 1, V, V + 2 (all), temperatures 1, 0.7, 3 and 0 (clamped to 1e-6: the most likely
+    token), one of the uniform numbers U each."""
+    settings = [(0, 1.0), (1, 1.0), (3, 0.7), (3, 3.0), (V - 1, 1.0), (V, 0.7), (V + 2, 1.0), (3, 0.0)]
+    return [(p, top_k, temperature, U[(r + j) % len(U)])
+            for r, p in enumerate(_probability_rows(V, V)) for j, (top_k, temperature) in enumerate(settings)]
+
+
+@pytest.mark.parametrize("V", [256, 37, 5])
+@pytest.mark.parametrize("block", kd.decode_draw.blocks)
+def test_the_draw_on_the_gpu_is_the_twins(V, block):
+    """k_decode_draw against reference.decode.draw (numpy's Generator.choice given u) on _draw_cases:
+    the same token, written at position t and nowhere else. V = 5 leaves threads of the block
+    without tokens; 37 gives the runs of the threads unequal lengths."""
+    from reference.decode import draw
+    for p, top_k, temperature, u in _draw_cases(V):
+        got = _draw(p, u, top_k, temperature, block)
+        assert got[3] == draw(p.astype(np.float64), u, temperature, top_k), (top_k, temperature, u)
+        assert (np.delete(got, 3) == -1).all()
+
+
+def test_the_draws_cases_tell_a_top_k_one_off_and_a_missing_temperature(monkeypatch):
+    """The test above could fail: on its cases the twin's token changes for some case when top_k is
+    one off either way or the temperature is left out, and a kernel that forgets the temperature
+    (a planted bug: l_v = log p_v) draws another token for one of them."""
+    from reference.decode import draw
+    for V in (256, 37):
+        cases = [(p.astype(np.float64), k, tau, u) for p, k, tau, u in _draw_cases(V)]
+        want = [draw(p, u, tau, k) for p, k, tau, u in cases]
+        assert want != [draw(p, u, tau, k + 1) for p, k, tau, u in cases]
+        assert want != [draw(p, u, tau, max(k - 1, 0)) for p, k, tau, u in cases]
+        assert want != [draw(p, u, 1.0, k) for p, k, tau, u in cases]
+    monkeypatch.setattr(kd, "_scaled_log", lambda q, tau: math.log(max(float(q), 1e-30)))
+    assert any(_draw(p, u, k, tau, 8)[3] != draw(p.astype(np.float64), u, tau, k) for p, k, tau, u in _draw_cases(37))
+
+
+def test_the_draw_writes_nothing_before_the_first_drawn_position_or_past_the_window():
+    """During the prompt (t < draw[0]) the token fed stays; past the tokens buffer nothing is written."""
+    p = _probability_rows(37, 1)[0]
+    assert (_draw(p, 0.5, 3, 1.0, 8, t=2, first=3) == -1).all()
+    assert (_draw(p, 0.5, 3, 1.0, 8, t=7, first=3, T=6) == -1).all()
+    got = _draw(p, 0.5, 3, 1.0, 8, t=6, first=3, T=6)       # the last slot: the window's last step draws it
+    assert got[6] >= 0 and (got[:6] == -1).all()

@@ -225,7 +225,7 @@ def test_the_sampler_replays_its_forward_as_a_graph_and_samples_the_eager_text(r
         decode, forward = ({k.fn.__name__ for k, _, _ in g.builder.launches} for g in FakeStepGraph.captured)
         assert got == want[:2]
         assert decode == {"k_decode_qkv", "k_decode_attention", "k_decode_matvec_add", "k_decode_mlp_up",
-                          "k_decode_logits"}
+                          "k_decode_logits", "k_decode_draw"}
         assert forward >= {"k_embed_fwd", "k_loss_fwd"}                        # the whole forward
 
         lines, step_graph = [], trainer.graph

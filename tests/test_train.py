@@ -284,19 +284,21 @@ def test_the_loop_allocates_nothing_and_uses_one_stream(runs):
 @pytest.mark.skipif(not SIMULATOR, reason="records the simulator's launches and copies")
 def test_a_step_waits_for_the_gpu_once_and_copies_through_pinned_buffers(runs):
     rec, t, cfg = runs.record, runs.trainer, runs.cfg.train
-    # the host syncs of docs/host-syncs.md: one per step, evaluation and checkpoint, one per sampled token
+    # the host syncs of docs/host-syncs.md: one per step, evaluation and checkpoint, one per sample
+    # drawn on the decoder (its 3 tokens fit seq_len)
     assert rec.count("sync", "train_step") == rec.count("copy", "train_step", "to_host") == STEPS
     assert rec.count("sync", "evaluate") == rec.count("copy", "evaluate", "to_host") == EVALS
     saved = set(best_steps(runs.a)) | {STEPS}
     assert rec.count("sync", "host_state") == len(saved)                     # once per step that saves
     assert rec.count("sync", "_write_checkpoint") == rec.count("sync", "_write_best") == 0
-    assert rec.count("sync", "generate") == rec.count("copy", "generate", "to_host") == cfg.sample_tokens
+    assert rec.count("sync", "generate") == rec.count("copy", "generate", "to_host") == 1
     assert rec.count("sync", "loop") == 0
     # a step's inputs (token batches; dropout keys, lr and bias corrections) travel in two copies
     # from the pinned buffers allocated at setup, the step's statistics into one
     assert rec.count("copy", "train_step", "to_device") == 2 * STEPS
     pinned = {"train_step": (t.batches_host, t.scalars_host), "evaluate": (t.eval_x, t.eval_y),
-              "generate": (t.sample_buf,)}
+              "generate": (t.sample_buf, t.decoder.tokens_host, t.decoder.uniform_host, t.decoder.draw_host,
+                           t.decoder.temperature_host)}
     for e in rec.events:
         if e.kind == "copy" and e.name == "to_device":
             assert any(np.shares_memory(e.array, buf) for buf in pinned.get(e.phase, ())), e

@@ -13,11 +13,14 @@ layout) instead of computing them again. C = d_model, H heads of hs = C / H chan
         h = gelu(LN2(x) @ W_1)                                           k_decode_mlp_up
         x = x + h @ W_2                                                  k_decode_matvec_add
     logits = LNf(x) @ wte^T;  probs = softmax(logits);  t = t + 1        k_decode_logits
+    tokens[t] = the token drawn from probs with the uniform number u_t   k_decode_draw
 
 The position t is pos[0], an int32 on the device that every kernel reads and k_decode_logits
-moves on at its very end; the token ids are tokens[0..T-1] on the device. No launch's arguments or
-sizes depend on t, so the same 5 L + 1 launches serve every token: a decoder records them once as
-a CUDA graph and replays it for each token (andrea_numba/decode.py).
+moves on at its very end; the token ids are tokens[0..T] on the device. No launch's arguments or
+sizes depend on t, so the same 5 L + 2 launches serve every token: a decoder records them once as
+a CUDA graph and replays it for each token (andrea_numba/decode.py). The draw writes the next
+step's token id where that step reads it, so a whole sample runs on the GPU without the host
+waiting for any token.
 
 WHAT A STEP COSTS. At 12M a step reads about 50 MB of weights, some 15 us of an H100's memory
 bandwidth; what costs is latency: 36 launches one after the other, each a few dependent rounds of
@@ -75,16 +78,47 @@ and this one's L1 is not kept coherent), does the rest, and sets the counter bac
 next launch. Which block comes last changes from run to run; what it computes does not: it adds
 the parts in a fixed order.
 
+THE DRAW (k_decode_draw, one block of NT threads; twin: reference/decode.py draw). What the host
+sampler did with the probabilities p (the softmax above), done where they are:
+    l_v = log(max(p_v, 1e-30)) / max(temperature, 1e-6)      # the logits again, scaled
+    keep v where l_v >= the top_k-th largest l (all of them when top_k is 0 or >= V)
+    q_v = exp(l_v - max l) for the kept v, 0 for the others
+    the token: the first v with q_0 + ... + q_v > u_t (q_0 + ... + q_{V-1})
+which is numpy's Generator.choice(V, p=q / sum q) given its uniform number u_t (the host draws
+every u_t of a sample before the first step, from the seed's generator).
+  1. The top_k-th largest. log is increasing, so ranking l is ranking p, and a positive float32's
+     bits, read as an int32, rank as the float does: the key of v is max(bits(p_v), bits(1e-30)).
+     A radix select finds the top_k-th largest key 8 bits at a time, high bits first: a pass counts
+     in 256 bins the keys that agree with the bits found so far, by their next 8 bits (integer
+     atomic adds in shared memory: counts, whatever the order), sums the bins from the top
+     (c_b = count of bins b..255, a scan in 8 steps), and takes the bin b where c_b reaches the
+     rank still wanted and c_{b+1} does not: its 8 bits are the key's next 8, and the keys of bins
+     above b (c_{b+1} of them) are ranked. Four passes give every bit.
+  2. max l: a block maximum (a tree).
+  3. The sums, in float64: thread i sums q over its own run of NT-th of the vocabulary, v in
+     [i P, (i + 1) P), P = ceil(V / NT), in order; thread 0 adds the runs' sums in order,
+     S_i = sum of runs 0..i-1 (nondecreasing: adding nonnegative terms never goes down), and
+     the total S_NT. The thread with S_i <= u S_NT < S_{i+1} walks its run again to the first v
+     where S_i + q's so far pass u S_NT. Exactly one thread writes the token: the runs' intervals
+     [S_i, S_{i+1}) cut [0, S_NT) without overlap (when rounding leaves u S_NT at S_NT, the run
+     that reaches S_NT takes it, with its last kept token).
+The same sums as numpy's to rounding (its cumsum goes one token at a time): a draw can differ only
+where u_t falls within a few 1e-16 of the boundary between two tokens.
+
 Deterministic: no atomics on floats; every sum has an order fixed by the sizes, the launch and t.
 """
 import math
 
-from numba import cuda, float32, int32
+import numpy as np
+from numba import cuda, float32, float64, int32, int64
 
 from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, nonneg
 from .mlp import gelu
 
 LOGIT_BLOCKS = 4 if SIMULATOR else 1 << 20      # k_decode_logits: at most this many blocks (rows loop)
+DRAW_BINS = 256                                  # k_decode_draw's radix select: 8 bits of a key a pass
+TINY_BITS = int(np.float32(1e-30).view(np.int32))   # the key of a probability at or below 1e-30
+NEVER = 1 << 30                                  # draw[0] of a sequence that draws nothing: past any position
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,10 +523,99 @@ def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte):
         pos[0] += 1
 
 
+@cuda.jit(device=True)
+def _scaled_log(p, tau):
+    """l = log(max(p, 1e-30)) / tau in float64: the draw's logit of a probability p."""
+    return math.log(max(float64(p), 1e-30)) / tau
+
+
 @cuda.jit
-def k_decode_start(pos):
-    """t = 0: a new sequence (one thread)."""
+def k_decode_draw(tokens, pos, probs, bits, uniform, draw, temperature):
+    """tokens[t] = the token drawn from probs [V] with the uniform number uniform[t] (module
+    docstring, THE DRAW), t = pos[0] (the position k_decode_logits moved on to: the next step
+    embeds tokens[t]), when draw[0] <= t < len(tokens): draw[0] is the first position the sample
+    draws (the prompt's end; past the window, or never, on a step that only reads), draw[1] the
+    top_k (0: every token), temperature[0] the temperature. bits: probs' int32 view."""
+    hist = cuda.shared.array((2, DRAW_BINS), int32)    # a pass's counts, then their sums from the top (rows in turn)
+    runs = cuda.shared.array(MAX_BLOCK + 1, float64)   # the runs' sums, then S_i: the sum of runs before run i
+    red = cuda.shared.array(MAX_BLOCK, float64)        # block_max's tree
+    sel = cuda.shared.array(2, int64)                  # the pass's answer: the key's bits so far, the rank left
+    t = pos[0]
+    if t < draw[0] or t >= tokens.shape[0]:
+        return                                         # a position of the prompt (or none): nothing to draw
+    i, nt = cuda.threadIdx.x, cuda.blockDim.x
+    V = probs.shape[0]
+    top_k = draw[1]
+    # 1. the top_k-th largest key (the smallest kept): 8 bits a pass, high bits first
+    key_min = int64(0)                                 # every key, when every token is kept
+    if 0 < top_k < V:
+        want = int64(top_k)                            # its rank among the keys that agree with key_min so far
+        for shift in range(24, -1, -8):
+            for b in range(i, DRAW_BINS, nt):
+                hist[0, b] = 0
+            cuda.syncthreads()
+            for v in range(i, V, nt):
+                key = max(int64(bits[v]), TINY_BITS)
+                if key >> (shift + 8) == key_min >> (shift + 8):
+                    cuda.atomic.add(hist, (0, (key >> shift) & (DRAW_BINS - 1)), 1)
+            cuda.syncthreads()
+            step, src = 1, 0                           # c_b = sum of bins b..255, a step reading one row and
+            while step < DRAW_BINS:                    # writing the other: after 8 steps (an even number)
+                for b in range(i, DRAW_BINS, nt):      # the sums are back in row 0
+                    c = hist[src, b]
+                    if b + step < DRAW_BINS:
+                        c += hist[src, b + step]
+                    hist[1 - src, b] = c
+                step, src = 2 * step, 1 - src
+                cuda.syncthreads()
+            for b in range(i, DRAW_BINS, nt):
+                above = hist[0, b + 1] if b + 1 < DRAW_BINS else 0
+                if hist[0, b] >= want and above < want:    # one bin: c_b never grows with b
+                    sel[0] = key_min | (int64(b) << shift)
+                    sel[1] = want - above
+            cuda.syncthreads()
+            key_min = sel[0]
+            want = sel[1]                              # (sel is written again only after the next pass's barriers)
+    # 2. the largest scaled log-probability: the kept q_v = exp(l_v - lmax)
+    tau = max(temperature[0], 1e-6)
+    lmax = -math.inf
+    for v in range(i, V, nt):
+        lmax = max(lmax, _scaled_log(probs[v], tau))
+    lmax = block_max(red, lmax)
+    # 3. thread i's run v in [lo, hi), its sum; the runs' sums S_i added in order by thread 0
+    run = (V + nt - 1) // nt
+    lo = min(i * run, V)
+    hi = min(lo + run, V)
+    s = float64(0.0)
+    for v in range(lo, hi):
+        if max(int64(bits[v]), TINY_BITS) >= key_min:
+            s += math.exp(_scaled_log(probs[v], tau) - lmax)
+    runs[i + 1] = s
+    cuda.syncthreads()
+    if i == 0:
+        runs[0] = 0.0
+        for j in range(nt):
+            runs[j + 1] += runs[j]
+    cuda.syncthreads()
+    before, upto, total = runs[i], runs[i + 1], runs[nt]
+    target = uniform[t] * total
+    if (before <= target < upto) or (target >= total and before < upto == total):
+        acc = before
+        last = lo
+        for v in range(lo, hi):                        # the first v whose running sum passes the target
+            if max(int64(bits[v]), TINY_BITS) >= key_min:
+                acc += math.exp(_scaled_log(probs[v], tau) - lmax)
+                last = v
+                if acc > target:
+                    break
+        tokens[t] = last                               # (rounding past the run's end: its last kept token)
+
+
+@cuda.jit
+def k_decode_start(pos, draw):
+    """t = 0: a new sequence, which draws nothing until told (draw[0]: past any position). One thread."""
     pos[0] = 0
+    draw[0] = NEVER
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,6 +630,7 @@ MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=
 MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((1, 4), (4, 2), (2, 8)))
 LOGITS_BLOCKS = dict(gpu=((32, 8), (64, 4), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
+DRAW_BLOCKS = dict(gpu=(256, 512, 1024, 128), sim=(8, 4, 16))
 
 
 def _pow2(*sizes) -> bool:
@@ -572,6 +696,15 @@ def decode_logits(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=
                                                                                  float32(eps), wte)
 
 
-def decode_start(pos, *, stream=0):
-    """pos [1] int32, = 0. Launch: one thread."""
-    k_decode_start[1, 1, stream](pos)
+@blocks(**DRAW_BLOCKS)
+def decode_draw(tokens, pos, probs, uniform, draw, temperature, *, block, stream=0):
+    """tokens [T + 1] int32 (tokens[pos[0]] drawn); pos [1] int32; probs [V]; uniform [T + 1] float64
+    (uniform[t] draws position t's token); draw [2] int32 (the first position drawn, top_k);
+    temperature [1] float64. Launch: one block of `block` threads (a power of two, at most 1024)."""
+    assert _pow2(block) and block <= MAX_BLOCK, f"block {block}: a power of two, at most {MAX_BLOCK}"
+    k_decode_draw[1, block, stream](tokens, pos, probs, probs.view(np.int32), uniform, draw, temperature)
+
+
+def decode_start(pos, draw, *, stream=0):
+    """pos [1] int32, = 0; draw [2] int32 (draw[0]: past any position). Launch: one thread."""
+    k_decode_start[1, 1, stream](pos, draw)

@@ -10,17 +10,21 @@ the same weights (init_params, a little noise added so the distributions are not
     whole forward, eager    the forward of the last context_length tokens launched kernel by
                             kernel for each token (python -m andrea_numba.sample before the decoder)
     whole forward, graph    the same forward replayed as a CUDA graph (the trainer's sampler before it)
-    decoder, eager          one position a token, its step launched kernel by kernel
-    decoder, graph          one position a token, its step replayed as a CUDA graph (the sampler now)
+    decoder, eager          one position a token, its step (and the token's draw) launched kernel by
+                            kernel
+    decoder, graph          one position a token, its step (and the token's draw) replayed as a
+                            CUDA graph, no host wait until the last token (the sampler now)
 
-Every path runs once untimed first (compiling its kernels, capturing its graph); then --runs timed
-runs, wall clock of the whole generate (host draws and copies included), median. The paths must
-draw the same tokens (their probabilities agree to fp32 rounding): a difference is reported and
-the exit code is 1. Beside the table, the GPU time of one decoder step at position ~128 (its graph
-replayed between two CUDA events) and the target: 256 tokens at 12M in at most 0.05 s.
+The whole forward's paths draw each token on the host (reference.decode.draw), the decoder's on
+the GPU (k_decode_draw), from the same uniform numbers. Every path runs once untimed first
+(compiling its kernels, capturing its graph); then --runs timed runs, wall clock of the whole
+generate (draws and copies included), median. The paths must draw the same tokens (their
+probabilities agree to fp32 rounding): a difference is reported and the exit code is 1. Beside the
+table, the GPU time of one decoder step with its draw at position ~128 (its graph replayed between
+two CUDA events) and the target: 256 tokens at 12M in at most 0.05 s.
 
 Then the decoder's blocks (--no-blocks skips them): the same GPU time of one step (t = 128 to 148,
-every token id 0) with one launcher of kernels/decode.py at each of its other declared blocks, the
+drawing) with one launcher of kernels/decode.py at each of its other declared blocks, the
 others at their defaults, one row a variant, and each variant's probabilities after those steps
 against the defaults' (a block that computes something else shows there). A CUDA error poisons
 the context: the first one ends the variants, said in one line (the rows so far stay printed).
@@ -44,7 +48,7 @@ from andrea_numba.config import load_config  # noqa: E402
 from andrea_numba.kernels.common import SIMULATOR, device_name  # noqa: E402
 
 TARGET_S = 0.05             # 256 tokens at 12M (about 0.2 ms a token)
-LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits")
+LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits", "decode_draw")
 
 
 class Ids:
@@ -63,17 +67,34 @@ def cuda_error(e: BaseException) -> bool:
     return any(c.__name__ in ("CudaDriverError", "CUDAError") for c in type(e).__mro__) or "CUDA_ERROR" in str(e)
 
 
-def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
-    """The GPU time of one decoder step (its graph replayed, t = t0 to t0 + reps) at the default
-    blocks, then with each launcher of kernels/decode.py at each of its other blocks: rows of
-    {"launcher", "block", "ms", "probs_vs_default"} (the largest relative difference of the
-    probabilities after the steps). Stops at the first CUDA error, with a row that says so."""
-    from andrea_numba.decode import Decoder
+def drawing_steps(dec, t0: int, seed: int = 0):
+    """Bring a decoder to position t0 of a sequence that draws every token after a one-token prompt
+    (token 0; temperature 1, top_k 40), its steps eager: the steps after it, replayed, draw as a
+    sample's do."""
+    dec.begin([0], np.random.default_rng(seed).random(dec.T), 1.0, 40)
+    for _ in range(t0):
+        dec.step()
+
+
+def step_ms(dec, t0: int, reps: int) -> float:
+    """The GPU time of one step of a sample (its draw included): the decoder brought to position t0
+    (drawing_steps), its step captured as a graph and replayed reps + 1 times (the position stays
+    below the window), each replay between two CUDA events; the median."""
     from andrea_numba.graphs import StepGraph
+    drawing_steps(dec, t0)
+    return StepGraph(dec.stream, dec.work).replay_ms(reps)
+
+
+def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
+    """The GPU time of one step of a sample (step_ms: t = t0 to t0 + reps) at the default blocks,
+    then with each launcher of kernels/decode.py at each of its other blocks: rows of {"launcher",
+    "block", "ms", "probs_vs_default"} (the largest relative difference of the probabilities after
+    the steps). Stops at the first CUDA error, with a row that says so."""
+    from andrea_numba.decode import Decoder
     from andrea_numba.kernels import decode as kd
     orig = {name: getattr(kd, name) for name in LAUNCHERS}
     variants = [("default", None)] + [(name, b) for name in LAUNCHERS for b in orig[name].blocks[1:]]
-    dec = Decoder(m, params, stream=stream)          # its buffers zeroed: every token id 0
+    dec = Decoder(m, params, stream=stream)
     t0 = min(t0, dec.T - reps - 2)
     rows, base = [], None
     print(f"\ndecoder step, GPU time of a graph replay at t = {t0} to {t0 + reps}, one launcher's block varied "
@@ -84,10 +105,7 @@ def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
                 setattr(kd, n, functools.partial(f, block=block) if n == name else f)
             label = "(defaults)" if block is None else str(tuple(block))
             try:
-                dec.reset()
-                dec.feed([0] * t0)                   # eagerly (the first variant compiles the kernels)
-                graph = StepGraph(stream, dec.work)
-                ms = graph.replay_ms(reps)           # reps + 1 replays
+                ms = step_ms(dec, t0, reps)          # (the first variant's eager steps compile the kernels)
                 probs = dec.read("probs").astype(np.float64)
                 assert dec.read("pos")[0] == t0 + reps + 1
             except Exception as e:                   # noqa: BLE001 (one row a variant)
@@ -190,18 +208,12 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['path']:<22} {r['seconds']:>9.4f} {r['ms_per_token']:>9.3f} {base / r['seconds']:>14.1f}")
 
-    # the GPU's time of one decoder step near position 128: its graph replayed between CUDA events
-    step_ms = None
-    if graph_dec.graph:
-        graph_dec.buf["tokens"].copy_to_device(np.zeros(graph_dec.T, np.int32), stream=s)   # valid ids everywhere
-        graph_dec.reset()
-        t = max(0, min(128, graph_dec.T - 21))
-        graph_dec.feed([0] * t)
-        reps = min(20, graph_dec.T - t - 1)                 # reps + 1 replays: the position stays below T
-        step_ms = graph_dec.graph.replay_ms(reps)
-        print(f"\ndecoder step, GPU time (graph replay, CUDA events, t = {t} to {t + reps}): {step_ms:.4f} ms")
-    else:
-        print("\nthe decoder's graph was not captured: no GPU time of its step", file=sys.stderr)
+    # the GPU's time of one decoder step near position 128, drawing: its graph replayed between CUDA events
+    t = max(0, min(128, graph_dec.T - 22))
+    reps = min(20, graph_dec.T - t - 2)                     # reps + 1 replays: the position stays below T
+    one_step = step_ms(graph_dec, t, reps)
+    print(f"\ndecoder step with its draw, GPU time (graph replay, CUDA events, t = {t} to {t + reps}): "
+          f"{one_step:.4f} ms")
 
     same = all(d == drawn["whole forward, eager"] for d in drawn.values())
     print(f"same tokens on every path: {'yes' if same else 'NO'}")
@@ -217,7 +229,7 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "device": device_name(), "size": args.size, "tokens": args.tokens, "runs": args.runs, "rows": rows,
-            "decoder_step_gpu_ms": step_ms, "same_tokens": same, "blocks": block_rows,
+            "decoder_step_gpu_ms": one_step, "same_tokens": same, "blocks": block_rows,
             "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
     return 0 if same else 1
 
