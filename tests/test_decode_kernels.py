@@ -262,7 +262,7 @@ def _draw(probs, u, top_k, temperature, block, t=3, first=3, T=6):
     return tokens.copy_to_host()
 
 
-U = (0.0, 0.137, 0.5, 0.9, 1 - 2.0 ** -53)               # the ends of [0, 1) among them
+U = (0.0, 0.137, 0.503, 0.9, 1 - 2.0 ** -53)   # the ends of [0, 1) among them; none on a boundary of the flat row
 
 
 def _draw_cases(V):
@@ -276,11 +276,16 @@ def _draw_cases(V):
 
 @pytest.mark.parametrize("V", [256, 37, 5])
 @pytest.mark.parametrize("block", kd.decode_draw.blocks)
-def test_the_draw_on_the_gpu_is_the_twins(V, block):
+@pytest.mark.parametrize("select", ["counting", "radix"])
+def test_the_draw_on_the_gpu_is_the_twins(V, block, select, monkeypatch):
     """k_decode_draw against reference.decode.draw (numpy's Generator.choice given u) on _draw_cases:
     the same token, written at position t and nowhere else. V = 5 leaves threads of the block
-    without tokens; 37 gives the runs of the threads unequal lengths."""
+    without tokens; 37 gives the runs of the threads unequal lengths. The top_k-th largest found by
+    counting (V <= RANK_MAX), and by the radix select that larger vocabularies use (RANK_MAX set
+    to 0 here)."""
     from reference.decode import draw
+    if select == "radix":
+        monkeypatch.setattr(kd, "RANK_MAX", 0)
     for p, top_k, temperature, u in _draw_cases(V):
         got = _draw(p, u, top_k, temperature, block)
         assert got[3] == draw(p.astype(np.float64), u, temperature, top_k), (top_k, temperature, u)

@@ -88,12 +88,15 @@ which is numpy's Generator.choice(V, p=q / sum q) given its uniform number u_t (
 every u_t of a sample before the first step, from the seed's generator).
   1. The top_k-th largest. log is increasing, so ranking l is ranking p, and a positive float32's
      bits, read as an int32, rank as the float does: the key of v is max(bits(p_v), bits(1e-30)).
-     A radix select finds the top_k-th largest key 8 bits at a time, high bits first: a pass counts
-     in 256 bins the keys that agree with the bits found so far, by their next 8 bits (integer
-     atomic adds in shared memory: counts, whatever the order), sums the bins from the top
-     (c_b = count of bins b..255, a scan in 8 steps), and takes the bin b where c_b reaches the
-     rank still wanted and c_{b+1} does not: its 8 bits are the key's next 8, and the keys of bins
-     above b (c_{b+1} of them) are ranked. Four passes give every bit.
+     Up to RANK_MAX = 1024 tokens (the 12M vocabulary), by counting: the keys in shared memory,
+     the thread of v counts the keys above key_v (every thread reads the same key at once: one
+     broadcast read a key; V / NT tokens a thread, V keys each), v is kept when fewer than top_k
+     are, and the smallest kept key is a block minimum. Above it (50304 tokens), a radix select finds the top_k-th largest key 8 bits at a
+     time, high bits first: a pass counts in 256 bins the keys that agree with the bits found so
+     far, by their next 8 bits (integer atomic adds in shared memory: counts, whatever the order),
+     sums the bins from the top (c_b = count of bins b..255, a scan in 8 steps), and takes the
+     bin b where c_b reaches the rank still wanted and c_{b+1} does not: its 8 bits are the key's
+     next 8, and the keys of bins above b (c_{b+1} of them) are ranked. Four passes give every bit.
   2. max l: a block maximum (a tree).
   3. The sums, in float64: thread i sums q over its own run of NT-th of the vocabulary, v in
      [i P, (i + 1) P), P = ceil(V / NT), in order; thread 0 adds the runs' sums in order,
@@ -118,7 +121,9 @@ from .mlp import gelu
 LOGIT_BLOCKS = 4 if SIMULATOR else 1 << 20      # k_decode_logits: at most this many blocks (rows loop)
 DRAW_BINS = 256                                  # k_decode_draw's radix select: 8 bits of a key a pass
 TINY_BITS = int(np.float32(1e-30).view(np.int32))   # the key of a probability at or below 1e-30
+RANK_MAX = 1024                                  # k_decode_draw: the top_k-th largest by counting up to this V
 NEVER = 1 << 30                                  # draw[0] of a sequence that draws nothing: past any position
+RUNS = MAX_BLOCK + 1                             # k_decode_draw: S_0 .. S_NT, NT <= MAX_BLOCK
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,6 +534,63 @@ def _scaled_log(p, tau):
     return math.log(max(float64(p), 1e-30)) / tau
 
 
+@cuda.jit(device=True)
+def _kth_by_counting(keys, red, bits, top_k):
+    """The top_k-th largest key of the V <= RANK_MAX keys max(bits[v], TINY_BITS) (THE DRAW, 1):
+    keys and red are shared (RANK_MAX and NT int32)."""
+    i, nt = cuda.threadIdx.x, cuda.blockDim.x
+    V = bits.shape[0]
+    for v in range(i, V, nt):
+        keys[v] = max(bits[v], TINY_BITS)
+    cuda.syncthreads()
+    smallest = int32(0x7FFFFFFF)                       # this thread's smallest kept key
+    for v in range(i, V, nt):
+        key = keys[v]
+        above = 0
+        for w in range(V):
+            above += keys[w] > key
+        if above < top_k:
+            smallest = min(smallest, key)
+    return -block_max(red, -smallest)
+
+
+@cuda.jit(device=True)
+def _kth_by_radix(hist, sel, bits, top_k):
+    """The top_k-th largest key of the keys max(bits[v], TINY_BITS), 8 bits a pass (THE DRAW, 1):
+    hist [2, 256] int32 and sel [2] int64, shared."""
+    i, nt = cuda.threadIdx.x, cuda.blockDim.x
+    V = bits.shape[0]
+    key_min = int64(0)                                 # the bits found so far
+    want = int64(top_k)                                # its rank among the keys that agree with them
+    for shift in range(24, -1, -8):
+        for b in range(i, DRAW_BINS, nt):
+            hist[0, b] = 0
+        cuda.syncthreads()
+        for v in range(i, V, nt):
+            key = max(int64(bits[v]), TINY_BITS)
+            if key >> (shift + 8) == key_min >> (shift + 8):
+                cuda.atomic.add(hist, (0, (key >> shift) & (DRAW_BINS - 1)), 1)
+        cuda.syncthreads()
+        step, src = 1, 0                               # c_b = sum of bins b..255, a step reading one row and
+        while step < DRAW_BINS:                        # writing the other: after 8 steps (an even number)
+            for b in range(i, DRAW_BINS, nt):          # the sums are back in row 0
+                c = hist[src, b]
+                if b + step < DRAW_BINS:
+                    c += hist[src, b + step]
+                hist[1 - src, b] = c
+            step, src = 2 * step, 1 - src
+            cuda.syncthreads()
+        for b in range(i, DRAW_BINS, nt):
+            above = hist[0, b + 1] if b + 1 < DRAW_BINS else 0
+            if hist[0, b] >= want and above < want:    # one bin: c_b never grows with b
+                sel[0] = key_min | (int64(b) << shift)
+                sel[1] = want - above
+        cuda.syncthreads()
+        key_min = sel[0]
+        want = sel[1]                                  # (sel is written again only after the next pass's barriers)
+    return key_min
+
+
 @cuda.jit
 def k_decode_draw(tokens, pos, probs, bits, uniform, draw, temperature):
     """tokens[t] = the token drawn from probs [V] with the uniform number uniform[t] (module
@@ -536,46 +598,25 @@ def k_decode_draw(tokens, pos, probs, bits, uniform, draw, temperature):
     embeds tokens[t]), when draw[0] <= t < len(tokens): draw[0] is the first position the sample
     draws (the prompt's end; past the window, or never, on a step that only reads), draw[1] the
     top_k (0: every token), temperature[0] the temperature. bits: probs' int32 view."""
+    keys = cuda.shared.array(RANK_MAX, int32)          # the keys, counting
     hist = cuda.shared.array((2, DRAW_BINS), int32)    # a pass's counts, then their sums from the top (rows in turn)
-    runs = cuda.shared.array(MAX_BLOCK + 1, float64)   # the runs' sums, then S_i: the sum of runs before run i
-    red = cuda.shared.array(MAX_BLOCK, float64)        # block_max's tree
-    sel = cuda.shared.array(2, int64)                  # the pass's answer: the key's bits so far, the rank left
+    sel = cuda.shared.array(2, int64)                  # a pass's answer: the key's bits so far, the rank left
+    red_i = cuda.shared.array(MAX_BLOCK, int32)        # block trees
+    red = cuda.shared.array(MAX_BLOCK, float64)
+    runs = cuda.shared.array(RUNS, float64)            # the runs' sums, then S_i: the sum of runs before run i
     t = pos[0]
     if t < draw[0] or t >= tokens.shape[0]:
         return                                         # a position of the prompt (or none): nothing to draw
     i, nt = cuda.threadIdx.x, cuda.blockDim.x
     V = probs.shape[0]
     top_k = draw[1]
-    # 1. the top_k-th largest key (the smallest kept): 8 bits a pass, high bits first
-    key_min = int64(0)                                 # every key, when every token is kept
+    # 1. the top_k-th largest key: the smallest kept (0: every key, when every token is kept)
+    key_min = int64(0)
     if 0 < top_k < V:
-        want = int64(top_k)                            # its rank among the keys that agree with key_min so far
-        for shift in range(24, -1, -8):
-            for b in range(i, DRAW_BINS, nt):
-                hist[0, b] = 0
-            cuda.syncthreads()
-            for v in range(i, V, nt):
-                key = max(int64(bits[v]), TINY_BITS)
-                if key >> (shift + 8) == key_min >> (shift + 8):
-                    cuda.atomic.add(hist, (0, (key >> shift) & (DRAW_BINS - 1)), 1)
-            cuda.syncthreads()
-            step, src = 1, 0                           # c_b = sum of bins b..255, a step reading one row and
-            while step < DRAW_BINS:                    # writing the other: after 8 steps (an even number)
-                for b in range(i, DRAW_BINS, nt):      # the sums are back in row 0
-                    c = hist[src, b]
-                    if b + step < DRAW_BINS:
-                        c += hist[src, b + step]
-                    hist[1 - src, b] = c
-                step, src = 2 * step, 1 - src
-                cuda.syncthreads()
-            for b in range(i, DRAW_BINS, nt):
-                above = hist[0, b + 1] if b + 1 < DRAW_BINS else 0
-                if hist[0, b] >= want and above < want:    # one bin: c_b never grows with b
-                    sel[0] = key_min | (int64(b) << shift)
-                    sel[1] = want - above
-            cuda.syncthreads()
-            key_min = sel[0]
-            want = sel[1]                              # (sel is written again only after the next pass's barriers)
+        if V <= RANK_MAX:
+            key_min = int64(_kth_by_counting(keys, red_i, bits, top_k))
+        else:
+            key_min = _kth_by_radix(hist, sel, bits, top_k)
     # 2. the largest scaled log-probability: the kept q_v = exp(l_v - lmax)
     tau = max(temperature[0], 1e-6)
     lmax = -math.inf
@@ -590,12 +631,15 @@ def k_decode_draw(tokens, pos, probs, bits, uniform, draw, temperature):
     for v in range(lo, hi):
         if max(int64(bits[v]), TINY_BITS) >= key_min:
             s += math.exp(_scaled_log(probs[v], tau) - lmax)
-    runs[i + 1] = s
+    runs[i] = s
     cuda.syncthreads()
-    if i == 0:
-        runs[0] = 0.0
+    if i == 0:                                         # S_j, in order (the loads do not wait for the adds)
+        acc = float64(0.0)
         for j in range(nt):
-            runs[j + 1] += runs[j]
+            r = runs[j]
+            runs[j] = acc
+            acc += r
+        runs[nt] = acc
     cuda.syncthreads()
     before, upto, total = runs[i], runs[i + 1], runs[nt]
     target = uniform[t] * total
