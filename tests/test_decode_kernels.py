@@ -31,10 +31,11 @@ def _distance(got, want) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
 
 
-def _column_in_order(a, w, n, ks):
+def _column_in_order(a, w, n, tx_n, ks):
     """out[n] as k_decode_matvec_add sums it (module docstring), in float32: thread ty's four running
     sums over rows ty + j KS (the first four, then four a round, then two, then one), (s0 + s1) +
-    (s2 + s3), then the tree over ty (step s: slice ty < s adds slice ty + s)."""
+    (s2 + s3); then the G = 32 / TX slices a warp holds by the shuffles' butterfly (lane i adds lane
+    i ^ m, m = 16, 8, ..., TX; lanes the block lacks hold 0), then the warps' sums in order."""
     K = a.shape[0]
     parts = []
     for ty in range(ks):
@@ -55,15 +56,25 @@ def _column_in_order(a, w, n, ks):
         if k < K:
             s[2] = s[2] + a[k] * w[k, n]
         parts.append((s[0] + s[1]) + (s[2] + s[3]))
-    step = ks // 2
-    while step > 0:
-        for ty in range(step):
-            parts[ty] = parts[ty] + parts[ty + step]
-        step //= 2
-    return parts[0]
+    tx, g = n % tx_n, max(1, 32 // tx_n)
+    sums = []
+    for first in range(0, ks, g):                 # a warp's slices first .. first + g - 1
+        lanes = np.zeros(32, f32)
+        for ty in range(first, min(first + g, ks)):
+            lanes[(ty - first) * tx_n + tx] = parts[ty]
+        m = 16
+        while m >= tx_n:
+            lanes = lanes + lanes[np.arange(32) ^ m]
+            m //= 2
+        sums.append(lanes[tx])
+    total = sums[0]
+    for x in sums[1:]:
+        total = total + x
+    return total
 
 
-@pytest.mark.parametrize("K, N, block", [(13, 11, (4, 4)), (29, 6, (8, 2)), (7, 9, (2, 8)), (40, 5, (1, 4))])
+@pytest.mark.parametrize("K, N, block", [(13, 11, (4, 4)), (29, 6, (8, 2)), (7, 9, (2, 8)), (40, 5, (1, 4)),
+                                         (50, 10, (8, 8)), (70, 3, (1, 64))])
 def test_a_products_sums_go_in_the_documented_order_and_columns_past_n_are_left_alone(K, N, block):
     """x += a @ w at ragged sizes (N not a multiple of TX, K not of KS, K below 4 KS): every column
     bit for bit the order of the module's docstring; nothing past N written."""
@@ -73,7 +84,7 @@ def test_a_products_sums_go_in_the_documented_order_and_columns_past_n_are_left_
     x = cuda.to_device(x0)
     kd.decode_matvec_add(x[:N], cuda.to_device(a), cuda.to_device(w), block=block)
     got = x.copy_to_host()
-    want = [x0[n] + _column_in_order(a, w, n, block[1]) for n in range(N)]
+    want = [x0[n] + _column_in_order(a, w, n, block[0], block[1]) for n in range(N)]
     assert got[:N].tobytes() == np.array(want, f32).tobytes()
     assert got[N:].tobytes() == x0[N:].tobytes()
 
@@ -314,3 +325,41 @@ def test_the_draw_writes_nothing_before_the_first_drawn_position_or_past_the_win
     assert (_draw(p, 0.5, 3, 1.0, 8, t=7, first=3, T=6) == -1).all()
     got = _draw(p, 0.5, 3, 1.0, 8, t=6, first=3, T=6)       # the last slot: the window's last step draws it
     assert got[6] >= 0 and (got[:6] == -1).all()
+
+
+@cuda.jit
+def _k_block_sums(out, x):
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    buf = cuda.shared.array(32, np.float32)
+    total = kd._block_total(buf, x[i])
+    top = kd._block_top(buf, x[i])
+    out[i, 0] = total
+    out[i, 1] = top
+
+
+@pytest.mark.parametrize("threads", [(8, 8), (96, 1), (5, 1)])
+def test_a_block_sum_goes_warp_by_warp_in_the_documented_order(threads):
+    """_block_total: each warp's 32 values by the butterfly (lane i adds lane i ^ m, m = 16, ..., 1;
+    lanes past the block hold 0), then the warps' sums in warp order, bit for bit, every thread the
+    same; _block_top the maximum. Two and three warps (the last one full or not), and part of one."""
+    n = threads[0] * threads[1]
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)).astype(f32)    # sizes apart: the order shows
+    out = cuda.to_device(np.zeros((n, 2), f32))
+    _k_block_sums[1, threads](out, cuda.to_device(x))
+    sums = []
+    for w in range(0, n, 32):
+        lanes = np.zeros(32, f32)
+        lanes[:min(32, n - w)] = x[w:w + 32]
+        for m in (16, 8, 4, 2, 1):
+            lanes = lanes + lanes[np.arange(32) ^ m]
+        sums.append(lanes[0])
+    want = sums[0]
+    for s in sums[1:]:
+        want = want + s
+    got = out.copy_to_host()
+    assert (got[:, 0] == want).all() and (got[:, 1] == x.max()).all()
+    one_by_one = f32(0)
+    for v in x:
+        one_by_one = one_by_one + v
+    assert n < 32 or want != one_by_one                    # another order gives other bits

@@ -42,7 +42,11 @@ import threading
 
 import numpy as np
 
+from numba import cuda
+
 from .common import SIMULATOR
+
+FULL = 0xFFFFFFFF              # every lane of the warp takes part in a shuffle
 
 if SIMULATOR:
     from .common import sim_meet
@@ -452,7 +456,54 @@ if not SIMULATOR:
             return context.get_dummy_value()
         return types.void(arr, index, *vals), codegen
 
+    @cuda.jit(device=True, inline="always")
+    def warp_sum(x, first, top):
+        """x summed over lanes of the warp by a butterfly: for m = top, top / 2, ..., first (powers
+        of two, top at most 16), lane i adds the value of lane i ^ m. So the lanes that differ from
+        lane i only in the bits first..top get their sum: (1, 16) every lane the warp's total,
+        (f, 16) the lanes i, i ^ f, i ^ 2f, ... that agree in the bits below f, (1, L / 2) each
+        run of L lanes. Both lanes of a pair add the same two numbers and fp32 addition commutes:
+        every lane of a group gets the same bits, in an order fixed by the lane numbers.
+        PTX: shfl.sync.bfly.b32 (one a step)"""
+        m = top
+        while m >= first:
+            x += cuda.shfl_xor_sync(FULL, x, m)
+            m //= 2
+        return x
+
+    @cuda.jit(device=True, inline="always")
+    def warp_max(x, first, top):
+        """The maximum over the same lanes as warp_sum's.   PTX: shfl.sync.bfly.b32 (one a step)"""
+        m = top
+        while m >= first:
+            x = max(x, cuda.shfl_xor_sync(FULL, x, m))
+            m //= 2
+        return x
+
 else:
+    def _butterfly(x, first, top, op, absent):
+        """Simulator twin of warp_sum and warp_max: the lanes of this thread's warp meet
+        (sim_meet) and leave their values, then the GPU's butterfly runs on all 32 in NumPy, in
+        x's type, a lane past the block's last thread holding `absent` (0 for a sum: x + 0 is x)."""
+        me = threading.current_thread()                    # the simulated thread: its index, its block's shape
+        (tx, ty, tz), (bx, by, bz) = me.threadIdx, me._manager._block_dim
+        i, n = (tz * by + ty) * bx + tx, bx * by * bz
+        w, lane = i // 32, i % 32
+        v = warp_gather(x, w, lane, min(32, n - 32 * w))
+        dtype = np.asarray(x).dtype
+        v = np.concatenate([v.astype(dtype), np.full(32 - len(v), absent, dtype)])
+        m = top
+        while m >= first:
+            v = op(v, v[np.arange(32) ^ m])
+            m //= 2
+        return v[lane]
+
+    def warp_sum(x, first, top):
+        return _butterfly(x, first, top, np.add, 0)
+
+    def warp_max(x, first, top):
+        return _butterfly(x, first, top, np.maximum, -np.inf)
+
     def tf32_round(x):
         """Simulator twin of cvt.rna.tf32.f32: add half a TF32 unit to the magnitude bits, clear
         the low 13 mantissa bits (round to nearest, ties away from zero)."""
@@ -584,19 +635,20 @@ else:
         def __init__(self):
             self.slots = [None] * 32
 
-    def warp_gather(x, w, lane):
+    def warp_gather(x, w, lane, lanes=32):
         """Simulator only: every lane's x (a number or an array) for warp w of this block, stacked
-        [32, ...]: the twin of an exchange of registers in a warp (shfl.sync, the A operand of an
-        mma.sync from registers). Each lane leaves its x in its slot, waits for the warp's other 31
+        [lanes, ...]: the twin of an exchange of registers in a warp (shfl.sync, the A operand of an
+        mma.sync from registers). Each lane leaves its x in its slot, waits for the warp's other
         lanes, reads them all, and waits again (so no lane refills its slot before the warp has read
-        it). A real barrier of the warp's 32 threads: warps of a block pass it independently."""
+        it). A real barrier of the warp's threads: warps of a block pass it independently. lanes:
+        the warp's threads (fewer than 32 in the last warp of a block the simulator runs small)."""
         block = threading.current_thread()._manager        # the simulator's block, shared by its threads
         warps = block.__dict__.setdefault("_warp_slots", {})
         meet = warps.get(w) or warps.setdefault(w, _WarpSlots())
         meet.slots[lane] = np.array(x, copy=True)
-        sim_meet(("warp", w), 32)
-        out = np.stack(meet.slots)
-        sim_meet(("warp", w), 32)
+        sim_meet(("warp", w), lanes)
+        out = np.stack(meet.slots[:lanes])
+        sim_meet(("warp", w), lanes)
         return out
 
 
