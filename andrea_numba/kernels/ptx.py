@@ -46,8 +46,6 @@ from numba import cuda
 
 from .common import SIMULATOR
 
-FULL = 0xFFFFFFFF              # every lane of the warp takes part in a shuffle
-
 if SIMULATOR:
     from .common import sim_meet
 
@@ -56,6 +54,8 @@ if not SIMULATOR:      # the intrinsics' code generators (the simulator runs the
     from numba import types
     from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
+
+FULL = 0xFFFFFFFF              # every lane of the warp takes part in a shuffle
 
 # The simulator's stand-ins for the GPU's conversions to bf16 and fp16 (cvt.rn.bf16x2.f32,
 # cvt.rn.f16x2.f32), written apart from the twin's rounding (reference/precision.py adds to the bits,
