@@ -41,7 +41,6 @@ the lower k in the low half (bf16x2 packs them), same g and t:
 import threading
 
 import numpy as np
-
 from numba import cuda
 
 from .common import SIMULATOR
