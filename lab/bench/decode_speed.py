@@ -103,7 +103,7 @@ def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
         for name, block in variants:
             for n, f in orig.items():
                 setattr(kd, n, functools.partial(f, block=block) if n == name else f)
-            label = "(defaults)" if block is None else str(tuple(block))
+            label = "(defaults)" if block is None else str(tuple(block) if isinstance(block, (tuple, list)) else block)
             try:
                 ms = step_ms(dec, t0, reps)          # (the first variant's eager steps compile the kernels)
                 probs = dec.read("probs").astype(np.float64)
