@@ -23,7 +23,7 @@ step's token id where that step reads it, so a whole sample runs on the GPU with
 waiting for any token.
 
 WHAT A STEP COSTS. At 12M a step reads about 50 MB of weights, some 15 us of an H100's memory
-bandwidth; what costs is latency: 36 launches one after the other, each a few dependent rounds of
+bandwidth; what costs is latency: 37 launches one after the other, each a few dependent rounds of
 memory loads (a round trip to memory takes about half a microsecond) and a few block barriers. So
 every kernel below is shaped for few rounds: many blocks, each thread only a handful of loads,
 issued together and before their results are needed, partial sums met in registers rather than in
@@ -713,7 +713,10 @@ DRAW_BLOCKS = dict(gpu=(256, 512, 1024, 128), sim=(8, 4, 16))
 
 
 def _pow2(*sizes) -> bool:
-    return all(s > 0 and s & (s - 1) == 0 for s in sizes)
+    """Every size a power of two, and on a GPU whole warps: a shuffle (ptx.warp_sum) takes all 32
+    lanes of a warp (the simulator runs blocks smaller than a warp)."""
+    whole = SIMULATOR or math.prod(sizes) % 32 == 0
+    return whole and all(s > 0 and s & (s - 1) == 0 for s in sizes)
 
 
 @blocks(**QKV_BLOCKS)
@@ -723,7 +726,7 @@ def decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wt
     w_v [C, C]; tokens [T] int32, wte [V, C], wpe [T_max, C], embed: x = wte[tokens[t]] + wpe[t]
     first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, 3C floats
     of dynamic shared memory."""
-    assert _pow2(*block), f"block {block}: powers of two"
+    assert _pow2(*block), f"block {block}: powers of two, whole warps"
     C = x.shape[0]
     k_decode_qkv[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
                                                               w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
@@ -744,7 +747,7 @@ def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos
     T = k_cache.shape[0]
     H, nch = part_m.shape
     assert _pow2(lanes, ck) and lanes <= 32 and lanes * ck <= MAX_BLOCK, \
-        f"block {block}: powers of two, at most 32 lanes (a key's lanes in one warp) and {MAX_BLOCK} threads"
+        f"block {block}: powers of two, whole warps, at most 32 lanes (a key's in one warp) and {MAX_BLOCK} threads"
     assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
     k_decode_attention[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
@@ -752,7 +755,7 @@ def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos
 @blocks(**MATVEC_BLOCKS)
 def decode_matvec_add(x, a, w, *, block, stream=0):
     """x [N] (+= a @ w, in place); a [K]; w [K, N]. Launch: N / TX blocks of TX x KS threads."""
-    assert _pow2(*block), f"block {block}: powers of two"
+    assert _pow2(*block), f"block {block}: powers of two, whole warps"
     k_decode_matvec_add[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
 
 
@@ -760,7 +763,7 @@ def decode_matvec_add(x, a, w, *, block, stream=0):
 def decode_mlp_up(h, x, g, b, eps, w_1, *, block, stream=0):
     """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, 3C floats of dynamic
     shared memory."""
-    assert _pow2(*block), f"block {block}: powers of two"
+    assert _pow2(*block), f"block {block}: powers of two, whole warps"
     C = x.shape[0]
     k_decode_mlp_up[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
 
@@ -770,7 +773,7 @@ def decode_logits(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=
     """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
     wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
     floats of dynamic shared memory."""
-    assert _pow2(*block) and block[0] <= 32, f"block {block}: powers of two, at most 32 lanes (a row's in one warp)"
+    assert _pow2(*block) and block[0] <= 32, f"block {block}: powers of two, whole warps, at most 32 lanes (a row's in one warp)"
     V, C = wte.shape
     k_decode_logits[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
                                                                                  float32(eps), wte)
