@@ -28,8 +28,8 @@ with the module's VERSIONS table), which the engine never imports.
     optim       grad_norm, grad_scale, adamw, zero                                   reference/optim.py
     decode      the KV-cache decoder's step, one position: decode_qkv (the embedding
                 in the first), decode_attention (chunks of keys), decode_matvec_add,
-                decode_mlp_up, decode_logits (with the softmax; andrea_numba/decode.py
-                chains them)                                                 reference/decode.py
+                decode_mlp_up, decode_logits (with the softmax), decode_draw (the next
+                token; andrea_numba/decode.py chains them)                   reference/decode.py
     fp8         the FP8 quantize kernels                                          reference/fp8.py
     common      block_sum, block_max, blocks, SIMULATOR
     operands    the 16-bit copies of a product's operands (round_into) and their scratch (COPIES, HELD)
