@@ -19,8 +19,8 @@ numpy's Generator.choice, given the uniform number the host drew for that positi
 it where the next step reads its token. So `sample` sends the prompt, the uniform numbers and the
 settings once, runs one step per position with no wait in between, and copies the drawn tokens
 back at the end: one host sync a sample, where drawing on the host cost one a token (the copy of
-the probabilities, the draw in NumPy, the copy of the token back). During the prompt, and for
-feed, the draw is off (draw[0], the first position drawn, lies past the window).
+the probabilities, the draw in NumPy, the copy of the token back). During the prompt the draw
+waits for its first position (draw[0]); after reset, and so for feed, that lies past the window.
 
 What changes from token to token lives on the device: the token ids (tokens [T + 1]), the position
 t (pos [1], set to 0 by reset and moved on by the step's logits kernel), the cache, and the draw's

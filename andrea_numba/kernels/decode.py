@@ -100,12 +100,13 @@ every u_t of a sample before the first step, from the seed's generator).
      Up to RANK_MAX = 1024 tokens (the 12M vocabulary), by counting: the keys in shared memory,
      the thread of v counts the keys above key_v (every thread reads the same key at once: one
      broadcast read a key; V / NT tokens a thread, V keys each), v is kept when fewer than top_k
-     are, and the smallest kept key is a block minimum. Above it (50304 tokens), a radix select finds the top_k-th largest key 8 bits at a
-     time, high bits first: a pass counts in 256 bins the keys that agree with the bits found so
-     far, by their next 8 bits (integer atomic adds in shared memory: counts, whatever the order),
-     sums the bins from the top (c_b = count of bins b..255, a scan in 8 steps), and takes the
-     bin b where c_b reaches the rank still wanted and c_{b+1} does not: its 8 bits are the key's
-     next 8, and the keys of bins above b (c_{b+1} of them) are ranked. Four passes give every bit.
+     are, and the smallest kept key is a block minimum. Above it (50304 tokens), a radix select
+     finds the top_k-th largest key 8 bits at a time, high bits first: a pass counts in 256 bins
+     the keys that agree with the bits found so far, by their next 8 bits (integer atomic adds in
+     shared memory: counts, whatever the order), sums the bins from the top (c_b = count of bins
+     b..255, a scan in 8 steps), and takes the bin b where c_b reaches the rank still wanted and
+     c_{b+1} does not: its 8 bits are the key's next 8, and the keys of bins above b (c_{b+1} of
+     them) are ranked. Four passes give every bit.
   2. max l: a block maximum (a tree).
   3. The sums, in float64: thread i sums q over its own run of NT-th of the vocabulary, v in
      [i P, (i + 1) P), P = ceil(V / NT), in order; thread 0 adds the runs' sums in order,
