@@ -244,3 +244,20 @@ def test_the_decoders_step_at_every_block_a_launcher_declares(monkeypatch, launc
         rows = _decode(m, params, tokens)
         for t in range(len(tokens)):
             assert _distance(rows[2 * t], want[t]) <= TOL, (block, t)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_every_rung_of_the_decoders_step_gives_the_twins_logits(monkeypatch, version):
+    """The step with each rung's launchers (lab/decode.py VERSIONS: 1 its sums as shared-memory
+    trees, 2 the engine's by shuffles), as lab/bench/decode_speed.py --versions times them: the
+    twin's logits at positions 0..5 (the merge counters back at 0 after)."""
+    from lab.decode import VERSIONS
+    m, params = _decoder_model()
+    tokens = [2, 7, 1, 8, 2, 8]
+    twin = KVCache(params.astype(np.float64), m)
+    want = [twin.step(tok) for tok in tokens]
+    for name, rungs in VERSIONS.items():
+        monkeypatch.setattr(kd, name, rungs[version])
+    rows = _decode(m, params, tokens)
+    for t in range(len(tokens)):
+        assert _distance(rows[2 * t], want[t]) <= TOL, t

@@ -3,6 +3,7 @@
     python lab/bench/decode_speed.py                          # 12M, 256 tokens, median of 5 runs
     python lab/bench/decode_speed.py --size 120M --tokens 128 --runs 3 --json decode.json
     python lab/bench/decode_speed.py --only-blocks            # just the decoder's blocks (below)
+    python lab/bench/decode_speed.py --versions 1,2           # the step's rungs (lab/decode.py), one run
 
 Each path draws --tokens tokens after a one-token prompt with sample.generate, the same seed, on
 the same weights (init_params, a little noise added so the distributions are not flat), at fp32:
@@ -28,10 +29,16 @@ drawing) with one launcher of kernels/decode.py at each of its other declared bl
 others at their defaults, one row a variant, and each variant's probabilities after those steps
 against the defaults' (a block that computes something else shows there). A CUDA error poisons
 the context: the first one ends the variants, said in one line (the rows so far stay printed).
+With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 its sums across threads as
+shared-memory trees, 2 the engine's, by shuffles), each launcher of the step at that rung: in
+turn, --runs rounds of every rung, each round a new decoder whose step is captured as a graph, the
+GPU time of a step with its draw (t = 128 to 148) and the wall clock of --tokens tokens drawn on
+it; medians and [min-max] over the rounds, and whether every rung drew the same tokens.
 Needs a CUDA GPU: in the simulator, or without a GPU, it says so in one line and exits 2.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import sys
@@ -127,6 +134,58 @@ def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
     return rows
 
 
+def _versions(text: str) -> list:
+    """"1,2": rungs of the decoder's step, each a key of lab/decode.py's VERSIONS."""
+    from lab.decode import VERSIONS
+    known = sorted(VERSIONS["decode_qkv"])
+    try:
+        vs = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be rungs separated by commas (1,2), got {text!r}") from None
+    if not vs or any(v not in known for v in vs):
+        raise argparse.ArgumentTypeError(f"each rung must be one of {known}, got {text!r}")
+    return vs
+
+
+def time_versions(m, model, versions, runs: int, tokens: int, seed: int):
+    """The table of --versions (module docstring): rows {"version", "step_ms", "tokens_s"} of medians,
+    each with its [min, max]; and whether every rung drew the same tokens."""
+    from andrea_numba.decode import Decoder
+    from andrea_numba.graphs import StepGraph
+    from andrea_numba.kernels import decode as kd
+    from andrea_numba.sample import generate
+    from lab.decode import VERSIONS
+    orig = {name: getattr(kd, name) for name in VERSIONS}
+    s, times, drawn = model.stream, {v: ([], []) for v in versions}, {}
+    try:
+        for _ in range(runs):
+            for v in versions:
+                for name, rungs in VERSIONS.items():
+                    setattr(kd, name, rungs[v])
+                dec = Decoder(m, model.params, stream=s, capture=StepGraph)
+                t0 = max(0, min(128, dec.T - 22))
+                times[v][0].append(step_ms(dec, t0, min(20, dec.T - t0 - 2)))
+                drawn.setdefault(v, generate(model, Ids(), [0], tokens, seed, 1.0, 40, decoder=dec))  # (warm)
+                s.synchronize()
+                start = time.perf_counter()
+                assert generate(model, Ids(), [0], tokens, seed, 1.0, 40, decoder=dec) == drawn[v]
+                times[v][1].append(time.perf_counter() - start)
+    finally:
+        for name, f in orig.items():
+            setattr(kd, name, f)
+    rows = []
+    print(f"\nthe step's rungs (lab/decode.py), {runs} rounds: median [min-max]\n"
+          f"{'rung':<6} {'step ms (GPU)':>24} {f'{tokens} tokens s':>26}")
+    for v in versions:
+        st, tk = times[v]
+        rows.append({"version": v, "step_ms": float(np.median(st)), "step_ms_range": [min(st), max(st)],
+                     "tokens_s": float(np.median(tk)), "tokens_s_range": [min(tk), max(tk)]})
+        print(f"{v:<6} {np.median(st):>8.4f} [{min(st):.4f}-{max(st):.4f}] {np.median(tk):>10.4f} [{min(tk):.4f}-{max(tk):.4f}]")
+    same = all(d == drawn[versions[0]] for d in drawn.values())
+    print(f"same tokens on every rung: {'yes' if same else 'NO'}")
+    return rows, same
+
+
 def main(argv=None) -> int:
     ap = cli.Parser(prog="python lab/bench/decode_speed.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=cli.config, default="12M", help="a config size or file (default 12M)")
@@ -136,6 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows to this file")
     ap.add_argument("--no-blocks", action="store_true", help="skip the decoder's block variants")
     ap.add_argument("--only-blocks", action="store_true", help="only the decoder's block variants")
+    ap.add_argument("--versions", type=_versions, help="only the step's rungs, e.g. 1,2 (lab/decode.py)")
     args = ap.parse_args(argv)
     if SIMULATOR or not cuda.is_available():
         cli.fail("lab/bench/decode_speed.py needs a CUDA GPU (the simulator would take hours, and has no CUDA graphs)")
@@ -156,6 +216,14 @@ def main(argv=None) -> int:
     model = GPUModel(m, 1, m.context_length, training=False, recipe="fp32")
     model.params.copy_to_device(params, stream=model.stream)
     s = model.stream
+    if args.versions:
+        print(f"{cfg.name} on {device_name()}", file=sys.stderr)
+        rows, same = time_versions(m, model, args.versions, args.runs, args.tokens, args.seed)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": device_name(), "size": args.size, "versions": rows,
+                                                   "same_tokens": same, "date": time.strftime("%Y-%m-%d")},
+                                                  indent=1) + "\n")
+        return 0 if same else 1
     if args.only_blocks:
         print(f"{cfg.name} on {device_name()}", file=sys.stderr)
         rows = time_blocks(m, model.params, s)

@@ -1,0 +1,389 @@
+"""The KV-cache decoder's step, rung 1: every sum across the threads of a block as a tree in shared
+memory (a barrier a level), the form the engine's decoder had until its sums went by shuffles
+(rung 2, andrea_numba/kernels/decode.py: a warp's lanes meet by a butterfly of shuffles, the warps'
+sums after one barrier). The same kernels otherwise, the same launches (Decoder.work runs either:
+lab/bench/decode_speed.py --versions 1,2 times them in one run), the same arguments and blocks.
+A tree costs a barrier a level: 9 for a block sum over 512 threads, 6 for a column's 64 slices.
+
+    tree sum over n threads: step s = n/2, n/4, ..., 1: thread i < s adds thread i + s's value,
+    a barrier after each step (kernels/common.py block_sum, block_max)
+
+Measured with the draw's first form on an NVIDIA H100 (2026-12-07): 0.312 ms a step with its draw
+at 12M (docs/results/2026-12-07-h100-decoder-draw/).
+"""
+import math
+
+from numba import cuda, float32, int32
+
+from andrea_numba.kernels import decode as engine
+from andrea_numba.kernels.common import MAX_BLOCK, block_max, block_sum, blocks, cdiv, nonneg
+from andrea_numba.kernels.decode import (LOGIT_BLOCKS, _chunk_weight, _column_part, _first_rows, _from_l2,
+                                         _last_block, _pow2)
+from andrea_numba.kernels.mlp import gelu
+
+# the blocks of rung 1 (its trees also take 64 lanes a key or a row, which a warp's shuffles do not)
+QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
+MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
+MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
+ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((1, 4), (4, 2), (2, 8)))
+LOGITS_BLOCKS = dict(gpu=((32, 8), (64, 4), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
+
+
+@cuda.jit(device=True)
+def _layernorm_trees(a, buf, C, eps):
+    """a[c] = (a[c] - mean) * rstd * g[c] + b[c] in place over the C channels of a row, with the
+    shared array a = [the row | g | b] (3C floats): mean = (1/C) sum_c a[c], rstd = 1 / sqrt((1/C)
+    sum_c (a[c] - mean)^2 + eps), as k_layernorm_fwd computes them. Flat thread i owns channels
+    c = i, i + n, ... (n threads): the caller wrote those of a, g and b, its three loads in one
+    loop so that they travel together (no barrier needed before); every a[c] is ready on return."""
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    n = cuda.blockDim.x * cuda.blockDim.y
+    inv_c = float32(1.0) / float32(C)
+    s = float32(0.0)
+    for c in range(i, C, n):
+        s += a[c]
+    mu = block_sum(buf, s) * inv_c
+    s = float32(0.0)
+    for c in range(i, C, n):
+        d = a[c] - mu
+        s += d * d
+    r = float32(1.0) / math.sqrt(block_sum(buf, s) * inv_c + eps)
+    for c in range(i, C, n):
+        a[c] = (a[c] - mu) * r * a[C + c] + a[2 * C + c]
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _column_tree(buf, part):
+    """The KS parts of each of the block's TX columns (part: thread (tx, ty)'s, slice ty) added by
+    a tree over ty in shared memory: at step s = KS/2, KS/4, ..., 1, slice ty < s adds slice ty + s.
+    Every thread gets its column's total. buf: shared, at least TX * KS floats."""
+    tx, ty, TX = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x
+    i = ty * TX + tx
+    buf[i] = part
+    cuda.syncthreads()
+    s = cuda.blockDim.y // 2
+    while s > 0:
+        if ty < s:
+            buf[i] += buf[i + s * TX]
+        cuda.syncthreads()
+        s //= 2
+    return buf[tx]
+
+
+@cuda.jit
+def k_decode_qkv_v1(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed):
+    """a = LN1(x); q = a @ W_q, k_cache[t] = a @ W_k, v_cache[t] = a @ W_v, t = pos[0]. With embed
+    (the first block of the model) x = wte[tokens[t]] + wpe[t] first: every block computes it for
+    its LayerNorm, block 0 writes it into x (the residual stream). The 3C columns of
+    [W_q | W_k | W_v] in blocks of TX (a block may straddle two matrices: each thread takes its
+    column's), KS slices of K = C a column (_column_part, _column_total)."""
+    a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]: 3C floats of dynamic shared memory
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    C = x.shape[0]
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    nt = cuda.blockDim.x * cuda.blockDim.y
+    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x      # column of [W_q | W_k | W_v]
+    which = min(n // C, 2)
+    j = n - which * C                              # its column in that matrix (>= C past the last)
+    w = w_q if which == 0 else (w_k if which == 1 else w_v)
+    w0, w1, w2, w3 = _first_rows(w, j)
+    t = pos[0]
+    if embed:
+        tok = tokens[t]
+        for c in range(i, C, nt):
+            a[c] = wte[tok, c] + wpe[t, c]
+            a[C + c] = g[c]
+            a[2 * C + c] = b[c]
+            if cuda.blockIdx.x == 0:
+                x[c] = a[c]
+    else:
+        for c in range(i, C, nt):
+            a[c] = x[c]
+            a[C + c] = g[c]
+            a[2 * C + c] = b[c]
+    _layernorm_trees(a, buf, C, eps)
+    total = _column_tree(buf, _column_part(a, w, j, w0, w1, w2, w3))
+    if cuda.threadIdx.y == 0 and j < C:
+        if which == 0:
+            q[j] = total
+        elif which == 1:
+            k_cache[t, j] = total
+        else:
+            v_cache[t, j] = total
+
+
+@cuda.jit
+def k_decode_attention_v1(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos):
+    """y[h*hs + d] = sum_{u<=t} e_u v_cache[u, h*hs + d] / sum_u e_u, e_u = exp(s_u - max s),
+    s_u = q_h . k_cache[u, h] / sqrt(hs), t = pos[0]: block (p, h) takes the CK keys of chunk p of
+    head h (the four steps of kernels/decode.py's docstring); the last of head h's blocks merges the
+    chunks into y_h. done[h]: head h's counter of finished blocks (0 between launches)."""
+    red = cuda.shared.array(MAX_BLOCK, float32)    # the lanes' (then the groups') sums
+    ex = cuda.shared.array(MAX_BLOCK, float32)     # the chunk's scores' exponentials, then the chunks' weights
+    flag = cuda.shared.array(1, int32)
+    lane, r = cuda.threadIdx.x, cuda.threadIdx.y
+    LANES, CK = cuda.blockDim.x, cuda.blockDim.y
+    tid, nt = r * LANES + lane, LANES * CK
+    p, h = nonneg(cuda.blockIdx.x), nonneg(cuda.blockIdx.y)     # (int64s: _from_l2's indices are one type)
+    hs = q.shape[0] // cuda.gridDim.y
+    base = h * hs
+    t = pos[0]
+    u0 = p * CK                                    # the chunk's first key
+    if u0 > t:
+        return                                     # a chunk past t: nothing to do (and not counted)
+    nk = min(CK, t + 1 - u0)                       # its keys up to t
+    na = t // CK + 1                               # the chunks that run: 0 .. na - 1
+    # 1. the scores: thread (lane, r) sums channels d = lane, lane + LANES, ... of key u0 + r
+    s0 = float32(0.0)
+    s1 = float32(0.0)
+    if r < nk:
+        u = u0 + r
+        d = lane
+        while d + LANES < hs:                      # two channels a round: two loads in flight
+            s0 += q[base + d] * k_cache[u, base + d]
+            s1 += q[base + d + LANES] * k_cache[u, base + d + LANES]
+            d += 2 * LANES
+        if d < hs:
+            s0 += q[base + d] * k_cache[u, base + d]
+    red[tid] = s0 + s1
+    cuda.syncthreads()
+    step = LANES // 2
+    while step > 0:                                # the lanes of each key meet in a tree
+        if lane < step:
+            red[tid] += red[tid + step]
+        cuda.syncthreads()
+        step //= 2
+    # 2. the chunk's maximum (every thread, in key order), its exponentials and their sum
+    scale = float32(1.0) / math.sqrt(float32(hs))
+    m = float32(-math.inf)
+    for j in range(nk):
+        m = max(m, red[j * LANES] * scale)
+    if lane == 0 and r < nk:
+        ex[r] = math.exp(red[tid] * scale - m)
+    cuda.syncthreads()
+    # 3. acc[d] = sum_r ex[r] V[u0 + r, base + d]: group g of `cols` threads over keys r = g, g + G, ...
+    cols = min(hs, nt)
+    G = nt // cols
+    g = tid // cols
+    for d in range(tid % cols, hs, cols):
+        a0 = float32(0.0)
+        a1 = float32(0.0)
+        if g < G:
+            k = g
+            while k + G < nk:                      # two keys a round: two loads in flight
+                a0 += ex[k] * v_cache[u0 + k, base + d]
+                a1 += ex[k + G] * v_cache[u0 + k + G, base + d]
+                k += 2 * G
+            if k < nk:
+                a0 += ex[k] * v_cache[u0 + k, base + d]
+        if G == 1:
+            if g == 0:                             # (threads past the first hs have no channel)
+                part_acc[h, p, d] = a0 + a1
+        else:                                      # (G > 1: cols = hs, one channel a thread)
+            red[tid] = a0 + a1                     # red[g * hs + d]
+    if G > 1:
+        cuda.syncthreads()
+        if tid < hs:
+            total = float32(0.0)
+            for j in range(G):
+                total += red[j * hs + tid]
+            part_acc[h, p, tid] = total
+    if tid == 0:
+        l_p = float32(0.0)
+        for j in range(nk):
+            l_p += ex[j]
+        part_m[h, p] = m
+        part_l[h, p] = l_p
+    # 4. the last of the na blocks of head h merges the chunks, in chunk order
+    if not _last_block(flag, done, h, na):
+        return
+    mj = float32(-math.inf)                        # thread j < na takes chunk j (the launcher checked NCH <= threads)
+    lj = float32(0.0)
+    if tid < na:
+        mj = _from_l2(part_m, (h, tid))            # (both loads in one round)
+        lj = _from_l2(part_l, (h, tid))
+    big = block_max(red, mj)                       # M = max_p m_p
+    wj = float32(0.0)
+    if tid < na:
+        wj = _chunk_weight(mj, big)
+        ex[tid] = wj
+    lw = block_sum(red, wj * lj)                   # sum_p w_p l_p (its barriers also publish every w_p)
+    for d in range(tid % cols, hs, cols):
+        a0 = float32(0.0)
+        a1 = float32(0.0)
+        if g < G:
+            k = g
+            while k + G < na:
+                a0 += ex[k] * _from_l2(part_acc, (h, k, d))
+                a1 += ex[k + G] * _from_l2(part_acc, (h, k + G, d))
+                k += 2 * G
+            if k < na:
+                a0 += ex[k] * _from_l2(part_acc, (h, k, d))
+        if G == 1:
+            if g == 0:
+                y[base + d] = (a0 + a1) / lw
+        else:
+            red[tid] = a0 + a1
+    if G > 1:
+        cuda.syncthreads()
+        if tid < hs:
+            total = float32(0.0)
+            for j in range(G):
+                total += red[j * hs + tid]
+            y[base + tid] = total / lw
+
+
+@cuda.jit
+def k_decode_matvec_add_v1(x, a, w):
+    """x[n] = x[n] + sum_k a[k] w[k, n]: a residual branch's output projection (W_o after attention,
+    W_2 after the GELU) added into the residual stream in place. Columns in blocks of TX, KS slices
+    of K a column; x[n] is read and written by its column's thread ty = 0 only."""
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    w0, w1, w2, w3 = _first_rows(w, n)
+    total = _column_tree(buf, _column_part(a, w, n, w0, w1, w2, w3))
+    if cuda.threadIdx.y == 0 and n < x.shape[0]:
+        x[n] = x[n] + total
+
+
+@cuda.jit
+def k_decode_mlp_up_v1(h, x, g, b, eps, w_1):
+    """h[n] = gelu(sum_k LN2(x)[k] w_1[k, n]) for the F = 4C hidden units: the GELU of the engine
+    (kernels/mlp.py, tanh form). Columns in blocks of TX, KS slices of K = C a column."""
+    a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]: 3C floats of dynamic shared memory
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    C = x.shape[0]
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    w0, w1, w2, w3 = _first_rows(w_1, n)
+    for c in range(i, C, cuda.blockDim.x * cuda.blockDim.y):
+        a[c] = x[c]
+        a[C + c] = g[c]
+        a[2 * C + c] = b[c]
+    _layernorm_trees(a, buf, C, eps)
+    total = _column_tree(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
+    if cuda.threadIdx.y == 0 and n < h.shape[0]:
+        h[n] = gelu(total)
+
+
+@cuda.jit
+def k_decode_logits_v1(probs, logits, done, pos, x, g, b, eps, wte):
+    """logits[v] = sum_c LNf(x)[c] wte[v, c]: the tied classifier, wte read by rows. A block of
+    TX lanes x RY rows: lane tx sums channels c = tx, tx + TX, ... of row v (four a round: four
+    loads in flight), the row's lanes meet in a tree; blocks stride over the V rows. The last block
+    to finish (done[0] counts them) then computes probs[v] = exp(logits[v] - m) / se over the whole
+    row, m = max_v logits[v], se = sum_v exp(logits[v] - m), as k_loss_fwd's softmax, and moves the
+    position on: pos[0] += 1 (no kernel of this step reads pos after it)."""
+    a = cuda.shared.array(0, float32)              # [x (then LNf(x)) | g | b]: 3C floats of dynamic shared memory
+    buf = cuda.shared.array(MAX_BLOCK, float32)
+    flag = cuda.shared.array(1, int32)
+    tx, ty, TX, RY = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x, cuda.blockDim.y
+    i, nt = ty * TX + tx, TX * RY
+    V, C = wte.shape
+    for c in range(i, C, nt):
+        a[c] = x[c]
+        a[C + c] = g[c]
+        a[2 * C + c] = b[c]
+    _layernorm_trees(a, buf, C, eps)
+    for v0 in range(cuda.blockIdx.x * RY, V, cuda.gridDim.x * RY):     # the same trips for the whole block
+        v = v0 + ty
+        s0 = float32(0.0)
+        s1 = float32(0.0)
+        s2 = float32(0.0)
+        s3 = float32(0.0)
+        if v < V:
+            c = tx
+            while c + 3 * TX < C:
+                s0 += a[c] * wte[v, c]
+                s1 += a[c + TX] * wte[v, c + TX]
+                s2 += a[c + 2 * TX] * wte[v, c + 2 * TX]
+                s3 += a[c + 3 * TX] * wte[v, c + 3 * TX]
+                c += 4 * TX
+            while c < C:
+                s0 += a[c] * wte[v, c]
+                c += TX
+        buf[i] = (s0 + s1) + (s2 + s3)
+        cuda.syncthreads()
+        step = TX // 2
+        while step > 0:
+            if tx < step:
+                buf[i] += buf[i + step]
+            cuda.syncthreads()
+            step //= 2
+        if tx == 0 and v < V:
+            logits[v] = buf[i]
+        cuda.syncthreads()                         # buf is written again by the next rows
+    # the last block: the softmax of the whole row, then t += 1
+    if not _last_block(flag, done, 0, cuda.gridDim.x):
+        return
+    m = float32(-math.inf)
+    for v in range(i, V, nt):
+        m = max(m, _from_l2(logits, v))
+    m = block_max(buf, m)
+    s = float32(0.0)
+    for v in range(i, V, nt):
+        s += math.exp(_from_l2(logits, v) - m)
+    se = block_sum(buf, s)
+    for v in range(i, V, nt):
+        probs[v] = math.exp(_from_l2(logits, v) - m) / se
+    if i == 0:
+        pos[0] += 1
+
+
+@blocks(**QKV_BLOCKS)
+def decode_qkv_v1(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
+               stream=0):
+    """q [C]; k_cache, v_cache [T, C] (row pos[0] written); pos [1] int32; x, g, b [C]; w_q, w_k,
+    w_v [C, C]; tokens [T] int32, wte [V, C], wpe [T_max, C], embed: x = wte[tokens[t]] + wpe[t]
+    first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, 3C floats
+    of dynamic shared memory."""
+    assert _pow2(*block), f"block {block}: powers of two"
+    C = x.shape[0]
+    k_decode_qkv_v1[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
+                                                              w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
+
+
+@blocks(**ATTENTION_BLOCKS)
+def decode_attention_v1(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0):
+    """y, q [C]; part_m, part_l [H, NCH], part_acc [H, NCH, hs] (scratch, NCH >= T / CK); done [H]
+    int32 (zeros between launches); k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32.
+    Launch: (T / CK, H) blocks of LANES x CK threads (at least NCH: a thread a chunk in the merge)."""
+    lanes, ck = block
+    T = k_cache.shape[0]
+    H, nch = part_m.shape
+    assert _pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK} threads"
+    assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
+    k_decode_attention_v1[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
+
+
+@blocks(**MATVEC_BLOCKS)
+def decode_matvec_add_v1(x, a, w, *, block, stream=0):
+    """x [N] (+= a @ w, in place); a [K]; w [K, N]. Launch: N / TX blocks of TX x KS threads."""
+    assert _pow2(*block), f"block {block}: powers of two"
+    k_decode_matvec_add_v1[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
+
+
+@blocks(**MLP_UP_BLOCKS)
+def decode_mlp_up_v1(h, x, g, b, eps, w_1, *, block, stream=0):
+    """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, 3C floats of dynamic
+    shared memory."""
+    assert _pow2(*block), f"block {block}: powers of two"
+    C = x.shape[0]
+    k_decode_mlp_up_v1[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
+
+
+@blocks(**LOGITS_BLOCKS)
+def decode_logits_v1(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0):
+    """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
+    wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
+    floats of dynamic shared memory."""
+    assert _pow2(*block), f"block {block}: powers of two"
+    V, C = wte.shape
+    k_decode_logits_v1[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
+                                                                                 float32(eps), wte)
+
+
+# the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 2 is the engine's
+LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits")
+VERSIONS = {name: {1: globals()[name + "_v1"], 2: getattr(engine, name)} for name in LAUNCHERS}
