@@ -4,6 +4,7 @@
     python lab/bench/decode_speed.py --size 120M --tokens 128 --runs 3 --json decode.json
     python lab/bench/decode_speed.py --only-blocks            # just the decoder's blocks (below)
     python lab/bench/decode_speed.py --versions 1,2           # the step's rungs (lab/decode.py), one run
+    python lab/bench/decode_speed.py --kernels                # where a step's time goes, kernel by kernel
 
 Each path draws --tokens tokens after a one-token prompt with sample.generate, the same seed, on
 the same weights (init_params, a little noise added so the distributions are not flat), at fp32:
@@ -29,6 +30,8 @@ drawing) with one launcher of kernels/decode.py at each of its other declared bl
 others at their defaults, one row a variant, and each variant's probabilities after those steps
 against the defaults' (a block that computes something else shows there). A CUDA error poisons
 the context: the first one ends the variants, said in one line (the rows so far stay printed).
+With --kernels, only the step kernel by kernel (time_kernels): each launcher's launch repeated in a
+graph, per launch, and the launches a step, beside an empty kernel's and the whole step's time.
 With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 its sums across threads as
 shared-memory trees, 2 the engine's, by shuffles), each launcher of the step at that rung: in
 turn, --runs rounds of every rung, each round a new decoder whose step is captured as a graph, the
@@ -90,6 +93,58 @@ def step_ms(dec, t0: int, reps: int) -> float:
     from andrea_numba.graphs import StepGraph
     drawing_steps(dec, t0)
     return StepGraph(dec.stream, dec.work).replay_ms(reps)
+
+
+@cuda.jit
+def _k_nothing(x):
+    """An empty kernel: what a launch in a graph costs before any work."""
+    pass
+
+
+def time_kernels(m, params, stream, t0: int = 128, reps: int = 20):
+    """Where a step's time goes, kernel by kernel, without a profiler (Nsight Compute flushes the
+    caches and holds the clocks; a graph replays with neither): each launch of one step (at t0, the
+    draw on) recorded, and each launcher's first launch repeated reps times back to back in one
+    graph, replayed, per launch (its work and the gap to the next launch, as in the step's graph);
+    an empty kernel's the same way. Rows {"kernel", "a_step", "us", "us_a_step"}, the empty
+    kernel's us, and the step's own time (step_ms). A repeated launch repeats its side effects
+    (x += a product, t += 1): the decoder is brought to t0 again before each launcher."""
+    from andrea_numba.decode import Decoder
+    from andrea_numba.graphs import StepGraph
+    from andrea_numba.kernels import decode as kd
+    dec = Decoder(m, params, stream=stream)
+    t0 = min(t0, dec.T - reps - 2)
+    launched, orig = [], {name: getattr(kd, name) for name in LAUNCHERS}
+    for name, f in orig.items():
+        setattr(kd, name, lambda *a, _n=name, **kw: launched.append((_n, a, kw)))
+    try:
+        dec.work(stream)                                   # recorded, not launched
+    finally:
+        for name, f in orig.items():
+            setattr(kd, name, f)
+    def kind(name, a):                                     # a launcher at its shapes (W_o's and W_2's products apart)
+        return name + ("" if name != "decode_matvec_add" else " {}x{}".format(*a[2].shape))
+    rows, seen = [], {}
+    for name, a, kw in launched:
+        k = kind(name, a)
+        seen.setdefault(k, (name, a, kw, sum(kind(n, b) == k for n, b, _ in launched)))
+    for k, (name, a, kw, count) in seen.items():
+        drawing_steps(dec, t0)
+        work = lambda st, _f=orig[name], _a=a, _kw=kw: [_f(*_a, **{**_kw, "stream": st}) for _ in range(reps)]
+        us = 1e3 * StepGraph(stream, work).replay_ms(5) / reps
+        rows.append({"kernel": k, "a_step": count, "us": us, "us_a_step": us * count})
+    empty = cuda.device_array(1, np.float32, stream=stream)
+    _k_nothing[1, 32, stream](empty)
+    nothing_us = 1e3 * StepGraph(stream, lambda st: [_k_nothing[1, 32, st](empty) for _ in range(reps)]).replay_ms(5) / reps
+    whole = step_ms(dec, t0, reps)
+    total = sum(r["us_a_step"] for r in rows)
+    print(f"\nthe step kernel by kernel (t = {t0}; each launcher's launch repeated {reps} times in one graph):\n"
+          f"{'launcher':<28} {'a step':>6} {'us a launch':>12} {'us a step':>10}")
+    for r in rows:
+        print(f"{r['kernel']:<28} {r['a_step']:>6} {r['us']:>12.2f} {r['us_a_step']:>10.1f}")
+    print(f"{'sum':<28} {sum(r['a_step'] for r in rows):>6} {'':>12} {total:>10.1f}\n"
+          f"an empty kernel: {nothing_us:.2f} us a launch; the step replayed whole: {1e3 * whole:.1f} us")
+    return rows, nothing_us, whole
 
 
 def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
@@ -196,6 +251,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-blocks", action="store_true", help="skip the decoder's block variants")
     ap.add_argument("--only-blocks", action="store_true", help="only the decoder's block variants")
     ap.add_argument("--versions", type=_versions, help="only the step's rungs, e.g. 1,2 (lab/decode.py)")
+    ap.add_argument("--kernels", action="store_true", help="only the step's time kernel by kernel")
     args = ap.parse_args(argv)
     if SIMULATOR or not cuda.is_available():
         cli.fail("lab/bench/decode_speed.py needs a CUDA GPU (the simulator would take hours, and has no CUDA graphs)")
@@ -216,6 +272,14 @@ def main(argv=None) -> int:
     model = GPUModel(m, 1, m.context_length, training=False, recipe="fp32")
     model.params.copy_to_device(params, stream=model.stream)
     s = model.stream
+    if args.kernels:
+        print(f"{cfg.name} on {device_name()}", file=sys.stderr)
+        rows, nothing_us, whole = time_kernels(m, model.params, s)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": device_name(), "size": args.size, "kernels": rows,
+                                                   "empty_kernel_us": nothing_us, "step_ms": whole,
+                                                   "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
+        return 0
     if args.versions:
         print(f"{cfg.name} on {device_name()}", file=sys.stderr)
         rows, same = time_versions(m, model, args.versions, args.runs, args.tokens, args.seed)
