@@ -2,7 +2,7 @@
 memory (a barrier a level), the form the engine's decoder had until its sums went by shuffles
 (rung 2, andrea_numba/kernels/decode.py: a warp's lanes meet by a butterfly of shuffles, the warps'
 sums after one barrier). The same kernels otherwise, the same launches (Decoder.work runs either:
-lab/bench/decode_speed.py --versions 1,2 times them in one run), the same arguments and blocks.
+lab/bench/decode_speed.py --versions 1,2,3 times them in one run), the same arguments and blocks.
 A tree costs a barrier a level: 9 for a block sum over 512 threads, 6 for a column's 64 slices.
 
     tree sum over n threads: step s = n/2, n/4, ..., 1: thread i < s adds thread i + s's value,
@@ -10,6 +10,12 @@ A tree costs a barrier a level: 9 for a block sum over 512 threads, 6 for a colu
 
 Measured with the draw's first form on an NVIDIA H100 (2026-12-07): 0.312 ms a step with its draw
 at 12M (docs/results/2026-12-07-h100-decoder-draw/).
+
+Rung 3 is rung 2 with attention in one block a head (decode_attention_v3): its warps split the
+keys, each keeps a running softmax over its own, and the warps' parts meet in shared memory after
+one barrier. No chunk's part goes through memory, no block waits for the last one of its head (no
+threadfence, counter or merge from L2): one launch's work, at the cost of H blocks (6 at 12M) where
+rung 2 runs one a chunk of keys. Not yet timed on a GPU.
 """
 import math
 
@@ -20,6 +26,7 @@ from andrea_numba.kernels.common import MAX_BLOCK, block_max, block_sum, blocks,
 from andrea_numba.kernels.decode import (LOGIT_BLOCKS, _chunk_weight, _column_part, _first_rows, _from_l2,
                                          _last_block, _pow2)
 from andrea_numba.kernels.mlp import gelu
+from andrea_numba.kernels.ptx import warp_sum
 
 # the blocks of rung 1 (its trees also take 64 lanes a key or a row, which a warp's shuffles do not)
 QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
@@ -384,6 +391,94 @@ def decode_logits_v1(probs, logits, done, pos, x, g, b, eps, wte, *, block, stre
                                                                                  float32(eps), wte)
 
 
-# the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 2 is the engine's
+@cuda.jit(device=True)
+def _key_row(k_cache, v_cache, u, base, lane, hs):
+    """Lane `lane`'s channels (base + lane, base + lane + 32) of key u's k and v rows, 0 past the
+    head's hs channels: four loads, issued together."""
+    k0 = k_cache[u, base + lane] if lane < hs else float32(0.0)
+    k1 = k_cache[u, base + lane + 32] if lane + 32 < hs else float32(0.0)
+    v0 = v_cache[u, base + lane] if lane < hs else float32(0.0)
+    v1 = v_cache[u, base + lane + 32] if lane + 32 < hs else float32(0.0)
+    return k0, k1, v0, v1
+
+
+@cuda.jit
+def k_decode_attention_v3(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos):
+    """y_h = softmax(q_h K_h[0..t]^T / sqrt(hs)) V_h[0..t], t = pos[0], for head h = blockIdx.x:
+    one block a head, W = blockDim.x / 32 warps. Lane j holds channels d = j and j + 32 of the
+    head (hs <= 64) and warp w takes keys u = w, w + W, ... <= t, two a round: the score
+    s_u = q_h . K[u, h] / sqrt(hs) (the lanes' products met by shuffles, ptx.warp_sum), then the
+    warp's running softmax over its keys so far, m (their largest score), l = sum exp(s - m) and
+    acc[d] = sum exp(s - m) V[u, h hs + d], each brought to a new maximum by exp(m_old - m_new).
+    Then the W warps' (m, l, acc) in shared memory, one barrier, and thread d adds them for channel
+    d (and d + blockDim.x, when the block has fewer threads than channels) in warp order: M = max_w m_w, y[d] = sum_w exp(m_w - M) acc_w[d] / sum_w exp(m_w - M) l_w (a warp
+    without keys has m = -inf: weight 0). part_m, part_l, part_acc and done are rung 2's scratch,
+    unused: the same arguments, so the decoder launches either."""
+    sm = cuda.shared.array(32, float32)                 # each warp's m
+    sl = cuda.shared.array(32, float32)                 # its l
+    sacc = cuda.shared.array((32, 64), float32)         # its acc, channel by channel
+    h = cuda.blockIdx.x
+    hs = q.shape[0] // cuda.gridDim.x
+    base = h * hs
+    lane, w, nw = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32, cuda.blockDim.x // 32
+    t = pos[0]
+    scale = float32(1.0) / math.sqrt(float32(hs))
+    q0 = q[base + lane] if lane < hs else float32(0.0)
+    q1 = q[base + lane + 32] if lane + 32 < hs else float32(0.0)
+    m = float32(-math.inf)
+    l_run = float32(0.0)
+    a0 = float32(0.0)
+    a1 = float32(0.0)
+    u = w
+    while u <= t:                                       # the same trips for the warp's 32 lanes
+        two = u + nw <= t                               # two keys a round: their eight loads in flight together
+        k0, k1, v0, v1 = _key_row(k_cache, v_cache, u, base, lane, hs)
+        kb0, kb1, vb0, vb1 = _key_row(k_cache, v_cache, u + nw if two else u, base, lane, hs)
+        s = warp_sum(q0 * k0 + q1 * k1, 1, 16) * scale
+        sb = warp_sum(q0 * kb0 + q1 * kb1, 1, 16) * scale
+        m_new = max(m, max(s, sb) if two else s)
+        c = math.exp(m - m_new)                         # the running sums to the new maximum (0 at the first key)
+        e = math.exp(s - m_new)
+        eb = math.exp(sb - m_new) if two else float32(0.0)
+        l_run = (l_run * c + e) + eb
+        a0 = (a0 * c + e * v0) + eb * vb0
+        a1 = (a1 * c + e * v1) + eb * vb1
+        m = m_new
+        u += 2 * nw if two else nw
+    if lane == 0:
+        sm[w] = m
+        sl[w] = l_run
+    if lane < hs:
+        sacc[w, lane] = a0
+    if lane + 32 < hs:
+        sacc[w, lane + 32] = a1
+    cuda.syncthreads()
+    big = sm[0]                                         # (warp 0 always has key 0)
+    for j in range(1, nw):
+        big = max(big, sm[j])
+    for d in range(cuda.threadIdx.x, hs, cuda.blockDim.x):
+        num = float32(0.0)
+        den = float32(0.0)
+        for j in range(nw):
+            wt = _chunk_weight(sm[j], big)
+            num += wt * sacc[j, d]
+            den += wt * sl[j]
+        y[base + d] = num / den
+
+
+@blocks(gpu=(1024, 512, 256), sim=(64, 32))
+def decode_attention_v3(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0):
+    """The arguments of decode_attention (rung 2's scratch unused). Launch: H blocks of `block`
+    threads, whole warps, at most 32 of them; hs <= 64."""
+    H = part_m.shape[0]
+    assert block % 32 == 0 and block <= MAX_BLOCK and q.shape[0] // H <= 64, \
+        f"block {block}: whole warps, at most {MAX_BLOCK} threads; a head of at most 64 channels"
+    k_decode_attention_v3[H, block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
+
+
+# the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 2 is the engine's, rung 3
+# the engine's with attention in one block a head
 LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits")
-VERSIONS = {name: {1: globals()[name + "_v1"], 2: getattr(engine, name)} for name in LAUNCHERS}
+VERSIONS = {name: {1: globals()[name + "_v1"], 2: getattr(engine, name), 3: getattr(engine, name)}
+            for name in LAUNCHERS}
+VERSIONS["decode_attention"][3] = decode_attention_v3

@@ -246,7 +246,7 @@ def test_the_decoders_step_at_every_block_a_launcher_declares(monkeypatch, launc
             assert _distance(rows[2 * t], want[t]) <= TOL, (block, t)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_every_rung_of_the_decoders_step_gives_the_twins_logits(monkeypatch, version):
     """The step with each rung's launchers (lab/decode.py VERSIONS: 1 its sums as shared-memory
     trees, 2 the engine's by shuffles), as lab/bench/decode_speed.py --versions times them: the
@@ -261,3 +261,21 @@ def test_every_rung_of_the_decoders_step_gives_the_twins_logits(monkeypatch, ver
     rows = _decode(m, params, tokens)
     for t in range(len(tokens)):
         assert _distance(rows[2 * t], want[t]) <= TOL, t
+
+
+@pytest.mark.parametrize("C, block", [(16, 64), (128, 32)])
+def test_attention_in_one_block_a_head_rung_3(C, block):
+    """lab/decode.py's decode_attention_v3 against float64 NumPy: two heads of 8 or 64 channels
+    (the lanes' second channel), one or two warps, from t = 0 (one key) to the window's last
+    position (warps with no key, then every warp with several)."""
+    from lab.decode import decode_attention_v3
+    H, T = 2, 20
+    rng = np.random.default_rng(C)
+    q = rng.standard_normal(C).astype(f32)
+    K, V = (rng.standard_normal((T, C)).astype(f32) for _ in range(2))
+    scratch = [cuda.to_device(np.zeros(s, f32)) for s in ((H, 1), (H, 1), (H, 1, C // H))]
+    for t in (0, 1, 2, 7, T - 1):
+        y = cuda.to_device(np.full(C, np.nan, f32))
+        decode_attention_v3(y, *scratch, cuda.to_device(np.zeros(H, np.int32)), q, K, V,
+                            cuda.to_device(np.array([t], np.int32)), block=block)
+        assert _distance(y.copy_to_host(), _attention(q, K, V, t, H)) <= TOL, t

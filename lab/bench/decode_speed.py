@@ -3,7 +3,7 @@
     python lab/bench/decode_speed.py                          # 12M, 256 tokens, median of 5 runs
     python lab/bench/decode_speed.py --size 120M --tokens 128 --runs 3 --json decode.json
     python lab/bench/decode_speed.py --only-blocks            # just the decoder's blocks (below)
-    python lab/bench/decode_speed.py --versions 1,2           # the step's rungs (lab/decode.py), one run
+    python lab/bench/decode_speed.py --versions 1,2,3         # the step's rungs (lab/decode.py), one run
     python lab/bench/decode_speed.py --kernels                # where a step's time goes, kernel by kernel
 
 Each path draws --tokens tokens after a one-token prompt with sample.generate, the same seed, on
@@ -33,7 +33,8 @@ the context: the first one ends the variants, said in one line (the rows so far 
 With --kernels, only the step kernel by kernel (time_kernels): each launcher's launch repeated in a
 graph, per launch, and the launches a step, beside an empty kernel's and the whole step's time.
 With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 its sums across threads as
-shared-memory trees, 2 the engine's, by shuffles), each launcher of the step at that rung: in
+shared-memory trees, 2 the engine's, by shuffles, 3 the engine's with attention in one block a
+head), each launcher of the step at that rung: in
 turn, --runs rounds of every rung, each round a new decoder whose step is captured as a graph, the
 GPU time of a step with its draw (t = 128 to 148) and the wall clock of --tokens tokens drawn on
 it; medians and [min-max] over the rounds, and whether every rung drew the same tokens.
