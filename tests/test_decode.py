@@ -56,7 +56,8 @@ def test_the_cpu_sampler_draws_the_tokens_it_drew_with_the_whole_forward():
     ids, rng, old = list(b"ab"), np.random.default_rng(11), []
     for _ in range(n):
         logits = R.model_logits(params, m, np.array([ids[-m.context_length:]]))[0, -1].astype(np.float64)
-        scaled = np.log(np.maximum(np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum(), 1e-30)) / 0.8
+        p = np.exp(logits - logits.max())
+        scaled = np.log(np.maximum(p / p.sum(), 1e-30)) / 0.8
         scaled[scaled < np.sort(scaled)[-5]] = -np.inf
         q = np.exp(scaled - scaled.max())
         ids.append(int(rng.choice(len(q), p=q / q.sum())))

@@ -571,13 +571,26 @@ def _scaled_log(p, tau):
 
 
 @cuda.jit(device=True)
+def _key(bits, v):
+    """Token v's key: its probability's bits as an int (positive floats rank as their bits do), at
+    least 1e-30's (THE DRAW, 1)."""
+    return max(int64(bits[v]), TINY_BITS)
+
+
+@cuda.jit(device=True)
+def _weight(probs, v, tau, lmax):
+    """q_v = exp(l_v - max l), the kept token v's weight in the draw (THE DRAW)."""
+    return math.exp(_scaled_log(probs[v], tau) - lmax)
+
+
+@cuda.jit(device=True)
 def _kth_by_counting(keys, red, bits, top_k):
-    """The top_k-th largest key of the V <= RANK_MAX keys max(bits[v], TINY_BITS) (THE DRAW, 1):
+    """The top_k-th largest key (_key) of the V <= RANK_MAX tokens, by counting (THE DRAW, 1):
     keys and red are shared (RANK_MAX and NT int32)."""
     i, nt = cuda.threadIdx.x, cuda.blockDim.x
     V = bits.shape[0]
     for v in range(i, V, nt):
-        keys[v] = max(bits[v], TINY_BITS)
+        keys[v] = _key(bits, v)
     cuda.syncthreads()
     smallest = int32(0x7FFFFFFF)                       # this thread's smallest kept key
     for v in range(i, V, nt):
@@ -592,7 +605,7 @@ def _kth_by_counting(keys, red, bits, top_k):
 
 @cuda.jit(device=True)
 def _kth_by_radix(hist, sel, bits, top_k):
-    """The top_k-th largest key of the keys max(bits[v], TINY_BITS), 8 bits a pass (THE DRAW, 1):
+    """The top_k-th largest key (_key) of the tokens, 8 bits a pass (THE DRAW, 1):
     hist [2, 256] int32 and sel [2] int64, shared."""
     i, nt = cuda.threadIdx.x, cuda.blockDim.x
     V = bits.shape[0]
@@ -603,7 +616,7 @@ def _kth_by_radix(hist, sel, bits, top_k):
             hist[0, b] = 0
         cuda.syncthreads()
         for v in range(i, V, nt):
-            key = max(int64(bits[v]), TINY_BITS)
+            key = _key(bits, v)
             if key >> (shift + 8) == key_min >> (shift + 8):
                 cuda.atomic.add(hist, (0, (key >> shift) & (DRAW_BINS - 1)), 1)
         cuda.syncthreads()
@@ -665,8 +678,8 @@ def k_decode_draw(tokens, pos, probs, bits, uniform, draw, temperature):
     hi = min(lo + run, V)
     s = float64(0.0)
     for v in range(lo, hi):
-        if max(int64(bits[v]), TINY_BITS) >= key_min:
-            s += math.exp(_scaled_log(probs[v], tau) - lmax)
+        if _key(bits, v) >= key_min:
+            s += _weight(probs, v, tau, lmax)
     runs[i] = s
     cuda.syncthreads()
     if i == 0:                                         # S_j, in order (the loads do not wait for the adds)
@@ -683,8 +696,8 @@ def k_decode_draw(tokens, pos, probs, bits, uniform, draw, temperature):
         acc = before
         last = lo
         for v in range(lo, hi):                        # the first v whose running sum passes the target
-            if max(int64(bits[v]), TINY_BITS) >= key_min:
-                acc += math.exp(_scaled_log(probs[v], tau) - lmax)
+            if _key(bits, v) >= key_min:
+                acc += _weight(probs, v, tau, lmax)
                 last = v
                 if acc > target:
                     break
