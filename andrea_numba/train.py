@@ -843,6 +843,8 @@ def build_config(args) -> Config:
                                ("precision", args.precision), ("products", args.products)) if v is not None}
     if (args.precision or "").startswith("fp8") and args.products is None:
         train["products"] = "cublas"      # FP8 products run through cuBLASLt only
+    if args.kernel and args.precision is None:
+        train["precision"] = "fp32"       # the kernel exercises are fp32 kernels, whatever the config's default
     raw = cfg.to_dict()
     raw["train"].update(train)
     source = args.data or raw["data"]["source"]
@@ -907,7 +909,8 @@ def parser() -> Parser:
                     f"at most {MAX_WORKERS}; 0: each kernel is compiled at its first launch, in this process)")
     ap.add_argument("--kernel", type=your_kernels.flag, action="append", metavar="EXERCISE=FILE",
                     help="train with your kernel: a kernel exercise's file, graded first, in the engine's place "
-                    f"(fp32 only; once per exercise: {', '.join(your_kernels.SLOTS)}); a resumed run keeps its own")
+                    f"(fp32 only: the run is fp32 unless --precision says otherwise; once per exercise: "
+                    f"{', '.join(your_kernels.SLOTS)}); a resumed run keeps its own")
     return ap
 
 

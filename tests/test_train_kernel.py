@@ -268,3 +268,15 @@ def test_the_flag_is_checked_in_one_line(text, words):
     with pytest.raises(argparse.ArgumentTypeError) as e:
         Y.flag(text)
     assert words in str(e.value), str(e.value)
+
+
+def test_a_kernel_exercise_trains_at_fp32_whatever_the_configs_precision():
+    # the 12M config trains in bf16; the exercises are fp32 kernels, so --kernel makes the run fp32
+    # unless --precision is given, and a precision other than fp32 is refused by prepare's check
+    assert load_config("12M").train.precision == "bf16"
+    k = "k_layernorm_bwd=lessons/exercises/k_layernorm_bwd.py"
+    assert tr.build_config(tr.parser().parse_args(["--size", "12M", "--kernel", k])).train.precision == "fp32"
+    assert tr.build_config(tr.parser().parse_args(["--size", "12M"])).train.precision == "bf16"
+    cfg = tr.build_config(tr.parser().parse_args(["--size", "12M", "--kernel", k, "--precision", "bf16"]))
+    with pytest.raises(Y.KernelError, match="fp32 recipe only"):
+        Y._check_fp32(cfg)
