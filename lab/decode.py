@@ -16,6 +16,9 @@ keys, each keeps a running softmax over its own, and the warps' parts meet in sh
 one barrier. No chunk's part goes through memory, no block waits for the last one of its head (no
 threadfence, counter or merge from L2): one launch's work, at the cost of H blocks (6 at 12M) where
 rung 2 runs one a chunk of keys. Not yet timed on a GPU.
+
+Rung 4 (lab/decode_step.py) is the whole step in one launch: one block a multiprocessor, the
+phases met by grid barriers instead of kernel boundaries; decoder_class gives its decoder.
 """
 import math
 
@@ -482,3 +485,16 @@ LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_
 VERSIONS = {name: {1: globals()[name + "_v1"], 2: getattr(engine, name), 3: getattr(engine, name)}
             for name in LAUNCHERS}
 VERSIONS["decode_attention"][3] = decode_attention_v3
+for _name in LAUNCHERS:                 # rung 4 replaces the whole step (decoder_class); its draw is the engine's
+    VERSIONS[_name][4] = getattr(engine, _name)
+
+
+def decoder_class(version: int):
+    """The decoder that runs rung `version`'s step: andrea_numba.decode.Decoder with the rung's
+    launchers in place (rungs 1 to 3), or lab/decode_step.py's PersistentDecoder (rung 4: the whole
+    step in one launch)."""
+    if version == 4:
+        from lab.decode_step import PersistentDecoder
+        return PersistentDecoder
+    from andrea_numba.decode import Decoder
+    return Decoder

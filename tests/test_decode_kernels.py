@@ -279,3 +279,32 @@ def test_attention_in_one_block_a_head_rung_3(C, block):
         decode_attention_v3(y, *scratch, cuda.to_device(np.zeros(H, np.int32)), q, K, V,
                             cuda.to_device(np.array([t], np.int32)), block=block)
         assert _distance(y.copy_to_host(), _attention(q, K, V, t, H)) <= TOL, t
+
+
+@pytest.mark.parametrize("block", [32, 64])
+def test_rung_4_the_step_in_one_launch_gives_the_twins_logits_cache_and_probabilities(monkeypatch, block):
+    """lab/decode_step.py: the whole step as one launch (one block in the simulator, its grid
+    barriers the block's), two layers (the layer stride), positions 0..9 (chunks of 4 keys: one,
+    two and three of them), one and two warps: the twin's logits and cache, the probabilities the
+    softmax of the logits, and the barrier's count back at 0 after 5 L + 1 barriers a step."""
+    import lab.decode_step as D
+    m = dataclasses.replace(load_config("tiny").model, n_layer=2)
+    rng = np.random.default_rng(5)
+    params = (init_params(m, 5).astype(np.float64) + rng.standard_normal(init_params(m, 5).size) * 0.05).astype(f32)
+    base = D.decode_step_v4
+    monkeypatch.setattr(D, "decode_step_v4", lambda *args, **kw: base(*args, **{**kw, "block": block}))
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    twin = KVCache(params.astype(np.float64), m)
+    dec = D.PersistentDecoder(m, cuda.to_device(params))
+    dec.reset()
+    for t in range(len(tokens)):
+        dec.feed(tokens[:t + 1])
+        want = twin.step(tokens[t])
+        logits = dec.read("logits")
+        assert _distance(logits, want) <= TOL, t
+        e = np.exp(logits.astype(np.float64) - logits.max())
+        assert np.abs(dec.read("probs") - e / e.sum()).max() <= 1e-6, t
+    n = len(tokens)
+    for name, cache in (("k_cache", twin.K), ("v_cache", twin.V)):
+        assert _distance(dec.read(name)[:, :n], cache[:, :n]) <= TOL, name
+    assert list(dec.bar.copy_to_host()) == [0, n * (5 * m.n_layer + 1)]

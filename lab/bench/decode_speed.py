@@ -3,7 +3,7 @@
     python lab/bench/decode_speed.py                          # 12M, 256 tokens, median of 5 runs
     python lab/bench/decode_speed.py --size 120M --tokens 128 --runs 3 --json decode.json
     python lab/bench/decode_speed.py --only-blocks            # just the decoder's blocks (below)
-    python lab/bench/decode_speed.py --versions 1,2,3         # the step's rungs (lab/decode.py), one run
+    python lab/bench/decode_speed.py --versions 1,2,3,4       # the step's rungs (lab/decode.py), one run
     python lab/bench/decode_speed.py --kernels                # where a step's time goes, kernel by kernel
 
 Each path draws --tokens tokens after a one-token prompt with sample.generate, the same seed, on
@@ -34,7 +34,7 @@ With --kernels, only the step kernel by kernel (time_kernels): each launcher's l
 graph, per launch, and the launches a step, beside an empty kernel's and the whole step's time.
 With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 its sums across threads as
 shared-memory trees, 2 the engine's, by shuffles, 3 the engine's with attention in one block a
-head), each launcher of the step at that rung: in
+head, 4 the whole step in one launch with grid barriers, lab/decode_step.py), each at that rung: in
 turn, --runs rounds of every rung, each round a new decoder whose step is captured as a graph, the
 GPU time of a step with its draw (t = 128 to 148) and the wall clock of --tokens tokens drawn on
 it; medians and [min-max] over the rounds, and whether every rung drew the same tokens.
@@ -206,11 +206,10 @@ def _versions(text: str) -> list:
 def time_versions(m, model, versions, runs: int, tokens: int, seed: int):
     """The table of --versions (module docstring): rows {"version", "step_ms", "tokens_s"} of medians,
     each with its [min, max]; and whether every rung drew the same tokens."""
-    from andrea_numba.decode import Decoder
     from andrea_numba.graphs import StepGraph
     from andrea_numba.kernels import decode as kd
     from andrea_numba.sample import generate
-    from lab.decode import VERSIONS
+    from lab.decode import VERSIONS, decoder_class
     orig = {name: getattr(kd, name) for name in VERSIONS}
     s, times, drawn = model.stream, {v: ([], []) for v in versions}, {}
     try:
@@ -218,7 +217,7 @@ def time_versions(m, model, versions, runs: int, tokens: int, seed: int):
             for v in versions:
                 for name, rungs in VERSIONS.items():
                     setattr(kd, name, rungs[v])
-                dec = Decoder(m, model.params, stream=s, capture=StepGraph)
+                dec = decoder_class(v)(m, model.params, stream=s, capture=StepGraph)
                 t0 = max(0, min(128, dec.T - 22))
                 times[v][0].append(step_ms(dec, t0, min(20, dec.T - t0 - 2)))
                 drawn.setdefault(v, generate(model, Ids(), [0], tokens, seed, 1.0, 40, decoder=dec))  # (warm)

@@ -236,6 +236,8 @@ def decode_report():
         with compile_only():
             dec = Decoder(m, np.zeros(n_params(m), np.float32), 512)
             dec.work(0)
+            from lab.decode_step import PersistentDecoder        # rung 4: the step in one launch
+            PersistentDecoder(m, np.zeros(n_params(m), np.float32), 512).work(0)
     finally:
         cuda.pinned_array = saved
     for name in sorted(COMPILED):
