@@ -70,17 +70,34 @@ def _recording(notes):
     # The split-K products ask the occupancy API how many blocks of the compiled kernel the GPU
     # runs at once, which would compile it here. Any count gives the same argument types; one
     # block per multiprocessor (the fewest) lets every launch that may split record its sum too.
-    sms = numba.cuda.get_current_device().MULTIPROCESSOR_COUNT
-    saved = [(dispatcher.CUDADispatcher, "configure"), (matmul, "resident_blocks"), (cublaslt, "RECORDING")]
+    # The products with more than 48 KiB of dynamic shared memory (bf16 on wgmma) first allow it
+    # (matmul.allow_shared), which compiles the kernel and returns it for its occupancy: here a
+    # stand-in answers with the same count, compiling nothing, or the recording would compile
+    # those kernels one after another in this process, kernel cache or not.
+    sms = matmul.sm_count()                    # the multiprocessors (the simulator: its stand-in)
+    saved = [(dispatcher.CUDADispatcher, "configure"), (matmul, "resident_blocks"), (matmul, "allow_shared"),
+             (cublaslt, "RECORDING")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in saved]
     dispatcher.CUDADispatcher.configure = configure
     matmul.resident_blocks = lambda *args: sms
+    matmul.allow_shared = lambda kernel, args, nbytes: None if nbytes <= 48 * 1024 else _Occupancy(sms)
     cublaslt.RECORDING = True                  # the library's products (products="cublas..."): skipped
     try:
         yield notes
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+
+
+class _Occupancy:
+    """matmul.allow_shared's answer while launches are recorded: a compiled kernel's occupancy
+    query, answered with a fixed count of resident blocks."""
+
+    def __init__(self, blocks: int):
+        self.blocks = blocks
+
+    def max_cooperative_grid_blocks(self, *args) -> int:
+        return self.blocks
 
 
 def record_launches(*launching) -> list:

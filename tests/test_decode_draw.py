@@ -51,7 +51,12 @@ def _draw(probs, u, top_k, temperature, block, t=3, first=3, T=6):
     return tokens.copy_to_host()
 
 
-U = (0.0, 0.137, 0.503, 0.9, 1 - 2.0 ** -53)   # the ends of [0, 1) among them; none on a boundary of the flat row
+# the ends of [0, 1) among them. A row of n tied kept tokens has its boundaries at u = j / n: a
+# decimal u (0.9 with 90 kept, as the ties row at V = 1025 and top_k 3 keeps) would fall on one, where
+# the GPU's exact sums and numpy's rounded cumsum may pick either side. 2^-31 moves u off every j / n
+# (n <= 50304) by at least n 2^-31 of a token's weight, far beyond either sum's rounding.
+D = 2.0 ** -31
+U = (0.0, 0.137 + D, 0.503 + D, 0.9 + D, 1 - 2.0 ** -53)
 
 
 def _draw_cases(V):
@@ -98,10 +103,10 @@ def test_the_draws_cases_tell_a_top_k_one_off_and_a_missing_temperature(monkeypa
 
 def test_the_draw_writes_nothing_before_the_first_drawn_position_or_past_the_window():
     """During the prompt (t < draw[0]) the token fed stays; past the tokens buffer nothing is written."""
-    p = _probability_rows(37, 1)[0]
-    assert (_draw(p, 0.5, 3, 1.0, 8, t=2, first=3) == -1).all()
-    assert (_draw(p, 0.5, 3, 1.0, 8, t=7, first=3, T=6) == -1).all()
-    got = _draw(p, 0.5, 3, 1.0, 8, t=6, first=3, T=6)       # the last slot: the window's last step draws it
+    p, block = _probability_rows(37, 1)[0], kd.decode_draw.blocks[0]
+    assert (_draw(p, 0.5, 3, 1.0, block, t=2, first=3) == -1).all()
+    assert (_draw(p, 0.5, 3, 1.0, block, t=7, first=3, T=6) == -1).all()
+    got = _draw(p, 0.5, 3, 1.0, block, t=6, first=3, T=6)   # the last slot: the window's last step draws it
     assert got[6] >= 0 and (got[:6] == -1).all()
 
 
