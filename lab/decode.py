@@ -1,46 +1,85 @@
-"""The KV-cache decoder's step, rung 1: every sum across the threads of a block as a tree in shared
-memory (a barrier a level), the form the engine's decoder had until its sums went by shuffles
-(rung 2, andrea_numba/kernels/decode.py: a warp's lanes meet by a butterfly of shuffles, the warps'
-sums after one barrier). The same kernels otherwise, the same launches (Decoder.work runs either:
-lab/bench/decode_speed.py --versions 1,2,3 times them in one run), the same arguments and blocks.
-A tree costs a barrier a level: 9 for a block sum over 512 threads, 6 for a column's 64 slices.
+"""The KV-cache decoder's step, its rungs. Rung 1 is the engine's (andrea_numba/kernels/decode.py):
+every sum across the threads of a block as a tree in shared memory, a barrier a level. The same
+kernels otherwise, the same launches (Decoder.work runs any rung's; lab/bench/decode_speed.py
+--versions 1,2,3,4 times them in one run), the same arguments:
 
-    tree sum over n threads: step s = n/2, n/4, ..., 1: thread i < s adds thread i + s's value,
-    a barrier after each step (kernels/common.py block_sum, block_max)
+    rung 2  sums across threads by shuffles: a warp's lanes meet by a butterfly (ptx.warp_sum, lane i
+            adds lane i ^ m, m = 16, ..., 1), the warps' sums after one barrier, in warp order: a
+            block sum costs one barrier instead of a tree's 9 or 10 (below)
+    rung 3  rung 2 with attention in one block a head (decode_attention_v3, below): its warps split
+            the keys, each keeps a running softmax over its own, and the warps' parts meet in
+            shared memory after one barrier; no chunk's part goes through memory, no block waits
+            for the last one of its head, at the cost of H blocks (6 at 12M) where rung 2 runs one a
+            chunk of keys
+    rung 4  the whole step in one launch, one block a multiprocessor, its phases met by grid
+            barriers instead of kernel boundaries (lab/decode_step.py; decoder_class gives its decoder)
 
-Measured with the draw's first form on an NVIDIA H100 (2026-12-07): 0.312 ms a step with its draw
-at 12M (docs/results/2026-12-07-h100-decoder-draw/).
+Measured on an NVIDIA H100 (2026-12-07, docs/results/2026-12-07-h100-decoder-rungs/), the GPU time
+of a step with its draw at 12M, median of 5 rounds: rung 1 0.2996 ms, rung 2 0.4138, rung 3 0.4185,
+rung 4 0.4401. Fewer barriers did not make the step faster: the trees won, and the engine keeps them.
 
-Rung 3 is rung 2 with attention in one block a head (decode_attention_v3): its warps split the
-keys, each keeps a running softmax over its own, and the warps' parts meet in shared memory after
-one barrier. No chunk's part goes through memory, no block waits for the last one of its head (no
-threadfence, counter or merge from L2): one launch's work, at the cost of H blocks (6 at 12M) where
-rung 2 runs one a chunk of keys. Not yet timed on a GPU.
-
-Rung 4 (lab/decode_step.py) is the whole step in one launch: one block a multiprocessor, the
-phases met by grid barriers instead of kernel boundaries; decoder_class gives its decoder.
+Rung 2's shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
+on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
 """
 import math
 
 from numba import cuda, float32, int32
 
 from andrea_numba.kernels import decode as engine
-from andrea_numba.kernels.common import MAX_BLOCK, block_max, block_sum, blocks, cdiv, nonneg
+from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, blocks, cdiv, nonneg
 from andrea_numba.kernels.decode import (LOGIT_BLOCKS, _chunk_weight, _column_part, _first_rows, _from_l2,
-                                         _last_block, _pow2)
+                                         _last_block)
 from andrea_numba.kernels.mlp import gelu
-from andrea_numba.kernels.ptx import warp_sum
+from andrea_numba.kernels.ptx import warp_max, warp_sum
 
-# the blocks of rung 1 (its trees also take 64 lanes a key or a row, which a warp's shuffles do not)
+# the blocks of rung 2 (whole warps: a warp's shuffles take its 32 lanes)
 QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
-ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((1, 4), (4, 2), (2, 8)))
-LOGITS_BLOCKS = dict(gpu=((32, 8), (64, 4), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
+ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
+LOGITS_BLOCKS = dict(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
+
+
+# ---------------------------------------------------------------------------------------------
+# rung 2: the sums across threads by shuffles
+
+@cuda.jit(device=True)
+def _block_total(buf, val):
+    """val summed over the block's threads (flat index i = threadIdx.y * blockDim.x + threadIdx.x):
+    each warp's 32 by a butterfly of shuffles (ptx.warp_sum), lane 0 of warp w leaves it in buf[w],
+    and after one barrier every thread adds the warps' sums in warp order. buf: shared, a float a
+    warp, free again after the second barrier. Fixed order: deterministic."""
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
+    s = warp_sum(val, 1, 16)
+    if i % 32 == 0:
+        buf[i // 32] = s
+    cuda.syncthreads()
+    total = buf[0]
+    for w in range(1, nw):
+        total += buf[w]
+    cuda.syncthreads()
+    return total
 
 
 @cuda.jit(device=True)
-def _layernorm_trees(a, buf, C, eps):
+def _block_top(buf, val):
+    """The maximum of val over the block's threads, as _block_total sums it."""
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
+    s = warp_max(val, 1, 16)
+    if i % 32 == 0:
+        buf[i // 32] = s
+    cuda.syncthreads()
+    top = buf[0]
+    for w in range(1, nw):
+        top = max(top, buf[w])
+    cuda.syncthreads()
+    return top
+
+
+@cuda.jit(device=True)
+def _layernorm_shared(a, buf, C, eps):
     """a[c] = (a[c] - mean) * rstd * g[c] + b[c] in place over the C channels of a row, with the
     shared array a = [the row | g | b] (3C floats): mean = (1/C) sum_c a[c], rstd = 1 / sqrt((1/C)
     sum_c (a[c] - mean)^2 + eps), as k_layernorm_fwd computes them. Flat thread i owns channels
@@ -52,37 +91,39 @@ def _layernorm_trees(a, buf, C, eps):
     s = float32(0.0)
     for c in range(i, C, n):
         s += a[c]
-    mu = block_sum(buf, s) * inv_c
+    mu = _block_total(buf, s) * inv_c
     s = float32(0.0)
     for c in range(i, C, n):
         d = a[c] - mu
         s += d * d
-    r = float32(1.0) / math.sqrt(block_sum(buf, s) * inv_c + eps)
+    r = float32(1.0) / math.sqrt(_block_total(buf, s) * inv_c + eps)
     for c in range(i, C, n):
         a[c] = (a[c] - mu) * r * a[C + c] + a[2 * C + c]
     cuda.syncthreads()
 
 
 @cuda.jit(device=True)
-def _column_tree(buf, part):
-    """The KS parts of each of the block's TX columns (part: thread (tx, ty)'s, slice ty) added by
-    a tree over ty in shared memory: at step s = KS/2, KS/4, ..., 1, slice ty < s adds slice ty + s.
-    Every thread gets its column's total. buf: shared, at least TX * KS floats."""
+def _column_total(buf, part):
+    """The KS parts of each of the block's TX columns (part: thread (tx, ty)'s, slice ty) added:
+    a warp holds G = 32 / TX slices of each of its columns (1 when TX >= 32), which meet by a
+    butterfly of shuffles over the lane bits of ty (ptx.warp_sum from TX up); the warp's lanes of
+    its first slice leave the sums in buf[group * TX + tx], and after one barrier every thread adds
+    its column's KS / G sums in group order. buf: shared, at least TX * KS floats, not free again
+    before another barrier."""
     tx, ty, TX = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x
-    i = ty * TX + tx
-    buf[i] = part
+    g = max(1, 32 // TX)                           # slices a warp
+    s = warp_sum(part, TX, 16)
+    if ty % g == 0:
+        buf[(ty // g) * TX + tx] = s
     cuda.syncthreads()
-    s = cuda.blockDim.y // 2
-    while s > 0:
-        if ty < s:
-            buf[i] += buf[i + s * TX]
-        cuda.syncthreads()
-        s //= 2
-    return buf[tx]
+    total = buf[tx]
+    for j in range(1, (cuda.blockDim.y + g - 1) // g):
+        total += buf[j * TX + tx]
+    return total
 
 
 @cuda.jit
-def k_decode_qkv_v1(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed):
+def k_decode_qkv_v2(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed):
     """a = LN1(x); q = a @ W_q, k_cache[t] = a @ W_k, v_cache[t] = a @ W_v, t = pos[0]. With embed
     (the first block of the model) x = wte[tokens[t]] + wpe[t] first: every block computes it for
     its LayerNorm, block 0 writes it into x (the residual stream). The 3C columns of
@@ -112,8 +153,8 @@ def k_decode_qkv_v1(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, token
             a[c] = x[c]
             a[C + c] = g[c]
             a[2 * C + c] = b[c]
-    _layernorm_trees(a, buf, C, eps)
-    total = _column_tree(buf, _column_part(a, w, j, w0, w1, w2, w3))
+    _layernorm_shared(a, buf, C, eps)
+    total = _column_total(buf, _column_part(a, w, j, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and j < C:
         if which == 0:
             q[j] = total
@@ -124,10 +165,10 @@ def k_decode_qkv_v1(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, token
 
 
 @cuda.jit
-def k_decode_attention_v1(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos):
+def k_decode_attention_v2(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos):
     """y[h*hs + d] = sum_{u<=t} e_u v_cache[u, h*hs + d] / sum_u e_u, e_u = exp(s_u - max s),
     s_u = q_h . k_cache[u, h] / sqrt(hs), t = pos[0]: block (p, h) takes the CK keys of chunk p of
-    head h (the four steps of kernels/decode.py's docstring); the last of head h's blocks merges the
+    head h (the four steps of the module's docstring); the last of head h's blocks merges the
     chunks into y_h. done[h]: head h's counter of finished blocks (0 between launches)."""
     red = cuda.shared.array(MAX_BLOCK, float32)    # the lanes' (then the groups') sums
     ex = cuda.shared.array(MAX_BLOCK, float32)     # the chunk's scores' exponentials, then the chunks' weights
@@ -156,21 +197,17 @@ def k_decode_attention_v1(y, part_m, part_l, part_acc, done, q, k_cache, v_cache
             d += 2 * LANES
         if d < hs:
             s0 += q[base + d] * k_cache[u, base + d]
-    red[tid] = s0 + s1
+    score = warp_sum(s0 + s1, 1, LANES // 2)      # the LANES lanes of each key meet: shuffles
+    if lane == 0:
+        red[r] = score
     cuda.syncthreads()
-    step = LANES // 2
-    while step > 0:                                # the lanes of each key meet in a tree
-        if lane < step:
-            red[tid] += red[tid + step]
-        cuda.syncthreads()
-        step //= 2
     # 2. the chunk's maximum (every thread, in key order), its exponentials and their sum
     scale = float32(1.0) / math.sqrt(float32(hs))
     m = float32(-math.inf)
     for j in range(nk):
-        m = max(m, red[j * LANES] * scale)
+        m = max(m, red[j] * scale)
     if lane == 0 and r < nk:
-        ex[r] = math.exp(red[tid] * scale - m)
+        ex[r] = math.exp(score * scale - m)
     cuda.syncthreads()
     # 3. acc[d] = sum_r ex[r] V[u0 + r, base + d]: group g of `cols` threads over keys r = g, g + G, ...
     cols = min(hs, nt)
@@ -213,12 +250,12 @@ def k_decode_attention_v1(y, part_m, part_l, part_acc, done, q, k_cache, v_cache
     if tid < na:
         mj = _from_l2(part_m, (h, tid))            # (both loads in one round)
         lj = _from_l2(part_l, (h, tid))
-    big = block_max(red, mj)                       # M = max_p m_p
+    big = _block_top(red, mj)                      # M = max_p m_p
     wj = float32(0.0)
     if tid < na:
         wj = _chunk_weight(mj, big)
         ex[tid] = wj
-    lw = block_sum(red, wj * lj)                   # sum_p w_p l_p (its barriers also publish every w_p)
+    lw = _block_total(red, wj * lj)                # sum_p w_p l_p (its barriers also publish every w_p)
     for d in range(tid % cols, hs, cols):
         a0 = float32(0.0)
         a1 = float32(0.0)
@@ -245,20 +282,20 @@ def k_decode_attention_v1(y, part_m, part_l, part_acc, done, q, k_cache, v_cache
 
 
 @cuda.jit
-def k_decode_matvec_add_v1(x, a, w):
+def k_decode_matvec_add_v2(x, a, w):
     """x[n] = x[n] + sum_k a[k] w[k, n]: a residual branch's output projection (W_o after attention,
     W_2 after the GELU) added into the residual stream in place. Columns in blocks of TX, KS slices
     of K a column; x[n] is read and written by its column's thread ty = 0 only."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     w0, w1, w2, w3 = _first_rows(w, n)
-    total = _column_tree(buf, _column_part(a, w, n, w0, w1, w2, w3))
+    total = _column_total(buf, _column_part(a, w, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < x.shape[0]:
         x[n] = x[n] + total
 
 
 @cuda.jit
-def k_decode_mlp_up_v1(h, x, g, b, eps, w_1):
+def k_decode_mlp_up_v2(h, x, g, b, eps, w_1):
     """h[n] = gelu(sum_k LN2(x)[k] w_1[k, n]) for the F = 4C hidden units: the GELU of the engine
     (kernels/mlp.py, tanh form). Columns in blocks of TX, KS slices of K = C a column."""
     a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]: 3C floats of dynamic shared memory
@@ -271,14 +308,14 @@ def k_decode_mlp_up_v1(h, x, g, b, eps, w_1):
         a[c] = x[c]
         a[C + c] = g[c]
         a[2 * C + c] = b[c]
-    _layernorm_trees(a, buf, C, eps)
-    total = _column_tree(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
+    _layernorm_shared(a, buf, C, eps)
+    total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < h.shape[0]:
         h[n] = gelu(total)
 
 
 @cuda.jit
-def k_decode_logits_v1(probs, logits, done, pos, x, g, b, eps, wte):
+def k_decode_logits_v2(probs, logits, done, pos, x, g, b, eps, wte):
     """logits[v] = sum_c LNf(x)[c] wte[v, c]: the tied classifier, wte read by rows. A block of
     TX lanes x RY rows: lane tx sums channels c = tx, tx + TX, ... of row v (four a round: four
     loads in flight), the row's lanes meet in a tree; blocks stride over the V rows. The last block
@@ -295,7 +332,7 @@ def k_decode_logits_v1(probs, logits, done, pos, x, g, b, eps, wte):
         a[c] = x[c]
         a[C + c] = g[c]
         a[2 * C + c] = b[c]
-    _layernorm_trees(a, buf, C, eps)
+    _layernorm_shared(a, buf, C, eps)
     for v0 in range(cuda.blockIdx.x * RY, V, cuda.gridDim.x * RY):     # the same trips for the whole block
         v = v0 + ty
         s0 = float32(0.0)
@@ -313,86 +350,89 @@ def k_decode_logits_v1(probs, logits, done, pos, x, g, b, eps, wte):
             while c < C:
                 s0 += a[c] * wte[v, c]
                 c += TX
-        buf[i] = (s0 + s1) + (s2 + s3)
-        cuda.syncthreads()
-        step = TX // 2
-        while step > 0:
-            if tx < step:
-                buf[i] += buf[i + step]
-            cuda.syncthreads()
-            step //= 2
+        total = warp_sum((s0 + s1) + (s2 + s3), 1, TX // 2)   # the TX lanes of the row meet: shuffles
         if tx == 0 and v < V:
-            logits[v] = buf[i]
-        cuda.syncthreads()                         # buf is written again by the next rows
+            logits[v] = total
     # the last block: the softmax of the whole row, then t += 1
     if not _last_block(flag, done, 0, cuda.gridDim.x):
         return
     m = float32(-math.inf)
     for v in range(i, V, nt):
         m = max(m, _from_l2(logits, v))
-    m = block_max(buf, m)
+    m = _block_top(buf, m)
     s = float32(0.0)
     for v in range(i, V, nt):
         s += math.exp(_from_l2(logits, v) - m)
-    se = block_sum(buf, s)
+    se = _block_total(buf, s)
     for v in range(i, V, nt):
         probs[v] = math.exp(_from_l2(logits, v) - m) / se
     if i == 0:
         pos[0] += 1
 
 
+def _whole_warps(*sizes) -> bool:
+    """Every size a power of two, and on a GPU whole warps: a shuffle (ptx.warp_sum) takes all 32
+    lanes of a warp (the simulator runs blocks smaller than a warp)."""
+    whole = SIMULATOR or math.prod(sizes) % 32 == 0
+    return whole and all(s > 0 and s & (s - 1) == 0 for s in sizes)
+
+
 @blocks(**QKV_BLOCKS)
-def decode_qkv_v1(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
+def decode_qkv_v2(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
                stream=0):
     """q [C]; k_cache, v_cache [T, C] (row pos[0] written); pos [1] int32; x, g, b [C]; w_q, w_k,
     w_v [C, C]; tokens [T] int32, wte [V, C], wpe [T_max, C], embed: x = wte[tokens[t]] + wpe[t]
     first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, 3C floats
     of dynamic shared memory."""
-    assert _pow2(*block), f"block {block}: powers of two"
+    assert _whole_warps(*block), f"block {block}: powers of two, whole warps"
     C = x.shape[0]
-    k_decode_qkv_v1[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
+    k_decode_qkv_v2[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
                                                               w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
 
 
 @blocks(**ATTENTION_BLOCKS)
-def decode_attention_v1(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0):
+def decode_attention_v2(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0):
     """y, q [C]; part_m, part_l [H, NCH], part_acc [H, NCH, hs] (scratch, NCH >= T / CK); done [H]
     int32 (zeros between launches); k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32.
     Launch: (T / CK, H) blocks of LANES x CK threads (at least NCH: a thread a chunk in the merge)."""
     lanes, ck = block
     T = k_cache.shape[0]
     H, nch = part_m.shape
-    assert _pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK} threads"
+    assert _whole_warps(lanes, ck) and lanes <= 32 and lanes * ck <= MAX_BLOCK, \
+        f"block {block}: powers of two, whole warps, at most 32 lanes (a key's in one warp) and {MAX_BLOCK} threads"
     assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
-    k_decode_attention_v1[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
+    k_decode_attention_v2[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
 
 @blocks(**MATVEC_BLOCKS)
-def decode_matvec_add_v1(x, a, w, *, block, stream=0):
+def decode_matvec_add_v2(x, a, w, *, block, stream=0):
     """x [N] (+= a @ w, in place); a [K]; w [K, N]. Launch: N / TX blocks of TX x KS threads."""
-    assert _pow2(*block), f"block {block}: powers of two"
-    k_decode_matvec_add_v1[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
+    assert _whole_warps(*block), f"block {block}: powers of two, whole warps"
+    k_decode_matvec_add_v2[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
 
 
 @blocks(**MLP_UP_BLOCKS)
-def decode_mlp_up_v1(h, x, g, b, eps, w_1, *, block, stream=0):
+def decode_mlp_up_v2(h, x, g, b, eps, w_1, *, block, stream=0):
     """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, 3C floats of dynamic
     shared memory."""
-    assert _pow2(*block), f"block {block}: powers of two"
+    assert _whole_warps(*block), f"block {block}: powers of two, whole warps"
     C = x.shape[0]
-    k_decode_mlp_up_v1[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
+    k_decode_mlp_up_v2[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
 
 
 @blocks(**LOGITS_BLOCKS)
-def decode_logits_v1(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0):
+def decode_logits_v2(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0):
     """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
     wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
     floats of dynamic shared memory."""
-    assert _pow2(*block), f"block {block}: powers of two"
+    assert _whole_warps(*block) and block[0] <= 32, f"block {block}: powers of two, whole warps, at most 32 lanes (a row's in one warp)"
     V, C = wte.shape
-    k_decode_logits_v1[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
+    k_decode_logits_v2[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
                                                                                  float32(eps), wte)
 
+
+# ---------------------------------------------------------------------------------------------
+# rung 3: attention in one block a head
 
 @cuda.jit(device=True)
 def _key_row(k_cache, v_cache, u, base, lane, hs):
@@ -479,14 +519,14 @@ def decode_attention_v3(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, 
     k_decode_attention_v3[H, block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
 
-# the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 2 is the engine's, rung 3
-# the engine's with attention in one block a head
+# the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 1 is the engine's, rung 3
+# rung 2 with attention in one block a head; rung 4 replaces the whole step (decoder_class), so its
+# entries are the engine's (its draw is)
 LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits")
-VERSIONS = {name: {1: globals()[name + "_v1"], 2: getattr(engine, name), 3: getattr(engine, name)}
+VERSIONS = {name: {1: getattr(engine, name), 2: globals()[name + "_v2"], 3: globals()[name + "_v2"],
+                   4: getattr(engine, name)}
             for name in LAUNCHERS}
 VERSIONS["decode_attention"][3] = decode_attention_v3
-for _name in LAUNCHERS:                 # rung 4 replaces the whole step (decoder_class); its draw is the engine's
-    VERSIONS[_name][4] = getattr(engine, _name)
 
 
 def decoder_class(version: int):

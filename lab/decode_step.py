@@ -57,10 +57,11 @@ from andrea_numba.decode import Decoder
 from andrea_numba.kernels import decode as kd
 from andrea_numba.kernels import matmul
 from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, blocks, cdiv
-from andrea_numba.kernels.decode import _block_top, _block_total, _from_l2, _layernorm_shared
+from andrea_numba.kernels.decode import _from_l2
 from andrea_numba.kernels.mlp import gelu
 from andrea_numba.kernels.ptx import warp_sum
 from andrea_numba.layout import param_layout
+from lab.decode import _block_top, _block_total, _layernorm_shared     # rung 2's, by shuffles (as measured)
 
 TX_QKV, TX_O, TX_UP, TX_DOWN = 16, 4, 16, 4     # columns a tile, by phase (A, C, D, E)
 CK = 4 if SIMULATOR else 16                     # keys a unit of attention

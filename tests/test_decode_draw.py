@@ -1,6 +1,6 @@
 """The decoder's draw (k_decode_draw) against its twin (reference.decode.draw: numpy's
-Generator.choice given the uniform number), and the block sums by shuffles of the decoder's
-kernels (_block_total, _block_top) against their documented order. In the simulator (tiny
+Generator.choice given the uniform number), and the block sums by shuffles of lab/decode.py's
+rung 2 (_block_total, _block_top) against their documented order. In the simulator (tiny
 vocabularies; the radix select forced on them by setting RANK_MAX to 0) and, run on a GPU, at
 the vocabularies that use each way of finding the top_k-th largest (256: counting; 1025 and
 50304: the radix select) and at every block the launcher declares there.
@@ -16,6 +16,7 @@ from numba import cuda
 
 from andrea_numba.kernels import decode as kd
 from andrea_numba.kernels.common import SIMULATOR
+from lab.decode import _block_top, _block_total
 from reference.decode import draw
 
 pytestmark = pytest.mark.skipif(not SIMULATOR and not cuda.is_available(), reason="needs the simulator or a GPU")
@@ -114,15 +115,15 @@ def test_the_draw_writes_nothing_before_the_first_drawn_position_or_past_the_win
 def _k_block_sums(out, x):
     i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     buf = cuda.shared.array(32, np.float32)
-    total = kd._block_total(buf, x[i])
-    top = kd._block_top(buf, x[i])
+    total = _block_total(buf, x[i])
+    top = _block_top(buf, x[i])
     out[i, 0] = total
     out[i, 1] = top
 
 
 @pytest.mark.parametrize("threads", [(8, 8), (96, 1)] + ([(5, 1)] if SIMULATOR else []))
 def test_a_block_sum_goes_warp_by_warp_in_the_documented_order(threads):
-    """_block_total: each warp's 32 values by the butterfly (lane i adds lane i ^ m, m = 16, ..., 1;
+    """lab/decode.py rung 2's _block_total: each warp's 32 values by the butterfly (lane i adds lane i ^ m, m = 16, ..., 1;
     lanes past the block hold 0), then the warps' sums in warp order, bit for bit, every thread the
     same; _block_top the maximum. Two and three warps, and in the simulator part of one (a GPU's
     launchers take whole warps only)."""

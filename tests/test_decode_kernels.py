@@ -30,11 +30,10 @@ def _distance(got, want) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
 
 
-def _column_in_order(a, w, n, tx_n, ks):
-    """out[n] as k_decode_matvec_add sums it (module docstring), in float32: thread ty's four running
-    sums over rows ty + j KS (the first four, then four a round, then two, then one), (s0 + s1) +
-    (s2 + s3); then the G = 32 / TX slices a warp holds by the shuffles' butterfly (lane i adds lane
-    i ^ m, m = 16, 8, ..., TX; lanes the block lacks hold 0), then the warps' sums in order."""
+def _thread_parts(a, w, n, ks):
+    """Thread ty's part of out[n] (kernels/decode.py _column_part), in float32, ty = 0 .. KS - 1: four
+    running sums over rows ty + j KS (the first four, then four a round, then two, then one),
+    (s0 + s1) + (s2 + s3)."""
     K = a.shape[0]
     parts = []
     for ty in range(ks):
@@ -55,6 +54,26 @@ def _column_in_order(a, w, n, tx_n, ks):
         if k < K:
             s[2] = s[2] + a[k] * w[k, n]
         parts.append((s[0] + s[1]) + (s[2] + s[3]))
+    return parts
+
+
+def _column_in_order(a, w, n, tx_n, ks):
+    """out[n] as k_decode_matvec_add sums it (module docstring): the threads' parts (_thread_parts),
+    then a tree over the slices: at step s = KS/2, ..., 1 slice ty < s adds slice ty + s."""
+    parts = _thread_parts(a, w, n, ks)
+    s = ks // 2
+    while s > 0:
+        for ty in range(s):
+            parts[ty] = parts[ty] + parts[ty + s]
+        s //= 2
+    return parts[0]
+
+
+def _column_by_shuffles(a, w, n, tx_n, ks):
+    """out[n] as lab/decode.py rung 2 sums it: the threads' parts, then the G = 32 / TX slices a warp
+    holds by the shuffles' butterfly (lane i adds lane i ^ m, m = 16, 8, ..., TX; lanes the block
+    lacks hold 0), then the warps' sums in order."""
+    parts = _thread_parts(a, w, n, ks)
     tx, g = n % tx_n, max(1, 32 // tx_n)
     sums = []
     for first in range(0, ks, g):                 # a warp's slices first .. first + g - 1
@@ -74,16 +93,20 @@ def _column_in_order(a, w, n, tx_n, ks):
 
 @pytest.mark.parametrize("K, N, block", [(13, 11, (4, 4)), (29, 6, (8, 2)), (7, 9, (2, 8)), (40, 5, (1, 4)),
                                          (50, 10, (8, 8)), (70, 3, (1, 64))])
-def test_a_products_sums_go_in_the_documented_order_and_columns_past_n_are_left_alone(K, N, block):
+@pytest.mark.parametrize("rung", [1, 2])
+def test_a_products_sums_go_in_the_documented_order_and_columns_past_n_are_left_alone(K, N, block, rung):
     """x += a @ w at ragged sizes (N not a multiple of TX, K not of KS, K below 4 KS): every column
-    bit for bit the order of the module's docstring; nothing past N written."""
+    bit for bit the order of the module's docstring (rung 1, the engine's: a tree; lab/decode.py's
+    rung 2: shuffles); nothing past N written."""
+    from lab.decode import VERSIONS
     rng = np.random.default_rng(K)
     a, w = rng.standard_normal(K).astype(f32), rng.standard_normal((K, N)).astype(f32)
     x0 = rng.standard_normal(N + 3).astype(f32)
     x = cuda.to_device(x0)
-    kd.decode_matvec_add(x[:N], cuda.to_device(a), cuda.to_device(w), block=block)
+    VERSIONS["decode_matvec_add"][rung](x[:N], cuda.to_device(a), cuda.to_device(w), block=block)
     got = x.copy_to_host()
-    want = [x0[n] + _column_in_order(a, w, n, block[0], block[1]) for n in range(N)]
+    order = _column_in_order if rung == 1 else _column_by_shuffles
+    want = [x0[n] + order(a, w, n, block[0], block[1]) for n in range(N)]
     assert got[:N].tobytes() == np.array(want, f32).tobytes()
     assert got[N:].tobytes() == x0[N:].tobytes()
 

@@ -30,12 +30,12 @@ issued together and before their results are needed, partial sums met in registe
 loops of one thread, and every launch that could be folded into its neighbour folded (the
 embedding into the first qkv, the softmax and t += 1 into the classifier).
 
-SUMS ACROSS THREADS. Within a warp, by a butterfly of shuffles (ptx.warp_sum: lane i adds lane
-i ^ m's value for m = 16, 8, ..., 1, or over some of those bits; no barrier, and every lane of a
-group gets the same bits because fp32 addition commutes); across the warps of a block, each
-warp's sum through shared memory and one barrier, added in warp order (_block_total,
-_block_top). A tree in shared memory would cost a barrier a level: 9 or 10 for a block of 512 or
-1024 threads.
+SUMS ACROSS THREADS go as trees in shared memory: at step s = n/2, n/4, ..., 1 thread i < s adds
+thread i + s's value, a barrier after each step (common.block_sum, block_max; a column's slices
+in _column_total). A tree costs a barrier a level, 9 for a block of 512 threads; shuffles (a
+warp's lanes by a butterfly, the warps' sums after one barrier) cost one barrier, yet a step
+with them took 0.41 ms against the trees' 0.30 on an H100 (lab/decode.py rung 2), so the trees
+stay.
 
 THE PRODUCTS OF ONE ROW (qkv, the output projections, the MLP's two). A [1, K] x [K, N] product
 reads the K x N weights once, two flops a weight. The weights are stored [in, out] row-major, so
@@ -47,19 +47,17 @@ start (_first_rows), so that they travel while the LayerNorm below is computed. 
 8 columns are one 32-byte sector,
 a warp reads four rows' sectors; KS = 64 or 128 leaves each thread a handful of rows (K / KS: 6
 at K = C = 384 and KS = 64) and makes N / 8 blocks (48 to 192 at 12M). The KS parts of a column
-meet in two stages (_column_total): the 32 / TX slices of it that a warp holds by shuffles over
-the lane bits of ty, then the warps' sums in warp order after one barrier: a fixed order. A
-column past N (N not a multiple of TX) sums nothing and is not written.
+meet in a tree over ty (_column_total): a fixed order. A column past N (N not a multiple of TX)
+sums nothing and is not written.
 
 The kernels that start with a LayerNorm (qkv, mlp_up, logits) normalise the row x themselves,
 every block the whole row, in shared memory ([x | g | b], all three loaded in one round; two
-block sums, _block_total). Every block does the same sums in the same order, so every block gets
+block sums, block_sum). Every block does the same sums in the same order, so every block gets
 the same bits; it costs each block two block sums, where a LayerNorm kernel of its own would cost
 a launch.
 
 THE CLASSIFIER reads wte [V, C] by rows: a row v is one output, so TX lanes of a block (over the
-C channels, coalesced, TX <= 32: in one warp) share a row and meet by shuffles, RY rows a block
-(block (TX, RY)).
+C channels, coalesced) share a row and meet in a tree, RY rows a block (block (TX, RY)).
 
 ATTENTION, SPLIT OVER THE KEYS (flash-decoding). One block a head would leave H blocks walking
 t + 1 keys each; instead the keys 0..T-1 of the window come in NCH = T / CK chunks of CK keys,
@@ -67,8 +65,7 @@ and block (p, h) of the grid (NCH, H) takes chunk p of head h: keys u = p CK + r
 past t (p CK > t) returns at once: the launch is the same for every t, and the chunks that run
 are p = 0 .. na - 1, na = t // CK + 1. Block (LANES, CK), one row of LANES threads a key:
     1. s_u = q_h . K[u, h] / sqrt(hs): lane sums channels d = lane, lane + LANES, ... (neighbouring
-       lanes read neighbouring channels of the key's row: coalesced), the lanes (LANES <= 32:
-       neighbours in one warp) meet by shuffles;
+       lanes read neighbouring channels of the key's row: coalesced), the lanes meet in a tree;
     2. m_p = max_u s_u over the chunk's keys (u <= t), e_u = exp(s_u - m_p), l_p = sum_u e_u;
     3. acc_p[d] = sum_u e_u V[u, h hs + d]: G = CK LANES / hs groups of hs threads, group g over
        keys r = g, g + G, ...; the G groups' sums added in g order;
@@ -76,7 +73,7 @@ are p = 0 .. na - 1, na = t // CK + 1. Block (LANES, CK), one row of LANES threa
        last of head h's na blocks to finish merges them, thread p taking chunk p:
            M = max_p m_p,   w_p = exp(m_p - M),   y_h[d] = sum_p w_p acc_p[d] / sum_p w_p l_p,
        which is softmax(s) V over all t + 1 keys, because exp(s_u - M) = w_p e_u. The maximum
-       and the sum over p are block sums (_block_top, _block_total); the sums over p of acc go in
+       and the sum over p are block sums (block_max, block_sum); the sums over p of acc go in
        groups, as the keys in step 3.
 
 THE LAST BLOCK (attention's merge, the classifier's softmax). Each block writes its part, makes
@@ -125,9 +122,8 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int32, int64
 
-from .common import MAX_BLOCK, SIMULATOR, block_max, blocks, cdiv, nonneg
+from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, nonneg
 from .mlp import gelu
-from .ptx import warp_max, warp_sum
 
 LOGIT_BLOCKS = 4 if SIMULATOR else 1 << 20      # k_decode_logits: at most this many blocks (rows loop)
 DRAW_BINS = 256                                  # k_decode_draw's radix select: 8 bits of a key a pass
@@ -154,41 +150,6 @@ else:
 
 
 @cuda.jit(device=True)
-def _block_total(buf, val):
-    """val summed over the block's threads (flat index i = threadIdx.y * blockDim.x + threadIdx.x):
-    each warp's 32 by a butterfly of shuffles (ptx.warp_sum), lane 0 of warp w leaves it in buf[w],
-    and after one barrier every thread adds the warps' sums in warp order. buf: shared, a float a
-    warp, free again after the second barrier. Fixed order: deterministic."""
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
-    s = warp_sum(val, 1, 16)
-    if i % 32 == 0:
-        buf[i // 32] = s
-    cuda.syncthreads()
-    total = buf[0]
-    for w in range(1, nw):
-        total += buf[w]
-    cuda.syncthreads()
-    return total
-
-
-@cuda.jit(device=True)
-def _block_top(buf, val):
-    """The maximum of val over the block's threads, as _block_total sums it."""
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
-    s = warp_max(val, 1, 16)
-    if i % 32 == 0:
-        buf[i // 32] = s
-    cuda.syncthreads()
-    top = buf[0]
-    for w in range(1, nw):
-        top = max(top, buf[w])
-    cuda.syncthreads()
-    return top
-
-
-@cuda.jit(device=True)
 def _layernorm_shared(a, buf, C, eps):
     """a[c] = (a[c] - mean) * rstd * g[c] + b[c] in place over the C channels of a row, with the
     shared array a = [the row | g | b] (3C floats): mean = (1/C) sum_c a[c], rstd = 1 / sqrt((1/C)
@@ -201,12 +162,12 @@ def _layernorm_shared(a, buf, C, eps):
     s = float32(0.0)
     for c in range(i, C, n):
         s += a[c]
-    mu = _block_total(buf, s) * inv_c
+    mu = block_sum(buf, s) * inv_c
     s = float32(0.0)
     for c in range(i, C, n):
         d = a[c] - mu
         s += d * d
-    r = float32(1.0) / math.sqrt(_block_total(buf, s) * inv_c + eps)
+    r = float32(1.0) / math.sqrt(block_sum(buf, s) * inv_c + eps)
     for c in range(i, C, n):
         a[c] = (a[c] - mu) * r * a[C + c] + a[2 * C + c]
     cuda.syncthreads()
@@ -269,22 +230,20 @@ def _column_part(a, w, n, w0, w1, w2, w3):
 
 @cuda.jit(device=True)
 def _column_total(buf, part):
-    """The KS parts of each of the block's TX columns (part: thread (tx, ty)'s, slice ty) added:
-    a warp holds G = 32 / TX slices of each of its columns (1 when TX >= 32), which meet by a
-    butterfly of shuffles over the lane bits of ty (ptx.warp_sum from TX up); the warp's lanes of
-    its first slice leave the sums in buf[group * TX + tx], and after one barrier every thread adds
-    its column's KS / G sums in group order. buf: shared, at least TX * KS floats, not free again
-    before another barrier."""
+    """The KS parts of each of the block's TX columns (part: thread (tx, ty)'s, slice ty) added by
+    a tree over ty in shared memory: at step s = KS/2, KS/4, ..., 1, slice ty < s adds slice ty + s.
+    Every thread gets its column's total. buf: shared, at least TX * KS floats."""
     tx, ty, TX = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x
-    g = max(1, 32 // TX)                           # slices a warp
-    s = warp_sum(part, TX, 16)
-    if ty % g == 0:
-        buf[(ty // g) * TX + tx] = s
+    i = ty * TX + tx
+    buf[i] = part
     cuda.syncthreads()
-    total = buf[tx]
-    for j in range(1, (cuda.blockDim.y + g - 1) // g):
-        total += buf[j * TX + tx]
-    return total
+    s = cuda.blockDim.y // 2
+    while s > 0:
+        if ty < s:
+            buf[i] += buf[i + s * TX]
+        cuda.syncthreads()
+        s //= 2
+    return buf[tx]
 
 
 @cuda.jit(device=True)
@@ -391,17 +350,21 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
             d += 2 * LANES
         if d < hs:
             s0 += q[base + d] * k_cache[u, base + d]
-    score = warp_sum(s0 + s1, 1, LANES // 2)      # the LANES lanes of each key meet: shuffles
-    if lane == 0:
-        red[r] = score
+    red[tid] = s0 + s1
     cuda.syncthreads()
+    step = LANES // 2
+    while step > 0:                                # the lanes of each key meet in a tree
+        if lane < step:
+            red[tid] += red[tid + step]
+        cuda.syncthreads()
+        step //= 2
     # 2. the chunk's maximum (every thread, in key order), its exponentials and their sum
     scale = float32(1.0) / math.sqrt(float32(hs))
     m = float32(-math.inf)
     for j in range(nk):
-        m = max(m, red[j] * scale)
+        m = max(m, red[j * LANES] * scale)
     if lane == 0 and r < nk:
-        ex[r] = math.exp(score * scale - m)
+        ex[r] = math.exp(red[tid] * scale - m)
     cuda.syncthreads()
     # 3. acc[d] = sum_r ex[r] V[u0 + r, base + d]: group g of `cols` threads over keys r = g, g + G, ...
     cols = min(hs, nt)
@@ -444,12 +407,12 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
     if tid < na:
         mj = _from_l2(part_m, (h, tid))            # (both loads in one round)
         lj = _from_l2(part_l, (h, tid))
-    big = _block_top(red, mj)                      # M = max_p m_p
+    big = block_max(red, mj)                       # M = max_p m_p
     wj = float32(0.0)
     if tid < na:
         wj = _chunk_weight(mj, big)
         ex[tid] = wj
-    lw = _block_total(red, wj * lj)                # sum_p w_p l_p (its barriers also publish every w_p)
+    lw = block_sum(red, wj * lj)                   # sum_p w_p l_p (its barriers also publish every w_p)
     for d in range(tid % cols, hs, cols):
         a0 = float32(0.0)
         a1 = float32(0.0)
@@ -544,20 +507,28 @@ def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte):
             while c < C:
                 s0 += a[c] * wte[v, c]
                 c += TX
-        total = warp_sum((s0 + s1) + (s2 + s3), 1, TX // 2)   # the TX lanes of the row meet: shuffles
+        buf[i] = (s0 + s1) + (s2 + s3)
+        cuda.syncthreads()
+        step = TX // 2
+        while step > 0:
+            if tx < step:
+                buf[i] += buf[i + step]
+            cuda.syncthreads()
+            step //= 2
         if tx == 0 and v < V:
-            logits[v] = total
+            logits[v] = buf[i]
+        cuda.syncthreads()                         # buf is written again by the next rows
     # the last block: the softmax of the whole row, then t += 1
     if not _last_block(flag, done, 0, cuda.gridDim.x):
         return
     m = float32(-math.inf)
     for v in range(i, V, nt):
         m = max(m, _from_l2(logits, v))
-    m = _block_top(buf, m)
+    m = block_max(buf, m)
     s = float32(0.0)
     for v in range(i, V, nt):
         s += math.exp(_from_l2(logits, v) - m)
-    se = _block_total(buf, s)
+    se = block_sum(buf, s)
     for v in range(i, V, nt):
         probs[v] = math.exp(_from_l2(logits, v) - m) / se
     if i == 0:
@@ -721,16 +692,14 @@ def k_decode_start(pos, draw):
 QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
-ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
-LOGITS_BLOCKS = dict(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
+ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((1, 4), (4, 2), (2, 8)))
+LOGITS_BLOCKS = dict(gpu=((32, 8), (64, 4), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
 DRAW_BLOCKS = dict(gpu=(256, 512, 1024, 128), sim=(8, 4, 16))
 
 
 def _pow2(*sizes) -> bool:
-    """Every size a power of two, and on a GPU whole warps: a shuffle (ptx.warp_sum) takes all 32
-    lanes of a warp (the simulator runs blocks smaller than a warp)."""
-    whole = SIMULATOR or math.prod(sizes) % 32 == 0
-    return whole and all(s > 0 and s & (s - 1) == 0 for s in sizes)
+    """Every size a power of two (the trees halve their steps)."""
+    return all(s > 0 and s & (s - 1) == 0 for s in sizes)
 
 
 @blocks(**QKV_BLOCKS)
@@ -740,7 +709,7 @@ def decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wt
     w_v [C, C]; tokens [T] int32, wte [V, C], wpe [T_max, C], embed: x = wte[tokens[t]] + wpe[t]
     first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, 3C floats
     of dynamic shared memory."""
-    assert _pow2(*block), f"block {block}: powers of two, whole warps"
+    assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
     k_decode_qkv[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
                                                               w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
@@ -760,8 +729,7 @@ def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos
     lanes, ck = block
     T = k_cache.shape[0]
     H, nch = part_m.shape
-    assert _pow2(lanes, ck) and lanes <= 32 and lanes * ck <= MAX_BLOCK, \
-        f"block {block}: powers of two, whole warps, at most 32 lanes (a key's in one warp) and {MAX_BLOCK} threads"
+    assert _pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK} threads"
     assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
     k_decode_attention[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
@@ -769,7 +737,7 @@ def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos
 @blocks(**MATVEC_BLOCKS)
 def decode_matvec_add(x, a, w, *, block, stream=0):
     """x [N] (+= a @ w, in place); a [K]; w [K, N]. Launch: N / TX blocks of TX x KS threads."""
-    assert _pow2(*block), f"block {block}: powers of two, whole warps"
+    assert _pow2(*block), f"block {block}: powers of two"
     k_decode_matvec_add[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
 
 
@@ -777,7 +745,7 @@ def decode_matvec_add(x, a, w, *, block, stream=0):
 def decode_mlp_up(h, x, g, b, eps, w_1, *, block, stream=0):
     """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, 3C floats of dynamic
     shared memory."""
-    assert _pow2(*block), f"block {block}: powers of two, whole warps"
+    assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
     k_decode_mlp_up[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
 
@@ -787,7 +755,7 @@ def decode_logits(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=
     """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
     wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
     floats of dynamic shared memory."""
-    assert _pow2(*block) and block[0] <= 32, f"block {block}: powers of two, whole warps, at most 32 lanes (a row's in one warp)"
+    assert _pow2(*block), f"block {block}: powers of two"
     V, C = wte.shape
     k_decode_logits[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
                                                                                  float32(eps), wte)
