@@ -271,8 +271,9 @@ def test_the_decoders_step_at_every_block_a_launcher_declares(monkeypatch, launc
 
 @pytest.mark.parametrize("version", [1, 2, 3])
 def test_every_rung_of_the_decoders_step_gives_the_twins_logits(monkeypatch, version):
-    """The step with each rung's launchers (lab/decode.py VERSIONS: 1 its sums as shared-memory
-    trees, 2 the engine's by shuffles), as lab/bench/decode_speed.py --versions times them: the
+    """The step with each rung's launchers (lab/decode.py VERSIONS: 1 the engine's, its sums as
+    shared-memory trees, 2 by shuffles, 3 with attention in one block a head; rung 4, the step in
+    one launch, has a test of its own), as lab/bench/decode_speed.py --versions times them: the
     twin's logits at positions 0..5 (the merge counters back at 0 after)."""
     from lab.decode import VERSIONS
     m, params = _decoder_model()

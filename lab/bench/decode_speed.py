@@ -32,9 +32,9 @@ against the defaults' (a block that computes something else shows there). A CUDA
 the context: the first one ends the variants, said in one line (the rows so far stay printed).
 With --kernels, only the step kernel by kernel (time_kernels): each launcher's launch repeated in a
 graph, per launch, and the launches a step, beside an empty kernel's and the whole step's time.
-With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 its sums across threads as
-shared-memory trees, 2 the engine's, by shuffles, 3 the engine's with attention in one block a
-head, 4 the whole step in one launch with grid barriers, lab/decode_step.py), each at that rung: in
+With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 the engine's, its sums
+across threads as shared-memory trees, 2 those sums by shuffles, 3 rung 2 with attention in one
+block a head, 4 the whole step in one launch with grid barriers, lab/decode_step.py), each at that rung: in
 turn, --runs rounds of every rung, each round a new decoder whose step is captured as a graph, the
 GPU time of a step with its draw (t = 128 to 148) and the wall clock of --tokens tokens drawn on
 it; medians and [min-max] over the rounds, and whether every rung drew the same tokens.
