@@ -47,6 +47,12 @@ simulator runs a grid one block at a time and so runs this kernel with one block
 barrier is the block's barrier), the tiles and units in turn.
 
 Deterministic: the sums' orders are fixed by the sizes, TX, NT and CK; no float atomics.
+
+Measured on an NVIDIA H100 (2026-12-07, python lab/bench/decode_speed.py --versions 1,2,3,4): 0.44 ms
+a step with its draw at 12M (blocks of 256 threads), against 0.30 for the engine's 37 launches: one launch
+did not pay. Its logits agreed with the engine's to 6.7e-7 over 200 positions, bit for bit on a
+second decoder. Where its time goes (the barriers, or the phases' fewer threads: 132 blocks of 256
+where a launch of the engine runs up to 192 of 512) is not yet measured.
 """
 import math
 
