@@ -425,7 +425,8 @@ def decode_logits_v2(probs, logits, done, pos, x, g, b, eps, wte, *, block, stre
     """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
     wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
     floats of dynamic shared memory."""
-    assert _whole_warps(*block) and block[0] <= 32, f"block {block}: powers of two, whole warps, at most 32 lanes (a row's in one warp)"
+    assert _whole_warps(*block) and block[0] <= 32, \
+        f"block {block}: powers of two, whole warps, at most 32 lanes (a row's in one warp)"
     V, C = wte.shape
     k_decode_logits_v2[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
                                                                                  float32(eps), wte)

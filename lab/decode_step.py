@@ -377,8 +377,8 @@ class PersistentDecoder(Decoder):
 
     def work(self, stream):
         b, m = self.buf, self.m
-        decode_step_v4(self.flat, b["x"], b["q"], b["h"], b["logits"], b["probs"], b["k_cache"].reshape(b["k_cache"].size),
-                       b["v_cache"].reshape(b["v_cache"].size), b["tokens"], b["pos"], self.part_m, self.part_l, self.part_acc,
-                       self.bar, np.float32(m.ln_eps), self.wpe0, self.layer0, self.stride, m.n_layer, m.n_head,
+        k_flat, v_flat = b["k_cache"].reshape(b["k_cache"].size), b["v_cache"].reshape(b["v_cache"].size)
+        decode_step_v4(self.flat, b["x"], b["q"], b["h"], b["logits"], b["probs"], k_flat, v_flat, b["tokens"],
+                       b["pos"], self.part_m, self.part_l, self.part_acc, self.bar, np.float32(m.ln_eps), self.wpe0, self.layer0, self.stride, m.n_layer, m.n_head,
                        m.vocab_size, stream=stream)
         kd.decode_draw(b["tokens"], b["pos"], b["probs"], b["uniform"], b["draw"], b["temperature"], stream=stream)
