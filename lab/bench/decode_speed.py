@@ -5,6 +5,7 @@
     python lab/bench/decode_speed.py --only-blocks            # just the decoder's blocks (below)
     python lab/bench/decode_speed.py --versions 1,2,3,4       # the step's rungs (lab/decode.py), one run
     python lab/bench/decode_speed.py --kernels                # where a step's time goes, kernel by kernel
+    python lab/bench/decode_speed.py --kernels --versions 1,2 # the same for each rung's launchers
 
 Each path draws --tokens tokens after a one-token prompt with sample.generate, the same seed, on
 the same weights (init_params, a little noise added so the distributions are not flat), at fp32:
@@ -31,7 +32,8 @@ others at their defaults, one row a variant, and each variant's probabilities af
 against the defaults' (a block that computes something else shows there). A CUDA error poisons
 the context: the first one ends the variants, said in one line (the rows so far stay printed).
 With --kernels, only the step kernel by kernel (time_kernels): each launcher's launch repeated in a
-graph, per launch, and the launches a step, beside an empty kernel's and the whole step's time.
+graph, per launch, and the launches a step, beside an empty kernel's and the whole step's time; with
+--versions too (rungs 1 to 3), that table for each rung's launchers in turn.
 With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 the engine's, its sums
 across threads as shared-memory trees, 2 those sums by shuffles, 3 rung 2 with attention in one
 block a head, 4 the whole step in one launch with grid barriers, lab/decode_step.py), each at that rung: in
@@ -43,6 +45,7 @@ Needs a CUDA GPU: in the simulator, or without a GPU, it says so in one line and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import sys
@@ -203,20 +206,31 @@ def _versions(text: str) -> list:
     return vs
 
 
+@contextlib.contextmanager
+def _rung(v: int):
+    """Inside: kernels/decode.py's launchers are rung v's (lab/decode.py VERSIONS); put back after."""
+    from andrea_numba.kernels import decode as kd
+    from lab.decode import VERSIONS
+    orig = {name: getattr(kd, name) for name in VERSIONS}
+    try:
+        for name, rungs in VERSIONS.items():
+            setattr(kd, name, rungs[v])
+        yield
+    finally:
+        for name, f in orig.items():
+            setattr(kd, name, f)
+
+
 def time_versions(m, model, versions, runs: int, tokens: int, seed: int):
     """The table of --versions (module docstring): rows {"version", "step_ms", "tokens_s"} of medians,
     each with its [min, max]; and whether every rung drew the same tokens."""
     from andrea_numba.graphs import StepGraph
-    from andrea_numba.kernels import decode as kd
     from andrea_numba.sample import generate
-    from lab.decode import VERSIONS, decoder_class
-    orig = {name: getattr(kd, name) for name in VERSIONS}
+    from lab.decode import decoder_class
     s, times, drawn = model.stream, {v: ([], []) for v in versions}, {}
-    try:
-        for _ in range(runs):
-            for v in versions:
-                for name, rungs in VERSIONS.items():
-                    setattr(kd, name, rungs[v])
+    for _ in range(runs):
+        for v in versions:
+            with _rung(v):
                 dec = decoder_class(v)(m, model.params, stream=s, capture=StepGraph)
                 t0 = max(0, min(128, dec.T - 22))
                 times[v][0].append(step_ms(dec, t0, min(20, dec.T - t0 - 2)))
@@ -225,9 +239,6 @@ def time_versions(m, model, versions, runs: int, tokens: int, seed: int):
                 start = time.perf_counter()
                 assert generate(model, Ids(), [0], tokens, seed, 1.0, 40, decoder=dec) == drawn[v]
                 times[v][1].append(time.perf_counter() - start)
-    finally:
-        for name, f in orig.items():
-            setattr(kd, name, f)
     rows = []
     print(f"\nthe step's rungs (lab/decode.py), {runs} rounds: median [min-max]\n"
           f"{'rung':<6} {'step ms (GPU)':>24} {f'{tokens} tokens s':>26}")
@@ -274,10 +285,16 @@ def main(argv=None) -> int:
     s = model.stream
     if args.kernels:
         print(f"{cfg.name} on {device_name()}", file=sys.stderr)
-        rows, nothing_us, whole = time_kernels(m, model.params, s)
+        if 4 in (args.versions or []):
+            cli.fail("--kernels --versions: rungs 1 to 3 (rung 4 is one launch: --versions 4 times it whole)")
+        out = []
+        for v in args.versions or [1]:
+            with _rung(v):
+                print(f"\nrung {v} (lab/decode.py)", file=sys.stderr)
+                rows, nothing_us, whole = time_kernels(m, model.params, s)
+            out.append({"version": v, "kernels": rows, "empty_kernel_us": nothing_us, "step_ms": whole})
         if args.json:
-            Path(args.json).write_text(json.dumps({"device": device_name(), "size": args.size, "kernels": rows,
-                                                   "empty_kernel_us": nothing_us, "step_ms": whole,
+            Path(args.json).write_text(json.dumps({"device": device_name(), "size": args.size, "rungs": out,
                                                    "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
         return 0
     if args.versions:
