@@ -447,6 +447,7 @@ ROWS = [
     ("lab/bench/start_time", ["--repeats", "0"], "argument --repeats"),
     ("lab/bench/start_time", ["--size", "7B"], "7B"),
     ("lab/bench/start_time", ["--out", "{W}/out.txt"], "ending in .json"),
+    ("lab/bench/start_time", ["--precision", "fp64"], "argument --precision"),
     ("lab/bench/start_time", [], "the simulator compiles nothing"),
     ("lab/bench/like_for_like", ["--iters", "0"], "argument --iters"),
     ("lab/bench/like_for_like", ["--repeats", "1"], "argument --repeats"),

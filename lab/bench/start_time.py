@@ -7,6 +7,7 @@ line "first step done" (wall clock, measured here; the trainer's own figure, fro
 it). Prints a markdown table and writes it, with the raw figures, to --out.
 
     python lab/bench/start_time.py --size 12M --repeats 3 --out start_time.json
+    python lab/bench/start_time.py --size 12M --repeats 2 --precision fp32   # the runs at another precision
 """
 import json
 import os
@@ -50,8 +51,11 @@ def main(argv=None) -> int:
     ap = Parser(description="Seconds from process start to the end of the first step, kernel cache empty and full.")
     ap.add_argument("--size", type=cli.config, default="12M", help="tiny, 12M, 120M or a config file (default 12M)")
     ap.add_argument("--repeats", type=positive_int, default=3, help="runs of each kind (default 3)")
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                    help="the runs' --precision (default: the config's)")
     ap.add_argument("--out", type=cli.file_to_write(".json"), help="write the table and the raw figures to this .json file")
     args = ap.parse_args(argv)
+    extra = ("--precision", args.precision) if args.precision else ()
     from andrea_numba.kernels.common import SIMULATOR, device_name
     if SIMULATOR:
         print("error: this measures compiling on a GPU; the simulator compiles nothing", file=sys.stderr)
@@ -61,10 +65,11 @@ def main(argv=None) -> int:
         tmp = Path(tmp)
         full = tmp / "cache-full"
         for i in range(args.repeats):
-            rows["empty"].append(one_run(args.size, full if i == 0 else tmp / f"cache-empty-{i}", tmp / f"run-e{i}"))
+            rows["empty"].append(one_run(args.size, full if i == 0 else tmp / f"cache-empty-{i}", tmp / f"run-e{i}",
+                                         extra))
             print("empty cache:", rows["empty"][-1], flush=True)
         for i in range(args.repeats):
-            rows["full"].append(one_run(args.size, full, tmp / f"run-f{i}"))
+            rows["full"].append(one_run(args.size, full, tmp / f"run-f{i}", extra))
             print("full cache: ", rows["full"][-1], flush=True)
     table = ["| kernel cache | runs | process start to the end of the first step, s: median [min-max] | the trainer's log |",
              "|---|---|---|---|"]
@@ -73,9 +78,11 @@ def main(argv=None) -> int:
         table.append(f"| {kind} | {len(w)} | {statistics.median(w):.2f} [{min(w):.2f}-{max(w):.2f}] | "
                      f"{runs[-1]['cache_line'] or runs[-1]['compile_line']} |")
     text = "\n".join(table)
-    print(f"\n{device_name()}, `python -m andrea_numba.train --size {args.size} --steps 1`\n\n{text}")
+    flags = f" --precision {args.precision}" if args.precision else ""
+    print(f"\n{device_name()}, `python -m andrea_numba.train --size {args.size} --steps 1{flags}`\n\n{text}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": device_name(), "size": args.size, "runs": rows,
+        Path(args.out).write_text(json.dumps({"device": device_name(), "size": args.size,
+                                              "precision": args.precision, "runs": rows,
                                         "table": text}, indent=1))
     return 0
 
