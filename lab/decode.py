@@ -22,14 +22,13 @@ Rung 2's shuffles take all 32 lanes of a warp: its launchers refuse blocks that 
 on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
 """
 import math
+import types
 
 from numba import cuda, float32, int32
 
 from andrea_numba.kernels import decode as engine
 from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, blocks, cdiv, nonneg
-from andrea_numba.kernels.decode import (LOGIT_BLOCKS, _chunk_weight, _column_part, _first_rows, _from_l2,
-                                         _last_block)
-from andrea_numba.kernels.mlp import gelu
+from andrea_numba.kernels.decode import LOGIT_BLOCKS, _chunk_weight, _from_l2, _last_block
 from andrea_numba.kernels.ptx import warp_max, warp_sum
 
 # the blocks of rung 2 (whole warps: a warp's shuffles take its 32 lanes)
@@ -122,46 +121,18 @@ def _column_total(buf, part):
     return total
 
 
-@cuda.jit
-def k_decode_qkv_v2(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed):
-    """a = LN1(x); q = a @ W_q, k_cache[t] = a @ W_k, v_cache[t] = a @ W_v, t = pos[0]. With embed
-    (the first block of the model) x = wte[tokens[t]] + wpe[t] first: every block computes it for
-    its LayerNorm, block 0 writes it into x (the residual stream). The 3C columns of
-    [W_q | W_k | W_v] in blocks of TX (a block may straddle two matrices: each thread takes its
-    column's), KS slices of K = C a column (_column_part, _column_total)."""
-    a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]: 3C floats of dynamic shared memory
-    buf = cuda.shared.array(MAX_BLOCK, float32)
-    C = x.shape[0]
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    nt = cuda.blockDim.x * cuda.blockDim.y
-    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x      # column of [W_q | W_k | W_v]
-    which = min(n // C, 2)
-    j = n - which * C                              # its column in that matrix (>= C past the last)
-    w = w_q if which == 0 else (w_k if which == 1 else w_v)
-    w0, w1, w2, w3 = _first_rows(w, j)
-    t = pos[0]
-    if embed:
-        tok = tokens[t]
-        for c in range(i, C, nt):
-            a[c] = wte[tok, c] + wpe[t, c]
-            a[C + c] = g[c]
-            a[2 * C + c] = b[c]
-            if cuda.blockIdx.x == 0:
-                x[c] = a[c]
-    else:
-        for c in range(i, C, nt):
-            a[c] = x[c]
-            a[C + c] = g[c]
-            a[2 * C + c] = b[c]
-    _layernorm_shared(a, buf, C, eps)
-    total = _column_total(buf, _column_part(a, w, j, w0, w1, w2, w3))
-    if cuda.threadIdx.y == 0 and j < C:
-        if which == 0:
-            q[j] = total
-        elif which == 1:
-            k_cache[t, j] = total
-        else:
-            v_cache[t, j] = total
+def _with_rung_2_sums(kernel):
+    """The engine's kernel (its Python code, as written in kernels/decode.py) compiled anew with this
+    rung's sums in place of the engine's: its LayerNorm's block sums and its column's slices by
+    shuffles (_layernorm_shared, _column_total above). The products' kernels differ in nothing else."""
+    fn = getattr(kernel, "py_func", None) or kernel.fn           # a GPU's dispatcher / the simulator's kernel
+    names = {**fn.__globals__, "_layernorm_shared": _layernorm_shared, "_column_total": _column_total}
+    return cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__ + "_v2", fn.__defaults__, fn.__closure__))
+
+
+k_decode_qkv_v2 = _with_rung_2_sums(engine.k_decode_qkv)
+k_decode_matvec_add_v2 = _with_rung_2_sums(engine.k_decode_matvec_add)
+k_decode_mlp_up_v2 = _with_rung_2_sums(engine.k_decode_mlp_up)
 
 
 @cuda.jit
@@ -279,39 +250,6 @@ def k_decode_attention_v2(y, part_m, part_l, part_acc, done, q, k_cache, v_cache
             for j in range(G):
                 total += red[j * hs + tid]
             y[base + tid] = total / lw
-
-
-@cuda.jit
-def k_decode_matvec_add_v2(x, a, w):
-    """x[n] = x[n] + sum_k a[k] w[k, n]: a residual branch's output projection (W_o after attention,
-    W_2 after the GELU) added into the residual stream in place. Columns in blocks of TX, KS slices
-    of K a column; x[n] is read and written by its column's thread ty = 0 only."""
-    buf = cuda.shared.array(MAX_BLOCK, float32)
-    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    w0, w1, w2, w3 = _first_rows(w, n)
-    total = _column_total(buf, _column_part(a, w, n, w0, w1, w2, w3))
-    if cuda.threadIdx.y == 0 and n < x.shape[0]:
-        x[n] = x[n] + total
-
-
-@cuda.jit
-def k_decode_mlp_up_v2(h, x, g, b, eps, w_1):
-    """h[n] = gelu(sum_k LN2(x)[k] w_1[k, n]) for the F = 4C hidden units: the GELU of the engine
-    (kernels/mlp.py, tanh form). Columns in blocks of TX, KS slices of K = C a column."""
-    a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]: 3C floats of dynamic shared memory
-    buf = cuda.shared.array(MAX_BLOCK, float32)
-    C = x.shape[0]
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    w0, w1, w2, w3 = _first_rows(w_1, n)
-    for c in range(i, C, cuda.blockDim.x * cuda.blockDim.y):
-        a[c] = x[c]
-        a[C + c] = g[c]
-        a[2 * C + c] = b[c]
-    _layernorm_shared(a, buf, C, eps)
-    total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
-    if cuda.threadIdx.y == 0 and n < h.shape[0]:
-        h[n] = gelu(total)
 
 
 @cuda.jit
