@@ -1,6 +1,7 @@
 """The KV-cache decoder on the GPU: one position per token, the twin of reference/decode.py.
 
     dec = Decoder(m, params, T)          # params: a GPUModel's flat device vector; allocates once
+                                         # (precision="bf16": the products of a bf16 run)
     drawn = dec.sample(ids, u, temperature, top_k)   # the prompt ids, then len(u) tokens drawn on the GPU
 
     dec.reset()                          # or step by step: a new sequence, position 0
@@ -32,8 +33,10 @@ allocated with the cache too: attention's partial softmax of each chunk of keys,
 counters with which the last block of a launch finds itself (zero between launches: every buffer
 is zeroed when allocated, and each last block sets its counter back).
 
-fp32 only: the step's products are plain fp32 sums, the precision of the fp32 recipes; a sampler
-at bf16 or fp16 runs the whole forward, whose products round as training's did. The window T is
+PRECISIONS: fp32 and bf16, the products of the run's recipe. At fp32 every product is a plain fp32
+sum; at bf16 (precision="bf16") the same kernels round each product's inputs to bf16 and sum in
+fp32, as training's products did (kernels/decode.py, PRECISION; the twin: KVCache(precision=
+"bf16")). A sampler at fp16 or an FP8 scope runs the whole forward. The window T is
 the sampler's (context_length for python -m andrea_numba.sample, seq_len for the trainer's
 samples); a step computes positions 0..T-1, and the one at T-1 draws the token of position T. Past
 that every position moves, and the sampler goes back to the whole forward (sample.generate).
@@ -47,6 +50,8 @@ from .config import ModelConfig
 from .gpu_model import BufferSpec
 from .kernels import decode as kd
 from .layout import views
+
+PRECISIONS = ("fp32", "bf16")           # the recipes' precisions a decoder computes at
 
 
 def decode_specs(m: ModelConfig, T: int) -> list[BufferSpec]:
@@ -69,9 +74,9 @@ def decode_specs(m: ModelConfig, T: int) -> list[BufferSpec]:
         S("h", (4 * C,)),               # the MLP's hidden units after the GELU
         S("logits", (V,)),
         S("probs", (V,)),               # softmax(logits): what the host draws from
-        S("attn_m", (H, nch)),          # attention's chunk p of head h: the maximum m_p of its scores,
-        S("attn_l", (H, nch)),          #   l_p = sum_u exp(s_u - m_p) over its keys
-        S("attn_acc", (H, nch, C // H)),   # and sum_u exp(s_u - m_p) v_u
+        S("attn_m", (H, nch)),          # attention's chunk p of head h: its scores' maximum m_p (an integer),
+        S("attn_l", (H, nch)),          #   l_p = sum_u 2^(s_u - m_p) over its keys (scores in base 2)
+        S("attn_acc", (H, nch, C // H)),   # and sum_u 2^(s_u - m_p) v_u
         S("attn_done", (H,), i32),      # attention's blocks of head h done so far (0 between launches)
         S("logits_done", (1,), i32),    # the classifier's blocks done so far (0 between launches)
     ]
@@ -83,12 +88,15 @@ class Decoder:
     context_length). stream: where every launch and copy goes (default: its own). capture(stream,
     work): records work as a graph with a launch() method
     (graphs.StepGraph), or returns None (run eagerly); None: always eager. log: where it says how
-    its steps run."""
+    its steps run. precision: of the products, the run's (PRECISIONS)."""
 
-    def __init__(self, m: ModelConfig, params, T: int | None = None, stream=None, capture=None, log=None):
+    def __init__(self, m: ModelConfig, params, T: int | None = None, stream=None, capture=None, log=None,
+                 precision: str = "fp32"):
         T = m.context_length if T is None else T
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
-        self.m, self.T = m, T
+        assert precision in PRECISIONS, f"a decoder computes at {' or '.join(PRECISIONS)}, not {precision}"
+        self.m, self.T, self.precision = m, T, precision
+        self.bf16 = precision == "bf16"     # the kernels' products round their inputs to bf16
         self.stream = cuda.stream() if stream is None else stream
         self.specs = decode_specs(m, T)
         # zeroed once: a new allocation holds whatever an earlier buffer left there, and a step past
@@ -115,7 +123,7 @@ class Decoder:
     def work(self, stream):
         """Every launch of one step, in order, on `stream` (the decoder's, or a graph builder that
         records them). Nothing here depends on the position: the kernels read it from pos."""
-        b, P, m = self.buf, self.P, self.m
+        b, P, m, bf16 = self.buf, self.P, self.m, self.bf16
         eps, pos = m.ln_eps, b["pos"]
         for l in range(m.n_layer):
             p = f"h{l}."
@@ -123,15 +131,16 @@ class Decoder:
             # q, and this position's k and v into the cache's row t (block 0 embeds the token first)
             kd.decode_qkv(b["q"], K, V, pos, b["x"], P[p + "ln1.g"], P[p + "ln1.b"], eps,
                           P[p + "attn.w_q"], P[p + "attn.w_k"], P[p + "attn.w_v"],
-                          b["tokens"], P["wte"], P["wpe"], l == 0, stream=stream)
+                          b["tokens"], P["wte"], P["wpe"], l == 0, stream=stream, bf16=bf16)
             kd.decode_attention(b["y"], b["attn_m"], b["attn_l"], b["attn_acc"], b["attn_done"],    # keys 0..t
-                                b["q"], K, V, pos, stream=stream)
-            kd.decode_matvec_add(b["x"], b["y"], P[p + "attn.w_o"], stream=stream)      # x += y @ W_o
-            kd.decode_mlp_up(b["h"], b["x"], P[p + "ln2.g"], P[p + "ln2.b"], eps, P[p + "mlp.w_1"], stream=stream)
-            kd.decode_matvec_add(b["x"], b["h"], P[p + "mlp.w_2"], stream=stream)       # x += h @ W_2
+                                b["q"], K, V, pos, stream=stream, bf16=bf16)
+            kd.decode_matvec_add(b["x"], b["y"], P[p + "attn.w_o"], stream=stream, bf16=bf16)      # x += y @ W_o
+            kd.decode_mlp_up(b["h"], b["x"], P[p + "ln2.g"], P[p + "ln2.b"], eps, P[p + "mlp.w_1"], stream=stream,
+                             bf16=bf16)
+            kd.decode_matvec_add(b["x"], b["h"], P[p + "mlp.w_2"], stream=stream, bf16=bf16)       # x += h @ W_2
         # the logits, their softmax into probs, and t += 1; then the token of position t drawn
         kd.decode_logits(b["probs"], b["logits"], b["logits_done"], pos, b["x"], P["lnf.g"], P["lnf.b"], eps,
-                         P["wte"], stream=stream)
+                         P["wte"], stream=stream, bf16=bf16)
         kd.decode_draw(b["tokens"], pos, b["probs"], b["uniform"], b["draw"], b["temperature"], stream=stream)
 
     def step(self):

@@ -8,7 +8,7 @@
 The trainer prints the plan, checks it before any data is prepared and then allocates exactly
 these buffers, once: GPUModel's buffer_specs, the optimiser's vectors, what a step reads that
 changes from step to step (its token batches, dropout's keys, AdamW's learning rate and bias
-corrections) and, at fp32, the sampler's KV-cache decoder (decode_specs: its cache [n_layer,
+corrections) and, at fp32 and bf16, the sampler's KV-cache decoder (decode_specs: its cache [n_layer,
 seq_len, d_model] twice and a few rows). The sampler's whole forward allocates nothing: it runs on
 the training model's buffers.
 """
@@ -21,7 +21,7 @@ from numba import cuda
 from reference.dropout import SITES
 
 from .config import Config, load_config
-from .decode import decode_specs
+from .decode import PRECISIONS as DECODER_PRECISIONS, decode_specs
 from .gpu_model import buffer_specs, products_scratch
 from .kernels import optim
 from .kernels.common import SIMULATOR
@@ -55,7 +55,7 @@ def memory_plan(cfg: Config, B: int | None = None) -> list[tuple[str, str, int]]
     # cuBLASLt's workspace, the operands' 16-bit copies (kernels/cublaslt.py: the library's, or matmul v13's)
     where = "library" if t.products == "cublas" else "scratch"
     rows += [(where, name, nbytes) for name, nbytes in products_scratch(recipe, B * t.seq_len, m.d_model, m.vocab_size, m.n_layer).items()]
-    if recipe.precision == "fp32":          # the sampler's decoder (train.Trainer.allocate)
+    if recipe.precision in DECODER_PRECISIONS:      # the sampler's decoder (train.Trainer.allocate)
         rows += [(s.kind, "decoder." + s.name, s.nbytes) for s in decode_specs(m, t.seq_len)]
     return rows
 

@@ -8,11 +8,12 @@ On the GPU it runs the CUDA kernels (a forward-only GPUModel of batch 1); with -
 NumPy twin (reference.model_logits), so a laptop without a GPU can sample from a checkpoint
 trained on one. Sampling: softmax(logits / temperature) over the top_k most likely tokens.
 
-Both sample at fp32 on a KV cache while the sequence fits the context: each drawn token is one
-position, its k and v kept for the positions after it, instead of the whole forward of the context
-again (the GPU's decoder: andrea_numba/decode.py; the twin's: reference/decode.py). Past the context
-the window slides and every position moves, and at bf16 and fp16 the products round as training's
-did: there each token runs the whole forward of the last context_length tokens.
+Both sample at fp32 and bf16 on a KV cache while the sequence fits the context: each drawn token is
+one position, its k and v kept for the positions after it, instead of the whole forward of the
+context again (the GPU's decoder: andrea_numba/decode.py; the twin's: reference/decode.py), its
+products rounding as training's did at the run's precision. Past the context the window slides and
+every position moves, and at fp16 and the FP8 scopes there is no decoder: there each token runs the
+whole forward of the last context_length tokens.
 
 The checkpoint (checkpoint.bin, or best.bin with --best) is checked against the sha256 that the
 trainer recorded in .state.json; every argument and every file of the run is checked before the
@@ -33,7 +34,7 @@ from . import cli
 from . import data as D
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import ConfigError, config_from_dict
-from .decode import Decoder
+from .decode import PRECISIONS as DECODER_PRECISIONS, Decoder
 from .gpu_model import GPUModel
 from .graphs import GRAPHS, StepGraph
 from .kernel_cache import KernelCache
@@ -89,14 +90,14 @@ def generate(model, tokenizer, prompt: str, n_tokens: int, seed: int, temperatur
 def generate_cpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, top_k=40, precision="fp32",
                  products="numba") -> str:
     """The same sampling loop as generate, with the NumPy twin computing the logits (its products
-    at the run's precision). With exact products (fp32) while the sequence fits the context, one
-    position a token on a KV cache (reference/decode.py); past the context (the window slides, and
-    every position moves) and at other precisions, the whole forward of the last context_length
-    tokens each time."""
+    at the run's precision). At fp32 and bf16 while the sequence fits the context, one position a
+    token on a KV cache (reference/decode.py, its products at the run's precision); past the context
+    (the window slides, and every position moves) and at other precisions, the whole forward of the
+    last context_length tokens each time."""
     ids = list(tokenizer.encode(prompt)) or [0]
     uniforms = np.random.default_rng(seed).random(n_tokens)
     out = []
-    cache = KVCache(params, m) if precision == "fp32" else None
+    cache = KVCache(params, m, precision) if precision in DECODER_PRECISIONS else None
     fed = 0                                  # tokens of ids the cache has read
     for u in uniforms:
         if cache is not None and len(ids) <= m.context_length:
@@ -125,15 +126,16 @@ def generate_gpu(params, m, tokenizer, prompt, n_tokens, seed, temperature=1.0, 
                  products="numba") -> str:
     """generate on a forward-only GPUModel of batch 1 holding the given weights, with the run's
     recipe (recipes.recipe_for its precision and products, on this GPU: as the trainer's own samples).
-    At fp32, one position a token on a KV cache (andrea_numba/decode.py, its step replayed as a CUDA
-    graph where there are graphs) while the sequence fits the context, as generate_cpu's twin does."""
+    At fp32 and bf16, one position a token on a KV cache (andrea_numba/decode.py, at the recipe's
+    precision, its step replayed as a CUDA graph where there are graphs) while the sequence fits the
+    context, as generate_cpu's twin does."""
     _require_gpu()
     model = GPUModel(m, 1, m.context_length, training=False, recipe=recipe_for(precision, products))
     model.params.copy_to_device(params, stream=model.stream)       # ordered before the first forward
     decoder = None
-    if model.precision == "fp32":
+    if model.precision in DECODER_PRECISIONS:
         decoder = Decoder(m, model.params, m.context_length, stream=model.stream,
-                          capture=StepGraph if GRAPHS else None)
+                          capture=StepGraph if GRAPHS else None, precision=model.precision)
     compile_sampler(model, decoder)
     return generate(model, tokenizer, prompt, n_tokens, seed, temperature, top_k, decoder=decoder)
 

@@ -68,7 +68,7 @@ from .config import Config, ConfigError, config_from_dict, load_config, validate
 from .filewriter import FileWriter
 from .loss_scale import MIN_SCALE, LossScale, LossScaleError
 from .mfu import flops_per_token, format_mfu, mfu, peak_flops
-from .decode import Decoder
+from .decode import PRECISIONS as DECODER_PRECISIONS, Decoder
 from .gpu_model import GPUModel
 from .graphs import GRAPHS, StepGraph
 from .kernel_cache import KernelCache
@@ -322,12 +322,13 @@ class Trainer:
         # the sampler: a forward at batch 1 on the first row of the training model's buffers (they
         # are free between steps), with the training sequence length as its window
         self.sampler = GPUModel(m, 1, T, stream=s, training=False, share=self.model, recipe=self.model.recipe)
-        # ... and at fp32, while the text fits seq_len, a KV-cache decoder on the same weights: one
-        # position a drawn token, drawn on the GPU (andrea_numba/decode.py; its cache, rows and pinned
-        # host buffers are its own)
+        # ... and at fp32 and bf16, while the text fits seq_len, a KV-cache decoder on the same weights,
+        # its products at the run's precision: one position a drawn token, drawn on the GPU
+        # (andrea_numba/decode.py; its cache, rows and pinned host buffers are its own)
         self.sample_buf = cuda.pinned_array((1, T), np.int32)
-        self.decoder = Decoder(m, self.model.params, T, stream=s, capture=self.capture_decoder, log=self.log) \
-            if self.model.precision == "fp32" else None
+        self.decoder = Decoder(m, self.model.params, T, stream=s, capture=self.capture_decoder, log=self.log,
+                               precision=self.model.precision) \
+            if self.model.precision in DECODER_PRECISIONS else None
         self.adam_m = cuda.device_array(self.n, np.float32, stream=s)
         self.adam_v = cuda.device_array(self.n, np.float32, stream=s)
         self.decay = cuda.to_device(decay_mask(m, np.uint8), stream=s)
@@ -531,7 +532,7 @@ class Trainer:
         residual.residual_add(self.stats[0:1], self.stats[0:1], self.model.buf["loss"], stream=stream)
 
     def generate(self, prompt: str, n_tokens: int, seed: int, temperature=1.0, top_k=40) -> str:
-        """Sample n_tokens after prompt: at fp32 one position a token on the decoder's KV cache while
+        """Sample n_tokens after prompt: at fp32 and bf16 one position a token on the decoder's KV cache while
         the text fits seq_len, otherwise (and past it) with the sampler (a forward at B=1 over the
         last seq_len tokens, on the training model's buffers)."""
         return generate_text(self.sampler, self.tokenizer, prompt, n_tokens, seed, temperature, top_k,

@@ -18,6 +18,10 @@ Measured on an NVIDIA H100 (2026-12-07, docs/results/2026-12-07-h100-decoder-run
 of a step with its draw at 12M, median of 5 rounds: rung 1 0.2996 ms, rung 2 0.4138, rung 3 0.4185,
 rung 4 0.4401. Fewer barriers did not make the step faster: the trees won, and the engine keeps them.
 
+Rungs 2 to 4 decode at fp32 only (their launchers refuse bf16 = True): their attention keeps its
+scores in base e, and their own kernels do not round the products' inputs as kernels/decode.py's
+bf16 decoder does.
+
 Rung 2's shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
 on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
 """
@@ -28,7 +32,7 @@ from numba import cuda, float32, int32
 
 from andrea_numba.kernels import decode as engine
 from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, blocks, cdiv, nonneg
-from andrea_numba.kernels.decode import LOGIT_BLOCKS, _chunk_weight, _from_l2, _last_block
+from andrea_numba.kernels.decode import LOGIT_BLOCKS, _from_l2, _last_block
 from andrea_numba.kernels.ptx import warp_max, warp_sum
 
 # the blocks of rung 2 (whole warps: a warp's shuffles take its 32 lanes)
@@ -37,10 +41,19 @@ MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=
 MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
 LOGITS_BLOCKS = dict(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
+FP32_ONLY = "rungs 2 to 4 decode at fp32: their attention and classifier have no bf16 products (the engine's do)"
 
 
 # ---------------------------------------------------------------------------------------------
 # rung 2: the sums across threads by shuffles
+
+@cuda.jit(device=True)
+def _chunk_weight(m_p, big):
+    """w_p = exp(m_p - M): chunk p's exponentials, taken against its own maximum m_p, brought to
+    the head's maximum M (rungs 2 and 3 keep attention's scores in base e, as the engine did before
+    its bf16 decoder: kernels/decode.py takes them in base 2 against an integer maximum)."""
+    return math.exp(m_p - big)
+
 
 @cuda.jit(device=True)
 def _block_total(buf, val):
@@ -317,7 +330,7 @@ def _whole_warps(*sizes) -> bool:
 
 @blocks(**QKV_BLOCKS)
 def decode_qkv_v2(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
-               stream=0):
+                  stream=0, bf16=False):
     """q [C]; k_cache, v_cache [T, C] (row pos[0] written); pos [1] int32; x, g, b [C]; w_q, w_k,
     w_v [C, C]; tokens [T] int32, wte [V, C], wpe [T_max, C], embed: x = wte[tokens[t]] + wpe[t]
     first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, 3C floats
@@ -325,14 +338,15 @@ def decode_qkv_v2(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens,
     assert _whole_warps(*block), f"block {block}: powers of two, whole warps"
     C = x.shape[0]
     k_decode_qkv_v2[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
-                                                              w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
+                                                              w_q, w_k, w_v, tokens, wte, wpe, bool(embed), bool(bf16))
 
 
 @blocks(**ATTENTION_BLOCKS)
-def decode_attention_v2(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0):
+def decode_attention_v2(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0, bf16=False):
     """y, q [C]; part_m, part_l [H, NCH], part_acc [H, NCH, hs] (scratch, NCH >= T / CK); done [H]
     int32 (zeros between launches); k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32.
     Launch: (T / CK, H) blocks of LANES x CK threads (at least NCH: a thread a chunk in the merge)."""
+    assert not bf16, FP32_ONLY
     lanes, ck = block
     T = k_cache.shape[0]
     H, nch = part_m.shape
@@ -343,26 +357,27 @@ def decode_attention_v2(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, 
 
 
 @blocks(**MATVEC_BLOCKS)
-def decode_matvec_add_v2(x, a, w, *, block, stream=0):
+def decode_matvec_add_v2(x, a, w, *, block, stream=0, bf16=False):
     """x [N] (+= a @ w, in place); a [K]; w [K, N]. Launch: N / TX blocks of TX x KS threads."""
     assert _whole_warps(*block), f"block {block}: powers of two, whole warps"
-    k_decode_matvec_add_v2[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
+    k_decode_matvec_add_v2[cdiv(w.shape[1], block[0]), block, stream](x, a, w, bool(bf16))
 
 
 @blocks(**MLP_UP_BLOCKS)
-def decode_mlp_up_v2(h, x, g, b, eps, w_1, *, block, stream=0):
+def decode_mlp_up_v2(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
     """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, 3C floats of dynamic
     shared memory."""
     assert _whole_warps(*block), f"block {block}: powers of two, whole warps"
     C = x.shape[0]
-    k_decode_mlp_up_v2[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
+    k_decode_mlp_up_v2[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1, bool(bf16))
 
 
 @blocks(**LOGITS_BLOCKS)
-def decode_logits_v2(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0):
+def decode_logits_v2(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0, bf16=False):
     """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
     wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
     floats of dynamic shared memory."""
+    assert not bf16, FP32_ONLY
     assert _whole_warps(*block) and block[0] <= 32, \
         f"block {block}: powers of two, whole warps, at most 32 lanes (a row's in one warp)"
     V, C = wte.shape
@@ -449,12 +464,13 @@ def k_decode_attention_v3(y, part_m, part_l, part_acc, done, q, k_cache, v_cache
 
 
 @blocks(gpu=(1024, 512, 256), sim=(64, 32))
-def decode_attention_v3(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0):
+def decode_attention_v3(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0, bf16=False):
     """The arguments of decode_attention (rung 2's scratch unused). Launch: H blocks of `block`
     threads, whole warps, at most 32 of them; hs <= 64."""
     H = part_m.shape[0]
     assert block % 32 == 0 and block <= MAX_BLOCK and q.shape[0] // H <= 64, \
         f"block {block}: whole warps, at most {MAX_BLOCK} threads; a head of at most 64 channels"
+    assert not bf16, FP32_ONLY
     k_decode_attention_v3[H, block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
 

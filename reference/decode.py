@@ -16,7 +16,10 @@ The same logits as model_logits(params, m, tokens[:t+1])[0, t], in float64 to 1e
 sums in another order. A step costs the products of one row and attention over t+1 keys, where
 the whole forward costs t+1 rows and (t+1)^2 scores. Past the context (t = context_length) the
 positions no longer fit wpe: a sampler starts a new cache on the last tokens (sample.py).
-Exact products only (fp32 twin, no dropout): the sampler of a bf16 run recomputes in full.
+At a precision of the products (precision="bf16": the sampler of a bf16 run) every product rounds
+its inputs as the whole forward's do at that precision (reference/precision.py, mm), attention's
+as the flash twin does (reference/attn.py, _low_precision_pv: the scores in base 2 against an integer
+maximum); no dropout.
 
 Then the token is drawn from the probabilities (draw): softmax(logits / temperature) over the
 top_k most likely, and the first token whose running sum of those weights passes u times their
@@ -35,22 +38,28 @@ from .attn_qkv import attn_qkv_fwd
 from .embed import embed_fwd
 from .layernorm import layernorm_fwd
 from .mlp import mlp_fwd
+from .precision import current, higher, mm, products_in
 from .residual import residual_add
 
 
 class KVCache:
-    """The decoder of one sequence: step(token) -> the logits [V] at the next position."""
+    """The decoder of one sequence: step(token) -> the logits [V] at the next position. precision:
+    of the products (None or "fp32": exact; "bf16": their inputs rounded), as model_logits's."""
 
-    def __init__(self, params, m: ModelConfig):
-        self.P, self.m = views(params, m), m
+    def __init__(self, params, m: ModelConfig, precision=None):
+        self.P, self.m, self.precision = views(params, m), m, precision
         shape = (m.n_layer, m.context_length, m.d_model)        # K[l, t]: block l's k of position t
         self.K, self.V = np.zeros(shape, params.dtype), np.zeros(shape, params.dtype)
         self.t = 0                                                # positions in the cache
 
     def step(self, token: int) -> np.ndarray:
+        if self.t >= self.m.context_length:
+            raise ValueError(f"the cache holds {self.m.context_length} positions (the context length): start a new one")
+        with products_in(self.precision):
+            return self._step(token)
+
+    def _step(self, token: int) -> np.ndarray:
         P, m, t = self.P, self.m, self.t
-        if t >= m.context_length:
-            raise ValueError(f"the cache holds {m.context_length} positions (the context length): start a new one")
         H, hs = m.n_head, m.d_model // m.n_head
         x = embed_fwd(np.array([[token]]), P["wte"], P["wpe"][t:t + 1])            # [1, 1, C] at position t
         for l in range(m.n_layer):
@@ -61,15 +70,30 @@ class KVCache:
             qh = q.reshape(H, hs)                                                  # [H, hs]
             Kh = self.K[l, :t + 1].reshape(t + 1, H, hs).transpose(1, 0, 2)        # [H, t+1, hs]
             Vh = self.V[l, :t + 1].reshape(t + 1, H, hs).transpose(1, 0, 2)
-            s = np.einsum("hd,hud->hu", qh, Kh) / math.sqrt(hs)                    # [H, t+1]: no mask needed
-            e = np.exp(s - s.max(axis=1, keepdims=True))
-            y = np.einsum("hu,hud->hd", e / e.sum(axis=1, keepdims=True), Vh)      # [H, hs]
+            y = attend(qh, Kh, Vh)                                                 # [H, hs]
             x = residual_add(x, attn_out_fwd(y.reshape(1, 1, -1), P[p + "attn.w_o"]))
             ln2 = layernorm_fwd(x, P[p + "ln2.g"], P[p + "ln2.b"], m.ln_eps)[0]
             x = residual_add(x, mlp_fwd(ln2, P[p + "mlp.w_1"], P[p + "mlp.w_2"])[0])
         self.t += 1
         lnf = layernorm_fwd(x, P["lnf.g"], P["lnf.b"], m.ln_eps)[0]
-        return (lnf @ P["wte"].T)[0, 0]
+        with higher():                                                             # as model_logits
+            return mm(lnf, P["wte"].T)[0, 0]
+
+
+def attend(qh, Kh, Vh):
+    """One query a head against its keys: qh [H, hs], Kh, Vh [H, t+1, hs] -> y [H, hs], y_h =
+    softmax(s_h) V_h with s_h = q_h K_h^T / sqrt(hs) (the keys are all in the past: no mask). With
+    exact products, the softmax and then the product. At a precision of the products, as the flash
+    twin computes it (reference/attn.py, _low_precision_pv): the scores in base 2, p = 2^(s - M)
+    against the integer M = ceil(max s), y = mm(p, V) / sum p."""
+    hs = qh.shape[1]
+    s = mm(qh[:, None, :], Kh.transpose(0, 2, 1))[:, 0] * (1.0 / math.sqrt(hs))   # [H, t+1]
+    if current() is None:
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        return np.einsum("hu,hud->hd", e / e.sum(axis=1, keepdims=True), Vh)
+    s2 = s * (1.0 / math.log(2.0))
+    p2 = np.exp2(s2 - np.ceil(s2.max(axis=1, keepdims=True)))
+    return mm(p2[:, None, :], Vh)[:, 0] / p2.sum(axis=1, keepdims=True)
 
 
 def draw(p, u: float, temperature=1.0, top_k=40) -> int:

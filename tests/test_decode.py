@@ -27,6 +27,22 @@ def test_each_step_gives_the_whole_forwards_logits_at_its_position():
         cache.step(0)
 
 
+def test_at_bf16_each_step_gives_the_bf16_whole_forwards_logits():
+    """KVCache(precision="bf16") against model_logits at bf16 (every product's inputs rounded, the
+    flash twin's attention): the same rounded values, summed in another order, so float64 close;
+    and far from the exact logits (the rounding is there)."""
+    m = load_config("tiny").model
+    params = _params(m)
+    tokens = np.random.default_rng(1).integers(0, m.vocab_size, size=m.context_length)
+    full = R.model_logits(params, m, tokens[None, :], "bf16")[0]
+    exact = R.model_logits(params, m, tokens[None, :])[0]
+    cache = KVCache(params, m, "bf16")
+    for t, token in enumerate(tokens):
+        got = cache.step(int(token))
+        np.testing.assert_allclose(got, full[t], rtol=0, atol=1e-12 * np.abs(full[t]).max())
+        assert np.abs(got - exact[t]).max() > 1e-4 * np.abs(exact[t]).max()
+
+
 def test_a_wrong_cache_row_changes_the_next_logits():
     """The cache is read: a k row of an earlier position overwritten moves the next step's logits."""
     m = load_config("tiny").model

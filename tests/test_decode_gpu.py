@@ -11,6 +11,15 @@ which the next LayerNorm scales by its gain over the row's spread. Two blocks an
 give a few times 32 u, about 2e-6, of the logits' scale; TOL allows 1e-5 of the row's largest
 |logit| (the distance measured is about 2e-7). Attention that misses the position's own key moves
 the logits by far more than that (the planted bug below).
+
+A bf16 decoder (precision="bf16") rounds each product's inputs to bf16, as its twin does
+(KVCache(precision="bf16")). The decoder's inputs to a product are the twin's values to fp32
+rounding, so both round them to the same bf16 unless one lies within about 1e-7 of its own size
+of the midpoint between two bf16 values, a chance of about 3e-5 a value; then the logits move by a
+bf16 step of that input, some 1e-3. The positions below round none that way: the distance is the
+fp32 one (measured 5e-8), under the same TOL; the exact twin's logits lie some 300 TOL away
+(measured at least 2.6e-3). A product that skips its rounding (q in the scores, the powers e in
+attention's sum, the classifier's LNf(x) were each tried) moves the logits by 1e-3 or more.
 """
 import dataclasses
 import sys
@@ -53,9 +62,9 @@ def _distance(got, want) -> float:
     return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
 
 
-def _decode_each(m, params, tokens):
+def _decode_each(m, params, tokens, precision="fp32"):
     """Feed tokens one by one to a decoder on params: [(logits, probs)] at each position, and the decoder."""
-    dec = Decoder(m, cuda.to_device(params))
+    dec = Decoder(m, cuda.to_device(params), precision=precision)
     dec.reset()
     rows = []
     for t in range(len(tokens)):
@@ -93,6 +102,21 @@ def test_each_step_gives_the_twins_logits_and_the_whole_forwards_probabilities()
     dec.feed(tokens[:3])
     assert dec.read("pos")[0] == 3
     assert dec.read("logits").tobytes() == rows[2][0].tobytes()
+
+
+def test_a_bf16_decoder_gives_the_bf16_twins_logits_and_not_the_exact_ones():
+    """The decoder of a bf16 run against the twin at bf16 (every product's inputs rounded) and the
+    exact twin, position by position (the module's docstring: the tolerance at bf16)."""
+    m, params = _model()
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    rows, dec = _decode_each(m, params, tokens, "bf16")
+    bf16 = KVCache(params.astype(np.float64), m, "bf16")
+    exact = KVCache(params.astype(np.float64), m)
+    for t, (logits, _) in enumerate(rows):
+        assert _distance(logits, bf16.step(tokens[t])) <= TOL, t
+        assert _distance(logits, exact.step(tokens[t])) > 100 * TOL, t
+    for name, want in (("k_cache", bf16.K), ("v_cache", bf16.V)):
+        assert _distance(dec.read(name)[:, :len(tokens)], want[:, :len(tokens)]) <= TOL, name
 
 
 def test_attention_that_misses_its_own_key_fails_the_comparison(monkeypatch):
@@ -157,6 +181,22 @@ def test_sampling_on_the_decoder_draws_the_whole_forwards_tokens_past_the_contex
     dec = Decoder(m, model.params, stream=model.stream)
     assert generate(model, Bytes(), prompt, 6, 11, 0.8, 5, decoder=dec) == whole
     assert dec.n == m.context_length and dec.read("pos")[0] == m.context_length     # it decoded to the end
+
+
+def test_a_bf16_decoder_draws_the_bf16_whole_forwards_tokens():
+    """The sampler of a bf16 run: sample.generate with a bf16 decoder against the whole forward of
+    the bf16 recipe (its products round their inputs, its attention is the bf16 flash kernels'),
+    the same seed and prompt as the test above."""
+    from andrea_numba.recipes import recipe_for
+    m, params = _model(n_layer=1, seed=3)
+    model = GPUModel(m, 1, m.context_length, training=False, recipe=recipe_for("bf16"))
+    assert model.precision == "bf16"
+    model.params.copy_to_device(params)
+    prompt = "abcdefghijkl"
+    whole = generate(model, Bytes(), prompt, 6, 11, 0.8, 5)
+    dec = Decoder(m, model.params, stream=model.stream, precision="bf16")
+    assert generate(model, Bytes(), prompt, 6, 11, 0.8, 5, decoder=dec) == whole
+    assert dec.n == m.context_length
 
 
 def test_a_sample_drawn_on_the_gpu_is_the_one_the_host_draws_step_by_step():

@@ -274,7 +274,7 @@ def test_the_sampler_loads_its_kernels_from_the_cache_before_the_first_token(tmp
     assert sample.compile_sampler(model, decoder=SimpleNamespace(stream=None)) == {"cached": 0}
     assert seen["work"] == 2 and seen["launches"] == ["launch"] * 2 and seen["workers"] >= 1
     assert seen["cache"].dir == tmp_path / "cache"
-    sample.compile_sampler(model)                            # bf16: the whole forward alone
+    sample.compile_sampler(model)                            # fp16: no decoder, the whole forward alone
     assert seen["work"] == 1
 
     def broken(*work):

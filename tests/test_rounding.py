@@ -1,8 +1,9 @@
 """The roundings to bf16, fp16 and FP8 checked against tables of every value of each format, built
 here from the formats' definitions (sign, exponent field, mantissa field), not from any rounding
 routine: the twin's (reference/precision.py, reference/fp8.py), the simulator's stand-ins for the
-GPU's conversions (kernels/ptx.py: sim_round_bf16, sim_round_fp16, the bf16x2 / f16x2 twins) and the
-engine's bf16 copy kernel (kernels/operands.py: k_round_bf16) must each agree with the table. So the
+GPU's conversions (kernels/ptx.py: sim_round_bf16, sim_round_fp16, the bf16x2 / f16x2 twins), the
+engine's bf16 copy kernel (kernels/operands.py: k_round_bf16) and the decoder's rounding (ptx.bf16_value)
+must each agree with the table. So the
 twin and the simulator, which are written apart, cannot share a bug that the checks then miss."""
 import numpy as np
 import pytest
@@ -113,6 +114,22 @@ def test_the_engines_bf16_copy_kernel_agrees_with_the_table():
     operands.k_round_bf16[(1, 4), 4](out, cuda.to_device(x.view(np.uint32)), True)
     got = (out.copy_to_host().astype(np.uint32) << 16).view(np.float32).reshape(x.shape)
     assert not same(got, by_table(x, "bf16")), same(got, by_table(x, "bf16"))
+
+
+@cuda.jit
+def _k_bf16_value(out, x):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = ptx.bf16_value(x[i])
+
+
+def test_the_decoders_bf16_rounding_agrees_with_the_table():
+    """ptx.bf16_value (how a bf16 decoder rounds each product's inputs: kernels/decode.py, _in), run
+    in the simulator or on a GPU."""
+    x = values("bf16", n=100)[:256]
+    out = cuda.to_device(np.zeros(x.size, np.float32))
+    _k_bf16_value[4, 64](out, cuda.to_device(x))
+    assert not same(out.copy_to_host(), by_table(x, "bf16")), same(out.copy_to_host(), by_table(x, "bf16"))
 
 
 @pytest.mark.parametrize("fmt", [F.E4M3, F.E5M2], ids=lambda f: f.name)

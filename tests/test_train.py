@@ -449,12 +449,15 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path, args, message):
 
 def test_memory_plan_refuses_and_suggests_a_smaller_microbatch():
     raw = load_config("120M").to_dict()
-    raw["train"]["precision"] = "fp32"           # the config's is bf16, whose sampler has no decoder
+    raw["train"]["precision"] = "fp32"           # (the config's is bf16)
     cfg = config_from_dict(raw)
     plan = tr.memory_plan(cfg)
     total = sum(r[2] for r in plan)
     assert {"params", "grads", "optimizer", "activations", "scratch", "step", "sampler"} == {r[0] for r in plan}
-    assert "sampler" not in {r[0] for r in tr.memory_plan(load_config("120M"))}
+    assert "sampler" in {r[0] for r in tr.memory_plan(load_config("120M"))}       # bf16: a decoder too
+    raw["train"]["precision"] = "fp16"           # no decoder: its sampler runs the whole forward
+    assert "sampler" not in {r[0] for r in tr.memory_plan(config_from_dict(raw))}
+    raw["train"]["precision"] = "fp32"
     P = n_params(cfg.model)
     assert sum(r[2] for r in plan if r[1] in ("params", "grads", "adam_m", "adam_v")) == 4 * 4 * P
     assert tr.check_fits(cfg, free_bytes=2 * total) == total

@@ -64,17 +64,32 @@ t + 1 keys each; instead the keys 0..T-1 of the window come in NCH = T / CK chun
 and block (p, h) of the grid (NCH, H) takes chunk p of head h: keys u = p CK + r, r < CK. A chunk
 past t (p CK > t) returns at once: the launch is the same for every t, and the chunks that run
 are p = 0 .. na - 1, na = t // CK + 1. Block (LANES, CK), one row of LANES threads a key:
-    1. s_u = q_h . K[u, h] / sqrt(hs): lane sums channels d = lane, lane + LANES, ... (neighbouring
-       lanes read neighbouring channels of the key's row: coalesced), the lanes meet in a tree;
-    2. m_p = max_u s_u over the chunk's keys (u <= t), e_u = exp(s_u - m_p), l_p = sum_u e_u;
+    1. s_u = log2(e) q_h . K[u, h] / sqrt(hs), the score in base 2: lane sums channels d = lane,
+       lane + LANES, ... (neighbouring lanes read neighbouring channels of the key's row:
+       coalesced), the lanes meet in a tree;
+    2. m_p = ceil(max_u s_u) over the chunk's keys (u <= t), an integer; e_u = 2^(s_u - m_p), in
+       (0, 1]; l_p = sum_u e_u;
     3. acc_p[d] = sum_u e_u V[u, h hs + d]: G = CK LANES / hs groups of hs threads, group g over
        keys r = g, g + G, ...; the G groups' sums added in g order;
     4. m_p, l_p and acc_p go to scratch (part_m, part_l [H, NCH], part_acc [H, NCH, hs]); the
        last of head h's na blocks to finish merges them, thread p taking chunk p:
-           M = max_p m_p,   w_p = exp(m_p - M),   y_h[d] = sum_p w_p acc_p[d] / sum_p w_p l_p,
-       which is softmax(s) V over all t + 1 keys, because exp(s_u - M) = w_p e_u. The maximum
+           M = max_p m_p,   w_p = 2^(m_p - M),   y_h[d] = sum_p w_p acc_p[d] / sum_p w_p l_p,
+       which is softmax(s) V over all t + 1 keys, because 2^(s_u - M) = w_p e_u. The maximum
        and the sum over p are block sums (block_max, block_sum); the sums over p of acc go in
        groups, as the keys in step 3.
+Why base 2 and an integer maximum: w_p is then a power of two, and e_u is 2^(s_u - M) times a power
+of two in every chunking; multiplying by a power of two moves no bit of a mantissa, so a bf16
+decoder's rounded e_u (below) round exactly as the twin's 2^(s_u - M) do (reference/attn.py,
+_low_precision_pv; the bf16 flash kernels keep their maximum the same way). At fp32 it changes
+nothing but the base of the exponential.
+
+PRECISION. A bf16 decoder (the sampler of a bf16 run: Decoder(..., precision="bf16")) launches the
+same kernels with bf16 = True: every product rounds both of its inputs to bf16 (_in: ptx.bf16_value,
+ties to even) and sums in fp32, as the training's products and the twin's do (reference/precision.py,
+mm; reference/decode.py, KVCache(precision="bf16")): the LayerNorm's output and the weights in qkv,
+mlp_up and the classifier, y and h and the weights in the two output projections, q and k in the
+scores, e and v in attention's sum. The LayerNorms, the GELU, the residual stream, the softmax and
+the cache stay fp32. At fp32 (bf16 = False) every _in is the value itself.
 
 THE LAST BLOCK (attention's merge, the classifier's softmax). Each block writes its part, makes
 it visible to the whole GPU (threadfence) and counts itself done with an integer atomic add on
@@ -124,11 +139,13 @@ from numba import cuda, float32, float64, int32, int64
 
 from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, nonneg
 from .mlp import gelu
+from .ptx import bf16_value
 
 LOGIT_BLOCKS = 4 if SIMULATOR else 1 << 20      # k_decode_logits: at most this many blocks (rows loop)
 DRAW_BINS = 256                                  # k_decode_draw's radix select: 8 bits of a key a pass
 TINY_BITS = int(np.float32(1e-30).view(np.int32))   # the key of a probability at or below 1e-30
 RANK_MAX = 1024                                  # k_decode_draw: the top_k-th largest by counting up to this V
+LOG2_E = float32(1.0 / math.log(2.0))             # attention's scores in base 2: 2^(s log2 e) = e^s
 NEVER = 1 << 30                                  # draw[0] of a sequence that draws nothing: past any position
 RUNS = MAX_BLOCK + 1                             # k_decode_draw: S_0 .. S_NT, NT <= MAX_BLOCK
 
@@ -174,28 +191,45 @@ def _layernorm_shared(a, buf, C, eps):
 
 
 @cuda.jit(device=True)
-def _row(w, k, n):
-    """w[k, n], or 0 past the matrix."""
+def _in(v, bf16):
+    """A product's input as the product multiplies it: v itself, or in a bf16 decoder v rounded to
+    bf16 (ties to even; ptx.bf16_value), as the twin's products and the training's round theirs
+    (reference/precision.py, mm). The product and its sums stay in fp32."""
+    if bf16:
+        return bf16_value(v)
+    return v
+
+
+@cuda.jit(device=True)
+def _row(w, k, n, bf16):
+    """w[k, n] (a product's input: _in), or 0 past the matrix."""
     if k < w.shape[0] and n < w.shape[1]:
-        return w[k, n]
+        return _in(w[k, n], bf16)
     return float32(0.0)
 
 
 @cuda.jit(device=True)
-def _first_rows(w, n):
+def _term(a, w, k, n, bf16):
+    """a[k] w[k, n], each input as the product takes it (_in)."""
+    return _in(a[k], bf16) * _in(w[k, n], bf16)
+
+
+@cuda.jit(device=True)
+def _first_rows(w, n, bf16):
     """The first four weights of thread (tx, ty)'s part of column n (_column_part): rows ty,
     ty + KS, ty + 2 KS, ty + 3 KS (0 past the matrix). A kernel loads them before its LayerNorm, so
     that they travel while it computes: its first round of loads costs no wait of its own."""
     k, ks = cuda.threadIdx.y, cuda.blockDim.y
-    return _row(w, k, n), _row(w, k + ks, n), _row(w, k + 2 * ks, n), _row(w, k + 3 * ks, n)
+    return _row(w, k, n, bf16), _row(w, k + ks, n, bf16), _row(w, k + 2 * ks, n, bf16), _row(w, k + 3 * ks, n, bf16)
 
 
 @cuda.jit(device=True)
-def _column_part(a, w, n, w0, w1, w2, w3):
+def _column_part(a, w, n, w0, w1, w2, w3, bf16):
     """Thread (tx, ty)'s part of out[n] = sum_k a[k] w[k, n] in a block of TX x KS threads: rows
     k = ty, ty + KS, ty + 2 KS, ... in four running sums, the first four rows' weights w0..w3 given
     (_first_rows), then four a round (four independent loads in flight), then two, then one;
-    returns (s0 + s1) + (s2 + s3). 0 for a column past the matrix."""
+    returns (s0 + s1) + (s2 + s3). 0 for a column past the matrix. Each product's two inputs as
+    the product takes them (_in, _term)."""
     ks = cuda.blockDim.y
     K = w.shape[0]
     s0 = float32(0.0)
@@ -205,26 +239,26 @@ def _column_part(a, w, n, w0, w1, w2, w3):
     if n < w.shape[1]:
         k = cuda.threadIdx.y
         if k < K:
-            s0 = a[k] * w0
+            s0 = _in(a[k], bf16) * w0
         if k + ks < K:
-            s1 = a[k + ks] * w1
+            s1 = _in(a[k + ks], bf16) * w1
         if k + 2 * ks < K:
-            s2 = a[k + 2 * ks] * w2
+            s2 = _in(a[k + 2 * ks], bf16) * w2
         if k + 3 * ks < K:
-            s3 = a[k + 3 * ks] * w3
+            s3 = _in(a[k + 3 * ks], bf16) * w3
         k += 4 * ks
         while k + 3 * ks < K:
-            s0 += a[k] * w[k, n]
-            s1 += a[k + ks] * w[k + ks, n]
-            s2 += a[k + 2 * ks] * w[k + 2 * ks, n]
-            s3 += a[k + 3 * ks] * w[k + 3 * ks, n]
+            s0 += _term(a, w, k, n, bf16)
+            s1 += _term(a, w, k + ks, n, bf16)
+            s2 += _term(a, w, k + 2 * ks, n, bf16)
+            s3 += _term(a, w, k + 3 * ks, n, bf16)
             k += 4 * ks
         if k + ks < K:                             # two or three rows left
-            s0 += a[k] * w[k, n]
-            s1 += a[k + ks] * w[k + ks, n]
+            s0 += _term(a, w, k, n, bf16)
+            s1 += _term(a, w, k + ks, n, bf16)
             k += 2 * ks
         if k < K:                                  # one left
-            s2 += a[k] * w[k, n]
+            s2 += _term(a, w, k, n, bf16)
     return (s0 + s1) + (s2 + s3)
 
 
@@ -248,9 +282,10 @@ def _column_total(buf, part):
 
 @cuda.jit(device=True)
 def _chunk_weight(m_p, big):
-    """w_p = exp(m_p - M): what brings chunk p's exponentials, taken against its own maximum m_p
-    (e_u = exp(s_u - m_p)), to the head's maximum M = max_p m_p (exp(s_u - M) = w_p e_u)."""
-    return math.exp(m_p - big)
+    """w_p = 2^(m_p - M): what brings chunk p's powers, taken against its own (integer) maximum m_p
+    (e_u = 2^(s_u - m_p)), to the head's maximum M = max_p m_p (2^(s_u - M) = w_p e_u): a power of
+    two, since both are integers."""
+    return math.exp2(m_p - big)
 
 
 @cuda.jit(device=True)
@@ -276,12 +311,13 @@ def _last_block(flag, done, j, blocks):
 # the kernels, in the order of a step
 
 @cuda.jit
-def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed):
+def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, bf16):
     """a = LN1(x); q = a @ W_q, k_cache[t] = a @ W_k, v_cache[t] = a @ W_v, t = pos[0]. With embed
     (the first block of the model) x = wte[tokens[t]] + wpe[t] first: every block computes it for
     its LayerNorm, block 0 writes it into x (the residual stream). The 3C columns of
     [W_q | W_k | W_v] in blocks of TX (a block may straddle two matrices: each thread takes its
-    column's), KS slices of K = C a column (_column_part, _column_total)."""
+    column's), KS slices of K = C a column (_column_part, _column_total). bf16: the products' inputs
+    rounded to bf16 (_in)."""
     a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     C = x.shape[0]
@@ -291,7 +327,7 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
     which = min(n // C, 2)
     j = n - which * C                              # its column in that matrix (>= C past the last)
     w = w_q if which == 0 else (w_k if which == 1 else w_v)
-    w0, w1, w2, w3 = _first_rows(w, j)
+    w0, w1, w2, w3 = _first_rows(w, j, bf16)
     t = pos[0]
     if embed:
         tok = tokens[t]
@@ -307,7 +343,7 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
             a[C + c] = g[c]
             a[2 * C + c] = b[c]
     _layernorm_shared(a, buf, C, eps)
-    total = _column_total(buf, _column_part(a, w, j, w0, w1, w2, w3))
+    total = _column_total(buf, _column_part(a, w, j, w0, w1, w2, w3, bf16))
     if cuda.threadIdx.y == 0 and j < C:
         if which == 0:
             q[j] = total
@@ -318,11 +354,12 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
 
 
 @cuda.jit
-def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos):
-    """y[h*hs + d] = sum_{u<=t} e_u v_cache[u, h*hs + d] / sum_u e_u, e_u = exp(s_u - max s),
-    s_u = q_h . k_cache[u, h] / sqrt(hs), t = pos[0]: block (p, h) takes the CK keys of chunk p of
-    head h (the four steps of the module's docstring); the last of head h's blocks merges the
-    chunks into y_h. done[h]: head h's counter of finished blocks (0 between launches)."""
+def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, bf16):
+    """y[h*hs + d] = sum_{u<=t} e_u v_cache[u, h*hs + d] / sum_u e_u, e_u = 2^(s_u - m), the scores
+    s_u = log2(e) q_h . k_cache[u, h] / sqrt(hs) in base 2 and m an integer at least max s, t = pos[0]:
+    block (p, h) takes the CK keys of chunk p of head h (the four steps of the module's docstring);
+    the last of head h's blocks merges the chunks into y_h. done[h]: head h's counter of finished
+    blocks (0 between launches). bf16: the products' inputs (q, k; e, v) rounded to bf16 (_in)."""
     red = cuda.shared.array(MAX_BLOCK, float32)    # the lanes' (then the groups') sums
     ex = cuda.shared.array(MAX_BLOCK, float32)     # the chunk's scores' exponentials, then the chunks' weights
     flag = cuda.shared.array(1, int32)
@@ -345,11 +382,11 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
         u = u0 + r
         d = lane
         while d + LANES < hs:                      # two channels a round: two loads in flight
-            s0 += q[base + d] * k_cache[u, base + d]
-            s1 += q[base + d + LANES] * k_cache[u, base + d + LANES]
+            s0 += _in(q[base + d], bf16) * _in(k_cache[u, base + d], bf16)
+            s1 += _in(q[base + d + LANES], bf16) * _in(k_cache[u, base + d + LANES], bf16)
             d += 2 * LANES
         if d < hs:
-            s0 += q[base + d] * k_cache[u, base + d]
+            s0 += _in(q[base + d], bf16) * _in(k_cache[u, base + d], bf16)
     red[tid] = s0 + s1
     cuda.syncthreads()
     step = LANES // 2
@@ -358,13 +395,15 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
             red[tid] += red[tid + step]
         cuda.syncthreads()
         step //= 2
-    # 2. the chunk's maximum (every thread, in key order), its exponentials and their sum
-    scale = float32(1.0) / math.sqrt(float32(hs))
+    # 2. the chunk's maximum (every thread, in key order) rounded up to an integer, its powers and
+    #    their sum
+    scale = float32(1.0) / math.sqrt(float32(hs)) * LOG2_E
     m = float32(-math.inf)
     for j in range(nk):
         m = max(m, red[j * LANES] * scale)
+    m = float32(math.ceil(m))
     if lane == 0 and r < nk:
-        ex[r] = math.exp(red[tid] * scale - m)
+        ex[r] = math.exp2(red[tid] * scale - m)
     cuda.syncthreads()
     # 3. acc[d] = sum_r ex[r] V[u0 + r, base + d]: group g of `cols` threads over keys r = g, g + G, ...
     cols = min(hs, nt)
@@ -376,11 +415,11 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
         if g < G:
             k = g
             while k + G < nk:                      # two keys a round: two loads in flight
-                a0 += ex[k] * v_cache[u0 + k, base + d]
-                a1 += ex[k + G] * v_cache[u0 + k + G, base + d]
+                a0 += _in(ex[k], bf16) * _in(v_cache[u0 + k, base + d], bf16)
+                a1 += _in(ex[k + G], bf16) * _in(v_cache[u0 + k + G, base + d], bf16)
                 k += 2 * G
             if k < nk:
-                a0 += ex[k] * v_cache[u0 + k, base + d]
+                a0 += _in(ex[k], bf16) * _in(v_cache[u0 + k, base + d], bf16)
         if G == 1:
             if g == 0:                             # (threads past the first hs have no channel)
                 part_acc[h, p, d] = a0 + a1
@@ -439,46 +478,49 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
 
 
 @cuda.jit
-def k_decode_matvec_add(x, a, w):
+def k_decode_matvec_add(x, a, w, bf16):
     """x[n] = x[n] + sum_k a[k] w[k, n]: a residual branch's output projection (W_o after attention,
     W_2 after the GELU) added into the residual stream in place. Columns in blocks of TX, KS slices
-    of K a column; x[n] is read and written by its column's thread ty = 0 only."""
+    of K a column; x[n] is read and written by its column's thread ty = 0 only. bf16: the products'
+    inputs rounded to bf16 (_in)."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    w0, w1, w2, w3 = _first_rows(w, n)
-    total = _column_total(buf, _column_part(a, w, n, w0, w1, w2, w3))
+    w0, w1, w2, w3 = _first_rows(w, n, bf16)
+    total = _column_total(buf, _column_part(a, w, n, w0, w1, w2, w3, bf16))
     if cuda.threadIdx.y == 0 and n < x.shape[0]:
         x[n] = x[n] + total
 
 
 @cuda.jit
-def k_decode_mlp_up(h, x, g, b, eps, w_1):
+def k_decode_mlp_up(h, x, g, b, eps, w_1, bf16):
     """h[n] = gelu(sum_k LN2(x)[k] w_1[k, n]) for the F = 4C hidden units: the GELU of the engine
-    (kernels/mlp.py, tanh form). Columns in blocks of TX, KS slices of K = C a column."""
+    (kernels/mlp.py, tanh form). Columns in blocks of TX, KS slices of K = C a column. bf16: the
+    products' inputs rounded to bf16 (_in)."""
     a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     C = x.shape[0]
     i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    w0, w1, w2, w3 = _first_rows(w_1, n)
+    w0, w1, w2, w3 = _first_rows(w_1, n, bf16)
     for c in range(i, C, cuda.blockDim.x * cuda.blockDim.y):
         a[c] = x[c]
         a[C + c] = g[c]
         a[2 * C + c] = b[c]
     _layernorm_shared(a, buf, C, eps)
-    total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
+    total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3, bf16))
     if cuda.threadIdx.y == 0 and n < h.shape[0]:
         h[n] = gelu(total)
 
 
 @cuda.jit
-def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte):
+def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte, bf16):
     """logits[v] = sum_c LNf(x)[c] wte[v, c]: the tied classifier, wte read by rows. A block of
     TX lanes x RY rows: lane tx sums channels c = tx, tx + TX, ... of row v (four a round: four
     loads in flight), the row's lanes meet in a tree; blocks stride over the V rows. The last block
     to finish (done[0] counts them) then computes probs[v] = exp(logits[v] - m) / se over the whole
     row, m = max_v logits[v], se = sum_v exp(logits[v] - m), as k_loss_fwd's softmax, and moves the
-    position on: pos[0] += 1 (no kernel of this step reads pos after it)."""
+    position on: pos[0] += 1 (no kernel of this step reads pos after it). bf16: the products' inputs
+    rounded to bf16 (_in)."""
     a = cuda.shared.array(0, float32)              # [x (then LNf(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     flag = cuda.shared.array(1, int32)
@@ -499,13 +541,13 @@ def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte):
         if v < V:
             c = tx
             while c + 3 * TX < C:
-                s0 += a[c] * wte[v, c]
-                s1 += a[c + TX] * wte[v, c + TX]
-                s2 += a[c + 2 * TX] * wte[v, c + 2 * TX]
-                s3 += a[c + 3 * TX] * wte[v, c + 3 * TX]
+                s0 += _in(a[c], bf16) * _in(wte[v, c], bf16)
+                s1 += _in(a[c + TX], bf16) * _in(wte[v, c + TX], bf16)
+                s2 += _in(a[c + 2 * TX], bf16) * _in(wte[v, c + 2 * TX], bf16)
+                s3 += _in(a[c + 3 * TX], bf16) * _in(wte[v, c + 3 * TX], bf16)
                 c += 4 * TX
             while c < C:
-                s0 += a[c] * wte[v, c]
+                s0 += _in(a[c], bf16) * _in(wte[v, c], bf16)
                 c += TX
         buf[i] = (s0 + s1) + (s2 + s3)
         cuda.syncthreads()
@@ -704,15 +746,15 @@ def _pow2(*sizes) -> bool:
 
 @blocks(**QKV_BLOCKS)
 def decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
-               stream=0):
+               stream=0, bf16=False):
     """q [C]; k_cache, v_cache [T, C] (row pos[0] written); pos [1] int32; x, g, b [C]; w_q, w_k,
     w_v [C, C]; tokens [T] int32, wte [V, C], wpe [T_max, C], embed: x = wte[tokens[t]] + wpe[t]
-    first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, 3C floats
-    of dynamic shared memory."""
+    first (the model's first block; x written); bf16: the products' inputs rounded to bf16. Launch:
+    3C / TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
     k_decode_qkv[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
-                                                              w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
+                                                              w_q, w_k, w_v, tokens, wte, wpe, bool(embed), bool(bf16))
 
 
 def attention_chunks(T: int) -> int:
@@ -722,43 +764,46 @@ def attention_chunks(T: int) -> int:
 
 
 @blocks(**ATTENTION_BLOCKS)
-def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0):
+def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0, bf16=False):
     """y, q [C]; part_m, part_l [H, NCH], part_acc [H, NCH, hs] (scratch, NCH >= T / CK); done [H]
-    int32 (zeros between launches); k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32.
-    Launch: (T / CK, H) blocks of LANES x CK threads (at least NCH: a thread a chunk in the merge)."""
+    int32 (zeros between launches); k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32;
+    bf16: the products' inputs rounded to bf16. Launch: (T / CK, H) blocks of LANES x CK threads (at
+    least NCH: a thread a chunk in the merge)."""
     lanes, ck = block
     T = k_cache.shape[0]
     H, nch = part_m.shape
     assert _pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK} threads"
     assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
-    k_decode_attention[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
+    k_decode_attention[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos,
+                                                        bool(bf16))
 
 
 @blocks(**MATVEC_BLOCKS)
-def decode_matvec_add(x, a, w, *, block, stream=0):
-    """x [N] (+= a @ w, in place); a [K]; w [K, N]. Launch: N / TX blocks of TX x KS threads."""
+def decode_matvec_add(x, a, w, *, block, stream=0, bf16=False):
+    """x [N] (+= a @ w, in place); a [K]; w [K, N]; bf16: the products' inputs rounded to bf16.
+    Launch: N / TX blocks of TX x KS threads."""
     assert _pow2(*block), f"block {block}: powers of two"
-    k_decode_matvec_add[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
+    k_decode_matvec_add[cdiv(w.shape[1], block[0]), block, stream](x, a, w, bool(bf16))
 
 
 @blocks(**MLP_UP_BLOCKS)
-def decode_mlp_up(h, x, g, b, eps, w_1, *, block, stream=0):
-    """h [F]; x, g, b [C]; w_1 [C, F]. Launch: F / TX blocks of TX x KS threads, 3C floats of dynamic
-    shared memory."""
+def decode_mlp_up(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
+    """h [F]; x, g, b [C]; w_1 [C, F]; bf16: the products' inputs rounded to bf16. Launch: F / TX
+    blocks of TX x KS threads, 3C floats of dynamic shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
-    k_decode_mlp_up[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
+    k_decode_mlp_up[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1, bool(bf16))
 
 
 @blocks(**LOGITS_BLOCKS)
-def decode_logits(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0):
+def decode_logits(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0, bf16=False):
     """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
-    wte [V, C]. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
+    wte [V, C]; bf16: the products' inputs rounded to bf16. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
     floats of dynamic shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     V, C = wte.shape
     k_decode_logits[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
-                                                                                 float32(eps), wte)
+                                                                                 float32(eps), wte, bool(bf16))
 
 
 @blocks(**DRAW_BLOCKS)

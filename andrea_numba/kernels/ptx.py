@@ -166,6 +166,19 @@ if not SIMULATOR:
         return _pack16("bf16")(typingctx, lo, hi)
 
     @intrinsic
+    def bf16_value(typingctx, x):
+        """x rounded to the nearest bfloat16 (ties to even), as the float32 of the same value: the
+        bf16 in the upper half of a 32-bit register, zeros below (what a product that rounds its
+        inputs multiplies, kept in fp32 registers).   PTX: cvt.rn.bf16x2.f32 %r, %x, 0f00000000;"""
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(_i32, [_f32, _f32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.bitcast(builder.call(asm, [args[0], ir.Constant(_f32, 0.0)]), _f32)
+        return types.float32(types.float32), codegen
+
+    @intrinsic
     def f16x2(typingctx, lo, hi):
         """lo and hi rounded to the nearest fp16 (ties to even; past 65504: inf) and packed in one
         32-bit register, lo in the low half.   PTX: cvt.rn.f16x2.f32 %r, %hi, %lo;"""
@@ -523,6 +536,10 @@ else:
         with np.errstate(over="ignore"):       # (sim_round_fp16's values are fp16's: the cast is exact)
             h = sim_round_fp16(np.array([lo, hi], np.float32)).astype(np.float16).view(np.uint16).astype(np.uint32)
         return np.int32(np.uint32(h[0] | (h[1] << np.uint32(16))).view(np.int32))
+
+    def bf16_value(x):
+        """Simulator twin of bf16_value: x rounded to bf16 (ties to even), as a float32."""
+        return sim_round_bf16(np.float32(x))[()]
 
     def bf16x2(lo, hi):
         """Simulator twin of cvt.rn.bf16x2.f32: the two bf16 bit patterns (ties to even), lo in

@@ -6,9 +6,11 @@
     python lab/bench/decode_speed.py --versions 1,2,3,4       # the step's rungs (lab/decode.py), one run
     python lab/bench/decode_speed.py --kernels                # where a step's time goes, kernel by kernel
     python lab/bench/decode_speed.py --kernels --versions 1,2 # the same for each rung's launchers
+    python lab/bench/decode_speed.py --precision bf16 --no-blocks   # a bf16 run's sampler (its recipe)
 
 Each path draws --tokens tokens after a one-token prompt with sample.generate, the same seed, on
-the same weights (init_params, a little noise added so the distributions are not flat), at fp32:
+the same weights (init_params, a little noise added so the distributions are not flat), at fp32
+(--precision bf16: the whole forward of the bf16 recipe, the decoders at bf16, as a bf16 run samples):
 
     whole forward, eager    the forward of the last context_length tokens launched kernel by
                             kernel for each token (python -m andrea_numba.sample before the decoder)
@@ -263,7 +265,12 @@ def main(argv=None) -> int:
     ap.add_argument("--only-blocks", action="store_true", help="only the decoder's block variants")
     ap.add_argument("--versions", type=_versions, help="only the step's rungs, e.g. 1,2 (lab/decode.py)")
     ap.add_argument("--kernels", action="store_true", help="only the step's time kernel by kernel")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="of the paths' products (default fp32; bf16: the table of paths only)")
     args = ap.parse_args(argv)
+    if args.precision != "fp32" and (args.versions or args.kernels or args.only_blocks or not args.no_blocks):
+        cli.fail(f"--precision {args.precision}: the table of paths only, with --no-blocks (the rungs, the kernels "
+                 "and the blocks are timed at fp32: the bf16 decoder runs the same kernels)")
     if SIMULATOR or not cuda.is_available():
         cli.fail("lab/bench/decode_speed.py needs a CUDA GPU (the simulator would take hours, and has no CUDA graphs)")
 
@@ -271,6 +278,7 @@ def main(argv=None) -> int:
     from andrea_numba.gpu_model import GPUModel
     from andrea_numba.graphs import StepGraph
     from andrea_numba.layout import init_params
+    from andrea_numba.recipes import recipe_for
     from andrea_numba.sample import generate
 
     cfg = load_config(args.size)
@@ -280,7 +288,8 @@ def main(argv=None) -> int:
                  f"so that every token is drawn on the decoder")
     params = init_params(m, 0)
     params += np.random.default_rng(1).standard_normal(params.size).astype(np.float32) * 0.02
-    model = GPUModel(m, 1, m.context_length, training=False, recipe="fp32")
+    model = GPUModel(m, 1, m.context_length, training=False,
+                     recipe="fp32" if args.precision == "fp32" else recipe_for(args.precision))
     model.params.copy_to_device(params, stream=model.stream)
     s = model.stream
     if args.kernels:
@@ -327,8 +336,8 @@ def main(argv=None) -> int:
         tokens.copy_to_device(b, stream=s)
         whole_graph.launch()
 
-    eager_dec = Decoder(m, model.params, stream=s)
-    graph_dec = Decoder(m, model.params, stream=s, capture=StepGraph,
+    eager_dec = Decoder(m, model.params, stream=s, precision=args.precision)
+    graph_dec = Decoder(m, model.params, stream=s, capture=StepGraph, precision=args.precision,
                         log=lambda line: print(line, file=sys.stderr))
     prompt = [int(params.size % m.vocab_size)]                # any one token
     paths = {
@@ -338,8 +347,8 @@ def main(argv=None) -> int:
         "decoder, graph": dict(decoder=graph_dec),
     }
     rows, drawn = [], {}
-    print(f"{cfg.name} on {device_name()}: {args.tokens} tokens after a one-token prompt, median of {args.runs} runs",
-          file=sys.stderr)
+    print(f"{cfg.name} on {device_name()}, recipe {model.recipe.name}: {args.tokens} tokens after a one-token "
+          f"prompt, median of {args.runs} runs", file=sys.stderr)
     for name, kw in paths.items():
         drawn[name] = generate(model, Ids(), prompt, args.tokens, args.seed, 1.0, 40, **kw)     # warm-up
         times = []
@@ -377,7 +386,8 @@ def main(argv=None) -> int:
     block_rows = None if args.no_blocks else time_blocks(m, model.params, s)
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "device": device_name(), "size": args.size, "tokens": args.tokens, "runs": args.runs, "rows": rows,
+            "device": device_name(), "size": args.size, "precision": args.precision, "recipe": model.recipe.name,
+            "tokens": args.tokens, "runs": args.runs, "rows": rows,
             "decoder_step_gpu_ms": one_step, "same_tokens": same, "blocks": block_rows,
             "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
     return 0 if same else 1
