@@ -232,7 +232,8 @@ def tools():
             **{f"lab/bench/{b}": _bench(b).main for b in ("kernels", "gpu_checks", "step_time", "profile_step",
                                                          "gpu_graph", "gemm", "tf32_check", "profile_kernels",
                                                          "gemm_ablate", "ncu_gemm", "precision_runs", "like_for_like",
-                                                         "start_time", "splitk_sweep", "decode_speed", "flash_wgmma")}}
+                                                         "start_time", "splitk_sweep", "decode_speed", "flash_wgmma",
+                                                         "decode_parts")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -441,6 +442,11 @@ ROWS = [
     ("lab/bench/decode_speed", ["--tokens", "0"], "argument --tokens"),
     ("lab/bench/decode_speed", ["--json", "{W}/nodir/d.json"], "does not exist"),
     ("lab/bench/decode_speed", [], "needs a CUDA GPU"),
+    ("lab/bench/decode_speed", ["--precision", "fp8"], "argument --precision"),
+    ("lab/bench/decode_speed", ["--precision", "bf16"], "with --no-blocks"),
+    ("lab/bench/decode_parts", ["--size", "7B"], "7B"),
+    ("lab/bench/decode_parts", ["--json", "{W}/nodir/d.json"], "does not exist"),
+    ("lab/bench/decode_parts", [], "needs a CUDA GPU"),
     ("lab/bench/flash_wgmma", ["--repeats", "0"], "argument --repeats"),
     ("lab/bench/flash_wgmma", ["--markdown", "{W}/out.txt"], "ending in .md"),
     ("lab/bench/flash_wgmma", ["--sizes", "7B"], "invalid choice"),
