@@ -13,6 +13,9 @@ kernels otherwise, the same launches (Decoder.work runs any rung's; lab/bench/de
             chunk of keys
     rung 4  the whole step in one launch, one block a multiprocessor, its phases met by grid
             barriers instead of kernel boundaries (lab/decode_step.py; decoder_class gives its decoder)
+    rung 5  rung 1 with the products (qkv, the output projections, mlp_up) loading 4 columns of a
+            row in one 128-bit load, four rows a round, in blocks of 4 or 8 columns: more bytes in
+            flight and more blocks (below); not yet timed on a GPU
 
 Measured on an NVIDIA H100 (2026-12-07, docs/results/2026-12-07-h100-decoder-rungs/), the GPU time
 of a step with its draw at 12M, median of 5 rounds: rung 1 0.2996 ms, rung 2 0.4138, rung 3 0.4185,
@@ -20,7 +23,7 @@ rung 4 0.4401. Fewer barriers did not make the step faster: the trees won, and t
 
 Rungs 2 to 4 decode at fp32 only (their launchers refuse bf16 = True): their attention keeps its
 scores in base e, and their own kernels do not round the products' inputs as kernels/decode.py's
-bf16 decoder does.
+bf16 decoder does. Rung 5 decodes at both, as the engine.
 
 Rung 2's shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
 on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
@@ -32,8 +35,9 @@ from numba import cuda, float32, int32
 
 from andrea_numba.kernels import decode as engine
 from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, blocks, cdiv, nonneg
-from andrea_numba.kernels.decode import LOGIT_BLOCKS, _from_l2, _last_block
-from andrea_numba.kernels.ptx import warp_max, warp_sum
+from andrea_numba.kernels.decode import LOGIT_BLOCKS, _from_l2, _in, _last_block
+from andrea_numba.kernels.mlp import gelu
+from andrea_numba.kernels.ptx import load4_row, warp_max, warp_sum
 
 # the blocks of rung 2 (whole warps: a warp's shuffles take its 32 lanes)
 QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
@@ -41,7 +45,7 @@ MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=
 MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
 LOGITS_BLOCKS = dict(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
-FP32_ONLY = "rungs 2 to 4 decode at fp32: their attention and classifier have no bf16 products (the engine's do)"
+FP32_ONLY = "rungs 2 to 4 decode at fp32: their attention and classifier have no bf16 products (the engine's and rung 5's do)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,10 +283,7 @@ def k_decode_logits_v2(probs, logits, done, pos, x, g, b, eps, wte):
     tx, ty, TX, RY = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x, cuda.blockDim.y
     i, nt = ty * TX + tx, TX * RY
     V, C = wte.shape
-    for c in range(i, C, nt):
-        a[c] = x[c]
-        a[C + c] = g[c]
-        a[2 * C + c] = b[c]
+    engine._row_g_b(a, x, g, b)
     _layernorm_shared(a, buf, C, eps)
     for v0 in range(cuda.blockIdx.x * RY, V, cuda.gridDim.x * RY):     # the same trips for the whole block
         v = v0 + ty
@@ -474,12 +475,198 @@ def decode_attention_v3(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, 
     k_decode_attention_v3[H, block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
 
+# ---------------------------------------------------------------------------------------------
+# rung 5: the products with 128-bit loads, a thread's rows issued four at a time
+#
+# Under Nsight Compute (docs/results/2026-12-07-h100-decoder-draw/first_ncu_step.csv, 12M, caches
+# flushed) the engine's products take 5.5 us for W_o's 0.6 MB and 8.9 us for W_2's 2.4 MB: some
+# 0.5 TB/s, a sixth of the memory's, because too few bytes are in flight at once. A thread loads
+# one float a row (4 bytes), four rows before it waits, and W_o's and W_2's 48 blocks of 1024
+# threads (block (8, 128)) use 48 of the 132 multiprocessors. Here a thread owns 4 columns: each
+# of its rows is one 128-bit load (ptx.load4_row, 16 bytes), four rows a round (64 bytes in flight a
+# thread), and blocks of 4 TX columns (TX = 1 or 2) make N / 4 TX blocks: 96 to 384 at 12M.
+# qkv loads its first four rows before its LayerNorm, as the engine's does. The KS slices of each
+# of the 4 columns meet in a tree over ty in shared memory, as the engine's one column does.
+# Attention, the classifier and the draw are the engine's. Needs N a multiple of 4 (the model's
+# C, 3C and 4C are when C is) and 16-byte aligned weights (layout.py's views are).
+
+@cuda.jit(device=True)
+def _row4(w, k, n, bf16):
+    """w[k, n .. n + 3] by one 128-bit load, each as the product takes it (_in); zeros past K."""
+    if k < w.shape[0]:
+        v0, v1, v2, v3 = load4_row(w, k, n)
+        return _in(v0, bf16), _in(v1, bf16), _in(v2, bf16), _in(v3, bf16)
+    z = float32(0.0)
+    return z, z, z, z
+
+
+@cuda.jit(device=True)
+def _first_rows4(w, n, bf16):
+    """The first four rows of thread (tx, ty)'s part: ty, ty + KS, ty + 2 KS, ty + 3 KS."""
+    k, ks = cuda.threadIdx.y, cuda.blockDim.y
+    return _row4(w, k, n, bf16), _row4(w, k + ks, n, bf16), _row4(w, k + 2 * ks, n, bf16), _row4(w, k + 3 * ks, n, bf16)
+
+
+@cuda.jit(device=True)
+def _add_row(s, a, k, K, r, bf16):
+    """s + a[k] r for the 4 sums s and the row r of 4 weights; nothing added past row K - 1 (the
+    row a shared a holds there is not the product's)."""
+    if k >= K:
+        return s
+    ak = _in(a[k], bf16)
+    return s[0] + ak * r[0], s[1] + ak * r[1], s[2] + ak * r[2], s[3] + ak * r[3]
+
+
+@cuda.jit(device=True)
+def _column4_part(a, w, n, first, bf16):
+    """Thread (tx, ty)'s part of out[n .. n + 3] = sum_k a[k] w[k, n .. n + 3]: rows k = ty, ty +
+    KS, ... in order, the first four given (_first_rows4), then four a round, all four loads of a
+    round issued before they are used. Returns the 4 sums."""
+    ks, K = cuda.blockDim.y, w.shape[0]
+    k = cuda.threadIdx.y
+    z = float32(0.0)
+    s = (z, z, z, z)
+    r0, r1, r2, r3 = first
+    while True:
+        s = _add_row(s, a, k, K, r0, bf16)
+        s = _add_row(s, a, k + ks, K, r1, bf16)
+        s = _add_row(s, a, k + 2 * ks, K, r2, bf16)
+        s = _add_row(s, a, k + 3 * ks, K, r3, bf16)
+        k += 4 * ks
+        if k >= K:
+            return s
+        r0, r1, r2, r3 = _row4(w, k, n, bf16), _row4(w, k + ks, n, bf16), _row4(w, k + 2 * ks, n, bf16), \
+            _row4(w, k + 3 * ks, n, bf16)
+
+
+@cuda.jit(device=True)
+def _column4_total(buf, s):
+    """The KS parts of each of the block's 4 TX columns met by a tree over ty in shared memory (buf
+    [4, TX KS]), as the engine's _column_total does for one: every thread gets its 4 totals."""
+    tx, ty, TX = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x
+    i = ty * TX + tx
+    for c in range(4):
+        buf[c, i] = s[c]
+    cuda.syncthreads()
+    st = cuda.blockDim.y // 2
+    while st > 0:
+        if ty < st:
+            for c in range(4):
+                buf[c, i] += buf[c, i + st * TX]
+        cuda.syncthreads()
+        st //= 2
+    return buf[0, tx], buf[1, tx], buf[2, tx], buf[3, tx]
+
+
+@cuda.jit
+def k_decode_qkv_v5(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, bf16):
+    """k_decode_qkv with 4 columns a thread (rung 5, above): columns n .. n + 3 of [W_q | W_k | W_v],
+    n = 4 (TX blockIdx + tx), in one matrix (C is a multiple of 4)."""
+    a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]
+    red = cuda.shared.array(MAX_BLOCK, float32)    # the LayerNorm's block sums
+    buf = cuda.shared.array((4, MAX_BLOCK), float32)
+    C = x.shape[0]
+    n = 4 * (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
+    which = min(n // C, 2)
+    j = n - which * C
+    w = w_q if which == 0 else (w_k if which == 1 else w_v)
+    live = j < C
+    first = _first_rows4(w, j if live else 0, bf16)
+    t = pos[0]
+    if embed:
+        engine._embedding_g_b(a, x, g, b, tokens, wte, wpe, t)
+    else:
+        engine._row_g_b(a, x, g, b)
+    engine._layernorm_shared(a, red, C, eps)
+    t0, t1, t2, t3 = _column4_total(buf, _column4_part(a, w, j if live else 0, first, bf16))
+    if cuda.threadIdx.y == 0 and live:
+        if which == 0:
+            q[j], q[j + 1], q[j + 2], q[j + 3] = t0, t1, t2, t3
+        elif which == 1:
+            k_cache[t, j], k_cache[t, j + 1], k_cache[t, j + 2], k_cache[t, j + 3] = t0, t1, t2, t3
+        else:
+            v_cache[t, j], v_cache[t, j + 1], v_cache[t, j + 2], v_cache[t, j + 3] = t0, t1, t2, t3
+
+
+@cuda.jit
+def k_decode_matvec_add_v5(x, a, w, bf16):
+    """k_decode_matvec_add with 4 columns a thread (rung 5, above): x[n .. n + 3] += their sums."""
+    buf = cuda.shared.array((4, MAX_BLOCK), float32)
+    n = 4 * (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
+    live = n < x.shape[0]
+    t0, t1, t2, t3 = _column4_total(buf, _column4_part(a, w, n if live else 0,
+                                                       _first_rows4(w, n if live else 0, bf16), bf16))
+    if cuda.threadIdx.y == 0 and live:
+        x[n] = x[n] + t0
+        x[n + 1] = x[n + 1] + t1
+        x[n + 2] = x[n + 2] + t2
+        x[n + 3] = x[n + 3] + t3
+
+
+@cuda.jit
+def k_decode_mlp_up_v5(h, x, g, b, eps, w_1, bf16):
+    """k_decode_mlp_up with 4 columns a thread (rung 5, above): h[n .. n + 3] = gelu of their sums."""
+    a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]
+    red = cuda.shared.array(MAX_BLOCK, float32)    # the LayerNorm's block sums
+    buf = cuda.shared.array((4, MAX_BLOCK), float32)
+    C = x.shape[0]
+    n = 4 * (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
+    live = n < h.shape[0]
+    first = _first_rows4(w_1, n if live else 0, bf16)
+    engine._row_g_b(a, x, g, b)
+    engine._layernorm_shared(a, red, C, eps)
+    t0, t1, t2, t3 = _column4_total(buf, _column4_part(a, w_1, n if live else 0, first, bf16))
+    if cuda.threadIdx.y == 0 and live:
+        h[n] = gelu(t0)
+        h[n + 1] = gelu(t1)
+        h[n + 2] = gelu(t2)
+        h[n + 3] = gelu(t3)
+
+
+# blocks (TX, KS): 4 TX columns, KS slices of K; the first is the default
+QKV_BLOCKS_5 = dict(gpu=((1, 128), (2, 64), (1, 64), (2, 128)), sim=((1, 4), (2, 2), (1, 8)))
+MATVEC_BLOCKS_5 = dict(gpu=((1, 256), (1, 128), (2, 128), (1, 512)), sim=((1, 4), (2, 2), (1, 8)))
+MLP_UP_BLOCKS_5 = dict(gpu=((1, 128), (2, 64), (1, 64), (2, 128)), sim=((1, 4), (2, 2), (1, 8)))
+
+
+def _four_columns(block, *widths) -> bool:
+    """Powers of two, at most MAX_BLOCK threads, and every width a multiple of 4."""
+    return engine._pow2(*block) and block[0] * block[1] <= MAX_BLOCK and all(w % 4 == 0 for w in widths)
+
+
+@blocks(**QKV_BLOCKS_5)
+def decode_qkv_v5(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
+                  stream=0, bf16=False):
+    """decode_qkv's arguments. Launch: 3C / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
+    C = x.shape[0]
+    assert _four_columns(block, C), f"block {block}: powers of two, at most {MAX_BLOCK} threads; C = {C} a multiple of 4"
+    k_decode_qkv_v5[cdiv(3 * C, 4 * block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
+                                                                     w_q, w_k, w_v, tokens, wte, wpe, bool(embed),
+                                                                     bool(bf16))
+
+
+@blocks(**MATVEC_BLOCKS_5)
+def decode_matvec_add_v5(x, a, w, *, block, stream=0, bf16=False):
+    """decode_matvec_add's arguments. Launch: N / 4 TX blocks of TX x KS threads."""
+    assert _four_columns(block, w.shape[1]), f"block {block}: powers of two; N = {w.shape[1]} a multiple of 4"
+    k_decode_matvec_add_v5[cdiv(w.shape[1], 4 * block[0]), block, stream](x, a, w, bool(bf16))
+
+
+@blocks(**MLP_UP_BLOCKS_5)
+def decode_mlp_up_v5(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
+    """decode_mlp_up's arguments. Launch: F / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
+    assert _four_columns(block, w_1.shape[1]), f"block {block}: powers of two; F = {w_1.shape[1]} a multiple of 4"
+    C = x.shape[0]
+    k_decode_mlp_up_v5[cdiv(w_1.shape[1], 4 * block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1,
+                                                                               bool(bf16))
+
+
 # the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 1 is the engine's, rung 3
 # rung 2 with attention in one block a head; rung 4 replaces the whole step (decoder_class), so its
 # entries are the engine's (its draw is)
 LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits")
 VERSIONS = {name: {1: getattr(engine, name), 2: globals()[name + "_v2"], 3: globals()[name + "_v2"],
-                   4: getattr(engine, name)}
+                   4: getattr(engine, name), 5: globals().get(name + "_v5", getattr(engine, name))}
             for name in LAUNCHERS}
 VERSIONS["decode_attention"][3] = decode_attention_v3
 

@@ -269,12 +269,13 @@ def test_the_decoders_step_at_every_block_a_launcher_declares(monkeypatch, launc
             assert _distance(rows[2 * t], want[t]) <= TOL, (block, t)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 5])
 def test_every_rung_of_the_decoders_step_gives_the_twins_logits(monkeypatch, version):
     """The step with each rung's launchers (lab/decode.py VERSIONS: 1 the engine's, its sums as
-    shared-memory trees, 2 by shuffles, 3 with attention in one block a head; rung 4, the step in
-    one launch, has a test of its own), as lab/bench/decode_speed.py --versions times them: the
-    twin's logits at positions 0..5 (the merge counters back at 0 after)."""
+    shared-memory trees, 2 by shuffles, 3 with attention in one block a head, 5 the products with
+    128-bit loads; rung 4, the step in one launch, has a test of its own), as
+    lab/bench/decode_speed.py --versions times them: the twin's logits at positions 0..5 (the merge
+    counters back at 0 after)."""
     from lab.decode import VERSIONS
     m, params = _decoder_model()
     tokens = [2, 7, 1, 8, 2, 8]
@@ -332,3 +333,47 @@ def test_rung_4_the_step_in_one_launch_gives_the_twins_logits_cache_and_probabil
     for name, cache in (("k_cache", twin.K), ("v_cache", twin.V)):
         assert _distance(dec.read(name)[:, :n], cache[:, :n]) <= TOL, name
     assert list(dec.bar.copy_to_host()) == [0, n * (5 * m.n_layer + 1)]
+
+
+@pytest.mark.parametrize("K, N, block", [(13, 12, (1, 4)), (29, 8, (2, 2)), (7, 4, (1, 8)), (40, 16, (2, 4)),
+                                         (70, 8, (1, 16))])
+def test_rung_5_products_with_128_bit_loads_at_ragged_depths(K, N, block):
+    """lab/decode.py rung 5's x += a @ w (4 columns a thread, a row one 128-bit load) at depths K
+    that are not a multiple of 4 KS (rounds that run past the last row, which add nothing) and
+    below 4 KS: every column to fp32 rounding, nothing past N written. A width that is not a
+    multiple of 4 is refused."""
+    from lab.decode import decode_matvec_add_v5
+    rng = np.random.default_rng(K)
+    a, w = rng.standard_normal(K).astype(f32), rng.standard_normal((K, N)).astype(f32)
+    x0 = rng.standard_normal(N + 4).astype(f32)
+    x = cuda.to_device(x0)
+    decode_matvec_add_v5(x[:N], cuda.to_device(a), cuda.to_device(w), block=block)
+    got = x.copy_to_host()
+    want = x0[:N].astype(np.float64) + a.astype(np.float64) @ w.astype(np.float64)
+    assert np.abs(got[:N] - want).max() <= TOL * np.abs(want).max()
+    assert got[N:].tobytes() == x0[N:].tobytes()
+    with pytest.raises(AssertionError, match="multiple of 4"):
+        decode_matvec_add_v5(x[:N - 2], cuda.to_device(a), cuda.to_device(w[:, :N - 2].copy()), block=block)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_rung_5_at_every_block_it_declares_and_at_bf16(monkeypatch, precision):
+    """The step with rung 5's launchers (the products with 128-bit loads), each at every block it
+    declares in turn (the others at their defaults), at fp32 and at bf16: the twin's logits at that
+    precision, positions 0..5."""
+    from lab.decode import VERSIONS
+    m, params = _decoder_model()
+    tokens = [3, 1, 4, 1, 5, 9]
+    twin = KVCache(params.astype(np.float64), m, precision)
+    want = [twin.step(tok) for tok in tokens]
+    rung5 = {name: rungs[5] for name, rungs in VERSIONS.items()}
+    for name, f in rung5.items():
+        monkeypatch.setattr(kd, name, f)
+    for name in ("decode_qkv", "decode_matvec_add", "decode_mlp_up"):
+        base = rung5[name]
+        for block in base.blocks:
+            monkeypatch.setattr(kd, name, lambda *args, _b=block, _f=base, **kw: _f(*args, block=_b, **kw))
+            pairs, _ = _decode_each(m, params, tokens, precision)
+            for t in range(len(tokens)):
+                assert _distance(pairs[t][0], want[t]) <= TOL, (name, block, t)
+        monkeypatch.setattr(kd, name, base)

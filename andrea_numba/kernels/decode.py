@@ -167,12 +167,40 @@ else:
 
 
 @cuda.jit(device=True)
+def _row_g_b(a, x, g, b):
+    """The shared a = [x | g | b] (3C floats) that _layernorm_shared normalises in place: flat
+    thread i copies channels c = i, i + n, ... (n threads), its three loads in one loop so that
+    they travel together."""
+    C = x.shape[0]
+    n = cuda.blockDim.x * cuda.blockDim.y
+    for c in range(cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x, C, n):
+        a[c] = x[c]
+        a[C + c] = g[c]
+        a[2 * C + c] = b[c]
+
+
+@cuda.jit(device=True)
+def _embedding_g_b(a, x, g, b, tokens, wte, wpe, t):
+    """_row_g_b for the model's first block: the row is the embedding of position t, wte[tokens[t]] +
+    wpe[t], which block 0 also writes into x (the residual stream)."""
+    C = x.shape[0]
+    n = cuda.blockDim.x * cuda.blockDim.y
+    tok = tokens[t]
+    for c in range(cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x, C, n):
+        a[c] = wte[tok, c] + wpe[t, c]
+        a[C + c] = g[c]
+        a[2 * C + c] = b[c]
+        if cuda.blockIdx.x == 0:
+            x[c] = a[c]
+
+
+@cuda.jit(device=True)
 def _layernorm_shared(a, buf, C, eps):
     """a[c] = (a[c] - mean) * rstd * g[c] + b[c] in place over the C channels of a row, with the
     shared array a = [the row | g | b] (3C floats): mean = (1/C) sum_c a[c], rstd = 1 / sqrt((1/C)
     sum_c (a[c] - mean)^2 + eps), as k_layernorm_fwd computes them. Flat thread i owns channels
-    c = i, i + n, ... (n threads): the caller wrote those of a, g and b, its three loads in one
-    loop so that they travel together (no barrier needed before); every a[c] is ready on return."""
+    c = i, i + n, ... (n threads): the caller wrote those of a, g and b (_row_g_b, _embedding_g_b:
+    the same threads, so no barrier is needed before); every a[c] is ready on return."""
     i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     n = cuda.blockDim.x * cuda.blockDim.y
     inv_c = float32(1.0) / float32(C)
@@ -321,8 +349,6 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
     a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     C = x.shape[0]
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    nt = cuda.blockDim.x * cuda.blockDim.y
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x      # column of [W_q | W_k | W_v]
     which = min(n // C, 2)
     j = n - which * C                              # its column in that matrix (>= C past the last)
@@ -330,18 +356,9 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
     w0, w1, w2, w3 = _first_rows(w, j, bf16)
     t = pos[0]
     if embed:
-        tok = tokens[t]
-        for c in range(i, C, nt):
-            a[c] = wte[tok, c] + wpe[t, c]
-            a[C + c] = g[c]
-            a[2 * C + c] = b[c]
-            if cuda.blockIdx.x == 0:
-                x[c] = a[c]
+        _embedding_g_b(a, x, g, b, tokens, wte, wpe, t)
     else:
-        for c in range(i, C, nt):
-            a[c] = x[c]
-            a[C + c] = g[c]
-            a[2 * C + c] = b[c]
+        _row_g_b(a, x, g, b)
     _layernorm_shared(a, buf, C, eps)
     total = _column_total(buf, _column_part(a, w, j, w0, w1, w2, w3, bf16))
     if cuda.threadIdx.y == 0 and j < C:
@@ -499,13 +516,9 @@ def k_decode_mlp_up(h, x, g, b, eps, w_1, bf16):
     a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     C = x.shape[0]
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     w0, w1, w2, w3 = _first_rows(w_1, n, bf16)
-    for c in range(i, C, cuda.blockDim.x * cuda.blockDim.y):
-        a[c] = x[c]
-        a[C + c] = g[c]
-        a[2 * C + c] = b[c]
+    _row_g_b(a, x, g, b)
     _layernorm_shared(a, buf, C, eps)
     total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3, bf16))
     if cuda.threadIdx.y == 0 and n < h.shape[0]:
@@ -527,10 +540,7 @@ def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte, bf16):
     tx, ty, TX, RY = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x, cuda.blockDim.y
     i, nt = ty * TX + tx, TX * RY
     V, C = wte.shape
-    for c in range(i, C, nt):
-        a[c] = x[c]
-        a[C + c] = g[c]
-        a[2 * C + c] = b[c]
+    _row_g_b(a, x, g, b)
     _layernorm_shared(a, buf, C, eps)
     for v0 in range(cuda.blockIdx.x * RY, V, cuda.gridDim.x * RY):     # the same trips for the whole block
         v = v0 + ty

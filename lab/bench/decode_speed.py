@@ -35,10 +35,11 @@ against the defaults' (a block that computes something else shows there). A CUDA
 the context: the first one ends the variants, said in one line (the rows so far stay printed).
 With --kernels, only the step kernel by kernel (time_kernels): each launcher's launch repeated in a
 graph, per launch, and the launches a step, beside an empty kernel's and the whole step's time; with
---versions too (rungs 1 to 3), that table for each rung's launchers in turn.
+--versions too (any rung but 4), that table for each rung's launchers in turn.
 With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 the engine's, its sums
 across threads as shared-memory trees, 2 those sums by shuffles, 3 rung 2 with attention in one
-block a head, 4 the whole step in one launch with grid barriers, lab/decode_step.py), each at that rung: in
+block a head, 4 the whole step in one launch with grid barriers, lab/decode_step.py, 5 the products with
+128-bit loads), each at that rung: in
 turn, --runs rounds of every rung, each round a new decoder whose step is captured as a graph, the
 GPU time of a step with its draw (t = 128 to 148) and the wall clock of --tokens tokens drawn on
 it; medians and [min-max] over the rounds, and whether every rung drew the same tokens.
@@ -295,7 +296,7 @@ def main(argv=None) -> int:
     if args.kernels:
         print(f"{cfg.name} on {device_name()}", file=sys.stderr)
         if 4 in (args.versions or []):
-            cli.fail("--kernels --versions: rungs 1 to 3 (rung 4 is one launch: --versions 4 times it whole)")
+            cli.fail("--kernels --versions: every rung but 4 (rung 4 is one launch: --versions 4 times it whole)")
         out = []
         for v in args.versions or [1]:
             with _rung(v):
