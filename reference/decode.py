@@ -33,6 +33,7 @@ import numpy as np
 from andrea_numba.config import ModelConfig
 from andrea_numba.layout import views
 
+from .attn import _low_precision_pv
 from .attn_out import attn_out_fwd
 from .attn_qkv import attn_qkv_fwd
 from .embed import embed_fwd
@@ -83,17 +84,15 @@ class KVCache:
 def attend(qh, Kh, Vh):
     """One query a head against its keys: qh [H, hs], Kh, Vh [H, t+1, hs] -> y [H, hs], y_h =
     softmax(s_h) V_h with s_h = q_h K_h^T / sqrt(hs) (the keys are all in the past: no mask). With
-    exact products, the softmax and then the product. At a precision of the products, as the flash
-    twin computes it (reference/attn.py, _low_precision_pv): the scores in base 2, p = 2^(s - M)
-    against the integer M = ceil(max s), y = mm(p, V) / sum p."""
+    exact products, the softmax and then the product. At a precision of the products, the flash
+    twin's own (reference/attn.py, _low_precision_pv): the scores in base 2, p = 2^(s - M) against
+    the integer M = ceil(max s), y = mm(p, V) / sum p."""
     hs = qh.shape[1]
-    s = mm(qh[:, None, :], Kh.transpose(0, 2, 1))[:, 0] * (1.0 / math.sqrt(hs))   # [H, t+1]
+    s = mm(qh[:, None, :], Kh.transpose(0, 2, 1)) * (1.0 / math.sqrt(hs))      # [H, 1, t+1]
     if current() is None:
-        e = np.exp(s - s.max(axis=1, keepdims=True))
+        e = np.exp(s[:, 0] - s[:, 0].max(axis=1, keepdims=True))
         return np.einsum("hu,hud->hd", e / e.sum(axis=1, keepdims=True), Vh)
-    s2 = s * (1.0 / math.log(2.0))
-    p2 = np.exp2(s2 - np.ceil(s2.max(axis=1, keepdims=True)))
-    return mm(p2[:, None, :], Vh)[:, 0] / p2.sum(axis=1, keepdims=True)
+    return _low_precision_pv(s, 1.0, Vh)[:, 0]
 
 
 def draw(p, u: float, temperature=1.0, top_k=40) -> int:
