@@ -96,7 +96,6 @@ class Decoder:
         assert T <= m.context_length, f"T={T} exceeds the context length {m.context_length}"
         assert precision in PRECISIONS, f"a decoder computes at {' or '.join(PRECISIONS)}, not {precision}"
         self.m, self.T, self.precision = m, T, precision
-        self.bf16 = precision == "bf16"     # the kernels' products round their inputs to bf16
         self.stream = cuda.stream() if stream is None else stream
         self.specs = decode_specs(m, T)
         # zeroed once: a new allocation holds whatever an earlier buffer left there, and a step past
@@ -123,8 +122,9 @@ class Decoder:
     def work(self, stream):
         """Every launch of one step, in order, on `stream` (the decoder's, or a graph builder that
         records them). Nothing here depends on the position: the kernels read it from pos."""
-        b, P, m, bf16 = self.buf, self.P, self.m, self.bf16
+        b, P, m = self.buf, self.P, self.m
         eps, pos = m.ln_eps, b["pos"]
+        bf16 = self.precision == "bf16"         # the products round their inputs to bf16
         for l in range(m.n_layer):
             p = f"h{l}."
             K, V = b["k_cache"][l], b["v_cache"][l]

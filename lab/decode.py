@@ -45,7 +45,8 @@ MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=
 MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
 LOGITS_BLOCKS = dict(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
-FP32_ONLY = "rungs 2 to 4 decode at fp32: their attention and classifier have no bf16 products (the engine's and rung 5's do)"
+FP32_ONLY = ("rungs 2 to 4 decode at fp32: their attention and classifier have no bf16 products "
+             "(the engine's and rung 5's do)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -639,7 +640,8 @@ def decode_qkv_v5(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens,
                   stream=0, bf16=False):
     """decode_qkv's arguments. Launch: 3C / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
     C = x.shape[0]
-    assert _four_columns(block, C), f"block {block}: powers of two, at most {MAX_BLOCK} threads; C = {C} a multiple of 4"
+    assert _four_columns(block, C), \
+        f"block {block}: powers of two, at most {MAX_BLOCK} threads; C = {C} a multiple of 4"
     k_decode_qkv_v5[cdiv(3 * C, 4 * block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
                                                                      w_q, w_k, w_v, tokens, wte, wpe, bool(embed),
                                                                      bool(bf16))

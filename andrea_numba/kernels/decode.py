@@ -808,8 +808,8 @@ def decode_mlp_up(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
 @blocks(**LOGITS_BLOCKS)
 def decode_logits(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0, bf16=False):
     """probs, logits [V]; done [1] int32 (zero between launches); pos [1] int32 (+= 1); x, g, b [C];
-    wte [V, C]; bf16: the products' inputs rounded to bf16. Launch: V / RY blocks (at most LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C
-    floats of dynamic shared memory."""
+    wte [V, C]; bf16: the products' inputs rounded to bf16. Launch: V / RY blocks (at most
+    LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C floats of dynamic shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     V, C = wte.shape
     k_decode_logits[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,

@@ -12,9 +12,11 @@ replayed (as decode_speed --kernels does: the weights stay in L2 from launch to 
     empty, its arguments             a kernel that does nothing, the same arguments and grid: the launch
     LayerNorm alone                  the LayerNorm the qkv, mlp_up and logits kernels start with
                                      (_layernorm_shared), every block the whole row, as qkv's grid
-    128-bit loads, tree / shuffles   the same product with 4 columns a thread, each of its K / KS rows
-                                     one 128-bit load, all issued before the first is used, the KS
-                                     slices met by a tree in shared memory or by warp shuffles
+    rung 5, block B                  lab/decode.py rung 5's product: 4 columns a thread, a row one
+                                     128-bit load, four rows a round, the KS slices met by a tree in
+                                     shared memory; at the blocks it declares and at TILES
+    128-bit loads, shuffles          the same 4 columns a thread, all of its K / KS rows issued before
+                                     the first is used, the slices met by warp shuffles
 
 for the three shapes of a 12M (or --size) block's products: C x C (W_o), C x 3C (qkv's three),
 4C x C (W_2). Each variant's x is checked against NumPy (float64) before it is timed: a variant off
@@ -38,7 +40,7 @@ from andrea_numba.config import load_config  # noqa: E402
 from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, device_name  # noqa: E402
 
 REPS = 20                                        # launches a graph
-TILES = ((2, 128), (4, 64), (8, 32), (2, 64), (4, 32), (1, 128))     # (TX4, KS): 4 TX4 columns, KS slices a block
+TILES = ((2, 128), (4, 64), (8, 32), (2, 64), (4, 32), (1, 128))     # (TX, KS): 4 TX columns, KS slices a block
 
 
 @cuda.jit
@@ -67,21 +69,18 @@ def _layernorm_alone():
     return k
 
 
-def _wide(R: int, TX4: int, KS: int, shuffles: bool):
-    """x[n] += sum_k a[k] w[k, n] with 128-bit loads: thread (tx, ty) of a block (TX4, KS) (with
-    shuffles: (KS, TX4), the slices along the warp's lanes) owns columns n .. n + 3, n = 4 (TX4
-    blockIdx + tx), and rows k = ty + KS j, j < R (K = R KS): R loads issued before any is used
-    (R a constant: the loop is unrolled), then the KS slices of each column met in a tree in shared
-    memory, or by a butterfly of shuffles within each warp and the warps' sums after one barrier."""
+def _wide_shuffles(R: int, TX4: int, KS: int):
+    """x[n] += sum_k a[k] w[k, n] with 128-bit loads: thread (ty, tx) of a block (KS, TX4), the
+    slices along the warp's lanes, owns columns n .. n + 3, n = 4 (TX4 blockIdx + tx), and rows
+    k = ty + KS j, j < R (K = R KS): R loads issued before any is used (R a constant: the loop is
+    unrolled), then the KS slices of each column met by a butterfly of shuffles within each warp
+    and the warps' sums after one barrier."""
     from andrea_numba.kernels.ptx import load4
 
     @cuda.jit
     def k(x, a, w):
         buf = cuda.shared.array((4, MAX_BLOCK), float32)
-        if shuffles:
-            ty, tx = cuda.threadIdx.x, cuda.threadIdx.y
-        else:
-            tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        ty, tx = cuda.threadIdx.x, cuda.threadIdx.y
         n = 4 * (cuda.blockIdx.x * TX4 + tx)
         N = w.shape[1]
         s0 = float32(0.0)
@@ -96,53 +95,31 @@ def _wide(R: int, TX4: int, KS: int, shuffles: bool):
             s1 += ak * w1
             s2 += ak * w2
             s3 += ak * w3
-        if shuffles:
-            m = 16
-            while m > 0:
-                s0 += cuda.shfl_xor_sync(0xFFFFFFFF, s0, m)
-                s1 += cuda.shfl_xor_sync(0xFFFFFFFF, s1, m)
-                s2 += cuda.shfl_xor_sync(0xFFFFFFFF, s2, m)
-                s3 += cuda.shfl_xor_sync(0xFFFFFFFF, s3, m)
-                m //= 2
-            nw = KS // 32
-            if ty % 32 == 0:
-                i = tx * nw + ty // 32
-                buf[0, i] = s0
-                buf[1, i] = s1
-                buf[2, i] = s2
-                buf[3, i] = s3
-            cuda.syncthreads()
-            if ty == 0:
-                for q in range(1, nw):
-                    buf[0, tx * nw] += buf[0, tx * nw + q]
-                    buf[1, tx * nw] += buf[1, tx * nw + q]
-                    buf[2, tx * nw] += buf[2, tx * nw + q]
-                    buf[3, tx * nw] += buf[3, tx * nw + q]
-                x[n] += buf[0, tx * nw]
-                x[n + 1] += buf[1, tx * nw]
-                x[n + 2] += buf[2, tx * nw]
-                x[n + 3] += buf[3, tx * nw]
-        else:
-            i = ty * TX4 + tx
+        m = 16
+        while m > 0:
+            s0 += cuda.shfl_xor_sync(0xFFFFFFFF, s0, m)
+            s1 += cuda.shfl_xor_sync(0xFFFFFFFF, s1, m)
+            s2 += cuda.shfl_xor_sync(0xFFFFFFFF, s2, m)
+            s3 += cuda.shfl_xor_sync(0xFFFFFFFF, s3, m)
+            m //= 2
+        nw = KS // 32
+        if ty % 32 == 0:
+            i = tx * nw + ty // 32
             buf[0, i] = s0
             buf[1, i] = s1
             buf[2, i] = s2
             buf[3, i] = s3
-            cuda.syncthreads()
-            st = KS // 2
-            while st > 0:
-                if ty < st:
-                    buf[0, i] += buf[0, i + st * TX4]
-                    buf[1, i] += buf[1, i + st * TX4]
-                    buf[2, i] += buf[2, i + st * TX4]
-                    buf[3, i] += buf[3, i + st * TX4]
-                cuda.syncthreads()
-                st //= 2
-            if ty == 0:
-                x[n] += buf[0, tx]
-                x[n + 1] += buf[1, tx]
-                x[n + 2] += buf[2, tx]
-                x[n + 3] += buf[3, tx]
+        cuda.syncthreads()
+        if ty == 0:
+            for q in range(1, nw):
+                buf[0, tx * nw] += buf[0, tx * nw + q]
+                buf[1, tx * nw] += buf[1, tx * nw + q]
+                buf[2, tx * nw] += buf[2, tx * nw + q]
+                buf[3, tx * nw] += buf[3, tx * nw + q]
+            x[n] += buf[0, tx * nw]
+            x[n + 1] += buf[1, tx * nw]
+            x[n + 2] += buf[2, tx * nw]
+            x[n + 3] += buf[3, tx * nw]
     return k
 
 
@@ -155,6 +132,7 @@ def main(argv=None) -> int:
         cli.fail("lab/bench/decode_parts.py needs a CUDA GPU (the simulator has no CUDA graphs)")
     from andrea_numba.graphs import StepGraph
     from andrea_numba.kernels import decode as kd
+    from lab.decode import decode_matvec_add_v5
 
     cfg = load_config(args.size)
     C = cfg.model.d_model
@@ -199,23 +177,25 @@ def main(argv=None) -> int:
         blk = kd.MATVEC_BLOCKS["gpu"][0]
         row(f"empty, its arguments, block {blk}", shape,
             us(lambda st: _k_empty[math.ceil(N / blk[0]), blk, st](x, a, w, False)))
-        for TX4, KS in TILES:
-            if K % KS or N % (4 * TX4):
+        for blk in dict.fromkeys(decode_matvec_add_v5.blocks + TILES):
+            if N % (4 * blk[0]):
                 continue
-            for shuffles in (False, True):
-                if shuffles and KS < 32:
-                    continue
-                k = _wide(K // KS, TX4, KS, shuffles)
-                b = (KS, TX4) if shuffles else (TX4, KS)
-                launch = lambda st, k=k, b=b: k[N // (4 * TX4), b, st](x, a, w)
-                err = check(launch)
-                row(f"128-bit loads, {'shuffles' if shuffles else 'tree'}, TX4 {TX4} KS {KS} "
-                    f"({N // (4 * TX4)} blocks)", shape, us(launch), err)
+            launch = lambda st, b=blk: decode_matvec_add_v5(x, a, w, block=b, stream=st)
+            err = check(launch)
+            row(f"rung 5, block {blk} ({N // (4 * blk[0])} blocks)", shape, us(launch), err)
+        for TX4, KS in TILES:
+            if K % KS or N % (4 * TX4) or KS < 32:
+                continue
+            k = _wide_shuffles(K // KS, TX4, KS)
+            launch = lambda st, k=k, b=(KS, TX4): k[N // (4 * TX4), b, st](x, a, w)
+            err = check(launch)
+            row(f"128-bit loads, shuffles, TX {TX4} KS {KS} ({N // (4 * TX4)} blocks)", shape, us(launch), err)
     xg, g, b, out = dev(C), dev(C), dev(C), dev(1)
     ln = _layernorm_alone()
     for blk in kd.QKV_BLOCKS["gpu"][:3]:
         grid = math.ceil(3 * C / blk[0])
-        row(f"LayerNorm alone, {grid} blocks of {blk}", f"{C}", us(lambda st, gr=grid, bb=blk: ln[gr, bb, st, 12 * C](xg, g, b, out)))
+        row(f"LayerNorm alone, {grid} blocks of {blk}", f"{C}",
+            us(lambda st, gr=grid, bb=blk: ln[gr, bb, st, 12 * C](xg, g, b, out)))
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device_name(), "size": args.size, "reps": REPS, "rows": rows,
                                                "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
