@@ -169,34 +169,23 @@ class Bytes:
         return bytes(ids).decode("latin-1")
 
 
-def test_sampling_on_the_decoder_draws_the_whole_forwards_tokens_past_the_context_too():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sampling_on_the_decoder_draws_the_whole_forwards_tokens_past_the_context_too(precision):
     """sample.generate with a decoder against the loop it replaces (the whole forward of the last
     context_length tokens for each token), the same seed: a 12-token prompt and 6 draws, the first 5
-    on the decoder (the sequence fits the 16-token context), the last on the whole forward."""
-    m, params = _model(n_layer=1, seed=3)
-    model = GPUModel(m, 1, m.context_length, training=False)
-    model.params.copy_to_device(params)
-    prompt = "abcdefghijkl"
-    whole = generate(model, Bytes(), prompt, 6, 11, 0.8, 5)
-    dec = Decoder(m, model.params, stream=model.stream)
-    assert generate(model, Bytes(), prompt, 6, 11, 0.8, 5, decoder=dec) == whole
-    assert dec.n == m.context_length and dec.read("pos")[0] == m.context_length     # it decoded to the end
-
-
-def test_a_bf16_decoder_draws_the_bf16_whole_forwards_tokens():
-    """The sampler of a bf16 run: sample.generate with a bf16 decoder against the whole forward of
-    the bf16 recipe (its products round their inputs, its attention is the bf16 flash kernels'),
-    the same seed and prompt as the test above."""
+    on the decoder (the sequence fits the 16-token context), the last on the whole forward. At bf16
+    (the sampler of a bf16 run) the whole forward is the bf16 recipe's (its products round their
+    inputs, its attention is the bf16 flash kernels') and the decoder rounds as it does."""
     from andrea_numba.recipes import recipe_for
     m, params = _model(n_layer=1, seed=3)
-    model = GPUModel(m, 1, m.context_length, training=False, recipe=recipe_for("bf16"))
-    assert model.precision == "bf16"
+    model = GPUModel(m, 1, m.context_length, training=False, recipe=recipe_for(precision))
+    assert model.precision == precision
     model.params.copy_to_device(params)
     prompt = "abcdefghijkl"
     whole = generate(model, Bytes(), prompt, 6, 11, 0.8, 5)
-    dec = Decoder(m, model.params, stream=model.stream, precision="bf16")
+    dec = Decoder(m, model.params, stream=model.stream, precision=precision)
     assert generate(model, Bytes(), prompt, 6, 11, 0.8, 5, decoder=dec) == whole
-    assert dec.n == m.context_length
+    assert dec.n == m.context_length and dec.read("pos")[0] == m.context_length     # it decoded to the end
 
 
 def test_a_sample_drawn_on_the_gpu_is_the_one_the_host_draws_step_by_step():
