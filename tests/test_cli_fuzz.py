@@ -233,7 +233,7 @@ def tools():
                                                          "gpu_graph", "gemm", "tf32_check", "profile_kernels",
                                                          "gemm_ablate", "ncu_gemm", "precision_runs", "like_for_like",
                                                          "start_time", "splitk_sweep", "decode_speed", "flash_wgmma",
-                                                         "decode_parts")}}
+                                                         "decode_parts", "ncu_text")}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -447,6 +447,10 @@ ROWS = [
     ("lab/bench/decode_parts", ["--size", "7B"], "7B"),
     ("lab/bench/decode_parts", ["--json", "{W}/nodir/d.json"], "does not exist"),
     ("lab/bench/decode_parts", [], "needs a CUDA GPU"),
+    ("lab/bench/decode_parts", ["--once", "--size", "7B"], "7B"),
+    ("lab/bench/ncu_text", [], "the following arguments are required: report"),
+    ("lab/bench/ncu_text", ["{W}/none.txt"], "does not exist"),
+    ("lab/bench/ncu_text", ["{W}/files/text.txt"], "no profiled kernel in it"),
     ("lab/bench/flash_wgmma", ["--repeats", "0"], "argument --repeats"),
     ("lab/bench/flash_wgmma", ["--markdown", "{W}/out.txt"], "ending in .md"),
     ("lab/bench/flash_wgmma", ["--sizes", "7B"], "invalid choice"),

@@ -2,6 +2,7 @@
 
     python lab/bench/decode_parts.py                     # the 12M shapes
     python lab/bench/decode_parts.py --size 120M --json parts.json
+    ncu --cache-control none --section WarpStateStats python lab/bench/decode_parts.py --once
 
 The decoder's step (kernels/decode.py) is some 37 launches of 8-13 us each, where an empty kernel
 costs about 1 us and each product reads at most 2.4 MB of weights (lab/bench/decode_speed.py
@@ -20,7 +21,9 @@ replayed (as decode_speed --kernels does: the weights stay in L2 from launch to 
 
 for the three shapes of a 12M (or --size) block's products: C x C (W_o), C x 3C (qkv's three),
 4C x C (W_2). Each variant's x is checked against NumPy (float64) before it is timed: a variant off
-by more than 1e-4 of the largest |x| is reported and the exit code is 1. Needs a CUDA GPU.
+by more than 1e-4 of the largest |x| is reported and the exit code is 1. --once launches each
+variant once, outside a graph, and times nothing: a profiler's run (Nsight Compute then reports
+each kernel's stalls). Needs a CUDA GPU.
 """
 from __future__ import annotations
 
@@ -127,6 +130,7 @@ def main(argv=None) -> int:
     ap = cli.Parser(prog="python lab/bench/decode_parts.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=cli.config, default="12M", help="a config size or file (default 12M)")
     ap.add_argument("--json", type=cli.file_to_write(".json"), help="also write the rows to this file")
+    ap.add_argument("--once", action="store_true", help="launch each variant once and time nothing (for a profiler)")
     args = ap.parse_args(argv)
     if SIMULATOR or not cuda.is_available():
         cli.fail("lab/bench/decode_parts.py needs a CUDA GPU (the simulator has no CUDA graphs)")
@@ -142,7 +146,12 @@ def main(argv=None) -> int:
     def dev(*shape):
         return cuda.to_device(rng.standard_normal(shape).astype(np.float32), stream=s)
 
-    def us(launch) -> float:
+    def us(launch, checked=True) -> float:
+        if args.once:                                # one launch a variant: its check's, else this one
+            if not checked:
+                launch(s)
+                s.synchronize()
+            return math.nan
         launch(s)
         s.synchronize()
         return 1e3 * StepGraph(s, lambda st: [launch(st) for _ in range(REPS)]).replay_ms(5) / REPS
@@ -176,7 +185,7 @@ def main(argv=None) -> int:
             row(f"engine, block {blk}", shape, us(launch), err)
         blk = kd.MATVEC_BLOCKS["gpu"][0]
         row(f"empty, its arguments, block {blk}", shape,
-            us(lambda st: _k_empty[math.ceil(N / blk[0]), blk, st](x, a, w, False)))
+            us(lambda st: _k_empty[math.ceil(N / blk[0]), blk, st](x, a, w, False), checked=False))
         for blk in dict.fromkeys(decode_matvec_add_v5.blocks + TILES):
             if N % (4 * blk[0]):
                 continue
@@ -195,7 +204,7 @@ def main(argv=None) -> int:
     for blk in kd.QKV_BLOCKS["gpu"][:3]:
         grid = math.ceil(3 * C / blk[0])
         row(f"LayerNorm alone, {grid} blocks of {blk}", f"{C}",
-            us(lambda st, gr=grid, bb=blk: ln[gr, bb, st, 12 * C](xg, g, b, out)))
+            us(lambda st, gr=grid, bb=blk: ln[gr, bb, st, 12 * C](xg, g, b, out), checked=False))
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device_name(), "size": args.size, "reps": REPS, "rows": rows,
                                                "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")

@@ -2,12 +2,12 @@
 # The sampler's decoder and a run's start on the GPU: the decoder's bf16 rounding against the table,
 # a bf16 run's sampler (the bf16 decoder beside the bf16 whole forward: time and the same tokens),
 # the step's rungs (the engine against rung 5's 128-bit loads), a bf16 run's start with the kernel
-# cache empty and full, the fp32 decoder's paths, one product taken apart, the step kernel by kernel
-# and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
-#   bash lab/bench/gpu_decode.sh [steps...]   steps: rounding bf16 rungs start fp32 parts kernels start32
+# cache empty and full, the fp32 decoder's paths, one product taken apart (timed, then each variant
+# once under Nsight Compute: its stalls), the step kernel by kernel and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
+#   bash lab/bench/gpu_decode.sh [steps...]   steps: rounding bf16 rungs start fp32 parts ncu kernels start32
 #                                             (default all, in that order)
 WHAT=decode; source "$(dirname "$0")/gpu_lib.sh"      # OUT, tmp, py
-steps=${*:-rounding bf16 rungs start fp32 parts kernels start32}
+steps=${*:-rounding bf16 rungs start fp32 parts ncu kernels start32}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 for s in $steps; do
   t0=$(date +%s)
@@ -28,13 +28,17 @@ for s in $steps; do
           echo "decode_speed exit $?"; tail -12 "$OUT/decode_12M.txt" ;;
     parts) timeout 150 $py lab/bench/decode_parts.py --json "$OUT/decode_parts.json" > "$OUT/decode_parts.txt" 2>&1
            echo "decode_parts exit $?"; cat "$OUT/decode_parts.txt" ;;
+    ncu) timeout 200 ncu --cache-control none --clock-control none --section SpeedOfLight --section WarpStateStats \
+             --section Occupancy --section LaunchStats $py lab/bench/decode_parts.py --once > "$OUT/ncu_parts.txt" 2>&1
+         echo "ncu decode_parts exit $?"
+         $py lab/bench/ncu_text.py "$OUT/ncu_parts.txt" | tee "$OUT/ncu_parts_table.txt" | cut -c1-200 ;;
     kernels) timeout 150 $py lab/bench/decode_speed.py --kernels --versions 1,5 --json "$OUT/decode_kernels.json" \
                  > "$OUT/decode_kernels.txt" 2>&1
              echo "decode_speed --kernels exit $?"; tail -24 "$OUT/decode_kernels.txt" ;;
     start32) timeout 200 $py lab/bench/start_time.py --size 12M --repeats 1 --precision fp32 \
                  --out "$OUT/start_12M_fp32.json" > "$OUT/start_12M_fp32.txt" 2>&1
              echo "start_time fp32 exit $?"; tail -6 "$OUT/start_12M_fp32.txt" ;;
-    *) echo "unknown step $s (rounding bf16 rungs start fp32 parts kernels start32)"; exit 2 ;;
+    *) echo "unknown step $s (rounding bf16 rungs start fp32 parts ncu kernels start32)"; exit 2 ;;
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
 done
