@@ -13,6 +13,7 @@ replayed (as decode_speed --kernels does: the weights stay in L2 from launch to 
     empty, its arguments             a kernel that does nothing, the same arguments and grid: the launch
     LayerNorm alone                  the LayerNorm the qkv, mlp_up and logits kernels start with
                                      (_layernorm_shared), every block the whole row, as qkv's grid
+    LayerNorm by warps               the same with one barrier: each warp sums the row by shuffles
     rung 5, block B                  lab/decode.py rung 5's product: 4 columns a thread, a row one
                                      128-bit load, four rows a round, the KS slices met by a tree in
                                      shared memory; at the blocks it declares and at TILES
@@ -67,9 +68,49 @@ def _layernorm_alone():
             a[C + c] = g[c]
             a[2 * C + c] = b[c]
         _layernorm_shared(a, buf, C, float32(1e-5))
-        if i == 0 and cuda.blockIdx.x == 0:
-            out[0] = a[0]
+        if cuda.blockIdx.x == 0:
+            for c in range(i, C, cuda.blockDim.x * cuda.blockDim.y):
+                out[c] = a[c]
     return k
+
+
+@cuda.jit(device=True)
+def _warp_total(s):
+    """s summed over the warp's 32 lanes by a butterfly of shuffles: every lane gets the total."""
+    m = 16
+    while m > 0:
+        s += cuda.shfl_xor_sync(0xFFFFFFFF, s, m)
+        m //= 2
+    return s
+
+
+@cuda.jit
+def _k_layernorm_by_warps(x, g, b, out):
+    """The same LayerNorm with one barrier: every warp sums the whole row by itself (lane j adds
+    c = j, j + 32, ..., then a butterfly of shuffles), so each warp holds the mean and rstd without
+    waiting for another; flat thread i then writes its channels c = i, i + n, ... normalised into
+    shared memory, and one barrier publishes them. Whole warps only."""
+    a = cuda.shared.array(0, float32)
+    C = x.shape[0]
+    n = cuda.blockDim.x * cuda.blockDim.y
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    lane = i % 32
+    inv_c = float32(1.0) / float32(C)
+    s = float32(0.0)
+    for c in range(lane, C, 32):
+        s += x[c]
+    mu = _warp_total(s) * inv_c
+    s = float32(0.0)
+    for c in range(lane, C, 32):
+        d = x[c] - mu
+        s += d * d
+    r = float32(1.0) / math.sqrt(_warp_total(s) * inv_c + float32(1e-5))
+    for c in range(i, C, n):
+        a[c] = (x[c] - mu) * r * g[c] + b[c]
+    cuda.syncthreads()
+    if cuda.blockIdx.x == 0:
+        for c in range(i, C, n):
+            out[c] = a[c]
 
 
 def _wide_shuffles(R: int, TX4: int, KS: int):
@@ -199,12 +240,20 @@ def main(argv=None) -> int:
             launch = lambda st, k=k, b=(KS, TX4): k[N // (4 * TX4), b, st](x, a, w)
             err = check(launch)
             row(f"128-bit loads, shuffles, TX {TX4} KS {KS} ({N // (4 * TX4)} blocks)", shape, us(launch), err)
-    xg, g, b, out = dev(C), dev(C), dev(C), dev(1)
+    xg, g, b, out = dev(C), dev(C), dev(C), dev(C)
+    xh, gh, bh = (v.copy_to_host().astype(np.float64) for v in (xg, g, b))
+    want = (xh - xh.mean()) / np.sqrt(xh.var() + 1e-5) * gh + bh
+
+    def ln_error(launch):
+        launch(s)
+        return float(np.abs(out.copy_to_host(stream=s) - want).max() / np.abs(want).max())
     ln = _layernorm_alone()
-    for blk in kd.QKV_BLOCKS["gpu"][:3]:
-        grid = math.ceil(3 * C / blk[0])
-        row(f"LayerNorm alone, {grid} blocks of {blk}", f"{C}",
-            us(lambda st, gr=grid, bb=blk: ln[gr, bb, st, 12 * C](xg, g, b, out), checked=False))
+    for name, kern in (("LayerNorm alone", ln), ("LayerNorm by warps, one barrier", _k_layernorm_by_warps)):
+        for blk in kd.QKV_BLOCKS["gpu"][:3]:
+            grid = math.ceil(3 * C / blk[0])
+            launch = lambda st, k=kern, gr=grid, bb=blk: k[gr, bb, st, 12 * C](xg, g, b, out)
+            err = ln_error(launch)
+            row(f"{name}, {grid} blocks of {blk}", f"{C}", us(launch), err)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device_name(), "size": args.size, "reps": REPS, "rows": rows,
                                                "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
