@@ -24,7 +24,9 @@ The whole forward's paths draw each token on the host (reference.decode.draw), t
 the GPU (k_decode_draw), from the same uniform numbers. Every path runs once untimed first
 (compiling its kernels, capturing its graph); then --runs timed runs, wall clock of the whole
 generate (draws and copies included), median. The paths must draw the same tokens (their
-probabilities agree to fp32 rounding): a difference is reported and the exit code is 1. Beside the
+probabilities agree to fp32 rounding): a difference is reported and the exit code is 1, with, at
+the first token where the decoder parts from the whole forward, how far the two paths' probabilities
+are apart there and how near its uniform number fell to a boundary of the draw (explain_difference). Beside the
 table, the GPU time of one decoder step with its draw at position ~128 (its graph replayed between
 two CUDA events) and the target: 256 tokens at 12M in at most 0.05 s.
 
@@ -255,6 +257,41 @@ def time_versions(m, model, versions, runs: int, tokens: int, seed: int):
     return rows, same
 
 
+def _boundary_gap(p, u: float, top_k: int):
+    """How far u falls from the nearest boundary of the draw's cumulative distribution (reference.
+    decode.draw at temperature 1), and that distribution."""
+    logits = np.log(np.maximum(np.asarray(p, np.float64), 1e-30))
+    kth = np.partition(logits, -top_k)[-top_k]
+    q = np.where(logits >= kth, np.exp(logits - logits.max()), 0.0)
+    cdf = np.cumsum(q / q.sum())
+    return float(np.abs(cdf - u).min()), cdf
+
+
+def explain_difference(model, dec, prompt, ref, got, seed: int, top_k: int = 40) -> str:
+    """Why the decoder drew another token than the whole forward at the first token i where they
+    part: both paths' probabilities at that position after the whole forward's tokens before it, the
+    largest difference between them (relative to the largest probability), and the gap between the
+    token's uniform number u and the nearest boundary of the whole forward's cumulative distribution,
+    beside the two distributions' largest difference. A gap below that difference means the paths
+    drew apart on a difference of rounding; a gap above it, on a difference in what they compute."""
+    i = next(j for j, (a, b) in enumerate(zip(got, ref)) if a != b)
+    ids = list(prompt) + list(ref[:i])
+    u = float(np.random.default_rng(seed).random(i + 1)[i])
+    buf = np.zeros((1, model.T), np.int32)
+    buf[0, :len(ids)] = ids
+    model.forward(buf, buf)
+    p_w = np.array(model.probs_row(len(ids) - 1), np.float64)
+    dec.reset()
+    dec.feed(ids)
+    p_d = np.array(dec.probs_row(), np.float64)
+    gap, cdf_w = _boundary_gap(p_w, u, top_k)
+    _, cdf_d = _boundary_gap(p_d, u, top_k)
+    rel = float(np.abs(p_d - p_w).max() / p_w.max())
+    return (f"token {i}: the probabilities differ by at most {rel:.1e} of the largest; u = {u:.6f} falls "
+            f"{gap:.1e} from a boundary of the whole forward's distribution, which the decoder's moves by up "
+            f"to {float(np.abs(cdf_d - cdf_w).max()):.1e}")
+
+
 def main(argv=None) -> int:
     ap = cli.Parser(prog="python lab/bench/decode_speed.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=cli.config, default="12M", help="a config size or file (default 12M)")
@@ -380,6 +417,9 @@ def main(argv=None) -> int:
         for name, d in drawn.items():
             first = next((i for i, (a, b) in enumerate(zip(d, drawn["whole forward, eager"])) if a != b), None)
             print(f"  {name}: first difference at token {first}")
+        if drawn["decoder, eager"] != drawn["whole forward, eager"]:
+            print("  " + explain_difference(model, eager_dec, prompt, drawn["whole forward, eager"],
+                                            drawn["decoder, eager"], args.seed))
     dec_s = rows[-1]["seconds"] * 256 / args.tokens
     if args.size == "12M":
         print(f"target (12M): 256 tokens in at most {TARGET_S} s; the decoder's graph path: {dec_s:.4f} s "
