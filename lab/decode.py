@@ -15,7 +15,9 @@ kernels otherwise, the same launches (Decoder.work runs any rung's; lab/bench/de
             barriers instead of kernel boundaries (lab/decode_step.py; decoder_class gives its decoder)
     rung 5  rung 1 with the products (qkv, the output projections, mlp_up) loading 4 columns of a
             row in one 128-bit load, four rows a round, in blocks of 4 or 8 columns: more bytes in
-            flight and more blocks (below); not yet timed on a GPU
+            flight and more blocks (below)
+    rung 6  rung 5 with its sums by shuffles: the LayerNorm's two block sums and the column slices'
+            sums each a butterfly within the warps and one barrier (below)
 
 Measured on an NVIDIA H100 (2026-12-07, docs/results/2026-12-07-h100-decoder-rungs/), the GPU time
 of a step with its draw at 12M, median of 5 rounds: rung 1 0.2996 ms, rung 2 0.4138, rung 3 0.4185,
@@ -25,7 +27,7 @@ Rungs 2 to 4 decode at fp32 only (their launchers refuse bf16 = True): their att
 scores in base e, and their own kernels do not round the products' inputs as kernels/decode.py's
 bf16 decoder does. Rung 5 decodes at both, as the engine.
 
-Rung 2's shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
+Rungs 2 and 6: shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
 on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
 """
 import math
@@ -663,12 +665,153 @@ def decode_mlp_up_v5(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
                                                                                bool(bf16))
 
 
+# ---------------------------------------------------------------------------------------------
+# rung 6: rung 5 with its sums by shuffles
+#
+# lab/bench/decode_parts.py on an H100 (2026-12-07, docs/results/2026-12-07-h100-decoder-parts/)
+# took one product apart: with the weights in L2, C x C (W_o) 4.0 us a launch in the engine, 3.6 in
+# rung 5, 2.2 with the same 128-bit loads and the slices met by shuffles; 4C x C (W_2) 5.7, 5.0 and
+# 3.4-3.6. The LayerNorm qkv and mlp_up start with costs 4.7-7.8 us alone, an empty kernel 1.1. The
+# trees are the cost: each level a barrier for the whole block (7 to 10 levels a sum). Here the
+# slices of a column meet by a butterfly of shuffles within each warp and one barrier
+# (_column4_by_shuffles), and the LayerNorm's mean and variance each take one barrier
+# (_layernorm_by_shuffles). The kernels are rung 5's, compiled anew with these two in place.
+
+@cuda.jit(device=True)
+def _layernorm_by_shuffles(a, red, C, eps):
+    """engine._layernorm_shared's LayerNorm with three barriers: a thread's channels summed, the
+    warp's lanes met by a butterfly (ptx.warp_sum), lane 0 of warp w leaves the sum in red[0, w],
+    one barrier, every thread adds the warps' sums in warp order: the mean; the squares of the
+    deviations the same way in red[32 + w] (apart from the first: no barrier before it is written);
+    then the channels normalised in place and a barrier. red: shared, at least 64 floats. Whole
+    warps only."""
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    n = cuda.blockDim.x * cuda.blockDim.y
+    nw = (n + 31) // 32
+    inv_c = float32(1.0) / float32(C)
+    s = float32(0.0)
+    for c in range(i, C, n):
+        s += a[c]
+    s = warp_sum(s, 1, 16)
+    if i % 32 == 0:
+        red[i // 32] = s
+    cuda.syncthreads()
+    total = red[0]
+    for w in range(1, nw):
+        total += red[w]
+    mu = total * inv_c
+    s = float32(0.0)
+    for c in range(i, C, n):
+        d = a[c] - mu
+        s += d * d
+    s = warp_sum(s, 1, 16)
+    if i % 32 == 0:
+        red[32 + i // 32] = s
+    cuda.syncthreads()
+    total = red[32]
+    for w in range(1, nw):
+        total += red[32 + w]
+    r = float32(1.0) / math.sqrt(total * inv_c + eps)
+    for c in range(i, C, n):
+        a[c] = (a[c] - mu) * r * a[C + c] + a[2 * C + c]
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _column4_by_shuffles(buf, s):
+    """The KS parts of each of the block's 4 TX columns added, as rung 2's _column_total adds one:
+    a warp holds G = 32 / TX slices of each of its columns, which meet by a butterfly over the lane
+    bits of ty (ptx.warp_sum from TX up); the lanes of the warp's first slice leave the 4 sums in
+    buf[c, group TX + tx], one barrier, and every thread adds its columns' KS / G sums in group order.
+    buf: shared [4, MAX_BLOCK]."""
+    tx, ty, TX = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.x
+    g = max(1, 32 // TX)                           # slices a warp
+    s0 = warp_sum(s[0], TX, 16)
+    s1 = warp_sum(s[1], TX, 16)
+    s2 = warp_sum(s[2], TX, 16)
+    s3 = warp_sum(s[3], TX, 16)
+    if ty % g == 0:
+        j = (ty // g) * TX + tx
+        buf[0, j] = s0
+        buf[1, j] = s1
+        buf[2, j] = s2
+        buf[3, j] = s3
+    cuda.syncthreads()
+    t0, t1, t2, t3 = buf[0, tx], buf[1, tx], buf[2, tx], buf[3, tx]
+    for j in range(1, (cuda.blockDim.y + g - 1) // g):
+        t0 += buf[0, j * TX + tx]
+        t1 += buf[1, j * TX + tx]
+        t2 += buf[2, j * TX + tx]
+        t3 += buf[3, j * TX + tx]
+    return t0, t1, t2, t3
+
+
+# what rung 5's kernels call as engine.X, with this rung's LayerNorm (a module: Numba resolves its
+# attributes when it compiles)
+_RUNG_6_ENGINE = types.ModuleType("rung_6_engine")
+_RUNG_6_ENGINE._row_g_b, _RUNG_6_ENGINE._embedding_g_b = engine._row_g_b, engine._embedding_g_b
+_RUNG_6_ENGINE._layernorm_shared = _layernorm_by_shuffles
+
+
+def _with_rung_6_sums(kernel):
+    """Rung 5's kernel (its Python code above) compiled anew with this rung's sums in place: the
+    slices by _column4_by_shuffles, the LayerNorm by _layernorm_by_shuffles."""
+    fn = getattr(kernel, "py_func", None) or kernel.fn
+    names = {**fn.__globals__, "_column4_total": _column4_by_shuffles, "engine": _RUNG_6_ENGINE}
+    return cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__.replace("_v5", "_v6"), fn.__defaults__,
+                                       fn.__closure__))
+
+
+k_decode_qkv_v6 = _with_rung_6_sums(k_decode_qkv_v5)
+k_decode_matvec_add_v6 = _with_rung_6_sums(k_decode_matvec_add_v5)
+k_decode_mlp_up_v6 = _with_rung_6_sums(k_decode_mlp_up_v5)
+
+# blocks (TX, KS), whole warps (TX * KS a multiple of 32, TX <= 32): 4 TX columns, KS slices a block
+QKV_BLOCKS_6 = dict(gpu=((1, 128), (2, 128), (1, 256), (2, 64)), sim=((1, 4), (2, 2), (1, 8)))
+MATVEC_BLOCKS_6 = dict(gpu=((1, 256), (1, 128), (2, 128), (1, 512)), sim=((1, 4), (2, 2), (1, 8)))
+MLP_UP_BLOCKS_6 = dict(gpu=((1, 128), (2, 128), (1, 256), (2, 64)), sim=((1, 4), (2, 2), (1, 8)))
+
+
+def _six(block, *widths) -> bool:
+    """Rung 5's blocks (_four_columns), of whole warps on a GPU with at most 32 columns' groups."""
+    return _four_columns(block, *widths) and _whole_warps(*block) and block[0] <= 32
+
+
+@blocks(**QKV_BLOCKS_6)
+def decode_qkv_v6(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
+                  stream=0, bf16=False):
+    """decode_qkv's arguments. Launch: 3C / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
+    C = x.shape[0]
+    assert _six(block, C), f"block {block}: powers of two, whole warps, at most {MAX_BLOCK} threads and 32 " \
+                           f"groups of columns; C = {C} a multiple of 4"
+    k_decode_qkv_v6[cdiv(3 * C, 4 * block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
+                                                                     w_q, w_k, w_v, tokens, wte, wpe, bool(embed),
+                                                                     bool(bf16))
+
+
+@blocks(**MATVEC_BLOCKS_6)
+def decode_matvec_add_v6(x, a, w, *, block, stream=0, bf16=False):
+    """decode_matvec_add's arguments. Launch: N / 4 TX blocks of TX x KS threads."""
+    assert _six(block, w.shape[1]), f"block {block}: powers of two, whole warps; N = {w.shape[1]} a multiple of 4"
+    k_decode_matvec_add_v6[cdiv(w.shape[1], 4 * block[0]), block, stream](x, a, w, bool(bf16))
+
+
+@blocks(**MLP_UP_BLOCKS_6)
+def decode_mlp_up_v6(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
+    """decode_mlp_up's arguments. Launch: F / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
+    assert _six(block, w_1.shape[1]), f"block {block}: powers of two, whole warps; F = {w_1.shape[1]} a multiple of 4"
+    C = x.shape[0]
+    k_decode_mlp_up_v6[cdiv(w_1.shape[1], 4 * block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1,
+                                                                               bool(bf16))
+
+
 # the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 1 is the engine's, rung 3
 # rung 2 with attention in one block a head; rung 4 replaces the whole step (decoder_class), so its
 # entries are the engine's (its draw is)
 LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits")
 VERSIONS = {name: {1: getattr(engine, name), 2: globals()[name + "_v2"], 3: globals()[name + "_v2"],
-                   4: getattr(engine, name), 5: globals().get(name + "_v5", getattr(engine, name))}
+                   4: getattr(engine, name), 5: globals().get(name + "_v5", getattr(engine, name)),
+                   6: globals().get(name + "_v6", getattr(engine, name))}
             for name in LAUNCHERS}
 VERSIONS["decode_attention"][3] = decode_attention_v3
 

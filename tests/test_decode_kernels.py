@@ -269,11 +269,11 @@ def test_the_decoders_step_at_every_block_a_launcher_declares(monkeypatch, launc
             assert _distance(rows[2 * t], want[t]) <= TOL, (block, t)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 5])
+@pytest.mark.parametrize("version", [1, 2, 3, 5, 6])
 def test_every_rung_of_the_decoders_step_gives_the_twins_logits(monkeypatch, version):
     """The step with each rung's launchers (lab/decode.py VERSIONS: 1 the engine's, its sums as
     shared-memory trees, 2 by shuffles, 3 with attention in one block a head, 5 the products with
-    128-bit loads; rung 4, the step in one launch, has a test of its own), as
+    128-bit loads, 6 those with their sums by shuffles; rung 4, the step in one launch, has a test of its own), as
     lab/bench/decode_speed.py --versions times them: the twin's logits at positions 0..5 (the merge
     counters back at 0 after)."""
     from lab.decode import VERSIONS
@@ -356,17 +356,45 @@ def test_rung_5_products_with_128_bit_loads_at_ragged_depths(K, N, block):
         decode_matvec_add_v5(x[:N - 2], cuda.to_device(a), cuda.to_device(w[:, :N - 2].copy()), block=block)
 
 
+@pytest.mark.parametrize("block", [(1, 64), (2, 32)])
+def test_rung_6_sums_across_warps(block):
+    """lab/decode.py rung 6 at blocks of two warps, which the tiny model's step cannot fill (C = 8):
+    x += a @ w at K = 100 (every warp's slices hold rows), and mlp_up's h = gelu(LN(x) @ w_1) with
+    C = 72 channels over the two warps (the LayerNorm's sums across them), against float64 NumPy."""
+    from lab.decode import decode_matvec_add_v6, decode_mlp_up_v6
+    from reference.layernorm import layernorm_fwd
+    from reference.mlp import gelu
+    rng = np.random.default_rng(6)
+    K, N = 100, 8
+    a, w = rng.standard_normal(K).astype(f32), rng.standard_normal((K, N)).astype(f32)
+    x0 = rng.standard_normal(N).astype(f32)
+    x = cuda.to_device(x0)
+    decode_matvec_add_v6(x, cuda.to_device(a), cuda.to_device(w), block=block)
+    want = x0.astype(np.float64) + a.astype(np.float64) @ w.astype(np.float64)
+    assert np.abs(x.copy_to_host() - want).max() <= TOL * np.abs(want).max()
+    C, F = 72, 16
+    xs, g, b = (rng.standard_normal(C).astype(f32) for _ in range(3))
+    w1 = rng.standard_normal((C, F)).astype(f32)
+    h = cuda.to_device(np.zeros(F, f32))
+    decode_mlp_up_v6(h, cuda.to_device(xs), cuda.to_device(g), cuda.to_device(b), 1e-5, cuda.to_device(w1),
+                     block=block)
+    ln = layernorm_fwd(xs.astype(np.float64)[None], g.astype(np.float64), b.astype(np.float64))[0][0]
+    want = gelu(ln @ w1.astype(np.float64))
+    assert np.abs(h.copy_to_host() - want).max() <= TOL * np.abs(want).max()
+
+
+@pytest.mark.parametrize("rung", [5, 6])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_rung_5_at_every_block_it_declares_and_at_bf16(monkeypatch, precision):
-    """The step with rung 5's launchers (the products with 128-bit loads), each at every block it
-    declares in turn (the others at their defaults), at fp32 and at bf16: the twin's logits at that
-    precision, positions 0..5."""
+def test_rungs_5_and_6_at_every_block_they_declare_and_at_bf16(monkeypatch, precision, rung):
+    """The step with rung 5's launchers (the products with 128-bit loads) or rung 6's (the same, sums
+    by shuffles), each at every block it declares in turn (the others at their defaults), at fp32
+    and at bf16: the twin's logits at that precision, positions 0..5."""
     from lab.decode import VERSIONS
     m, params = _decoder_model()
     tokens = [3, 1, 4, 1, 5, 9]
     twin = KVCache(params.astype(np.float64), m, precision)
     want = [twin.step(tok) for tok in tokens]
-    rung5 = {name: rungs[5] for name, rungs in VERSIONS.items()}
+    rung5 = {name: rungs[rung] for name, rungs in VERSIONS.items()}
     for name, f in rung5.items():
         monkeypatch.setattr(kd, name, f)
     for name in ("decode_qkv", "decode_matvec_add", "decode_mlp_up"):
