@@ -818,7 +818,7 @@ VERSIONS["decode_attention"][3] = decode_attention_v3
 
 def decoder_class(version: int):
     """The decoder that runs rung `version`'s step: andrea_numba.decode.Decoder with the rung's
-    launchers in place (rungs 1 to 3), or lab/decode_step.py's PersistentDecoder (rung 4: the whole
+    launchers in place (rungs 1 to 3, 5 and 6), or lab/decode_step.py's PersistentDecoder (rung 4: the whole
     step in one launch)."""
     if version == 4:
         from lab.decode_step import PersistentDecoder
