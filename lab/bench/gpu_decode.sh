@@ -32,7 +32,7 @@ for s in $steps; do
              --section Occupancy --section LaunchStats $py lab/bench/decode_parts.py --once > "$OUT/ncu_parts.txt" 2>&1
          echo "ncu decode_parts exit $?"
          $py lab/bench/ncu_text.py "$OUT/ncu_parts.txt" | tee "$OUT/ncu_parts_table.txt" | cut -c1-200 ;;
-    kernels) timeout 150 $py lab/bench/decode_speed.py --kernels --versions 1,5,6 --json "$OUT/decode_kernels.json" \
+    kernels) timeout 150 $py lab/bench/decode_speed.py --kernels --versions 1,2,3,5,6 --json "$OUT/decode_kernels.json" \
                  > "$OUT/decode_kernels.txt" 2>&1
              echo "decode_speed --kernels exit $?"; tail -24 "$OUT/decode_kernels.txt" ;;
     start32) timeout 200 $py lab/bench/start_time.py --size 12M --repeats 1 --precision fp32 \
