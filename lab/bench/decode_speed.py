@@ -43,7 +43,8 @@ across threads as shared-memory trees, 2 those sums by shuffles, 3 rung 2 with a
 block a head, 4 the whole step in one launch with grid barriers, lab/decode_step.py, 5 the products
 with 128-bit loads, 6 those with their sums by shuffles), each at that rung: in turn, --runs
 rounds of every rung, each round a new decoder whose step is captured as a graph, the GPU time of
-a step with its draw (t = 128 to 148) and the wall clock of --tokens tokens drawn on it; medians and [min-max] over the rounds, and whether every rung drew the same tokens.
+a step with its draw (t = 128 to 148) and the wall clock of --tokens tokens drawn on it; medians
+and [min-max] over the rounds, and whether every rung drew the same tokens.
 Needs a CUDA GPU: in the simulator, or without a GPU, it says so in one line and exits 2.
 """
 from __future__ import annotations
