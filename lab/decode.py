@@ -413,8 +413,9 @@ def k_decode_attention_v3(y, part_m, part_l, part_acc, done, q, k_cache, v_cache
     acc[d] = sum exp(s - m) V[u, h hs + d], each brought to a new maximum by exp(m_old - m_new).
     Then the W warps' (m, l, acc) in shared memory, one barrier, and thread d adds them for channel
     d (and d + blockDim.x, when the block has fewer threads than channels) in warp order:
-    M = max_w m_w, y[d] = sum_w exp(m_w - M) acc_w[d] / sum_w exp(m_w - M) l_w (a warp without keys has m = -inf: weight 0). part_m, part_l, part_acc and done are rung 2's scratch,
-    unused: the same arguments, so the decoder launches either."""
+    M = max_w m_w, y[d] = sum_w exp(m_w - M) acc_w[d] / sum_w exp(m_w - M) l_w (a warp without keys
+    has m = -inf: weight 0). part_m, part_l, part_acc and done are rung 2's scratch, unused: the
+    same arguments, so the decoder launches either."""
     sm = cuda.shared.array(32, float32)                 # each warp's m
     sl = cuda.shared.array(32, float32)                 # its l
     sacc = cuda.shared.array((32, 64), float32)         # its acc, channel by channel
