@@ -63,20 +63,27 @@ def _chunk_weight(m_p, big):
 
 
 @cuda.jit(device=True)
-def _block_total(buf, val):
+def _warps_total(buf, val, at):
     """val summed over the block's threads (flat index i = threadIdx.y * blockDim.x + threadIdx.x):
-    each warp's 32 by a butterfly of shuffles (ptx.warp_sum), lane 0 of warp w leaves it in buf[w],
-    and after one barrier every thread adds the warps' sums in warp order. buf: shared, a float a
-    warp, free again after the second barrier. Fixed order: deterministic."""
+    each warp's 32 by a butterfly of shuffles (ptx.warp_sum), lane 0 of warp w leaves it in
+    buf[at + w], and after one barrier every thread adds the warps' sums in warp order. buf: shared,
+    at + a float a warp, not free again before another barrier. Fixed order: deterministic."""
     i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
     s = warp_sum(val, 1, 16)
     if i % 32 == 0:
-        buf[i // 32] = s
+        buf[at + i // 32] = s
     cuda.syncthreads()
-    total = buf[0]
+    total = buf[at]
     for w in range(1, nw):
-        total += buf[w]
+        total += buf[at + w]
+    return total
+
+
+@cuda.jit(device=True)
+def _block_total(buf, val):
+    """_warps_total at buf[0 ..], and a second barrier: buf is free again on return."""
+    total = _warps_total(buf, val, 0)
     cuda.syncthreads()
     return total
 
@@ -638,32 +645,37 @@ def _four_columns(block, *widths) -> bool:
     return engine._pow2(*block) and block[0] * block[1] <= MAX_BLOCK and all(w % 4 == 0 for w in widths)
 
 
-@blocks(**QKV_BLOCKS_5)
-def decode_qkv_v5(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
-                  stream=0, bf16=False):
-    """decode_qkv's arguments. Launch: 3C / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
-    C = x.shape[0]
-    assert _four_columns(block, C), \
-        f"block {block}: powers of two, at most {MAX_BLOCK} threads; C = {C} a multiple of 4"
-    k_decode_qkv_v5[cdiv(3 * C, 4 * block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
-                                                                     w_q, w_k, w_v, tokens, wte, wpe, bool(embed),
-                                                                     bool(bf16))
+def _four_column_launchers(k_qkv, k_matvec_add, k_mlp_up, qkv_blocks, matvec_blocks, mlp_up_blocks, fits, what):
+    """The launchers of rungs 5 and 6 (their kernels and blocks given): decode_qkv's,
+    decode_matvec_add's and decode_mlp_up's arguments, a block (TX, KS) for 4 TX columns and KS
+    slices, checked by fits(block, width) (what: the rule, said when a block breaks it)."""
+    @blocks(**qkv_blocks)
+    def qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block, stream=0,
+            bf16=False):
+        """Launch: 3C / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
+        C = x.shape[0]
+        assert fits(block, C), f"block {block}: {what}; C = {C} a multiple of 4"
+        k_qkv[cdiv(3 * C, 4 * block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps), w_q,
+                                                                w_k, w_v, tokens, wte, wpe, bool(embed), bool(bf16))
+
+    @blocks(**matvec_blocks)
+    def matvec_add(x, a, w, *, block, stream=0, bf16=False):
+        """Launch: N / 4 TX blocks of TX x KS threads."""
+        assert fits(block, w.shape[1]), f"block {block}: {what}; N = {w.shape[1]} a multiple of 4"
+        k_matvec_add[cdiv(w.shape[1], 4 * block[0]), block, stream](x, a, w, bool(bf16))
+
+    @blocks(**mlp_up_blocks)
+    def mlp_up(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
+        """Launch: F / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
+        assert fits(block, w_1.shape[1]), f"block {block}: {what}; F = {w_1.shape[1]} a multiple of 4"
+        C = x.shape[0]
+        k_mlp_up[cdiv(w_1.shape[1], 4 * block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1, bool(bf16))
+    return qkv, matvec_add, mlp_up
 
 
-@blocks(**MATVEC_BLOCKS_5)
-def decode_matvec_add_v5(x, a, w, *, block, stream=0, bf16=False):
-    """decode_matvec_add's arguments. Launch: N / 4 TX blocks of TX x KS threads."""
-    assert _four_columns(block, w.shape[1]), f"block {block}: powers of two; N = {w.shape[1]} a multiple of 4"
-    k_decode_matvec_add_v5[cdiv(w.shape[1], 4 * block[0]), block, stream](x, a, w, bool(bf16))
-
-
-@blocks(**MLP_UP_BLOCKS_5)
-def decode_mlp_up_v5(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
-    """decode_mlp_up's arguments. Launch: F / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
-    assert _four_columns(block, w_1.shape[1]), f"block {block}: powers of two; F = {w_1.shape[1]} a multiple of 4"
-    C = x.shape[0]
-    k_decode_mlp_up_v5[cdiv(w_1.shape[1], 4 * block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1,
-                                                                               bool(bf16))
+decode_qkv_v5, decode_matvec_add_v5, decode_mlp_up_v5 = _four_column_launchers(
+    k_decode_qkv_v5, k_decode_matvec_add_v5, k_decode_mlp_up_v5, QKV_BLOCKS_5, MATVEC_BLOCKS_5, MLP_UP_BLOCKS_5,
+    _four_columns, f"powers of two, at most {MAX_BLOCK} threads")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -680,38 +692,22 @@ def decode_mlp_up_v5(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
 
 @cuda.jit(device=True)
 def _layernorm_by_shuffles(a, red, C, eps):
-    """engine._layernorm_shared's LayerNorm with three barriers: a thread's channels summed, the
-    warp's lanes met by a butterfly (ptx.warp_sum), lane 0 of warp w leaves the sum in red[0, w],
-    one barrier, every thread adds the warps' sums in warp order: the mean; the squares of the
-    deviations the same way in red[32 + w] (apart from the first: no barrier before it is written);
-    then the channels normalised in place and a barrier. red: shared, at least 64 floats. Whole
-    warps only."""
+    """engine._layernorm_shared's LayerNorm with three barriers: the channels' sum by _warps_total
+    in red[0 ..] (one barrier): the mean; the squares of the deviations the same way in red[32 ..]
+    (apart from the first: no barrier before it is written); then the channels normalised in place
+    and a barrier. red: shared, at least 64 floats. Whole warps only."""
     i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     n = cuda.blockDim.x * cuda.blockDim.y
-    nw = (n + 31) // 32
     inv_c = float32(1.0) / float32(C)
     s = float32(0.0)
     for c in range(i, C, n):
         s += a[c]
-    s = warp_sum(s, 1, 16)
-    if i % 32 == 0:
-        red[i // 32] = s
-    cuda.syncthreads()
-    total = red[0]
-    for w in range(1, nw):
-        total += red[w]
-    mu = total * inv_c
+    mu = _warps_total(red, s, 0) * inv_c
     s = float32(0.0)
     for c in range(i, C, n):
         d = a[c] - mu
         s += d * d
-    s = warp_sum(s, 1, 16)
-    if i % 32 == 0:
-        red[32 + i // 32] = s
-    cuda.syncthreads()
-    total = red[32]
-    for w in range(1, nw):
-        total += red[32 + w]
+    total = _warps_total(red, s, 32)
     r = float32(1.0) / math.sqrt(total * inv_c + eps)
     for c in range(i, C, n):
         a[c] = (a[c] - mu) * r * a[C + c] + a[2 * C + c]
@@ -778,32 +774,9 @@ def _six(block, *widths) -> bool:
     return _four_columns(block, *widths) and _whole_warps(*block) and block[0] <= 32
 
 
-@blocks(**QKV_BLOCKS_6)
-def decode_qkv_v6(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
-                  stream=0, bf16=False):
-    """decode_qkv's arguments. Launch: 3C / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
-    C = x.shape[0]
-    assert _six(block, C), f"block {block}: powers of two, whole warps, at most {MAX_BLOCK} threads and 32 " \
-                           f"groups of columns; C = {C} a multiple of 4"
-    k_decode_qkv_v6[cdiv(3 * C, 4 * block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
-                                                                     w_q, w_k, w_v, tokens, wte, wpe, bool(embed),
-                                                                     bool(bf16))
-
-
-@blocks(**MATVEC_BLOCKS_6)
-def decode_matvec_add_v6(x, a, w, *, block, stream=0, bf16=False):
-    """decode_matvec_add's arguments. Launch: N / 4 TX blocks of TX x KS threads."""
-    assert _six(block, w.shape[1]), f"block {block}: powers of two, whole warps; N = {w.shape[1]} a multiple of 4"
-    k_decode_matvec_add_v6[cdiv(w.shape[1], 4 * block[0]), block, stream](x, a, w, bool(bf16))
-
-
-@blocks(**MLP_UP_BLOCKS_6)
-def decode_mlp_up_v6(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
-    """decode_mlp_up's arguments. Launch: F / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
-    assert _six(block, w_1.shape[1]), f"block {block}: powers of two, whole warps; F = {w_1.shape[1]} a multiple of 4"
-    C = x.shape[0]
-    k_decode_mlp_up_v6[cdiv(w_1.shape[1], 4 * block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1,
-                                                                               bool(bf16))
+decode_qkv_v6, decode_matvec_add_v6, decode_mlp_up_v6 = _four_column_launchers(
+    k_decode_qkv_v6, k_decode_matvec_add_v6, k_decode_mlp_up_v6, QKV_BLOCKS_6, MATVEC_BLOCKS_6, MLP_UP_BLOCKS_6,
+    _six, f"powers of two, whole warps, at most {MAX_BLOCK} threads and 32 groups of columns")
 
 
 # the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 1 is the engine's, rung 3
