@@ -4,10 +4,12 @@
 # the step's rungs (the engine against rung 5's 128-bit loads and rung 6's shuffles), a bf16 run's start with the kernel
 # cache empty and full, the fp32 decoder's paths, one product taken apart (timed, then each variant
 # once under Nsight Compute: its stalls), the step kernel by kernel and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
-#   bash lab/bench/gpu_decode.sh [steps...]   steps: rounding bf16 rungs start fp32 parts ncu kernels start32
+#   bash lab/bench/gpu_decode.sh [steps...]   steps: rungs bf16 kernels parts fp32 rounding start start32 ncu
 #                                             (default all, in that order)
+#   PACK=FILE.tgz: after each step every file of $OUT also packed into FILE (one file to bring back
+#   from a machine that returns few; a run cut short keeps the steps done)
 WHAT=decode; source "$(dirname "$0")/gpu_lib.sh"      # OUT, tmp, py
-steps=${*:-rounding bf16 rungs start fp32 parts ncu kernels start32}
+steps=${*:-rungs bf16 kernels parts fp32 rounding start start32 ncu}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 for s in $steps; do
   t0=$(date +%s)
@@ -41,5 +43,6 @@ for s in $steps; do
     *) echo "unknown step $s (rounding bf16 rungs start fp32 parts ncu kernels start32)"; exit 2 ;;
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
+  if [ -n "${PACK:-}" ]; then tar czf "$PACK.part" -C "$OUT" . && mv "$PACK.part" "$PACK"; fi
 done
 true
