@@ -138,6 +138,7 @@ class Trainer:
         self.save_requests = self.saves_done = 0       # SIGUSR1 counts up; the loop catches up
         self.handlers = None
         self.launch_time = time.monotonic() if launch_time is None else launch_time
+        self.start = {}                      # this process's start, in seconds: before setup, setup, kernels
         self.elapsed_before = 0.0            # elapsed_s of the earlier processes of this run
         self.resume = None                   # what check_resume found
         self.best = None                     # {"file", "step", "val_loss", "sha256"} of best.bin
@@ -223,6 +224,8 @@ class Trainer:
     def setup(self, resume: bool = False):
         cfg, m, t = self.cfg, self.cfg.model, self.cfg.train
         t_setup = time.time()
+        if "before setup" not in self.start:   # interpreter, imports, config and run directory
+            self.start["before setup"] = process_age()
         if resume and self.resume is None:
             self.check_resume()
         found = self.resume if resume else None
@@ -290,6 +293,7 @@ class Trainer:
             self.memory["allocated_by_setup_bytes"] = self.free_before - cuda.current_context().get_memory_info()[0]
         self.resume = None                     # the host copies are on the GPU now
         self.timings["setup_s"] += time.time() - t_setup
+        self.start["setup"] = self.start.get("setup", 0.0) + time.time() - t_setup
 
     def prepare_data(self, state: dict | None) -> dict:
         """The run's token files and their meta. A new run prepares them from the config's corpus
@@ -449,6 +453,17 @@ class Trainer:
         for name, why in report["failed"]:
             self.log(f"compiling ahead: {name} left to its first launch ({why})")
         self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + time.time() - t0
+        self.start["kernels"] = time.time() - t0
+
+    def start_parts(self, age: float, step_s: float) -> str:
+        """Where a process's start went, for the first step's line: its age when setup began, setup
+        (allocations, data, the memory plan), the kernels compiled or loaded ahead, the first step
+        itself, and the rest of the age."""
+        parts = [(name, self.start.get(name)) for name in ("before setup", "setup", "kernels")]
+        parts.append(("the step", step_s))
+        known = [(name, v) for name, v in parts if v is not None]
+        rest = age - sum(v for _, v in known)
+        return ", ".join(f"{name} {v:.2f} s" for name, v in known + [("other", rest)])
 
     def kernel_launches(self) -> list:
         """(kernel, argument types) of every launch of a training step, an evaluation, the sampler's
@@ -712,7 +727,8 @@ class Trainer:
                     self.timings["first_steps"] = self.timings.get("first_steps", 0) + 1
                     age = process_age()
                     self.timings["first_step_s"] = round(age, 2) if age is not None else None
-                    self.log(f"first step done {age:.1f} s after the process started" if age is not None else
+                    self.log(f"first step done {age:.1f} s after the process started ({self.start_parts(age, dt)})"
+                             if age is not None else
                              f"first step done {time.monotonic() - self.launch_time:.1f} s after setup began")
                 self.tokens_seen += tokens_per_step
                 self.timings["train_s"] += dt

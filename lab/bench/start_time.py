@@ -44,7 +44,9 @@ def one_run(size: str, cache: Path, out: Path, extra=()) -> dict:
     said = next((float(m.group(1)) for l in lines if (m := re.search(r"first step done ([\d.]+) s", l))), None)
     cached = next((l for l in lines if l.startswith("kernel cache:")), "")
     compiled = next((l for l in lines if l.startswith("compiled ")), "")
-    return {"wall_s": round(first, 2), "logged_s": said, "cache_line": cached, "compile_line": compiled}
+    parts = next((m.group(1) for l in lines if (m := re.search(r"first step done .*? \((.*)\)$", l))), "")
+    return {"wall_s": round(first, 2), "logged_s": said, "cache_line": cached, "compile_line": compiled,
+            "parts": parts}
 
 
 def main(argv=None) -> int:
@@ -71,12 +73,13 @@ def main(argv=None) -> int:
         for i in range(args.repeats):
             rows["full"].append(one_run(args.size, full, tmp / f"run-f{i}", extra))
             print("full cache: ", rows["full"][-1], flush=True)
-    table = ["| kernel cache | runs | process start to the end of the first step, s: median [min-max] | the trainer's log |",
-             "|---|---|---|---|"]
+    table = ["| kernel cache | runs | process start to the end of the first step, s: median [min-max] | the trainer's log "
+             "| where the last run's start went |",
+             "|---|---|---|---|---|"]
     for kind, runs in rows.items():
         w = [r["wall_s"] for r in runs]
         table.append(f"| {kind} | {len(w)} | {statistics.median(w):.2f} [{min(w):.2f}-{max(w):.2f}] | "
-                     f"{runs[-1]['cache_line'] or runs[-1]['compile_line']} |")
+                     f"{runs[-1]['cache_line'] or runs[-1]['compile_line']} | {runs[-1]['parts']} |")
     text = "\n".join(table)
     flags = f" --precision {args.precision}" if args.precision else ""
     print(f"\n{device_name()}, `python -m andrea_numba.train --size {args.size} --steps 1{flags}`\n\n{text}")
