@@ -95,14 +95,20 @@ def attend(qh, Kh, Vh):
     return _low_precision_pv(s, 1.0, Vh)[:, 0]
 
 
-def draw(p, u: float, temperature=1.0, top_k=40) -> int:
-    """The token drawn from probabilities p [V] with the uniform number u in [0, 1), after temperature
-    and top-k (k_decode_draw's twin): rng.choice(V, p=q) for softmax-of-the-kept weights q, given
-    u = the generator's next rng.random()."""
+def draw_cdf(p, temperature=1.0, top_k=40) -> np.ndarray:
+    """The cumulative distribution [V] that draw picks from: softmax-of-the-kept weights q of the
+    probabilities p after temperature and top-k, summed in order and ending at exactly 1."""
     logits = np.log(np.maximum(np.asarray(p, np.float64), 1e-30)) / max(temperature, 1e-6)
     if top_k and top_k < len(logits):
         kth = np.partition(logits, -top_k)[-top_k]               # the top_k-th largest: ties all kept
         logits = np.where(logits >= kth, logits, -np.inf)
     q = np.exp(logits - logits.max())
     cdf = np.cumsum(q / q.sum())
-    return int(np.searchsorted(cdf / cdf[-1], u, side="right"))
+    return cdf / cdf[-1]
+
+
+def draw(p, u: float, temperature=1.0, top_k=40) -> int:
+    """The token drawn from probabilities p [V] with the uniform number u in [0, 1), after temperature
+    and top-k (k_decode_draw's twin): rng.choice(V, p=q) for softmax-of-the-kept weights q, given
+    u = the generator's next rng.random()."""
+    return int(np.searchsorted(draw_cdf(p, temperature, top_k), u, side="right"))

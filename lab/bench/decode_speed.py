@@ -25,9 +25,9 @@ the GPU (k_decode_draw), from the same uniform numbers. Every path runs once unt
 (compiling its kernels, capturing its graph); then --runs timed runs, wall clock of the whole
 generate (draws and copies included), median. The paths must draw the same tokens (their
 probabilities agree to fp32 rounding): a difference is reported and the exit code is 1, with, at
-the first token where the decoder parts from the whole forward, how far the two paths' probabilities
-are apart there and how near its uniform number fell to a boundary of the draw (explain_difference). Beside the
-table, the GPU time of one decoder step with its draw at position ~128 (its graph replayed between
+the first token where the decoder parts from the whole forward, how far the two paths'
+probabilities are apart there and how near its uniform number fell to a boundary of the draw
+(explain_difference). Beside the table, the GPU time of one decoder step with its draw at position ~128 (its graph replayed between
 two CUDA events) and the target: 256 tokens at 12M in at most 0.05 s.
 
 Then the decoder's blocks (--no-blocks skips them): the same GPU time of one step (t = 128 to 148,
@@ -65,6 +65,7 @@ from numba import cuda  # noqa: E402
 from andrea_numba import cli  # noqa: E402
 from andrea_numba.config import load_config  # noqa: E402
 from andrea_numba.kernels.common import SIMULATOR, device_name  # noqa: E402
+from reference.decode import draw_cdf  # noqa: E402
 
 TARGET_S = 0.05             # 256 tokens at 12M (about 0.2 ms a token)
 LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits", "decode_draw")
@@ -257,16 +258,6 @@ def time_versions(m, model, versions, runs: int, tokens: int, seed: int):
     return rows, same
 
 
-def _boundary_gap(p, u: float, top_k: int):
-    """How far u falls from the nearest boundary of the draw's cumulative distribution (reference.
-    decode.draw at temperature 1), and that distribution."""
-    logits = np.log(np.maximum(np.asarray(p, np.float64), 1e-30))
-    kth = np.partition(logits, -top_k)[-top_k]
-    q = np.where(logits >= kth, np.exp(logits - logits.max()), 0.0)
-    cdf = np.cumsum(q / q.sum())
-    return float(np.abs(cdf - u).min()), cdf
-
-
 def explain_difference(model, dec, prompt, ref, got, seed: int, top_k: int = 40) -> str:
     """Why the decoder drew another token than the whole forward at the first token i where they
     part: both paths' probabilities at that position after the whole forward's tokens before it, the
@@ -284,8 +275,8 @@ def explain_difference(model, dec, prompt, ref, got, seed: int, top_k: int = 40)
     dec.reset()
     dec.feed(ids)
     p_d = np.array(dec.probs_row(), np.float64)
-    gap, cdf_w = _boundary_gap(p_w, u, top_k)
-    _, cdf_d = _boundary_gap(p_d, u, top_k)
+    cdf_w, cdf_d = draw_cdf(p_w, 1.0, top_k), draw_cdf(p_d, 1.0, top_k)     # the draw's, at temperature 1
+    gap = float(np.abs(cdf_w - u).min())
     rel = float(np.abs(p_d - p_w).max() / p_w.max())
     return (f"token {i}: the probabilities differ by at most {rel:.1e} of the largest; u = {u:.6f} falls "
             f"{gap:.1e} from a boundary of the whole forward's distribution, which the decoder's moves by up "
