@@ -42,6 +42,7 @@ from numba import cuda, float32  # noqa: E402
 from andrea_numba import cli  # noqa: E402
 from andrea_numba.config import load_config  # noqa: E402
 from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, device_name  # noqa: E402
+from andrea_numba.kernels.ptx import warp_sum  # noqa: E402
 
 REPS = 20                                        # launches a graph
 TILES = ((2, 128), (4, 64), (8, 32), (2, 64), (4, 32), (1, 128))     # (TX, KS): 4 TX columns, KS slices a block
@@ -74,22 +75,12 @@ def _layernorm_alone():
     return k
 
 
-@cuda.jit(device=True)
-def _warp_total(s):
-    """s summed over the warp's 32 lanes by a butterfly of shuffles: every lane gets the total."""
-    m = 16
-    while m > 0:
-        s += cuda.shfl_xor_sync(0xFFFFFFFF, s, m)
-        m //= 2
-    return s
-
-
 @cuda.jit
 def _k_layernorm_by_warps(x, g, b, out):
     """The same LayerNorm with one barrier: every warp sums the whole row by itself (lane j adds
-    c = j, j + 32, ..., then a butterfly of shuffles), so each warp holds the mean and rstd without
-    waiting for another; flat thread i then writes its channels c = i, i + n, ... normalised into
-    shared memory, and one barrier publishes them. Whole warps only."""
+    c = j, j + 32, ..., then a butterfly of shuffles: ptx.warp_sum), so each warp holds the mean
+    and rstd without waiting for another; flat thread i then writes its channels c = i, i + n, ...
+    normalised into shared memory, and one barrier publishes them. Whole warps only."""
     a = cuda.shared.array(0, float32)
     C = x.shape[0]
     n = cuda.blockDim.x * cuda.blockDim.y
@@ -99,12 +90,12 @@ def _k_layernorm_by_warps(x, g, b, out):
     s = float32(0.0)
     for c in range(lane, C, 32):
         s += x[c]
-    mu = _warp_total(s) * inv_c
+    mu = warp_sum(s, 1, 16) * inv_c
     s = float32(0.0)
     for c in range(lane, C, 32):
         d = x[c] - mu
         s += d * d
-    r = float32(1.0) / math.sqrt(_warp_total(s) * inv_c + float32(1e-5))
+    r = float32(1.0) / math.sqrt(warp_sum(s, 1, 16) * inv_c + float32(1e-5))
     for c in range(i, C, n):
         a[c] = (x[c] - mu) * r * g[c] + b[c]
     cuda.syncthreads()
@@ -139,13 +130,8 @@ def _wide_shuffles(R: int, TX4: int, KS: int):
             s1 += ak * w1
             s2 += ak * w2
             s3 += ak * w3
-        m = 16
-        while m > 0:
-            s0 += cuda.shfl_xor_sync(0xFFFFFFFF, s0, m)
-            s1 += cuda.shfl_xor_sync(0xFFFFFFFF, s1, m)
-            s2 += cuda.shfl_xor_sync(0xFFFFFFFF, s2, m)
-            s3 += cuda.shfl_xor_sync(0xFFFFFFFF, s3, m)
-            m //= 2
+        s0, s1 = warp_sum(s0, 1, 16), warp_sum(s1, 1, 16)
+        s2, s3 = warp_sum(s2, 1, 16), warp_sum(s3, 1, 16)
         nw = KS // 32
         if ty % 32 == 0:
             i = tx * nw + ty // 32
