@@ -292,8 +292,9 @@ class Trainer:
         if not SIMULATOR:
             self.memory["allocated_by_setup_bytes"] = self.free_before - cuda.current_context().get_memory_info()[0]
         self.resume = None                     # the host copies are on the GPU now
-        self.timings["setup_s"] += time.time() - t_setup
-        self.start["setup"] = self.start.get("setup", 0.0) + time.time() - t_setup
+        dt = time.time() - t_setup
+        self.timings["setup_s"] += dt                # the run's, over its processes
+        self.start["setup"] = self.start.get("setup", 0.0) + dt     # this process's
 
     def prepare_data(self, state: dict | None) -> dict:
         """The run's token files and their meta. A new run prepares them from the config's corpus
@@ -452,8 +453,8 @@ class Trainer:
         report = compile_ahead(launches, self.compile_workers, log=self.log, cache=cache)
         for name, why in report["failed"]:
             self.log(f"compiling ahead: {name} left to its first launch ({why})")
-        self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + time.time() - t0
         self.start["kernels"] = time.time() - t0
+        self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + self.start["kernels"]
 
     def start_parts(self, age: float, step_s: float) -> str:
         """Where a process's start went, for the first step's line: its age when setup began, setup
