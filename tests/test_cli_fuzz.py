@@ -444,6 +444,7 @@ ROWS = [
     ("lab/bench/decode_speed", [], "needs a CUDA GPU"),
     ("lab/bench/decode_speed", ["--precision", "fp8"], "argument --precision"),
     ("lab/bench/decode_speed", ["--precision", "bf16"], "with --no-blocks"),
+    ("lab/bench/decode_speed", ["--once"], "goes with --kernels"),
     ("lab/bench/decode_parts", ["--size", "7B"], "7B"),
     ("lab/bench/decode_parts", ["--json", "{W}/nodir/d.json"], "does not exist"),
     ("lab/bench/decode_parts", [], "needs a CUDA GPU"),

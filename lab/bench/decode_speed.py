@@ -6,6 +6,7 @@
     python lab/bench/decode_speed.py --versions 1,2,3,4       # the step's rungs (lab/decode.py), one run
     python lab/bench/decode_speed.py --kernels                # where a step's time goes, kernel by kernel
     python lab/bench/decode_speed.py --kernels --versions 1,2 # the same for each rung's launchers
+    ncu --profile-from-start off --section WarpStateStats python lab/bench/decode_speed.py --kernels --once
     python lab/bench/decode_speed.py --precision bf16 --no-blocks   # a bf16 run's sampler (its recipe)
 
 Each path draws --tokens tokens after a one-token prompt with sample.generate, the same seed, on
@@ -37,7 +38,10 @@ against the defaults' (a block that computes something else shows there). A CUDA
 the context: the first one ends the variants, said in one line (the rows so far stay printed).
 With --kernels, only the step kernel by kernel (time_kernels): each launcher's launch repeated in a
 graph, per launch, and the launches a step, beside an empty kernel's and the whole step's time; with
---versions too (any rung but 4), that table for each rung's launchers in turn.
+--versions too (any rung but 4), that table for each rung's launchers in turn. With --kernels
+--once, no timing: one step at t = 128 launched kernel by kernel between cuda.profile_start and
+profile_stop (a profiler started with its profiling off, Nsight Compute's --profile-from-start off,
+then sees each of the step's launches once, not the steps that bring the decoder there).
 With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 the engine's, its sums
 across threads as shared-memory trees, 2 those sums by shuffles, 3 rung 2 with attention in one
 block a head, 4 the whole step in one launch with grid barriers, lab/decode_step.py, 5 the products
@@ -155,6 +159,20 @@ def time_kernels(m, params, stream, t0: int = 128, reps: int = 20):
     print(f"{'sum':<28} {sum(r['a_step'] for r in rows):>6} {'':>12} {total:>10.1f}\n"
           f"an empty kernel: {nothing_us:.2f} us a launch; the step replayed whole: {1e3 * whole:.1f} us")
     return rows, nothing_us, whole
+
+
+def profile_one_step(m, params, stream, t0: int = 128):
+    """--kernels --once: a decoder brought to t0 (drawing_steps, which compiles its kernels), then
+    one eager step, each of its launches once, between cuda.profile_start and cuda.profile_stop."""
+    from andrea_numba.decode import Decoder
+    dec = Decoder(m, params, stream=stream)
+    drawing_steps(dec, min(t0, dec.T - 2))
+    stream.synchronize()
+    cuda.profile_start()
+    dec.step()
+    stream.synchronize()
+    cuda.profile_stop()
+    print(f"one step at t = {min(t0, dec.T - 2)} launched kernel by kernel for a profiler", file=sys.stderr)
 
 
 def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
@@ -294,9 +312,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only-blocks", action="store_true", help="only the decoder's block variants")
     ap.add_argument("--versions", type=_versions, help="only the step's rungs, e.g. 1,2 (lab/decode.py)")
     ap.add_argument("--kernels", action="store_true", help="only the step's time kernel by kernel")
+    ap.add_argument("--once", action="store_true",
+                    help="with --kernels: one step launched for a profiler, nothing timed")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                     help="of the paths' products (default fp32; bf16: the table of paths only)")
     args = ap.parse_args(argv)
+    if args.once and not args.kernels:
+        cli.fail("--once goes with --kernels (one step launched kernel by kernel for a profiler)")
     if args.precision != "fp32" and (args.versions or args.kernels or args.only_blocks or not args.no_blocks):
         cli.fail(f"--precision {args.precision}: the table of paths only, with --no-blocks (the rungs, the kernels "
                  "and the blocks are timed at fp32: the bf16 decoder runs the same kernels)")
@@ -329,9 +351,12 @@ def main(argv=None) -> int:
         for v in args.versions or [1]:
             with _rung(v):
                 print(f"\nrung {v} (lab/decode.py)", file=sys.stderr)
+                if args.once:
+                    profile_one_step(m, model.params, s)
+                    continue
                 rows, nothing_us, whole = time_kernels(m, model.params, s)
             out.append({"version": v, "kernels": rows, "empty_kernel_us": nothing_us, "step_ms": whole})
-        if args.json:
+        if args.json and not args.once:
             Path(args.json).write_text(json.dumps({"device": device_name(), "size": args.size, "rungs": out,
                                                    "date": time.strftime("%Y-%m-%d")}, indent=1) + "\n")
         return 0

@@ -5,11 +5,12 @@
 # cache empty and full, the fp32 decoder's paths, one product taken apart (timed, then each variant
 # once under Nsight Compute: its stalls), the step kernel by kernel and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
 #   bash lab/bench/gpu_decode.sh [steps...]   steps: rungs bf16 kernels parts fp32 rounding start start32 ncu
+#                                             ncustep (one step of rungs $RUNGS, default 1,6, under Nsight Compute)
 #                                             (default all, in that order)
 #   PACK=FILE.tgz: after each step every file of $OUT also packed into FILE (one file to bring back
 #   from a machine that returns few; a run cut short keeps the steps done)
 WHAT=decode; source "$(dirname "$0")/gpu_lib.sh"      # OUT, tmp, py
-steps=${*:-rungs bf16 kernels parts fp32 rounding start start32 ncu}
+steps=${*:-rungs bf16 kernels parts fp32 rounding start start32 ncu ncustep}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 for s in $steps; do
   t0=$(date +%s)
@@ -34,13 +35,18 @@ for s in $steps; do
              --section Occupancy --section LaunchStats $py lab/bench/decode_parts.py --once > "$OUT/ncu_parts.txt" 2>&1
          echo "ncu decode_parts exit $?"
          $py lab/bench/ncu_text.py "$OUT/ncu_parts.txt" | tee "$OUT/ncu_parts_table.txt" | cut -c1-200 ;;
+    ncustep) timeout 240 ncu --profile-from-start off --cache-control none --clock-control none --section SpeedOfLight \
+                 --section WarpStateStats --section Occupancy --section LaunchStats \
+                 $py lab/bench/decode_speed.py --kernels --once --versions ${RUNGS:-1,6} > "$OUT/ncu_step.txt" 2>&1
+             echo "ncu decode step exit $?"
+             $py lab/bench/ncu_text.py "$OUT/ncu_step.txt" | tee "$OUT/ncu_step_table.txt" | cut -c1-200 ;;
     kernels) timeout 150 $py lab/bench/decode_speed.py --kernels --versions 1,2,3,5,6 --json "$OUT/decode_kernels.json" \
                  > "$OUT/decode_kernels.txt" 2>&1
              echo "decode_speed --kernels exit $?"; tail -24 "$OUT/decode_kernels.txt" ;;
     start32) timeout 200 $py lab/bench/start_time.py --size 12M --repeats 1 --precision fp32 \
                  --out "$OUT/start_12M_fp32.json" > "$OUT/start_12M_fp32.txt" 2>&1
              echo "start_time fp32 exit $?"; tail -6 "$OUT/start_12M_fp32.txt" ;;
-    *) echo "unknown step $s (rounding bf16 rungs start fp32 parts ncu kernels start32)"; exit 2 ;;
+    *) echo "unknown step $s (rounding bf16 rungs start fp32 parts ncu ncustep kernels start32)"; exit 2 ;;
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
   if [ -n "${PACK:-}" ]; then tar czf "$PACK.part" -C "$OUT" . && mv "$PACK.part" "$PACK"; fi
