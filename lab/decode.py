@@ -33,13 +33,14 @@ on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
 import math
 import types
 
-from numba import cuda, float32, int32
+import numpy as np
+from numba import cuda, float32, float64, int32
 
 from andrea_numba.kernels import decode as engine
 from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, blocks, cdiv, nonneg
 from andrea_numba.kernels.decode import LOGIT_BLOCKS, _from_l2, _in, _last_block
 from andrea_numba.kernels.mlp import gelu
-from andrea_numba.kernels.ptx import load4_row, warp_max, warp_sum
+from andrea_numba.kernels.ptx import load4_row, warp_max, warp_prefix, warp_sum
 
 # the blocks of rung 2 (whole warps: a warp's shuffles take its 32 lanes)
 QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
@@ -148,13 +149,22 @@ def _column_total(buf, part):
     return total
 
 
+def _compiled_with(kernel, name, device=False, **names):
+    """A kernel's (or a device function's) Python code, as written, compiled anew as `name` with
+    `names` in place of the globals it calls by those names: a rung that differs from another only
+    in some device functions is that rung's code, not a copy of it."""
+    fn = getattr(kernel, "py_func", None) or kernel.fn           # a GPU's dispatcher / the simulator's kernel
+    f = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, name, fn.__defaults__, fn.__closure__)
+    return cuda.jit(device=True)(f) if device else cuda.jit(f)
+
+
 def _with_rung_2_sums(kernel):
     """The engine's kernel (its Python code, as written in kernels/decode.py) compiled anew with this
     rung's sums in place of the engine's: its LayerNorm's block sums and its column's slices by
     shuffles (_layernorm_shared, _column_total above). The products' kernels differ in nothing else."""
-    fn = getattr(kernel, "py_func", None) or kernel.fn           # a GPU's dispatcher / the simulator's kernel
-    names = {**fn.__globals__, "_layernorm_shared": _layernorm_shared, "_column_total": _column_total}
-    return cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__ + "_v2", fn.__defaults__, fn.__closure__))
+    fn = getattr(kernel, "py_func", None) or kernel.fn
+    return _compiled_with(kernel, fn.__name__ + "_v2", _layernorm_shared=_layernorm_shared,
+                          _column_total=_column_total)
 
 
 k_decode_qkv_v2 = _with_rung_2_sums(engine.k_decode_qkv)
@@ -754,9 +764,8 @@ def _with_rung_6_sums(kernel):
     """Rung 5's kernel (its Python code above) compiled anew with this rung's sums in place: the
     slices by _column4_by_shuffles, the LayerNorm by _layernorm_by_shuffles."""
     fn = getattr(kernel, "py_func", None) or kernel.fn
-    names = {**fn.__globals__, "_column4_total": _column4_by_shuffles, "engine": _RUNG_6_ENGINE}
-    return cuda.jit(types.FunctionType(fn.__code__, names, fn.__name__.replace("_v5", "_v6"), fn.__defaults__,
-                                       fn.__closure__))
+    return _compiled_with(kernel, fn.__name__.replace("_v5", "_v6"), _column4_total=_column4_by_shuffles,
+                          engine=_RUNG_6_ENGINE)
 
 
 k_decode_qkv_v6 = _with_rung_6_sums(k_decode_qkv_v5)
@@ -779,14 +788,87 @@ decode_qkv_v6, decode_matvec_add_v6, decode_mlp_up_v6 = _four_column_launchers(
     _six, f"powers of two, whole warps, at most {MAX_BLOCK} threads and 32 groups of columns")
 
 
+# ---------------------------------------------------------------------------------------------
+# rung 7: rung 6 with the draw's sums by shuffles
+#
+# The engine's draw (k_decode_draw) is the step's largest kernel: 17.3 us a launch at 12M on an
+# H100 (2026-12-07, lab/bench/decode_speed.py --kernels), one block of 256 threads. It meets its
+# threads in two trees (the kept keys' smallest, the largest scaled log: 8 barriers each), takes a
+# float64 log a token to find that largest, and thread 0 adds the 256 runs' sums one after another
+# through shared memory. Here the two block maxima go by shuffles and one barrier (_block_top); the
+# largest scaled log is the scaled log of the largest probability (log is increasing: one log in
+# all); and each warp's runs are summed lane by lane in registers (ptx.warp_prefix: the order of a
+# serial cumsum, so the runs' intervals still meet bit for bit), the warps' totals after one
+# barrier, in warp order. The kernel is the engine's, compiled with these three in place.
+
+@cuda.jit(device=True)
+def _largest_log_v7(red, probs, tau):
+    """engine._largest_log from the largest probability: log(max(p, 1e-30)) / tau grows with p, so
+    its maximum over the tokens is the one of max_v p_v. Each thread's tokens', then the block's by
+    shuffles (_block_top in red, float64 [NT], shared); one log."""
+    i, nt = cuda.threadIdx.x, cuda.blockDim.x
+    top = float32(0.0)
+    for v in range(i, probs.shape[0], nt):
+        top = max(top, probs[v])
+    return engine._scaled_log(_block_top(red, top), tau)
+
+
+@cuda.jit(device=True)
+def _runs_before_v7(runs, s):
+    """engine._runs_before by warps: (S_i, S_{i+1}, S_NT) for thread i whose run sums to s. In warp w
+    the lanes' runs below lane j add up lane by lane (ptx.warp_prefix: P_j, and P_j + s_j is lane
+    j + 1's P bit for bit); the warp's last thread leaves P + s in runs[w]; after one barrier each
+    thread adds the warps' totals in warp order, B_w for those before its own and S_NT for all, so
+    S_i = B_w + P_j and S_{i+1} = B_w + (P_j + s_j): the next thread's S_i, also across warps
+    (B_{w+1} = B_w + runs[w]), and the last thread's S_{i+1} is S_NT. Never going down: the runs'
+    intervals [S_i, S_{i+1}) cut [0, S_NT) without overlap, as the engine's. runs: float64, shared."""
+    i, nt = cuda.threadIdx.x, cuda.blockDim.x
+    w = i // 32
+    below = warp_prefix(s)
+    upto = below + s
+    if i % 32 == 31 or i == nt - 1:
+        runs[w] = upto
+    cuda.syncthreads()
+    base = float64(0.0)
+    for j in range(w):
+        base += runs[j]
+    total = base
+    for j in range(w, (nt + 31) // 32):
+        total += runs[j]
+    return base + below, base + upto, total
+
+
+k_decode_draw_v7 = _compiled_with(
+    engine.k_decode_draw, "k_decode_draw_v7", _largest_log=_largest_log_v7, _runs_before=_runs_before_v7,
+    _kth_by_counting=_compiled_with(engine._kth_by_counting, "_kth_by_counting_v7", device=True,
+                                    block_max=_block_top))
+
+
+@blocks(gpu=(256, 512, 1024, 128), sim=(8, 64, 4))
+def decode_draw_v7(tokens, pos, probs, uniform, draw, temperature, *, block, stream=0):
+    """engine.decode_draw's arguments. Launch: one block of `block` threads, a power of two, whole
+    warps on a GPU, at most MAX_BLOCK."""
+    assert _whole_warps(block) and block <= MAX_BLOCK, \
+        f"block {block}: a power of two, whole warps, at most {MAX_BLOCK} threads"
+    k_decode_draw_v7[1, block, stream](tokens, pos, probs, probs.view(np.int32), uniform, draw, temperature)
+
+
 # the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 1 is the engine's, rung 3
 # rung 2 with attention in one block a head; rung 4 replaces the whole step (decoder_class), so its
 # entries are the engine's (its draw is)
-LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits")
-VERSIONS = {name: {1: getattr(engine, name), 2: globals()[name + "_v2"], 3: globals()[name + "_v2"],
-                   4: getattr(engine, name), 5: globals().get(name + "_v5", getattr(engine, name)),
-                   6: globals().get(name + "_v6", getattr(engine, name))}
-            for name in LAUNCHERS}
+LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_up", "decode_logits",
+             "decode_draw")
+def _launchers_of(name: str) -> dict:
+    """Launcher `name` at each rung: a rung's own where it has one (name_v2, ...), else the rung it
+    builds on's (rung 3 on 2, 6 on 5, 7 on 6; 2 and 5 on the engine's)."""
+    own = lambda v, under: globals().get(f"{name}_v{v}", under)
+    e = getattr(engine, name)
+    two, five = own(2, e), own(5, e)
+    six = own(6, five)
+    return {1: e, 2: two, 3: two, 4: e, 5: five, 6: six, 7: own(7, six)}
+
+
+VERSIONS = {name: _launchers_of(name) for name in LAUNCHERS}
 VERSIONS["decode_attention"][3] = decode_attention_v3
 
 

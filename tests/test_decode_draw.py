@@ -1,6 +1,7 @@
-"""The decoder's draw (k_decode_draw) against its twin (reference.decode.draw: numpy's
-Generator.choice given the uniform number), and the block sums by shuffles of lab/decode.py's
-rung 2 (_block_total, _block_top) against their documented order. In the simulator (tiny
+"""The decoder's draw (k_decode_draw, and lab/decode.py rung 7's with its sums by shuffles) against
+its twin (reference.decode.draw: numpy's Generator.choice given the uniform number), and the block
+sums by shuffles of lab/decode.py's rung 2 (_block_total, _block_top) and ptx.warp_prefix against
+their documented order. In the simulator (tiny
 vocabularies; the radix select forced on them by setting RANK_MAX to 0) and, run on a GPU, at
 the vocabularies that use each way of finding the top_k-th largest (256: counting; 1025 and
 50304: the radix select) and at every block the launcher declares there.
@@ -16,7 +17,8 @@ from numba import cuda
 
 from andrea_numba.kernels import decode as kd
 from andrea_numba.kernels.common import SIMULATOR
-from lab.decode import _block_top, _block_total
+from andrea_numba.kernels.ptx import warp_prefix
+from lab.decode import _block_top, _block_total, decode_draw_v7
 from reference.decode import draw
 
 pytestmark = pytest.mark.skipif(not SIMULATOR and not cuda.is_available(), reason="needs the simulator or a GPU")
@@ -39,16 +41,17 @@ def _probability_rows(V, seed):
     return [(r / r.sum()).astype(f32) for r in rows]
 
 
-def _draw(probs, u, top_k, temperature, block, t=3, first=3, T=6):
-    """k_decode_draw at position t (pos = t) of a window of T, drawing from `first` on, with the
-    uniform number u at t: the tokens buffer after it (-1 where nothing was written)."""
+def _draw(probs, u, top_k, temperature, block, t=3, first=3, T=6, launcher=None):
+    """k_decode_draw (or `launcher`'s) at position t (pos = t) of a window of T, drawing from
+    `first` on, with the uniform number u at t: the tokens buffer after it (-1 where nothing was
+    written)."""
     tokens = cuda.to_device(np.full(T + 1, -1, np.int32))
     uniform = np.full(T + 1, np.nan)
     if t <= T:
         uniform[t] = u
-    kd.decode_draw(tokens, cuda.to_device(np.array([t], np.int32)), cuda.to_device(probs), cuda.to_device(uniform),
-                   cuda.to_device(np.array([first, top_k], np.int32)), cuda.to_device(np.array([temperature])),
-                   block=block)
+    (launcher or kd.decode_draw)(tokens, cuda.to_device(np.array([t], np.int32)), cuda.to_device(probs),
+                                 cuda.to_device(uniform), cuda.to_device(np.array([first, top_k], np.int32)),
+                                 cuda.to_device(np.array([temperature])), block=block)
     return tokens.copy_to_host()
 
 
@@ -69,20 +72,25 @@ def _draw_cases(V):
             for r, p in enumerate(_probability_rows(V, V)) for j, (top_k, temperature) in enumerate(settings)]
 
 
+LAUNCHERS = [("engine", kd.decode_draw, block) for block in kd.decode_draw.blocks] + \
+            [("rung 7", decode_draw_v7, block) for block in decode_draw_v7.blocks]
+
+
 @pytest.mark.parametrize("V", VOCABULARIES)
-@pytest.mark.parametrize("block", kd.decode_draw.blocks)
+@pytest.mark.parametrize("which, launcher, block", LAUNCHERS, ids=[f"{w}-{b}" for w, _, b in LAUNCHERS])
 @pytest.mark.parametrize("select", ["counting", "radix"] if SIMULATOR else ["as declared"])
-def test_the_draw_on_the_gpu_is_the_twins(V, block, select, monkeypatch):
+def test_the_draw_on_the_gpu_is_the_twins(V, which, launcher, block, select, monkeypatch):
     """k_decode_draw against reference.decode.draw (numpy's Generator.choice given u) on _draw_cases:
     the same token, written at position t and nowhere else. V = 5 leaves threads of the block
     without tokens; 37 gives the runs of the threads unequal lengths. The top_k-th largest found by
     counting (V <= RANK_MAX), and by the radix select that larger vocabularies use (in the
     simulator RANK_MAX set to 0; on a GPU, whose kernels keep the value they were compiled with,
-    V = RANK_MAX + 1 and 50304)."""
+    V = RANK_MAX + 1 and 50304). Rung 7's draw the same way, its blocks two warps in the simulator
+    too (64 threads: the warps' totals meet)."""
     if select == "radix":
         monkeypatch.setattr(kd, "RANK_MAX", 0)
     for p, top_k, temperature, u in _draw_cases(V):
-        got = _draw(p, u, top_k, temperature, block)
+        got = _draw(p, u, top_k, temperature, block, launcher=launcher)
         assert got[3] == draw(p.astype(np.float64), u, temperature, top_k), (top_k, temperature, u)
         assert (np.delete(got, 3) == -1).all()
 
@@ -148,3 +156,33 @@ def test_a_block_sum_goes_warp_by_warp_in_the_documented_order(threads):
     for v in x:
         one_by_one = one_by_one + v
     assert n < 32 or want != one_by_one                    # another order gives other bits
+
+
+@cuda.jit
+def _k_prefix(out, x):
+    i = cuda.threadIdx.x
+    out[i] = warp_prefix(x[i])
+
+
+@pytest.mark.parametrize("n", [64] + ([12] if SIMULATOR else []))
+def test_a_warp_prefix_adds_lane_by_lane_and_never_goes_down(n):
+    """ptx.warp_prefix: lane j of each warp gets x_0 + ... + x_{j-1} of its warp added in lane order
+    (a serial cumsum's bits), so its sum plus x_j is lane j + 1's exactly, and with x >= 0 the sums
+    never go down; values of many sizes, so that another order (a tree) gives other bits."""
+    rng = np.random.default_rng(n)
+    x = rng.random(n) * 10.0 ** rng.uniform(-12, 3, n)
+    out = cuda.to_device(np.zeros(n))
+    _k_prefix[1, n](out, cuda.to_device(x))
+    got = out.copy_to_host()
+    for w in range(0, n, 32):
+        lanes, mine = x[w:w + 32], got[w:w + 32]
+        want = np.concatenate([[0.0], np.cumsum(lanes)[:-1]])      # numpy's cumsum: one at a time
+        assert (mine == want).all()
+        assert (mine[1:] == mine[:-1] + lanes[:-1]).all() and (np.diff(mine) >= 0).all()
+    m = min(n, 32)
+    tree = x[:m].copy()
+    d = 1
+    while d < m:                                                    # a scan by steps of 1, 2, 4, ...
+        tree[d:] = tree[d:] + tree[:-d].copy()
+        d *= 2
+    assert (np.concatenate([[0.0], tree[:-1]]) != got[:m]).any()

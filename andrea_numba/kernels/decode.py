@@ -663,6 +663,36 @@ def _kth_by_radix(hist, sel, bits, top_k):
     return key_min
 
 
+@cuda.jit(device=True)
+def _largest_log(red, probs, tau):
+    """max_v l_v = log(max(p_v, 1e-30)) / tau over the V tokens (THE DRAW, 2): each thread's tokens',
+    then a block maximum (a tree in red, float64 [NT], shared)."""
+    i, nt = cuda.threadIdx.x, cuda.blockDim.x
+    lmax = -math.inf
+    for v in range(i, probs.shape[0], nt):
+        lmax = max(lmax, _scaled_log(probs[v], tau))
+    return block_max(red, lmax)
+
+
+@cuda.jit(device=True)
+def _runs_before(runs, s):
+    """(S_i, S_{i+1}, S_NT) for thread i whose run sums to s (THE DRAW, 3): S_i the sum of the runs
+    before its own, S_NT all of them, added one after another by thread 0 (the loads do not wait for
+    the adds). runs: float64 [NT + 1], shared."""
+    i, nt = cuda.threadIdx.x, cuda.blockDim.x
+    runs[i] = s
+    cuda.syncthreads()
+    if i == 0:
+        acc = float64(0.0)
+        for j in range(nt):
+            r = runs[j]
+            runs[j] = acc
+            acc += r
+        runs[nt] = acc
+    cuda.syncthreads()
+    return runs[i], runs[i + 1], runs[nt]
+
+
 @cuda.jit
 def k_decode_draw(tokens, pos, probs, bits, uniform, draw, temperature):
     """tokens[t] = the token drawn from probs [V] with the uniform number uniform[t] (module
@@ -691,11 +721,8 @@ def k_decode_draw(tokens, pos, probs, bits, uniform, draw, temperature):
             key_min = _kth_by_radix(hist, sel, bits, top_k)
     # 2. the largest scaled log-probability: the kept q_v = exp(l_v - lmax)
     tau = max(temperature[0], 1e-6)
-    lmax = -math.inf
-    for v in range(i, V, nt):
-        lmax = max(lmax, _scaled_log(probs[v], tau))
-    lmax = block_max(red, lmax)
-    # 3. thread i's run v in [lo, hi), its sum; the runs' sums S_i added in order by thread 0
+    lmax = _largest_log(red, probs, tau)
+    # 3. thread i's run v in [lo, hi), its sum; the sums of the runs before it, its own, all of them
     run = (V + nt - 1) // nt
     lo = min(i * run, V)
     hi = min(lo + run, V)
@@ -703,17 +730,7 @@ def k_decode_draw(tokens, pos, probs, bits, uniform, draw, temperature):
     for v in range(lo, hi):
         if _key(bits, v) >= key_min:
             s += _weight(probs, v, tau, lmax)
-    runs[i] = s
-    cuda.syncthreads()
-    if i == 0:                                         # S_j, in order (the loads do not wait for the adds)
-        acc = float64(0.0)
-        for j in range(nt):
-            r = runs[j]
-            runs[j] = acc
-            acc += r
-        runs[nt] = acc
-    cuda.syncthreads()
-    before, upto, total = runs[i], runs[i + 1], runs[nt]
+    before, upto, total = _runs_before(runs, s)
     target = uniform[t] * total
     if (before <= target < upto) or (target >= total and before < upto == total):
         acc = before

@@ -492,16 +492,37 @@ if not SIMULATOR:
             m //= 2
         return x
 
+    @cuda.jit(device=True, inline="always")
+    def warp_prefix(x):
+        """x_0 + x_1 + ... + x_{i-1} at lane i (0 at lane 0; x finite), added one lane at a time in
+        lane order: lane i takes every lane's x in turn (a broadcast shuffle from lane j) and adds
+        those below its own. Every lane that has got as far as j holds the same bits, so lane i's
+        sum plus x_i is lane i + 1's sum, bit for bit: the order of a serial cumsum, never going
+        down where the x are >= 0. The shuffles do not wait for the adds.
+        PTX: shfl.sync.idx (32, two a step for a 64-bit x)"""
+        lane = cuda.laneid
+        acc = x - x                                     # 0 in x's type
+        for j in range(32):
+            y = cuda.shfl_sync(FULL, x, j)
+            if j < lane:
+                acc += y
+        return acc
+
 else:
-    def _butterfly(x, first, top, op, absent):
-        """Simulator twin of warp_sum and warp_max: the lanes of this thread's warp meet
-        (sim_meet) and leave their values, then the GPU's butterfly runs on all 32 in NumPy, in
-        x's type, a lane past the block's last thread holding `absent` (0 for a sum: x + 0 is x)."""
+    def _warp_values(x):
+        """Simulator: every lane's x of this thread's warp (warp_gather; fewer than 32 in the last
+        warp of a block smaller than a whole number of warps), and this thread's lane."""
         me = threading.current_thread()                    # the simulated thread: its index, its block's shape
         (tx, ty, tz), (bx, by, bz) = me.threadIdx, me._manager._block_dim
         i, n = (tz * by + ty) * bx + tx, bx * by * bz
         w, lane = i // 32, i % 32
-        v = warp_gather(x, w, lane, min(32, n - 32 * w))
+        return warp_gather(x, w, lane, min(32, n - 32 * w)), lane
+
+    def _butterfly(x, first, top, op, absent):
+        """Simulator twin of warp_sum and warp_max: the lanes of this thread's warp meet
+        (sim_meet) and leave their values, then the GPU's butterfly runs on all 32 in NumPy, in
+        x's type, a lane past the block's last thread holding `absent` (0 for a sum: x + 0 is x)."""
+        v, lane = _warp_values(x)
         dtype = np.asarray(x).dtype
         v = np.concatenate([v.astype(dtype), np.full(32 - len(v), absent, dtype)])
         m = top
@@ -514,7 +535,17 @@ else:
         return _butterfly(x, first, top, np.add, 0)
 
     def warp_max(x, first, top):
-        return _butterfly(x, first, top, np.maximum, -np.inf)
+        dtype = np.asarray(x).dtype
+        return _butterfly(x, first, top, np.maximum, np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf)
+
+    def warp_prefix(x):
+        """Simulator twin of warp_prefix: the warp's values gathered (warp_gather), then the ones
+        of the lanes below this thread's added one at a time, in x's type."""
+        v, lane = _warp_values(x)
+        acc = np.zeros((), np.asarray(x).dtype)[()]
+        for j in range(lane):
+            acc = acc + v[j]
+        return acc
 
     def tf32_round(x):
         """Simulator twin of cvt.rna.tf32.f32: add half a TF32 unit to the magnitude bits, clear

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The sampler's decoder and a run's start on the GPU: the decoder's bf16 rounding against the table,
 # a bf16 run's sampler (the bf16 decoder beside the bf16 whole forward: time and the same tokens),
-# the step's rungs (the engine against rung 5's 128-bit loads and rung 6's shuffles), a bf16 run's start with the kernel
+# the step's rungs (the engine against rung 5's 128-bit loads, rung 6's shuffles and rung 7's draw), a bf16 run's start with the kernel
 # cache empty and full, the fp32 decoder's paths, one product taken apart (timed, then each variant
 # once under Nsight Compute: its stalls), the step kernel by kernel and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
 #   bash lab/bench/gpu_decode.sh [steps...]   steps: rungs bf16 kernels parts fp32 rounding start start32 ncu
-#                                             ncustep (one step of rungs $RUNGS, default 1,6, under Nsight Compute)
+#                                             ncustep (one step of rungs $RUNGS, default 1,7, under Nsight Compute;
+#                                             rungs and kernels: $RUNGS default 1,5,6,7)
 #                                             (default all, in that order)
 #   PACK=FILE.tgz: after each step every file of $OUT also packed into FILE (one file to bring back
 #   from a machine that returns few; a run cut short keeps the steps done)
@@ -20,7 +21,7 @@ for s in $steps; do
     bf16) timeout 150 $py lab/bench/decode_speed.py --precision bf16 --no-blocks --runs 3 \
               --json "$OUT/decode_12M_bf16.json" > "$OUT/decode_12M_bf16.txt" 2>&1
           echo "decode_speed bf16 exit $?"; tail -12 "$OUT/decode_12M_bf16.txt" ;;
-    rungs) timeout 150 $py lab/bench/decode_speed.py --versions 1,5,6 --runs 5 --json "$OUT/decode_rungs.json" \
+    rungs) timeout 200 $py lab/bench/decode_speed.py --versions ${RUNGS:-1,5,6,7} --runs 5 --json "$OUT/decode_rungs.json" \
                > "$OUT/decode_rungs.txt" 2>&1
            echo "decode_speed --versions exit $?"; tail -6 "$OUT/decode_rungs.txt" ;;
     start) timeout 200 $py lab/bench/start_time.py --size 12M --repeats 1 --out "$OUT/start_12M.json" \
@@ -37,10 +38,10 @@ for s in $steps; do
          $py lab/bench/ncu_text.py "$OUT/ncu_parts.txt" | tee "$OUT/ncu_parts_table.txt" | cut -c1-200 ;;
     ncustep) timeout 240 ncu --profile-from-start off --cache-control none --clock-control none --section SpeedOfLight \
                  --section WarpStateStats --section Occupancy --section LaunchStats \
-                 $py lab/bench/decode_speed.py --kernels --once --versions ${RUNGS:-1,6} > "$OUT/ncu_step.txt" 2>&1
+                 $py lab/bench/decode_speed.py --kernels --once --versions ${RUNGS:-1,7} > "$OUT/ncu_step.txt" 2>&1
              echo "ncu decode step exit $?"
              $py lab/bench/ncu_text.py "$OUT/ncu_step.txt" | tee "$OUT/ncu_step_table.txt" | cut -c1-200 ;;
-    kernels) timeout 150 $py lab/bench/decode_speed.py --kernels --versions 1,2,3,5,6 --json "$OUT/decode_kernels.json" \
+    kernels) timeout 200 $py lab/bench/decode_speed.py --kernels --versions ${RUNGS:-1,5,6,7} --json "$OUT/decode_kernels.json" \
                  > "$OUT/decode_kernels.txt" 2>&1
              echo "decode_speed --kernels exit $?"; tail -24 "$OUT/decode_kernels.txt" ;;
     start32) timeout 200 $py lab/bench/start_time.py --size 12M --repeats 1 --precision fp32 \

@@ -225,7 +225,8 @@ def model_report(args):
 def decode_report():
     """--decode: the KV-cache decoder's step at 12M (window 512), every kernel of it compiled for sm_90
     as Decoder.work launches them (the default blocks), and the lab's rungs 4 (the step in one launch),
-    5 and 6 (the products with 128-bit loads; with their sums by shuffles), with ptxas's registers: a
+    5, 6 and 7 (the products with 128-bit loads; with their sums by shuffles; the draw's too), with
+    ptxas's registers: a
     block of 1024 threads needs at most 64 registers a thread."""
     from andrea_numba.config import load_config
     from andrea_numba.decode import Decoder
@@ -240,10 +241,10 @@ def decode_report():
             from lab.decode_step import PersistentDecoder        # rung 4: the step in one launch
             PersistentDecoder(m, np.zeros(n_params(m), np.float32), 512).work(0)
             from andrea_numba.kernels import decode as kd
-            from lab.decode import VERSIONS                       # rungs 5 and 6: the products with 128-bit loads
+            from lab.decode import VERSIONS                       # rungs 5 to 7: the products with 128-bit loads
             saved_launchers = {name: getattr(kd, name) for name in VERSIONS}
             try:
-                for rung in (5, 6):
+                for rung in (5, 6, 7):
                     for name, rungs in VERSIONS.items():
                         setattr(kd, name, rungs[rung])
                     Decoder(m, np.zeros(n_params(m), np.float32), 512).work(0)
