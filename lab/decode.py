@@ -18,6 +18,9 @@ kernels otherwise, the same launches (Decoder.work runs any rung's; lab/bench/de
             flight and more blocks (below)
     rung 6  rung 5 with its sums by shuffles: the LayerNorm's two block sums and the column slices'
             sums each a butterfly within the warps and one barrier (below)
+    rung 7  rung 6 with the other kernels' sums by shuffles too: attention's (a key's lanes, the
+            merge's maximum and sum), the classifier's (its LayerNorm, a row's lanes, the softmax's)
+            and the draw's (its two maxima, the runs' sums lane by lane in each warp, below)
 
 Measured on an NVIDIA H100 (2026-12-07, docs/results/2026-12-07-h100-decoder-rungs/), the GPU time
 of a step with its draw at 12M, median of 5 rounds: rung 1 0.2996 ms, rung 2 0.4138, rung 3 0.4185,
@@ -25,9 +28,9 @@ rung 4 0.4401. Fewer barriers did not make the step faster: the trees won, and t
 
 Rungs 2 to 4 decode at fp32 only (their launchers refuse bf16 = True): their attention keeps its
 scores in base e, and their own kernels do not round the products' inputs as kernels/decode.py's
-bf16 decoder does. Rung 5 decodes at both, as the engine.
+bf16 decoder does. Rungs 5 to 7 decode at both, as the engine.
 
-Rungs 2 and 6: shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
+Rungs 2, 6 and 7: shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
 on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
 """
 import math
@@ -789,17 +792,71 @@ decode_qkv_v6, decode_matvec_add_v6, decode_mlp_up_v6 = _four_column_launchers(
 
 
 # ---------------------------------------------------------------------------------------------
-# rung 7: rung 6 with the draw's sums by shuffles
+# rung 7: rung 6 with every other kernel's sums by shuffles too (attention, the classifier, the draw)
 #
-# The engine's draw (k_decode_draw) is the step's largest kernel: 17.3 us a launch at 12M on an
-# H100 (2026-12-07, lab/bench/decode_speed.py --kernels), one block of 256 threads. It meets its
-# threads in two trees (the kept keys' smallest, the largest scaled log: 8 barriers each), takes a
-# float64 log a token to find that largest, and thread 0 adds the 256 runs' sums one after another
-# through shared memory. Here the two block maxima go by shuffles and one barrier (_block_top); the
-# largest scaled log is the scaled log of the largest probability (log is increasing: one log in
-# all); and each warp's runs are summed lane by lane in registers (ptx.warp_prefix: the order of a
-# serial cumsum, so the runs' intervals still meet bit for bit), the warps' totals after one
-# barrier, in warp order. The kernel is the engine's, compiled with these three in place.
+# After rung 6 the step's kernels with trees are attention (10.1 us a launch, 7 a step, at 12M on an
+# H100, 2026-12-07, lab/bench/decode_speed.py --kernels), the classifier (10.0) and the draw
+# (17.3, the largest). Each is the engine's kernel compiled with its sums across threads by
+# shuffles in place of its trees:
+#   attention   a key's LANES lanes meet by a butterfly, no barrier but the one that publishes the
+#               scores (_key_scores_v7); the merge's block maximum and sum by _block_top and
+#               _block_total (one barrier each, and one after): 4 barriers where the trees take ~20
+#   classifier  its LayerNorm by rung 6's _layernorm_by_shuffles; a row's TX lanes by a butterfly,
+#               no barrier in the rows' loop (_row_total_v7); the softmax's maximum and sum as
+#               attention's merge
+#   draw        the kept keys' smallest and the largest probability by _block_top; the largest
+#               scaled log is the scaled log of the largest probability (log is increasing: one log
+#               where the engine takes one a token); each warp's runs summed lane by lane in
+#               registers (ptx.warp_prefix: the order of a serial cumsum, so the runs' intervals
+#               still meet bit for bit) and the warps' totals after one barrier, in warp order, where
+#               the engine's thread 0 adds the 256 runs' sums one after another through shared memory
+# A key's lanes and a row's are one warp's (LANES, TX <= 32) and every block whole warps.
+
+@cuda.jit(device=True)
+def _key_scores_v7(red, s):
+    """engine._key_scores by shuffles: the LANES lanes of each key (adjacent lanes of one warp) meet by
+    a butterfly (ptx.warp_sum), lane 0 leaves key r's q . k in red[r * LANES], one barrier."""
+    s = warp_sum(s, 1, cuda.blockDim.x // 2)
+    if cuda.threadIdx.x == 0:
+        red[cuda.threadIdx.y * cuda.blockDim.x] = s
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _row_total_v7(buf, s):
+    """engine._row_total by shuffles: a row's TX lanes (adjacent lanes of one warp) meet by a
+    butterfly (ptx.warp_sum); every lane gets the row's total. No barrier, buf unused."""
+    return warp_sum(s, 1, cuda.blockDim.x // 2)
+
+
+k_decode_attention_v7 = _compiled_with(engine.k_decode_attention, "k_decode_attention_v7",
+                                       _key_scores=_key_scores_v7, block_max=_block_top, block_sum=_block_total)
+k_decode_logits_v7 = _compiled_with(engine.k_decode_logits, "k_decode_logits_v7", _row_total=_row_total_v7,
+                                    _layernorm_shared=_layernorm_by_shuffles, block_max=_block_top,
+                                    block_sum=_block_total)
+
+
+@blocks(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
+def decode_attention_v7(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0, bf16=False):
+    """engine.decode_attention's arguments and grid; LANES at most 32 (a key's lanes in one warp)."""
+    lanes, ck = block
+    T = k_cache.shape[0]
+    H, nch = part_m.shape
+    assert _whole_warps(lanes, ck) and lanes <= 32 and lanes * ck <= MAX_BLOCK, \
+        f"block {block}: powers of two, whole warps, at most 32 lanes a key and {MAX_BLOCK} threads"
+    assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
+    k_decode_attention_v7[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache,
+                                                           pos, bool(bf16))
+
+
+@blocks(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
+def decode_logits_v7(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=0, bf16=False):
+    """engine.decode_logits' arguments and grid; TX at most 32 (a row's lanes in one warp)."""
+    assert _whole_warps(*block) and block[0] <= 32, f"block {block}: powers of two, whole warps, at most 32 lanes"
+    V, C = wte.shape
+    k_decode_logits_v7[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
+                                                                                    float32(eps), wte, bool(bf16))
+
 
 @cuda.jit(device=True)
 def _largest_log_v7(red, probs, tau):

@@ -370,6 +370,23 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
             v_cache[t, j] = total
 
 
+@cuda.jit(device=True)
+def _key_scores(red, s):
+    """The LANES lanes' parts s of each key's score met in a tree over lane = threadIdx.x (a barrier
+    a level): key r's q . k in red[r * LANES], read after the last level's barrier. red: float32
+    [NT], shared."""
+    lane, LANES = cuda.threadIdx.x, cuda.blockDim.x
+    tid = cuda.threadIdx.y * LANES + lane
+    red[tid] = s
+    cuda.syncthreads()
+    step = LANES // 2
+    while step > 0:
+        if lane < step:
+            red[tid] += red[tid + step]
+        cuda.syncthreads()
+        step //= 2
+
+
 @cuda.jit
 def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, bf16):
     """y[h*hs + d] = sum_{u<=t} e_u v_cache[u, h*hs + d] / sum_u e_u, e_u = 2^(s_u - m), the scores
@@ -404,14 +421,7 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
             d += 2 * LANES
         if d < hs:
             s0 += _in(q[base + d], bf16) * _in(k_cache[u, base + d], bf16)
-    red[tid] = s0 + s1
-    cuda.syncthreads()
-    step = LANES // 2
-    while step > 0:                                # the lanes of each key meet in a tree
-        if lane < step:
-            red[tid] += red[tid + step]
-        cuda.syncthreads()
-        step //= 2
+    _key_scores(red, s0 + s1)                      # key r's q . k in red[r * LANES]
     # 2. the chunk's maximum (every thread, in key order) rounded up to an integer, its powers and
     #    their sum
     scale = float32(1.0) / math.sqrt(float32(hs)) * LOG2_E
@@ -525,6 +535,26 @@ def k_decode_mlp_up(h, x, g, b, eps, w_1, bf16):
         h[n] = gelu(total)
 
 
+@cuda.jit(device=True)
+def _row_total(buf, s):
+    """The TX lanes' parts s of a row's dot product met in a tree over tx = threadIdx.x (a barrier a
+    level): the row's total, at lane tx = 0 (the other lanes get partial sums). buf: float32 [NT],
+    shared, free again on return."""
+    tx, TX = cuda.threadIdx.x, cuda.blockDim.x
+    i = cuda.threadIdx.y * TX + tx
+    buf[i] = s
+    cuda.syncthreads()
+    step = TX // 2
+    while step > 0:
+        if tx < step:
+            buf[i] += buf[i + step]
+        cuda.syncthreads()
+        step //= 2
+    total = buf[i]
+    cuda.syncthreads()                             # buf is written again by the next rows
+    return total
+
+
 @cuda.jit
 def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte, bf16):
     """logits[v] = sum_c LNf(x)[c] wte[v, c]: the tied classifier, wte read by rows. A block of
@@ -559,17 +589,9 @@ def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte, bf16):
             while c < C:
                 s0 += _in(a[c], bf16) * _in(wte[v, c], bf16)
                 c += TX
-        buf[i] = (s0 + s1) + (s2 + s3)
-        cuda.syncthreads()
-        step = TX // 2
-        while step > 0:
-            if tx < step:
-                buf[i] += buf[i + step]
-            cuda.syncthreads()
-            step //= 2
+        total = _row_total(buf, (s0 + s1) + (s2 + s3))
         if tx == 0 and v < V:
-            logits[v] = buf[i]
-        cuda.syncthreads()                         # buf is written again by the next rows
+            logits[v] = total
     # the last block: the softmax of the whole row, then t += 1
     if not _last_block(flag, done, 0, cuda.gridDim.x):
         return
