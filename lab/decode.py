@@ -157,7 +157,9 @@ def _compiled_with(kernel, name, device=False, **names):
     `names` in place of the globals it calls by those names: a rung that differs from another only
     in some device functions is that rung's code, not a copy of it."""
     fn = getattr(kernel, "py_func", None) or kernel.fn           # a GPU's dispatcher / the simulator's kernel
-    f = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, name, fn.__defaults__, fn.__closure__)
+    f = types.FunctionType(fn.__code__.replace(co_name=name), {**fn.__globals__, **names}, name, fn.__defaults__,
+                           fn.__closure__)
+    f.__qualname__ = name                                        # (the name a profiler shows)
     return cuda.jit(device=True)(f) if device else cuda.jit(f)
 
 
