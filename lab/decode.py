@@ -27,8 +27,8 @@ of a step with its draw at 12M, median of 5 rounds: rung 1 0.2996 ms, rung 2 0.4
 rung 4 0.4401. Fewer barriers did not make the step faster: the trees won, and the engine keeps them.
 
 Rungs 2 to 4 decode at fp32 only (their launchers refuse bf16 = True): their attention keeps its
-scores in base e, and their own kernels do not round the products' inputs as kernels/decode.py's
-bf16 decoder does. Rungs 5 to 7 decode at both, as the engine.
+scores in base e, and their kernels have no bf16 twins. Rungs 5 to 7 decode at both, as the engine:
+their kernels compiled again with the engine's bf16 _in (common.compiled_again).
 
 Rungs 2, 6 and 7: shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
 on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
@@ -40,7 +40,7 @@ import numpy as np
 from numba import cuda, float32, float64, int32
 
 from andrea_numba.kernels import decode as engine
-from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, blocks, cdiv, nonneg
+from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, blocks, cdiv, compiled_again, nonneg
 from andrea_numba.kernels.decode import LOGIT_BLOCKS, _from_l2, _in, _last_block
 from andrea_numba.kernels.mlp import gelu
 from andrea_numba.kernels.ptx import load4_row, warp_max, warp_prefix, warp_sum
@@ -51,8 +51,7 @@ MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=
 MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
 LOGITS_BLOCKS = dict(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
-FP32_ONLY = ("rungs 2 to 4 decode at fp32: their attention and classifier have no bf16 products "
-             "(the engine's and rung 5's do)")
+FP32_ONLY = "rungs 2 to 4 decode at fp32: their kernels have no bf16 twins (the engine's and rungs 5 to 7 do)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,9 +361,10 @@ def decode_qkv_v2(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens,
     first (the model's first block; x written). Launch: 3C / TX blocks of TX x KS threads, 3C floats
     of dynamic shared memory."""
     assert _whole_warps(*block), f"block {block}: powers of two, whole warps"
+    assert not bf16, FP32_ONLY
     C = x.shape[0]
     k_decode_qkv_v2[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
-                                                              w_q, w_k, w_v, tokens, wte, wpe, bool(embed), bool(bf16))
+                                                              w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
 
 
 @blocks(**ATTENTION_BLOCKS)
@@ -386,7 +386,8 @@ def decode_attention_v2(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, 
 def decode_matvec_add_v2(x, a, w, *, block, stream=0, bf16=False):
     """x [N] (+= a @ w, in place); a [K]; w [K, N]. Launch: N / TX blocks of TX x KS threads."""
     assert _whole_warps(*block), f"block {block}: powers of two, whole warps"
-    k_decode_matvec_add_v2[cdiv(w.shape[1], block[0]), block, stream](x, a, w, bool(bf16))
+    assert not bf16, FP32_ONLY
+    k_decode_matvec_add_v2[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
 
 
 @blocks(**MLP_UP_BLOCKS)
@@ -395,7 +396,8 @@ def decode_mlp_up_v2(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
     shared memory."""
     assert _whole_warps(*block), f"block {block}: powers of two, whole warps"
     C = x.shape[0]
-    k_decode_mlp_up_v2[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1, bool(bf16))
+    assert not bf16, FP32_ONLY
+    k_decode_mlp_up_v2[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
 
 
 @blocks(**LOGITS_BLOCKS)
@@ -517,34 +519,34 @@ def decode_attention_v3(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, 
 # C, 3C and 4C are when C is) and 16-byte aligned weights (layout.py's views are).
 
 @cuda.jit(device=True)
-def _row4(w, k, n, bf16):
+def _row4(w, k, n):
     """w[k, n .. n + 3] by one 128-bit load, each as the product takes it (_in); zeros past K."""
     if k < w.shape[0]:
         v0, v1, v2, v3 = load4_row(w, k, n)
-        return _in(v0, bf16), _in(v1, bf16), _in(v2, bf16), _in(v3, bf16)
+        return _in(v0), _in(v1), _in(v2), _in(v3)
     z = float32(0.0)
     return z, z, z, z
 
 
 @cuda.jit(device=True)
-def _first_rows4(w, n, bf16):
+def _first_rows4(w, n):
     """The first four rows of thread (tx, ty)'s part: ty, ty + KS, ty + 2 KS, ty + 3 KS."""
     k, ks = cuda.threadIdx.y, cuda.blockDim.y
-    return _row4(w, k, n, bf16), _row4(w, k + ks, n, bf16), _row4(w, k + 2 * ks, n, bf16), _row4(w, k + 3 * ks, n, bf16)
+    return _row4(w, k, n), _row4(w, k + ks, n), _row4(w, k + 2 * ks, n), _row4(w, k + 3 * ks, n)
 
 
 @cuda.jit(device=True)
-def _add_row(s, a, k, K, r, bf16):
+def _add_row(s, a, k, K, r):
     """s + a[k] r for the 4 sums s and the row r of 4 weights; nothing added past row K - 1 (the
     row a shared a holds there is not the product's)."""
     if k >= K:
         return s
-    ak = _in(a[k], bf16)
+    ak = _in(a[k])
     return s[0] + ak * r[0], s[1] + ak * r[1], s[2] + ak * r[2], s[3] + ak * r[3]
 
 
 @cuda.jit(device=True)
-def _column4_part(a, w, n, first, bf16):
+def _column4_part(a, w, n, first):
     """Thread (tx, ty)'s part of out[n .. n + 3] = sum_k a[k] w[k, n .. n + 3]: rows k = ty, ty +
     KS, ... in order, the first four given (_first_rows4), then four a round, all four loads of a
     round issued before they are used. Returns the 4 sums."""
@@ -554,15 +556,15 @@ def _column4_part(a, w, n, first, bf16):
     s = (z, z, z, z)
     r0, r1, r2, r3 = first
     while True:
-        s = _add_row(s, a, k, K, r0, bf16)
-        s = _add_row(s, a, k + ks, K, r1, bf16)
-        s = _add_row(s, a, k + 2 * ks, K, r2, bf16)
-        s = _add_row(s, a, k + 3 * ks, K, r3, bf16)
+        s = _add_row(s, a, k, K, r0)
+        s = _add_row(s, a, k + ks, K, r1)
+        s = _add_row(s, a, k + 2 * ks, K, r2)
+        s = _add_row(s, a, k + 3 * ks, K, r3)
         k += 4 * ks
         if k >= K:
             return s
-        r0, r1, r2, r3 = _row4(w, k, n, bf16), _row4(w, k + ks, n, bf16), _row4(w, k + 2 * ks, n, bf16), \
-            _row4(w, k + 3 * ks, n, bf16)
+        r0, r1, r2, r3 = _row4(w, k, n), _row4(w, k + ks, n), _row4(w, k + 2 * ks, n), \
+            _row4(w, k + 3 * ks, n)
 
 
 @cuda.jit(device=True)
@@ -585,7 +587,7 @@ def _column4_total(buf, s):
 
 
 @cuda.jit
-def k_decode_qkv_v5(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, bf16):
+def k_decode_qkv_v5(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed):
     """k_decode_qkv with 4 columns a thread (rung 5, above): columns n .. n + 3 of [W_q | W_k | W_v],
     n = 4 (TX blockIdx + tx), in one matrix (C is a multiple of 4)."""
     a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]
@@ -597,14 +599,14 @@ def k_decode_qkv_v5(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, token
     j = n - which * C
     w = w_q if which == 0 else (w_k if which == 1 else w_v)
     live = j < C
-    first = _first_rows4(w, j if live else 0, bf16)
+    first = _first_rows4(w, j if live else 0)
     t = pos[0]
     if embed:
         engine._embedding_g_b(a, x, g, b, tokens, wte, wpe, t)
     else:
         engine._row_g_b(a, x, g, b)
     engine._layernorm_shared(a, red, C, eps)
-    t0, t1, t2, t3 = _column4_total(buf, _column4_part(a, w, j if live else 0, first, bf16))
+    t0, t1, t2, t3 = _column4_total(buf, _column4_part(a, w, j if live else 0, first))
     if cuda.threadIdx.y == 0 and live:
         if which == 0:
             q[j], q[j + 1], q[j + 2], q[j + 3] = t0, t1, t2, t3
@@ -615,13 +617,13 @@ def k_decode_qkv_v5(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, token
 
 
 @cuda.jit
-def k_decode_matvec_add_v5(x, a, w, bf16):
+def k_decode_matvec_add_v5(x, a, w):
     """k_decode_matvec_add with 4 columns a thread (rung 5, above): x[n .. n + 3] += their sums."""
     buf = cuda.shared.array((4, MAX_BLOCK), float32)
     n = 4 * (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
     live = n < x.shape[0]
     t0, t1, t2, t3 = _column4_total(buf, _column4_part(a, w, n if live else 0,
-                                                       _first_rows4(w, n if live else 0, bf16), bf16))
+                                                       _first_rows4(w, n if live else 0)))
     if cuda.threadIdx.y == 0 and live:
         x[n] = x[n] + t0
         x[n + 1] = x[n + 1] + t1
@@ -630,7 +632,7 @@ def k_decode_matvec_add_v5(x, a, w, bf16):
 
 
 @cuda.jit
-def k_decode_mlp_up_v5(h, x, g, b, eps, w_1, bf16):
+def k_decode_mlp_up_v5(h, x, g, b, eps, w_1):
     """k_decode_mlp_up with 4 columns a thread (rung 5, above): h[n .. n + 3] = gelu of their sums."""
     a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]
     red = cuda.shared.array(MAX_BLOCK, float32)    # the LayerNorm's block sums
@@ -638,10 +640,10 @@ def k_decode_mlp_up_v5(h, x, g, b, eps, w_1, bf16):
     C = x.shape[0]
     n = 4 * (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
     live = n < h.shape[0]
-    first = _first_rows4(w_1, n if live else 0, bf16)
+    first = _first_rows4(w_1, n if live else 0)
     engine._row_g_b(a, x, g, b)
     engine._layernorm_shared(a, red, C, eps)
-    t0, t1, t2, t3 = _column4_total(buf, _column4_part(a, w_1, n if live else 0, first, bf16))
+    t0, t1, t2, t3 = _column4_total(buf, _column4_part(a, w_1, n if live else 0, first))
     if cuda.threadIdx.y == 0 and live:
         h[n] = gelu(t0)
         h[n + 1] = gelu(t1)
@@ -660,37 +662,44 @@ def _four_columns(block, *widths) -> bool:
     return engine._pow2(*block) and block[0] * block[1] <= MAX_BLOCK and all(w % 4 == 0 for w in widths)
 
 
-def _four_column_launchers(k_qkv, k_matvec_add, k_mlp_up, qkv_blocks, matvec_blocks, mlp_up_blocks, fits, what):
+def _four_column_launchers(kernels, qkv_blocks, matvec_blocks, mlp_up_blocks, fits, what):
     """The launchers of rungs 5 and 6 (their kernels and blocks given): decode_qkv's,
     decode_matvec_add's and decode_mlp_up's arguments, a block (TX, KS) for 4 TX columns and KS
-    slices, checked by fits(block, width) (what: the rule, said when a block breaks it)."""
+    slices, checked by fits(block, width) (what: the rule, said when a block breaks it). kernels:
+    {bf16: (qkv, matvec_add, mlp_up)}, the fp32 kernels (False) and their bf16 twins (True)."""
     @blocks(**qkv_blocks)
     def qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block, stream=0,
             bf16=False):
         """Launch: 3C / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
         C = x.shape[0]
         assert fits(block, C), f"block {block}: {what}; C = {C} a multiple of 4"
-        k_qkv[cdiv(3 * C, 4 * block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps), w_q,
-                                                                w_k, w_v, tokens, wte, wpe, bool(embed), bool(bf16))
+        kernels[bool(bf16)][0][cdiv(3 * C, 4 * block[0]), block, stream, 12 * C](
+            q, k_cache, v_cache, pos, x, g, b, float32(eps), w_q, w_k, w_v, tokens, wte, wpe, bool(embed))
 
     @blocks(**matvec_blocks)
     def matvec_add(x, a, w, *, block, stream=0, bf16=False):
         """Launch: N / 4 TX blocks of TX x KS threads."""
         assert fits(block, w.shape[1]), f"block {block}: {what}; N = {w.shape[1]} a multiple of 4"
-        k_matvec_add[cdiv(w.shape[1], 4 * block[0]), block, stream](x, a, w, bool(bf16))
+        kernels[bool(bf16)][1][cdiv(w.shape[1], 4 * block[0]), block, stream](x, a, w)
 
     @blocks(**mlp_up_blocks)
     def mlp_up(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
         """Launch: F / 4 TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
         assert fits(block, w_1.shape[1]), f"block {block}: {what}; F = {w_1.shape[1]} a multiple of 4"
         C = x.shape[0]
-        k_mlp_up[cdiv(w_1.shape[1], 4 * block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1, bool(bf16))
+        kernels[bool(bf16)][2][cdiv(w_1.shape[1], 4 * block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1)
     return qkv, matvec_add, mlp_up
 
 
+# every kernel and device function of this module so far compiled again with the engine's bf16 _in
+# (common.compiled_again; the engine's BF16_KERNELS): rung 5's kernels with bf16 products
+_BF16 = compiled_again(globals(), "_bf16", _in=engine.BF16_KERNELS["_in"])
+_RUNG_5 = {False: (k_decode_qkv_v5, k_decode_matvec_add_v5, k_decode_mlp_up_v5),
+           True: (_BF16["k_decode_qkv_v5"], _BF16["k_decode_matvec_add_v5"], _BF16["k_decode_mlp_up_v5"])}
+
 decode_qkv_v5, decode_matvec_add_v5, decode_mlp_up_v5 = _four_column_launchers(
-    k_decode_qkv_v5, k_decode_matvec_add_v5, k_decode_mlp_up_v5, QKV_BLOCKS_5, MATVEC_BLOCKS_5, MLP_UP_BLOCKS_5,
-    _four_columns, f"powers of two, at most {MAX_BLOCK} threads")
+    _RUNG_5, QKV_BLOCKS_5, MATVEC_BLOCKS_5, MLP_UP_BLOCKS_5, _four_columns,
+    f"powers of two, at most {MAX_BLOCK} threads")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -773,9 +782,8 @@ def _with_rung_6_sums(kernel):
                           engine=_RUNG_6_ENGINE)
 
 
-k_decode_qkv_v6 = _with_rung_6_sums(k_decode_qkv_v5)
-k_decode_matvec_add_v6 = _with_rung_6_sums(k_decode_matvec_add_v5)
-k_decode_mlp_up_v6 = _with_rung_6_sums(k_decode_mlp_up_v5)
+_RUNG_6 = {bf16: tuple(_with_rung_6_sums(k) for k in kernels) for bf16, kernels in _RUNG_5.items()}
+k_decode_qkv_v6, k_decode_matvec_add_v6, k_decode_mlp_up_v6 = _RUNG_6[False]
 
 # blocks (TX, KS), whole warps (TX * KS a multiple of 32, TX <= 32): 4 TX columns, KS slices a block
 QKV_BLOCKS_6 = dict(gpu=((1, 128), (2, 128), (1, 256), (2, 64)), sim=((1, 4), (2, 2), (1, 8)))
@@ -789,7 +797,7 @@ def _six(block, *widths) -> bool:
 
 
 decode_qkv_v6, decode_matvec_add_v6, decode_mlp_up_v6 = _four_column_launchers(
-    k_decode_qkv_v6, k_decode_matvec_add_v6, k_decode_mlp_up_v6, QKV_BLOCKS_6, MATVEC_BLOCKS_6, MLP_UP_BLOCKS_6,
+    _RUNG_6, QKV_BLOCKS_6, MATVEC_BLOCKS_6, MLP_UP_BLOCKS_6,
     _six, f"powers of two, whole warps, at most {MAX_BLOCK} threads and 32 groups of columns")
 
 
@@ -831,11 +839,17 @@ def _row_total_v7(buf, s):
     return warp_sum(s, 1, cuda.blockDim.x // 2)
 
 
-k_decode_attention_v7 = _compiled_with(engine.k_decode_attention, "k_decode_attention_v7",
-                                       _key_scores=_key_scores_v7, block_max=_block_top, block_sum=_block_total)
-k_decode_logits_v7 = _compiled_with(engine.k_decode_logits, "k_decode_logits_v7", _row_total=_row_total_v7,
-                                    _layernorm_shared=_layernorm_by_shuffles, block_max=_block_top,
-                                    block_sum=_block_total)
+def _rung_7(kernel, name, **names):
+    """The engine's kernel compiled with rung 7's sums in place (names), at fp32 and from its bf16 twin:
+    {bf16: kernel}."""
+    return {False: _compiled_with(kernel, name, **names),
+            True: _compiled_with(engine.BF16_KERNELS[kernel.__name__], name + "_bf16", **names)}
+
+
+_ATTENTION_7 = _rung_7(engine.k_decode_attention, "k_decode_attention_v7", _key_scores=_key_scores_v7,
+                       block_max=_block_top, block_sum=_block_total)
+_LOGITS_7 = _rung_7(engine.k_decode_logits, "k_decode_logits_v7", _row_total=_row_total_v7,
+                    _layernorm_shared=_layernorm_by_shuffles, block_max=_block_top, block_sum=_block_total)
 
 
 @blocks(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
@@ -847,8 +861,8 @@ def decode_attention_v7(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, 
     assert _whole_warps(lanes, ck) and lanes <= 32 and lanes * ck <= MAX_BLOCK, \
         f"block {block}: powers of two, whole warps, at most 32 lanes a key and {MAX_BLOCK} threads"
     assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
-    k_decode_attention_v7[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache,
-                                                           pos, bool(bf16))
+    _ATTENTION_7[bool(bf16)][(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache,
+                                                              pos)
 
 
 @blocks(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
@@ -856,8 +870,8 @@ def decode_logits_v7(probs, logits, done, pos, x, g, b, eps, wte, *, block, stre
     """engine.decode_logits' arguments and grid; TX at most 32 (a row's lanes in one warp)."""
     assert _whole_warps(*block) and block[0] <= 32, f"block {block}: powers of two, whole warps, at most 32 lanes"
     V, C = wte.shape
-    k_decode_logits_v7[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
-                                                                                    float32(eps), wte, bool(bf16))
+    _LOGITS_7[bool(bf16)][min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g,
+                                                                                       b, float32(eps), wte)
 
 
 @cuda.jit(device=True)

@@ -407,6 +407,33 @@ def wide_rows(*arrays) -> bool:
                and a.strides[0] == a.dtype.itemsize * a.shape[1] and address(a) % 16 == 0 for a in arrays)
 
 
+def compiled_again(module_globals: dict, suffix: str, **constants) -> dict:
+    """Every @cuda.jit function of a module (its kernels and device functions, found in
+    module_globals) compiled again from its Python code, with `constants` in place of the module's
+    globals of those names, each calling the others' new versions: {name: the new function}, each
+    named name + suffix (as a profiler and the kernel cache see it). Numba compiles the globals a
+    function reads as constants, so a flag read as a global is compiled out (a branch never taken
+    leaves no code), where a flag passed as an argument is a test at every use: a module's kernels
+    at another precision are the same code with another flag (kernels/decode.py, BF16)."""
+    import types
+    new = {**module_globals, **constants}
+    out = {}
+    for name, f in module_globals.items():
+        fn = getattr(f, "py_func", None) or getattr(f, "fn", None)     # a GPU's dispatcher / the simulator's
+        if not isinstance(fn, types.FunctionType) or fn.__globals__ is not module_globals:
+            continue                                                   # (not ours: imported from elsewhere)
+        again = types.FunctionType(fn.__code__.replace(co_name=name + suffix), new, name + suffix,
+                                   fn.__defaults__, fn.__closure__)
+        again.__qualname__ = name + suffix
+        if SIMULATOR:
+            options = dict(device=f._device, fastmath=f._fastmath)
+        else:
+            options = {k: f.targetoptions[k] for k in ("device", "inline", "fastmath", "lineinfo", "debug", "opt")
+                       if k in f.targetoptions}
+        out[name] = new[name] = cuda.jit(**options)(again)
+    return out
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: blocks needed to cover a elements with b per block."""
     return (a + b - 1) // b

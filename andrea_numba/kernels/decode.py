@@ -84,12 +84,15 @@ _low_precision_pv; the bf16 flash kernels keep their maximum the same way). At f
 nothing but the base of the exponential.
 
 PRECISION. A bf16 decoder (the sampler of a bf16 run: Decoder(..., precision="bf16")) launches the
-same kernels with bf16 = True: every product rounds both of its inputs to bf16 (_in: ptx.bf16_value,
-ties to even) and sums in fp32, as the training's products and the twin's do (reference/precision.py,
-mm; reference/decode.py, KVCache(precision="bf16")): the LayerNorm's output and the weights in qkv,
-mlp_up and the classifier, y and h and the weights in the two output projections, q and k in the
-scores, e and v in attention's sum. The LayerNorms, the GELU, the residual stream, the softmax and
-the cache stay fp32. At fp32 (bf16 = False) every _in is the value itself.
+same kernels compiled with BF16 = True (BF16_KERNELS, by common.compiled_again): every product
+rounds both of its inputs to bf16 (_in: ptx.bf16_value, ties to even) and sums in fp32, as the
+training's products and the twin's do (reference/precision.py, mm; reference/decode.py,
+KVCache(precision="bf16")): the LayerNorm's output and the weights in qkv, mlp_up and the
+classifier, y and h and the weights in the two output projections, q and k in the scores, e and v
+in attention's sum. The LayerNorms, the GELU, the residual stream, the softmax and the cache stay
+fp32. At fp32 (the kernels as written, BF16 = False) every _in is the value itself. BF16 is a
+global, not an argument: Numba compiles a global as a constant, so each precision's kernels hold
+only their own code, where a flag passed as an argument is a test at every load.
 
 THE LAST BLOCK (attention's merge, the classifier's softmax). Each block writes its part, makes
 it visible to the whole GPU (threadfence) and counts itself done with an integer atomic add on
@@ -137,7 +140,7 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int32, int64
 
-from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, nonneg
+from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, compiled_again, nonneg
 from .mlp import gelu
 from .ptx import bf16_value
 
@@ -148,6 +151,7 @@ RANK_MAX = 1024                                  # k_decode_draw: the top_k-th l
 LOG2_E = float32(1.0 / math.log(2.0))             # attention's scores in base 2: 2^(s log2 e) = e^s
 NEVER = 1 << 30                                  # draw[0] of a sequence that draws nothing: past any position
 RUNS = MAX_BLOCK + 1                             # k_decode_draw: S_0 .. S_NT, NT <= MAX_BLOCK
+BF16 = False                                     # the kernels as written: fp32 products (PRECISION)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,40 +223,41 @@ def _layernorm_shared(a, buf, C, eps):
 
 
 @cuda.jit(device=True)
-def _in(v, bf16):
-    """A product's input as the product multiplies it: v itself, or in a bf16 decoder v rounded to
+def _in(v):
+    """A product's input as the product multiplies it: v itself, or in the bf16 kernels v rounded to
     bf16 (ties to even; ptx.bf16_value), as the twin's products and the training's round theirs
-    (reference/precision.py, mm). The product and its sums stay in fp32."""
-    if bf16:
+    (reference/precision.py, mm). The product and its sums stay in fp32. BF16 is a global: Numba
+    compiles it as a constant, so the fp32 kernels have no trace of the rounding (PRECISION)."""
+    if BF16:
         return bf16_value(v)
     return v
 
 
 @cuda.jit(device=True)
-def _row(w, k, n, bf16):
+def _row(w, k, n):
     """w[k, n] (a product's input: _in), or 0 past the matrix."""
     if k < w.shape[0] and n < w.shape[1]:
-        return _in(w[k, n], bf16)
+        return _in(w[k, n])
     return float32(0.0)
 
 
 @cuda.jit(device=True)
-def _term(a, w, k, n, bf16):
+def _term(a, w, k, n):
     """a[k] w[k, n], each input as the product takes it (_in)."""
-    return _in(a[k], bf16) * _in(w[k, n], bf16)
+    return _in(a[k]) * _in(w[k, n])
 
 
 @cuda.jit(device=True)
-def _first_rows(w, n, bf16):
+def _first_rows(w, n):
     """The first four weights of thread (tx, ty)'s part of column n (_column_part): rows ty,
     ty + KS, ty + 2 KS, ty + 3 KS (0 past the matrix). A kernel loads them before its LayerNorm, so
     that they travel while it computes: its first round of loads costs no wait of its own."""
     k, ks = cuda.threadIdx.y, cuda.blockDim.y
-    return _row(w, k, n, bf16), _row(w, k + ks, n, bf16), _row(w, k + 2 * ks, n, bf16), _row(w, k + 3 * ks, n, bf16)
+    return _row(w, k, n), _row(w, k + ks, n), _row(w, k + 2 * ks, n), _row(w, k + 3 * ks, n)
 
 
 @cuda.jit(device=True)
-def _column_part(a, w, n, w0, w1, w2, w3, bf16):
+def _column_part(a, w, n, w0, w1, w2, w3):
     """Thread (tx, ty)'s part of out[n] = sum_k a[k] w[k, n] in a block of TX x KS threads: rows
     k = ty, ty + KS, ty + 2 KS, ... in four running sums, the first four rows' weights w0..w3 given
     (_first_rows), then four a round (four independent loads in flight), then two, then one;
@@ -267,26 +272,26 @@ def _column_part(a, w, n, w0, w1, w2, w3, bf16):
     if n < w.shape[1]:
         k = cuda.threadIdx.y
         if k < K:
-            s0 = _in(a[k], bf16) * w0
+            s0 = _in(a[k]) * w0
         if k + ks < K:
-            s1 = _in(a[k + ks], bf16) * w1
+            s1 = _in(a[k + ks]) * w1
         if k + 2 * ks < K:
-            s2 = _in(a[k + 2 * ks], bf16) * w2
+            s2 = _in(a[k + 2 * ks]) * w2
         if k + 3 * ks < K:
-            s3 = _in(a[k + 3 * ks], bf16) * w3
+            s3 = _in(a[k + 3 * ks]) * w3
         k += 4 * ks
         while k + 3 * ks < K:
-            s0 += _term(a, w, k, n, bf16)
-            s1 += _term(a, w, k + ks, n, bf16)
-            s2 += _term(a, w, k + 2 * ks, n, bf16)
-            s3 += _term(a, w, k + 3 * ks, n, bf16)
+            s0 += _term(a, w, k, n)
+            s1 += _term(a, w, k + ks, n)
+            s2 += _term(a, w, k + 2 * ks, n)
+            s3 += _term(a, w, k + 3 * ks, n)
             k += 4 * ks
         if k + ks < K:                             # two or three rows left
-            s0 += _term(a, w, k, n, bf16)
-            s1 += _term(a, w, k + ks, n, bf16)
+            s0 += _term(a, w, k, n)
+            s1 += _term(a, w, k + ks, n)
             k += 2 * ks
         if k < K:                                  # one left
-            s2 += _term(a, w, k, n, bf16)
+            s2 += _term(a, w, k, n)
     return (s0 + s1) + (s2 + s3)
 
 
@@ -339,13 +344,13 @@ def _last_block(flag, done, j, blocks):
 # the kernels, in the order of a step
 
 @cuda.jit
-def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, bf16):
+def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed):
     """a = LN1(x); q = a @ W_q, k_cache[t] = a @ W_k, v_cache[t] = a @ W_v, t = pos[0]. With embed
     (the first block of the model) x = wte[tokens[t]] + wpe[t] first: every block computes it for
     its LayerNorm, block 0 writes it into x (the residual stream). The 3C columns of
     [W_q | W_k | W_v] in blocks of TX (a block may straddle two matrices: each thread takes its
-    column's), KS slices of K = C a column (_column_part, _column_total). bf16: the products' inputs
-    rounded to bf16 (_in)."""
+    column's), KS slices of K = C a column (_column_part, _column_total); the
+    products' inputs as _in gives them."""
     a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     C = x.shape[0]
@@ -353,14 +358,14 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
     which = min(n // C, 2)
     j = n - which * C                              # its column in that matrix (>= C past the last)
     w = w_q if which == 0 else (w_k if which == 1 else w_v)
-    w0, w1, w2, w3 = _first_rows(w, j, bf16)
+    w0, w1, w2, w3 = _first_rows(w, j)
     t = pos[0]
     if embed:
         _embedding_g_b(a, x, g, b, tokens, wte, wpe, t)
     else:
         _row_g_b(a, x, g, b)
     _layernorm_shared(a, buf, C, eps)
-    total = _column_total(buf, _column_part(a, w, j, w0, w1, w2, w3, bf16))
+    total = _column_total(buf, _column_part(a, w, j, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and j < C:
         if which == 0:
             q[j] = total
@@ -388,12 +393,12 @@ def _key_scores(red, s):
 
 
 @cuda.jit
-def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, bf16):
+def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos):
     """y[h*hs + d] = sum_{u<=t} e_u v_cache[u, h*hs + d] / sum_u e_u, e_u = 2^(s_u - m), the scores
     s_u = log2(e) q_h . k_cache[u, h] / sqrt(hs) in base 2 and m an integer at least max s, t = pos[0]:
     block (p, h) takes the CK keys of chunk p of head h (the four steps of the module's docstring);
     the last of head h's blocks merges the chunks into y_h. done[h]: head h's counter of finished
-    blocks (0 between launches). bf16: the products' inputs (q, k; e, v) rounded to bf16 (_in)."""
+    blocks (0 between launches). The products' inputs (q, k; e, v) as _in gives them."""
     red = cuda.shared.array(MAX_BLOCK, float32)    # the lanes' (then the groups') sums
     ex = cuda.shared.array(MAX_BLOCK, float32)     # the chunk's scores' exponentials, then the chunks' weights
     flag = cuda.shared.array(1, int32)
@@ -416,11 +421,11 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
         u = u0 + r
         d = lane
         while d + LANES < hs:                      # two channels a round: two loads in flight
-            s0 += _in(q[base + d], bf16) * _in(k_cache[u, base + d], bf16)
-            s1 += _in(q[base + d + LANES], bf16) * _in(k_cache[u, base + d + LANES], bf16)
+            s0 += _in(q[base + d]) * _in(k_cache[u, base + d])
+            s1 += _in(q[base + d + LANES]) * _in(k_cache[u, base + d + LANES])
             d += 2 * LANES
         if d < hs:
-            s0 += _in(q[base + d], bf16) * _in(k_cache[u, base + d], bf16)
+            s0 += _in(q[base + d]) * _in(k_cache[u, base + d])
     _key_scores(red, s0 + s1)                      # key r's q . k in red[r * LANES]
     # 2. the chunk's maximum (every thread, in key order) rounded up to an integer, its powers and
     #    their sum
@@ -442,11 +447,11 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
         if g < G:
             k = g
             while k + G < nk:                      # two keys a round: two loads in flight
-                a0 += _in(ex[k], bf16) * _in(v_cache[u0 + k, base + d], bf16)
-                a1 += _in(ex[k + G], bf16) * _in(v_cache[u0 + k + G, base + d], bf16)
+                a0 += _in(ex[k]) * _in(v_cache[u0 + k, base + d])
+                a1 += _in(ex[k + G]) * _in(v_cache[u0 + k + G, base + d])
                 k += 2 * G
             if k < nk:
-                a0 += _in(ex[k], bf16) * _in(v_cache[u0 + k, base + d], bf16)
+                a0 += _in(ex[k]) * _in(v_cache[u0 + k, base + d])
         if G == 1:
             if g == 0:                             # (threads past the first hs have no channel)
                 part_acc[h, p, d] = a0 + a1
@@ -505,32 +510,32 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
 
 
 @cuda.jit
-def k_decode_matvec_add(x, a, w, bf16):
+def k_decode_matvec_add(x, a, w):
     """x[n] = x[n] + sum_k a[k] w[k, n]: a residual branch's output projection (W_o after attention,
     W_2 after the GELU) added into the residual stream in place. Columns in blocks of TX, KS slices
-    of K a column; x[n] is read and written by its column's thread ty = 0 only. bf16: the products'
-    inputs rounded to bf16 (_in)."""
+    of K a column; x[n] is read and written by its column's thread ty = 0 only. The products'
+    inputs as _in gives them."""
     buf = cuda.shared.array(MAX_BLOCK, float32)
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    w0, w1, w2, w3 = _first_rows(w, n, bf16)
-    total = _column_total(buf, _column_part(a, w, n, w0, w1, w2, w3, bf16))
+    w0, w1, w2, w3 = _first_rows(w, n)
+    total = _column_total(buf, _column_part(a, w, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < x.shape[0]:
         x[n] = x[n] + total
 
 
 @cuda.jit
-def k_decode_mlp_up(h, x, g, b, eps, w_1, bf16):
+def k_decode_mlp_up(h, x, g, b, eps, w_1):
     """h[n] = gelu(sum_k LN2(x)[k] w_1[k, n]) for the F = 4C hidden units: the GELU of the engine
-    (kernels/mlp.py, tanh form). Columns in blocks of TX, KS slices of K = C a column. bf16: the
-    products' inputs rounded to bf16 (_in)."""
+    (kernels/mlp.py, tanh form). Columns in blocks of TX, KS slices of K = C a column. The
+    products' inputs as _in gives them."""
     a = cuda.shared.array(0, float32)              # [x (then LN2(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     C = x.shape[0]
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    w0, w1, w2, w3 = _first_rows(w_1, n, bf16)
+    w0, w1, w2, w3 = _first_rows(w_1, n)
     _row_g_b(a, x, g, b)
     _layernorm_shared(a, buf, C, eps)
-    total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3, bf16))
+    total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < h.shape[0]:
         h[n] = gelu(total)
 
@@ -556,14 +561,14 @@ def _row_total(buf, s):
 
 
 @cuda.jit
-def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte, bf16):
+def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte):
     """logits[v] = sum_c LNf(x)[c] wte[v, c]: the tied classifier, wte read by rows. A block of
     TX lanes x RY rows: lane tx sums channels c = tx, tx + TX, ... of row v (four a round: four
     loads in flight), the row's lanes meet in a tree; blocks stride over the V rows. The last block
     to finish (done[0] counts them) then computes probs[v] = exp(logits[v] - m) / se over the whole
     row, m = max_v logits[v], se = sum_v exp(logits[v] - m), as k_loss_fwd's softmax, and moves the
-    position on: pos[0] += 1 (no kernel of this step reads pos after it). bf16: the products' inputs
-    rounded to bf16 (_in)."""
+    position on: pos[0] += 1 (no kernel of this step reads pos after it). The products' inputs as
+    _in gives them."""
     a = cuda.shared.array(0, float32)              # [x (then LNf(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     flag = cuda.shared.array(1, int32)
@@ -581,13 +586,13 @@ def k_decode_logits(probs, logits, done, pos, x, g, b, eps, wte, bf16):
         if v < V:
             c = tx
             while c + 3 * TX < C:
-                s0 += _in(a[c], bf16) * _in(wte[v, c], bf16)
-                s1 += _in(a[c + TX], bf16) * _in(wte[v, c + TX], bf16)
-                s2 += _in(a[c + 2 * TX], bf16) * _in(wte[v, c + 2 * TX], bf16)
-                s3 += _in(a[c + 3 * TX], bf16) * _in(wte[v, c + 3 * TX], bf16)
+                s0 += _in(a[c]) * _in(wte[v, c])
+                s1 += _in(a[c + TX]) * _in(wte[v, c + TX])
+                s2 += _in(a[c + 2 * TX]) * _in(wte[v, c + 2 * TX])
+                s3 += _in(a[c + 3 * TX]) * _in(wte[v, c + 3 * TX])
                 c += 4 * TX
             while c < C:
-                s0 += _in(a[c], bf16) * _in(wte[v, c], bf16)
+                s0 += _in(a[c]) * _in(wte[v, c])
                 c += TX
         total = _row_total(buf, (s0 + s1) + (s2 + s3))
         if tx == 0 and v < V:
@@ -773,6 +778,15 @@ def k_decode_start(pos, draw):
     draw[0] = NEVER
 
 
+# the kernels with bf16 products: every kernel and device function above compiled again with BF16 = True
+BF16_KERNELS = compiled_again(globals(), "_bf16", BF16=True)
+
+
+def _at(kernel, bf16: bool):
+    """The kernel as written (fp32 products), or its bf16 twin (BF16_KERNELS)."""
+    return BF16_KERNELS[kernel.__name__] if bf16 else kernel
+
+
 # ---------------------------------------------------------------------------------------------
 # launchers: block = (TX, KS) for the products (columns, slices of K), (LANES, CK) for attention
 # (lanes a key, keys a chunk), (TX, RY) for the logits (lanes, rows); all powers of two, at most
@@ -802,8 +816,9 @@ def decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wt
     3C / TX blocks of TX x KS threads, 3C floats of dynamic shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
-    k_decode_qkv[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps),
-                                                              w_q, w_k, w_v, tokens, wte, wpe, bool(embed), bool(bf16))
+    kernel = _at(k_decode_qkv, bf16)
+    kernel[cdiv(3 * C, block[0]), block, stream, 12 * C](q, k_cache, v_cache, pos, x, g, b, float32(eps), w_q, w_k, w_v,
+                                                         tokens, wte, wpe, bool(embed))
 
 
 def attention_chunks(T: int) -> int:
@@ -823,8 +838,8 @@ def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos
     H, nch = part_m.shape
     assert _pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK} threads"
     assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
-    k_decode_attention[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos,
-                                                        bool(bf16))
+    kernel = _at(k_decode_attention, bf16)
+    kernel[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
 
 @blocks(**MATVEC_BLOCKS)
@@ -832,7 +847,7 @@ def decode_matvec_add(x, a, w, *, block, stream=0, bf16=False):
     """x [N] (+= a @ w, in place); a [K]; w [K, N]; bf16: the products' inputs rounded to bf16.
     Launch: N / TX blocks of TX x KS threads."""
     assert _pow2(*block), f"block {block}: powers of two"
-    k_decode_matvec_add[cdiv(w.shape[1], block[0]), block, stream](x, a, w, bool(bf16))
+    _at(k_decode_matvec_add, bf16)[cdiv(w.shape[1], block[0]), block, stream](x, a, w)
 
 
 @blocks(**MLP_UP_BLOCKS)
@@ -841,7 +856,8 @@ def decode_mlp_up(h, x, g, b, eps, w_1, *, block, stream=0, bf16=False):
     blocks of TX x KS threads, 3C floats of dynamic shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     C = x.shape[0]
-    k_decode_mlp_up[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps), w_1, bool(bf16))
+    _at(k_decode_mlp_up, bf16)[cdiv(w_1.shape[1], block[0]), block, stream, 12 * C](h, x, g, b, float32(eps),
+                                                                                     w_1)
 
 
 @blocks(**LOGITS_BLOCKS)
@@ -851,8 +867,9 @@ def decode_logits(probs, logits, done, pos, x, g, b, eps, wte, *, block, stream=
     LOGIT_BLOCKS: the rows loop) of TX x RY threads, 3C floats of dynamic shared memory."""
     assert _pow2(*block), f"block {block}: powers of two"
     V, C = wte.shape
-    k_decode_logits[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b,
-                                                                                 float32(eps), wte, bool(bf16))
+    kernel = _at(k_decode_logits, bf16)
+    kernel[min(cdiv(V, block[1]), LOGIT_BLOCKS), block, stream, 12 * C](probs, logits, done, pos, x, g, b, float32(eps),
+                                                                        wte)
 
 
 @blocks(**DRAW_BLOCKS)

@@ -4,22 +4,22 @@
 # the step's rungs (the engine against rung 5's 128-bit loads, rung 6's shuffles and rung 7's draw), a bf16 run's start with the kernel
 # cache empty and full, the fp32 decoder's paths, one product taken apart (timed, then each variant
 # once under Nsight Compute: its stalls), the step kernel by kernel and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
-#   bash lab/bench/gpu_decode.sh [steps...]   steps: rungs drawtest bf16 kernels parts fp32 rounding start start32 ncu
+#   bash lab/bench/gpu_decode.sh [steps...]   steps: rungs tests bf16 kernels parts fp32 rounding start start32 ncu
 #                                             ncustep (one step of rungs $RUNGS, default 1,7, under Nsight Compute;
 #                                             rungs and kernels: $RUNGS default 1,5,6,7)
 #                                             (default all, in that order)
 #   PACK=FILE.tgz: after each step every file of $OUT also packed into FILE (one file to bring back
 #   from a machine that returns few; a run cut short keeps the steps done)
 WHAT=decode; source "$(dirname "$0")/gpu_lib.sh"      # OUT, tmp, py
-steps=${*:-rungs drawtest bf16 kernels parts fp32 rounding start start32 ncu ncustep}
+steps=${*:-rungs tests bf16 kernels parts fp32 rounding start start32 ncu ncustep}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 for s in $steps; do
   t0=$(date +%s)
   case $s in
     rounding) timeout 90 $py -m pytest -q -p no:cacheprovider tests/test_rounding.py > "$OUT/test_rounding.txt" 2>&1
               echo "test_rounding exit $?"; tail -2 "$OUT/test_rounding.txt" ;;
-    drawtest) timeout 120 $py -m pytest -q -p no:cacheprovider tests/test_decode_draw.py > "$OUT/test_decode_draw.txt" 2>&1
-              echo "test_decode_draw exit $?"; tail -2 "$OUT/test_decode_draw.txt" ;;
+    tests) timeout 120 $py -m pytest -q -p no:cacheprovider tests/test_decode_draw.py > "$OUT/test_decode_draw.txt" 2>&1
+           echo "test_decode_draw exit $?"; tail -2 "$OUT/test_decode_draw.txt" ;;
     bf16) timeout 150 $py lab/bench/decode_speed.py --precision bf16 --no-blocks --runs 3 \
               --json "$OUT/decode_12M_bf16.json" > "$OUT/decode_12M_bf16.txt" 2>&1
           echo "decode_speed bf16 exit $?"; tail -12 "$OUT/decode_12M_bf16.txt" ;;
@@ -49,7 +49,7 @@ for s in $steps; do
     start32) timeout 200 $py lab/bench/start_time.py --size 12M --repeats 1 --precision fp32 \
                  --out "$OUT/start_12M_fp32.json" > "$OUT/start_12M_fp32.txt" 2>&1
              echo "start_time fp32 exit $?"; tail -6 "$OUT/start_12M_fp32.txt" ;;
-    *) echo "unknown step $s (rounding drawtest bf16 rungs start fp32 parts ncu ncustep kernels start32)"; exit 2 ;;
+    *) echo "unknown step $s (rounding tests bf16 rungs start fp32 parts ncu ncustep kernels start32)"; exit 2 ;;
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
   if [ -n "${PACK:-}" ]; then tar czf "$PACK.part" -C "$OUT" . && mv "$PACK.part" "$PACK"; fi

@@ -224,7 +224,7 @@ def model_report(args):
 
 def decode_report():
     """--decode: the KV-cache decoder's step at 12M (window 512), every kernel of it compiled for sm_90
-    as Decoder.work launches them (the default blocks), and the lab's rungs 4 (the step in one launch),
+    as Decoder.work launches them (the default blocks), at fp32 and bf16, and the lab's rungs 4 (the step in one launch),
     5, 6 and 7 (the products with 128-bit loads; with their sums by shuffles; the draw's too), with
     ptxas's registers: a
     block of 1024 threads needs at most 64 registers a thread."""
@@ -238,6 +238,7 @@ def decode_report():
         with compile_only():
             dec = Decoder(m, np.zeros(n_params(m), np.float32), 512)
             dec.work(0)
+            Decoder(m, np.zeros(n_params(m), np.float32), 512, precision="bf16").work(0)   # the bf16 twins
             from lab.decode_step import PersistentDecoder        # rung 4: the step in one launch
             PersistentDecoder(m, np.zeros(n_params(m), np.float32), 512).work(0)
             from andrea_numba.kernels import decode as kd
