@@ -5,6 +5,7 @@
 # cache empty and full, the fp32 decoder's paths, one product taken apart (timed, then each variant
 # once under Nsight Compute: its stalls), the step kernel by kernel and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
 #   bash lab/bench/gpu_decode.sh [steps...]   steps: rungs tests bf16 kernels parts fp32 rounding start start32 ncu
+#                                             startprof (a second start, cache full, under cProfile and -X importtime)
 #                                             ncustep (one step of rungs $RUNGS, default 1,7, under Nsight Compute;
 #                                             rungs and kernels: $RUNGS default 1,5,6,7)
 #                                             (default all, in that order)
@@ -49,7 +50,15 @@ for s in $steps; do
     start32) timeout 200 $py lab/bench/start_time.py --size 12M --repeats 1 --precision fp32 \
                  --out "$OUT/start_12M_fp32.json" > "$OUT/start_12M_fp32.txt" 2>&1
              echo "start_time fp32 exit $?"; tail -6 "$OUT/start_12M_fp32.txt" ;;
-    *) echo "unknown step $s (rounding tests bf16 rungs start fp32 parts ncu ncustep kernels start32)"; exit 2 ;;
+    startprof) export ANDREA_KERNEL_CACHE="$tmp/startprof_cache"   # a start with its cache full, under cProfile
+               timeout 200 $py -m andrea_numba.train --size 12M --steps 1 --out "$tmp/startprof_1" > /dev/null 2>&1
+               timeout 120 $py -X importtime -m cProfile -s cumtime -m andrea_numba.train --size 12M --steps 1 \
+                   --out "$tmp/startprof_2" > "$tmp/startprof.txt" 2> "$OUT/start_imports.txt"
+               echo "start under cProfile exit $?"; grep -m1 "first step done" "$tmp/startprof.txt"
+               grep -A70 "Ordered by" "$tmp/startprof.txt" | cut -c1-160 > "$OUT/start_profile.txt"
+               sort -t'|' -k2 -n "$OUT/start_imports.txt" | tail -30 > "$OUT/start_imports_top.txt"
+               rm -f "$OUT/start_imports.txt"; unset ANDREA_KERNEL_CACHE ;;
+    *) echo "unknown step $s (rounding tests bf16 rungs start fp32 parts ncu ncustep kernels start32 startprof)"; exit 2 ;;
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
   if [ -n "${PACK:-}" ]; then tar czf "$PACK.part" -C "$OUT" . && mv "$PACK.part" "$PACK"; fi
