@@ -21,6 +21,7 @@ kernels otherwise, the same launches (Decoder.work runs any rung's; lab/bench/de
     rung 7  rung 6 with the other kernels' sums by shuffles too: attention's (a key's lanes, the
             merge's maximum and sum), the classifier's (its LayerNorm, a row's lanes, the softmax's)
             and the draw's (its two maxima, the runs' sums lane by lane in each warp, below)
+    rung 8  rung 5's products (trees) with rung 7's attention, classifier and draw (shuffles)
 
 Measured on an NVIDIA H100 (2026-12-07, docs/results/2026-12-07-h100-decoder-rungs/), the GPU time
 of a step with its draw at 12M, median of 5 rounds: rung 1 0.2996 ms, rung 2 0.4138, rung 3 0.4185,
@@ -933,12 +934,15 @@ LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_
              "decode_draw")
 def _launchers_of(name: str) -> dict:
     """Launcher `name` at each rung: a rung's own where it has one (name_v2, ...), else the rung it
-    builds on's (rung 3 on 2, 6 on 5, 7 on 6; 2 and 5 on the engine's)."""
+    builds on's (rung 3 on 2, 6 on 5, 7 on 6; 2 and 5 on the engine's). Rung 8 takes each kernel
+    from the rung where it was fastest on an H100 (2026-12-08): the products of rung 5 (their
+    slices by trees), attention, the classifier and the draw of rung 7 (their sums by shuffles)."""
     own = lambda v, under: globals().get(f"{name}_v{v}", under)
     e = getattr(engine, name)
     two, five = own(2, e), own(5, e)
     six = own(6, five)
-    return {1: e, 2: two, 3: two, 4: e, 5: five, 6: six, 7: own(7, six)}
+    seven = own(7, six)
+    return {1: e, 2: two, 3: two, 4: e, 5: five, 6: six, 7: seven, 8: five if five is not e else seven}
 
 
 VERSIONS = {name: _launchers_of(name) for name in LAUNCHERS}

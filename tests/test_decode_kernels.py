@@ -276,11 +276,12 @@ def test_the_decoders_step_at_every_block_a_launcher_declares(monkeypatch, launc
             assert _distance(rows[2 * t], want[t]) <= TOL, (block, t)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 5, 6, 7])
+@pytest.mark.parametrize("version", [1, 2, 3, 5, 6, 7, 8])
 def test_every_rung_of_the_decoders_step_gives_the_twins_logits(monkeypatch, version):
     """The step with each rung's launchers (lab/decode.py VERSIONS: 1 the engine's, its sums as
     shared-memory trees, 2 by shuffles, 3 with attention in one block a head, 5 the products with
-    128-bit loads, 6 those with their sums by shuffles, 7 every kernel's sums by shuffles; rung 4,
+    128-bit loads, 6 those with their sums by shuffles, 7 every kernel's sums by shuffles, 8 rung 5's
+    products with rung 7's other kernels; rung 4,
     the step in one launch, has a test of its own), as
     lab/bench/decode_speed.py --versions times them: the twin's logits at positions 0..5 (the merge
     counters back at 0 after)."""
