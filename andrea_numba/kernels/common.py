@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import threading
+import types
 
 import numpy as _np
 from numba import config as numba_config
@@ -415,7 +416,6 @@ def compiled_again(module_globals: dict, suffix: str, **constants) -> dict:
     function reads as constants, so a flag read as a global is compiled out (a branch never taken
     leaves no code), where a flag passed as an argument is a test at every use: a module's kernels
     at another precision are the same code with another flag (kernels/decode.py, BF16)."""
-    import types
     new = {**module_globals, **constants}
     out = {}
     for name, f in module_globals.items():
