@@ -354,6 +354,18 @@ def _whole_warps(*sizes) -> bool:
     return whole and all(s > 0 and s & (s - 1) == 0 for s in sizes)
 
 
+def _attention_grid(block, part_m, part_acc, done, q, k_cache):
+    """The grid (T / CK, H) of rungs 2 and 7's attention, its block (LANES, CK) and scratch checked:
+    whole warps, a key's lanes in one warp, a thread a chunk in the merge."""
+    lanes, ck = block
+    T = k_cache.shape[0]
+    H, nch = part_m.shape
+    assert _whole_warps(lanes, ck) and lanes <= 32 and lanes * ck <= MAX_BLOCK, \
+        f"block {block}: powers of two, whole warps, at most 32 lanes (a key's in one warp) and {MAX_BLOCK} threads"
+    assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
+    return cdiv(T, ck), H
+
+
 @blocks(**QKV_BLOCKS)
 def decode_qkv_v2(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, wte, wpe, embed, *, block,
                   stream=0, bf16=False):
@@ -374,13 +386,8 @@ def decode_attention_v2(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, 
     int32 (zeros between launches); k_cache, v_cache [T, C] (rows 0..pos[0] read); pos [1] int32.
     Launch: (T / CK, H) blocks of LANES x CK threads (at least NCH: a thread a chunk in the merge)."""
     assert not bf16, FP32_ONLY
-    lanes, ck = block
-    T = k_cache.shape[0]
-    H, nch = part_m.shape
-    assert _whole_warps(lanes, ck) and lanes <= 32 and lanes * ck <= MAX_BLOCK, \
-        f"block {block}: powers of two, whole warps, at most 32 lanes (a key's in one warp) and {MAX_BLOCK} threads"
-    assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
-    k_decode_attention_v2[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
+    grid = _attention_grid(block, part_m, part_acc, done, q, k_cache)
+    k_decode_attention_v2[grid, block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
 
 @blocks(**MATVEC_BLOCKS)
@@ -810,7 +817,7 @@ decode_qkv_v6, decode_matvec_add_v6, decode_mlp_up_v6 = _four_column_launchers(
 # (17.3, the largest). Each is the engine's kernel compiled with its sums across threads by
 # shuffles in place of its trees:
 #   attention   a key's LANES lanes meet by a butterfly, no barrier but the one that publishes the
-#               scores (_key_scores_v7); the merge's block maximum and sum by _block_top and
+#               scores (_lanes_by_shuffles); the merge's block maximum and sum by _block_top and
 #               _block_total (one barrier each, and one after): 4 barriers where the trees take ~20
 #   classifier  its LayerNorm by rung 6's _layernorm_by_shuffles; a row's TX lanes by a butterfly,
 #               no barrier in the rows' loop (_row_total_v7); the softmax's maximum and sum as
@@ -824,9 +831,10 @@ decode_qkv_v6, decode_matvec_add_v6, decode_mlp_up_v6 = _four_column_launchers(
 # A key's lanes and a row's are one warp's (LANES, TX <= 32) and every block whole warps.
 
 @cuda.jit(device=True)
-def _key_scores_v7(red, s):
-    """engine._key_scores by shuffles: the LANES lanes of each key (adjacent lanes of one warp) meet by
-    a butterfly (ptx.warp_sum), lane 0 leaves key r's q . k in red[r * LANES], one barrier."""
+def _lanes_by_shuffles(red, s):
+    """engine._lanes_tree by shuffles: the lanes of each row (a key's in attention: adjacent lanes of
+    one warp) meet by a butterfly (ptx.warp_sum), lane 0 leaves the row's total in red[ty *
+    blockDim.x], one barrier."""
     s = warp_sum(s, 1, cuda.blockDim.x // 2)
     if cuda.threadIdx.x == 0:
         red[cuda.threadIdx.y * cuda.blockDim.x] = s
@@ -847,7 +855,7 @@ def _rung_7(kernel, name, **names):
             True: _compiled_with(engine.BF16_KERNELS[kernel.__name__], name + "_bf16", **names)}
 
 
-_ATTENTION_7 = _rung_7(engine.k_decode_attention, "k_decode_attention_v7", _key_scores=_key_scores_v7,
+_ATTENTION_7 = _rung_7(engine.k_decode_attention, "k_decode_attention_v7", _lanes_tree=_lanes_by_shuffles,
                        block_max=_block_top, block_sum=_block_total)
 _LOGITS_7 = _rung_7(engine.k_decode_logits, "k_decode_logits_v7", _row_total=_row_total_v7,
                     _layernorm_shared=_layernorm_by_shuffles, block_max=_block_top, block_sum=_block_total)
@@ -856,14 +864,8 @@ _LOGITS_7 = _rung_7(engine.k_decode_logits, "k_decode_logits_v7", _row_total=_ro
 @blocks(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
 def decode_attention_v7(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0, bf16=False):
     """engine.decode_attention's arguments and grid; LANES at most 32 (a key's lanes in one warp)."""
-    lanes, ck = block
-    T = k_cache.shape[0]
-    H, nch = part_m.shape
-    assert _whole_warps(lanes, ck) and lanes <= 32 and lanes * ck <= MAX_BLOCK, \
-        f"block {block}: powers of two, whole warps, at most 32 lanes a key and {MAX_BLOCK} threads"
-    assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
-    _ATTENTION_7[bool(bf16)][(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache,
-                                                              pos)
+    grid = _attention_grid(block, part_m, part_acc, done, q, k_cache)
+    _ATTENTION_7[bool(bf16)][grid, block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
 
 
 @blocks(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))

@@ -376,18 +376,18 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
 
 
 @cuda.jit(device=True)
-def _key_scores(red, s):
-    """The LANES lanes' parts s of each key's score met in a tree over lane = threadIdx.x (a barrier
-    a level): key r's q . k in red[r * LANES], read after the last level's barrier. red: float32
-    [NT], shared."""
+def _lanes_tree(buf, s):
+    """The parts s of the blockDim.x lanes of each row ty of the block met in a tree over lane =
+    threadIdx.x (a barrier a level): row ty's total in buf[ty * blockDim.x], which every thread may
+    read on return. buf: float32 [NT], shared. (Attention's keys, the classifier's rows.)"""
     lane, LANES = cuda.threadIdx.x, cuda.blockDim.x
-    tid = cuda.threadIdx.y * LANES + lane
-    red[tid] = s
+    i = cuda.threadIdx.y * LANES + lane
+    buf[i] = s
     cuda.syncthreads()
     step = LANES // 2
     while step > 0:
         if lane < step:
-            red[tid] += red[tid + step]
+            buf[i] += buf[i + step]
         cuda.syncthreads()
         step //= 2
 
@@ -426,7 +426,7 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
             d += 2 * LANES
         if d < hs:
             s0 += _in(q[base + d]) * _in(k_cache[u, base + d])
-    _key_scores(red, s0 + s1)                      # key r's q . k in red[r * LANES]
+    _lanes_tree(red, s0 + s1)                      # key r's q . k in red[r * LANES]
     # 2. the chunk's maximum (every thread, in key order) rounded up to an integer, its powers and
     #    their sum
     scale = float32(1.0) / math.sqrt(float32(hs)) * LOG2_E
@@ -542,21 +542,11 @@ def k_decode_mlp_up(h, x, g, b, eps, w_1):
 
 @cuda.jit(device=True)
 def _row_total(buf, s):
-    """The TX lanes' parts s of a row's dot product met in a tree over tx = threadIdx.x (a barrier a
-    level): the row's total, at lane tx = 0 (the other lanes get partial sums). buf: float32 [NT],
-    shared, free again on return."""
-    tx, TX = cuda.threadIdx.x, cuda.blockDim.x
-    i = cuda.threadIdx.y * TX + tx
-    buf[i] = s
+    """Row ty's total of its TX lanes' parts s (_lanes_tree), in every thread of the row; buf free
+    again on return (the next rows write it)."""
+    _lanes_tree(buf, s)
+    total = buf[cuda.threadIdx.y * cuda.blockDim.x]
     cuda.syncthreads()
-    step = TX // 2
-    while step > 0:
-        if tx < step:
-            buf[i] += buf[i + step]
-        cuda.syncthreads()
-        step //= 2
-    total = buf[i]
-    cuda.syncthreads()                             # buf is written again by the next rows
     return total
 
 
