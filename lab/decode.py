@@ -26,6 +26,11 @@ kernels otherwise, the same launches (Decoder.work runs any rung's; lab/bench/de
 Measured on an NVIDIA H100 (2026-12-07, docs/results/2026-12-07-h100-decoder-rungs/), the GPU time
 of a step with its draw at 12M, median of 5 rounds: rung 1 0.2996 ms, rung 2 0.4138, rung 3 0.4185,
 rung 4 0.4401. Fewer barriers did not make the step faster: the trees won, and the engine keeps them.
+On another H100 (2026-12-08, docs/results/2026-12-08-h100-decoder-rung-7/), the engine (its kernels
+then taking bf16 as an argument) 0.3356 ms, rung 5 0.3143, rung 6 0.3271, rung 7 0.3200: the
+products' sums by shuffles lost to their trees (W_o 4.2 us a launch against 3.6), attention's, the
+classifier's and the draw's won (9.8, 9.3 and 13.6 us against 10.4, 10.0 and 17.3): rung 8 takes
+each kernel from the rung where it was faster.
 
 Rungs 2 to 4 decode at fp32 only (their launchers refuse bf16 = True): their attention keeps its
 scores in base e, and their kernels have no bf16 twins. Rungs 5 to 7 decode at both, as the engine:
