@@ -46,10 +46,10 @@ import numpy as np
 from numba import cuda, float32, float64, int32
 
 from andrea_numba.kernels import decode as engine
-from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, blocks, cdiv, compiled_again, nonneg
-from andrea_numba.kernels.decode import LOGIT_BLOCKS, _from_l2, _in, _last_block
+from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, compiled_again, nonneg
+from andrea_numba.kernels.decode import LOGIT_BLOCKS, _block_top, _block_total, _from_l2, _in, _last_block, _warps_total
 from andrea_numba.kernels.mlp import gelu
-from andrea_numba.kernels.ptx import load4_row, warp_max, warp_prefix, warp_sum
+from andrea_numba.kernels.ptx import load4_row, warp_sum
 
 # the blocks of rung 2 (whole warps: a warp's shuffles take its 32 lanes)
 QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
@@ -69,48 +69,6 @@ def _chunk_weight(m_p, big):
     the head's maximum M (rungs 2 and 3 keep attention's scores in base e, as the engine did before
     its bf16 decoder: kernels/decode.py takes them in base 2 against an integer maximum)."""
     return math.exp(m_p - big)
-
-
-@cuda.jit(device=True)
-def _warps_total(buf, val, at):
-    """val summed over the block's threads (flat index i = threadIdx.y * blockDim.x + threadIdx.x):
-    each warp's 32 by a butterfly of shuffles (ptx.warp_sum), lane 0 of warp w leaves it in
-    buf[at + w], and after one barrier every thread adds the warps' sums in warp order. buf: shared,
-    at + a float a warp, not free again before another barrier. Fixed order: deterministic."""
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
-    s = warp_sum(val, 1, 16)
-    if i % 32 == 0:
-        buf[at + i // 32] = s
-    cuda.syncthreads()
-    total = buf[at]
-    for w in range(1, nw):
-        total += buf[at + w]
-    return total
-
-
-@cuda.jit(device=True)
-def _block_total(buf, val):
-    """_warps_total at buf[0 ..], and a second barrier: buf is free again on return."""
-    total = _warps_total(buf, val, 0)
-    cuda.syncthreads()
-    return total
-
-
-@cuda.jit(device=True)
-def _block_top(buf, val):
-    """The maximum of val over the block's threads, as _block_total sums it."""
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
-    s = warp_max(val, 1, 16)
-    if i % 32 == 0:
-        buf[i // 32] = s
-    cuda.syncthreads()
-    top = buf[0]
-    for w in range(1, nw):
-        top = max(top, buf[w])
-    cuda.syncthreads()
-    return top
 
 
 @cuda.jit(device=True)
@@ -815,36 +773,16 @@ decode_qkv_v6, decode_matvec_add_v6, decode_mlp_up_v6 = _four_column_launchers(
 
 
 # ---------------------------------------------------------------------------------------------
-# rung 7: rung 6 with every other kernel's sums by shuffles too (attention, the classifier, the draw)
+# rung 7: rung 6 with the classifier's sums by shuffles too
 #
-# After rung 6 the step's kernels with trees are attention (10.1 us a launch, 7 a step, at 12M on an
-# H100, 2026-12-07, lab/bench/decode_speed.py --kernels), the classifier (10.0) and the draw
-# (17.3, the largest). Each is the engine's kernel compiled with its sums across threads by
-# shuffles in place of its trees:
-#   attention   a key's LANES lanes meet by a butterfly, no barrier but the one that publishes the
-#               scores (_lanes_by_shuffles); the merge's block maximum and sum by _block_top and
-#               _block_total (one barrier each, and one after): 4 barriers where the trees take ~20
-#   classifier  its LayerNorm by rung 6's _layernorm_by_shuffles; a row's TX lanes by a butterfly,
-#               no barrier in the rows' loop (_row_total_v7); the softmax's maximum and sum as
-#               attention's merge
-#   draw        the kept keys' smallest and the largest probability by _block_top; the largest
-#               scaled log is the scaled log of the largest probability (log is increasing: one log
-#               where the engine takes one a token); each warp's runs summed lane by lane in
-#               registers (ptx.warp_prefix: the order of a serial cumsum, so the runs' intervals
-#               still meet bit for bit) and the warps' totals after one barrier, in warp order, where
-#               the engine's thread 0 adds the 256 runs' sums one after another through shared memory
-# A key's lanes and a row's are one warp's (LANES, TX <= 32) and every block whole warps.
-
-@cuda.jit(device=True)
-def _lanes_by_shuffles(red, s):
-    """engine._lanes_tree by shuffles: the lanes of each row (a key's in attention: adjacent lanes of
-    one warp) meet by a butterfly (ptx.warp_sum), lane 0 leaves the row's total in red[ty *
-    blockDim.x], one barrier."""
-    s = warp_sum(s, 1, cuda.blockDim.x // 2)
-    if cuda.threadIdx.x == 0:
-        red[cuda.threadIdx.y * cuda.blockDim.x] = s
-    cuda.syncthreads()
-
+# After rung 6 the step's kernels with trees were attention (10.4 us a launch, 7 a step, at 12M on
+# an H100, 2026-12-08, lab/bench/decode_speed.py --kernels), the classifier (10.0) and the draw
+# (17.3, the largest). Rung 7 took each one's sums across threads by shuffles, and each got faster
+# (attention 9.8, the classifier 9.3, the draw 13.6; docs/results/2026-12-08-h100-decoder-rung-7/):
+# attention's and the draw's are the engine's since (kernels/decode.py), their trees are rung 9's.
+# What stays here is the classifier's: its LayerNorm by rung 6's _layernorm_by_shuffles, a row's TX
+# lanes by a butterfly with no barrier in the rows' loop (_row_total_v7), the softmax's maximum and
+# sum by _block_top and _block_total. The engine's kernel compiled with these in place.
 
 @cuda.jit(device=True)
 def _row_total_v7(buf, s):
@@ -853,24 +791,15 @@ def _row_total_v7(buf, s):
     return warp_sum(s, 1, cuda.blockDim.x // 2)
 
 
-def _rung_7(kernel, name, **names):
-    """The engine's kernel compiled with rung 7's sums in place (names), at fp32 and from its bf16 twin:
-    {bf16: kernel}."""
+def _both_precisions(kernel, name, **names):
+    """The engine's kernel compiled with another rung's device functions in place (names), at fp32
+    and from its bf16 twin: {bf16: kernel}."""
     return {False: _compiled_with(kernel, name, **names),
             True: _compiled_with(engine.BF16_KERNELS[kernel.__name__], name + "_bf16", **names)}
 
 
-_ATTENTION_7 = _rung_7(engine.k_decode_attention, "k_decode_attention_v7", _lanes_tree=_lanes_by_shuffles,
-                       block_max=_block_top, block_sum=_block_total)
-_LOGITS_7 = _rung_7(engine.k_decode_logits, "k_decode_logits_v7", _row_total=_row_total_v7,
-                    _layernorm_shared=_layernorm_by_shuffles, block_max=_block_top, block_sum=_block_total)
-
-
-@blocks(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
-def decode_attention_v7(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0, bf16=False):
-    """engine.decode_attention's arguments and grid; LANES at most 32 (a key's lanes in one warp)."""
-    grid = _attention_grid(block, part_m, part_acc, done, q, k_cache)
-    _ATTENTION_7[bool(bf16)][grid, block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
+_LOGITS_7 = _both_precisions(engine.k_decode_logits, "k_decode_logits_v7", _row_total=_row_total_v7,
+                             _layernorm_shared=_layernorm_by_shuffles, block_max=_block_top, block_sum=_block_total)
 
 
 @blocks(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
@@ -882,56 +811,70 @@ def decode_logits_v7(probs, logits, done, pos, x, g, b, eps, wte, *, block, stre
                                                                                        b, float32(eps), wte)
 
 
+# ---------------------------------------------------------------------------------------------
+# rung 9: the engine with attention and the draw by trees, as they were before 2026-12-08
+#
+# Attention's keys met their lanes in a tree (_lanes_tree) and its merge took a block maximum and
+# sum as trees (common.block_max, block_sum); the draw found the kept keys' smallest and the largest
+# scaled log by trees (one float64 log a token) and its thread 0 added the runs' sums one after
+# another (_runs_before_serial). The engine's kernels compiled with these in place.
+
 @cuda.jit(device=True)
-def _largest_log_v7(red, probs, tau):
-    """engine._largest_log from the largest probability: log(max(p, 1e-30)) / tau grows with p, so
-    its maximum over the tokens is the one of max_v p_v. Each thread's tokens', then the block's by
-    shuffles (_block_top in red, float64 [NT], shared); one log."""
+def _largest_log_tree(red, probs, tau):
+    """max_v l_v over the V tokens: each thread's tokens' scaled logs (engine._scaled_log, a float64
+    log each), then a block maximum (a tree in red, float64 [NT], shared)."""
     i, nt = cuda.threadIdx.x, cuda.blockDim.x
-    top = float32(0.0)
+    lmax = -math.inf
     for v in range(i, probs.shape[0], nt):
-        top = max(top, probs[v])
-    return engine._scaled_log(_block_top(red, top), tau)
+        lmax = max(lmax, engine._scaled_log(probs[v], tau))
+    return block_max(red, lmax)
 
 
 @cuda.jit(device=True)
-def _runs_before_v7(runs, s):
-    """engine._runs_before by warps: (S_i, S_{i+1}, S_NT) for thread i whose run sums to s. In warp w
-    the lanes' runs below lane j add up lane by lane (ptx.warp_prefix: P_j, and P_j + s_j is lane
-    j + 1's P bit for bit); the warp's last thread leaves P + s in runs[w]; after one barrier each
-    thread adds the warps' totals in warp order, B_w for those before its own and S_NT for all, so
-    S_i = B_w + P_j and S_{i+1} = B_w + (P_j + s_j): the next thread's S_i, also across warps
-    (B_{w+1} = B_w + runs[w]), and the last thread's S_{i+1} is S_NT. Never going down: the runs'
-    intervals [S_i, S_{i+1}) cut [0, S_NT) without overlap, as the engine's. runs: float64, shared."""
+def _runs_before_serial(runs, s):
+    """(S_i, S_{i+1}, S_NT) for thread i whose run sums to s: S_i the sum of the runs before its own,
+    S_NT all of them, added one after another by thread 0 (the loads do not wait for the adds).
+    runs: float64 [NT + 1], shared."""
     i, nt = cuda.threadIdx.x, cuda.blockDim.x
-    w = i // 32
-    below = warp_prefix(s)
-    upto = below + s
-    if i % 32 == 31 or i == nt - 1:
-        runs[w] = upto
+    runs[i] = s
     cuda.syncthreads()
-    base = float64(0.0)
-    for j in range(w):
-        base += runs[j]
-    total = base
-    for j in range(w, (nt + 31) // 32):
-        total += runs[j]
-    return base + below, base + upto, total
+    if i == 0:
+        acc = float64(0.0)
+        for j in range(nt):
+            r = runs[j]
+            runs[j] = acc
+            acc += r
+        runs[nt] = acc
+    cuda.syncthreads()
+    return runs[i], runs[i + 1], runs[nt]
 
 
-k_decode_draw_v7 = _compiled_with(
-    engine.k_decode_draw, "k_decode_draw_v7", _largest_log=_largest_log_v7, _runs_before=_runs_before_v7,
-    _kth_by_counting=_compiled_with(engine._kth_by_counting, "_kth_by_counting_v7", device=True,
-                                    block_max=_block_top))
+_ATTENTION_9 = _both_precisions(engine.k_decode_attention, "k_decode_attention_v9", _lanes_total=engine._lanes_tree,
+                                _block_top=block_max, _block_total=block_sum)
+k_decode_draw_v9 = _compiled_with(
+    engine.k_decode_draw, "k_decode_draw_v9", _largest_log=_largest_log_tree, _runs_before=_runs_before_serial,
+    _kth_by_counting=_compiled_with(engine._kth_by_counting, "_kth_by_counting_v9", device=True,
+                                    _block_top=block_max))
 
 
-@blocks(gpu=(256, 512, 1024, 128), sim=(8, 64, 4))
-def decode_draw_v7(tokens, pos, probs, uniform, draw, temperature, *, block, stream=0):
-    """engine.decode_draw's arguments. Launch: one block of `block` threads, a power of two, whole
-    warps on a GPU, at most MAX_BLOCK."""
-    assert _whole_warps(block) and block <= MAX_BLOCK, \
-        f"block {block}: a power of two, whole warps, at most {MAX_BLOCK} threads"
-    k_decode_draw_v7[1, block, stream](tokens, pos, probs, probs.view(np.int32), uniform, draw, temperature)
+@blocks(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((1, 4), (4, 2), (2, 8)))
+def decode_attention_v9(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos, *, block, stream=0, bf16=False):
+    """engine.decode_attention's arguments and grid; powers of two (the trees halve their steps)."""
+    lanes, ck = block
+    T = k_cache.shape[0]
+    H, nch = part_m.shape
+    assert engine._pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK}"
+    assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
+    _ATTENTION_9[bool(bf16)][(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache,
+                                                              pos)
+
+
+@blocks(gpu=(256, 512, 1024, 128), sim=(8, 4, 16))
+def decode_draw_v9(tokens, pos, probs, uniform, draw, temperature, *, block, stream=0):
+    """engine.decode_draw's arguments. Launch: one block of `block` threads, a power of two, at most
+    MAX_BLOCK."""
+    assert engine._pow2(block) and block <= MAX_BLOCK, f"block {block}: a power of two, at most {MAX_BLOCK} threads"
+    k_decode_draw_v9[1, block, stream](tokens, pos, probs, probs.view(np.int32), uniform, draw, temperature)
 
 
 # the decoder's step, rung by rung: launcher name -> {rung: launcher}; rung 1 is the engine's, rung 3
@@ -941,15 +884,17 @@ LAUNCHERS = ("decode_qkv", "decode_attention", "decode_matvec_add", "decode_mlp_
              "decode_draw")
 def _launchers_of(name: str) -> dict:
     """Launcher `name` at each rung: a rung's own where it has one (name_v2, ...), else the rung it
-    builds on's (rung 3 on 2, 6 on 5, 7 on 6; 2 and 5 on the engine's). Rung 8 takes each kernel
+    builds on's (rung 3 on 2, 6 on 5, 7 on 6; 2, 5 and 9 on the engine's). Rung 8 takes each kernel
     from the rung where it was fastest on an H100 (2026-12-08): the products of rung 5 (their
-    slices by trees), attention, the classifier and the draw of rung 7 (their sums by shuffles)."""
+    slices by trees), the classifier of rung 7 (its sums by shuffles), attention and the draw of the
+    engine (theirs by shuffles since)."""
     own = lambda v, under: globals().get(f"{name}_v{v}", under)
     e = getattr(engine, name)
     two, five = own(2, e), own(5, e)
     six = own(6, five)
     seven = own(7, six)
-    return {1: e, 2: two, 3: two, 4: e, 5: five, 6: six, 7: seven, 8: five if five is not e else seven}
+    return {1: e, 2: two, 3: two, 4: e, 5: five, 6: six, 7: seven, 8: five if five is not e else seven,
+            9: own(9, e)}
 
 
 VERSIONS = {name: _launchers_of(name) for name in LAUNCHERS}

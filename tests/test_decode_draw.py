@@ -1,7 +1,7 @@
-"""The decoder's draw (k_decode_draw, and lab/decode.py rung 7's with its sums by shuffles) against
-its twin (reference.decode.draw: numpy's Generator.choice given the uniform number), and the block
-sums by shuffles of lab/decode.py's rung 2 (_block_total, _block_top) and ptx.warp_prefix against
-their documented order. In the simulator (tiny
+"""The decoder's draw (k_decode_draw, its sums by shuffles, and lab/decode.py rung 9's with the trees
+it had before) against its twin (reference.decode.draw: numpy's Generator.choice given the
+uniform number), and the block sums by warps (kernels/decode.py _block_total, _block_top) and
+ptx.warp_prefix against their documented order. In the simulator (tiny
 vocabularies; the radix select forced on them by setting RANK_MAX to 0) and, run on a GPU, at
 the vocabularies that use each way of finding the top_k-th largest (256: counting; 1025 and
 50304: the radix select) and at every block the launcher declares there.
@@ -18,7 +18,8 @@ from numba import cuda
 from andrea_numba.kernels import decode as kd
 from andrea_numba.kernels.common import SIMULATOR
 from andrea_numba.kernels.ptx import warp_prefix
-from lab.decode import _block_top, _block_total, decode_draw_v7
+from andrea_numba.kernels.decode import _block_top, _block_total
+from lab.decode import decode_draw_v9
 from reference.decode import draw
 
 pytestmark = pytest.mark.skipif(not SIMULATOR and not cuda.is_available(), reason="needs the simulator or a GPU")
@@ -73,7 +74,7 @@ def _draw_cases(V):
 
 
 LAUNCHERS = [("engine", kd.decode_draw, block) for block in kd.decode_draw.blocks] + \
-            [("rung 7", decode_draw_v7, block) for block in decode_draw_v7.blocks]
+            [("rung 9", decode_draw_v9, block) for block in decode_draw_v9.blocks]
 
 
 @pytest.mark.parametrize("V", VOCABULARIES)
@@ -85,8 +86,7 @@ def test_the_draw_on_the_gpu_is_the_twins(V, which, launcher, block, select, mon
     without tokens; 37 gives the runs of the threads unequal lengths. The top_k-th largest found by
     counting (V <= RANK_MAX), and by the radix select that larger vocabularies use (in the
     simulator RANK_MAX set to 0; on a GPU, whose kernels keep the value they were compiled with,
-    V = RANK_MAX + 1 and 50304). Rung 7's draw the same way, its blocks two warps in the simulator
-    too (64 threads: the warps' totals meet)."""
+    V = RANK_MAX + 1 and 50304). Rung 9's draw (the trees) the same way."""
     if select == "radix":
         monkeypatch.setattr(kd, "RANK_MAX", 0)
     for p, top_k, temperature, u in _draw_cases(V):
@@ -131,7 +131,7 @@ def _k_block_sums(out, x):
 
 @pytest.mark.parametrize("threads", [(8, 8), (96, 1)] + ([(5, 1)] if SIMULATOR else []))
 def test_a_block_sum_goes_warp_by_warp_in_the_documented_order(threads):
-    """lab/decode.py rung 2's _block_total: each warp's 32 values by the butterfly (lane i adds lane i ^ m, m = 16, ..., 1;
+    """kernels/decode.py's _block_total: each warp's 32 values by the butterfly (lane i adds lane i ^ m, m = 16, ..., 1;
     lanes past the block hold 0), then the warps' sums in warp order, bit for bit, every thread the
     same; _block_top the maximum. Two and three warps, and in the simulator part of one (a GPU's
     launchers take whole warps only)."""

@@ -179,18 +179,18 @@ class _Attention:
         return y.copy_to_host()
 
 
-def _rung_7_attention():
-    from lab.decode import decode_attention_v7
-    return decode_attention_v7
+def _rung_9_attention():
+    from lab.decode import decode_attention_v9
+    return decode_attention_v9
 
 
-@pytest.mark.parametrize("block, rung", [((2, 4), 1), ((1, 8), 1), ((8, 2), 1), ((2, 4), 7), ((8, 8), 7)])
+@pytest.mark.parametrize("block, rung", [((2, 4), 1), ((1, 8), 1), ((8, 2), 1), ((8, 8), 1), ((2, 4), 9), ((8, 2), 9)])
 def test_attention_in_chunks_of_keys(block, rung):
     """Chunks of CK = block[1] keys: t inside the first chunk, at its last key, at the next chunk's
     first key, and on to the window's last position; the chunks past t are neither run nor read.
-    The engine's, and lab/decode.py rung 7's (sums by shuffles), also at a block of two warps (8 x 8:
-    the merge's maximum and sum across them)."""
-    att = _Attention(block, launcher=_rung_7_attention() if rung == 7 else None)
+    The engine's (sums by shuffles), also at a block of two warps (8 x 8: the merge's maximum and
+    sum across them), and lab/decode.py rung 9's (the trees it had before)."""
+    att = _Attention(block, launcher=_rung_9_attention() if rung == 9 else None)
     ck = block[1]
     for t in sorted({0, ck // 2, ck - 1, ck, ck + 1, 2 * ck + 1, att.T - 1}):
         assert _distance(att.run(t), _attention(att.q, att.K, att.V, t, att.H)) <= TOL, t
@@ -276,12 +276,12 @@ def test_the_decoders_step_at_every_block_a_launcher_declares(monkeypatch, launc
             assert _distance(rows[2 * t], want[t]) <= TOL, (block, t)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 5, 6, 7, 8])
+@pytest.mark.parametrize("version", [1, 2, 3, 5, 6, 7, 8, 9])
 def test_every_rung_of_the_decoders_step_gives_the_twins_logits(monkeypatch, version):
     """The step with each rung's launchers (lab/decode.py VERSIONS: 1 the engine's, its sums as
     shared-memory trees, 2 by shuffles, 3 with attention in one block a head, 5 the products with
-    128-bit loads, 6 those with their sums by shuffles, 7 every kernel's sums by shuffles, 8 rung 5's
-    products with rung 7's other kernels; rung 4,
+    128-bit loads, 6 those with their sums by shuffles, 7 the classifier's too, 8 rung 5's products
+    with rung 7's classifier, 9 attention and the draw by trees; rung 4,
     the step in one launch, has a test of its own), as
     lab/bench/decode_speed.py --versions times them: the twin's logits at positions 0..5 (the merge
     counters back at 0 after)."""
@@ -396,9 +396,9 @@ def test_rung_6_sums_across_warps(block):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_rungs_5_to_7_at_every_block_they_declare_and_at_bf16(monkeypatch, precision, rung):
     """The step with rung 5's launchers (the products with 128-bit loads), rung 6's (the same, sums
-    by shuffles) or rung 7's (every kernel's sums by shuffles), each of the launchers the rung adds
+    by shuffles) or rung 7's (the classifier's sums by shuffles too), each of the launchers the rung adds
     at every block it declares in turn (the others at their defaults), at fp32 and at bf16: the
-    twin's logits at that precision, positions 0..5 (rung 7's draw: tests/test_decode_draw.py)."""
+    twin's logits at that precision, positions 0..5."""
     from lab.decode import VERSIONS
     m, params = _decoder_model()
     tokens = [3, 1, 4, 1, 5, 9]
@@ -407,8 +407,7 @@ def test_rungs_5_to_7_at_every_block_they_declare_and_at_bf16(monkeypatch, preci
     rung5 = {name: rungs[rung] for name, rungs in VERSIONS.items()}
     for name, f in rung5.items():
         monkeypatch.setattr(kd, name, f)
-    for name in ("decode_attention", "decode_logits") if rung == 7 else ("decode_qkv", "decode_matvec_add",
-                                                                         "decode_mlp_up"):
+    for name in ("decode_logits",) if rung == 7 else ("decode_qkv", "decode_matvec_add", "decode_mlp_up"):
         base = rung5[name]
         for block in base.blocks:
             monkeypatch.setattr(kd, name, lambda *args, _b=block, _f=base, **kw: _f(*args, block=_b, **kw))

@@ -30,12 +30,15 @@ issued together and before their results are needed, partial sums met in registe
 loops of one thread, and every launch that could be folded into its neighbour folded (the
 embedding into the first qkv, the softmax and t += 1 into the classifier).
 
-SUMS ACROSS THREADS go as trees in shared memory: at step s = n/2, n/4, ..., 1 thread i < s adds
-thread i + s's value, a barrier after each step (common.block_sum, block_max; a column's slices
-in _column_total). A tree costs a barrier a level, 9 for a block of 512 threads; shuffles (a
-warp's lanes by a butterfly, the warps' sums after one barrier) cost one barrier, yet a step
-with them took 0.41 ms against the trees' 0.30 on an H100 (lab/decode.py rung 2), so the trees
-stay.
+SUMS ACROSS THREADS. A tree in shared memory (at step s = n/2, n/4, ..., 1 thread i < s adds
+thread i + s's value, a barrier after each step: common.block_sum, block_max, _lanes_tree, a
+column's slices in _column_total) costs a barrier a level, 9 for a block of 512 threads. Shuffles
+(a warp's lanes by a butterfly, ptx.warp_sum; the warps' sums after one barrier, in warp order:
+_warps_total, _block_total, _block_top) cost one barrier. Which is faster was measured kernel by
+kernel on an H100 (lab/decode.py's rungs): the products keep their trees (their slices by
+shuffles made W_o 4.2 us a launch against the tree's 3.6, rung 6); attention (a key's lanes by
+_lanes_total, its merge by _block_top and _block_total) and the draw (below) take shuffles (9.8 us
+against 10.4, and 13.6 against 17.3: rung 9 keeps their trees). Either way the order is fixed.
 
 THE PRODUCTS OF ONE ROW (qkv, the output projections, the MLP's two). A [1, K] x [K, N] product
 reads the K x N weights once, two flops a weight. The weights are stored [in, out] row-major, so
@@ -122,14 +125,17 @@ every u_t of a sample before the first step, from the seed's generator).
      b..255, a scan in 8 steps), and takes the bin b where c_b reaches the rank still wanted and
      c_{b+1} does not: its 8 bits are the key's next 8, and the keys of bins above b (c_{b+1} of
      them) are ranked. Four passes give every bit.
-  2. max l: a block maximum (a tree).
+  2. max l: l grows with p, so it is the scaled log of the largest p (a block maximum by warps,
+     _block_top; one log).
   3. The sums, in float64: thread i sums q over its own run of NT-th of the vocabulary, v in
-     [i P, (i + 1) P), P = ceil(V / NT), in order; thread 0 adds the runs' sums in order,
-     S_i = sum of runs 0..i-1 (nondecreasing: adding nonnegative terms never goes down), and
-     the total S_NT. The thread with S_i <= u S_NT < S_{i+1} walks its run again to the first v
-     where S_i + q's so far pass u S_NT. Exactly one thread writes the token: the runs' intervals
-     [S_i, S_{i+1}) cut [0, S_NT) without overlap (when rounding leaves u S_NT at S_NT, the run
-     that reaches S_NT takes it, with its last kept token).
+     [i P, (i + 1) P), P = ceil(V / NT), in order; then S_i, the sum of runs 0..i-1, and the total
+     S_NT: in each warp the lanes' runs added lane by lane in registers (ptx.warp_prefix, the
+     order of a serial cumsum), the warps' totals after one barrier in warp order (_runs_before;
+     nondecreasing: adding nonnegative terms never goes down, and each thread's S_{i+1} is the
+     next one's S_i bit for bit). The thread with S_i <= u S_NT < S_{i+1} walks its run again to
+     the first v where S_i + q's so far pass u S_NT. Exactly one thread writes the token: the runs'
+     intervals [S_i, S_{i+1}) cut [0, S_NT) without overlap (when rounding leaves u S_NT at S_NT,
+     the run that reaches S_NT takes it, with its last kept token).
 The same sums as numpy's to rounding (its cumsum goes one token at a time): a draw can differ only
 where u_t falls within a few 1e-16 of the boundary between two tokens.
 
@@ -142,7 +148,7 @@ from numba import cuda, float32, float64, int32, int64
 
 from .common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, compiled_again, nonneg
 from .mlp import gelu
-from .ptx import bf16_value
+from .ptx import bf16_value, warp_max, warp_prefix, warp_sum
 
 LOGIT_BLOCKS = 4 if SIMULATOR else 1 << 20      # k_decode_logits: at most this many blocks (rows loop)
 DRAW_BINS = 256                                  # k_decode_draw's radix select: 8 bits of a key a pass
@@ -376,6 +382,48 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
 
 
 @cuda.jit(device=True)
+def _warps_total(buf, val, at):
+    """val summed over the block's threads (flat index i = threadIdx.y * blockDim.x + threadIdx.x):
+    each warp's 32 by a butterfly of shuffles (ptx.warp_sum), lane 0 of warp w leaves it in
+    buf[at + w], and after one barrier every thread adds the warps' sums in warp order. buf: shared,
+    at + a float a warp, not free again before another barrier. Fixed order: deterministic."""
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
+    s = warp_sum(val, 1, 16)
+    if i % 32 == 0:
+        buf[at + i // 32] = s
+    cuda.syncthreads()
+    total = buf[at]
+    for w in range(1, nw):
+        total += buf[at + w]
+    return total
+
+
+@cuda.jit(device=True)
+def _block_total(buf, val):
+    """_warps_total at buf[0 ..], and a second barrier: buf is free again on return."""
+    total = _warps_total(buf, val, 0)
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True)
+def _block_top(buf, val):
+    """The maximum of val over the block's threads, as _block_total sums it."""
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
+    s = warp_max(val, 1, 16)
+    if i % 32 == 0:
+        buf[i // 32] = s
+    cuda.syncthreads()
+    top = buf[0]
+    for w in range(1, nw):
+        top = max(top, buf[w])
+    cuda.syncthreads()
+    return top
+
+
+@cuda.jit(device=True)
 def _lanes_tree(buf, s):
     """The parts s of the blockDim.x lanes of each row ty of the block met in a tree over lane =
     threadIdx.x (a barrier a level): row ty's total in buf[ty * blockDim.x], which every thread may
@@ -426,7 +474,7 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
             d += 2 * LANES
         if d < hs:
             s0 += _in(q[base + d]) * _in(k_cache[u, base + d])
-    _lanes_tree(red, s0 + s1)                      # key r's q . k in red[r * LANES]
+    _lanes_total(red, s0 + s1)                     # key r's q . k in red[r * LANES]
     # 2. the chunk's maximum (every thread, in key order) rounded up to an integer, its powers and
     #    their sum
     scale = float32(1.0) / math.sqrt(float32(hs)) * LOG2_E
@@ -478,12 +526,12 @@ def k_decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, p
     if tid < na:
         mj = _from_l2(part_m, (h, tid))            # (both loads in one round)
         lj = _from_l2(part_l, (h, tid))
-    big = block_max(red, mj)                       # M = max_p m_p
+    big = _block_top(red, mj)                      # M = max_p m_p
     wj = float32(0.0)
     if tid < na:
         wj = _chunk_weight(mj, big)
         ex[tid] = wj
-    lw = block_sum(red, wj * lj)                   # sum_p w_p l_p (its barriers also publish every w_p)
+    lw = _block_total(red, wj * lj)                # sum_p w_p l_p (its barriers also publish every w_p)
     for d in range(tid % cols, hs, cols):
         a0 = float32(0.0)
         a1 = float32(0.0)
@@ -538,6 +586,17 @@ def k_decode_mlp_up(h, x, g, b, eps, w_1):
     total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < h.shape[0]:
         h[n] = gelu(total)
+
+
+@cuda.jit(device=True)
+def _lanes_total(buf, s):
+    """_lanes_tree by shuffles: the lanes of each row (attention's LANES lanes of a key: adjacent
+    lanes of one warp, LANES <= 32) meet by a butterfly (ptx.warp_sum), lane 0 leaves the row's total
+    in buf[ty * blockDim.x], one barrier."""
+    s = warp_sum(s, 1, cuda.blockDim.x // 2)
+    if cuda.threadIdx.x == 0:
+        buf[cuda.threadIdx.y * cuda.blockDim.x] = s
+    cuda.syncthreads()
 
 
 @cuda.jit(device=True)
@@ -640,7 +699,7 @@ def _kth_by_counting(keys, red, bits, top_k):
             above += keys[w] > key
         if above < top_k:
             smallest = min(smallest, key)
-    return -block_max(red, -smallest)
+    return -_block_top(red, -smallest)
 
 
 @cuda.jit(device=True)
@@ -682,32 +741,38 @@ def _kth_by_radix(hist, sel, bits, top_k):
 
 @cuda.jit(device=True)
 def _largest_log(red, probs, tau):
-    """max_v l_v = log(max(p_v, 1e-30)) / tau over the V tokens (THE DRAW, 2): each thread's tokens',
-    then a block maximum (a tree in red, float64 [NT], shared)."""
+    """max_v l_v = log(max(p_v, 1e-30)) / tau over the V tokens (THE DRAW, 2): l grows with p, so it
+    is the scaled log of the largest probability, each thread's tokens' then the block's by warps
+    (_block_top in red, shared): one log in all."""
     i, nt = cuda.threadIdx.x, cuda.blockDim.x
-    lmax = -math.inf
+    top = float32(0.0)
     for v in range(i, probs.shape[0], nt):
-        lmax = max(lmax, _scaled_log(probs[v], tau))
-    return block_max(red, lmax)
+        top = max(top, probs[v])
+    return _scaled_log(_block_top(red, top), tau)
 
 
 @cuda.jit(device=True)
 def _runs_before(runs, s):
-    """(S_i, S_{i+1}, S_NT) for thread i whose run sums to s (THE DRAW, 3): S_i the sum of the runs
-    before its own, S_NT all of them, added one after another by thread 0 (the loads do not wait for
-    the adds). runs: float64 [NT + 1], shared."""
+    """(S_i, S_{i+1}, S_NT) for thread i whose run sums to s (THE DRAW, 3). In warp w the runs of
+    the lanes below lane j add up lane by lane (ptx.warp_prefix: P_j, and P_j + s_j is lane j + 1's
+    P bit for bit); the warp's last thread leaves P + s in runs[w]; after one barrier each thread
+    adds the warps' totals in warp order, B_w for those before its own and S_NT for all, so S_i =
+    B_w + P_j and S_{i+1} = B_w + (P_j + s_j): the next thread's S_i, also across warps (B_{w+1} =
+    B_w + runs[w]), and the last thread's S_{i+1} is S_NT. runs: float64, shared."""
     i, nt = cuda.threadIdx.x, cuda.blockDim.x
-    runs[i] = s
+    w = i // 32
+    below = warp_prefix(s)
+    upto = below + s
+    if i % 32 == 31 or i == nt - 1:
+        runs[w] = upto
     cuda.syncthreads()
-    if i == 0:
-        acc = float64(0.0)
-        for j in range(nt):
-            r = runs[j]
-            runs[j] = acc
-            acc += r
-        runs[nt] = acc
-    cuda.syncthreads()
-    return runs[i], runs[i + 1], runs[nt]
+    base = float64(0.0)
+    for j in range(w):
+        base += runs[j]
+    total = base
+    for j in range(w, (nt + 31) // 32):
+        total += runs[j]
+    return base + below, base + upto, total
 
 
 @cuda.jit
@@ -787,9 +852,15 @@ def _at(kernel, bf16: bool):
 QKV_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
-ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((1, 4), (4, 2), (2, 8)))
+ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
 LOGITS_BLOCKS = dict(gpu=((32, 8), (64, 4), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
-DRAW_BLOCKS = dict(gpu=(256, 512, 1024, 128), sim=(8, 4, 16))
+DRAW_BLOCKS = dict(gpu=(256, 512, 1024, 128), sim=(8, 4, 64))
+
+
+def _whole_warps(threads: int) -> bool:
+    """Whole warps on a GPU (a shuffle takes all 32 lanes of one); the simulator runs blocks smaller
+    than a warp."""
+    return SIMULATOR or threads % 32 == 0
 
 
 def _pow2(*sizes) -> bool:
@@ -826,7 +897,8 @@ def decode_attention(y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos
     lanes, ck = block
     T = k_cache.shape[0]
     H, nch = part_m.shape
-    assert _pow2(lanes, ck) and lanes * ck <= MAX_BLOCK, f"block {block}: powers of two, at most {MAX_BLOCK} threads"
+    assert _pow2(lanes, ck) and lanes <= 32 and lanes * ck <= MAX_BLOCK and _whole_warps(lanes * ck), \
+        f"block {block}: powers of two, whole warps, at most 32 lanes (a key's in one warp) and {MAX_BLOCK} threads"
     assert cdiv(T, ck) <= min(nch, lanes * ck) and part_acc.shape == (H, nch, q.shape[0] // H) and done.shape == (H,)
     kernel = _at(k_decode_attention, bf16)
     kernel[(cdiv(T, ck), H), block, stream](y, part_m, part_l, part_acc, done, q, k_cache, v_cache, pos)
@@ -867,7 +939,8 @@ def decode_draw(tokens, pos, probs, uniform, draw, temperature, *, block, stream
     """tokens [T + 1] int32 (tokens[pos[0]] drawn); pos [1] int32; probs [V]; uniform [T + 1] float64
     (uniform[t] draws position t's token); draw [2] int32 (the first position drawn, top_k);
     temperature [1] float64. Launch: one block of `block` threads (a power of two, at most 1024)."""
-    assert _pow2(block) and block <= MAX_BLOCK, f"block {block}: a power of two, at most {MAX_BLOCK}"
+    assert _pow2(block) and block <= MAX_BLOCK and _whole_warps(block), \
+        f"block {block}: a power of two, whole warps, at most {MAX_BLOCK}"
     k_decode_draw[1, block, stream](tokens, pos, probs, probs.view(np.int32), uniform, draw, temperature)
 
 

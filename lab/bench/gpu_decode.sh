@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sampler's decoder and a run's start on the GPU: the decoder's bf16 rounding against the table, the draws against their twin,
 # a bf16 run's sampler (the bf16 decoder beside the bf16 whole forward: time and the same tokens),
-# the step's rungs (the engine against rung 5's 128-bit loads, rung 6's shuffles and rung 7's draw), a bf16 run's start with the kernel
+# the step's rungs (the engine against rung 5's 128-bit loads, rung 6's and 7's shuffles, rung 9's trees), a bf16 run's start with the kernel
 # cache empty and full, the fp32 decoder's paths, one product taken apart (timed, then each variant
 # once under Nsight Compute: its stalls), the step kernel by kernel and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
 #   bash lab/bench/gpu_decode.sh [steps...]   steps: rungs tests bf16 kernels parts fp32 rounding start start32 ncu

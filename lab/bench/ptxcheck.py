@@ -225,7 +225,8 @@ def model_report(args):
 def decode_report():
     """--decode: the KV-cache decoder's step at 12M (window 512), every kernel of it compiled for sm_90
     as Decoder.work launches them (the default blocks), at fp32 and bf16, and the lab's rungs 4 (the step in one launch),
-    5, 6 and 7 (the products with 128-bit loads; with their sums by shuffles; the draw's too), with
+    5 to 9 (the products with 128-bit loads; with their sums by shuffles; the classifier's too; the
+    trees of attention and the draw), with
     ptxas's registers: a
     block of 1024 threads needs at most 64 registers a thread."""
     from andrea_numba.config import load_config
@@ -245,7 +246,7 @@ def decode_report():
             from lab.decode import VERSIONS                       # rungs 5 to 7: the products with 128-bit loads
             saved_launchers = {name: getattr(kd, name) for name in VERSIONS}
             try:
-                for rung in (5, 6, 7):
+                for rung in (5, 6, 7, 8, 9):
                     for name, rungs in VERSIONS.items():
                         setattr(kd, name, rungs[rung])
                     Decoder(m, np.zeros(n_params(m), np.float32), 512).work(0)
