@@ -6,8 +6,8 @@
 # once under Nsight Compute: its stalls), the step kernel by kernel and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
 #   bash lab/bench/gpu_decode.sh [steps...]   steps: rungs tests bf16 kernels parts fp32 rounding start start32 ncu
 #                                             startprof (a second start, cache full, under cProfile and -X importtime)
-#                                             ncustep (one step of rungs $RUNGS, default 1,7, under Nsight Compute;
-#                                             rungs and kernels: $RUNGS default 1,5,7,8)
+#                                             ncustep (one step of rungs $RUNGS, default 1,9, under Nsight Compute;
+#                                             rungs and kernels: $RUNGS default 1,9,5,8)
 #                                             (default all, in that order)
 #   PACK=FILE.tgz: after each step every file of $OUT also packed into FILE (one file to bring back
 #   from a machine that returns few; a run cut short keeps the steps done)
@@ -24,7 +24,7 @@ for s in $steps; do
     bf16) timeout 150 $py lab/bench/decode_speed.py --precision bf16 --no-blocks --runs 3 \
               --json "$OUT/decode_12M_bf16.json" > "$OUT/decode_12M_bf16.txt" 2>&1
           echo "decode_speed bf16 exit $?"; tail -12 "$OUT/decode_12M_bf16.txt" ;;
-    rungs) timeout 200 $py lab/bench/decode_speed.py --versions ${RUNGS:-1,5,7,8} --runs 5 --json "$OUT/decode_rungs.json" \
+    rungs) timeout 200 $py lab/bench/decode_speed.py --versions ${RUNGS:-1,9,5,8} --runs 5 --json "$OUT/decode_rungs.json" \
                > "$OUT/decode_rungs.txt" 2>&1
            echo "decode_speed --versions exit $?"; tail -6 "$OUT/decode_rungs.txt" ;;
     start) timeout 200 $py lab/bench/start_time.py --size 12M --repeats 1 --out "$OUT/start_12M.json" \
@@ -41,10 +41,10 @@ for s in $steps; do
          $py lab/bench/ncu_text.py "$OUT/ncu_parts.txt" | tee "$OUT/ncu_parts_table.txt" | cut -c1-200 ;;
     ncustep) timeout 240 ncu --profile-from-start off --cache-control none --clock-control none --section SpeedOfLight \
                  --section WarpStateStats --section Occupancy --section LaunchStats \
-                 $py lab/bench/decode_speed.py --kernels --once --versions ${RUNGS:-1,7} > "$OUT/ncu_step.txt" 2>&1
+                 $py lab/bench/decode_speed.py --kernels --once --versions ${RUNGS:-1,9} > "$OUT/ncu_step.txt" 2>&1
              echo "ncu decode step exit $?"
              $py lab/bench/ncu_text.py "$OUT/ncu_step.txt" | tee "$OUT/ncu_step_table.txt" | cut -c1-200 ;;
-    kernels) timeout 200 $py lab/bench/decode_speed.py --kernels --versions ${RUNGS:-1,5,7,8} --json "$OUT/decode_kernels.json" \
+    kernels) timeout 200 $py lab/bench/decode_speed.py --kernels --versions ${RUNGS:-1,9,5,8} --json "$OUT/decode_kernels.json" \
                  > "$OUT/decode_kernels.txt" 2>&1
              echo "decode_speed --kernels exit $?"; tail -24 "$OUT/decode_kernels.txt" ;;
     start32) timeout 200 $py lab/bench/start_time.py --size 12M --repeats 1 --precision fp32 \
