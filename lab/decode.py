@@ -1,7 +1,8 @@
 """The KV-cache decoder's step, its rungs. Rung 1 is the engine's (andrea_numba/kernels/decode.py):
-every sum across the threads of a block as a tree in shared memory, a barrier a level. The same
-kernels otherwise, the same launches (Decoder.work runs any rung's; lab/bench/decode_speed.py
---versions 1,2,3,4 times them in one run), the same arguments:
+the products' sums across the threads of a block as trees in shared memory, a barrier a level;
+attention's and the draw's by shuffles. The same kernels otherwise, the same launches
+(Decoder.work runs any rung's; lab/bench/decode_speed.py --versions 1,9,5,8 times them in one
+run), the same arguments:
 
     rung 2  sums across threads by shuffles: a warp's lanes meet by a butterfly (ptx.warp_sum, lane i
             adds lane i ^ m, m = 16, ..., 1), the warps' sums after one barrier, in warp order: a
@@ -18,25 +19,28 @@ kernels otherwise, the same launches (Decoder.work runs any rung's; lab/bench/de
             flight and more blocks (below)
     rung 6  rung 5 with its sums by shuffles: the LayerNorm's two block sums and the column slices'
             sums each a butterfly within the warps and one barrier (below)
-    rung 7  rung 6 with the other kernels' sums by shuffles too: attention's (a key's lanes, the
-            merge's maximum and sum), the classifier's (its LayerNorm, a row's lanes, the softmax's)
-            and the draw's (its two maxima, the runs' sums lane by lane in each warp, below)
-    rung 8  rung 5's products (trees) with rung 7's attention, classifier and draw (shuffles)
+    rung 7  rung 6 with the classifier's sums by shuffles too (its LayerNorm, a row's lanes, the
+            softmax's; attention's and the draw's were this rung's before the engine took them)
+    rung 8  rung 5's products (trees) with rung 7's classifier (shuffles): each kernel from the
+            rung where it was faster
+    rung 9  the engine with attention and the draw by trees, as they were before 2026-12-08 (a key's
+            lanes and the merge's maximum and sum; the draw's two maxima, one float64 log a token,
+            and thread 0 adding the runs' sums one after another)
 
 Measured on an NVIDIA H100 (2026-12-07, docs/results/2026-12-07-h100-decoder-rungs/), the GPU time
 of a step with its draw at 12M, median of 5 rounds: rung 1 0.2996 ms, rung 2 0.4138, rung 3 0.4185,
-rung 4 0.4401. Fewer barriers did not make the step faster: the trees won, and the engine keeps them.
+rung 4 0.4401. Fewer barriers did not make the step faster there: the trees won.
 On another H100 (2026-12-08, docs/results/2026-12-08-h100-decoder-rung-7/), the engine (its kernels
 then taking bf16 as an argument) 0.3356 ms, rung 5 0.3143, rung 6 0.3271, rung 7 0.3200: the
 products' sums by shuffles lost to their trees (W_o 4.2 us a launch against 3.6), attention's, the
-classifier's and the draw's won (9.8, 9.3 and 13.6 us against 10.4, 10.0 and 17.3): rung 8 takes
-each kernel from the rung where it was faster.
+classifier's and the draw's won (9.8, 9.3 and 13.6 us against 10.4, 10.0 and 17.3): the engine took
+attention's and the draw's, and rung 8 takes each kernel from the rung where it was faster.
 
 Rungs 2 to 4 decode at fp32 only (their launchers refuse bf16 = True): their attention keeps its
-scores in base e, and their kernels have no bf16 twins. Rungs 5 to 7 decode at both, as the engine:
+scores in base e, and their kernels have no bf16 twins. Rungs 5 to 9 decode at both, as the engine:
 their kernels compiled again with the engine's bf16 _in (common.compiled_again).
 
-Rungs 2, 6 and 7: shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
+Rungs 2, 6 and 7 and the engine: shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
 on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
 """
 import math
@@ -57,7 +61,7 @@ MATVEC_BLOCKS = dict(gpu=((8, 128), (8, 64), (4, 128), (16, 64), (32, 16)), sim=
 MLP_UP_BLOCKS = dict(gpu=((8, 64), (8, 32), (8, 128), (16, 32), (4, 128), (32, 16)), sim=((4, 2), (2, 4), (1, 8)))
 ATTENTION_BLOCKS = dict(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64)), sim=((1, 4), (4, 2), (2, 8)))
 LOGITS_BLOCKS = dict(gpu=((32, 8), (16, 16), (32, 32)), sim=((2, 4), (4, 2)))
-FP32_ONLY = "rungs 2 to 4 decode at fp32: their kernels have no bf16 twins (the engine's and rungs 5 to 7 do)"
+FP32_ONLY = "rungs 2 to 4 decode at fp32: their kernels have no bf16 twins (the engine's and rungs 5 to 9 do)"
 
 
 # ---------------------------------------------------------------------------------------------

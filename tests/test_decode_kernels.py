@@ -392,13 +392,13 @@ def test_rung_6_sums_across_warps(block):
     assert np.abs(h.copy_to_host() - want).max() <= TOL * np.abs(want).max()
 
 
-@pytest.mark.parametrize("rung", [5, 6, 7])
+@pytest.mark.parametrize("rung", [5, 6, 7, 9])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_rungs_5_to_7_at_every_block_they_declare_and_at_bf16(monkeypatch, precision, rung):
+def test_rungs_5_to_9_at_every_block_they_declare_and_at_bf16(monkeypatch, precision, rung):
     """The step with rung 5's launchers (the products with 128-bit loads), rung 6's (the same, sums
-    by shuffles) or rung 7's (the classifier's sums by shuffles too), each of the launchers the rung adds
-    at every block it declares in turn (the others at their defaults), at fp32 and at bf16: the
-    twin's logits at that precision, positions 0..5."""
+    by shuffles), rung 7's (the classifier's sums by shuffles too) or rung 9's (attention by trees),
+    each of the launchers the rung adds at every block it declares in turn (the others at their
+    defaults), at fp32 and at bf16: the twin's logits at that precision, positions 0..5."""
     from lab.decode import VERSIONS
     m, params = _decoder_model()
     tokens = [3, 1, 4, 1, 5, 9]
@@ -407,7 +407,8 @@ def test_rungs_5_to_7_at_every_block_they_declare_and_at_bf16(monkeypatch, preci
     rung5 = {name: rungs[rung] for name, rungs in VERSIONS.items()}
     for name, f in rung5.items():
         monkeypatch.setattr(kd, name, f)
-    for name in ("decode_logits",) if rung == 7 else ("decode_qkv", "decode_matvec_add", "decode_mlp_up"):
+    added = {7: ("decode_logits",), 9: ("decode_attention",)}
+    for name in added.get(rung, ("decode_qkv", "decode_matvec_add", "decode_mlp_up")):
         base = rung5[name]
         for block in base.blocks:
             monkeypatch.setattr(kd, name, lambda *args, _b=block, _f=base, **kw: _f(*args, block=_b, **kw))
