@@ -2,6 +2,8 @@
 each step gives the twin's logits at its position (reference/decode.py) and the whole forward's
 probabilities, its position lives on the device, a step replayed from a recorded graph gives the
 eager step's bits, and sampling on it draws the tokens of the whole forward, past the context too.
+On a GPU the first three tests run as well (the fp32 and bf16 decoders against their twins, at
+the GPU's blocks); the others record graphs or patch the simulator's memory.
 
 Tolerance of the logits. The decoder computes in fp32 (unit roundoff u = 2^-24, about 6e-8) what
 the twin computes here in float64 from the same float32 weights: exact by comparison. A sum of K
@@ -42,7 +44,8 @@ from reference.decode import KVCache
 sys.path.insert(0, str(Path(__file__).parent))
 from test_step_graph import RECORDER, FakeStepGraph  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not SIMULATOR, reason="tiny sizes for the simulator (NUMBA_ENABLE_CUDASIM=1)")
+pytestmark = pytest.mark.skipif(not SIMULATOR and not cuda.is_available(), reason="needs the simulator or a GPU")
+SIM_ONLY = pytest.mark.skipif(not SIMULATOR, reason="records graphs or patches memory as the simulator runs them")
 
 TOL = 1e-5            # of the row's largest |logit|: the module's docstring
 PROBS_RTOL = 1e-4     # of each probability: p = exp(l - lse) carries the logits' absolute error as a relative one
@@ -137,6 +140,7 @@ def test_attention_that_misses_its_own_key_fails_the_comparison(monkeypatch):
     assert min(dist[1:]) > 100 * TOL, dist
 
 
+@SIM_ONLY
 def test_a_replayed_step_gives_the_eager_steps_bits():
     """The same launches serve every token: a step recorded once (the stand-in graph of
     tests/test_step_graph.py records the launches given the builder as their stream, and fails on
@@ -169,6 +173,7 @@ class Bytes:
         return bytes(ids).decode("latin-1")
 
 
+@SIM_ONLY
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_sampling_on_the_decoder_draws_the_whole_forwards_tokens_past_the_context_too(precision):
     """sample.generate with a decoder against the loop it replaces (the whole forward of the last
@@ -188,6 +193,7 @@ def test_sampling_on_the_decoder_draws_the_whole_forwards_tokens_past_the_contex
     assert dec.n == m.context_length and dec.read("pos")[0] == m.context_length     # it decoded to the end
 
 
+@SIM_ONLY
 def test_a_sample_drawn_on_the_gpu_is_the_one_the_host_draws_step_by_step():
     """Decoder.sample (the prompt, then every draw on the device, one sync at the end) against the
     decoder stepped from the host: feed, copy the probabilities, draw with the twin
@@ -211,6 +217,7 @@ def test_a_sample_drawn_on_the_gpu_is_the_one_the_host_draws_step_by_step():
             dec.sample(ids, np.zeros(n))
 
 
+@SIM_ONLY
 def test_steps_past_the_fed_positions_read_token_zero_on_reused_memory(monkeypatch):
     """A benchmark times a step by replaying it without feeding (lab/bench/decode_speed.py): those
     steps read token ids nobody wrote. On a GPU a new allocation holds whatever an earlier buffer

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sampler's decoder and a run's start on the GPU: the decoder's bf16 rounding against the table, the draws against their twin,
+# The sampler's decoder and a run's start on the GPU: the decoder's bf16 rounding against the table, the draws and the decoders (fp32, bf16) against their twins,
 # a bf16 run's sampler (the bf16 decoder beside the bf16 whole forward: time and the same tokens),
 # the step's rungs (the engine against rung 5's 128-bit loads, rung 6's and 7's shuffles, rung 9's trees), a bf16 run's start with the kernel
 # cache empty and full, the fp32 decoder's paths, one product taken apart (timed, then each variant
@@ -19,8 +19,9 @@ for s in $steps; do
   case $s in
     rounding) timeout 90 $py -m pytest -q -p no:cacheprovider tests/test_rounding.py > "$OUT/test_rounding.txt" 2>&1
               echo "test_rounding exit $?"; tail -2 "$OUT/test_rounding.txt" ;;
-    tests) timeout 120 $py -m pytest -q -p no:cacheprovider tests/test_decode_draw.py > "$OUT/test_decode_draw.txt" 2>&1
-           echo "test_decode_draw exit $?"; tail -2 "$OUT/test_decode_draw.txt" ;;
+    tests) timeout 200 $py -m pytest -q -p no:cacheprovider tests/test_decode_draw.py tests/test_decode_gpu.py \
+               > "$OUT/test_decode.txt" 2>&1
+           echo "test_decode_draw, test_decode_gpu exit $?"; tail -2 "$OUT/test_decode.txt" ;;
     bf16) timeout 150 $py lab/bench/decode_speed.py --precision bf16 --no-blocks --runs 3 \
               --json "$OUT/decode_12M_bf16.json" > "$OUT/decode_12M_bf16.txt" 2>&1
           echo "decode_speed bf16 exit $?"; tail -12 "$OUT/decode_12M_bf16.txt" ;;
