@@ -112,6 +112,20 @@ def test_frozen_values_argument_types_and_toolchain_are_in_the_key(tmp_path):
     assert key(kern.k_bump) != k0
 
 
+def test_a_kernel_compiled_again_with_another_flag_has_a_key_of_its_own():
+    """common.compiled_again (the decoder's bf16 twins: the same source with BF16 = True) must never
+    be served the kernel it was compiled from, nor the other way round: the flag is a frozen value
+    of _in, which every product calls."""
+    from andrea_numba.kernels import decode as kd
+    from andrea_numba.kernels.common import compiled_again
+    same_name = {flag: compiled_again(vars(kd), "", BF16=flag) for flag in (False, True)}   # the name no help
+    for name in ("k_decode_qkv", "k_decode_matvec_add", "k_decode_attention", "k_decode_logits"):
+        fp32, bf16 = getattr(kd, name), kd.BF16_KERNELS[name]
+        assert key(fp32) != key(bf16), name
+        assert key(same_name[True][name]) != key(fp32), name                 # the flag alone tells them apart
+        assert key(same_name[False][name]) == key(fp32), name                # the same values: the same key
+
+
 def test_the_key_is_the_same_in_another_process():
     """A key made of addresses or set order would never hit: the same kernel, two processes."""
     code = ("import json; from andrea_numba import kernel_cache as KC; "
