@@ -161,8 +161,8 @@ BF16 = False                                     # the kernels as written: fp32 
 
 
 # ---------------------------------------------------------------------------------------------
-# device functions: block sums, the LayerNorm of one row, a column's part of a product, the
-# last block, a load from L2
+# device functions: sums across a block's threads (by warps, and over the lanes of each row), the
+# LayerNorm of one row, a column's part of a product, the last block, a load from L2
 
 if SIMULATOR:
     def _from_l2(arr, i):
@@ -174,6 +174,76 @@ else:
         """arr[i] read past this multiprocessor's L1 (which other multiprocessors' stores do not
         update): for parts another block of the same launch wrote.   PTX: ld.global.cg"""
         return cuda.ldcg(arr, i)
+
+
+@cuda.jit(device=True)
+def _warps_total(buf, val, at):
+    """val summed over the block's threads (flat index i = threadIdx.y * blockDim.x + threadIdx.x):
+    each warp's 32 by a butterfly of shuffles (ptx.warp_sum), lane 0 of warp w leaves it in
+    buf[at + w], and after one barrier every thread adds the warps' sums in warp order. buf: shared,
+    at + a float a warp, not free again before another barrier. Fixed order: deterministic."""
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
+    s = warp_sum(val, 1, 16)
+    if i % 32 == 0:
+        buf[at + i // 32] = s
+    cuda.syncthreads()
+    total = buf[at]
+    for w in range(1, nw):
+        total += buf[at + w]
+    return total
+
+
+@cuda.jit(device=True)
+def _block_total(buf, val):
+    """_warps_total at buf[0 ..], and a second barrier: buf is free again on return."""
+    total = _warps_total(buf, val, 0)
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True)
+def _block_top(buf, val):
+    """The maximum of val over the block's threads, as _block_total sums it."""
+    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
+    s = warp_max(val, 1, 16)
+    if i % 32 == 0:
+        buf[i // 32] = s
+    cuda.syncthreads()
+    top = buf[0]
+    for w in range(1, nw):
+        top = max(top, buf[w])
+    cuda.syncthreads()
+    return top
+
+
+@cuda.jit(device=True)
+def _lanes_tree(buf, s):
+    """The parts s of the blockDim.x lanes of each row ty of the block met in a tree over lane =
+    threadIdx.x (a barrier a level): row ty's total in buf[ty * blockDim.x], which every thread may
+    read on return. buf: float32 [NT], shared. (Attention's keys, the classifier's rows.)"""
+    lane, LANES = cuda.threadIdx.x, cuda.blockDim.x
+    i = cuda.threadIdx.y * LANES + lane
+    buf[i] = s
+    cuda.syncthreads()
+    step = LANES // 2
+    while step > 0:
+        if lane < step:
+            buf[i] += buf[i + step]
+        cuda.syncthreads()
+        step //= 2
+
+
+@cuda.jit(device=True)
+def _lanes_total(buf, s):
+    """_lanes_tree by shuffles: the lanes of each row (attention's LANES lanes of a key: adjacent
+    lanes of one warp, LANES <= 32) meet by a butterfly (ptx.warp_sum), lane 0 leaves the row's total
+    in buf[ty * blockDim.x], one barrier."""
+    s = warp_sum(s, 1, cuda.blockDim.x // 2)
+    if cuda.threadIdx.x == 0:
+        buf[cuda.threadIdx.y * cuda.blockDim.x] = s
+    cuda.syncthreads()
 
 
 @cuda.jit(device=True)
@@ -355,8 +425,8 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
     (the first block of the model) x = wte[tokens[t]] + wpe[t] first: every block computes it for
     its LayerNorm, block 0 writes it into x (the residual stream). The 3C columns of
     [W_q | W_k | W_v] in blocks of TX (a block may straddle two matrices: each thread takes its
-    column's), KS slices of K = C a column (_column_part, _column_total); the
-    products' inputs as _in gives them."""
+    column's), KS slices of K = C a column (_column_part, _column_total); the products' inputs as
+    _in gives them."""
     a = cuda.shared.array(0, float32)              # [x (then LN1(x)) | g | b]: 3C floats of dynamic shared memory
     buf = cuda.shared.array(MAX_BLOCK, float32)
     C = x.shape[0]
@@ -379,65 +449,6 @@ def k_decode_qkv(q, k_cache, v_cache, pos, x, g, b, eps, w_q, w_k, w_v, tokens, 
             k_cache[t, j] = total
         else:
             v_cache[t, j] = total
-
-
-@cuda.jit(device=True)
-def _warps_total(buf, val, at):
-    """val summed over the block's threads (flat index i = threadIdx.y * blockDim.x + threadIdx.x):
-    each warp's 32 by a butterfly of shuffles (ptx.warp_sum), lane 0 of warp w leaves it in
-    buf[at + w], and after one barrier every thread adds the warps' sums in warp order. buf: shared,
-    at + a float a warp, not free again before another barrier. Fixed order: deterministic."""
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
-    s = warp_sum(val, 1, 16)
-    if i % 32 == 0:
-        buf[at + i // 32] = s
-    cuda.syncthreads()
-    total = buf[at]
-    for w in range(1, nw):
-        total += buf[at + w]
-    return total
-
-
-@cuda.jit(device=True)
-def _block_total(buf, val):
-    """_warps_total at buf[0 ..], and a second barrier: buf is free again on return."""
-    total = _warps_total(buf, val, 0)
-    cuda.syncthreads()
-    return total
-
-
-@cuda.jit(device=True)
-def _block_top(buf, val):
-    """The maximum of val over the block's threads, as _block_total sums it."""
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    nw = (cuda.blockDim.x * cuda.blockDim.y + 31) // 32
-    s = warp_max(val, 1, 16)
-    if i % 32 == 0:
-        buf[i // 32] = s
-    cuda.syncthreads()
-    top = buf[0]
-    for w in range(1, nw):
-        top = max(top, buf[w])
-    cuda.syncthreads()
-    return top
-
-
-@cuda.jit(device=True)
-def _lanes_tree(buf, s):
-    """The parts s of the blockDim.x lanes of each row ty of the block met in a tree over lane =
-    threadIdx.x (a barrier a level): row ty's total in buf[ty * blockDim.x], which every thread may
-    read on return. buf: float32 [NT], shared. (Attention's keys, the classifier's rows.)"""
-    lane, LANES = cuda.threadIdx.x, cuda.blockDim.x
-    i = cuda.threadIdx.y * LANES + lane
-    buf[i] = s
-    cuda.syncthreads()
-    step = LANES // 2
-    while step > 0:
-        if lane < step:
-            buf[i] += buf[i + step]
-        cuda.syncthreads()
-        step //= 2
 
 
 @cuda.jit
@@ -586,17 +597,6 @@ def k_decode_mlp_up(h, x, g, b, eps, w_1):
     total = _column_total(buf, _column_part(a, w_1, n, w0, w1, w2, w3))
     if cuda.threadIdx.y == 0 and n < h.shape[0]:
         h[n] = gelu(total)
-
-
-@cuda.jit(device=True)
-def _lanes_total(buf, s):
-    """_lanes_tree by shuffles: the lanes of each row (attention's LANES lanes of a key: adjacent
-    lanes of one warp, LANES <= 32) meet by a butterfly (ptx.warp_sum), lane 0 leaves the row's total
-    in buf[ty * blockDim.x], one barrier."""
-    s = warp_sum(s, 1, cuda.blockDim.x // 2)
-    if cuda.threadIdx.x == 0:
-        buf[cuda.threadIdx.y * cuda.blockDim.x] = s
-    cuda.syncthreads()
 
 
 @cuda.jit(device=True)
