@@ -3,7 +3,7 @@
     python lab/bench/decode_speed.py                          # 12M, 256 tokens, median of 5 runs
     python lab/bench/decode_speed.py --size 120M --tokens 128 --runs 3 --json decode.json
     python lab/bench/decode_speed.py --only-blocks            # just the decoder's blocks (below)
-    python lab/bench/decode_speed.py --versions 1,2,3,4       # the step's rungs (lab/decode.py), one run
+    python lab/bench/decode_speed.py --versions 1,9,5,8       # the step's rungs (lab/decode.py), one run
     python lab/bench/decode_speed.py --kernels                # where a step's time goes, kernel by kernel
     python lab/bench/decode_speed.py --kernels --versions 1,2 # the same for each rung's launchers
     ncu --profile-from-start off --section WarpStateStats python lab/bench/decode_speed.py --kernels --once
@@ -42,10 +42,12 @@ graph, per launch, and the launches a step, beside an empty kernel's and the who
 --once, no timing: one step at t = 128 launched kernel by kernel between cuda.profile_start and
 profile_stop (a profiler started with its profiling off, Nsight Compute's --profile-from-start off,
 then sees each of the step's launches once, not the steps that bring the decoder there).
-With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 the engine's, its sums
-across threads as shared-memory trees, 2 those sums by shuffles, 3 rung 2 with attention in one
-block a head, 4 the whole step in one launch with grid barriers, lab/decode_step.py, 5 the products
-with 128-bit loads, 6 those with their sums by shuffles), each at that rung: in turn, --runs
+With --versions, only the rungs of the step (lab/decode.py VERSIONS: 1 the engine's, its products'
+sums across threads as shared-memory trees, attention's and the draw's by shuffles, 2 every sum by
+shuffles, 3 rung 2 with attention in one block a head, 4 the whole step in one launch with grid
+barriers, lab/decode_step.py, 5 the products with 128-bit loads, 6 those with their sums by
+shuffles, 7 rung 6 with the classifier's too, 8 rung 5's products with rung 7's classifier, 9 the
+engine with attention and the draw by trees), each at that rung: in turn, --runs
 rounds of every rung, each round a new decoder whose step is captured as a graph, the GPU time of
 a step with its draw (t = 128 to 148) and the wall clock of --tokens tokens drawn on it; medians
 and [min-max] over the rounds, and whether every rung drew the same tokens.
