@@ -6,6 +6,7 @@
 # once under Nsight Compute: its stalls), the step kernel by kernel and the fp32 start. Each step writes its files to $OUT as it ends, so a run cut short keeps them.
 #   bash lab/bench/gpu_decode.sh [steps...]   steps: rungs tests bf16 kernels parts fp32 rounding start start32 ncu
 #                                             startprof (a second start, cache full, under cProfile and -X importtime)
+#                                             old (the step of an earlier tree unpacked in $OLD, default old_engine/)
 #                                             ncustep (one step of rungs $RUNGS, default 1,9, under Nsight Compute;
 #                                             rungs and kernels: $RUNGS default 1,9,5,8)
 #                                             (default all, in that order)
@@ -59,7 +60,14 @@ for s in $steps; do
                grep -A70 "Ordered by" "$tmp/startprof.txt" | cut -c1-160 > "$OUT/start_profile.txt"
                sort -t'|' -k2 -n "$OUT/start_imports.txt" | tail -30 > "$OUT/start_imports_top.txt"
                rm -f "$OUT/start_imports.txt"; unset ANDREA_KERNEL_CACHE ;;
-    *) echo "unknown step $s (rounding tests bf16 rungs start fp32 parts ncu ncustep kernels start32 startprof)"; exit 2 ;;
+    old) if [ -d "${OLD:-old_engine}" ]; then       # an earlier tree beside this one, on the same machine
+             (cd "${OLD:-old_engine}" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout 90 $py lab/bench/decode_speed.py \
+                  --versions 1 --runs 3 > "$OUT/old_rung1.txt" 2>&1
+              PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout 90 $py lab/bench/decode_speed.py --kernels \
+                  > "$OUT/old_kernels.txt" 2>&1)
+             echo "the earlier tree's decoder:"; tail -3 "$OUT/old_rung1.txt"
+         else echo "old: no ${OLD:-old_engine}/ (git archive REV andrea_numba reference lab configs pyproject.toml | tar -x -C it)"; fi ;;
+    *) echo "unknown step $s (rounding tests bf16 rungs start fp32 parts ncu ncustep kernels start32 startprof old)"; exit 2 ;;
   esac
   echo "[$s: $(( $(date +%s) - t0 )) s]"
   if [ -n "${PACK:-}" ]; then tar czf "$PACK.part" -C "$OUT" . && mv "$PACK.part" "$PACK"; fi
