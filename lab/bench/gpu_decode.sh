@@ -61,10 +61,11 @@ for s in $steps; do
                sort -t'|' -k2 -n "$OUT/start_imports.txt" | tail -30 > "$OUT/start_imports_top.txt"
                rm -f "$OUT/start_imports.txt"; unset ANDREA_KERNEL_CACHE ;;
     old) if [ -d "${OLD:-old_engine}" ]; then       # an earlier tree beside this one, on the same machine
+             out=$(cd "$OUT" && pwd)
              (cd "${OLD:-old_engine}" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout 90 $py lab/bench/decode_speed.py \
-                  --versions 1 --runs 3 > "$OUT/old_rung1.txt" 2>&1
+                  --versions 1 --runs 3 > "$out/old_rung1.txt" 2>&1
               PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout 90 $py lab/bench/decode_speed.py --kernels \
-                  > "$OUT/old_kernels.txt" 2>&1)
+                  > "$out/old_kernels.txt" 2>&1)
              echo "the earlier tree's decoder:"; tail -3 "$OUT/old_rung1.txt"
          else echo "old: no ${OLD:-old_engine}/ (git archive REV andrea_numba reference lab configs pyproject.toml | tar -x -C it)"; fi ;;
     *) echo "unknown step $s (rounding tests bf16 rungs start fp32 parts ncu ncustep kernels start32 startprof old)"; exit 2 ;;
