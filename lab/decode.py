@@ -40,8 +40,8 @@ Rungs 2 to 4 decode at fp32 only (their launchers refuse bf16 = True): their att
 scores in base e, and their kernels have no bf16 twins. Rungs 5 to 9 decode at both, as the engine:
 their kernels compiled again with the engine's bf16 _in (common.compiled_again).
 
-Rungs 2, 6 and 7 and the engine: shuffles take all 32 lanes of a warp: its launchers refuse blocks that are part of a warp
-on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
+Rungs 2, 6 and 7 and the engine: shuffles take all 32 lanes of a warp: their launchers refuse blocks
+that are part of a warp on a GPU (_whole_warps; the simulator runs blocks smaller than a warp).
 """
 import math
 import types
@@ -50,7 +50,8 @@ import numpy as np
 from numba import cuda, float32, float64, int32
 
 from andrea_numba.kernels import decode as engine
-from andrea_numba.kernels.common import MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, compiled_again, nonneg
+from andrea_numba.kernels.common import (MAX_BLOCK, SIMULATOR, block_max, block_sum, blocks, cdiv, compiled_again,
+                                         compiled_with, nonneg)
 from andrea_numba.kernels.decode import LOGIT_BLOCKS, _block_top, _block_total, _from_l2, _in, _last_block, _warps_total
 from andrea_numba.kernels.mlp import gelu
 from andrea_numba.kernels.ptx import load4_row, warp_sum
@@ -76,30 +77,6 @@ def _chunk_weight(m_p, big):
 
 
 @cuda.jit(device=True)
-def _layernorm_shared(a, buf, C, eps):
-    """a[c] = (a[c] - mean) * rstd * g[c] + b[c] in place over the C channels of a row, with the
-    shared array a = [the row | g | b] (3C floats): mean = (1/C) sum_c a[c], rstd = 1 / sqrt((1/C)
-    sum_c (a[c] - mean)^2 + eps), as k_layernorm_fwd computes them. Flat thread i owns channels
-    c = i, i + n, ... (n threads): the caller wrote those of a, g and b, its three loads in one
-    loop so that they travel together (no barrier needed before); every a[c] is ready on return."""
-    i = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    n = cuda.blockDim.x * cuda.blockDim.y
-    inv_c = float32(1.0) / float32(C)
-    s = float32(0.0)
-    for c in range(i, C, n):
-        s += a[c]
-    mu = _block_total(buf, s) * inv_c
-    s = float32(0.0)
-    for c in range(i, C, n):
-        d = a[c] - mu
-        s += d * d
-    r = float32(1.0) / math.sqrt(_block_total(buf, s) * inv_c + eps)
-    for c in range(i, C, n):
-        a[c] = (a[c] - mu) * r * a[C + c] + a[2 * C + c]
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True)
 def _column_total(buf, part):
     """The KS parts of each of the block's TX columns (part: thread (tx, ty)'s, slice ty) added:
     a warp holds G = 32 / TX slices of each of its columns (1 when TX >= 32), which meet by a
@@ -119,15 +96,8 @@ def _column_total(buf, part):
     return total
 
 
-def _compiled_with(kernel, name, device=False, **names):
-    """A kernel's (or a device function's) Python code, as written, compiled anew as `name` with
-    `names` in place of the globals it calls by those names: a rung that differs from another only
-    in some device functions is that rung's code, not a copy of it."""
-    fn = getattr(kernel, "py_func", None) or kernel.fn           # a GPU's dispatcher / the simulator's kernel
-    f = types.FunctionType(fn.__code__.replace(co_name=name), {**fn.__globals__, **names}, name, fn.__defaults__,
-                           fn.__closure__)
-    f.__qualname__ = name                                        # (the name a profiler shows)
-    return cuda.jit(device=True)(f) if device else cuda.jit(f)
+# the engine's LayerNorm (a = [the row | g | b] normalised in place) with its two block sums by warps
+_layernorm_shared = compiled_with(engine._layernorm_shared, "_layernorm_shared_v2", block_sum=_block_total)
 
 
 def _with_rung_2_sums(kernel):
@@ -135,8 +105,8 @@ def _with_rung_2_sums(kernel):
     rung's sums in place of the engine's: its LayerNorm's block sums and its column's slices by
     shuffles (_layernorm_shared, _column_total above). The products' kernels differ in nothing else."""
     fn = getattr(kernel, "py_func", None) or kernel.fn
-    return _compiled_with(kernel, fn.__name__ + "_v2", _layernorm_shared=_layernorm_shared,
-                          _column_total=_column_total)
+    return compiled_with(kernel, fn.__name__ + "_v2", _layernorm_shared=_layernorm_shared,
+                         _column_total=_column_total)
 
 
 k_decode_qkv_v2 = _with_rung_2_sums(engine.k_decode_qkv)
@@ -753,8 +723,8 @@ def _with_rung_6_sums(kernel):
     """Rung 5's kernel (its Python code above) compiled anew with this rung's sums in place: the
     slices by _column4_by_shuffles, the LayerNorm by _layernorm_by_shuffles."""
     fn = getattr(kernel, "py_func", None) or kernel.fn
-    return _compiled_with(kernel, fn.__name__.replace("_v5", "_v6"), _column4_total=_column4_by_shuffles,
-                          engine=_RUNG_6_ENGINE)
+    return compiled_with(kernel, fn.__name__.replace("_v5", "_v6"), _column4_total=_column4_by_shuffles,
+                         engine=_RUNG_6_ENGINE)
 
 
 _RUNG_6 = {bf16: tuple(_with_rung_6_sums(k) for k in kernels) for bf16, kernels in _RUNG_5.items()}
@@ -798,8 +768,8 @@ def _row_total_v7(buf, s):
 def _both_precisions(kernel, name, **names):
     """The engine's kernel compiled with another rung's device functions in place (names), at fp32
     and from its bf16 twin: {bf16: kernel}."""
-    return {False: _compiled_with(kernel, name, **names),
-            True: _compiled_with(engine.BF16_KERNELS[kernel.__name__], name + "_bf16", **names)}
+    return {False: compiled_with(kernel, name, **names),
+            True: compiled_with(engine.BF16_KERNELS[kernel.__name__], name + "_bf16", **names)}
 
 
 _LOGITS_7 = _both_precisions(engine.k_decode_logits, "k_decode_logits_v7", _row_total=_row_total_v7,
@@ -855,10 +825,10 @@ def _runs_before_serial(runs, s):
 
 _ATTENTION_9 = _both_precisions(engine.k_decode_attention, "k_decode_attention_v9", _lanes_total=engine._lanes_tree,
                                 _block_top=block_max, _block_total=block_sum)
-k_decode_draw_v9 = _compiled_with(
+k_decode_draw_v9 = compiled_with(
     engine.k_decode_draw, "k_decode_draw_v9", _largest_log=_largest_log_tree, _runs_before=_runs_before_serial,
-    _kth_by_counting=_compiled_with(engine._kth_by_counting, "_kth_by_counting_v9", device=True,
-                                    _block_top=block_max))
+    _kth_by_counting=compiled_with(engine._kth_by_counting, "_kth_by_counting_v9",
+                                   _block_top=block_max))
 
 
 @blocks(gpu=((16, 16), (8, 32), (16, 32), (32, 8), (4, 64), (64, 16)), sim=((1, 4), (4, 2), (2, 8)))

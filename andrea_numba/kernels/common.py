@@ -408,6 +408,28 @@ def wide_rows(*arrays) -> bool:
                and a.strides[0] == a.dtype.itemsize * a.shape[1] and address(a) % 16 == 0 for a in arrays)
 
 
+def _compiled(f, name: str, names: dict):
+    """@cuda.jit function f's Python code compiled anew as `name` (as a profiler and the kernel cache
+    see it) with the globals `names`, under f's own jit options (a kernel, a device function)."""
+    fn = getattr(f, "py_func", None) or f.fn                           # a GPU's dispatcher / the simulator's
+    again = types.FunctionType(fn.__code__.replace(co_name=name), names, name, fn.__defaults__, fn.__closure__)
+    again.__qualname__ = name
+    if SIMULATOR:
+        options = dict(device=f._device, fastmath=f._fastmath)
+    else:
+        options = {k: f.targetoptions[k] for k in ("device", "inline", "fastmath", "lineinfo", "debug", "opt")
+                   if k in f.targetoptions}
+    return cuda.jit(**options)(again)
+
+
+def compiled_with(f, name: str, **names):
+    """One kernel or device function, as written, compiled anew as `name` with `names` in place of
+    the globals it calls by those names: a variant that differs from f only in some device functions
+    is f's code, not a copy of it (lab/decode.py's rungs)."""
+    fn = getattr(f, "py_func", None) or f.fn
+    return _compiled(f, name, {**fn.__globals__, **names})
+
+
 def compiled_again(module_globals: dict, suffix: str, **constants) -> dict:
     """Every @cuda.jit function of a module (its kernels and device functions, found in
     module_globals) compiled again from its Python code, with `constants` in place of the module's
@@ -419,18 +441,10 @@ def compiled_again(module_globals: dict, suffix: str, **constants) -> dict:
     new = {**module_globals, **constants}
     out = {}
     for name, f in module_globals.items():
-        fn = getattr(f, "py_func", None) or getattr(f, "fn", None)     # a GPU's dispatcher / the simulator's
+        fn = getattr(f, "py_func", None) or getattr(f, "fn", None)
         if not isinstance(fn, types.FunctionType) or fn.__globals__ is not module_globals:
             continue                                                   # (not ours: imported from elsewhere)
-        again = types.FunctionType(fn.__code__.replace(co_name=name + suffix), new, name + suffix,
-                                   fn.__defaults__, fn.__closure__)
-        again.__qualname__ = name + suffix
-        if SIMULATOR:
-            options = dict(device=f._device, fastmath=f._fastmath)
-        else:
-            options = {k: f.targetoptions[k] for k in ("device", "inline", "fastmath", "lineinfo", "debug", "opt")
-                       if k in f.targetoptions}
-        out[name] = new[name] = cuda.jit(**options)(again)
+        out[name] = new[name] = _compiled(f, name + suffix, new)
     return out
 
 

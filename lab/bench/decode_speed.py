@@ -168,13 +168,14 @@ def profile_one_step(m, params, stream, t0: int = 128):
     one eager step, each of its launches once, between cuda.profile_start and cuda.profile_stop."""
     from andrea_numba.decode import Decoder
     dec = Decoder(m, params, stream=stream)
-    drawing_steps(dec, min(t0, dec.T - 2))
+    t0 = min(t0, dec.T - 2)
+    drawing_steps(dec, t0)
     stream.synchronize()
     cuda.profile_start()
     dec.step()
     stream.synchronize()
     cuda.profile_stop()
-    print(f"one step at t = {min(t0, dec.T - 2)} launched kernel by kernel for a profiler", file=sys.stderr)
+    print(f"one step at t = {t0} launched kernel by kernel for a profiler", file=sys.stderr)
 
 
 def time_blocks(m, params, stream, t0: int = 128, reps: int = 20):
